@@ -1,0 +1,33 @@
+// moesq — compress MoE experts to paired 4:8 NVFP4 and run them reproducibly.
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moesq: compress the routed experts of Mixture-of-Experts models into paired 4:8 sparse NVFP4\n"
+      "(2.75 bits/weight), evaluate them, and run them with reproducible grouped GEMMs.\n"
+      "Run `moesq demo` for the main job on the embedded tiny Qwen3-MoE model."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moesq 0.1.0");
+  moesq::cli::register_inspect(app);
+  moesq::cli::register_compress(app);
+  moesq::cli::register_eval(app);
+  moesq::cli::register_demo(app);
+  moesq::cli::register_bench(app);
+  moesq::cli::register_audit(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const moesq::Error& e) {
+    std::fprintf(stderr, "moesq: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moesq: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

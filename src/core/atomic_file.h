@@ -1,0 +1,30 @@
+// Atomic outputs: nothing half-written on failure.
+// A file is written to `<path>.tmp.<pid>` and renamed over `path`; an output directory is built as a
+// sibling `<dir>.tmp.<pid>` and renamed into place by commit(). If commit() is never reached (an
+// exception), the destructor removes the temporary, so a failed run leaves no partial output.
+#pragma once
+#include <string>
+
+namespace moesq {
+
+// Writes `bytes` to `path` atomically. Throws Error naming `path` on failure.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+class AtomicDir {
+ public:
+  // Checks that the parent of `final_dir` is writable (Error naming the flag `flag` otherwise)
+  // and creates the temporary directory. An existing `final_dir` is replaced only on commit().
+  AtomicDir(const std::string& final_dir, const std::string& flag = "--out");
+  ~AtomicDir();
+  AtomicDir(const AtomicDir&) = delete;
+  AtomicDir& operator=(const AtomicDir&) = delete;
+
+  const std::string& path() const { return tmp_; }  // write files here
+  void commit();                                      // rename into final_dir
+
+ private:
+  std::string final_, tmp_;
+  bool committed_ = false;
+};
+
+}  // namespace moesq

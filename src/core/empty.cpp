@@ -1,0 +1,1 @@
+// Placeholder translation unit for a module with no sources yet.

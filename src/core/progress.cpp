@@ -1,0 +1,35 @@
+#include "core/progress.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace moesq {
+
+namespace {
+std::mutex g_mu;
+int g_state = -1;  // -1: read MOESQ_QUIET on first use
+}
+
+bool progress_enabled() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_state < 0) {
+    const char* q = std::getenv("MOESQ_QUIET");
+    g_state = (q && q[0] && q[0] != '0') ? 0 : 1;
+  }
+  return g_state == 1;
+}
+
+void set_progress_enabled(bool on) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_state = on ? 1 : 0;
+}
+
+void progress(const std::string& stage, const std::string& message) {
+  if (!progress_enabled()) return;
+  std::lock_guard<std::mutex> lk(g_mu);
+  std::fprintf(stderr, "[%s] %s\n", stage.c_str(), message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace moesq

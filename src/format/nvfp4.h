@@ -1,0 +1,88 @@
+// NVFP4 quantization (DESIGN.md §3, paper Eq. 3 and 5), dense and paired 4:8 sparse.
+//
+// Tensor scale  γ = 448·6 / amax(W)                                   (Eq. 5)
+// Block code    c_b = UE4M3(γ · amax_b / 6)   (amax_b over the block's KEPT values)
+// Value code    q = E2M1(w · γ / dec(c_b));   dequant  ŵ = dec(q) · dec(c_b) / γ
+// A zero block gets code 0 and all-zero values (never a division by zero). A zero tensor gets γ = 1.
+//
+// Dense NVFP4: 16-element blocks along K, 4.5 bits/weight.
+//   values [N, K/2]  two E2M1 codes per byte, element 2j in the low nibble
+//   scales [N, K/16] UE4M3 codes
+// Paired 4:8 NVFP4: groups of 8 along K = 4 pairs; exactly 2 pairs kept (6 patterns); 32-element
+// (logical) scale blocks = 16 kept values; 2.75 bits/weight (Eq. 7).
+//   values [N, K/4]  the K/2 kept values in K order, two E2M1 codes per byte, low nibble first
+//   meta   [N, K/16] one ordered-metadata nibble per group (i0 | i1 << 2, i0 < i1), group g in byte
+//                    g/2, low nibble for even g
+//   scales [N, K/32] UE4M3 codes
+// Requires K % 32 == 0 (Error naming the tensor otherwise).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moesq::format {
+
+constexpr int kGroup = 8;             // paired 4:8 group along K
+constexpr int kNumPatterns = 6;       // C(4,2)
+constexpr int kSparseScaleBlock = 32; // logical weights per UE4M3 scale (16 kept values)
+constexpr int kDenseScaleBlock = 16;  // dense NVFP4 block
+constexpr int kActScaleBlock = 32;    // activation quantization block (same as the sparse weights)
+
+// Kept pair indices of each pattern, ascending: {0,1},{0,2},{0,3},{1,2},{1,3},{2,3}.
+constexpr std::array<std::array<uint8_t, 2>, kNumPatterns> kPatternPairs = {
+    {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}}};
+inline uint8_t pattern_nibble(int p) { return kPatternPairs[p][0] | (kPatternPairs[p][1] << 2); }
+int pattern_from_nibble(uint8_t nibble);  // Error for a nibble that is not one of the 6
+// Mask of pattern p over the 8 positions of a group: bit j set when position j is kept.
+uint8_t pattern_mask8(int p);
+
+// Eq. 5. amax <= 0 (zero tensor) → 1.
+float nvfp4_tensor_scale(float amax);
+
+struct Nvfp4Tensor {
+  int64_t N = 0, K = 0;
+  std::vector<uint8_t> values;  // [N, K/2]
+  std::vector<uint8_t> scales;  // [N, K/16] UE4M3
+  float global_scale = 1.0f;    // γ (divisor)
+  size_t packed_bytes() const { return values.size() + scales.size() + 4; }
+};
+
+struct Sparse48Tensor {
+  int64_t N = 0, K = 0;
+  std::vector<uint8_t> values;  // [N, K/4]
+  std::vector<uint8_t> meta;    // [N, K/16]
+  std::vector<uint8_t> scales;  // [N, K/32] UE4M3
+  float global_scale = 1.0f;    // γ (divisor)
+  size_t packed_bytes() const { return values.size() + meta.size() + scales.size() + 4; }
+};
+
+// W: [N, K] fp32 row-major. global_scale <= 0 → computed from amax(W) by Eq. 5.
+Nvfp4Tensor nvfp4_quantize(const float* W, int64_t N, int64_t K, float global_scale = 0.0f,
+                           const std::string& name = "weight");
+void nvfp4_dequantize(const Nvfp4Tensor& t, float* out);  // out: [N, K]
+
+// patterns: [N, K/8] pattern ids in [0, 6). Pruned positions are ignored (their values are not
+// looked at), so W may be dense. global_scale <= 0 → Eq. 5 on the kept values.
+Sparse48Tensor sparse48_quantize(const float* W, int64_t N, int64_t K, const uint8_t* patterns,
+                                 float global_scale = 0.0f, const std::string& name = "weight");
+void sparse48_dequantize(const Sparse48Tensor& t, float* out);  // out: [N, K], zeros where pruned
+std::vector<uint8_t> sparse48_patterns(const Sparse48Tensor& t);  // [N, K/8] pattern ids
+
+// Pattern choice by magnitude: per group keep the two pairs with the largest w0² + w1².
+// Ties → the lower pattern id. Returns [N, K/8].
+std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K);
+
+// Fake-quantizes (quantize then dequantize) blocks of `block` values that share one UE4M3 code
+// under tensor scale γ, in place: the Q_w of Eq. 3 on a dense vector. Used by RTN, GPTQ and the
+// refinement forward. `x`: [n], n % block == 0.
+void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale);
+
+// Dynamic NVFP4 activation quantization of one token row x [K] (W4A4 eval, Eq. 4's Q_a):
+// per-token tensor scale from amax(x), 32-element blocks, in place. K % 32 == 0.
+void quantize_activation_row(float* x, int64_t K);
+
+// Measured bits per weight of a packed tensor: 8 · packed bytes / (N·K).
+double bits_per_weight(size_t packed_bytes, int64_t N, int64_t K);
+
+}  // namespace moesq::format

@@ -1,0 +1,39 @@
+// HF config.json → ModelSpec for the qwen3_moe family.
+// Accepts both key spellings found in the wild (DESIGN.md §7): `num_experts` (hub) or
+// `num_local_experts` (newer transformers), `rope_theta` or `rope_parameters.rope_theta`.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moesq::io {
+
+struct ModelSpec {
+  std::string model_type;  // "qwen3_moe"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;            // H
+  int64_t intermediate_size = 0;      // dense MLP width (mlp_only_layers)
+  int64_t moe_intermediate_size = 0;  // I, expert width
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 0;        // k
+  bool norm_topk_prob = true;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+
+  bool is_moe_layer(int64_t layer) const;
+};
+
+// Throws Error naming `source` and the key for unknown architectures or missing/invalid keys.
+ModelSpec parse_config(const nlohmann::json& j, const std::string& source);
+ModelSpec load_config(const std::string& config_json_path);
+
+}  // namespace moesq::io

@@ -1,0 +1,83 @@
+// safetensors: a memory-mapped, bounds-checked reader and an atomic writer.
+// File layout: u64 little-endian header length N, N bytes of JSON
+// {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {str: str}}, then the data.
+// The reader validates every field before any tensor is touched: header length inside the file,
+// valid JSON, known dtype, shape × dtype size == byte range, ranges inside the data section and
+// pairwise non-overlapping. Every error names the file (and the tensor).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moesq::io {
+
+enum class DType { F32, F16, BF16, F8_E4M3, I8, U8, I32, I64 };
+
+size_t dtype_size(DType dt);                 // bytes per element
+const char* dtype_name(DType dt);            // safetensors spelling, e.g. "BF16"
+DType parse_dtype(const std::string& name);  // throws Error for unknown names
+
+// A tensor inside a mapped file (or inside memory owned by the caller). Row-major.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // [nbytes], not necessarily aligned
+  size_t nbytes = 0;
+  std::string file;  // where it came from, for error messages
+
+  int64_t numel() const;
+  std::string shape_str() const;  // "[32, 128, 256]"
+};
+
+// Converts any floating or integer tensor to fp32 (bf16/f16/e4m3 decoded exactly).
+std::vector<float> to_f32(const TensorView& t);
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. Throws Error naming the file and the first bad field.
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorView& get(const std::string& name) const;  // Error names file + tensor if absent
+  std::vector<std::string> names() const;                // sorted
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Collects tensors (copied) and writes one safetensors file atomically (temp file + rename).
+// Tensors are written in name order, 8-byte aligned data offsets, as the reference writer does.
+class SafetensorsWriter {
+ public:
+  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data,
+           size_t nbytes);  // Error if nbytes != numel × dtype size or the name repeats
+  void add_f32(const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& v);
+  void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  size_t size() const { return tensors_.size(); }
+  size_t data_bytes() const;
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace moesq::io

@@ -1,0 +1,101 @@
+// Qwen3-MoE forward on the CPU: fp32 math on weights decoded from bf16 (or from a compressed
+// checkpoint's NVFP4 experts). The layer-level entry points (embed, attention_block, route,
+// moe_block, logits) are what the compression pipeline (paper Algorithm 1) steps through.
+//
+// Conventions: hidden states are [T, H] row-major for ONE sequence of T tokens (attention is
+// per sequence, causal); routing and experts act on any [n, H] set of rows.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+
+namespace moesq::model {
+
+// One SwiGLU expert: y = down(silu(gate x) * up x).
+struct ExpertWeights {
+  std::vector<float> gate;  // [I, H]
+  std::vector<float> up;    // [I, H]
+  std::vector<float> down;  // [H, I]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;     // [H]
+  std::vector<float> q_proj;         // [nh·hd, H]
+  std::vector<float> k_proj;         // [nkv·hd, H]
+  std::vector<float> v_proj;         // [nkv·hd, H]
+  std::vector<float> o_proj;         // [H, nh·hd]
+  std::vector<float> q_norm;         // [hd]
+  std::vector<float> k_norm;         // [hd]
+  std::vector<float> post_norm;      // [H]
+  std::vector<float> router;         // [E, H]
+  std::vector<ExpertWeights> experts;  // [E]
+};
+
+// Top-k routing of n rows (softmax → top-k → renormalize if norm_topk_prob).
+struct Routes {
+  int64_t n = 0, k = 0;
+  std::vector<int32_t> expert;  // [n, k] expert ids, descending probability
+  std::vector<float> weight;    // [n, k] combine weights
+  std::vector<float> logits;    // [n, E] router logits
+};
+
+// Optional outputs of a full forward, for parity tests.
+struct Trace {
+  std::vector<std::vector<float>> hidden;         // [L+1][T, H] (last one after final norm)
+  std::vector<std::vector<float>> router_logits;  // [L][T, E]
+  std::vector<Routes> routes;                     // [L]
+};
+
+class Qwen3Moe {
+ public:
+  // Loads a qwen3_moe checkpoint (bf16/f32 experts, or a moesq compressed checkpoint whose experts
+  // are decoded to their exact dequantized values). Errors name the tensor and the directory.
+  explicit Qwen3Moe(const io::Checkpoint& ckpt);
+  Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {}  // empty weights (tests fill them)
+
+  const io::ModelSpec& spec() const { return spec_; }
+  LayerWeights& layer(int64_t l) { return layers_[l]; }
+  const LayerWeights& layer(int64_t l) const { return layers_[l]; }
+
+  // W4A4 deployment: NVFP4 dynamic activation quantization on expert inputs and on the SwiGLU
+  // output (format::quantize_activation_row). Set by loading a compressed checkpoint.
+  bool act_quant = false;
+  // "none" | "nvfp4" as in the checkpoint's quantization_config; informational.
+  std::string quant_method = "none";
+
+  // tokens [T] → H [T, H]
+  std::vector<float> embed(const std::vector<int32_t>& tokens) const;
+  // h [T, H] in place: h += o_proj(attn(rmsnorm(h)))  (one causal sequence)
+  void attention_block(int64_t l, std::vector<float>& h, int64_t T) const;
+  // x = post_attention_layernorm(h): [n, H] → [n, H]
+  std::vector<float> moe_input(int64_t l, const std::vector<float>& h, int64_t n) const;
+  Routes route(int64_t l, const std::vector<float>& x, int64_t n) const;
+  // Expert e on rows x [n, H] → y [n, H] (act_quant applies).
+  std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const;
+  // Weighted combine of routed experts: returns y [n, H] (not added to h).
+  std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r) const;
+  // h [T, H] → logits [T, V] (applies the final norm).
+  std::vector<float> logits(const std::vector<float>& h, int64_t T) const;
+
+  // Full forward of one sequence: tokens [T] → logits [T, V].
+  std::vector<float> forward(const std::vector<int32_t>& tokens, Trace* trace = nullptr) const;
+
+  // Mean negative log-likelihood (nats) over predicted tokens of one window; also returns count.
+  double window_nll(const std::vector<int32_t>& tokens, int64_t* predicted) const;
+
+ private:
+  io::ModelSpec spec_;
+  std::vector<float> embed_;       // [V, H]
+  std::vector<LayerWeights> layers_;
+  std::vector<float> final_norm_;  // [H]
+  std::vector<float> lm_head_;     // [V, H]
+  friend class ModelLoader;
+};
+
+// Name of an expert projection tensor in HF layout (without ".weight").
+std::string expert_prefix(int64_t layer, int64_t expert, const char* proj);  // proj: gate_proj|up_proj|down_proj
+
+}  // namespace moesq::model
