@@ -79,8 +79,9 @@ std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K);
 void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale);
 
 // Dynamic NVFP4 activation quantization of one token row x [K] (W4A4 eval, Eq. 4's Q_a):
-// per-token tensor scale from amax(x), 32-element blocks, in place. K % 32 == 0.
-void quantize_activation_row(float* x, int64_t K);
+// per-token tensor scale from amax(x), `block`-element UE4M3 blocks (32 for paired 4:8 experts,
+// 16 for dense NVFP4: the same block size as the weights), in place. K % block == 0.
+void quantize_activation_row(float* x, int64_t K, int block = kActScaleBlock);
 
 // Measured bits per weight of a packed tensor: 8 · packed bytes / (N·K).
 double bits_per_weight(size_t packed_bytes, int64_t N, int64_t K);
