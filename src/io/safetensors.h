@@ -59,7 +59,9 @@ class SafetensorsFile {
 };
 
 // Collects tensors (copied) and writes one safetensors file atomically (temp file + rename).
-// Tensors are written in name order, 8-byte aligned data offsets, as the reference writer does.
+// As the reference writer does: header JSON space-padded to a multiple of 8 bytes, keys in name
+// order; data packed without gaps, ordered by element size (descending) then name, so every tensor
+// sits at its natural alignment.
 class SafetensorsWriter {
  public:
   void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data,
@@ -69,6 +71,14 @@ class SafetensorsWriter {
   size_t size() const { return tensors_.size(); }
   size_t data_bytes() const;
   void write(const std::string& path) const;
+
+  // For sharding (checkpoint.h): names in order, per-tensor sizes, and writing a subset of the
+  // tensors to one file with extra __metadata__ entries (the writer's own metadata wins on clashes).
+  std::vector<std::string> names() const;     // sorted
+  size_t nbytes(const std::string& name) const;
+  int64_t numel(const std::string& name) const;
+  void write_subset(const std::string& path, const std::vector<std::string>& names,
+                    const std::map<std::string, std::string>& extra_metadata) const;
 
  private:
   struct Entry {

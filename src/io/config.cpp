@@ -1,0 +1,176 @@
+// HF config.json → ModelSpec (qwen3_moe only).
+// Non-obvious decision: keys that define tensor shapes or arithmetic (sizes, heads, experts, top-k,
+// RoPE θ) are REQUIRED — a missing one is an error naming it — while keys that transformers'
+// Qwen3MoeConfig documents with a harmless default (norm_topk_prob=false, rms_norm_eps=1e-6,
+// tie_word_embeddings=false, decoder_sparse_step=1, mlp_only_layers=[]) take that default, as
+// transformers itself would. Where both spellings of a key are present they must agree.
+#include "io/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace moesq::io {
+
+namespace {
+
+using nlohmann::json;
+
+const json* find(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int64_t get_int(const json& v, const std::string& key, const std::string& source) {
+  MOESQ_CHECK(v.is_number_integer(), source, ": key \"", key, "\" must be an integer, got ", v.dump());
+  return v.get<int64_t>();
+}
+
+int64_t require_int(const json& j, const char* key, const std::string& source) {
+  const json* v = find(j, key);
+  MOESQ_CHECK(v, source, ": missing key \"", key, "\"");
+  return get_int(*v, key, source);
+}
+
+int64_t require_positive(const json& j, const char* key, const std::string& source) {
+  const int64_t v = require_int(j, key, source);
+  MOESQ_CHECK(v > 0, source, ": key \"", key, "\" must be positive, got ", v);
+  return v;
+}
+
+double get_double(const json& v, const std::string& key, const std::string& source) {
+  MOESQ_CHECK(v.is_number(), source, ": key \"", key, "\" must be a number, got ", v.dump());
+  return v.get<double>();
+}
+
+bool get_bool(const json& v, const std::string& key, const std::string& source) {
+  MOESQ_CHECK(v.is_boolean(), source, ": key \"", key, "\" must be true or false, got ", v.dump());
+  return v.get<bool>();
+}
+
+// A rope_scaling / rope_parameters object must describe plain RoPE: the forward implements no other.
+void check_rope_type(const json& rope, const char* key, const std::string& source) {
+  MOESQ_CHECK(rope.is_object(), source, ": key \"", key, "\" must be an object, got ", rope.dump());
+  for (const char* type_key : {"rope_type", "type"}) {
+    const json* t = find(rope, type_key);
+    if (!t) continue;
+    MOESQ_CHECK(t->is_string() && t->get<std::string>() == "default", source, ": ", key, ".",
+                type_key, " = ", t->dump(), " is not supported (only default RoPE)");
+  }
+}
+
+}  // namespace
+
+bool ModelSpec::is_moe_layer(int64_t layer) const {
+  // transformers Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, every
+  // decoder_sparse_step-th layer (1-based).
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
+    return false;
+  }
+  return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0;
+}
+
+ModelSpec parse_config(const json& j, const std::string& source) {
+  MOESQ_CHECK(j.is_object(), source, ": config is not a JSON object");
+  ModelSpec s;
+  const json* model_type = find(j, "model_type");
+  MOESQ_CHECK(model_type, source, ": missing key \"model_type\"");
+  MOESQ_CHECK(model_type->is_string(), source, ": key \"model_type\" must be a string");
+  s.model_type = model_type->get<std::string>();
+  MOESQ_CHECK(s.model_type == "qwen3_moe", source, ": unsupported architecture model_type \"",
+              s.model_type, "\" (moesq supports qwen3_moe)");
+
+  s.vocab_size = require_positive(j, "vocab_size", source);
+  s.hidden_size = require_positive(j, "hidden_size", source);
+  s.intermediate_size = require_positive(j, "intermediate_size", source);
+  s.moe_intermediate_size = require_positive(j, "moe_intermediate_size", source);
+  s.num_layers = require_positive(j, "num_hidden_layers", source);
+  s.num_heads = require_positive(j, "num_attention_heads", source);
+  s.num_kv_heads = require_positive(j, "num_key_value_heads", source);
+  s.head_dim = require_positive(j, "head_dim", source);
+  s.top_k = require_positive(j, "num_experts_per_tok", source);
+
+  // Experts: hub spelling num_experts, newer transformers num_local_experts.
+  const json* e_hub = find(j, "num_experts");
+  const json* e_new = find(j, "num_local_experts");
+  MOESQ_CHECK(e_hub || e_new, source, ": missing key \"num_experts\" (or \"num_local_experts\")");
+  if (e_hub) s.num_experts = get_int(*e_hub, "num_experts", source);
+  if (e_new) {
+    const int64_t v = get_int(*e_new, "num_local_experts", source);
+    MOESQ_CHECK(!e_hub || v == s.num_experts, source, ": num_experts = ", s.num_experts,
+                " and num_local_experts = ", v, " disagree");
+    s.num_experts = v;
+  }
+  MOESQ_CHECK(s.num_experts > 0, source, ": num_experts must be positive, got ", s.num_experts);
+  MOESQ_CHECK(s.top_k <= s.num_experts, source, ": num_experts_per_tok = ", s.top_k,
+              " exceeds the number of experts ", s.num_experts);
+  MOESQ_CHECK(s.num_heads % s.num_kv_heads == 0, source, ": num_attention_heads = ", s.num_heads,
+              " is not a multiple of num_key_value_heads = ", s.num_kv_heads);
+
+  // RoPE θ: hub spelling rope_theta, newer transformers rope_parameters.rope_theta.
+  const json* theta_hub = find(j, "rope_theta");
+  const json* rope_params = find(j, "rope_parameters");
+  const json* theta_new = nullptr;
+  if (rope_params) {
+    check_rope_type(*rope_params, "rope_parameters", source);
+    theta_new = find(*rope_params, "rope_theta");
+  }
+  MOESQ_CHECK(theta_hub || theta_new, source,
+              ": missing key \"rope_theta\" (or \"rope_parameters.rope_theta\")");
+  if (theta_hub) s.rope_theta = get_double(*theta_hub, "rope_theta", source);
+  if (theta_new) {
+    const double v = get_double(*theta_new, "rope_parameters.rope_theta", source);
+    MOESQ_CHECK(!theta_hub || v == s.rope_theta, source, ": rope_theta = ", s.rope_theta,
+                " and rope_parameters.rope_theta = ", v, " disagree");
+    s.rope_theta = v;
+  }
+  MOESQ_CHECK(std::isfinite(s.rope_theta) && s.rope_theta > 0, source, ": rope_theta must be positive");
+  if (const json* scaling = find(j, "rope_scaling")) check_rope_type(*scaling, "rope_scaling", source);
+
+  if (const json* act = find(j, "hidden_act")) {
+    MOESQ_CHECK(act->is_string() && act->get<std::string>() == "silu", source, ": hidden_act = ",
+                act->dump(), " is not supported (Qwen3-MoE experts are SwiGLU: silu)");
+  }
+
+  // Keys with transformers defaults.
+  if (const json* v = find(j, "norm_topk_prob")) s.norm_topk_prob = get_bool(*v, "norm_topk_prob", source);
+  else s.norm_topk_prob = false;
+  if (const json* v = find(j, "rms_norm_eps")) s.rms_norm_eps = get_double(*v, "rms_norm_eps", source);
+  MOESQ_CHECK(s.rms_norm_eps > 0, source, ": rms_norm_eps must be positive");
+  if (const json* v = find(j, "tie_word_embeddings")) {
+    s.tie_word_embeddings = get_bool(*v, "tie_word_embeddings", source);
+  }
+  if (const json* v = find(j, "decoder_sparse_step")) {
+    s.decoder_sparse_step = get_int(*v, "decoder_sparse_step", source);
+  }
+  MOESQ_CHECK(s.decoder_sparse_step >= 1, source, ": decoder_sparse_step must be >= 1, got ",
+              s.decoder_sparse_step);
+  if (const json* v = find(j, "mlp_only_layers")) {
+    MOESQ_CHECK(v->is_array(), source, ": key \"mlp_only_layers\" must be a list");
+    for (const json& l : *v) {
+      const int64_t layer = get_int(l, "mlp_only_layers", source);
+      MOESQ_CHECK(layer >= 0 && layer < s.num_layers, source, ": mlp_only_layers entry ", layer,
+                  " is outside [0, ", s.num_layers, ")");
+      s.mlp_only_layers.push_back(layer);
+    }
+  }
+  return s;
+}
+
+ModelSpec load_config(const std::string& config_json_path) {
+  std::ifstream in(config_json_path, std::ios::binary);
+  MOESQ_CHECK(in, "cannot read config file ", config_json_path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    MOESQ_FAIL(config_json_path, ": malformed JSON: ", e.what());
+  }
+  return parse_config(j, config_json_path);
+}
+
+}  // namespace moesq::io

@@ -1,0 +1,429 @@
+// safetensors reader (mmap + full header validation) and atomic writer.
+// Non-obvious decision: the writer lays the data section out like the reference writer — tensors
+// sorted by element size (descending) then name, packed with no gaps — so every tensor lands on its
+// natural alignment (the data section starts 8-aligned because the header is space-padded to a
+// multiple of 8) AND the file passes the reference reader, which rejects any hole between ranges.
+// The header's JSON keys are in name order. The reader itself accepts holes (only overlaps are
+// an error), so files from any conforming writer load.
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace moesq::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; the mmap reader reinterprets it in place");
+
+namespace {
+
+// The reference reader refuses headers above 100 MB; the same bound keeps a corrupt length from
+// making us parse gigabytes of tensor data as JSON.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+// OCP FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
+// 0x7f / 0xff are NaN. Local to io on purpose: io does not depend on the format module.
+float e4m3_to_f32(uint8_t code) {
+  const bool negative = (code & 0x80) != 0;
+  const int exponent = (code >> 3) & 0xf;
+  const int mantissa = code & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 · 2^(1-7)
+  } else {
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+  }
+  return negative ? -magnitude : magnitude;
+}
+
+template <typename T>
+T load_le(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));  // data may be unaligned; host is little-endian (static_assert)
+  return v;
+}
+
+// numel of `shape`, or false on overflow of uint64.
+bool checked_numel(const std::vector<int64_t>& shape, uint64_t* out) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  *out = n;
+  return true;
+}
+
+// A JSON number that is a non-negative integer fitting in int64 (shape entries, offsets).
+bool json_nonneg_int(const nlohmann::json& v, int64_t* out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < 0) return false;
+    *out = i;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---- dtypes --------------------------------------------------------------------------------
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F32: return 4;
+    case DType::F16: return 2;
+    case DType::BF16: return 2;
+    case DType::F8_E4M3: return 1;
+    case DType::I8: return 1;
+    case DType::U8: return 1;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  MOESQ_FAIL("dtype_size: invalid DType value ", static_cast<int>(dt));
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  MOESQ_FAIL("dtype_name: invalid DType value ", static_cast<int>(dt));
+}
+
+DType parse_dtype(const std::string& name) {
+  static const DType kAll[] = {DType::F32, DType::F16, DType::BF16, DType::F8_E4M3,
+                               DType::I8,  DType::U8,  DType::I32,  DType::I64};
+  for (DType dt : kAll) {
+    if (name == dtype_name(dt)) return dt;
+  }
+  MOESQ_FAIL("unsupported dtype \"", name,
+             "\" (moesq reads F32, F16, BF16, F8_E4M3, I8, U8, I32, I64)");
+}
+
+// ---- TensorView ----------------------------------------------------------------------------
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::shape_str() const {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+std::vector<float> to_f32(const TensorView& t) {
+  const int64_t n = t.numel();
+  MOESQ_CHECK(static_cast<uint64_t>(n) * dtype_size(t.dtype) == t.nbytes, t.file, ": tensor ", t.name,
+              " holds ", t.nbytes, " bytes, not ", t.shape_str(), " × ", dtype_name(t.dtype));
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint8_t* p = t.data;
+  switch (t.dtype) {
+    case DType::F32:
+      if (n) std::memcpy(out.data(), p, t.nbytes);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_le<uint16_t>(p + 2 * i));
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(load_le<uint16_t>(p + 2 * i));
+      break;
+    case DType::F8_E4M3:
+      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(p[i]);
+      break;
+    case DType::I8:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(p[i]));
+      break;
+    case DType::U8:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
+      break;
+    case DType::I32:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_le<int32_t>(p + 4 * i));
+      break;
+    case DType::I64:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_le<int64_t>(p + 8 * i));
+      break;
+  }
+  return out;
+}
+
+// ---- reader --------------------------------------------------------------------------------
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MOESQ_CHECK(fd >= 0, "cannot open safetensors file ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MOESQ_FAIL(path, ": not a regular file");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    MOESQ_FAIL(path, ": truncated safetensors file (", file_size,
+               " bytes, less than the 8-byte header length)");
+  }
+  void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);  // the mapping keeps the file alive
+  MOESQ_CHECK(m != MAP_FAILED, "cannot mmap ", path, ": ", std::strerror(errno));
+  map_ = m;
+  map_size_ = file_size;
+
+  // From here on a throw must unmap: the destructor does not run for a half-built object.
+  try {
+    const auto* base = static_cast<const uint8_t*>(map_);
+    const uint64_t header_len = load_le<uint64_t>(base);
+    MOESQ_CHECK(header_len <= file_size - 8, path, ": header length ", header_len,
+                " runs past the end of the file (", file_size, " bytes): truncated or not safetensors");
+    MOESQ_CHECK(header_len <= kMaxHeaderBytes, path, ": header length ", header_len,
+                " exceeds the ", kMaxHeaderBytes, "-byte limit");
+    const std::string_view text(reinterpret_cast<const char*>(base + 8), header_len);
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      MOESQ_FAIL(path, ": malformed JSON header: ", e.what());
+    }
+    MOESQ_CHECK(header.is_object(), path, ": JSON header is not an object");
+
+    const uint8_t* data = base + 8 + header_len;
+    const uint64_t data_size = file_size - 8 - header_len;
+    struct Range {
+      uint64_t begin, end;
+      const std::string* name;
+    };
+    std::vector<Range> ranges;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string& name = it.key();
+      const nlohmann::json& v = it.value();
+      if (name == kMetadataKey) {
+        MOESQ_CHECK(v.is_object(), path, ": __metadata__ is not an object");
+        for (auto m_it = v.begin(); m_it != v.end(); ++m_it) {
+          MOESQ_CHECK(m_it.value().is_string(), path, ": __metadata__ value of \"", m_it.key(),
+                      "\" is not a string");
+          metadata_[m_it.key()] = m_it.value().get<std::string>();
+        }
+        continue;
+      }
+      MOESQ_CHECK(!name.empty(), path, ": tensor with an empty name");
+      MOESQ_CHECK(v.is_object(), path, ": tensor ", name, ": entry is not an object");
+      MOESQ_CHECK(v.contains("dtype") && v["dtype"].is_string(), path, ": tensor ", name,
+                  ": missing or non-string \"dtype\"");
+      MOESQ_CHECK(v.contains("shape") && v["shape"].is_array(), path, ": tensor ", name,
+                  ": missing or non-array \"shape\"");
+      MOESQ_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() &&
+                      v["data_offsets"].size() == 2,
+                  path, ": tensor ", name, ": \"data_offsets\" must be [begin, end]");
+      TensorView t;
+      t.name = name;
+      t.file = path;
+      try {
+        t.dtype = parse_dtype(v["dtype"].get<std::string>());
+      } catch (const Error& e) {
+        MOESQ_FAIL(path, ": tensor ", name, ": ", e.what());
+      }
+      for (const auto& d : v["shape"]) {
+        int64_t dim = 0;
+        MOESQ_CHECK(json_nonneg_int(d, &dim), path, ": tensor ", name, ": shape entry ", d.dump(),
+                    " is not a non-negative integer");
+        t.shape.push_back(dim);
+      }
+      int64_t begin = 0, end = 0;
+      MOESQ_CHECK(json_nonneg_int(v["data_offsets"][0], &begin) &&
+                      json_nonneg_int(v["data_offsets"][1], &end),
+                  path, ": tensor ", name, ": data_offsets ", v["data_offsets"].dump(),
+                  " are not non-negative integers");
+      MOESQ_CHECK(begin <= end, path, ": tensor ", name, ": data_offsets [", begin, ", ", end,
+                  ") has begin > end");
+      MOESQ_CHECK(static_cast<uint64_t>(end) <= data_size, path, ": tensor ", name, ": data_offsets [",
+                  begin, ", ", end, ") run past the data section (", data_size, " bytes)");
+      uint64_t numel = 0;
+      MOESQ_CHECK(checked_numel(t.shape, &numel), path, ": tensor ", name, ": shape ", t.shape_str(),
+                  " overflows");
+      const uint64_t nbytes = static_cast<uint64_t>(end - begin);
+      const uint64_t esize = dtype_size(t.dtype);
+      uint64_t need = 0;
+      MOESQ_CHECK(!__builtin_mul_overflow(numel, esize, &need) && need == nbytes, path, ": tensor ",
+                  name, ": shape ", t.shape_str(), " × ", dtype_name(t.dtype), " (", esize,
+                  " B/element) does not match data_offsets [", begin, ", ", end, ") = ", nbytes,
+                  " bytes");
+      t.data = data + begin;
+      t.nbytes = nbytes;
+      auto [pos, inserted] = tensors_.emplace(name, std::move(t));
+      (void)inserted;  // JSON object keys are unique after parsing
+      ranges.push_back({static_cast<uint64_t>(begin), static_cast<uint64_t>(end), &pos->first});
+    }
+    // Pairwise non-overlap: sort by begin; empty ranges overlap nothing.
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    const Range* prev = nullptr;
+    for (const Range& r : ranges) {
+      if (r.begin == r.end) continue;
+      if (prev) {
+        MOESQ_CHECK(r.begin >= prev->end, path, ": tensors ", *prev->name, " [", prev->begin, ", ",
+                    prev->end, ") and ", *r.name, " [", r.begin, ", ", r.end, ") overlap");
+      }
+      prev = &r;
+    }
+  } catch (...) {
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+const TensorView& SafetensorsFile::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  MOESQ_CHECK(it != tensors_.end(), "tensor ", name, " not found in ", path_);
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, t] : tensors_) out.push_back(name);
+  return out;  // std::map: already sorted
+}
+
+// ---- writer --------------------------------------------------------------------------------
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const void* data, size_t nbytes) {
+  MOESQ_CHECK(!name.empty(), "safetensors writer: empty tensor name");
+  MOESQ_CHECK(name != kMetadataKey, "safetensors writer: \"", name, "\" is reserved");
+  MOESQ_CHECK(!tensors_.count(name), "safetensors writer: tensor ", name, " added twice");
+  for (int64_t d : shape) {
+    MOESQ_CHECK(d >= 0, "safetensors writer: tensor ", name, " has a negative dimension");
+  }
+  uint64_t numel = 0;
+  MOESQ_CHECK(checked_numel(shape, &numel), "safetensors writer: tensor ", name, " shape overflows");
+  MOESQ_CHECK(numel * dtype_size(dtype) == nbytes, "safetensors writer: tensor ", name, ": ", nbytes,
+              " bytes given, shape × ", dtype_name(dtype), " needs ", numel * dtype_size(dtype));
+  Entry e{dtype, shape, std::vector<uint8_t>(nbytes)};
+  if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
+  tensors_.emplace(name, std::move(e));
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
+                                const std::vector<float>& v) {
+  add(name, DType::F32, shape, v.data(), v.size() * sizeof(float));
+}
+
+size_t SafetensorsWriter::data_bytes() const {
+  size_t n = 0;
+  for (const auto& [name, e] : tensors_) n += e.bytes.size();
+  return n;
+}
+
+std::vector<std::string> SafetensorsWriter::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, e] : tensors_) out.push_back(name);
+  return out;
+}
+
+size_t SafetensorsWriter::nbytes(const std::string& name) const {
+  auto it = tensors_.find(name);
+  MOESQ_CHECK(it != tensors_.end(), "safetensors writer: no tensor ", name);
+  return it->second.bytes.size();
+}
+
+int64_t SafetensorsWriter::numel(const std::string& name) const {
+  auto it = tensors_.find(name);
+  MOESQ_CHECK(it != tensors_.end(), "safetensors writer: no tensor ", name);
+  int64_t n = 1;
+  for (int64_t d : it->second.shape) n *= d;
+  return n;
+}
+
+void SafetensorsWriter::write(const std::string& path) const { write_subset(path, names(), {}); }
+
+void SafetensorsWriter::write_subset(const std::string& path, const std::vector<std::string>& names,
+                                     const std::map<std::string, std::string>& extra_metadata) const {
+  // Data order: element size descending, then name (see the file comment).
+  std::vector<const std::pair<const std::string, Entry>*> order;
+  order.reserve(names.size());
+  for (const std::string& name : names) {
+    auto it = tensors_.find(name);
+    MOESQ_CHECK(it != tensors_.end(), "safetensors writer: no tensor ", name, " (writing ", path, ")");
+    order.push_back(&*it);
+  }
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    const size_t sa = dtype_size(a->second.dtype), sb = dtype_size(b->second.dtype);
+    return sa != sb ? sa > sb : a->first < b->first;
+  });
+  MOESQ_CHECK(std::adjacent_find(order.begin(), order.end()) == order.end(),
+              "safetensors writer: a tensor is listed twice (writing ", path, ")");
+
+  nlohmann::json header = nlohmann::json::object();  // std::map-backed: keys in name order
+  std::map<std::string, std::string> meta = metadata_;
+  for (const auto& [k, v] : extra_metadata) meta.emplace(k, v);
+  if (!meta.empty()) header[kMetadataKey] = meta;
+  uint64_t offset = 0;
+  for (const auto* kv : order) {
+    const Entry& e = kv->second;
+    header[kv->first] = {{"dtype", dtype_name(e.dtype)},
+                         {"shape", e.shape},
+                         {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    MOESQ_FAIL("cannot write ", path, ": header JSON: ", e.what());  // e.g. a name that is not UTF-8
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+
+  std::string bytes;
+  bytes.reserve(8 + text.size() + offset);
+  const uint64_t header_len = text.size();
+  bytes.append(reinterpret_cast<const char*>(&header_len), 8);
+  bytes += text;
+  for (const auto* kv : order) {
+    bytes.append(reinterpret_cast<const char*>(kv->second.bytes.data()), kv->second.bytes.size());
+  }
+  write_file_atomic(path, bytes);
+}
+
+}  // namespace moesq::io
