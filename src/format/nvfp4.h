@@ -4,6 +4,9 @@
 // Block code    c_b = UE4M3(γ · amax_b / 6)   (amax_b over the block's KEPT values)
 // Value code    q = E2M1(w · γ / dec(c_b));   dequant  ŵ = dec(q) · dec(c_b) / γ
 // A zero block gets code 0 and all-zero values (never a division by zero). A zero tensor gets γ = 1.
+// fp32 evaluation order (fixed, so that every implementation reproduces the same bits):
+//   c_b = UE4M3((γ · amax_b) / 6);  s = dec(c_b);  q = E2M1(w · (γ / s));  ŵ = (dec(q) · s) / γ.
+// A block whose code decodes to 0 (a zero block, or one below the smallest UE4M3 step) stores q = 0.
 //
 // Dense NVFP4: 16-element blocks along K, 4.5 bits/weight.
 //   values [N, K/2]  two E2M1 codes per byte, element 2j in the low nibble
@@ -37,8 +40,19 @@ int pattern_from_nibble(uint8_t nibble);  // Error for a nibble that is not one 
 // Mask of pattern p over the 8 positions of a group: bit j set when position j is kept.
 uint8_t pattern_mask8(int p);
 
-// Eq. 5. amax <= 0 (zero tensor) → 1.
+// Eq. 5. amax <= 0 (zero tensor) → 1; amax so small that γ overflows fp32 (< ~8e-36) → 1 as well.
 float nvfp4_tensor_scale(float amax);
+
+// max |x_i| over x [n] (NaN entries ignored). For the gate|up shared scale:
+// γ = nvfp4_tensor_scale(max(amax_gate, amax_up)).
+float amax_abs(const float* x, int64_t n);
+// max |w| over the KEPT positions of W [N, K] under patterns [N, K/8] (Eq. 5's amax for paired 4:8).
+// Error naming `name` for K % 32 != 0 or a pattern id out of range.
+float sparse48_kept_amax(const float* W, int64_t N, int64_t K, const uint8_t* patterns,
+                         const std::string& name = "weight");
+// Zeroes the pruned positions of W [N, K] in place under patterns [N, K/8]. K % 8 == 0.
+void apply_patterns(float* W, int64_t N, int64_t K, const uint8_t* patterns,
+                    const std::string& name = "weight");
 
 struct Nvfp4Tensor {
   int64_t N = 0, K = 0;
@@ -75,7 +89,8 @@ std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K);
 
 // Fake-quantizes (quantize then dequantize) blocks of `block` values that share one UE4M3 code
 // under tensor scale γ, in place: the Q_w of Eq. 3 on a dense vector. Used by RTN, GPTQ and the
-// refinement forward. `x`: [n], n % block == 0.
+// refinement forward. `x`: [n], n % block == 0. global_scale <= 0 → Eq. 5 on amax(x).
+// Bit-exact with quantize→dequantize of the same values and γ (the same fp32 expressions).
 void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale);
 
 // Dynamic NVFP4 activation quantization of one token row x [K] (W4A4 eval, Eq. 4's Q_a):
