@@ -139,7 +139,11 @@ float sparse48_kept_amax(const float* W, int64_t N, int64_t K, const uint8_t* pa
       int pos[4];
       kept_positions(patterns[n * G + g], pos);
       const float* w = W + n * K + g * kGroup;
-      for (int j = 0; j < 4; ++j) amax = std::max(amax, std::fabs(w[pos[j]]));
+      for (int j = 0; j < 4; ++j) {
+        MOESQ_CHECK(std::isfinite(w[pos[j]]), "tensor ", name, " [N=", N, ", K=", K, "]: non-finite kept weight ",
+                    w[pos[j]], " at row ", n, " column ", g * kGroup + pos[j]);
+        amax = std::max(amax, std::fabs(w[pos[j]]));
+      }
     }
   return amax;
 }
@@ -163,8 +167,10 @@ Nvfp4Tensor nvfp4_quantize(const float* W, int64_t N, int64_t K, float global_sc
                            const std::string& name) {
   MOESQ_CHECK(N >= 0 && K > 0 && K % kDenseScaleBlock == 0, "tensor ", name, " [N=", N, ", K=", K,
               "]: dense NVFP4 needs K > 0 and K % ", kDenseScaleBlock, " == 0");
+  for (int64_t i = 0; i < N * K; ++i)
+    MOESQ_CHECK(std::isfinite(W[i]), "tensor ", name, " [N=", N, ", K=", K, "]: non-finite weight ", W[i],
+                " at row ", i / K, " column ", i % K);
   const float amax = max_abs(W, N * K);
-  MOESQ_CHECK(std::isfinite(amax), "tensor ", name, ": contains a non-finite weight");
   Nvfp4Tensor t;
   t.N = N;
   t.K = K;
@@ -215,7 +221,6 @@ Sparse48Tensor sparse48_quantize(const float* W, int64_t N, int64_t K, const uin
   MOESQ_CHECK(N >= 0 && K > 0 && K % kSparseScaleBlock == 0, "tensor ", name, " [N=", N, ", K=", K,
               "]: paired 4:8 NVFP4 needs K > 0 and K % ", kSparseScaleBlock, " == 0");
   const float amax = sparse48_kept_amax(W, N, K, patterns, name);  // also range-checks the patterns
-  MOESQ_CHECK(std::isfinite(amax), "tensor ", name, ": contains a non-finite kept weight");
   Sparse48Tensor t;
   t.N = N;
   t.K = K;

@@ -47,7 +47,7 @@ float nvfp4_tensor_scale(float amax);
 // γ = nvfp4_tensor_scale(max(amax_gate, amax_up)).
 float amax_abs(const float* x, int64_t n);
 // max |w| over the KEPT positions of W [N, K] under patterns [N, K/8] (Eq. 5's amax for paired 4:8).
-// Error naming `name` for K % 32 != 0 or a pattern id out of range.
+// Error naming `name` for K % 32 != 0, a pattern id out of range or a non-finite kept weight.
 float sparse48_kept_amax(const float* W, int64_t N, int64_t K, const uint8_t* patterns,
                          const std::string& name = "weight");
 // Zeroes the pruned positions of W [N, K] in place under patterns [N, K/8]. K % 8 == 0.
