@@ -32,6 +32,9 @@ struct LayerWeights {
   std::vector<float> post_norm;      // [H]
   std::vector<float> router;         // [E, H]
   std::vector<ExpertWeights> experts;  // [E]
+  // Dense SwiGLU MLP of a layer listed in mlp_only_layers (or skipped by decoder_sparse_step):
+  // gate/up [intermediate_size, H], down [H, intermediate_size]; empty on MoE layers.
+  ExpertWeights dense_mlp;
 };
 
 // Top-k routing of n rows (softmax → top-k → renormalize if norm_topk_prob).
@@ -54,7 +57,8 @@ class Qwen3Moe {
   // Loads a qwen3_moe checkpoint (bf16/f32 experts, or a moesq compressed checkpoint whose experts
   // are decoded to their exact dequantized values). Errors name the tensor and the directory.
   explicit Qwen3Moe(const io::Checkpoint& ckpt);
-  Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {}  // empty weights (tests fill them)
+  // All weights allocated with their shapes and set to zero (tests and synthetic models fill them).
+  Qwen3Moe(io::ModelSpec spec);
 
   const io::ModelSpec& spec() const { return spec_; }
   LayerWeights& layer(int64_t l) { return layers_[l]; }
@@ -65,6 +69,18 @@ class Qwen3Moe {
   bool act_quant = false;
   // "none" | "nvfp4" as in the checkpoint's quantization_config; informational.
   std::string quant_method = "none";
+  // Activation quantization block (elements per UE4M3 scale): 32 for paired 4:8 experts, 16 for
+  // dense NVFP4 — the weights' block size (read from quantization_config on load).
+  int act_block = 32;
+  // Weight format of the routed experts: "bf16" (or the source dtype), "paired-4:8-nvfp4", "nvfp4".
+  std::string expert_format = "bf16";
+  // Threads used inside one forward (experts, heads); 0 = moesq::num_threads(). Evaluation sets 1
+  // and parallelizes over windows instead.
+  int threads = 0;
+
+  std::vector<float>& embed_weight() { return embed_; }          // [V, H]
+  std::vector<float>& final_norm_weight() { return final_norm_; }  // [H]
+  std::vector<float>& lm_head_weight() { return lm_head_; }      // [V, H]
 
   // tokens [T] → H [T, H]
   std::vector<float> embed(const std::vector<int32_t>& tokens) const;
@@ -75,6 +91,12 @@ class Qwen3Moe {
   Routes route(int64_t l, const std::vector<float>& x, int64_t n) const;
   // Expert e on rows x [n, H] → y [n, H] (act_quant applies).
   std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const;
+  // Plain-loop twin of expert_forward (no BLAS): the oracle of the fast path.
+  std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n) const;
+  // Plain-loop twin of attention_block.
+  void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const;
+  // Dense SwiGLU MLP of a non-MoE layer: x [n, H] → y [n, H] (no activation quantization).
+  std::vector<float> dense_mlp(int64_t l, const std::vector<float>& x, int64_t n) const;
   // Weighted combine of routed experts: returns y [n, H] (not added to h).
   std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r) const;
   // h [T, H] → logits [T, V] (applies the final norm).
@@ -83,7 +105,8 @@ class Qwen3Moe {
   // Full forward of one sequence: tokens [T] → logits [T, V].
   std::vector<float> forward(const std::vector<int32_t>& tokens, Trace* trace = nullptr) const;
 
-  // Mean negative log-likelihood (nats) over predicted tokens of one window; also returns count.
+  // Mean negative log-likelihood (nats) over predicted tokens of one window; also returns count:
+  // mean over t in [0, T-1) of -log softmax(logits[t])[tokens[t+1]]. Windows of < 2 tokens: Error.
   double window_nll(const std::vector<int32_t>& tokens, int64_t* predicted) const;
 
  private:

@@ -1,0 +1,149 @@
+// Evaluation driver: files → windows → window_nll in parallel → per-file and overall nats/token.
+#include "model/eval.h"
+
+#include <cblas.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "io/checkpoint.h"
+
+namespace moesq::model {
+
+const char* act_quant_name(ActQuant a) {
+  switch (a) {
+    case ActQuant::Auto: return "auto";
+    case ActQuant::None: return "none";
+    case ActQuant::Nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+ActQuant parse_act_quant(const std::string& s) {
+  if (s == "auto") return ActQuant::Auto;
+  if (s == "none") return ActQuant::None;
+  if (s == "nvfp4") return ActQuant::Nvfp4;
+  MOESQ_FAIL("--act-quant: \"", s, "\" is not one of auto, none, nvfp4");
+}
+
+io::TextSplit parse_split(const std::string& s) {
+  if (s == "all") return io::TextSplit::All;
+  if (s == "train") return io::TextSplit::Train;
+  if (s == "heldout") return io::TextSplit::Heldout;
+  MOESQ_FAIL("--split: \"", s, "\" is not one of all, train, heldout");
+}
+
+const char* split_name(io::TextSplit s) {
+  switch (s) {
+    case io::TextSplit::All: return "all";
+    case io::TextSplit::Train: return "train";
+    case io::TextSplit::Heldout: return "heldout";
+  }
+  return "?";
+}
+
+namespace {
+
+// OpenBLAS would otherwise start its own threads inside each window's GEMMs while we already run
+// one window per core; restored on scope exit so later stages (compression) keep BLAS threads.
+struct BlasSingleThread {
+#ifdef OPENBLAS_VERSION
+  int saved = openblas_get_num_threads();
+  BlasSingleThread() { openblas_set_num_threads(1); }
+  ~BlasSingleThread() { openblas_set_num_threads(saved); }
+#endif
+};
+
+struct WindowJob {
+  size_t file = 0;
+  std::vector<int32_t> tokens;  // [<= seq_len]
+};
+
+}  // namespace
+
+EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
+                          const EvalOptions& opt) {
+  MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
+  MOESQ_CHECK(opt.seq_len >= 2, "--seq-len: ", opt.seq_len, " is too short (a window needs >= 2 tokens)");
+  const auto t0 = std::chrono::steady_clock::now();
+  EvalResult res;
+  res.act_quant = model.act_quant ? "nvfp4" : "none";
+  res.act_block = model.act_quant ? model.act_block : 0;
+  res.expert_format = model.expert_format;
+  res.seq_len = opt.seq_len;
+  res.split = split_name(opt.split);
+
+  std::vector<WindowJob> jobs;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::vector<int32_t> tokens = io::load_tokens(files[f], model.spec().vocab_size, opt.split);
+    MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(),
+                " tokens (split ", split_name(opt.split), "): nothing to predict");
+    FileEval fe;
+    fe.path = files[f];
+    fe.tokens = static_cast<int64_t>(tokens.size());
+    for (auto& w : io::make_windows(tokens, opt.seq_len)) {
+      ++fe.windows;
+      jobs.push_back({f, std::move(w)});
+    }
+    res.files.push_back(fe);
+  }
+
+  // Forward single-threaded per window; windows in parallel.
+  Qwen3Moe local = model;
+  local.threads = 1;
+  const int threads = opt.threads > 0 ? opt.threads : num_threads();
+  std::vector<double> sum(jobs.size(), 0.0);     // [windows] Σ nll (nats)
+  std::vector<int64_t> count(jobs.size(), 0);   // [windows] predicted tokens
+  std::atomic<int64_t> done{0};
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(jobs.size()) / 20);
+  {
+    BlasSingleThread single;
+    parallel_for(
+        static_cast<int64_t>(jobs.size()),
+        [&](int64_t i) {
+          const double mean = local.window_nll(jobs[i].tokens, &count[i]);
+          sum[i] = mean * static_cast<double>(count[i]);
+          const int64_t d = ++done;
+          if (d % step == 0 || d == static_cast<int64_t>(jobs.size()))
+            progress("eval", std::to_string(d) + "/" + std::to_string(jobs.size()) + " windows");
+        },
+        threads);
+  }
+  // Reduce in window order (independent of the thread count).
+  std::vector<double> file_sum(files.size(), 0.0);
+  double total = 0.0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    file_sum[jobs[i].file] += sum[i];
+    res.files[jobs[i].file].predicted += count[i];
+    total += sum[i];
+    res.predicted += count[i];
+  }
+  for (size_t f = 0; f < files.size(); ++f)
+    res.files[f].nats_per_token = file_sum[f] / static_cast<double>(res.files[f].predicted);
+  res.nats_per_token = total / static_cast<double>(res.predicted);
+  MOESQ_CHECK(std::isfinite(res.nats_per_token), "eval: non-finite nats/token (", res.nats_per_token,
+              ") — the model produced NaN/Inf logits");
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::string>& files,
+                               const EvalOptions& opt) {
+  progress("eval", "loading " + dir);
+  const io::Checkpoint ckpt(dir);
+  Qwen3Moe model(ckpt);
+  switch (opt.act_quant) {
+    case ActQuant::Auto: break;  // compressed → W4A4 (set by the loader), bf16 → none
+    case ActQuant::None: model.act_quant = false; break;
+    case ActQuant::Nvfp4: model.act_quant = true; break;  // act_block: the checkpoint's, else 32
+  }
+  EvalResult r = evaluate_model(model, files, opt);
+  r.model = dir;
+  return r;
+}
+
+}  // namespace moesq::model

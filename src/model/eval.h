@@ -1,0 +1,61 @@
+// Perplexity-style evaluation of a Qwen3-MoE checkpoint on token files (`moesq eval`, the demo):
+// each file is cut into windows of seq_len tokens, every token after the first of a window is
+// predicted, and the result is the mean negative log-likelihood in nats per predicted token.
+// The non-obvious decision: windows are evaluated in parallel (one thread per window, the forward
+// itself single-threaded), and per-window sums are reduced in window order, so the result is
+// bitwise independent of the thread count.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/tokens.h"
+#include "model/qwen3_moe.h"
+
+namespace moesq::model {
+
+enum class ActQuant { Auto, None, Nvfp4 };  // Auto: what the checkpoint says (W4A4 if compressed)
+
+const char* act_quant_name(ActQuant a);            // "auto" | "none" | "nvfp4"
+ActQuant parse_act_quant(const std::string& s);    // Error naming --act-quant for other values
+io::TextSplit parse_split(const std::string& s);   // "all" | "train" | "heldout"; Error otherwise
+const char* split_name(io::TextSplit s);
+
+struct EvalOptions {
+  int64_t seq_len = 512;                // tokens per window
+  io::TextSplit split = io::TextSplit::All;
+  ActQuant act_quant = ActQuant::Auto;
+  int threads = 0;                      // windows evaluated at once; 0 = moesq::num_threads()
+};
+
+struct FileEval {
+  std::string path;
+  int64_t tokens = 0;     // tokens loaded from the file (after the split)
+  int64_t predicted = 0;  // predicted tokens (tokens − number of windows)
+  int64_t windows = 0;
+  double nats_per_token = 0.0;
+};
+
+struct EvalResult {
+  std::string model;          // checkpoint directory
+  std::string act_quant;      // "none" | "nvfp4" — what was actually applied
+  int act_block = 0;          // activation block size when act_quant is nvfp4
+  std::string expert_format;  // "bf16" | "paired-4:8-nvfp4" | "nvfp4"
+  int64_t seq_len = 0;
+  std::string split;
+  int64_t predicted = 0;
+  double nats_per_token = 0.0;  // mean over ALL predicted tokens of all files
+  double seconds = 0.0;         // wall time of the evaluation (loading excluded)
+  std::vector<FileEval> files;
+};
+
+// Evaluates `model` as configured (its act_quant flag is used as is).
+EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
+                          const EvalOptions& opt);
+
+// Loads the checkpoint in `dir`, resolves opt.act_quant (Auto → the checkpoint's W4A4 setting;
+// Nvfp4 on a bf16 checkpoint → block 32), and evaluates.
+EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::string>& files,
+                               const EvalOptions& opt);
+
+}  // namespace moesq::model
