@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "core/error.h"
 #include "format/fp_codecs.h"
@@ -92,7 +93,7 @@ void check_patterns(const uint8_t* patterns, int64_t N, int64_t K, const std::st
     }
 }
 
-void check_gamma(float gamma, const std::string& name) {
+void check_gamma(float gamma, std::string_view name) {
   MOESQ_CHECK(std::isfinite(gamma) && gamma > 0.0f, "tensor ", name, ": global scale ", gamma,
               " is not a positive finite number");
 }
