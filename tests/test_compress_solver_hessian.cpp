@@ -86,59 +86,87 @@ TEST(Hessian, RejectsNegativeRowWeight) {
   EXPECT_THROW(mc::accumulate_hessian(X.data(), 4, 8, w.data()), moesq::Error);
 }
 
+using CholFn = bool (*)(std::vector<double>&, int64_t, double);
+using InvFn = bool (*)(const std::vector<double>&, int64_t, std::vector<double>&);
+struct Paths {
+  const char* name;
+  CholFn chol;
+  InvFn inv;
+};
+constexpr Paths kPaths[] = {{"lapack", mc::cholesky_lower, mc::inverse_cholesky_upper},
+                            {"ref", mc::cholesky_lower_ref, mc::inverse_cholesky_upper_ref}};
+
 TEST(Cholesky, LowerFactorReproducesMatrix) {
   const int64_t n = 400, K = 96;
   const auto X = gaussian(n * K, 41);
   auto h = mc::accumulate_hessian(X.data(), n, K);
-  std::vector<double> L = h.H;
-  ASSERT_TRUE(mc::cholesky_lower(L, K));
-  double err = 0.0;
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = 0; j < K; ++j) {
-      if (j > i) ASSERT_EQ(L[i * K + j], 0.0) << "upper triangle not zeroed at " << i << "," << j;
-      double s = 0.0;
-      for (int64_t k = 0; k < K; ++k) s += L[i * K + k] * L[j * K + k];
-      err = std::max(err, std::fabs(s - h.H[i * K + j]));
-    }
-  EXPECT_LT(err, kFactorAbsTol);
+  for (const auto& path : kPaths) {
+    std::vector<double> L = h.H;
+    ASSERT_TRUE(path.chol(L, K, 0.0)) << path.name;
+    double err = 0.0;
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        if (j > i) ASSERT_EQ(L[i * K + j], 0.0) << path.name << ": upper not zeroed at " << i << "," << j;
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += L[i * K + k] * L[j * K + k];
+        err = std::max(err, std::fabs(s - h.H[i * K + j]));
+      }
+    EXPECT_LT(err, kFactorAbsTol) << path.name;
+  }
 }
 
 TEST(Cholesky, InverseUpperFactorSatisfiesUtUHEqualsIdentity) {
   const int64_t n = 400, K = 96;
   const auto X = gaussian(n * K, 51);
   auto h = mc::accumulate_hessian(X.data(), n, K);
-  std::vector<double> U;
-  ASSERT_TRUE(mc::inverse_cholesky_upper(h.H, K, U));
-  // P = Uᵀ U (= H⁻¹), then P·H must be I.
-  std::vector<double> P(K * K, 0.0);
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = 0; j < K; ++j) {
-      if (j < i) ASSERT_EQ(U[i * K + j], 0.0) << "U not upper at " << i << "," << j;
-      double s = 0.0;
-      for (int64_t k = 0; k < K; ++k) s += U[k * K + i] * U[k * K + j];
-      P[i * K + j] = s;
+  std::vector<double> U_fast;
+  for (const auto& path : kPaths) {
+    std::vector<double> U;
+    ASSERT_TRUE(path.inv(h.H, K, U)) << path.name;
+    // P = Uᵀ U (= H⁻¹), then P·H must be I.
+    std::vector<double> P(K * K, 0.0);
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        if (j < i) ASSERT_EQ(U[i * K + j], 0.0) << path.name << ": not upper at " << i << "," << j;
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += U[k * K + i] * U[k * K + j];
+        P[i * K + j] = s;
+      }
+    for (int64_t i = 0; i < K; ++i) EXPECT_GT(U[i * K + i], 0.0) << path.name << " diag " << i;
+    double err = 0.0;
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += P[i * K + k] * h.H[k * K + j];
+        err = std::max(err, std::fabs(s - (i == j ? 1.0 : 0.0)));
+      }
+    EXPECT_LT(err, kFactorAbsTol) << path.name;
+    if (U_fast.empty()) {
+      U_fast = U;
+    } else {
+      EXPECT_LT(max_abs_rel_diff(U_fast, U), kFactorAbsTol) << "LAPACK vs plain-loop factor";
     }
-  for (int64_t i = 0; i < K; ++i) EXPECT_GT(U[i * K + i], 0.0) << "diag " << i;
-  double err = 0.0;
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = 0; j < K; ++j) {
-      double s = 0.0;
-      for (int64_t k = 0; k < K; ++k) s += P[i * K + k] * h.H[k * K + j];
-      err = std::max(err, std::fabs(s - (i == j ? 1.0 : 0.0)));
-    }
-  EXPECT_LT(err, kFactorAbsTol);
+  }
 }
 
 TEST(Cholesky, FailsOnIndefiniteSingularAndNonFinite) {
-  std::vector<double> indefinite = {1.0, 2.0, 2.0, 1.0};
-  EXPECT_FALSE(mc::cholesky_lower(indefinite, 2));
-  std::vector<double> with_nan = {1.0, 0.0, 0.0, std::nan("")};
-  EXPECT_FALSE(mc::cholesky_lower(with_nan, 2));
   // Rank-deficient Hessian: fewer rows than K and no damping must be refused, not "factored"
   // with rounding-level pivots.
   const int64_t n = 16, K = 64;
   const auto X = gaussian(n * K, 61);
   const auto h = mc::accumulate_hessian(X.data(), n, K);
-  std::vector<double> U;
-  EXPECT_FALSE(mc::inverse_cholesky_upper(h.H, K, U));
+  for (const auto& path : kPaths) {
+    std::vector<double> indefinite = {1.0, 2.0, 2.0, 1.0};
+    EXPECT_FALSE(path.chol(indefinite, 2, 0.0)) << path.name;
+    std::vector<double> with_nan = {1.0, 0.0, 0.0, std::nan("")};
+    EXPECT_FALSE(path.chol(with_nan, 2, 0.0)) << path.name;
+    std::vector<double> U;
+    EXPECT_FALSE(path.inv(h.H, K, U)) << path.name;
+    // ... while the same matrix with 1 % damping factors fine.
+    auto damped = h.H;
+    double mean = 0.0;
+    for (int64_t k = 0; k < K; ++k) mean += h.H[k * K + k] / K;
+    for (int64_t k = 0; k < K; ++k) damped[k * K + k] += 0.01 * mean;
+    EXPECT_TRUE(path.inv(damped, K, U)) << path.name;
+  }
 }

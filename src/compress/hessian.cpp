@@ -3,6 +3,7 @@
 // index reversal, chol(J H J) = M gives H = R Rᵀ with R = J M J upper triangular, hence
 // H⁻¹ = (R⁻¹)ᵀ R⁻¹ and U = R⁻¹ = J M⁻¹ J. One Cholesky and one triangular inverse instead of
 // GPTQ's Cholesky → inverse → Cholesky, and no explicitly formed (and re-rounded) inverse.
+// Fast paths call BLAS/LAPACK (dsyrk, dpotrf, dtrtri); every one has a plain-loop _ref twin.
 #include "compress/hessian.h"
 
 #include <cblas.h>
@@ -11,6 +12,13 @@
 #include <cmath>
 
 #include "core/error.h"
+
+// LAPACK (Fortran ABI, provided by OpenBLAS, which the build links as BLAS): Cholesky and
+// triangular inverse. Declared here because Debian's OpenBLAS ships no LAPACKE header.
+extern "C" {
+void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+void dtrtri_(const char* uplo, const char* diag, const int* n, double* a, const int* lda, int* info);
+}
 
 namespace moesq::compress {
 
@@ -95,9 +103,65 @@ Hessian accumulate_hessian_ref(const float* X, int64_t n, int64_t K, const float
   return h;
 }
 
-bool cholesky_lower(std::vector<double>& A, int64_t K, double min_pivot) {
-  MOESQ_CHECK(static_cast<int64_t>(A.size()) == K * K, "cholesky_lower: matrix has ", A.size(),
+namespace {
+
+void check_square(const std::vector<double>& A, int64_t K, const char* what) {
+  MOESQ_CHECK(K > 0 && static_cast<int64_t>(A.size()) == K * K, what, ": matrix has ", A.size(),
               " entries, expected K*K with K=", K);
+}
+
+// Pivot test shared by both paths: the squared diagonal of L against min_pivot, and finiteness.
+bool pivots_ok(const std::vector<double>& L, int64_t K, double min_pivot) {
+  for (int64_t j = 0; j < K; ++j) {
+    const double d = L[j * K + j];
+    if (!std::isfinite(d) || !(d > 0.0) || !(d * d > min_pivot)) return false;
+  }
+  return true;
+}
+
+// J H J: the index reversal of inverse_cholesky_upper (see the file header).
+std::vector<double> reversed(const std::vector<double>& H, int64_t K) {
+  std::vector<double> M(static_cast<size_t>(K * K));
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < K; ++j) M[i * K + j] = H[(K - 1 - i) * K + (K - 1 - j)];
+  return M;
+}
+
+double max_diag(const std::vector<double>& H, int64_t K) {
+  double m = 0.0;
+  for (int64_t k = 0; k < K; ++k) m = std::max(m, H[k * K + k]);
+  return m;
+}
+
+// U = J Minv J (upper), from the lower triangle of Minv; false on a non-finite entry.
+bool unreverse_upper(const std::vector<double>& Minv, int64_t K, std::vector<double>& U) {
+  U.assign(static_cast<size_t>(K * K), 0.0);
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = i; j < K; ++j) {
+      const double v = Minv[(K - 1 - i) * K + (K - 1 - j)];
+      if (!std::isfinite(v)) return false;
+      U[i * K + j] = v;
+    }
+  return true;
+}
+
+}  // namespace
+
+bool cholesky_lower(std::vector<double>& A, int64_t K, double min_pivot) {
+  check_square(A, K, "cholesky_lower");
+  // Row-major lower L = column-major upper: dpotrf('U') on the same memory computes it.
+  const char uplo = 'U';
+  const int k = static_cast<int>(K);
+  int info = 0;
+  dpotrf_(&uplo, &k, A.data(), &k, &info);
+  if (info != 0) return false;
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = i + 1; j < K; ++j) A[i * K + j] = 0.0;
+  return pivots_ok(A, K, min_pivot);
+}
+
+bool cholesky_lower_ref(std::vector<double>& A, int64_t K, double min_pivot) {
+  check_square(A, K, "cholesky_lower_ref");
   // Row-oriented (Cholesky–Banachiewicz): L_ij = (A_ij − L_i,<j · L_j,<j) / L_jj; contiguous dots.
   for (int64_t i = 0; i < K; ++i) {
     double* Li = A.data() + i * K;
@@ -114,19 +178,26 @@ bool cholesky_lower(std::vector<double>& A, int64_t K, double min_pivot) {
     }
     for (int64_t j = i + 1; j < K; ++j) Li[j] = 0.0;
   }
-  return true;
+  return pivots_ok(A, K, min_pivot);
 }
 
 bool inverse_cholesky_upper(const std::vector<double>& H, int64_t K, std::vector<double>& U) {
-  MOESQ_CHECK(static_cast<int64_t>(H.size()) == K * K, "inverse_cholesky_upper: Hessian has ",
-              H.size(), " entries, expected K*K with K=", K);
-  // M = chol(J H J), lower.
-  std::vector<double> M(static_cast<size_t>(K * K));
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = 0; j < K; ++j) M[i * K + j] = H[(K - 1 - i) * K + (K - 1 - j)];
-  double max_diag = 0.0;
-  for (int64_t k = 0; k < K; ++k) max_diag = std::max(max_diag, H[k * K + k]);
-  if (!cholesky_lower(M, K, kMinPivotRel * max_diag)) return false;
+  check_square(H, K, "inverse_cholesky_upper");
+  std::vector<double> M = reversed(H, K);  // → chol(J H J), lower
+  if (!cholesky_lower(M, K, kMinPivotRel * max_diag(H, K))) return false;
+  // M⁻¹ in place: row-major lower = column-major upper → dtrtri('U', non-unit).
+  const char uplo = 'U', diag = 'N';
+  const int k = static_cast<int>(K);
+  int info = 0;
+  dtrtri_(&uplo, &diag, &k, M.data(), &k, &info);
+  if (info != 0) return false;
+  return unreverse_upper(M, K, U);
+}
+
+bool inverse_cholesky_upper_ref(const std::vector<double>& H, int64_t K, std::vector<double>& U) {
+  check_square(H, K, "inverse_cholesky_upper_ref");
+  std::vector<double> M = reversed(H, K);
+  if (!cholesky_lower_ref(M, K, kMinPivotRel * max_diag(H, K))) return false;
   // Minv = M⁻¹ (lower) by forward substitution on rows: row_i = (e_i − Σ_{k<i} M_ik row_k) / M_ii.
   std::vector<double> Minv(static_cast<size_t>(K * K), 0.0);
   for (int64_t i = 0; i < K; ++i) {
@@ -141,13 +212,7 @@ bool inverse_cholesky_upper(const std::vector<double>& H, int64_t K, std::vector
     const double inv = 1.0 / mi[i];
     for (int64_t j = 0; j <= i; ++j) ri[j] *= inv;
   }
-  // U = J Minv J (upper).
-  U.assign(static_cast<size_t>(K * K), 0.0);
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = i; j < K; ++j) U[i * K + j] = Minv[(K - 1 - i) * K + (K - 1 - j)];
-  for (double v : U)
-    if (!std::isfinite(v)) return false;
-  return true;
+  return unreverse_upper(Minv, K, U);
 }
 
 }  // namespace moesq::compress

@@ -36,7 +36,9 @@ void hessian_add_rows(Hessian& h, const float* X, int64_t n, int64_t K,
 // the lower triangle holds L and the strict upper triangle is zeroed). Returns false (A then
 // unspecified) when a pivot L_jj² is not finite or not above min_pivot: the matrix is not
 // numerically PD.
+// Fast path: LAPACK dpotrf (OpenBLAS); _ref: plain loops (Cholesky–Banachiewicz).
 bool cholesky_lower(std::vector<double>& A, int64_t K, double min_pivot = 0.0);
+bool cholesky_lower_ref(std::vector<double>& A, int64_t K, double min_pivot = 0.0);
 
 // Pivots below this fraction of max(diag H) count as a failed factorisation: a singular PSD
 // Hessian (n < K rows, no damping) otherwise "succeeds" with pivots at rounding level (~1e-16
@@ -48,6 +50,8 @@ constexpr double kMinPivotRel = 1e-10;
 // row-major, zero below the diagonal. H must be symmetric PD; returns false when the
 // factorisation fails (pivot <= kMinPivotRel · max diag H, or non-finite; the caller falls back). Row i of U, scaled by 1/U_ii, is the update that
 // the rounding error of column i applies to columns j > i (GPTQ Eq. for δ_F).
+// Fast path: dpotrf + dtrtri; _ref: the plain-loop Cholesky and forward substitution.
 bool inverse_cholesky_upper(const std::vector<double>& H, int64_t K, std::vector<double>& U);
+bool inverse_cholesky_upper_ref(const std::vector<double>& H, int64_t K, std::vector<double>& U);
 
 }  // namespace moesq::compress

@@ -1,0 +1,300 @@
+// SGPTQ for paired 4:8 NVFP4 (see sgptq.h for the algorithm and the scale-block decision).
+// Non-obvious decision: the solver packs the E2M1/UE4M3 codes it rounded with itself instead of
+// calling sparse48_quantize on the rounded weights, because GPTQ fixes a block's UE4M3 code when the
+// block starts and later in-block updates can move the block maximum: re-deriving the code from the
+// rounded values would then pick a different code and re-round values GPTQ already compensated for.
+// The layout written is exactly the one documented in format/nvfp4.h (tests check it against
+// sparse48_quantize/sparse48_dequantize).
+#include "compress/sgptq.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "format/fp_codecs.h"
+
+namespace moesq::compress {
+
+namespace {
+
+using format::kGroup;
+using format::kNumPatterns;
+using format::kPatternPairs;
+using format::kSparseScaleBlock;
+
+constexpr int kPairsPerGroup = kGroup / 2;
+constexpr int kGroupsPerScaleBlock = kSparseScaleBlock / kGroup;
+static_assert(kSparseScaleBlock % kGroup == 0, "a scale block must hold whole 4:8 groups");
+
+// Everything the column loop needs, after damping / dead columns / fallback.
+struct Prepared {
+  std::vector<double> Wt;  // [K, N] fp64, the weights transposed (column i contiguous)
+  std::vector<double> U;   // [K, K] upper Cholesky factor of H⁻¹ (identity on fallback)
+  bool fallback = false;
+  std::string reason;
+  int64_t dead = 0;
+};
+
+Prepared prepare(const float* W, int64_t N, int64_t K, const Hessian& h, const SgptqOptions& opt,
+                 const std::string& name, bool use_blas) {
+  MOESQ_CHECK(N > 0 && K > 0, "sgptq: tensor ", name, " has an empty shape [", N, ", ", K, "]");
+  MOESQ_CHECK(K % kSparseScaleBlock == 0, "sgptq: tensor ", name, " has K=", K,
+              ", not a multiple of ", kSparseScaleBlock, " (paired 4:8 NVFP4 scale block)");
+  MOESQ_CHECK(opt.block_size > 0 && opt.block_size % kSparseScaleBlock == 0, "sgptq: block_size=",
+              opt.block_size, " must be a positive multiple of ", kSparseScaleBlock);
+  MOESQ_CHECK(opt.percdamp >= 0.0 && std::isfinite(opt.percdamp), "sgptq: percdamp=", opt.percdamp,
+              " must be finite and >= 0");
+  MOESQ_CHECK(h.n == 0 || h.K == K, "sgptq: tensor ", name, " has K=", K,
+              " but its Hessian has K=", h.K);
+  MOESQ_CHECK(h.n == 0 || static_cast<int64_t>(h.H.size()) == K * K, "sgptq: Hessian of ", name,
+              " holds ", h.H.size(), " values, expected K*K with K=", K);
+  for (int64_t idx = 0; idx < N * K; ++idx)
+    MOESQ_CHECK(std::isfinite(W[idx]), "sgptq: tensor ", name, " has a non-finite weight at [",
+                idx / K, ", ", idx % K, "]");
+
+  Prepared p;
+  p.Wt.resize(static_cast<size_t>(K * N));
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t k = 0; k < K; ++k) p.Wt[k * N + r] = W[r * K + k];
+
+  auto identity = [&](std::string why) {
+    p.fallback = true;
+    p.reason = std::move(why);
+    p.dead = 0;
+    p.U.assign(static_cast<size_t>(K * K), 0.0);
+    for (int64_t k = 0; k < K; ++k) p.U[k * K + k] = 1.0;
+    // Undo any dead-column zeroing: the fallback is plain magnitude + RTN on the given weights.
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) p.Wt[k * N + r] = W[r * K + k];
+  };
+
+  if (h.n == 0) {
+    identity("no calibration tokens: identity Hessian");
+    return p;
+  }
+  if (h.n < opt.min_tokens) {
+    identity("only " + std::to_string(h.n) + " calibration tokens (< min_tokens " +
+             std::to_string(opt.min_tokens) + "): identity Hessian");
+    return p;
+  }
+  for (double v : h.H)
+    if (!std::isfinite(v)) {
+      identity("non-finite Hessian: identity Hessian");
+      return p;
+    }
+
+  std::vector<double> H = h.H;
+  // Dead inputs (never non-zero in the calibration rows): GPTQ sets H_ii = 1 and W[:, i] = 0 —
+  // the weight cannot affect the calibration outputs, so zero is the error-free choice.
+  for (int64_t k = 0; k < K; ++k)
+    if (H[k * K + k] == 0.0) {
+      H[k * K + k] = 1.0;
+      std::fill(p.Wt.begin() + k * N, p.Wt.begin() + (k + 1) * N, 0.0);
+      ++p.dead;
+    }
+  double mean_diag = 0.0;
+  for (int64_t k = 0; k < K; ++k) mean_diag += H[k * K + k];
+  mean_diag /= static_cast<double>(K);
+  const double damp = opt.percdamp * mean_diag;
+  for (int64_t k = 0; k < K; ++k) H[k * K + k] += damp;
+
+  const bool ok =
+      use_blas ? inverse_cholesky_upper(H, K, p.U) : inverse_cholesky_upper_ref(H, K, p.U);
+  if (!ok) {
+    identity("Hessian not positive definite after damping (percdamp " +
+             std::to_string(opt.percdamp) + ", " + std::to_string(h.n) +
+             " tokens): identity Hessian");
+  }
+  return p;
+}
+
+// Best pattern of one group for one row: keep the 2 pairs with the largest Σ w²/d²
+// (SparseGPT saliency); ties → lower pattern id, as format::magnitude_patterns.
+uint8_t choose_pattern(const double* Wt, const double* U, int64_t N, int64_t K, int64_t r,
+                       int64_t c0) {
+  double pair_score[kPairsPerGroup];
+  for (int pr = 0; pr < kPairsPerGroup; ++pr) {
+    double s = 0.0;
+    for (int e = 0; e < 2; ++e) {
+      const int64_t j = c0 + 2 * pr + e;
+      const double w = Wt[j * N + r];
+      const double d = U[j * K + j];
+      s += w * w / (d * d);
+    }
+    pair_score[pr] = s;
+  }
+  int best = 0;
+  double best_score = -1.0;
+  for (int pt = 0; pt < kNumPatterns; ++pt) {
+    const double s = pair_score[kPatternPairs[pt][0]] + pair_score[kPatternPairs[pt][1]];
+    if (s > best_score) {
+      best_score = s;
+      best = pt;
+    }
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// Slot (0..3) of in-group offset o among the kept values of pattern pt, or -1 when pruned.
+int kept_slot(int pt, int o) {
+  const int pair = o / 2;
+  if (pair == kPatternPairs[pt][0]) return o % 2;
+  if (pair == kPatternPairs[pt][1]) return 2 + o % 2;
+  return -1;
+}
+
+// UE4M3 code of one scale block: c = UE4M3(γ · amax / 6) over the kept, current weights.
+uint8_t block_scale_code(const double* Wt, int64_t N, int64_t r, int64_t s0,
+                         const uint8_t* row_patterns, float gamma) {
+  float amax = 0.0f;
+  for (int64_t j = s0; j < s0 + kSparseScaleBlock; ++j) {
+    const int pt = row_patterns[j / kGroup];
+    if (kept_slot(pt, static_cast<int>(j % kGroup)) < 0) continue;
+    amax = std::max(amax, std::fabs(static_cast<float>(Wt[j * N + r])));
+  }
+  return format::ue4m3_encode(gamma * amax / format::kE2M1Max);
+}
+
+// Core column loop. block = lazy-update block; use_blas = LAPACK factorisation and BLAS updates.
+// block == K with no BLAS is the _ref twin.
+SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float gamma,
+                  const SgptqOptions& opt, const std::string& name, int64_t block, bool use_blas) {
+  Prepared p = prepare(W, N, K, h, opt, name, use_blas);
+  if (!(gamma > 0.0f)) {
+    float amax = 0.0f;
+    for (int64_t idx = 0; idx < N * K; ++idx) amax = std::max(amax, std::fabs(W[idx]));
+    gamma = format::nvfp4_tensor_scale(amax);
+  }
+  MOESQ_CHECK(std::isfinite(gamma), "sgptq: tensor ", name, " has a non-finite global scale");
+
+  const int64_t G = K / kGroup;               // groups per row
+  const int64_t S = K / kSparseScaleBlock;    // scale blocks per row
+  SgptqResult res;
+  res.fallback = p.fallback;
+  res.fallback_reason = p.reason;
+  res.dead_columns = p.dead;
+  res.patterns.assign(static_cast<size_t>(N * G), 0);
+  res.dense_rounded.assign(static_cast<size_t>(N * K), 0.0f);
+  std::vector<uint8_t> scale_codes(static_cast<size_t>(N * S), 0);   // [N, K/32]
+  std::vector<uint8_t> value_codes(static_cast<size_t>(N * K / 2), 0);  // [N, K/2] one per byte
+
+  double* Wt = p.Wt.data();
+  const double* U = p.U.data();
+  std::vector<float> block_dec(static_cast<size_t>(N));  // [N] dec(c)/γ of the current scale block
+  std::vector<double> err;                               // [block, N] (w − q)/d per column
+  double loss = 0.0;
+
+  for (int64_t b0 = 0; b0 < K; b0 += block) {
+    const int64_t b1 = std::min(b0 + block, K);
+    err.assign(static_cast<size_t>((b1 - b0) * N), 0.0);
+    for (int64_t i = b0; i < b1; ++i) {
+      if (i % kSparseScaleBlock == 0) {
+        for (int64_t r = 0; r < N; ++r) {
+          uint8_t* rp = res.patterns.data() + r * G;
+          for (int g = 0; g < kGroupsPerScaleBlock; ++g)
+            rp[i / kGroup + g] = choose_pattern(Wt, U, N, K, r, i + g * kGroup);
+          const uint8_t c = block_scale_code(Wt, N, r, i, rp, gamma);
+          scale_codes[r * S + i / kSparseScaleBlock] = c;
+          block_dec[r] = format::e4m3_decode(c);
+        }
+      } else if (opt.pattern_at_group && i % kGroup == 0) {
+        // SparseGPT per-group choice on the updated weights; the block scale stays provisional.
+        for (int64_t r = 0; r < N; ++r)
+          res.patterns[r * G + i / kGroup] = choose_pattern(Wt, U, N, K, r, i);
+      }
+      const double d = U[i * K + i];
+      double* wi = Wt + i * N;
+      double* ei = err.data() + (i - b0) * N;
+      for (int64_t r = 0; r < N; ++r) {
+        const int pt = res.patterns[r * G + i / kGroup];
+        const int slot = kept_slot(pt, static_cast<int>(i % kGroup));
+        const double w = wi[r];
+        double q = 0.0;
+        if (slot >= 0) {
+          const float s = block_dec[r];
+          uint8_t code = 0;
+          float qf = 0.0f;
+          if (s > 0.0f) {
+            // The fp32 order of format/nvfp4.cpp: q = E2M1(w · (γ/s)), ŵ = (dec(q) · s) / γ.
+            code = format::e2m1_encode(static_cast<float>(w) * (gamma / s));
+            qf = format::e2m1_decode(code) * s / gamma;
+          }
+          value_codes[r * (K / 2) + (i / kGroup) * kPairsPerGroup + slot] = code;
+          q = qf;
+          res.dense_rounded[r * K + i] = qf;
+        } else {
+          res.dense_rounded[r * K + i] = static_cast<float>(w);
+        }
+        const double e = (w - q) / d;
+        ei[r] = e;
+        loss += 0.5 * e * e;
+      }
+      // In-block update of the later columns: W[:, j] −= e · U_ij (a rank-1 update).
+      if (use_blas && i + 1 < b1) {
+        cblas_dger(CblasRowMajor, static_cast<int>(b1 - i - 1), static_cast<int>(N), -1.0,
+                   U + i * K + i + 1, 1, ei, 1, Wt + (i + 1) * N, static_cast<int>(N));
+      } else {
+        for (int64_t j = i + 1; j < b1; ++j) {
+          const double u = U[i * K + j];
+          double* wj = Wt + j * N;
+          for (int64_t r = 0; r < N; ++r) wj[r] -= ei[r] * u;
+        }
+      }
+    }
+    if (b1 < K) {
+      // Lazy update of the columns after the block: Wt[b1:K, :] −= U[b0:b1, b1:K]ᵀ · err.
+      const int64_t nb = b1 - b0, rest = K - b1;
+      if (use_blas) {
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rest),
+                    static_cast<int>(N), static_cast<int>(nb), -1.0, U + b0 * K + b1,
+                    static_cast<int>(K), err.data(), static_cast<int>(N), 1.0, Wt + b1 * N,
+                    static_cast<int>(N));
+      } else {
+        for (int64_t j = b1; j < K; ++j)
+          for (int64_t ii = 0; ii < nb; ++ii) {
+            const double u = U[(b0 + ii) * K + j];
+            const double* e = err.data() + ii * N;
+            for (int64_t r = 0; r < N; ++r) Wt[j * N + r] -= e[r] * u;
+          }
+      }
+    }
+  }
+  res.gptq_loss = loss;
+
+  // Pack the codes (layout of format/nvfp4.h: values [N, K/4], meta [N, K/16], scales [N, K/32]).
+  format::Sparse48Tensor& t = res.packed;
+  t.N = N;
+  t.K = K;
+  t.global_scale = gamma;
+  t.values.assign(static_cast<size_t>(N * K / 4), 0);
+  t.meta.assign(static_cast<size_t>(N * K / 16), 0);
+  t.scales = scale_codes;
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t kv = 0; kv < K / 2; ++kv) {
+      const uint8_t code = value_codes[r * (K / 2) + kv] & 0xF;
+      t.values[r * (K / 4) + kv / 2] |= (kv % 2 == 0) ? code : static_cast<uint8_t>(code << 4);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t nib = format::pattern_nibble(res.patterns[r * G + g]);
+      t.meta[r * (K / 16) + g / 2] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                  const SgptqOptions& opt, const std::string& name) {
+  return solve(W, N, K, H, global_scale, opt, name, opt.block_size, /*use_blas=*/true);
+}
+
+SgptqResult sgptq_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                      const SgptqOptions& opt, const std::string& name) {
+  return solve(W, N, K, H, global_scale, opt, name, K, /*use_blas=*/false);
+}
+
+}  // namespace moesq::compress
