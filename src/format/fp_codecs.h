@@ -17,7 +17,7 @@ constexpr float kE4M3Max = 448.0f;
 // E2M1 is inline: it runs once per value on the hot paths (activation quantization of every
 // expert row, fake quant in the refinement forward).
 inline uint8_t e2m1_encode(float x) {  // → code in [0, 15]
-  if (x != x) return 0;  // NaN → +0
+  if (std::isnan(x)) return 0;  // NaN → +0
   const uint8_t sign = std::signbit(x) ? 0x8 : 0x0;
   const float a = std::fabs(x);
   // The code is the number of midpoints |x| lies beyond; at an exact midpoint the EVEN code wins
