@@ -43,7 +43,8 @@ double cosine_lr(double lr0, double final_frac, int64_t step, int64_t num_steps)
 }
 
 double linear_schedule(double v0, double v1, int64_t step, int64_t num_steps) {
-  return v0 + (v1 - v0) * progress(step, num_steps);
+  const double u = progress(step, num_steps);
+  return v0 * (1.0 - u) + v1 * u;  // exact at both ends
 }
 
 }  // namespace moesq::compress::refine
