@@ -1,0 +1,329 @@
+// Grouped sparse GEMM kernel for paired 4:8 NVFP4 experts (sparse_gemm.cuh), Hopper sm_90a.
+//
+// Each warp streams its weight tiles straight from HBM into registers (four 16-byte loads per lane
+// per 16×256 chunk, moe/kernel_layout.h), decodes E2M1 codes × UE4M3 scales to EXACT bf16 in
+// registers, expands the ordered-metadata nibbles to the register form of mma.sp, and issues
+// mma.sp::ordered_metadata m16n8k32 with fp32 accumulators; activations (the B operand) are read
+// from the per-expert batch with one 16-byte load per lane per k-step. A persistent grid walks the
+// (expert, m-block, n-block) tiles; the tile count per expert, ceil(count_e / BLOCK_N)·m_blocks, is
+// computed on the device from the device-side counts, so the host never syncs.
+//
+// Non-obvious decision: E2M1 → bf16 without a lookup table. Shifting a code's 3 magnitude bits to
+// bf16 bit 6 gives exactly value·2^-126 for all 8 magnitudes (code 1 = 0.5 lands on the bf16
+// subnormal 2^-127), so two exact bf16x2 multiplies (by 2^126, then by the block scale) finish the
+// decode; every product has ≤ 6 significant bits and lies in [2^-10, 2688], hence is exact
+// (DESIGN.md §4). fma.rn.bf16x2 is used (with −0 addend) because it keeps subnormal inputs.
+#include "cuda/sparse_gemm.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "cuda/cuda_check.cuh"
+
+namespace moesq::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = 1024;  // prefix array in shared memory
+constexpr int kWarps = 4;          // warps per CTA (all share the CTA's token tile)
+constexpr int kChunkBytes = 1408;  // moe::kChunkBytes: one 16-row × 256-K chunk
+constexpr int kChunkK = 256;
+constexpr int kSteps = 8;          // mma k-steps (32 K each) per chunk
+constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
+constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
+constexpr uint32_t kBf16x2Two126 = 0x7E807E80u;  // {2^126, 2^126}
+constexpr uint32_t kBf16x2NegZero = 0x80008000u;
+
+// Streamed-once weights: non-coherent load that does not allocate in L1 (keeps L1 for X).
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t u4get(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
+}
+
+// a·b exactly (+(−0) keeps the sign of zero products); fma keeps bf16 subnormal inputs.
+__device__ __forceinline__ uint32_t bf16x2_mul_exact(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(kBf16x2NegZero));
+  return d;
+}
+
+// UE4M3 code → {v, v} bf16x2 (exact): normal codes move bit-for-bit (exponent bias 7 → 127).
+__device__ __forceinline__ uint32_t ue4m3_to_bf16x2(uint32_t c) {
+  const uint32_t bits = c < 8 ? (__float_as_uint(static_cast<float>(c) * 0x1p-9f) >> 16)
+                              : ((c & 0x7fu) << 4) + (120u << 7);
+  return bits | (bits << 16);
+}
+
+// 4 ordered-metadata nibbles (one per group of 8) → 8 nibbles (one per 2:4 chunk): each group's
+// nibble serves both halves of the group after the [0,2,4,6,1,3,5,7] permutation.
+__device__ __forceinline__ uint32_t expand_meta(uint32_t x) {
+  const uint32_t y = (x & 0xFu) | ((x & 0xF0u) << 4) | ((x & 0xF00u) << 8) | ((x & 0xF000u) << 12);
+  return y | (y << 4);
+}
+
+// One lane's A fragment of one k-step: code word nibbles k and 4+k hold elements (a_2k, a_2k+1);
+// registers 0, 2 are row g (scale s_g), registers 1, 3 row g+8 (scale s_g8).
+__device__ __forceinline__ void decode_a(uint32_t word, uint32_t s_g, uint32_t s_g8, uint32_t a[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t x = word >> (4 * k);
+    const uint32_t h = ((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12);  // value · 2^-126
+    a[k] = bf16x2_mul_exact(bf16x2_mul_exact(h, kBf16x2Two126), (k & 1) ? s_g8 : s_g);
+  }
+}
+
+// D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32.
+__device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const uint4& b, uint32_t meta) {
+  asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(meta));
+}
+
+struct ChunkRegs {
+  uint4 codes[2];  // steps 0–3, 4–7: one 32-bit code word per step
+  uint4 scales;    // [8 steps][row g, row g+8] UE4M3
+  uint4 meta;      // [8 steps][2 B] ordered-metadata nibbles (lanes t = 0, 1)
+};
+
+__device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  r.codes[0] = ld_stream(chunk + lane * 16);
+  r.codes[1] = ld_stream(chunk + 512 + lane * 16);
+  r.scales = ld_stream(chunk + kScaleOff + g * 16);
+  r.meta = ld_stream(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);  // lanes t = 2, 3: ignored copy
+}
+
+// kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (5, see sparse_gemm()).
+template <int kMT, int kNT>
+__global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(SparseGemmArgs a) {
+  static_assert(kMT >= 1 && kMT <= 4 && kNT >= 1 && kNT <= 4, "bounded tile instances");
+  constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk (bigger tiles: no regs)
+  constexpr int kBlockMTiles = kWarps * kMT;
+  constexpr int kBlockN = 8 * kNT;
+  __shared__ int s_prefix[kMaxExperts + 1];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int E = a.num_experts;
+  const int MT = static_cast<int>(a.M_pad / 16), KC = static_cast<int>(a.K_pad / kChunkK);
+  const int m_blocks = (MT + kBlockMTiles - 1) / kBlockMTiles;
+
+  // Tiles per expert → exclusive prefix (warp 0, 32 experts per shuffle scan).
+  if (warp == 0) {
+    int running = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int v = 0;
+      if (e < E) v = m_blocks * ((min(a.counts[e], a.capacity) + kBlockN - 1) / kBlockN);
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+      }
+      if (e < E) s_prefix[e + 1] = running + v;
+      running += __shfl_sync(0xffffffffu, v, 31);
+    }
+    if (lane == 0) s_prefix[0] = 0;
+  }
+  __syncthreads();
+  const int total = s_prefix[E];
+
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    int lo = 0, hi = E - 1;  // expert = largest e with s_prefix[e] <= tile
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_prefix[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    const int e = lo;
+    const int count = min(a.counts[e], a.capacity);
+    const int n_blocks = (count + kBlockN - 1) / kBlockN;
+    const int local = tile - s_prefix[e];
+    const int mb = local / n_blocks, nb = local % n_blocks;  // n-blocks of one m-block run side by side
+    const int mt0 = (mb * kWarps + warp) * kMT;
+    if (mt0 >= MT) continue;  // this warp has no rows in the last m-block
+
+    const uint8_t* wp[kMT];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+      wp[mi] = a.w + (static_cast<size_t>(e) * MT + min(mt0 + mi, MT - 1)) * KC * kChunkBytes;
+    const uint16_t* xp[kNT];
+    bool xv[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int tok = nb * kBlockN + nt * 8 + g;
+      xv[nt] = tok < count;
+      xp[nt] = a.x + (static_cast<size_t>(e) * a.capacity + (xv[nt] ? tok : 0)) * a.K_pad + 8 * t;
+    }
+
+    float acc[kMT][kNT][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[mi][nt][j] = 0.0f;
+
+    ChunkRegs cur[kMT];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi], lane);
+
+#pragma unroll 1
+    for (int kc = 0; kc < KC; ++kc) {
+      ChunkRegs nxt[kPrefetch ? kMT : 1];
+      if constexpr (kPrefetch) {
+        if (kc + 1 < KC) {
+#pragma unroll
+          for (int mi = 0; mi < kMT; ++mi) load_chunk(nxt[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        uint4 b[kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          b[nt] = xv[nt] ? __ldg(reinterpret_cast<const uint4*>(xp[nt] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          const uint32_t sw = u4get(cur[mi].scales, s >> 1) >> (16 * (s & 1));
+          const uint32_t mw = u4get(cur[mi].meta, s >> 1) >> (16 * (s & 1));
+          uint32_t af[4];
+          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3_to_bf16x2(sw & 0xffu), ue4m3_to_bf16x2((sw >> 8) & 0xffu),
+                   af);
+          const uint32_t meta = expand_meta(mw & 0xffffu);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) mma_sp(acc[mi][nt], af, b[nt], meta);
+        }
+      }
+      if constexpr (kPrefetch) {
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) cur[mi] = nxt[mi];
+      } else if (kc + 1 < KC) {
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
+      }
+    }
+
+    // Epilogue: α = (1/γ_w)·(1/γ_a) in that order (moe::grouped_sparse_gemm_ref), bf16 and/or fp32.
+    const float inv_w = a.w_inv_gamma[e];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tok = nb * kBlockN + nt * 8 + 2 * t + j;
+        if (tok >= count) continue;
+        const size_t slot = static_cast<size_t>(e) * a.capacity + tok;
+        const float alpha = inv_w * (a.x_inv_scale ? a.x_inv_scale[slot] : 1.0f);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          if (mt0 + mi >= MT) continue;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t m = static_cast<int64_t>(mt0 + mi) * 16 + g + 8 * h;
+            if (m >= a.M) continue;
+            const float v = acc[mi][nt][2 * h + j] * alpha;
+            const size_t idx = slot * a.ldy + m;
+            if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+            if (a.y_f32) a.y_f32[idx] = v;
+          }
+        }
+      }
+    }
+  }
+}
+
+struct DeviceInfo {
+  int num_sms = 0;
+};
+const DeviceInfo& device_info() {
+  static DeviceInfo info = [] {
+    DeviceInfo d;
+    int dev = 0;
+    MOESQ_CUDA_CHECK(cudaGetDevice(&dev));
+    MOESQ_CUDA_CHECK(cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, dev));
+    return d;
+  }();
+  return info;
+}
+
+template <int kMT, int kNT>
+void launch(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, cudaStream_t stream) {
+  static int ctas_per_sm = [] {
+    int n = 0;
+    MOESQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped_sparse_gemm_kernel<kMT, kNT>,
+                                                                   kWarps * 32, 0));
+    return n > 0 ? n : 1;
+  }();
+  const int64_t m_blocks = (a.M_pad / 16 + kWarps * kMT - 1) / (kWarps * kMT);
+  const int64_t max_tiles = a.num_experts * m_blocks * ((max_tokens + 8 * kNT - 1) / (8 * kNT));
+  int64_t grid = c.grid > 0 ? c.grid : static_cast<int64_t>(ctas_per_sm) * device_info().num_sms;
+  grid = std::max<int64_t>(1, std::min(grid, max_tiles));
+  grouped_sparse_gemm_kernel<kMT, kNT><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("grouped_sparse_gemm_kernel");
+}
+
+}  // namespace
+
+std::string GemmConfig::str() const {
+  std::ostringstream os;
+  os << "sparse_gemm mma.sp m16n8k32: BLOCK_M=" << warps * 16 * m_tiles << " BLOCK_N=" << 8 * n_tiles
+     << " (warp " << 16 * m_tiles << "x" << 8 * n_tiles << ", " << warps << " warps) grid="
+     << (grid > 0 ? std::to_string(grid) : std::string("occupancy×SMs"));
+  return os.str();
+}
+
+GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens) {
+  GemmConfig c;
+  if (max_tokens <= 8) c.n_tiles = 1;
+  else if (max_tokens <= 16) c.n_tiles = 2;
+  else c.n_tiles = 4;
+  if (c.n_tiles == 4) {
+    c.m_tiles = 4;  // compute-bound side: reuse each B fragment 4×, each decoded A fragment 4×
+  } else {
+    // Memory-bound decode: 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
+    // fewer than ~2 tiles per SM (few experts): then halve BLOCK_M to spread the weights wider.
+    const int64_t m_blocks2 = (M + 16 * kWarps * 2 - 1) / (16 * kWarps * 2);
+    const int64_t tiles2 = num_experts * m_blocks2 * ((max_tokens + 8 * c.n_tiles - 1) / (8 * c.n_tiles));
+    c.m_tiles = tiles2 < 2 * device_info().num_sms ? 1 : 2;
+  }
+  (void)K_pad;
+  const char* env = std::getenv("MOESQ_PRINT_CONFIG");
+  if (env && std::strcmp(env, "1") == 0)
+    std::fprintf(stderr, "[moesq] E=%d M=%lld K_pad=%lld max_tokens=%d → %s\n", num_experts,
+                 static_cast<long long>(M), static_cast<long long>(K_pad), max_tokens, c.str().c_str());
+  return c;
+}
+
+void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, const GemmConfig* config) {
+  MOESQ_CHECK(a.num_experts > 0 && a.num_experts <= kMaxExperts, "sparse_gemm: num_experts=", a.num_experts,
+              " not in [1, ", kMaxExperts, "]");
+  MOESQ_CHECK(a.M > 0 && a.M_pad >= a.M && a.M_pad % 16 == 0 && a.K_pad > 0 && a.K_pad % kChunkK == 0,
+              "sparse_gemm: M=", a.M, " M_pad=", a.M_pad, " K_pad=", a.K_pad, " (M_pad % 16, K_pad % 256 required)");
+  MOESQ_CHECK(a.w && a.w_inv_gamma && a.x && a.counts && (a.y || a.y_f32) && a.ldy >= a.M, "sparse_gemm: missing ",
+              "buffer or ldy=", a.ldy, " < M=", a.M);
+  MOESQ_CHECK(a.capacity >= 0 && max_tokens >= 0, "sparse_gemm: capacity=", a.capacity, " max_tokens=", max_tokens);
+  if (a.capacity == 0 || max_tokens == 0) return;
+  max_tokens = std::min(max_tokens, a.capacity);
+  const GemmConfig c = config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, max_tokens);
+  MOESQ_CHECK(c.warps == kWarps, "sparse_gemm: config warps=", c.warps, " (only ", kWarps, " is built)");
+  if (c.m_tiles == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
+  if (c.m_tiles == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
+  if (c.m_tiles == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);
+  if (c.m_tiles == 2 && c.n_tiles == 2) return launch<2, 2>(a, c, max_tokens, stream);
+  if (c.m_tiles == 4 && c.n_tiles == 4) return launch<4, 4>(a, c, max_tokens, stream);
+  MOESQ_FAIL("sparse_gemm: no kernel instance for ", c.str(), " (built: 16x8, 32x8, 16x16, 32x16, 64x32 per warp)");
+}
+
+}  // namespace moesq::cuda

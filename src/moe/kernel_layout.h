@@ -1,0 +1,73 @@
+// Load-time transform of paired 4:8 NVFP4 experts (format/nvfp4.h) into the layout the Hopper
+// grouped sparse GEMM streams (src/cuda/sparse_gemm.cu), plus the activation K order it expects.
+// docs/KERNEL_LAYOUT.md draws both layouts.
+//
+// Non-obvious decision: the kernel layout keeps the PACKED bits (E2M1 codes, UE4M3 scales, one
+// ordered-metadata nibble per group of 8) — 2.75 bits/weight, the same bytes as the checkpoint —
+// and only reorders them, so that each lane of a warp fetches its mma.sp fragment for 8 k-steps
+// with four 16-byte loads and decodes it to exact bf16 in registers (DESIGN.md §4). Decoding to
+// bf16 at load time would be simpler but would move 5.8× more bytes in the memory-bound decode.
+//
+// Two permutations of K are involved (both fixed, both applied to weights AND activations):
+//  1. paired 4:8 → 2:4: inside every group of 8, positions [0,2,4,6,1,3,5,7] (DESIGN.md §4);
+//  2. storage order of a 32-wide k-step in the activation rows: lane t of an mma quad reads the 8
+//     B-fragment elements it needs as one contiguous 16-byte vector.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "format/nvfp4.h"
+
+namespace moesq::moe {
+
+constexpr int kMmaM = 16;                  // rows of one mma.sp m16n8k32 A tile
+constexpr int kMmaK = 32;                  // logical K of one mma.sp step
+constexpr int kKStepsPerChunk = 8;         // mma k-steps per streamed chunk
+constexpr int kChunkK = kMmaK * kKStepsPerChunk;  // 256 logical K per chunk
+constexpr int kChunkCodeBytes = 1024;      // [2 vec][32 lanes][16 B]: 8 steps × 32 lanes × 8 E2M1
+constexpr int kChunkScaleBytes = 128;      // [8 quads][8 steps][2 rows] UE4M3
+constexpr int kChunkMetaBytes = 256;       // [8 quads][2 lanes][8 steps][2 B] ordered-metadata nibbles
+constexpr int kChunkBytes = kChunkCodeBytes + kChunkScaleBytes + kChunkMetaBytes;  // 1408
+static_assert(kChunkBytes * 8 == kMmaM * kChunkK * 11 / 4, "a chunk must hold exactly 2.75 bits/weight");
+
+// Which 32 bits of mma.sp m16n8k32 (16-bit types, sparsity selector 0) lanes t = 0, 1 of quad g
+// hold. kHalfK: lane t covers logical K [16t, 16t+16) of rows g (bits 0–15) and g+8 (bits 16–31),
+// as two m16n8k16 halves. kRowSplit: lane t covers all 32 K of row g + 8t. The PTX ISA shows this
+// only as a figure; the GPU test checks the default against the hardware and reports the other.
+enum class MetaOrder { kHalfK, kRowSplit };
+constexpr MetaOrder kDefaultMetaOrder = MetaOrder::kHalfK;
+
+// All experts of one projection, in kernel layout.
+//   data [E, M_pad/16, K_pad/256, 1408] bytes; chunk (e, mt, kc) at ((e·MT + mt)·KC + kc)·1408.
+// Padding rows/columns have code 0, scale 0 and pattern {0,1}: they contribute exact zeros.
+struct KernelWeights {
+  int num_experts = 0;
+  int64_t M = 0, K = 0;          // logical rows (output features) and contraction dim
+  int64_t M_pad = 0, K_pad = 0;  // M rounded up to 16, K rounded up to 256
+  MetaOrder meta_order = kDefaultMetaOrder;
+  std::vector<uint8_t> data;
+  std::vector<float> gamma;      // [E] γ_w of each expert (divisor); the GEMM epilogue uses 1/γ_w
+  int64_t m_tiles() const { return M_pad / kMmaM; }
+  int64_t k_chunks() const { return K_pad / kChunkK; }
+  size_t expert_bytes() const { return static_cast<size_t>(m_tiles() * k_chunks()) * kChunkBytes; }
+};
+
+int64_t padded_k(int64_t K);  // K rounded up to kChunkK
+
+// Reorders E experts (all [M, K], K % 32 == 0) into kernel layout. Error names the expert index and
+// `name` when shapes differ or K is not a multiple of 32.
+KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse48Tensor*>& experts,
+                                          const std::string& name = "experts",
+                                          MetaOrder meta_order = kDefaultMetaOrder);
+
+// Inverse, for tests: expert e's weights decoded from the kernel layout as dec(q)·dec(scale)
+// (WITHOUT 1/γ), logical K order, zeros where pruned. out: [M, K] fp32.
+void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out);
+
+// Activation K order: storage index (inside a row of K_pad elements) of logical column k.
+// Composition of the 4:8→2:4 permutation and the 32-wide B-fragment storage order.
+int64_t act_storage_index(int64_t k);
+
+}  // namespace moesq::moe

@@ -1,0 +1,217 @@
+// CPU tests of the kernel-layout transform and the `_ref` twins of the Hopper expert kernels
+// (moe/kernel_layout.h, moe/sparse_gemm_ref.h). The GPU kernels are checked against these refs in
+// tests/gpu/test_sparse_gemm.cu; here the refs are checked against the format module.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "format/fp_codecs.h"
+#include "format/nvfp4.h"
+#include "moe/kernel_layout.h"
+#include "moe/sparse_gemm_ref.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::moe;
+
+// ref GEMM (fp64 sum, one fp32 rounding, α applied in fp32) vs an independent fp64 sum over the
+// format module's scaled dequantization: only the fp32 roundings of α·acc and of ŵ = q·s/γ differ.
+constexpr double kRefVsFormatRelTol = 1e-6;
+
+format::Sparse48Tensor random_sparse48(int64_t N, int64_t K, std::mt19937& rng, float gamma = 0.0f) {
+  std::vector<float> w(N * K);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : w) v = nd(rng);
+  std::vector<uint8_t> pat(N * K / 8);
+  std::uniform_int_distribution<int> pd(0, format::kNumPatterns - 1);
+  for (auto& p : pat) p = static_cast<uint8_t>(pd(rng));
+  return format::sparse48_quantize(w.data(), N, K, pat.data(), gamma);
+}
+
+std::vector<uint16_t> random_rows(int64_t T, int64_t K, std::mt19937& rng) {
+  std::vector<uint16_t> x(T * K);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& v : x) v = f32_to_bf16(nd(rng));
+  return x;
+}
+
+TEST(KernelLayout, StorageIndexIsAPermutationOfEach32Block) {
+  for (int64_t base : {0, 32, 2048}) {
+    std::set<int64_t> seen;
+    for (int k = 0; k < 32; ++k) {
+      const int64_t s = act_storage_index(base + k);
+      EXPECT_GE(s, base);
+      EXPECT_LT(s, base + 32);
+      seen.insert(s);
+    }
+    EXPECT_EQ(seen.size(), 32u) << "base " << base;
+  }
+}
+
+TEST(KernelLayout, RoundTripMatchesCanonicalDecodeBothMetaOrders) {
+  std::mt19937 rng(1234);
+  for (int64_t M : {1, 15, 16, 17, 40}) {
+    for (int64_t K : {32, 96, 256, 288}) {
+      std::vector<format::Sparse48Tensor> ts;
+      for (int e = 0; e < 3; ++e) ts.push_back(random_sparse48(M, K, rng));
+      std::vector<const format::Sparse48Tensor*> ptrs;
+      for (auto& t : ts) ptrs.push_back(&t);
+      for (MetaOrder mo : {MetaOrder::kHalfK, MetaOrder::kRowSplit}) {
+        const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test", mo);
+        EXPECT_EQ(kw.M_pad % kMmaM, 0);
+        EXPECT_EQ(kw.K_pad, padded_k(K));
+        EXPECT_EQ(kw.data.size(), kw.expert_bytes() * 3);
+        for (int e = 0; e < 3; ++e) {
+          std::vector<float> want(M * K), got(M * K, -7.0f);
+          sparse48_decode_unscaled(ts[e], want.data());
+          kernel_layout_decode_ref(kw, e, got.data());
+          bool nonzero = false;
+          for (int64_t i = 0; i < M * K; ++i) {
+            ASSERT_EQ(got[i], want[i]) << "M=" << M << " K=" << K << " expert " << e << " first bad (m,k)=(" << i / K
+                                       << "," << i % K << ")";
+            nonzero |= want[i] != 0.0f;
+          }
+          EXPECT_TRUE(nonzero);
+          EXPECT_EQ(kw.gamma[e], ts[e].global_scale);
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelLayout, BytesAre275BitsPerWeightWithoutPadding) {
+  std::mt19937 rng(7);
+  auto t = random_sparse48(32, 512, rng);
+  const KernelWeights kw = kernel_layout_from_sparse48({&t});
+  EXPECT_EQ(kw.data.size(), t.values.size() + t.meta.size() + t.scales.size());
+  EXPECT_DOUBLE_EQ(8.0 * kw.data.size() / (32.0 * 512.0), 2.75);
+}
+
+TEST(KernelLayout, RejectsBadShapes) {
+  std::mt19937 rng(3);
+  auto a = random_sparse48(16, 64, rng), b = random_sparse48(16, 96, rng);
+  EXPECT_THROW(kernel_layout_from_sparse48({&a, &b}, "mixed"), moesq::Error);
+  EXPECT_THROW(kernel_layout_from_sparse48({}, "none"), moesq::Error);
+}
+
+TEST(ActQuantRef, MatchesFormatFakeQuantBitwise) {
+  std::mt19937 rng(99);
+  for (int64_t K : {32, 64, 768, 2048}) {
+    for (int rep = 0; rep < 5; ++rep) {
+      auto x = random_rows(1, K, rng);
+      if (rep == 1) for (int64_t k = 0; k < 32; ++k) x[k] = f32_to_bf16(1e-30f);  // tiny block → code 0
+      if (rep == 2) x[K / 2] = f32_to_bf16(3e4f);                                  // one saturating outlier
+      std::vector<float> fq(K);
+      float amax = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        fq[k] = bf16_to_f32(x[k]);
+        amax = std::max(amax, std::fabs(fq[k]));
+      }
+      format::quantize_activation_row(fq.data(), K);
+      const float gamma = format::nvfp4_tensor_scale(amax);
+      std::vector<uint16_t> out(padded_k(K));
+      float inv = 0.0f;
+      act_quant_row_ref(x.data(), K, true, out.data(), &inv);
+      EXPECT_EQ(inv, 1.0f / gamma);
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = bf16_to_f32(out[act_storage_index(k)]);
+        ASSERT_EQ(v / gamma, fq[k]) << "K=" << K << " rep " << rep << " k=" << k;
+      }
+      for (int64_t k = K; k < padded_k(K); ++k) ASSERT_EQ(out[k], 0) << "padding at " << k;
+    }
+  }
+}
+
+TEST(ActQuantRef, W4A16OnlyPermutes) {
+  std::mt19937 rng(5);
+  auto x = random_rows(1, 96, rng);
+  std::vector<uint16_t> out(padded_k(96));
+  float inv = 0.0f;
+  act_quant_row_ref(x.data(), 96, false, out.data(), &inv);
+  EXPECT_EQ(inv, 1.0f);
+  for (int k = 0; k < 96; ++k) EXPECT_EQ(out[act_storage_index(k)], x[k]);
+}
+
+TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
+  std::mt19937 rng(11);
+  const int T = 37, topk = 3, E = 5, cap = 9;
+  auto x = random_rows(T, 64, rng);
+  std::vector<int32_t> ids(T * topk);
+  std::uniform_int_distribution<int> ed(0, E - 1);
+  for (auto& v : ids) v = ed(rng);
+  const ActBatch a = dispatch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
+  std::vector<int> want(E, 0);
+  for (int v : ids) ++want[v];
+  for (int e = 0; e < E; ++e) {
+    EXPECT_EQ(a.counts[e], want[e]);
+    int prev = -1;
+    for (int s = 0; s < std::min(want[e], cap); ++s) {
+      const int r = a.route_of_slot[e * cap + s];
+      EXPECT_EQ(ids[r], e);
+      EXPECT_GT(r, prev) << "canonical order: ascending route id";
+      prev = r;
+    }
+    for (int s = std::min(want[e], cap); s < cap; ++s) EXPECT_EQ(a.route_of_slot[e * cap + s], -1);
+  }
+}
+
+TEST(GroupedSparseGemmRef, AgreesWithFormatDequantization) {
+  std::mt19937 rng(21);
+  const int E = 3, cap = 5;
+  const int64_t M = 19, K = 96;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_sparse48(M, K, rng));
+  std::vector<const format::Sparse48Tensor*> ptrs;
+  for (auto& t : ts) ptrs.push_back(&t);
+  const int T = 6, topk = 2;
+  auto x = random_rows(T, K, rng);
+  std::vector<int32_t> ids = {0, 1, 0, 2, 1, 0, 0, 2, 0, 1, 0, 2};  // expert 0 gets 6 routes → 1 dropped
+  const ActBatch a = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+  std::vector<float> y(E * cap * M, -1.0f);
+  grouped_sparse_gemm_ref(ptrs, a, y.data());
+  double err = 0.0, ref = 0.0;
+  for (int e = 0; e < E; ++e) {
+    std::vector<float> w(M * K);
+    format::sparse48_dequantize(ts[e], w.data());
+    for (int s = 0; s < std::min(a.counts[e], cap); ++s) {
+      const size_t slot = e * cap + s;
+      const int64_t tok = a.route_of_slot[slot] / topk;
+      std::vector<float> xq(K);
+      for (int64_t k = 0; k < K; ++k) xq[k] = bf16_to_f32(x[tok * K + k]);
+      format::quantize_activation_row(xq.data(), K);
+      for (int64_t m = 0; m < M; ++m) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(w[m * K + k]) * xq[k];
+        err += (acc - y[slot * M + m]) * (acc - y[slot * M + m]);
+        ref += acc * acc;
+      }
+    }
+  }
+  EXPECT_GT(ref, 0.0);
+  EXPECT_LE(std::sqrt(err / ref), kRefVsFormatRelTol);
+  EXPECT_EQ(y[(0 * cap + 4) * M + 0] == -1.0f, false);  // slot 4 of expert 0 written (5 kept routes)
+}
+
+TEST(SwigluQuantRef, SiluTimesUpThenQuantized) {
+  std::mt19937 rng(8);
+  const int E = 2, cap = 3;
+  const int64_t I = 64;
+  auto h = random_rows(E * cap, 2 * I, rng);
+  std::vector<int32_t> counts = {2, 0};
+  const ActBatch a = swiglu_quant_ref(h, E, cap, I, counts, false);
+  for (int s = 0; s < 2; ++s) {
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = bf16_to_f32(h[s * 2 * I + i]), u = bf16_to_f32(h[s * 2 * I + I + i]);
+      const float want = round_bf16(g / (1.0f + std::exp(-g)) * u);
+      EXPECT_EQ(bf16_to_f32(a.x[s * a.K_pad + act_storage_index(i)]), want);
+    }
+  }
+  for (int64_t k = 0; k < a.K_pad; ++k) EXPECT_EQ(a.x[2 * a.K_pad + k], 0) << "slot past count untouched";
+}
+
+}  // namespace
