@@ -1,0 +1,254 @@
+// The packed-AWQ MoE GEMM reference and layer: correctness against an fp64 dense product, an exact
+// integer-valued case, and the paper-000 mechanism — in the native schedule a route's block selects
+// its arithmetic; canonical alignment + the invariant schedule make all four surfaces bitwise
+// invariant to history, batch composition and grid.
+// Cost note (CI has 2 cores): the Qwen3-shape W13 GEMM (168 routes × 1536 × 2048) runs only in the
+// single mechanism test; the 100-history and batch tests use a small layer (H = 512, I = 128, M = 16, E = 8), and
+// the native negative control runs on the first 20 histories only.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/half.h"
+#include "moe/align.h"
+#include "moe/awq_gemm_ref.h"
+#include "moe/awq_layer.h"
+
+using namespace moesq;
+using namespace moesq::moe;
+
+namespace {
+
+// Implementation-error budget vs an fp64 dot product of the SAME dequantized weights: the fp32 sum of
+// K products (relative error ≲ K·2^-24·Σ|a·w|) plus one fp16 rounding (2^-11 relative).
+constexpr double kRtolF16 = 0x1p-10;
+constexpr double kAtolSum = 64.0 * 0x1p-24;  // × Σ|a·w|, generous for K ≤ 2048
+
+std::vector<uint16_t> run_gemm(const std::vector<uint16_t>& A, int64_t rows, int div, const RouteAlignment& a,
+                               const std::vector<AwqLinear>& w, const TileSchedule& s, std::vector<float>* f32 = nullptr) {
+  std::vector<uint16_t> C(a.num_routes() * s.N, 0);
+  if (f32) f32->assign(C.size(), 0.0f);
+  AwqMoeGemmDesc d;
+  d.A = A.data();
+  d.num_a_rows = rows;
+  d.a_row_div = div;
+  d.N = s.N;
+  d.K = s.K;
+  d.align = &a;
+  d.weights = &w;
+  d.sched = &s;
+  d.C = C.data();
+  d.C_f32 = f32 ? f32->data() : nullptr;
+  awq_moe_gemm_ref(d);
+  return C;
+}
+
+std::vector<int32_t> random_topk(int64_t M, int k, int E, uint64_t seed) {
+  SplitMix64 g(seed);
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < M; ++t) {
+    std::set<int32_t> row;
+    while (static_cast<int>(row.size()) < k) row.insert(static_cast<int32_t>(g.below(E)));
+    std::vector<int32_t> v(row.begin(), row.end());
+    for (size_t i = v.size() - 1; i > 0; --i) std::swap(v[i], v[g.below(i + 1)]);
+    ids.insert(ids.end(), v.begin(), v.end());
+  }
+  return ids;
+}
+
+std::vector<int32_t> active_experts(const std::vector<int32_t>& ids) {
+  std::set<int32_t> s(ids.begin(), ids.end());
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
+
+TEST(AwqGemmRef, MatchesFp64DenseProductOnAwkwardShapes) {
+  const int64_t N = 256, K = 512;
+  const int E = 6, k = 2;
+  for (int64_t M : {1, 2, 3, 7, 9}) {
+    const auto ids = random_topk(M, k, E, 100 + M);
+    const auto a = align_routes(ids, M, k, E, 8, AlignOrder::Native, M);
+    std::vector<AwqLinear> w(E);
+    for (int32_t e : active_experts(ids)) w[e] = awq_random(N, K, 7 * e + 1, 0.005f, 0.02f);
+    const auto A = make_random_f16(M, K, 40 + M);
+    const auto s = make_schedule(ScheduleKind::Native, a.num_blocks(), N, K, 64, 128, 5);  // forces splits
+    const auto C = run_gemm(A, M, k, a, w, s);
+    int nonzero = 0;
+    for (int64_t r = 0; r < M * k; ++r) {
+      const AwqLinear& we = w[ids[r]];
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < K; ++kk) {
+          const double p = double(f16_to_f32(A[(r / k) * K + kk])) * awq_dequant_one(we, n, kk);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        const double got = f16_to_f32(C[r * N + n]);
+        ASSERT_LE(std::fabs(got - ref), kRtolF16 * std::fabs(ref) + kAtolSum * mag)
+            << "M=" << M << " N=" << N << " K=" << K << " route " << r << " expert " << ids[r] << " n=" << n;
+        nonzero += got != 0.0;
+      }
+    }
+    EXPECT_GT(nonzero, M * k * N / 2) << "M=" << M;
+  }
+}
+
+TEST(AwqGemmRef, IntegerValuedCaseIsExactUnderEverySchedule) {
+  // Scales 1.0 and small integer activations: every partial sum is an integer below 2^11, exact in
+  // fp32 and fp16, so all schedules and grids must agree bit for bit with the integer dot product.
+  const int64_t N = 128, K = 256, M = 5;
+  const int E = 3, k = 2;
+  const auto ids = random_topk(M, k, E, 1);
+  std::vector<AwqLinear> w(E);
+  SplitMix64 g(2);
+  for (int e = 0; e < E; ++e) {
+    std::vector<uint8_t> codes(K * N), zeros(K / 128 * N, 8);
+    for (auto& c : codes) c = 6 + g.below(5);  // q − z ∈ [−2, 2]
+    w[e] = awq_from_codes(N, K, codes, zeros, std::vector<uint16_t>(K / 128 * N, f32_to_f16(1.0f)));
+  }
+  std::vector<uint16_t> A(M * K);
+  for (auto& x : A) x = f32_to_f16(static_cast<float>(static_cast<int>(g.below(5)) - 2));
+  const auto a = align_routes(ids, M, k, E, 8, AlignOrder::Native, 3);
+  for (int64_t G : {1, 2, 3, 100}) {
+    const auto s = make_schedule(ScheduleKind::Native, a.num_blocks(), N, K, 64, 128, G);
+    const auto C = run_gemm(A, M, k, a, w, s);
+    for (int64_t r = 0; r < M * k; ++r)
+      for (int64_t n = 0; n < N; ++n) {
+        int64_t ref = 0;
+        for (int64_t kk = 0; kk < K; ++kk)
+          ref += static_cast<int64_t>(f16_to_f32(A[(r / k) * K + kk])) * (w[ids[r]].q(kk, n) - 8);
+        ASSERT_EQ(f16_to_f32(C[r * N + n]), static_cast<float>(ref)) << "G=" << G << " route " << r << " n=" << n;
+      }
+  }
+}
+
+TEST(AwqGemmRef, PaperMechanismAtQwen3Shapes) {
+  // Fixture of paper 000: 50 blocks, expert 106 in blocks 40 (direct) and 41 (split, 2 × 16 K-tiles) at
+  // G = 246; W13 N = 1536, K = 2048. Exchanging a route of block 40 with one of block 41 changes W13
+  // bits; reordering two routes inside block 40 does not; at G = 200 the exchange is invisible.
+  const auto ids = make_fixture_topk_ids(0);
+  const auto a0 = align_routes(ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock, AlignOrder::Native, 0);
+  const auto w = make_synthetic_awq_moe(kFixtureExperts, 2048, 768, 1, {kFixtureSpanExpert});
+  const auto x = make_random_f16(kFixtureM, 2048, 2);
+  // Only expert 106's blocks matter for this test; restrict the plan to them to keep CI fast.
+  RouteAlignment sub = a0;
+  sub.block_expert = {kFixtureSpanExpert, kFixtureSpanExpert};
+  sub.sorted_ids.assign(a0.sorted_ids.begin() + 40 * 8, a0.sorted_ids.begin() + 42 * 8);
+  // A schedule over the full 50 blocks, applied to tiles of blocks 40/41: shift tile indices by
+  // 40 blocks by building the sub-schedule with the same split point (first split tile = 492 − 480).
+  auto full = make_schedule(ScheduleKind::Native, 50, 1536, 2048, 64, 128, 246);
+  ASSERT_EQ(full.first_split_block, 41);
+  TileSchedule s = full;
+  s.num_blocks = 2;
+  s.tiles = 2 * s.n_tiles;
+  s.direct_tiles = full.direct_tiles - 40 * s.n_tiles;  // block 40 direct, block 41 split
+  s.split_tiles = s.tiles - s.direct_tiles;
+  s.first_split_block = 1;
+  const int32_t in40a = sub.sorted_ids[0], in40b = sub.sorted_ids[1], in41 = sub.sorted_ids[8];
+  std::vector<float> f_base, f_x;
+  const auto base = run_gemm(x, kFixtureM, kFixtureTopk, sub, w.w13, s, &f_base);
+  auto reordered = sub;
+  intervene_reorder(reordered, in40a, in40b);
+  EXPECT_EQ(run_gemm(x, kFixtureM, kFixtureTopk, reordered, w.w13, s), base) << "reorder inside block 40";
+  auto exchanged = sub;
+  intervene_exchange(exchanged, in40a, in41);
+  const auto xc = run_gemm(x, kFixtureM, kFixtureTopk, exchanged, w.w13, s, &f_x);
+  int f32_diff = 0, f16_diff = 0;
+  for (int32_t r : {in40a, in41})
+    for (int64_t n = 0; n < 1536; ++n) {
+      f32_diff += f_base[r * 1536 + n] != f_x[r * 1536 + n];
+      f16_diff += base[r * 1536 + n] != xc[r * 1536 + n];
+    }
+  EXPECT_GT(f32_diff, 0) << "fp32 accumulators of the two moved routes";
+  EXPECT_GT(f16_diff, 0) << "fp16 W13 of routes " << in40a << " and " << in41;
+  std::printf("moved routes %d,%d: %d fp32 and %d fp16 W13 elements differ of %d\n", in40a, in41, f32_diff, f16_diff,
+              2 * 1536);
+  // G = 200: the remainder gets one 32-K-tile slice, so both orders give identical bits.
+  auto full200 = make_schedule(ScheduleKind::Native, 50, 1536, 2048, 64, 128, 200);
+  ASSERT_EQ(full200.slices, 1);
+  TileSchedule s200 = s;
+  s200.slices = 1;
+  s200.grid = 200;
+  EXPECT_EQ(run_gemm(x, kFixtureM, kFixtureTopk, sub, w.w13, s200),
+            run_gemm(x, kFixtureM, kFixtureTopk, exchanged, w.w13, s200));
+}
+
+namespace {
+struct SmallLayer {
+  static constexpr int64_t H = 512, I = 128, M = 16;
+  static constexpr int E = 8, k = 4, b = 8;  // ~12 routes per expert: many span 2 blocks
+};
+}  // namespace
+
+TEST(AwqLayer, CanonicalInvariantIsBitwiseStableAcross100HistoriesAndGrids) {
+  using L = SmallLayer;
+  const auto ids = random_topk(L::M, L::k, L::E, 77);
+  const auto tw = make_fixture_topk_weights(L::M, L::k, 78);
+  const auto w = make_synthetic_awq_moe(L::E, L::H, L::I, 79, active_experts(ids));
+  const auto x = make_random_f16(L::M, L::H, 80);
+  std::set<std::string> inv_hashes, native_w13;
+  LayerRunSpec inv{ScheduleKind::Invariant, 0, {}, 3};
+  const int64_t grids[] = {7, 13, 64, 246};
+  // Control grid: the smallest G whose native schedule puts the direct/remainder boundary exactly
+  // between two blocks of one expert and reduces the remainder (slices > 1).
+  const auto a_c = align_routes(ids, L::M, L::k, L::E, L::b, AlignOrder::Canonical);
+  int64_t control_grid = 0;
+  for (int64_t G = 1; G <= 4 * a_c.num_blocks() && !control_grid; ++G) {
+    const auto s = make_schedule(ScheduleKind::Native, a_c.num_blocks(), 2 * L::I, L::H, 64, 128, G);
+    const int64_t p = s.first_split_block;
+    if (s.slices > 1 && p > 0 && s.direct_tiles % s.n_tiles == 0 && a_c.block_expert[p - 1] == a_c.block_expert[p])
+      control_grid = G;
+  }
+  ASSERT_GT(control_grid, 0) << "no grid splits an expert's two blocks";
+  for (uint64_t h = 0; h < 100; ++h) {
+    // Canonical + invariant: the history only changes the (unused) native order; grids vary too.
+    inv.grid = grids[h % 4];
+    auto a = align_routes(ids, L::M, L::k, L::E, L::b, AlignOrder::Canonical, h);
+    const auto out = run_awq_moe_layer(x, tw, a, w, inv);
+    std::string key;
+    for (const auto& s : out.surfaces) key += s.sha256();
+    inv_hashes.insert(key);
+    if (h >= 20) continue;
+    // Negative control: native alignment, native schedule at a grid that splits the last wave.
+    auto an = align_routes(ids, L::M, L::k, L::E, L::b, AlignOrder::Native, h);
+    LayerRunSpec nat{ScheduleKind::Native, control_grid, {}, 3};
+    const auto [s13, s2] = layer_schedules(w, an, nat);
+    ASSERT_GT(s13.slices, 1) << "the control needs a reduced remainder (grid " << control_grid << ")";
+    native_w13.insert(run_awq_moe_layer(x, tw, an, w, nat).get("w13_out").sha256());
+  }
+  EXPECT_EQ(inv_hashes.size(), 1u);
+  EXPECT_GT(native_w13.size(), 1u) << "native schedule should expose membership";
+}
+
+TEST(AwqLayer, SameTokenInDifferentBatchesGivesSameBits) {
+  using L = SmallLayer;
+  // Batch A: 24 random tokens; batch B: 13 different tokens with token 5 of A placed at index 9.
+  const auto ids_a = random_topk(L::M, L::k, L::E, 90);
+  const auto tw_a = make_fixture_topk_weights(L::M, L::k, 91);
+  const auto x_a = make_random_f16(L::M, L::H, 92);
+  const int64_t MB = 11, tA = 5, tB = 9;
+  auto ids_b = random_topk(MB, L::k, L::E, 93);
+  auto tw_b = make_fixture_topk_weights(MB, L::k, 94);
+  auto x_b = make_random_f16(MB, L::H, 95);
+  std::copy(ids_a.begin() + tA * L::k, ids_a.begin() + (tA + 1) * L::k, ids_b.begin() + tB * L::k);
+  std::copy(tw_a.begin() + tA * L::k, tw_a.begin() + (tA + 1) * L::k, tw_b.begin() + tB * L::k);
+  std::copy(x_a.begin() + tA * L::H, x_a.begin() + (tA + 1) * L::H, x_b.begin() + tB * L::H);
+  std::vector<int32_t> all = ids_a;
+  all.insert(all.end(), ids_b.begin(), ids_b.end());
+  const auto w = make_synthetic_awq_moe(L::E, L::H, L::I, 96, active_experts(all));
+  const LayerRunSpec inv{ScheduleKind::Invariant, 246, {}, 3};
+  const auto oa = run_awq_moe_layer(x_a, tw_a, align_routes(ids_a, L::M, L::k, L::E, L::b, AlignOrder::Canonical), w, inv);
+  const auto ob = run_awq_moe_layer(x_b, tw_b, align_routes(ids_b, MB, L::k, L::E, L::b, AlignOrder::Canonical), w, inv);
+  const auto& fa = oa.get("final").data;
+  const auto& fb = ob.get("final").data;
+  EXPECT_TRUE(std::equal(fa.begin() + tA * L::H, fa.begin() + (tA + 1) * L::H, fb.begin() + tB * L::H));
+  const int64_t N13 = 2 * L::I;
+  const auto& wa = oa.get("w13_out").data;
+  const auto& wb = ob.get("w13_out").data;
+  EXPECT_TRUE(std::equal(wa.begin() + tA * L::k * N13, wa.begin() + (tA + 1) * L::k * N13, wb.begin() + tB * L::k * N13));
+  int nonzero = 0;
+  for (int64_t h = 0; h < L::H; ++h) nonzero += (fa[tA * L::H + h] & 0x7fff) != 0;
+  EXPECT_GT(nonzero, L::H / 2);
+}
