@@ -22,8 +22,9 @@ namespace mf = moesq::format;
 namespace {
 
 // SGPTQ must cut the relative calibration-output error of magnitude + RTN by at least this factor
-// on the correlated synthetic layer. Measured ≈ 0.6 (see the printed ratio); 0.8 leaves room for
-// legitimate algorithm changes while still failing if error propagation or the saliency is broken.
+// on the correlated synthetic layer. Measured 0.572 here (0.49–0.59 over 6 seeds and both expert
+// shapes); with error propagation switched off (percdamp 1e6) SGPTQ degenerates to exactly
+// magnitude + RTN (ratio 1.0), so 0.8 fails a broken propagation but tolerates tuning changes.
 constexpr double kMinImprovement = 0.8;
 // The lazy (BLAS, block 128) path and the plain-loop twin differ only in fp64 summation order;
 // a handful of E2M1 roundings may flip at ties, so the output errors agree to 1 % and ≥ 99 % of
@@ -153,15 +154,17 @@ TEST(Sgptq, BeatsMagnitudeRtnOnCorrelatedInputs) {
 
   const double e_mag = output_rel_error(l, dequant(magnitude_rtn(l.W, l.N, l.K, gamma)));
   const double e_sg = output_rel_error(l, dequant(res.packed));
-  mc::SgptqOptions per_group;
-  per_group.pattern_at_group = true;
-  const double e_pg = output_rel_error(
-      l, dequant(mc::sgptq(l.W.data(), l.N, l.K, h, gamma, per_group).packed));
+  mc::SgptqOptions scale_block;
+  scale_block.pattern_at_group = false;
+  const double e_sb = output_rel_error(
+      l, dequant(mc::sgptq(l.W.data(), l.N, l.K, h, gamma, scale_block).packed));
   std::printf("[sgptq] N=128 K=256 n=2048: rel output error magnitude+RTN %.4f, SGPTQ %.4f "
-              "(ratio %.3f), SGPTQ per-group patterns %.4f; one solve %.2f ms\n",
-              e_mag, e_sg, e_sg / e_mag, e_pg, ms);
+              "(ratio %.3f), SGPTQ with supports fixed per scale block %.4f; one solve %.2f ms\n",
+              e_mag, e_sg, e_sg / e_mag, e_sb, ms);
   EXPECT_LT(e_sg, kMinImprovement * e_mag);
-  EXPECT_LT(e_pg, kMinImprovement * e_mag);
+  EXPECT_LT(e_sb, kMinImprovement * e_mag);
+  // The default (per-group supports, provisional scale) was chosen because it measured better.
+  EXPECT_LE(e_sg, e_sb);
 }
 
 TEST(Sgptq, LazyPathMatchesPlainLoopTwin) {
