@@ -9,7 +9,8 @@
 namespace moesq::compress::refine {
 
 namespace {
-inline float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+// Branchless sign with sign(0) = 0, so the step loop vectorizes.
+inline float sign_of(float x) { return static_cast<float>(int(x > 0.0f) - int(x < 0.0f)); }
 double progress(int64_t step, int64_t num_steps) {
   MOESQ_CHECK(num_steps > 0 && step >= 0 && step < num_steps, "refine schedule: step ", step,
               " outside [0, ", num_steps, ")");
@@ -17,7 +18,8 @@ double progress(int64_t step, int64_t num_steps) {
 }
 }  // namespace
 
-void lion_step(float* theta, float* m, const float* g, int64_t n, double lr, const LionConfig& cfg) {
+void lion_step(float* __restrict theta, float* __restrict m, const float* __restrict g, int64_t n,
+               double lr, const LionConfig& cfg) {
   const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
   const float step = static_cast<float>(lr), decay = static_cast<float>(lr * cfg.weight_decay);
   for (int64_t i = 0; i < n; ++i) {

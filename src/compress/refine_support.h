@@ -55,8 +55,11 @@ inline double rng_normal(uint64_t key, uint64_t index) {  // Box–Muller, one o
   const double u1 = rng_uniform(key, 2 * index), u2 = rng_uniform(key, 2 * index + 1);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
-inline double rng_gumbel(uint64_t key, uint64_t index) {  // Gumbel(0, 1) = −log(−log u)
-  return -std::log(-std::log(rng_uniform(key, index)));
+// Gumbel(0, 1) = −log(−log u). The outer log runs in fp32 (its argument −log u is in
+// [1.1e-16, 37], where fp32 relative precision is ample for noise); the inner one stays fp64 so
+// that u close to 1 keeps its resolution.
+inline float rng_gumbel(uint64_t key, uint64_t index) {
+  return -std::log(static_cast<float>(-std::log(rng_uniform(key, index))));
 }
 
 // Purposes of the random streams (part of the key, so streams never overlap).
@@ -91,6 +94,12 @@ void gumbel_noise(int64_t R, uint64_t key, T* G) {
 }
 
 // ---- Eq. 2 forward ------------------------------------------------------------------------------
+// Softmax terms below e^-60 (relative to the largest) are set to exactly 0: they cannot change Z in
+// fp32, and as denormal-bound values they would make every later step (exp, the softmax Jacobian,
+// Lion's momentum) run on the slow denormal path once κ/τ has sharpened π — and Lion would turn
+// their 1e-30 gradients into full ±lr steps.
+constexpr double kSoftmaxCutoff = -60.0;
+
 // π = softmax((κ·A + G)/τ) per group, Z = Σ_p π_p ρ_p. G may be null (noise-free relaxation, used
 // for the held-out "soft" loss).  A, G, pi: [R, 6]; Z: [R, 8] (= [N, K] row-major).
 template <typename T>
@@ -105,14 +114,19 @@ void soft_mask_forward(const T* A, const T* G, int64_t R, double kappa, double t
       umax = u[p] > umax ? u[p] : umax;
     }
     T sum = 0;
-    for (int p = 0; p < kNumPatterns; ++p) sum += (pr[p] = std::exp(u[p] - umax));
-    for (int p = 0; p < kNumPatterns; ++p) pr[p] /= sum;
-    T* z = Z + r * kGroup;
-    for (int j = 0; j < kGroup; ++j) {
-      T acc = 0;
-      for (int p = 0; p < kNumPatterns; ++p) acc += kPatternRho[p][j] ? pr[p] : T(0);
-      z[j] = acc;
+    for (int p = 0; p < kNumPatterns; ++p) {
+      const T d = u[p] - umax;
+      sum += (pr[p] = d < T(kSoftmaxCutoff) ? T(0) : std::exp(d));
     }
+    for (int p = 0; p < kNumPatterns; ++p) pr[p] /= sum;
+    // Z of both positions of pair q = Σ of π over the 3 patterns that keep q.
+    T pair[4] = {0, 0, 0, 0};
+    for (int p = 0; p < kNumPatterns; ++p) {
+      pair[format::kPatternPairs[p][0]] += pr[p];
+      pair[format::kPatternPairs[p][1]] += pr[p];
+    }
+    T* z = Z + r * kGroup;
+    for (int q = 0; q < 4; ++q) z[2 * q] = z[2 * q + 1] = pair[q];
   }
 }
 
@@ -154,14 +168,13 @@ void soft_mask_backward(const T* dY, const T* V, const T* Z, const T* pi, int64_
     for (int j = 0; j < kGroup; ++j) dv[j] = dy[j] * z[j];
     if (!dA) continue;
     const T* pr = pi + r * kNumPatterns;
+    T pair[4];  // Σ over the pair's two positions of dZ = dY ⊙ V
+    for (int q = 0; q < 4; ++q) pair[q] = dy[2 * q] * v[2 * q] + dy[2 * q + 1] * v[2 * q + 1];
     T dpi[kNumPatterns];
     T dot = 0;
     for (int p = 0; p < kNumPatterns; ++p) {
-      T acc = 0;
-      for (int j = 0; j < kGroup; ++j)
-        if (kPatternRho[p][j]) acc += dy[j] * v[j];
-      dpi[p] = acc;
-      dot += pr[p] * acc;
+      dpi[p] = pair[format::kPatternPairs[p][0]] + pair[format::kPatternPairs[p][1]];
+      dot += pr[p] * dpi[p];
     }
     for (int p = 0; p < kNumPatterns; ++p)
       dA[r * kNumPatterns + p] = scale * pr[p] * (dpi[p] - dot);
