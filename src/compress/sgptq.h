@@ -53,7 +53,10 @@ struct SgptqResult {
 // W: [N, K] fp32 row-major (PyTorch Linear layout), K % 32 == 0. H: Hessian over the layer's
 // inputs (H.K == K; H.n == 0 allowed). global_scale γ (Eq. 5); <= 0 → nvfp4_tensor_scale(amax W).
 // `name` names the tensor in error messages. Thread-safe (pure; experts are solved in parallel by
-// the caller); single-threaded except for BLAS on large blocks.
+// the caller). It calls BLAS/LAPACK (dpotrf, dtrtri, dger, dgemm): when the caller runs experts on
+// several threads, hold OpenBLAS at 1 thread meanwhile (openblas_set_num_threads(1)) — 128 tiny-model
+// experts (2 Hessians + 3 solves each) on 2 threads took 12.3 s with OpenBLAS's own threads and
+// 2.7 s with OPENBLAS_NUM_THREADS=1 on the shared 2-core machine.
 SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                   const SgptqOptions& opt = {}, const std::string& name = "weight");
 
