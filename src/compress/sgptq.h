@@ -55,8 +55,8 @@ struct SgptqResult {
 // `name` names the tensor in error messages. Thread-safe (pure; experts are solved in parallel by
 // the caller). It calls BLAS/LAPACK (dpotrf, dtrtri, dger, dgemm): when the caller runs experts on
 // several threads, hold OpenBLAS at 1 thread meanwhile (openblas_set_num_threads(1)) — 128 tiny-model
-// experts (2 Hessians + 3 solves each) on 2 threads took 12.3 s with OpenBLAS's own threads and
-// 2.7 s with OPENBLAS_NUM_THREADS=1 on the shared 2-core machine.
+// experts (2 Hessians + 3 solves each, n = 512) on 2 threads took 12.3–14.1 s with OpenBLAS's own
+// threads and 2.7–6.3 s with OPENBLAS_NUM_THREADS=1 (shared 2-core machine, load average 8–10).
 SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                   const SgptqOptions& opt = {}, const std::string& name = "weight");
 
