@@ -1,0 +1,56 @@
+#include "cli/compress_flags.h"
+
+#include "core/error.h"
+
+namespace moesq::cli {
+
+void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) {
+  if (with_calib_files) {
+    cmd->add_option("--calib", f.calib, "calibration data: text files (byte tokens) or token-id .npy (int32/uint32)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--calib-split", f.calib_split,
+                    "part of each calibration text file to use: all | train (first 98 %) | heldout (last 2 %)")
+        ->check(CLI::IsMember({"all", "train", "heldout"}));
+  }
+  cmd->add_option("--calib-samples", f.calib_samples, "number of calibration sequences")->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", f.seq_len, "calibration sequence length in tokens")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise");
+  cmd->add_option("--threads", f.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--percdamp", f.percdamp, "SGPTQ Hessian damping, fraction of mean(diag H)")
+      ->check(CLI::Range(0.0, 10.0));
+  auto* g = cmd->add_option_group("refinement (--method moesq)");
+  g->add_option("--objective", f.objective, "router (p = 2, Eq. 4) | uniform (p = 0 ablation)")
+      ->check(CLI::IsMember({"router", "uniform"}));
+  g->add_option("--update", f.update, "AV (supports and values) | V (values only; SGPTQ support kept)")
+      ->check(CLI::IsMember({"AV", "V"}));
+  g->add_option("--epochs", f.epochs, "refinement epochs over the cached tokens")->check(CLI::Range(0, 100000));
+  g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A")->check(CLI::NonNegativeNumber);
+  g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V")->check(CLI::NonNegativeNumber);
+  g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(CLI::PositiveNumber);
+  g->add_option("--tau1", f.tau1, "temperature at the last step")->check(CLI::PositiveNumber);
+  g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(CLI::PositiveNumber);
+  g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(CLI::PositiveNumber);
+  g->add_option("--batch", f.batch, "tokens per optimizer step")->check(CLI::PositiveNumber);
+  g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(CLI::PositiveNumber);
+}
+
+compress::CompressOptions CompressFlags::options(const std::string& method) const {
+  compress::CompressOptions o;
+  o.method = compress::parse_method(method);
+  o.threads = threads;
+  o.sgptq.percdamp = percdamp;
+  o.refine = {{"p", objective == "router" ? 2 : 0}, {"update_A", update == "AV"}, {"epochs", epochs},
+              {"lr_A", lr_a}, {"lr_V", lr_v}, {"tau0", tau0}, {"tau1", tau1}, {"kappa0", kappa0},
+              {"kappa1", kappa1}, {"batch", batch}, {"micro_batch", micro_batch}, {"seed", seed}};
+  return o;
+}
+
+compress::CalibSet CompressFlags::calibration(model::Qwen3Moe& m) const {
+  if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
+  const io::TextSplit split = calib_split == "train"     ? io::TextSplit::Train
+                              : calib_split == "heldout" ? io::TextSplit::Heldout
+                                                         : io::TextSplit::All;
+  return compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
+}
+
+}  // namespace moesq::cli

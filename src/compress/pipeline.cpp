@@ -1,0 +1,271 @@
+#include "compress/pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include "compress/expert_math.h"
+#include "compress/refine.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "format/nvfp4.h"
+
+namespace moesq::compress {
+
+Method parse_method(const std::string& s) {
+  if (s == "rtn-nvfp4") return Method::RtnNvfp4;
+  if (s == "magnitude") return Method::Magnitude;
+  if (s == "sgptq") return Method::Sgptq;
+  if (s == "moesq") return Method::Moesq;
+  MOESQ_FAIL("--method: unknown method '", s, "' (expected rtn-nvfp4, magnitude, sgptq or moesq)");
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::RtnNvfp4: return "rtn-nvfp4";
+    case Method::Magnitude: return "magnitude";
+    case Method::Sgptq: return "sgptq";
+    case Method::Moesq: return "moesq";
+  }
+  return "?";
+}
+
+bool method_is_sparse(Method m) { return m != Method::RtnNvfp4; }
+
+namespace {
+
+float amax(const std::vector<float>& w) {
+  float a = 0;
+  for (float v : w) a = std::max(a, std::fabs(v));
+  return a;
+}
+
+// The calibration rows of one expert (gathered from the routed layer input).
+struct ExpertCalib {
+  std::vector<float> X;  // [n, H]
+  std::vector<float> g;  // [n] router combine weight of this expert for the row
+  int64_t n = 0;
+};
+
+RefineOptions refine_options(const nlohmann::json& j) {
+  RefineOptions o;
+  o.p = j.value("p", o.p);
+  o.update_A = j.value("update_A", o.update_A);
+  o.epochs = j.value("epochs", o.epochs);
+  o.batch = j.value("batch", o.batch);
+  o.micro_batch = j.value("micro_batch", o.micro_batch);
+  o.lr_A = j.value("lr_A", o.lr_A);
+  o.lr_V = j.value("lr_V", o.lr_V);
+  o.tau0 = j.value("tau0", o.tau0);
+  o.tau1 = j.value("tau1", o.tau1);
+  o.kappa0 = j.value("kappa0", o.kappa0);
+  o.kappa1 = j.value("kappa1", o.kappa1);
+  o.seed = j.value("seed", o.seed);
+  o.heldout_fraction = j.value("heldout_fraction", o.heldout_fraction);
+  return o;
+}
+
+PackedProj make_sparse(format::Sparse48Tensor t) {
+  PackedProj p;
+  p.sparse = true;
+  p.s = std::move(t);
+  return p;
+}
+
+// Compresses one expert with `opt.method`. `w` holds the original weights.
+PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s, const ExpertCalib& c,
+                             const CompressOptions& opt, ExpertReport& rep) {
+  const int64_t H = s.H, I = s.I;
+  // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
+  const float gs_gu = format::nvfp4_tensor_scale(std::max(amax(w.gate), amax(w.up)));
+  const float gs_d = format::nvfp4_tensor_scale(amax(w.down));
+  std::string names[3];
+  for (int p = 0; p < 3; ++p) names[p] = model::expert_prefix(rep.layer, rep.expert, kProjNames[p]) + ".weight";
+  PackedExpert pe;
+  switch (opt.method) {
+    case Method::RtnNvfp4: {
+      const std::vector<float>* W[3] = {&w.gate, &w.up, &w.down};
+      for (int p = 0; p < 3; ++p) {
+        pe.proj[p].sparse = false;
+        const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
+        pe.proj[p].d = format::nvfp4_quantize(W[p]->data(), N, K, p < 2 ? gs_gu : gs_d, names[p]);
+      }
+      break;
+    }
+    case Method::Magnitude: {
+      const std::vector<float>* W[3] = {&w.gate, &w.up, &w.down};
+      for (int p = 0; p < 3; ++p) {
+        const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
+        const std::vector<uint8_t> pat = format::magnitude_patterns(W[p]->data(), N, K);
+        pe.proj[p] = make_sparse(
+            format::sparse48_quantize(W[p]->data(), N, K, pat.data(), p < 2 ? gs_gu : gs_d, names[p]));
+      }
+      break;
+    }
+    case Method::Sgptq:
+    case Method::Moesq: {
+      // gate/up: Hessian of the expert inputs. down: Hessian of ITS inputs as produced by the
+      // compressed gate/up (sequential GPTQ), so down corrects the error gate/up left behind.
+      const Hessian Hx = accumulate_hessian(c.X.data(), c.n, H);
+      SgptqResult rg = sgptq(w.gate.data(), I, H, Hx, gs_gu, opt.sgptq, names[0]);
+      SgptqResult ru = sgptq(w.up.data(), I, H, Hx, gs_gu, opt.sgptq, names[1]);
+      std::vector<float> gq(static_cast<size_t>(I * H)), uq(static_cast<size_t>(I * H));
+      format::sparse48_dequantize(rg.packed, gq.data());
+      format::sparse48_dequantize(ru.packed, uq.data());
+      std::vector<float> inter;
+      expert_forward(s, gq.data(), uq.data(), w.down.data(), c.X.data(), c.n, 0, &inter);
+      const Hessian Hz = accumulate_hessian(inter.data(), c.n, I);
+      SgptqResult rd = sgptq(w.down.data(), H, I, Hz, gs_d, opt.sgptq, names[2]);
+      if (rg.fallback || ru.fallback || rd.fallback) {
+        rep.fallback = true;
+        rep.note = !rg.fallback_reason.empty() ? rg.fallback_reason
+                   : !rd.fallback_reason.empty() ? rd.fallback_reason : ru.fallback_reason;
+      }
+      if (opt.method == Method::Moesq) {
+        // Algorithm 1 lines 7–18, starting from the SGPTQ solution.
+        const std::vector<float> y_ref =
+            expert_forward(s, w.gate.data(), w.up.data(), w.down.data(), c.X.data(), c.n, 0);
+        ExpertData data;
+        data.n = c.n;
+        data.H = H;
+        data.I = I;
+        data.X = c.X.data();
+        data.g = c.g.data();
+        data.Y_ref = y_ref.data();
+        data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
+        const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
+        const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
+        const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
+        RefineResult rr = refine_expert(data, ig, iu, id, refine_options(opt.refine));
+        rep.extra = {{"init_hard_loss", rr.init_hard_loss}, {"final_hard_loss", rr.final_hard_loss},
+                     {"soft_loss", rr.curves.soft_loss}, {"hard_loss", rr.curves.hard_loss},
+                     {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
+                     {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
+                     {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped}};
+        if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
+        pe.proj[0] = make_sparse(std::move(rr.gate));
+        pe.proj[1] = make_sparse(std::move(rr.up));
+        pe.proj[2] = make_sparse(std::move(rr.down));
+      } else {
+        pe.proj[0] = make_sparse(std::move(rg.packed));
+        pe.proj[1] = make_sparse(std::move(ru.packed));
+        pe.proj[2] = make_sparse(std::move(rd.packed));
+      }
+      break;
+    }
+  }
+  return pe;
+}
+
+}  // namespace
+
+CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const io::ModelSpec& spec = m.spec();
+  const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
+  const int64_t I = spec.moe_intermediate_size, k = spec.top_k;
+  const ExpertShape shape{H, I};
+  const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
+  MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
+  for (int64_t l = 0; l < L; ++l)
+    MOESQ_CHECK(spec.is_moe_layer(l), "layer ", l, " is a dense MLP layer; moesq compresses MoE layers only");
+  CompressResult res;
+  res.experts.assign(static_cast<size_t>(L), std::vector<PackedExpert>(static_cast<size_t>(E)));
+
+  // Algorithm 1 line 2: H_1 = Embed(D), one [T, H] state per sequence.
+  const size_t S = calib.sequences.size();
+  std::vector<std::vector<float>> states(S);
+  std::vector<int64_t> offset(S + 1, 0);
+  for (size_t i = 0; i < S; ++i) {
+    states[i] = m.embed(calib.sequences[i]);
+    offset[i + 1] = offset[i] + static_cast<int64_t>(calib.sequences[i].size());
+  }
+  const int64_t n_total = offset[S];
+
+  for (int64_t l = 0; l < L; ++l) {
+    progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
+                             std::to_string(n_total) + " calibration tokens");
+    // Parallel over sequences (or experts below), so each forward runs single-threaded inside.
+    const int saved_threads = m.threads;
+    m.threads = 1;
+    parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
+      m.attention_block(l, states[i], static_cast<int64_t>(calib.sequences[i].size()));
+    }, opt.threads);
+    std::vector<float> X(static_cast<size_t>(n_total * H));  // [n_total, H] MoE inputs
+    parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
+      const int64_t T = offset[i + 1] - offset[i];
+      const std::vector<float> x = m.moe_input(l, states[i], T);
+      std::copy(x.begin(), x.end(), X.begin() + offset[i] * H);
+    }, opt.threads);
+    m.threads = saved_threads;
+    // Algorithm 1 line 4: route once, cache per expert inputs and router weights.
+    const model::Routes routes = m.route(l, X, n_total);
+    std::vector<ExpertCalib> cal(static_cast<size_t>(E));
+    for (int64_t r = 0; r < n_total; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        ExpertCalib& c = cal[static_cast<size_t>(routes.expert[r * k + j])];
+        c.X.insert(c.X.end(), X.begin() + r * H, X.begin() + (r + 1) * H);
+        c.g.push_back(routes.weight[r * k + j]);
+        ++c.n;
+      }
+    // Lines 5–16: experts in parallel.
+    m.threads = 1;
+    std::vector<ExpertReport> reps(static_cast<size_t>(E));
+    std::atomic<int64_t> done{0};
+    parallel_for(E, [&](int64_t e) {
+      const model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
+      ExpertReport& rep = reps[static_cast<size_t>(e)];
+      const ExpertCalib& c = cal[static_cast<size_t>(e)];
+      rep.layer = l;
+      rep.expert = e;
+      rep.tokens = c.n;
+      PackedExpert pe = compress_expert(w, shape, c, opt, rep);
+      if (c.n == 0) {
+        rep.rel_error = std::numeric_limits<double>::quiet_NaN();
+        if (rep.note.empty()) rep.note = "no calibration tokens";
+      } else {
+        const std::vector<float> y = expert_forward(shape, w.gate.data(), w.up.data(), w.down.data(), c.X.data(), c.n, 0);
+        const std::vector<float> gq = pe.proj[0].dequantize(), uq = pe.proj[1].dequantize(),
+                                 dq = pe.proj[2].dequantize();
+        const std::vector<float> yq = expert_forward(shape, gq.data(), uq.data(), dq.data(), c.X.data(), c.n, act_block);
+        rep.rel_error = rel_sq_error(y, yq);
+      }
+      res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] = std::move(pe);
+      const int64_t d = ++done;
+      if (d % 8 == 0 || d == E)
+        progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
+                                 "/" + std::to_string(E) + " experts (" + method_name(opt.method) + ")");
+    }, opt.threads);
+    for (auto& r : reps) {
+      if (r.fallback)
+        progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(r.expert) + ": " + r.note);
+      res.reports.push_back(std::move(r));
+    }
+    // Install the compressed experts, then H_{l+1} = Block_l(H_l) through the compressed layer (W4A4).
+    for (int64_t e = 0; e < E; ++e) {
+      const PackedExpert& pe = res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)];
+      model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
+      w.gate = pe.proj[0].dequantize();
+      w.up = pe.proj[1].dequantize();
+      w.down = pe.proj[2].dequantize();
+    }
+    m.threads = saved_threads;
+    const bool saved = m.act_quant;
+    const int saved_block = m.act_block;
+    m.act_quant = true;
+    m.act_block = act_block;
+    const std::vector<float> y = m.moe_block(l, X, routes);
+    m.act_quant = saved;
+    m.act_block = saved_block;
+    for (size_t i = 0; i < S; ++i)
+      for (int64_t j = offset[i] * H; j < offset[i + 1] * H; ++j) states[i][j - offset[i] * H] += y[j];
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace moesq::compress

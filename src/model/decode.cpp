@@ -1,0 +1,107 @@
+#include "model/decode.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace moesq::model {
+
+namespace {
+
+// y = x · rsqrt(mean(x²) + eps) · w over n values (Qwen3 RMSNorm: the weight multiplies directly).
+void rms_norm(const float* x, const float* w, float* y, int64_t n, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+// y[r] = Σ_c W[r, c] x[c], W: [rows, cols]
+void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* w = W.data() + r * cols;
+    float acc = 0;
+    for (int64_t c = 0; c < cols; ++c) acc += w[c] * x[c];
+    y[r] = acc;
+  }
+}
+
+// HF rotate_half RoPE at position `pos` on one head vector [hd].
+void rope(float* x, int64_t hd, int64_t pos, double theta) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const float ang = static_cast<float>(static_cast<double>(pos) * inv);
+    const float c = std::cos(ang), s = std::sin(ang);
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+}  // namespace
+
+Decoder::Decoder(const Qwen3Moe& m, int64_t max_len) : m_(m), max_len_(max_len) {
+  const auto& s = m.spec();
+  k_cache_.assign(static_cast<size_t>(s.num_layers),
+                  std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
+  v_cache_ = k_cache_;
+}
+
+std::vector<float> Decoder::step(int32_t token) {
+  MOESQ_CHECK(pos_ < max_len_, "decoder: sequence longer than its max length ", max_len_);
+  const auto& s = m_.spec();
+  const int64_t H = s.hidden_size, nh = s.num_heads, nkv = s.num_kv_heads, hd = s.head_dim;
+  const int64_t group = nh / nkv;
+  std::vector<float> h = m_.embed({token});  // [1, H]
+  std::vector<float> x(H), q(nh * hd), attn(nh * hd), o(H);
+  std::vector<float> scores(static_cast<size_t>(pos_ + 1));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const LayerWeights& w = m_.layer(l);
+    rms_norm(h.data(), w.input_norm.data(), x.data(), H, s.rms_norm_eps);
+    float* kc = k_cache_[l].data() + pos_ * nkv * hd;
+    float* vc = v_cache_[l].data() + pos_ * nkv * hd;
+    matvec(w.q_proj, x.data(), q.data(), nh * hd, H);
+    matvec(w.k_proj, x.data(), kc, nkv * hd, H);
+    matvec(w.v_proj, x.data(), vc, nkv * hd, H);
+    for (int64_t a = 0; a < nh; ++a) {
+      rms_norm(q.data() + a * hd, w.q_norm.data(), q.data() + a * hd, hd, s.rms_norm_eps);
+      rope(q.data() + a * hd, hd, pos_, s.rope_theta);
+    }
+    for (int64_t a = 0; a < nkv; ++a) {
+      rms_norm(kc + a * hd, w.k_norm.data(), kc + a * hd, hd, s.rms_norm_eps);
+      rope(kc + a * hd, hd, pos_, s.rope_theta);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int64_t a = 0; a < nh; ++a) {
+      const int64_t kvh = a / group;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t <= pos_; ++t) {
+        const float* kt = k_cache_[l].data() + (t * nkv + kvh) * hd;
+        float d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += q[a * hd + i] * kt[i];
+        scores[t] = d * scale;
+        mx = std::max(mx, scores[t]);
+      }
+      float sum = 0;
+      for (int64_t t = 0; t <= pos_; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+      float* out = attn.data() + a * hd;
+      std::fill(out, out + hd, 0.0f);
+      for (int64_t t = 0; t <= pos_; ++t) {
+        const float p = scores[t] / sum;
+        const float* vt = v_cache_[l].data() + (t * nkv + kvh) * hd;
+        for (int64_t i = 0; i < hd; ++i) out[i] += p * vt[i];
+      }
+    }
+    matvec(w.o_proj, attn.data(), o.data(), H, nh * hd);
+    for (int64_t i = 0; i < H; ++i) h[i] += o[i];
+    const std::vector<float> xm = m_.moe_input(l, h, 1);
+    const Routes r = m_.route(l, xm, 1);
+    const std::vector<float> y = m_.moe_block(l, xm, r);
+    for (int64_t i = 0; i < H; ++i) h[i] += y[i];
+  }
+  ++pos_;
+  return m_.logits(h, 1);
+}
+
+}  // namespace moesq::model

@@ -1,0 +1,192 @@
+// End-to-end CLI tests of `moesq compress` and `moesq eval` on the embedded tiny Qwen3-MoE, and the
+// bad-input contract: clear message naming the file/flag, non-zero exit, no partial output left.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "core/half.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+Run run(const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("moesq_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string o = (dir / "stdout").string(), e = (dir / "stderr").string();
+  const std::string cmd = std::string("MOESQ_QUIET=1 ") + MOESQ_BINARY + " " + args + " >" + o + " 2>" + e;
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream fo(o), fe(e);
+  r.out.assign(std::istreambuf_iterator<char>(fo), {});
+  r.err.assign(std::istreambuf_iterator<char>(fe), {});
+  return r;
+}
+
+class CliCompress : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tmp_ = fs::temp_directory_path() / ("moesq_cc_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(tmp_);
+    fs::create_directories(tmp_);
+    // A small text for calibration and evaluation: a few KB of varied ASCII.
+    std::ofstream t(tmp_ / "text.txt");
+    for (int i = 0; i < 200; ++i) t << "def f" << i << "(x):\n    return x * " << i << " + " << (i * 7) % 13 << "\n";
+  }
+  void TearDown() override { fs::remove_all(tmp_); }
+  fs::path tmp_;
+  const std::string model_ = MOESQ_DEFAULT_MODEL;
+};
+
+TEST_F(CliCompress, SgptqEndToEndThenEval) {
+  const fs::path out = tmp_ / "out";
+  Run r = run("compress " + model_ + " --method sgptq --out " + out.string() + " --calib " + (tmp_ / "text.txt").string() +
+              " --calib-samples 8 --seq-len 64 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["method"], "sgptq");
+  // Measured from the written bytes: 2.75 bits plus the 4-byte global scale per projection.
+  EXPECT_NEAR(j["bits_per_expert_weight"].get<double>(), 2.75, 0.01);
+  EXPECT_GT(j["seconds"].get<double>(), 0.0);
+  std::ifstream rf(out / "report.json");
+  ASSERT_TRUE(rf) << "report.json missing";
+  const auto rep = nlohmann::json::parse(rf);
+  ASSERT_EQ(rep["layers"].size(), 4u);
+  ASSERT_EQ(rep["layers"][0]["experts"].size(), 32u);
+  int64_t tokens = 0;
+  for (const auto& e : rep["layers"][0]["experts"]) tokens += e["tokens"].get<int64_t>();
+  EXPECT_EQ(tokens, 8 * 64 * 4) << "every routed token (top-4) is counted once per layer";
+  std::ifstream cf(out / "config.json");
+  const auto cfg = nlohmann::json::parse(cf);
+  EXPECT_EQ(cfg["quantization_config"]["format"], "paired-4:8-nvfp4");
+
+  Run e = run("eval " + out.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  const auto ej = nlohmann::json::parse(e.out);
+  const double nats = ej["nats_per_token"].get<double>();
+  EXPECT_TRUE(std::isfinite(nats));
+  EXPECT_GT(nats, 0.0);
+  Run e0 = run("eval " + model_ + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
+  ASSERT_EQ(e0.code, 0) << e0.err;
+  const double ref = nlohmann::json::parse(e0.out)["nats_per_token"].get<double>();
+  // Compression costs something but not everything: within 1 nat/token of the reference here.
+  EXPECT_NE(nats, ref);
+  EXPECT_LT(std::fabs(nats - ref), 1.0);
+}
+
+TEST_F(CliCompress, RtnIsDenseNvfp4AndDataFree) {
+  const fs::path out = tmp_ / "rtn";
+  Run r = run("compress " + model_ + " --method rtn-nvfp4 --out " + out.string() + " --calib-samples 2 --seq-len 16 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(j["bits_per_expert_weight"].get<double>(), 4.5, 0.01);
+  EXPECT_NE(j["calibration"]["source"].get<std::string>().find("sampled"), std::string::npos);
+}
+
+TEST_F(CliCompress, UnknownMethodNamesFlag) {
+  Run r = run("compress " + model_ + " --method bogus --out " + (tmp_ / "x").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--method"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "x"));
+}
+
+TEST_F(CliCompress, NonWritableOutNamesFlagAndLeavesNothing) {
+  const fs::path ro = tmp_ / "ro";
+  fs::create_directories(ro);
+  ::chmod(ro.c_str(), 0555);
+  Run r = run("compress " + model_ + " --method magnitude --out " + (ro / "out").string());
+  ::chmod(ro.c_str(), 0755);
+  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions; covered by the missing-parent case";
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_empty(ro));
+}
+
+TEST_F(CliCompress, MissingParentOfOutNamesFlag) {
+  Run r = run("compress " + model_ + " --method magnitude --out " + (tmp_ / "no" / "such" / "out").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "no"));
+}
+
+TEST_F(CliCompress, EmptyCalibFileNamesFile) {
+  const fs::path empty = tmp_ / "empty.txt";
+  std::ofstream(empty).close();
+  Run r = run("compress " + model_ + " --method sgptq --out " + (tmp_ / "o").string() + " --calib " + empty.string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find(empty.string()), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "o"));
+  for (const auto& e : fs::directory_iterator(tmp_))
+    EXPECT_EQ(e.path().filename().string().find("o.tmp"), std::string::npos) << "temporary left behind";
+}
+
+TEST_F(CliCompress, KNotMultipleOf32NamesTensor) {
+  // A small, valid qwen3_moe checkpoint whose expert width I = 48 is not a multiple of 32: down_proj
+  // has K = 48, which paired 4:8 NVFP4 cannot hold. The error must name the tensor; no output.
+  const fs::path bad = tmp_ / "k48";
+  fs::create_directories(bad);
+  const int64_t H = 64, I = 48, E = 4, V = 256, nh = 2, nkv = 1, hd = 32;
+  nlohmann::json cfg = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"vocab_size", V},
+                        {"hidden_size", H}, {"intermediate_size", 96}, {"moe_intermediate_size", I},
+                        {"num_hidden_layers", 1}, {"num_attention_heads", nh}, {"num_key_value_heads", nkv},
+                        {"head_dim", hd}, {"num_experts", E}, {"num_experts_per_tok", 2}, {"norm_topk_prob", true},
+                        {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+                        {"decoder_sparse_step", 1}, {"mlp_only_layers", nlohmann::json::array()}};
+  std::ofstream(bad / "config.json") << cfg.dump();
+  moesq::io::SafetensorsWriter w;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool ones = false) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = moesq::f32_to_bf16(ones ? 1.0f : nd(rng));
+    w.add(name, moesq::io::DType::BF16, shape, v.data(), v.size() * 2);
+  };
+  add("model.embed_tokens.weight", {V, H});
+  add("model.norm.weight", {H}, true);
+  add("lm_head.weight", {V, H});
+  const std::string p = "model.layers.0.";
+  add(p + "input_layernorm.weight", {H}, true);
+  add(p + "post_attention_layernorm.weight", {H}, true);
+  add(p + "self_attn.q_proj.weight", {nh * hd, H});
+  add(p + "self_attn.k_proj.weight", {nkv * hd, H});
+  add(p + "self_attn.v_proj.weight", {nkv * hd, H});
+  add(p + "self_attn.o_proj.weight", {H, nh * hd});
+  add(p + "self_attn.q_norm.weight", {hd}, true);
+  add(p + "self_attn.k_norm.weight", {hd}, true);
+  add(p + "mlp.gate.weight", {E, H});
+  for (int e = 0; e < E; ++e) {
+    const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+    add(q + "gate_proj.weight", {I, H});
+    add(q + "up_proj.weight", {I, H});
+    add(q + "down_proj.weight", {H, I});
+  }
+  w.write((bad / "model.safetensors").string());
+  Run ok = run("eval " + bad.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 32 --json");
+  ASSERT_EQ(ok.code, 0) << "the synthetic model itself must be valid: " << ok.err;
+  Run r = run("compress " + bad.string() + " --method magnitude --out " + (tmp_ / "o").string() +
+              " --calib-samples 2 --seq-len 16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("down_proj"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("32"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "o"));
+}
+
+}  // namespace
