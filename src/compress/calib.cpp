@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
+#include "model/blas_threads.h"
 #include "model/decode.h"
 
 namespace moesq::compress {
@@ -61,6 +62,7 @@ CalibSet calib_from_model(model::Qwen3Moe& m, int64_t num_samples, int64_t seq_l
   std::atomic<int64_t> done{0};
   const int saved_threads = m.threads;
   m.threads = 1;
+  model::ScopedBlasSingleThread single_blas;
   // One sequence per task, each with its own generator seeded from (seed, index): the result does not
   // depend on the thread count.
   parallel_for(num_samples, [&](int64_t i) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "compress/expert_math.h"
 #include "compress/refine.h"
@@ -13,6 +14,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
+#include "model/blas_threads.h"
 
 namespace moesq::compress {
 
@@ -212,8 +214,10 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
         c.g.push_back(routes.weight[r * k + j]);
         ++c.n;
       }
-    // Lines 5–16: experts in parallel.
+    // Lines 5–16: experts in parallel, each single-threaded inside (BLAS included).
     m.threads = 1;
+    std::optional<model::ScopedBlasSingleThread> single_blas;
+    single_blas.emplace();
     std::vector<ExpertReport> reps(static_cast<size_t>(E));
     std::atomic<int64_t> done{0};
     parallel_for(E, [&](int64_t e) {
@@ -253,6 +257,7 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       w.up = pe.proj[1].dequantize();
       w.down = pe.proj[2].dequantize();
     }
+    single_blas.reset();
     m.threads = saved_threads;
     const bool saved = m.act_quant;
     const int saved_block = m.act_block;
