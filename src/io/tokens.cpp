@@ -9,7 +9,6 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
 
 #include "core/error.h"
@@ -24,10 +23,14 @@ std::string read_all(const std::string& path) {
   std::error_code ec;
   MOESQ_CHECK(std::filesystem::is_regular_file(path, ec), "data file ", path,
               " does not exist or is not a regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  MOESQ_CHECK(!ec, "cannot stat data file ", path, ": ", ec.message());
   std::ifstream in(path, std::ios::binary);
   MOESQ_CHECK(in, "cannot read data file ", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  MOESQ_CHECK(!in.bad(), "error reading data file ", path);
+  std::string bytes(size, '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  MOESQ_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "short read of data file ", path, " (",
+              in.gcount(), " of ", size, " bytes)");
   return bytes;
 }
 
