@@ -81,6 +81,9 @@ class Qwen3Moe {
   std::vector<float>& embed_weight() { return embed_; }          // [V, H]
   std::vector<float>& final_norm_weight() { return final_norm_; }  // [H]
   std::vector<float>& lm_head_weight() { return lm_head_; }      // [V, H]
+  const std::vector<float>& embed_weight() const { return embed_; }
+  const std::vector<float>& final_norm_weight() const { return final_norm_; }
+  const std::vector<float>& lm_head_weight() const { return lm_head_; }
 
   // tokens [T] → H [T, H]
   std::vector<float> embed(const std::vector<int32_t>& tokens) const;
