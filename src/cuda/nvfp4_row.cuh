@@ -43,8 +43,10 @@ __device__ __forceinline__ uint32_t e2m1_encode(float x) {
   return sign | code;
 }
 
+// E2M1 decode: codes 0–3 are 0, .5, 1, 1.5 (= code/2); codes 4–7 are 2^(code/2 − 1)·(1 or 1.5).
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {
-  const float m = (code & 7) < 4 ? 0.5f * static_cast<float>(code & 7) : static_cast<float>(1u << ((code & 7) - 3)) * ((code & 1) ? 1.5f : 1.0f);
+  const uint32_t c = code & 7;
+  const float m = c < 4 ? 0.5f * static_cast<float>(c) : static_cast<float>(1u << ((c >> 1) - 1)) * ((c & 1) ? 1.5f : 1.0f);
   return (code & 8) ? -m : m;
 }
 

@@ -106,27 +106,44 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, i
   r.meta = ld_stream(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);  // lanes t = 2, 3: ignored copy
 }
 
-// kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (5, see sparse_gemm()).
+// Pulls one chunk into L2 ahead of its register load (no register cost): the register double
+// buffer alone leaves only one chunk per m-tile in flight, too few bytes to cover HBM latency.
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(kChunkBytes) : "memory");
+}
+constexpr int kL2Ahead = 4;  // chunks per m-tile requested ahead into L2
+
+// kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (6, see sparse_gemm()).
 template <int kMT, int kNT>
 __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(SparseGemmArgs a) {
   static_assert(kMT >= 1 && kMT <= 4 && kNT >= 1 && kNT <= 4, "bounded tile instances");
-  constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk (bigger tiles: no regs)
+  static_assert(kMT * kL2Ahead <= 32, "one L2 prefetch per lane at tile start");
+  constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk's weights
+  // Measured (bench/NOTES.md v2): an activation register prefetch (+64 regs) and the L2 prefetch
+  // both slowed the decode tiles; the L2 prefetch sped up the compute-bound tiles by ~15%.
+  constexpr bool kPrefetchB = false;
+  constexpr bool kL2 = kNT >= 4;
   constexpr int kBlockMTiles = kWarps * kMT;
   constexpr int kBlockN = 8 * kNT;
   __shared__ int s_prefix[kMaxExperts + 1];
+  __shared__ int s_count[kMaxExperts];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int E = a.num_experts;
   const int MT = static_cast<int>(a.M_pad / 16), KC = static_cast<int>(a.K_pad / kChunkK);
   const int m_blocks = (MT + kBlockMTiles - 1) / kBlockMTiles;
 
-  // Tiles per expert → exclusive prefix (warp 0, 32 experts per shuffle scan).
+  // Tiles per expert → exclusive prefix (warp 0, 32 experts per shuffle scan); clamped counts cached.
   if (warp == 0) {
     int running = 0;
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
       int v = 0;
-      if (e < E) v = m_blocks * ((min(a.counts[e], a.capacity) + kBlockN - 1) / kBlockN);
+      if (e < E) {
+        const int c = min(a.counts[e], a.capacity);
+        s_count[e] = c;
+        v = m_blocks * ((c + kBlockN - 1) / kBlockN);
+      }
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int n = __shfl_up_sync(0xffffffffu, v, o);
@@ -148,17 +165,19 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
       else hi = mid - 1;
     }
     const int e = lo;
-    const int count = min(a.counts[e], a.capacity);
+    const int count = s_count[e];
     const int n_blocks = (count + kBlockN - 1) / kBlockN;
     const int local = tile - s_prefix[e];
     const int mb = local / n_blocks, nb = local % n_blocks;  // n-blocks of one m-block run side by side
     const int mt0 = (mb * kWarps + warp) * kMT;
     if (mt0 >= MT) continue;  // this warp has no rows in the last m-block
 
+    const uint8_t* w_e = a.w + static_cast<size_t>(e) * MT * KC * kChunkBytes;
+    if (kL2 && lane < kMT * kL2Ahead && lane % kL2Ahead < KC)
+      prefetch_l2(w_e + (static_cast<size_t>(min(mt0 + lane / kL2Ahead, MT - 1)) * KC + lane % kL2Ahead) * kChunkBytes);
     const uint8_t* wp[kMT];
 #pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-      wp[mi] = a.w + (static_cast<size_t>(e) * MT + min(mt0 + mi, MT - 1)) * KC * kChunkBytes;
+    for (int mi = 0; mi < kMT; ++mi) wp[mi] = w_e + static_cast<size_t>(min(mt0 + mi, MT - 1)) * KC * kChunkBytes;
     const uint16_t* xp[kNT];
     bool xv[kNT];
 #pragma unroll
@@ -167,6 +186,17 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
       xv[nt] = tok < count;
       xp[nt] = a.x + (static_cast<size_t>(e) * a.capacity + (xv[nt] ? tok : 0)) * a.K_pad + 8 * t;
     }
+    // Epilogue factors, loaded now so their latency hides under the K loop.
+    const float inv_w = a.w_inv_gamma[e];
+    float alpha[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tok = nb * kBlockN + nt * 8 + 2 * t + j;
+        alpha[nt][j] = inv_w * ((a.x_inv_scale && tok < count)
+                                    ? a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok] : 1.0f);
+      }
 
     float acc[kMT][kNT][4];
 #pragma unroll
@@ -176,25 +206,39 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mi][nt][j] = 0.0f;
 
+    auto load_b = [&](uint4 (&b)[kSteps], int kc) {  // kNT == 1: one chunk of activations
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+        b[s] = xv[0] ? __ldg(reinterpret_cast<const uint4*>(xp[0] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
+    };
     ChunkRegs cur[kMT];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi], lane);
+    uint4 bcur[kPrefetchB ? kSteps : 1];
+    if constexpr (kPrefetchB) load_b(bcur, 0);
 
 #pragma unroll 1
     for (int kc = 0; kc < KC; ++kc) {
+      if (kL2 && lane < kMT && kc + kL2Ahead < KC) prefetch_l2(w_e + (static_cast<size_t>(min(mt0 + lane, MT - 1)) * KC + kc + kL2Ahead) * kChunkBytes);
       ChunkRegs nxt[kPrefetch ? kMT : 1];
+      uint4 bnxt[kPrefetchB ? kSteps : 1];
       if constexpr (kPrefetch) {
         if (kc + 1 < KC) {
 #pragma unroll
           for (int mi = 0; mi < kMT; ++mi) load_chunk(nxt[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
+          if constexpr (kPrefetchB) load_b(bnxt, kc + 1);
         }
       }
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         uint4 b[kNT];
+        if constexpr (kPrefetchB) {
+          b[0] = bcur[s];
+        } else {
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          b[nt] = xv[nt] ? __ldg(reinterpret_cast<const uint4*>(xp[nt] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
+          for (int nt = 0; nt < kNT; ++nt)
+            b[nt] = xv[nt] ? __ldg(reinterpret_cast<const uint4*>(xp[nt] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           const uint32_t sw = u4get(cur[mi].scales, s >> 1) >> (16 * (s & 1));
@@ -210,6 +254,10 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
       if constexpr (kPrefetch) {
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) cur[mi] = nxt[mi];
+        if constexpr (kPrefetchB) {
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s) bcur[s] = bnxt[s];
+        }
       } else if (kc + 1 < KC) {
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
@@ -217,7 +265,6 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
     }
 
     // Epilogue: α = (1/γ_w)·(1/γ_a) in that order (moe::grouped_sparse_gemm_ref), bf16 and/or fp32.
-    const float inv_w = a.w_inv_gamma[e];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -225,7 +272,6 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
         const int tok = nb * kBlockN + nt * 8 + 2 * t + j;
         if (tok >= count) continue;
         const size_t slot = static_cast<size_t>(e) * a.capacity + tok;
-        const float alpha = inv_w * (a.x_inv_scale ? a.x_inv_scale[slot] : 1.0f);
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           if (mt0 + mi >= MT) continue;
@@ -233,7 +279,7 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
           for (int h = 0; h < 2; ++h) {
             const int64_t m = static_cast<int64_t>(mt0 + mi) * 16 + g + 8 * h;
             if (m >= a.M) continue;
-            const float v = acc[mi][nt][2 * h + j] * alpha;
+            const float v = acc[mi][nt][2 * h + j] * alpha[nt][j];
             const size_t idx = slot * a.ldy + m;
             if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
             if (a.y_f32) a.y_f32[idx] = v;
@@ -290,7 +336,9 @@ GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int 
   else if (max_tokens <= 16) c.n_tiles = 2;
   else c.n_tiles = 4;
   if (c.n_tiles == 4) {
-    c.m_tiles = 4;  // compute-bound side: reuse each B fragment 4×, each decoded A fragment 4×
+    // Compute-bound side (bench/NOTES.md v2 sweep): 32×32 warp tiles (register double buffer) win up
+    // to 256 tokens per expert, 64×32 (each decoded A fragment reused 4×) above.
+    c.m_tiles = max_tokens <= 256 ? 2 : 4;
   } else {
     // Memory-bound decode: 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
     // fewer than ~2 tiles per SM (few experts): then halve BLOCK_M to spread the weights wider.
@@ -322,8 +370,9 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   if (c.m_tiles == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
   if (c.m_tiles == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);
   if (c.m_tiles == 2 && c.n_tiles == 2) return launch<2, 2>(a, c, max_tokens, stream);
+  if (c.m_tiles == 2 && c.n_tiles == 4) return launch<2, 4>(a, c, max_tokens, stream);
   if (c.m_tiles == 4 && c.n_tiles == 4) return launch<4, 4>(a, c, max_tokens, stream);
-  MOESQ_FAIL("sparse_gemm: no kernel instance for ", c.str(), " (built: 16x8, 32x8, 16x16, 32x16, 64x32 per warp)");
+  MOESQ_FAIL("sparse_gemm: no kernel instance for ", c.str(), " (built: 16x8, 32x8, 16x16, 32x16, 32x32, 64x32 per warp)");
 }
 
 }  // namespace moesq::cuda

@@ -1,0 +1,392 @@
+// GPU tests of the Hopper MoE expert kernels against their CPU `_ref` twins on the SAME packed bits
+// and the SAME quantized activations (src/cuda/{sparse_gemm,act_dispatch,swiglu_quant}.cu vs
+// src/moe/sparse_gemm_ref.h). Run under compute-sanitizer memcheck and racecheck too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "cuda/act_dispatch.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/sparse_gemm.cuh"
+#include "cuda/swiglu_quant.cuh"
+#include "format/fp_codecs.h"
+#include "format/nvfp4.h"
+#include "moe/kernel_layout.h"
+#include "moe/sparse_gemm_ref.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::moe;
+
+// Only the fp32 summation order differs between the tensor cores and the fp64 reference.
+constexpr double kGemmRelFrobTol = 1e-5;
+// expf on the GPU may differ from the host libm in the last ulp; after bf16 rounding and NVFP4
+// requantization that flips at most a handful of values per thousand.
+constexpr double kSwigluMaxMismatchFraction = 0.01;
+constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { MOESQ_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(n, 1))); }
+  DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { upload(h); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  void upload(const std::vector<T>& h) { MOESQ_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    MOESQ_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+enum class ScaleMode { kRandom, kOne, kExtreme };
+
+// Random paired 4:8 tensor built directly from codes (every E2M1 code, all 6 patterns).
+format::Sparse48Tensor random_packed(int64_t N, int64_t K, std::mt19937& rng, ScaleMode mode) {
+  format::Sparse48Tensor t;
+  t.N = N;
+  t.K = K;
+  t.values.resize(N * K / 4);
+  t.meta.resize(N * K / 16);
+  t.scales.resize(N * K / 32);
+  std::uniform_int_distribution<int> byte(0, 255), pat(0, format::kNumPatterns - 1);
+  for (auto& v : t.values) v = static_cast<uint8_t>(byte(rng));
+  for (auto& m : t.meta) m = static_cast<uint8_t>(format::pattern_nibble(pat(rng)) | (format::pattern_nibble(pat(rng)) << 4));
+  std::uniform_int_distribution<int> sc(0x20, 0x50);  // 2^-3 .. 2^3: ordinary block scales
+  const uint8_t extremes[] = {0x00, 0x01, 0x02, 0x07, 0x7e, 0x7d};  // zero, subnormals, 448-ish
+  std::uniform_int_distribution<int> ex(0, 5);
+  for (auto& s : t.scales) {
+    if (mode == ScaleMode::kOne) s = 0x38;  // 1.0
+    else if (mode == ScaleMode::kExtreme) s = extremes[ex(rng)];
+    else s = static_cast<uint8_t>(sc(rng));
+  }
+  t.global_scale = mode == ScaleMode::kOne ? 1.0f : std::uniform_real_distribution<float>(50.0f, 5000.0f)(rng);
+  return t;
+}
+
+ActBatch random_batch(int E, int cap, int64_t K, const std::vector<int>& counts, std::mt19937& rng, bool quantize,
+                      bool integer_values = false) {
+  ActBatch a;
+  a.num_experts = E;
+  a.capacity = cap;
+  a.K = K;
+  a.K_pad = padded_k(K);
+  a.x.assign(static_cast<size_t>(E) * cap * a.K_pad, 0x7fc0);  // padding slots: NaN, must never be read
+  a.inv_scale.assign(static_cast<size_t>(E) * cap, 1.0f);
+  a.counts.assign(counts.begin(), counts.end());
+  a.route_of_slot.assign(static_cast<size_t>(E) * cap, -1);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_int_distribution<int> id(-8, 8);
+  std::vector<uint16_t> row(K);
+  for (int e = 0; e < E; ++e)
+    for (int s = 0; s < std::min(counts[e], cap); ++s) {
+      for (auto& v : row) v = f32_to_bf16(integer_values ? static_cast<float>(id(rng)) : nd(rng));
+      const size_t slot = static_cast<size_t>(e) * cap + s;
+      act_quant_row_ref(row.data(), K, quantize, a.x.data() + slot * a.K_pad, &a.inv_scale[slot]);
+    }
+  return a;
+}
+
+struct GemmCheck {
+  double max_rel_frob = 0.0;
+  int64_t unwritten = 0, overwritten = 0, bf16_mismatch = 0, f32_not_bitwise = 0;
+};
+
+// Runs the GPU GEMM (fp32 and bf16 outputs, both poisoned) and compares with the CPU ref.
+GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const ActBatch& act, MetaOrder mo,
+                         const cuda::GemmConfig* cfg) {
+  std::vector<const format::Sparse48Tensor*> ptrs;
+  for (auto& t : ts) ptrs.push_back(&t);
+  const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test", mo);
+  const int E = act.num_experts, cap = act.capacity;
+  const int64_t M = kw.M;
+  std::vector<float> ref(static_cast<size_t>(E) * cap * M, 0.0f);
+  grouped_sparse_gemm_ref(ptrs, act, ref.data());
+
+  std::vector<float> inv_gamma(E);
+  for (int e = 0; e < E; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
+  DevBuf<uint8_t> d_w(kw.data);
+  DevBuf<float> d_ig(inv_gamma), d_is(act.inv_scale);
+  DevBuf<uint16_t> d_x(act.x);
+  DevBuf<int32_t> d_counts(act.counts);
+  DevBuf<uint16_t> d_y(std::vector<uint16_t>(ref.size(), kPoisonBf16));
+  DevBuf<float> d_yf(std::vector<float>(ref.size(), std::nanf("")));
+  cuda::SparseGemmArgs a;
+  a.w = d_w.p;
+  a.w_inv_gamma = d_ig.p;
+  a.x = d_x.p;
+  a.x_inv_scale = d_is.p;
+  a.counts = d_counts.p;
+  a.y = d_y.p;
+  a.y_f32 = d_yf.p;
+  a.num_experts = E;
+  a.capacity = cap;
+  a.M = M;
+  a.M_pad = kw.M_pad;
+  a.K_pad = kw.K_pad;
+  a.ldy = M;
+  int max_tokens = 0;
+  for (int c : act.counts) max_tokens = std::max(max_tokens, c);
+  cuda::sparse_gemm(a, max_tokens, nullptr, cfg);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto y = d_y.download();
+  const auto yf = d_yf.download();
+
+  GemmCheck r;
+  for (int e = 0; e < E; ++e) {
+    const int n = std::min(act.counts[e], cap);
+    double err = 0.0, nrm = 0.0;
+    for (int s = 0; s < cap; ++s) {
+      for (int64_t m = 0; m < M; ++m) {
+        const size_t i = (static_cast<size_t>(e) * cap + s) * M + m;
+        if (s >= n) {
+          r.overwritten += (y[i] != kPoisonBf16) + !std::isnan(yf[i]);
+          continue;
+        }
+        if (std::isnan(yf[i]) || y[i] == kPoisonBf16) {
+          ++r.unwritten;
+          continue;
+        }
+        err += (static_cast<double>(yf[i]) - ref[i]) * (static_cast<double>(yf[i]) - ref[i]);
+        nrm += static_cast<double>(ref[i]) * ref[i];
+        r.bf16_mismatch += y[i] != f32_to_bf16(yf[i]);
+        r.f32_not_bitwise += yf[i] != ref[i];
+      }
+    }
+    if (nrm > 0.0) r.max_rel_frob = std::max(r.max_rel_frob, std::sqrt(err / nrm));
+    else if (err > 0.0) r.max_rel_frob = INFINITY;
+  }
+  return r;
+}
+
+std::vector<cuda::GemmConfig> all_configs() {
+  std::vector<cuda::GemmConfig> v;
+  for (auto [mt, nt] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 4}}) {
+    cuda::GemmConfig c;
+    c.m_tiles = mt;
+    c.n_tiles = nt;
+    v.push_back(c);
+  }
+  cuda::GemmConfig tiny_grid;  // persistent loop: 3 CTAs walk every tile
+  tiny_grid.m_tiles = 2;
+  tiny_grid.n_tiles = 2;
+  tiny_grid.grid = 3;
+  v.push_back(tiny_grid);
+  return v;
+}
+
+// Ragged counts incl. 0 and 1 and tile ± 1 for every n-tile size.
+const std::vector<int> kRaggedCounts = {0, 1, 2, 3, 15, 16, 17, 63, 64, 65, 31, 33};
+
+TEST(SparseGemm, MetadataOrderMatchesHardware) {
+  std::mt19937 rng(42);
+  const int E = 2;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_packed(32, 256, rng, ScaleMode::kRandom));
+  const ActBatch act = random_batch(E, 8, 256, {8, 5}, rng, true);
+  cuda::GemmConfig c;
+  c.m_tiles = 1;
+  c.n_tiles = 1;
+  const GemmCheck half_k = run_gemm_check(ts, act, MetaOrder::kHalfK, &c);
+  const GemmCheck row_split = run_gemm_check(ts, act, MetaOrder::kRowSplit, &c);
+  std::printf("metadata order probe: kHalfK rel err %.3g, kRowSplit rel err %.3g\n", half_k.max_rel_frob,
+              row_split.max_rel_frob);
+  EXPECT_LE((kDefaultMetaOrder == MetaOrder::kHalfK ? half_k : row_split).max_rel_frob, kGemmRelFrobTol);
+}
+
+TEST(SparseGemm, MatchesRefAllConfigsRaggedCounts) {
+  std::mt19937 rng(2024);
+  for (int64_t M : {17, 200}) {
+    for (int64_t K : {96, 512}) {
+      const int E = static_cast<int>(kRaggedCounts.size()), cap = 65;
+      std::vector<format::Sparse48Tensor> ts;
+      for (int e = 0; e < E; ++e) ts.push_back(random_packed(M, K, rng, ScaleMode::kRandom));
+      const ActBatch act = random_batch(E, cap, K, kRaggedCounts, rng, true);
+      for (const auto& c : all_configs()) {
+        const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
+        EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << "M=" << M << " K=" << K << " " << c.str();
+        EXPECT_EQ(r.unwritten, 0) << "M=" << M << " K=" << K << " " << c.str();
+        EXPECT_EQ(r.overwritten, 0) << "M=" << M << " K=" << K << " " << c.str();
+        EXPECT_EQ(r.bf16_mismatch, 0) << "M=" << M << " K=" << K << " " << c.str();
+      }
+    }
+  }
+}
+
+TEST(SparseGemm, HeuristicConfigW4A16) {
+  std::mt19937 rng(77);
+  const int E = 5, cap = 40;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_packed(48, 768, rng, ScaleMode::kRandom));
+  const ActBatch act = random_batch(E, cap, 768, {40, 0, 7, 1, 39}, rng, false);
+  const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, nullptr);
+  EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol);
+  EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0);
+}
+
+TEST(SparseGemm, IntegerValuedCaseIsBitwiseEqual) {
+  std::mt19937 rng(5);
+  const int E = 4, cap = 17;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_packed(40, 512, rng, ScaleMode::kOne));
+  const ActBatch act = random_batch(E, cap, 512, {17, 1, 0, 9}, rng, false, true);
+  for (const auto& c : all_configs()) {
+    const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
+    EXPECT_EQ(r.f32_not_bitwise, 0) << c.str();
+    EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << c.str();
+    EXPECT_EQ(r.max_rel_frob, 0.0) << c.str();
+  }
+}
+
+TEST(SparseGemm, ExtremeScales) {
+  std::mt19937 rng(6);
+  const int E = 3, cap = 20;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_packed(64, 256, rng, ScaleMode::kExtreme));
+  const ActBatch act = random_batch(E, cap, 256, {20, 3, 16}, rng, true);
+  for (const auto& c : all_configs()) {
+    const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
+    EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << c.str();
+    EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << c.str();
+  }
+}
+
+TEST(SparseGemm, RefusesUnsupportedShapes) {
+  cuda::SparseGemmArgs a;
+  a.num_experts = 4000;
+  EXPECT_THROW(cuda::sparse_gemm(a, 8, nullptr), moesq::Error);
+}
+
+TEST(ActDispatch, MatchesRefPerRoute) {
+  std::mt19937 rng(31);
+  for (bool quantize : {true, false}) {
+    for (int64_t K : {96, 2048}) {
+      const int T = 50, topk = 4, E = 16, cap = 14;
+      std::vector<uint16_t> x(T * K);
+      std::normal_distribution<float> nd(0.0f, 1.5f);
+      for (auto& v : x) v = f32_to_bf16(nd(rng));
+      for (int64_t k = 0; k < K; ++k) x[3 * K + k] = 0;  // a zero token: γ = 1, all codes 0
+      std::vector<int32_t> ids(T * topk);
+      std::uniform_int_distribution<int> ed(0, E - 1);
+      for (auto& v : ids) v = ed(rng);
+      ids[0] = ids[1] = ids[2] = 5;  // crowd one expert (also: one token routed thrice to it)
+      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize);
+
+      DevBuf<uint16_t> d_x(x), d_out(static_cast<size_t>(E) * cap * ref.K_pad);
+      DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
+      DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
+      MOESQ_CUDA_CHECK(cudaMemset(d_out.p, 0xff, sizeof(uint16_t) * d_out.n));
+      cuda::DispatchArgs a;
+      a.x = d_x.p;
+      a.topk_ids = d_ids.p;
+      a.T = T;
+      a.topk = topk;
+      a.K = K;
+      a.K_pad = ref.K_pad;
+      a.num_experts = E;
+      a.capacity = cap;
+      a.quantize = quantize;
+      a.out = d_out.p;
+      a.inv_scale = d_inv.p;
+      a.counts = d_counts.p;
+      a.route_of_slot = d_ros.p;
+      cuda::act_dispatch(a, nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = d_out.download();
+      const auto inv = d_inv.download();
+      const auto counts = d_counts.download();
+      const auto ros = d_ros.download();
+      // ref slot of each route (canonical order) ↔ GPU slot (atomic order)
+      std::vector<int64_t> ref_slot(T * topk, -1);
+      for (size_t s = 0; s < ref.route_of_slot.size(); ++s)
+        if (ref.route_of_slot[s] >= 0 && static_cast<int>(s % cap) < std::min(ref.counts[s / cap], cap))
+          ref_slot[ref.route_of_slot[s]] = static_cast<int64_t>(s);
+      int64_t checked = 0;
+      for (int e = 0; e < E; ++e) {
+        ASSERT_EQ(counts[e], ref.counts[e]) << "expert " << e;
+        for (int s = 0; s < std::min(counts[e], cap); ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          const int r = ros[gs];
+          ASSERT_TRUE(r >= 0 && r < T * topk && ids[r] == e) << "expert " << e << " slot " << s << " route " << r;
+          // Dropped routes differ between atomic and canonical order: compare against the row itself.
+          std::vector<uint16_t> want(ref.K_pad);
+          float want_inv = 0.0f;
+          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv);
+          ASSERT_EQ(inv[gs], want_inv) << "route " << r;
+          for (int64_t k = 0; k < ref.K_pad; ++k)
+            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << "quantize=" << quantize << " K=" << K << " route " << r
+                                                         << " storage index " << k;
+          ++checked;
+        }
+      }
+      EXPECT_GT(checked, 0);
+    }
+  }
+}
+
+TEST(SwigluQuant, MatchesRef) {
+  std::mt19937 rng(17);
+  for (bool quantize : {true, false}) {
+    const int E = 3, cap = 17;
+    const int64_t I = 768;
+    std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (auto& v : h) v = f32_to_bf16(nd(rng));
+    const std::vector<int32_t> counts = {17, 0, 5};
+    const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize);
+    DevBuf<uint16_t> d_h(h), d_out(static_cast<size_t>(E) * cap * ref.K_pad);
+    DevBuf<int32_t> d_counts(counts);
+    DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+    MOESQ_CUDA_CHECK(cudaMemset(d_out.p, 0, sizeof(uint16_t) * d_out.n));
+    cuda::SwigluQuantArgs a;
+    a.h = d_h.p;
+    a.counts = d_counts.p;
+    a.num_experts = E;
+    a.capacity = cap;
+    a.I = I;
+    a.I_pad = ref.K_pad;
+    a.quantize = quantize;
+    a.out = d_out.p;
+    a.inv_scale = d_inv.p;
+    cuda::swiglu_quant(a, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = d_out.download();
+    const auto inv = d_inv.download();
+    int64_t mismatch = 0, total = 0;
+    for (int e = 0; e < E; ++e)
+      for (int s = 0; s < cap; ++s) {
+        const size_t gs = static_cast<size_t>(e) * cap + s;
+        if (s >= counts[e]) {
+          EXPECT_EQ(inv[gs], -1.0f) << "slot past count written";
+          continue;
+        }
+        EXPECT_NEAR(inv[gs], ref.inv_scale[gs], 1e-6 * std::fabs(ref.inv_scale[gs]));
+        for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += out[gs * ref.K_pad + k] != ref.x[gs * ref.K_pad + k];
+      }
+    std::printf("swiglu quantize=%d: %lld of %lld values differ from the host ref\n", quantize,
+                static_cast<long long>(mismatch), static_cast<long long>(total));
+    EXPECT_GT(total, 0);
+    EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "no CUDA device: GPU tests need one\n");
+    return 1;
+  }
+  return RUN_ALL_TESTS();
+}
