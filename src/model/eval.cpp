@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "core/error.h"
 #include "core/progress.h"
@@ -92,9 +93,13 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
     res.files.push_back(fe);
   }
 
-  // Forward single-threaded per window; windows in parallel.
-  Qwen3Moe local = model;
-  local.threads = 1;
+  // Forward single-threaded per window; windows in parallel (copy the model only if needed).
+  std::unique_ptr<Qwen3Moe> copy;
+  if (model.threads != 1) {
+    copy = std::make_unique<Qwen3Moe>(model);
+    copy->threads = 1;
+  }
+  const Qwen3Moe& local = copy ? *copy : model;
   const int threads = opt.threads > 0 ? opt.threads : num_threads();
   std::vector<double> sum(jobs.size(), 0.0);     // [windows] Σ nll (nats)
   std::vector<int64_t> count(jobs.size(), 0);   // [windows] predicted tokens
@@ -136,6 +141,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::st
   progress("eval", "loading " + dir);
   const io::Checkpoint ckpt(dir);
   Qwen3Moe model(ckpt);
+  model.threads = 1;  // evaluate_model runs one window per thread
   switch (opt.act_quant) {
     case ActQuant::Auto: break;  // compressed → W4A4 (set by the loader), bf16 → none
     case ActQuant::None: model.act_quant = false; break;
