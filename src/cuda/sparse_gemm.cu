@@ -10,9 +10,9 @@
 //
 // Non-obvious decision: E2M1 → bf16 without a lookup table. Shifting a code's 3 magnitude bits to
 // bf16 bit 6 gives exactly value·2^-126 for all 8 magnitudes (code 1 = 0.5 lands on the bf16
-// subnormal 2^-127), so two exact bf16x2 multiplies (by 2^126, then by the block scale) finish the
-// decode; every product has ≤ 6 significant bits and lies in [2^-10, 2688], hence is exact
-// (DESIGN.md §4). fma.rn.bf16x2 is used (with −0 addend) because it keeps subnormal inputs.
+// subnormal 2^-127); ONE exact bf16x2 multiply by the block scale pre-multiplied by 2^119 finishes
+// the decode as value·scale·2^-7 (≤ 6 significant bits, in [2^-17, 21]: exact), and the epilogue
+// multiplies the fp32 accumulator by 2^7 (exact). fma.rn.bf16x2 (−0 addend) keeps subnormal inputs.
 #include "cuda/sparse_gemm.cuh"
 
 #include <cuda_bf16.h>
@@ -36,7 +36,7 @@ constexpr int kChunkK = 256;
 constexpr int kSteps = 8;          // mma k-steps (32 K each) per chunk
 constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
 constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
-constexpr uint32_t kBf16x2Two126 = 0x7E807E80u;  // {2^126, 2^126}
+constexpr float kAccUnscale = 128.0f;  // 2^7: undoes 2^-126 (code shift) · 2^119 (scale bias), exactly
 constexpr uint32_t kBf16x2NegZero = 0x80008000u;
 
 // Streamed-once weights: non-coherent load that does not allocate in L1 (keeps L1 for X).
@@ -59,10 +59,11 @@ __device__ __forceinline__ uint32_t bf16x2_mul_exact(uint32_t a, uint32_t b) {
   return d;
 }
 
-// UE4M3 code → {v, v} bf16x2 (exact): normal codes move bit-for-bit (exponent bias 7 → 127).
-__device__ __forceinline__ uint32_t ue4m3_to_bf16x2(uint32_t c) {
-  const uint32_t bits = c < 8 ? (__float_as_uint(static_cast<float>(c) * 0x1p-9f) >> 16)
-                              : ((c & 0x7fu) << 4) + (120u << 7);
+// UE4M3 code → {v·2^119, v·2^119} bf16x2 (exact; ≤ 448·2^119 < bf16 max): normal codes move
+// bit-for-bit with the exponent bias 7 → 127 + 119; subnormal codes c·2^-9 become c·2^110.
+__device__ __forceinline__ uint32_t ue4m3_to_bf16x2_x2p119(uint32_t c) {
+  const uint32_t bits = c < 8 ? (__float_as_uint(static_cast<float>(c) * 0x1p110f) >> 16)
+                              : ((c & 0x7fu) << 4) + ((120u + 119u) << 7);
   return bits | (bits << 16);
 }
 
@@ -73,14 +74,15 @@ __device__ __forceinline__ uint32_t expand_meta(uint32_t x) {
   return y | (y << 4);
 }
 
-// One lane's A fragment of one k-step: code word nibbles k and 4+k hold elements (a_2k, a_2k+1);
-// registers 0, 2 are row g (scale s_g), registers 1, 3 row g+8 (scale s_g8).
+// One lane's A fragment of one k-step, as value·scale·2^-7: code word nibbles k and 4+k hold
+// elements (a_2k, a_2k+1); registers 0, 2 are row g (scale s_g), registers 1, 3 row g+8 (s_g8),
+// both scales as returned by ue4m3_to_bf16x2_x2p119.
 __device__ __forceinline__ void decode_a(uint32_t word, uint32_t s_g, uint32_t s_g8, uint32_t a[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint32_t x = word >> (4 * k);
     const uint32_t h = ((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12);  // value · 2^-126
-    a[k] = bf16x2_mul_exact(bf16x2_mul_exact(h, kBf16x2Two126), (k & 1) ? s_g8 : s_g);
+    a[k] = bf16x2_mul_exact(h, (k & 1) ? s_g8 : s_g);
   }
 }
 
@@ -244,8 +246,8 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
           const uint32_t sw = u4get(cur[mi].scales, s >> 1) >> (16 * (s & 1));
           const uint32_t mw = u4get(cur[mi].meta, s >> 1) >> (16 * (s & 1));
           uint32_t af[4];
-          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3_to_bf16x2(sw & 0xffu), ue4m3_to_bf16x2((sw >> 8) & 0xffu),
-                   af);
+          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3_to_bf16x2_x2p119(sw & 0xffu),
+                   ue4m3_to_bf16x2_x2p119((sw >> 8) & 0xffu), af);
           const uint32_t meta = expand_meta(mw & 0xffffu);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) mma_sp(acc[mi][nt], af, b[nt], meta);
@@ -279,7 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
           for (int h = 0; h < 2; ++h) {
             const int64_t m = static_cast<int64_t>(mt0 + mi) * 16 + g + 8 * h;
             if (m >= a.M) continue;
-            const float v = acc[mi][nt][2 * h + j] * alpha[nt][j];
+            const float v = (acc[mi][nt][2 * h + j] * kAccUnscale) * alpha[nt][j];
             const size_t idx = slot * a.ldy + m;
             if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
             if (a.y_f32) a.y_f32[idx] = v;
