@@ -19,18 +19,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
+struct CmdResult {
   int code = -1;
   std::string out, err;
 };
 
-Run run(const std::string& args) {
+CmdResult run(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("moesq_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string o = (dir / "stdout").string(), e = (dir / "stderr").string();
   const std::string cmd = std::string("MOESQ_QUIET=1 ") + MOESQ_BINARY + " " + args + " >" + o + " 2>" + e;
   const int st = std::system(cmd.c_str());
-  Run r;
+  CmdResult r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   std::ifstream fo(o), fe(e);
   r.out.assign(std::istreambuf_iterator<char>(fo), {});
@@ -56,7 +56,7 @@ class CliCompress : public ::testing::Test {
 
 TEST_F(CliCompress, SgptqEndToEndThenEval) {
   const fs::path out = tmp_ / "out";
-  Run r = run("compress " + model_ + " --method sgptq --out " + out.string() + " --calib " + (tmp_ / "text.txt").string() +
+  CmdResult r = run("compress " + model_ + " --method sgptq --out " + out.string() + " --calib " + (tmp_ / "text.txt").string() +
               " --calib-samples 8 --seq-len 64 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
@@ -76,13 +76,13 @@ TEST_F(CliCompress, SgptqEndToEndThenEval) {
   const auto cfg = nlohmann::json::parse(cf);
   EXPECT_EQ(cfg["quantization_config"]["format"], "paired-4:8-nvfp4");
 
-  Run e = run("eval " + out.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
+  CmdResult e = run("eval " + out.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
   ASSERT_EQ(e.code, 0) << e.err;
   const auto ej = nlohmann::json::parse(e.out);
   const double nats = ej["nats_per_token"].get<double>();
   EXPECT_TRUE(std::isfinite(nats));
   EXPECT_GT(nats, 0.0);
-  Run e0 = run("eval " + model_ + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
+  CmdResult e0 = run("eval " + model_ + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
   ASSERT_EQ(e0.code, 0) << e0.err;
   const double ref = nlohmann::json::parse(e0.out)["nats_per_token"].get<double>();
   // Compression costs something but not everything: within 1 nat/token of the reference here.
@@ -92,7 +92,7 @@ TEST_F(CliCompress, SgptqEndToEndThenEval) {
 
 TEST_F(CliCompress, RtnIsDenseNvfp4AndDataFree) {
   const fs::path out = tmp_ / "rtn";
-  Run r = run("compress " + model_ + " --method rtn-nvfp4 --out " + out.string() + " --calib-samples 2 --seq-len 16 --json");
+  CmdResult r = run("compress " + model_ + " --method rtn-nvfp4 --out " + out.string() + " --calib-samples 2 --seq-len 16 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_NEAR(j["bits_per_expert_weight"].get<double>(), 4.5, 0.01);
@@ -100,26 +100,32 @@ TEST_F(CliCompress, RtnIsDenseNvfp4AndDataFree) {
 }
 
 TEST_F(CliCompress, UnknownMethodNamesFlag) {
-  Run r = run("compress " + model_ + " --method bogus --out " + (tmp_ / "x").string());
+  CmdResult r = run("compress " + model_ + " --method bogus --out " + (tmp_ / "x").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--method"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp_ / "x"));
 }
 
 TEST_F(CliCompress, NonWritableOutNamesFlagAndLeavesNothing) {
-  const fs::path ro = tmp_ / "ro";
-  fs::create_directories(ro);
-  ::chmod(ro.c_str(), 0555);
-  Run r = run("compress " + model_ + " --method magnitude --out " + (ro / "out").string());
-  ::chmod(ro.c_str(), 0755);
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions; covered by the missing-parent case";
+  // Root ignores directory permission bits, so as root the unwritable place is /proc (no user
+  // directories can be created there); otherwise a 0555 directory of our own.
+  const bool root = ::geteuid() == 0;
+  const fs::path ro = root ? fs::path("/proc") : tmp_ / "ro";
+  if (!root) {
+    fs::create_directories(ro);
+    ::chmod(ro.c_str(), 0555);
+  }
+  const fs::path out = ro / ("moesq_out_" + std::to_string(::getpid()));
+  CmdResult r = run("compress " + model_ + " --method magnitude --out " + out.string());
+  if (!root) ::chmod(ro.c_str(), 0755);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
-  EXPECT_TRUE(fs::is_empty(ro));
+  EXPECT_FALSE(fs::exists(out));
+  if (!root) EXPECT_TRUE(fs::is_empty(ro));
 }
 
 TEST_F(CliCompress, MissingParentOfOutNamesFlag) {
-  Run r = run("compress " + model_ + " --method magnitude --out " + (tmp_ / "no" / "such" / "out").string());
+  CmdResult r = run("compress " + model_ + " --method magnitude --out " + (tmp_ / "no" / "such" / "out").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp_ / "no"));
@@ -128,7 +134,7 @@ TEST_F(CliCompress, MissingParentOfOutNamesFlag) {
 TEST_F(CliCompress, EmptyCalibFileNamesFile) {
   const fs::path empty = tmp_ / "empty.txt";
   std::ofstream(empty).close();
-  Run r = run("compress " + model_ + " --method sgptq --out " + (tmp_ / "o").string() + " --calib " + empty.string());
+  CmdResult r = run("compress " + model_ + " --method sgptq --out " + (tmp_ / "o").string() + " --calib " + empty.string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find(empty.string()), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp_ / "o"));
@@ -179,9 +185,9 @@ TEST_F(CliCompress, KNotMultipleOf32NamesTensor) {
     add(q + "down_proj.weight", {H, I});
   }
   w.write((bad / "model.safetensors").string());
-  Run ok = run("eval " + bad.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 32 --json");
+  CmdResult ok = run("eval " + bad.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 32 --json");
   ASSERT_EQ(ok.code, 0) << "the synthetic model itself must be valid: " << ok.err;
-  Run r = run("compress " + bad.string() + " --method magnitude --out " + (tmp_ / "o").string() +
+  CmdResult r = run("compress " + bad.string() + " --method magnitude --out " + (tmp_ / "o").string() +
               " --calib-samples 2 --seq-len 16");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("down_proj"), std::string::npos) << r.err;
