@@ -130,6 +130,8 @@ AuditBackend cpu_audit_backend() {
 }
 
 BuildIdentity current_build_identity() {
+  // Computed once per process: the source tree may move (other commits) while a long study runs.
+  static const BuildIdentity cached = [] {
   BuildIdentity id;
   std::string src = MOESQ_DEFAULT_MODEL;  // <source>/models/tiny-qwen3-moe
   src = fs::path(src).parent_path().parent_path().string();
@@ -139,6 +141,8 @@ BuildIdentity current_build_identity() {
     id.git_commit += "-dirty";
   id.binary_sha256 = sha256_file("/proc/self/exe");
   return id;
+  }();
+  return cached;
 }
 
 nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, const AuditBackend& backend,
@@ -235,9 +239,11 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
   manifest_out = m;
   try {
     const auto& b = m.at("build");
+    // The binary must be the scorer's own; the source commit must be the one every run of the set
+    // recorded (expect.git_commit is filled from the first run by audit_score).
     if (b.at("git_commit") != expect.git_commit || b.at("binary_sha256") != expect.binary_sha256)
       throw Rejection{"identity", dir + ": build identity " + b.at("git_commit").get<std::string>() + " / " +
-                                      b.at("binary_sha256").get<std::string>() + " is not the scorer's " +
+                                      b.at("binary_sha256").get<std::string>() + " is not the expected " +
                                       expect.git_commit + " / " + expect.binary_sha256};
     const auto& c = m.at("config");
     const AuditFixture fx = make_audit_fixture(c.at("fixture"), c.at("seed").get<uint64_t>(), false);
@@ -320,8 +326,15 @@ std::string short_hash(const std::string& h) { return h.substr(0, 16); }
 
 }  // namespace
 
-AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildIdentity& expect, int replicates) {
+AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildIdentity& scorer, int replicates) {
   AuditVerdict v;
+  BuildIdentity expect = scorer;
+  if (!run_dirs.empty()) {  // source commit: the first run's (all runs must agree); binary: the scorer's
+    try {
+      expect.git_commit = read_json(run_dirs[0] + "/manifest.json").at("build").at("git_commit");
+    } catch (const std::exception&) {
+    }
+  }
   struct Group {
     std::map<std::string, std::string> hashes;
     std::string fingerprint;
@@ -381,7 +394,8 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
           }
     table.push_back(row);
   }
-  v.summary = {{"cells", cells_json}, {"outcomes", table}, {"runs", run_dirs.size()}, {"replicates", replicates}};
+  v.summary = {{"build", {{"git_commit", expect.git_commit}, {"binary_sha256", expect.binary_sha256}}},
+               {"cells", cells_json}, {"outcomes", table}, {"runs", run_dirs.size()}, {"replicates", replicates}};
   return v;
 }
 

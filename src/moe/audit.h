@@ -93,9 +93,10 @@ struct AuditVerdict {
   std::string detail;   // the message
   nlohmann::json summary;  // per-cell hashes and the outcome table
 };
-// Scores the run directories (each holding manifest.json). `expect_identity`: the build identity the
-// runs must carry (normally the scorer's own). `replicates`: outcomes required per (cell, history).
-AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildIdentity& expect_identity,
+// Scores the run directories (each holding manifest.json). `scorer`: the scorer's build identity — every
+// run must carry its binary SHA-256, and all runs the same source commit (that of the first run).
+// `replicates`: identical outcomes required per (cell, history).
+AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildIdentity& scorer,
                          int replicates = 5);
 // Applies the 7 mutations to copies of 5 clean replicate runs of `fixture`, and checks each is rejected
 // for its stated reason; returns the report lines; `passed` = clean accepted and all 7 rejected right.
