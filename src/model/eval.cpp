@@ -1,8 +1,6 @@
 // Evaluation driver: files → windows → window_nll in parallel → per-file and overall nats/token.
 #include "model/eval.h"
 
-#include <cblas.h>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +10,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "io/checkpoint.h"
+#include "model/blas_threads.h"
 
 namespace moesq::model {
 
@@ -48,16 +47,6 @@ const char* split_name(io::TextSplit s) {
 }
 
 namespace {
-
-// OpenBLAS would otherwise start its own threads inside each window's GEMMs while we already run
-// one window per core; restored on scope exit so later stages (compression) keep BLAS threads.
-struct BlasSingleThread {
-#ifdef OPENBLAS_VERSION
-  int saved = openblas_get_num_threads();
-  BlasSingleThread() { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(saved); }
-#endif
-};
 
 struct WindowJob {
   size_t file = 0;
@@ -106,7 +95,9 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
   std::atomic<int64_t> done{0};
   const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(jobs.size()) / 20);
   {
-    BlasSingleThread single;
+    // OpenBLAS would otherwise start its own threads inside each window's GEMMs while we already
+    // run one window per core (and its sgemm rounds differently with 1 vs N threads).
+    ScopedBlasSingleThread single;
     parallel_for(
         static_cast<int64_t>(jobs.size()),
         [&](int64_t i) {
