@@ -168,7 +168,7 @@ TEST(ModelForward, AttentionFastPathMatchesRef) {
   Qwen3Moe m(small_spec());
   randomize(m, 103);
   const int64_t H = m.spec().hidden_size;
-  for (int64_t T : {1, 2, 3, 17, 64}) {
+  for (int64_t T : {1, 2, 3, 17, 63, 64, 65, 130}) {  // around the 64-row causal block
     auto h = random_rows(T, H, 400 + static_cast<unsigned>(T));
     auto h_ref = h;
     m.attention_block(0, h, T);
