@@ -7,6 +7,9 @@
 // does, and never in the order threads finish — so the result is bitwise independent of the thread
 // count and the expert GEMMs can run in parallel (experts write private buffers, one serial
 // combine pass follows).
+// Not batch-invariant: OpenBLAS rounds a row differently depending on the GEMM's M (row 0 of a
+// [M, 256] × [256, 128] sgemm changed bits for 197 of M = 1..200 on the CI machine), so a token's
+// expert output bits depend on how many tokens share its expert; results agree to fp32 noise.
 #include "model/qwen3_moe.h"
 
 #include <cblas.h>
