@@ -163,6 +163,34 @@ TEST_F(CliEval, ActQuantNvfp4ChangesTheBf16Model) {
   EXPECT_LT(std::fabs(n - q), 0.5 * n);  // ...but not destroy the model
 }
 
+// A compressed checkpoint (written by `moesq compress`) is evaluated W4A4 by default, with the
+// activation block of its format (16 for dense NVFP4), and W4A16 with --act-quant none.
+TEST_F(CliEval, CompressedCheckpointIsEvaluatedW4A4ByDefault) {
+  const fs::path calib = write_text("calib.txt", 2000, 51), data = write_text("data.txt", 300, 52);
+  const fs::path out = dir_ / "rtn";
+  const CliRun c = run("compress '" + std::string(MOESQ_DEFAULT_MODEL) + "' --method rtn-nvfp4 --out '" +
+                       out.string() + "' --calib '" + calib.string() + "' --calib-samples 4 --seq-len 64");
+  ASSERT_EQ(c.rc, 0) << c.err;
+  const std::string base = "eval '" + out.string() + "' --data '" + data.string() + "' --seq-len 128 --json";
+  const CliRun ra = run(base), rn = run(base + " --act-quant none"),
+               rb = run("eval '" + std::string(MOESQ_DEFAULT_MODEL) + "' --data '" + data.string() +
+                        "' --seq-len 128 --json");
+  ASSERT_EQ(ra.rc, 0) << ra.err;
+  ASSERT_EQ(rn.rc, 0) << rn.err;
+  ASSERT_EQ(rb.rc, 0) << rb.err;
+  const auto ja = nlohmann::json::parse(ra.out), jn = nlohmann::json::parse(rn.out),
+             jb = nlohmann::json::parse(rb.out);
+  EXPECT_EQ(ja.at("act_quant").get<std::string>(), "nvfp4");
+  EXPECT_EQ(ja.at("act_block_size").get<int>(), 16);
+  EXPECT_EQ(ja.at("expert_format").get<std::string>(), "nvfp4");
+  EXPECT_EQ(jn.at("act_quant").get<std::string>(), "none");
+  const double w4a4 = ja.at("nats_per_token").get<double>(), w4a16 = jn.at("nats_per_token").get<double>(),
+               bf16 = jb.at("nats_per_token").get<double>();
+  EXPECT_NE(w4a4, w4a16);
+  EXPECT_NE(w4a16, bf16);  // the experts really are 4-bit
+  EXPECT_LT(std::fabs(w4a4 - bf16), 0.5 * bf16) << "dense NVFP4 should not destroy the model";
+}
+
 TEST_F(CliEval, EmptyDataFileFailsNamingTheFile) {
   const fs::path empty = dir_ / "empty.txt";
   std::ofstream(empty).close();
