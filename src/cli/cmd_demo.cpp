@@ -20,7 +20,6 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "io/checkpoint.h"
-#include "model/blas_threads.h"
 #include "model/eval.h"
 #include "model/qwen3_moe.h"
 
@@ -41,17 +40,10 @@ struct DemoArgs {
   CompressFlags flags;
 };
 
-// Mean nats per predicted token over token windows (window order reduction: thread-count invariant).
-double nll_windows(model::Qwen3Moe& m, const std::vector<std::vector<int32_t>>& windows) {
-  std::vector<double> sum(windows.size());
-  std::vector<int64_t> cnt(windows.size());
-  const int saved = m.threads;
-  m.threads = 1;
-  model::ScopedBlasSingleThread single_blas;
-  parallel_for(static_cast<int64_t>(windows.size()), [&](int64_t i) {
-    sum[i] = m.window_nll(windows[i], &cnt[i]) * static_cast<double>(cnt[i]);
-  });
-  m.threads = saved;
+// Mean nats per predicted token over token windows (reduced in window order).
+double nll_windows(const model::Qwen3Moe& m, const std::vector<std::vector<int32_t>>& windows) {
+  std::vector<int64_t> cnt;
+  const std::vector<double> sum = model::window_nll_sums(m, windows, 0, &cnt);
   double s = 0;
   int64_t c = 0;
   for (size_t i = 0; i < windows.size(); ++i) {
@@ -102,6 +94,7 @@ void run_demo(DemoArgs& a) {
     const std::string dir = (fs::path(a.out) / name).string();
     const compress::ExportSummary s = compress::write_compressed(ckpt, r, opts[i], calib, dir, {{"source", a.model}});
     model::Qwen3Moe q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed
+    q.threads = 1;                            // windows run in parallel instead
     Row row{name, s.bits_per_expert_weight, nll_windows(q, windows), r.seconds,
             s.report["mean_rel_error"].is_number() ? s.report["mean_rel_error"].get<double>() : 0.0};
     rows.push_back(row);

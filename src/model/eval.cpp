@@ -55,6 +55,36 @@ struct WindowJob {
 
 }  // namespace
 
+std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
+                                    int threads_opt, std::vector<int64_t>* predicted) {
+  // Forward single-threaded per window; windows in parallel (copy the model only if needed).
+  std::unique_ptr<Qwen3Moe> copy;
+  if (model.threads != 1) {
+    copy = std::make_unique<Qwen3Moe>(model);
+    copy->threads = 1;
+  }
+  const Qwen3Moe& local = copy ? *copy : model;
+  const int threads = threads_opt > 0 ? threads_opt : num_threads();
+  std::vector<double> sum(windows.size(), 0.0);  // [windows] Σ nll (nats)
+  predicted->assign(windows.size(), 0);          // [windows] predicted tokens
+  std::atomic<int64_t> done{0};
+  const int64_t n = static_cast<int64_t>(windows.size());
+  const int64_t step = std::max<int64_t>(1, n / 20);
+  // OpenBLAS would otherwise start its own threads inside each window's GEMMs while we already
+  // run one window per core (and its sgemm rounds differently with 1 vs N threads).
+  ScopedBlasSingleThread single;
+  parallel_for(
+      n,
+      [&](int64_t i) {
+        const double mean = local.window_nll(windows[i], &(*predicted)[i]);
+        sum[i] = mean * static_cast<double>((*predicted)[i]);
+        const int64_t d = ++done;
+        if (d % step == 0 || d == n) progress("eval", std::to_string(d) + "/" + std::to_string(n) + " windows");
+      },
+      threads);
+  return sum;
+}
+
 EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
                           const EvalOptions& opt) {
   MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
@@ -82,33 +112,11 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
     res.files.push_back(fe);
   }
 
-  // Forward single-threaded per window; windows in parallel (copy the model only if needed).
-  std::unique_ptr<Qwen3Moe> copy;
-  if (model.threads != 1) {
-    copy = std::make_unique<Qwen3Moe>(model);
-    copy->threads = 1;
-  }
-  const Qwen3Moe& local = copy ? *copy : model;
-  const int threads = opt.threads > 0 ? opt.threads : num_threads();
-  std::vector<double> sum(jobs.size(), 0.0);     // [windows] Σ nll (nats)
-  std::vector<int64_t> count(jobs.size(), 0);   // [windows] predicted tokens
-  std::atomic<int64_t> done{0};
-  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(jobs.size()) / 20);
-  {
-    // OpenBLAS would otherwise start its own threads inside each window's GEMMs while we already
-    // run one window per core (and its sgemm rounds differently with 1 vs N threads).
-    ScopedBlasSingleThread single;
-    parallel_for(
-        static_cast<int64_t>(jobs.size()),
-        [&](int64_t i) {
-          const double mean = local.window_nll(jobs[i].tokens, &count[i]);
-          sum[i] = mean * static_cast<double>(count[i]);
-          const int64_t d = ++done;
-          if (d % step == 0 || d == static_cast<int64_t>(jobs.size()))
-            progress("eval", std::to_string(d) + "/" + std::to_string(jobs.size()) + " windows");
-        },
-        threads);
-  }
+  std::vector<std::vector<int32_t>> windows;
+  windows.reserve(jobs.size());
+  for (auto& j : jobs) windows.push_back(std::move(j.tokens));
+  std::vector<int64_t> count;
+  const std::vector<double> sum = window_nll_sums(model, windows, opt.threads, &count);
   // Reduce in window order (independent of the thread count).
   std::vector<double> file_sum(files.size(), 0.0);
   double total = 0.0;

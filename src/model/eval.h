@@ -49,6 +49,12 @@ struct EvalResult {
   std::vector<FileEval> files;
 };
 
+// Σ nll (nats) of each window and its predicted-token count, windows evaluated in parallel
+// (`threads`, 0 = all), each forward single-threaded; results in window order, so any reduction of
+// them in that order is independent of the thread count. The model is copied if its threads != 1.
+std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
+                                    int threads, std::vector<int64_t>* predicted);
+
 // Evaluates `model` as configured (its act_quant flag is used as is).
 EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
                           const EvalOptions& opt);
