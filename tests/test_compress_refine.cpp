@@ -360,6 +360,19 @@ TEST(Refine, EmptyExpertKeepsTheSgptqTensors) {
   EXPECT_EQ(r2.gate.global_scale, r2.up.global_scale);
 }
 
+TEST(Refine, TooFewRowsKeepsTheSgptqTensors) {
+  const Fixture& f = fixture();
+  RefineOptions o = tuned_options();
+  o.min_rows = f.s.n + 1;
+  const auto r = compress::refine_expert(data_of(f.s), f.init.proj(0), f.init.proj(1), f.init.proj(2), o);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_NE(r.note.find("min_rows"), std::string::npos) << r.note;
+  EXPECT_TRUE(same_bits(r.down, f.init.r[2].packed));
+  o.min_rows = f.s.n;  // exactly enough rows: refined
+  o.epochs = 1;
+  EXPECT_FALSE(compress::refine_expert(data_of(f.s), f.init.proj(0), f.init.proj(1), f.init.proj(2), o).skipped);
+}
+
 TEST(Refine, ZeroEpochsReturnsTheInitialSupport) {
   const Fixture& f = fixture();
   RefineOptions o = tuned_options();

@@ -55,6 +55,7 @@ void check_options(const RefineOptions& o) {
   MOESQ_CHECK(o.heldout_fraction >= 0 && o.heldout_fraction < 1,
               "refine: held-out fraction ", o.heldout_fraction, " must be in [0, 1)");
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
+  MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
 }
 
 // Rows `idx` of the prepared data, gathered contiguously.
@@ -178,9 +179,10 @@ RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const P
     res.note = why;
   };
 
-  if (n == 0) {
-    return_init(all_packed ? "no calibration rows: kept the SGPTQ solution"
-                           : "no calibration rows: initial solution re-packed");
+  if (n == 0 || n < o.min_rows) {
+    const std::string why = n == 0 ? std::string("no calibration rows")
+                                   : detail::concat(n, " calibration rows < min_rows=", o.min_rows);
+    return_init(why + (all_packed ? ": kept the SGPTQ solution" : ": initial solution re-packed"));
     res.skipped = true;
     res.seconds = seconds_since(t_start);
     return res;

@@ -45,6 +45,9 @@ struct RefineOptions {
   // When the refined expert is worse on the held-out rows than the initial packed tensors (if the
   // caller gave them), return the initial ones (note says so). Off by default: the paper does not.
   bool keep_init_if_worse = false;
+  // Experts with fewer calibration rows than this are not refined (treated like an expert without
+  // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
+  int64_t min_rows = 0;
 };
 
 // The cached calibration data of one expert (paper §3.4): inputs, router weights, dense targets.
@@ -81,7 +84,7 @@ struct RefineResult {
   int64_t train_rows = 0, heldout_rows = 0, steps = 0;
   double pattern_change = 0.0;   // fraction of groups whose pattern differs from the prior
   double seconds = 0.0;          // wall time of refine_expert
-  bool skipped = false;          // no calibration rows: the initial solution is returned
+  bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };
 
