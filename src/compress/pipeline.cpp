@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
-#include <optional>
 
 #include "compress/expert_math.h"
 #include "compress/refine.h"
@@ -167,6 +166,10 @@ PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s
 
 CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
+  // moesq parallelizes over sequences and experts itself; BLAS stays single-threaded throughout so
+  // that the bits of the result do not depend on the thread count (OpenBLAS's threaded sgemm rounds
+  // differently from its single-threaded one).
+  model::ScopedBlasSingleThread single_blas;
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
   const int64_t I = spec.moe_intermediate_size, k = spec.top_k;
@@ -216,8 +219,7 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       }
     // Lines 5–16: experts in parallel, each single-threaded inside (BLAS included).
     m.threads = 1;
-    std::optional<model::ScopedBlasSingleThread> single_blas;
-    single_blas.emplace();
+
     std::vector<ExpertReport> reps(static_cast<size_t>(E));
     std::atomic<int64_t> done{0};
     parallel_for(E, [&](int64_t e) {
@@ -257,7 +259,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       w.up = pe.proj[1].dequantize();
       w.down = pe.proj[2].dequantize();
     }
-    single_blas.reset();
     m.threads = saved_threads;
     const bool saved = m.act_quant;
     const int saved_block = m.act_block;
