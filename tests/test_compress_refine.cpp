@@ -455,3 +455,24 @@ TEST(Refine, RestoresTheFloatingPointControlWord) {
   EXPECT_EQ(_mm_getcsr(), before);
 }
 #endif
+
+TEST(Refine, OptionsJsonRoundTripAndErrors) {
+  RefineOptions o;
+  o.p = 0;
+  o.update_A = false;
+  o.epochs = 3;
+  o.lr_A = 1e-3;
+  o.seed = 12345678901ull;
+  o.min_rows = 17;
+  const nlohmann::json j = compress::refine_options_to_json(o);
+  EXPECT_EQ(j.size(), 22u);
+  const RefineOptions back = compress::refine_options_from_json(j);
+  EXPECT_EQ(compress::refine_options_to_json(back), j);
+  EXPECT_EQ(back.seed, o.seed);
+  EXPECT_FALSE(back.update_A);
+  // Missing keys keep their defaults.
+  EXPECT_EQ(compress::refine_options_from_json({{"epochs", 4}}).lr_V, RefineOptions{}.lr_V);
+  EXPECT_EQ(compress::refine_options_from_json(nullptr).epochs, RefineOptions{}.epochs);
+  EXPECT_THROW(compress::refine_options_from_json({{"lr_a", 1e-3}}), Error);     // typo
+  EXPECT_THROW(compress::refine_options_from_json({{"epochs", "ten"}}), Error);  // wrong type
+}

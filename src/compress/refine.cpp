@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
@@ -136,7 +137,67 @@ double packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor
                      o.micro_batch, ws);
 }
 
+// Every option with its JSON key, once: both directions of the JSON mapping walk this list.
+template <typename Fn>
+void for_each_option(RefineOptions& o, Fn&& fn) {
+  fn("p", o.p);
+  fn("update_A", o.update_A);
+  fn("epochs", o.epochs);
+  fn("batch", o.batch);
+  fn("micro_batch", o.micro_batch);
+  fn("lr_A", o.lr_A);
+  fn("lr_V", o.lr_V);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("weight_decay", o.weight_decay);
+  fn("lr_final_frac", o.lr_final_frac);
+  fn("tau0", o.tau0);
+  fn("tau1", o.tau1);
+  fn("kappa0", o.kappa0);
+  fn("kappa1", o.kappa1);
+  fn("sigma", o.sigma);
+  fn("s", o.s);
+  fn("heldout_fraction", o.heldout_fraction);
+  fn("seed", o.seed);
+  fn("act_block", o.act_block);
+  fn("keep_init_if_worse", o.keep_init_if_worse);
+  fn("min_rows", o.min_rows);
+}
+
 }  // namespace
+
+RefineOptions refine_options_from_json(const nlohmann::json& j) {
+  MOESQ_CHECK(j.is_null() || j.is_object(), "refine options: expected a JSON object, got ", j.dump());
+  RefineOptions o;
+  if (j.is_null()) return o;
+  size_t known = 0;
+  for_each_option(o, [&](const char* key, auto& field) {
+    if (!j.contains(key)) return;
+    ++known;
+    try {
+      field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
+    } catch (const nlohmann::json::exception& e) {
+      MOESQ_FAIL("refine options: key '", key, "' has a wrong value ", j.at(key).dump(), " (",
+                 e.what(), ")");
+    }
+  });
+  if (known != j.size()) {
+    RefineOptions probe;
+    for (const auto& [key, value] : j.items()) {
+      bool found = false;
+      for_each_option(probe, [&](const char* k, auto&) { found = found || key == k; });
+      MOESQ_CHECK(found, "refine options: unknown key '", key, "'");
+    }
+  }
+  return o;
+}
+
+nlohmann::json refine_options_to_json(const RefineOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  RefineOptions copy = o;
+  for_each_option(copy, [&](const char* key, auto& field) { j[key] = field; });
+  return j;
+}
 
 RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const ProjInit& up,
                            const ProjInit& down, const RefineOptions& o) {

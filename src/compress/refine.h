@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "format/nvfp4.h"
 
 namespace moesq::compress {
@@ -87,6 +89,12 @@ struct RefineResult {
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };
+
+// Options ↔ JSON (the report's "refine_options" and the pipeline's option object). Keys are the
+// field names above; missing keys keep their defaults; an unknown key or a wrong type is an Error
+// naming the key (a typo must not silently fall back to a default).
+RefineOptions refine_options_from_json(const nlohmann::json& j);
+nlohmann::json refine_options_to_json(const RefineOptions& o);
 
 // Refines one expert. Shapes: gate/up V0 [I, H], down V0 [H, I]; H and I multiples of 32.
 // Errors (moesq::Error) name the option or the tensor at fault.
