@@ -3,6 +3,7 @@
 // each of the seven self-test mutations is caught by exactly the check that names its reason.
 #include "moe/audit.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -135,7 +136,7 @@ BuildIdentity current_build_identity() {
   BuildIdentity id;
   std::string src = MOESQ_DEFAULT_MODEL;  // <source>/models/tiny-qwen3-moe
   src = fs::path(src).parent_path().parent_path().string();
-  id.git_commit = run_cmd("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
+  id.git_commit = run_cmd("git -C '" + src + "' rev-parse --verify -q HEAD 2>/dev/null");
   if (id.git_commit.empty()) id.git_commit = "unknown";
   else if (!run_cmd("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty())
     id.git_commit += "-dirty";
@@ -241,13 +242,13 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     const auto& b = m.at("build");
     // The binary must be the scorer's own; the source commit must be the one every run of the set
     // recorded (expect.git_commit is filled from the first run by audit_score).
-    if (b.at("git_commit") != expect.git_commit || b.at("binary_sha256") != expect.binary_sha256)
+    if (b.at("git_commit").get<std::string>() != expect.git_commit || b.at("binary_sha256").get<std::string>() != expect.binary_sha256)
       throw Rejection{"identity", dir + ": build identity " + b.at("git_commit").get<std::string>() + " / " +
                                       b.at("binary_sha256").get<std::string>() + " is not the expected " +
                                       expect.git_commit + " / " + expect.binary_sha256};
     const auto& c = m.at("config");
-    const AuditFixture fx = make_audit_fixture(c.at("fixture"), c.at("seed").get<uint64_t>(), false);
-    if (m.at("fixture").at("identity") != fx.identity())
+    const AuditFixture fx = make_audit_fixture(c.at("fixture").get<std::string>(), c.at("seed").get<uint64_t>(), false);
+    if (m.at("fixture").at("identity").get<std::string>() != fx.identity())
       throw Rejection{"fixture", dir + ": fixture identity differs from the regenerated fixture"};
     RouteAlignment plan;
     try {
@@ -261,24 +262,24 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
       const std::string msg = e.what();
       throw Rejection{msg.rfind("expert block:", 0) == 0 ? "expert block" : "route", dir + "/plan.json: " + msg};
     }
-    if (route_block_fingerprint(plan) != m.at("fingerprint"))
+    if (route_block_fingerprint(plan) != m.at("fingerprint").get<std::string>())
       throw Rejection{"fingerprint", dir + ": recomputed membership fingerprint differs from the manifest"};
     // Treatment: the declared intervention must be visible in the plan.
-    const std::string iv = c.at("intervention");
+    const std::string iv = c.at("intervention").get<std::string>();
     const auto& t = m.at("treatment");
     if (iv == "none") {
-      if (!t.at("routes").empty() || t.at("intervention") != "none")
+      if (!t.at("routes").empty() || t.at("intervention").get<std::string>() != "none")
         throw Rejection{"treatment", dir + ": config says no intervention but the treatment record moved routes"};
-      if (c.at("plan_file") == "" && c.at("align") == "canonical") {
+      if (c.at("plan_file").get<std::string>().empty() && c.at("align").get<std::string>() == "canonical") {
         const auto canon = align_routes(fx.topk_ids, fx.M, fx.topk, fx.num_experts, fx.block_size, AlignOrder::Canonical);
         if (canon.sorted_ids != plan.sorted_ids)
           throw Rejection{"treatment", dir + ": canonical alignment declared but the plan is not canonical"};
       }
     } else {
-      const int32_t ra = c.at("route_a"), rb = c.at("route_b");
-      if (t.at("intervention") != iv || t.at("routes") != nlohmann::json({ra, rb}))
+      const int32_t ra = c.at("route_a").get<int32_t>(), rb = c.at("route_b").get<int32_t>();
+      if (t.at("intervention").get<std::string>() != iv || t.at("routes") != nlohmann::json({ra, rb}))
         throw Rejection{"treatment", dir + ": treatment record does not match the declared intervention " + iv};
-      const int64_t row_a0 = t.at("before")[0].at("row"), row_b0 = t.at("before")[1].at("row");
+      const int64_t row_a0 = t.at("before")[0].at("row").get<int64_t>(), row_b0 = t.at("before")[1].at("row").get<int64_t>();
       const RoutePosition pa = find_route(plan, ra), pb = find_route(plan, rb);
       if (pa.row != row_b0 || pb.row != row_a0)
         throw Rejection{"treatment", dir + ": routes " + std::to_string(ra) + "/" + std::to_string(rb) +
@@ -292,10 +293,10 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     }
     // Grid: recompute the schedules the declared grid implies; they must equal the consumed ones.
     LayerRunSpec spec;
-    spec.schedule = parse_schedule_kind(c.at("schedule"));
-    spec.grid = c.at("grid");
-    spec.overrides.thread_k = c.at("thread_k");
-    spec.overrides.thread_n = c.at("thread_n");
+    spec.schedule = parse_schedule_kind(c.at("schedule").get<std::string>());
+    spec.grid = c.at("grid").get<int64_t>();
+    spec.overrides.thread_k = c.at("thread_k").get<int>();
+    spec.overrides.thread_n = c.at("thread_n").get<int>();
     const auto [s13, s2] = layer_schedules(fx.weights, plan, spec);
     if (m.at("schedule").at("w13") != s13.to_json() || m.at("schedule").at("w2") != s2.to_json())
       throw Rejection{"grid", dir + ": the consumed schedule is not the one grid " + std::to_string(spec.grid) +
@@ -304,7 +305,7 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     std::map<std::string, std::string> got;
     io::SafetensorsFile f(dir + "/surfaces.safetensors");
     for (const char* name : kSurfaceNames) {
-      const std::string rec = m.at("hashes").at(name);
+      const std::string rec = m.at("hashes").at(name).get<std::string>();
       const auto it = f.metadata().find(std::string("sha256.") + name);
       const std::string file_rec = it == f.metadata().end() ? "" : it->second;
       if (rec != file_rec)
@@ -331,7 +332,7 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
   BuildIdentity expect = scorer;
   if (!run_dirs.empty()) {  // source commit: the first run's (all runs must agree); binary: the scorer's
     try {
-      expect.git_commit = read_json(run_dirs[0] + "/manifest.json").at("build").at("git_commit");
+      expect.git_commit = read_json(run_dirs[0] + "/manifest.json").at("build").at("git_commit").get<std::string>();
     } catch (const std::exception&) {
     }
   }
@@ -353,11 +354,11 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
       v.detail = r.detail;
       return v;
     }
-    Group& g = cells[m["config"]["cell"]][m["config"]["history"]];
+    Group& g = cells[m["config"]["cell"].get<std::string>()][m["config"]["history"].get<std::string>()];
     if (g.count == 0) {
       g.hashes = h;
-      g.fingerprint = m["fingerprint"];
-    } else if (g.hashes != h || g.fingerprint != m["fingerprint"]) {
+      g.fingerprint = m["fingerprint"].get<std::string>();
+    } else if (g.hashes != h || g.fingerprint != m["fingerprint"].get<std::string>()) {
       g.consistent = false;
     }
     ++g.count;
@@ -365,14 +366,15 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
   nlohmann::json cells_json = nlohmann::json::object();
   for (auto& [cell, hist] : cells)
     for (auto& [h, g] : hist) {
-      if (!g.consistent || g.count < replicates) {
+      if ((!g.consistent || g.count < replicates) && v.ok) {  // first failing group names the rejection
         v.ok = false;
         v.reason = "replicates";
         v.detail = "cell " + cell + " / " + h + ": " + std::to_string(g.count) + " runs, " +
-                   (g.consistent ? "identical" : "NOT identical") + ", " + std::to_string(replicates) + " required";
-        return v;
+                   (g.consistent ? "identical" : "NOT identical") + ", " + std::to_string(replicates) +
+                   " identical required";
       }
-      cells_json[cell][h] = {{"runs", g.count}, {"fingerprint", g.fingerprint}, {"hashes", g.hashes}};
+      cells_json[cell][h] = {{"runs", g.count}, {"identical", g.consistent}, {"fingerprint", g.fingerprint},
+                             {"hashes", g.hashes}};
     }
   // Outcome table: H0 vs H1 inside each cell, and each cell vs the native cell of the same history.
   nlohmann::json table = nlohmann::json::array();
@@ -408,7 +410,10 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   fs::remove_all(work_dir);
   fs::create_directories(work_dir + "/clean");
   const AuditFixture fx = make_audit_fixture(fixture_name, 0);
+  // The self-test checks the SCORER, so its runs inject one captured native plan: on the GPU the atomic
+  // order can change from call to call, which would (rightly) fail the 5-identical-outcomes rule.
   const RouteAlignment a = backend.align_native(fx, "H0");
+  write_file_atomic(work_dir + "/plan.json", alignment_to_json(a).dump() + "\n");
   int64_t span = -1;  // first pair of blocks of one expert: exchange a route across them
   for (int64_t p = 0; p + 1 < a.num_blocks() && span < 0; ++p)
     if (a.block_expert[p] == a.block_expert[p + 1]) span = p;
@@ -418,6 +423,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   cfg.fixture = fixture_name;
   cfg.device = backend.device;
   cfg.intervention = "exchange";
+  cfg.plan_file = work_dir + "/plan.json";
   cfg.route_a = a.sorted_ids[span * a.block_size];
   cfg.route_b = a.sorted_ids[(span + 1) * a.block_size];
   std::vector<std::string> clean;
@@ -473,7 +479,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
       {"stage hash", "stage hash",
        [&](const std::string& run) {
          edit_json(run + "/manifest.json", [](nlohmann::json& j) {
-           std::string h = j["hashes"]["w13_out"];
+           std::string h = j["hashes"]["w13_out"].get<std::string>();
            h[0] = h[0] == '0' ? '1' : '0';
            j["hashes"]["w13_out"] = h;
          }, true);
@@ -490,7 +496,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
       {"source/binary identity", "identity",
        [&](const std::string& run) {
          edit_json(run + "/manifest.json", [](nlohmann::json& j) {
-           std::string h = j["build"]["binary_sha256"];
+           std::string h = j["build"]["binary_sha256"].get<std::string>();
            h[5] = h[5] == 'a' ? 'b' : 'a';
            j["build"]["binary_sha256"] = h;
          }, true);
@@ -532,14 +538,28 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
     backend.release_history();
     write_file_atomic(root + "/plans/" + h + ".json", alignment_to_json(plans[h]).dump() + "\n");
   }
-  // Prior-data route selection (as paper 000 discloses): reorder two routes that sit together in block 40
-  // under both histories; exchange a route of B(e,40) under H0 that is in B(e,41) under H1 with one going
-  // the other way. Block 40/41 = the expert spanning the direct/split boundary at G = 246.
+  // Prior-data route selection (as paper 000 discloses): a pilot runs native H0 and H1 once (not scored).
+  // reorder: two routes that sit together in block 40 under both histories. exchange: a route of block 40
+  // under H0 that is in block 41 under H1, and one going the other way — preferring routes whose W13 rows
+  // differ between the two pilot runs (the paper's "only routes differing at the captured W13 boundary").
+  // Blocks 40/41 = the expert spanning the direct/split boundary at G = 246.
   auto block_routes = [&](const RouteAlignment& a, int64_t p) {
     std::set<int32_t> s;
     for (int i = 0; i < a.block_size; ++i)
       if (a.sorted_ids[p * a.block_size + i] != a.sentinel()) s.insert(a.sorted_ids[p * a.block_size + i]);
     return s;
+  };
+  LayerRunSpec pilot_spec;  // native schedule, grid 246
+  std::map<std::string, std::vector<uint16_t>> pilot_w13;
+  for (const char* h : {"H0", "H1"}) {
+    backend.prepare_history(h, fx);
+    pilot_w13[h] = backend.run_layer(fx, plans[h], pilot_spec).get("w13_out").data;
+    backend.release_history();
+  }
+  const int64_t n13 = 2 * fx.weights.intermediate;
+  auto row_differs = [&](int32_t r) {
+    return !std::equal(pilot_w13["H0"].begin() + r * n13, pilot_w13["H0"].begin() + (r + 1) * n13,
+                       pilot_w13["H1"].begin() + r * n13);
   };
   const auto b40_0 = block_routes(plans["H0"], 40), b41_0 = block_routes(plans["H0"], 41);
   const auto b40_1 = block_routes(plans["H1"], 40), b41_1 = block_routes(plans["H1"], 41);
@@ -550,6 +570,14 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   }
   for (int32_t r : b41_0)
     if (b40_1.count(r)) to40.push_back(r);
+  auto prefer_differing = [&](std::vector<int32_t>& v) {
+    std::stable_partition(v.begin(), v.end(), row_differs);
+  };
+  prefer_differing(to41);
+  prefer_differing(to40);
+  std::vector<int32_t> differing;
+  for (int32_t r = 0; r < static_cast<int32_t>(fx.M * fx.topk); ++r)
+    if (row_differs(r)) differing.push_back(r);
   MOESQ_CHECK(both40.size() >= 2, "study: fewer than two routes stay in block 40 under both histories");
   std::vector<AuditRunConfig> cells;
   auto add = [&](const std::string& name, AlignOrder al, ScheduleKind sk, int64_t grid, const std::string& plan_of,
@@ -571,9 +599,11 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   add("native", AlignOrder::Native, ScheduleKind::Native, 246, "", "none", -1, -1);
   add("inject-own", AlignOrder::Native, ScheduleKind::Native, 246, "own", "none", -1, -1);
   add("inject-cross", AlignOrder::Native, ScheduleKind::Native, 246, "cross", "none", -1, -1);
-  add("reorder", AlignOrder::Native, ScheduleKind::Native, 246, "", "reorder", both40[0], both40[1]);
+  // Interventions act on the captured plan of their own history: with a device atomic order that can
+  // change between calls, only an injected plan makes "the same plan, two routes moved" well defined.
+  add("reorder", AlignOrder::Native, ScheduleKind::Native, 246, "own", "reorder", both40[0], both40[1]);
   if (!to41.empty() && !to40.empty())
-    add("exchange", AlignOrder::Native, ScheduleKind::Native, 246, "", "exchange", to41[0], to40[0]);
+    add("exchange", AlignOrder::Native, ScheduleKind::Native, 246, "own", "exchange", to41[0], to40[0]);
   add("grid200", AlignOrder::Native, ScheduleKind::Native, 200, "", "none", -1, -1);
   add("canonical", AlignOrder::Canonical, ScheduleKind::Native, 246, "", "none", -1, -1);
   add("canonical-invariant", AlignOrder::Canonical, ScheduleKind::Invariant, 246, "", "none", -1, -1);
@@ -594,6 +624,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   }
   AuditVerdict v = audit_score(dirs, current_build_identity(), replicates);
   nlohmann::json out = {{"ok", v.ok}, {"reason", v.reason}, {"detail", v.detail}, {"summary", v.summary},
+                        {"pilot_w13_differing_routes", differing},
                         {"routes", {{"reorder", {both40[0], both40[1]}},
                                     {"exchange", to41.empty() || to40.empty() ? nlohmann::json() : nlohmann::json({to41[0], to40[0]})}}}};
   write_file_atomic(root + "/score.json", out.dump(2) + "\n");
@@ -602,13 +633,14 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   md << "# audit study: fixture " << fixture_name << ", device " << backend.device << ", " << replicates
      << " replicates per cell/history\n\n";
   if (!v.ok) md << "**SCORER REJECTED**: " << v.reason << ": " << v.detail << "\n\n";
-  else {
-    md << "| cell | history | fingerprint | w13_out | activation | w2_out | final |\n|---|---|---|---|---|---|---|\n";
+  if (v.ok || v.reason == "replicates") {  // hashes below are those of each group's first run
+    md << "| cell | history | all replicates identical | fingerprint | w13_out | activation | w2_out | final |\n|---|---|---|---|---|---|---|---|\n";
     for (auto& [cell, hist] : v.summary["cells"].items())
       for (auto& [h, g] : hist.items())
-        md << "| " << cell << " | " << h << " | " << short_hash(g["fingerprint"]) << " | "
-           << short_hash(g["hashes"]["w13_out"]) << " | " << short_hash(g["hashes"]["activation"]) << " | "
-           << short_hash(g["hashes"]["w2_out"]) << " | " << short_hash(g["hashes"]["final"]) << " |\n";
+        md << "| " << cell << " | " << h << " | " << (g["identical"].get<bool>() ? "yes" : "NO") << " | "
+           << short_hash(g["fingerprint"].get<std::string>()) << " | "
+           << short_hash(g["hashes"]["w13_out"].get<std::string>()) << " | " << short_hash(g["hashes"]["activation"].get<std::string>()) << " | "
+           << short_hash(g["hashes"]["w2_out"].get<std::string>()) << " | " << short_hash(g["hashes"]["final"].get<std::string>()) << " |\n";
     md << "\n| cell | H0 vs H1 (w13, act, w2, final) |\n|---|---|\n";
     for (auto& row : v.summary["outcomes"]) {
       md << "| " << row["cell"].get<std::string>() << " | ";
