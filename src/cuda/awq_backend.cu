@@ -75,6 +75,7 @@ moe::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int6
 
 void awq_moe_gemm_cuda_host(const moe::AwqMoeGemmDesc& d) {
   moe::awq_moe_gemm_check(d);
+  MOESQ_CHECK(d.C_f32 == nullptr, "awq_moe_gemm_cuda_host: the fp32 capture (C_f32) exists only in the _ref");
   if (!awq_gemm_cuda_supported(*d.sched, d.align->block_size)) return moe::awq_moe_gemm_ref(d);
   const moe::RouteAlignment& a = *d.align;
   const auto& W = *d.weights;
@@ -111,7 +112,6 @@ void awq_moe_gemm_cuda_host(const moe::AwqMoeGemmDesc& d) {
   awq_moe_gemm_cuda(c, nullptr);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   MOESQ_CUDA_CHECK(cudaMemcpy(d.C, dC.p, R * d.N * 2, cudaMemcpyDeviceToHost));
-  MOESQ_CHECK(d.C_f32 == nullptr, "awq_moe_gemm_cuda_host: the fp32 capture is only available in the _ref");
 }
 
 moe::AuditBackend cuda_audit_backend() {
