@@ -8,11 +8,13 @@
 // (expert, m-block, n-block) tiles; the tile count per expert, ceil(count_e / BLOCK_N)·m_blocks, is
 // computed on the device from the device-side counts, so the host never syncs.
 //
-// Non-obvious decision: E2M1 → bf16 without a lookup table. Shifting a code's 3 magnitude bits to
-// bf16 bit 6 gives exactly value·2^-126 for all 8 magnitudes (code 1 = 0.5 lands on the bf16
-// subnormal 2^-127); ONE exact bf16x2 multiply by the block scale pre-multiplied by 2^119 finishes
-// the decode as value·scale·2^-7 (≤ 6 significant bits, in [2^-17, 21]: exact), and the epilogue
-// multiplies the fp32 accumulator by 2^7 (exact). fma.rn.bf16x2 (−0 addend) keeps subnormal inputs.
+// Non-obvious decision: E2M1 → bf16 without a lookup table, and with the packed bits pre-placed. The
+// kernel layout stores each code's sign and magnitude bits where one shift of the lane's code word
+// and a mask turn them into the bf16 bits of value·2^-126 (code 1 = 0.5 lands on the bf16 subnormal
+// 2^-127): 9 integer ops for 8 codes. ONE exact bf16x2 multiply by the block scale pre-multiplied by
+// 2^119 (cvt.f16x2.e4m3x2 + shift + add for both rows of a k-step) finishes the decode as
+// value·scale·2^-7 (≤ 6 significant bits, in [2^-17, 21]: exact), and the epilogue multiplies the
+// fp32 accumulator by 2^7 (exact). fma.rn.bf16x2 (−0 addend) keeps subnormal inputs.
 #include "cuda/sparse_gemm.cuh"
 
 #include <cuda_bf16.h>
@@ -38,6 +40,7 @@ constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
 constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
 constexpr float kAccUnscale = 128.0f;  // 2^7: undoes 2^-126 (code shift) · 2^119 (scale bias), exactly
 constexpr uint32_t kBf16x2NegZero = 0x80008000u;
+constexpr uint32_t kF16ToBf16x2p119 = 0x73807380u;  // (127 + 119 − 15) << 7 in both halves
 
 // Streamed-once weights: non-coherent load that does not allocate in L1 (keeps L1 for X).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
@@ -59,31 +62,37 @@ __device__ __forceinline__ uint32_t bf16x2_mul_exact(uint32_t a, uint32_t b) {
   return d;
 }
 
-// UE4M3 code → {v·2^119, v·2^119} bf16x2 (exact; ≤ 448·2^119 < bf16 max): normal codes move
-// bit-for-bit with the exponent bias 7 → 127 + 119; subnormal codes c·2^-9 become c·2^110.
-__device__ __forceinline__ uint32_t ue4m3_to_bf16x2_x2p119(uint32_t c) {
-  const uint32_t bits = c < 8 ? (__float_as_uint(static_cast<float>(c) * 0x1p110f) >> 16)
-                              : ((c & 0x7fu) << 4) + ((120u + 119u) << 7);
-  return bits | (bits << 16);
+// Two UE4M3 codes (bits 0–7: row g, bits 8–15: row g+8) → bf16x2 {s_g·2^119, s_g8·2^119}, exact.
+// cvt.f16x2.e4m3x2 (one instruction) gives exact f16 — every UE4M3 value, subnormals included, is a
+// NORMAL f16 with the 3 mantissa bits on top — so a shift by 3 moves each half onto the bf16 field
+// (the high half's zero low mantissa bits fill the gap: no mask) and one add re-biases the exponent
+// 15 → 127 + 119. Code 0 becomes 2^104, not 0: the layout stores code 0 for every weight of a
+// zero-scale block (moe/kernel_layout.cpp), and 0 · 2^104 = 0.
+__device__ __forceinline__ uint32_t ue4m3x2_to_bf16x2_x2p119(uint32_t c2) {
+  uint32_t f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f) : "h"(static_cast<unsigned short>(c2)));
+  return (f >> 3) + kF16ToBf16x2p119;
 }
 
-// 4 ordered-metadata nibbles (one per group of 8) → 8 nibbles (one per 2:4 chunk): each group's
-// nibble serves both halves of the group after the [0,2,4,6,1,3,5,7] permutation.
-__device__ __forceinline__ uint32_t expand_meta(uint32_t x) {
-  const uint32_t y = (x & 0xFu) | ((x & 0xF0u) << 4) | ((x & 0xF00u) << 8) | ((x & 0xF000u) << 12);
-  return y | (y << 4);
+// The 16-bit half `odd` of a stored metadata word → the 32-bit mma.sp operand: byte j holds stored
+// nibble j of step 2p (low) and 2p+1 (high); each nibble serves both halves of its group after the
+// [0,2,4,6,1,3,5,7] permutation, so it is doubled (× 0x11 on nibbles alone in their bytes: no carry).
+__device__ __forceinline__ uint32_t meta_of_step(uint32_t word, int odd) {
+  return ((word >> (4 * odd)) & 0x0F0F0F0Fu) * 0x11u;
 }
 
-// One lane's A fragment of one k-step, as value·scale·2^-7: code word nibbles k and 4+k hold
-// elements (a_2k, a_2k+1); registers 0, 2 are row g (scale s_g), registers 1, 3 row g+8 (s_g8),
-// both scales as returned by ue4m3_to_bf16x2_x2p119.
-__device__ __forceinline__ void decode_a(uint32_t word, uint32_t s_g, uint32_t s_g8, uint32_t a[4]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t x = word >> (4 * k);
-    const uint32_t h = ((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12);  // value · 2^-126
-    a[k] = bf16x2_mul_exact(h, (k & 1) ? s_g8 : s_g);
-  }
+// One lane's A fragment of one k-step, as value·scale·2^-7: register k = (a_2k, a_2k+1); registers
+// 0, 2 are row g (scale pair lane 0), 1, 3 row g+8 (lane 1); s2 as from ue4m3x2_to_bf16x2_x2p119.
+// The code word's bits already sit where one shift (two for k = 2, 3) and a mask put them on the
+// bf16 bits of value·2^-126 (magnitude at bits 6–8 — code 1 = 0.5 lands on the subnormal 2^-127 —
+// sign at 15, +16 for the high half; moe/kernel_layout.cpp code_bit_pos): 9 integer ops for 8 codes.
+__device__ __forceinline__ void decode_a(uint32_t w, uint32_t s2, uint32_t a[4]) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  const uint32_t s_g = __byte_perm(s2, 0, 0x1010), s_g8 = __byte_perm(s2, 0, 0x3232);
+  a[0] = bf16x2_mul_exact(w & (kMag | kSign), s_g);
+  a[1] = bf16x2_mul_exact((w << 3) & (kMag | kSign), s_g8);
+  a[2] = bf16x2_mul_exact(((w >> 3) & kMag) | ((w << 1) & kSign), s_g);
+  a[3] = bf16x2_mul_exact(((w << 6) & kMag) | ((w << 2) & kSign), s_g8);
 }
 
 // D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32.
@@ -97,7 +106,7 @@ __device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const ui
 struct ChunkRegs {
   uint4 codes[2];  // steps 0–3, 4–7: one 32-bit code word per step
   uint4 scales;    // [8 steps][row g, row g+8] UE4M3
-  uint4 meta;      // [8 steps][2 B] ordered-metadata nibbles (lanes t = 0, 1)
+  uint4 meta;      // [4 step pairs][4 B] ordered-metadata nibbles (lanes t = 0, 1)
 };
 
 __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, int lane) {
@@ -116,8 +125,13 @@ __device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
 constexpr int kL2Ahead = 4;  // chunks per m-tile requested ahead into L2
 
 // kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (6, see sparse_gemm()).
+// Memory-bound decode instances ask for as many CTAs per SM as v4 reached (registers ≤ 128 for 4 CTAs
+// = 16 warps, ≤ 168 for 3): left free, ptxas took 136 at 32×8 and 193 at 32×16 (bench/NOTES.md v5).
 template <int kMT, int kNT>
-__global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(SparseGemmArgs a) {
+constexpr int kMinCtasPerSm = kMT * kNT <= 2 ? 4 : (kNT == 2 ? 3 : 1);
+
+template <int kMT, int kNT>
+__global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_sparse_gemm_kernel(SparseGemmArgs a) {
   static_assert(kMT >= 1 && kMT <= 4 && kNT >= 1 && kNT <= 4, "bounded tile instances");
   static_assert(kMT * kL2Ahead <= 32, "one L2 prefetch per lane at tile start");
   constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk's weights
@@ -244,11 +258,9 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_sparse_gemm_kernel(Sparse
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           const uint32_t sw = u4get(cur[mi].scales, s >> 1) >> (16 * (s & 1));
-          const uint32_t mw = u4get(cur[mi].meta, s >> 1) >> (16 * (s & 1));
           uint32_t af[4];
-          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3_to_bf16x2_x2p119(sw & 0xffu),
-                   ue4m3_to_bf16x2_x2p119((sw >> 8) & 0xffu), af);
-          const uint32_t meta = expand_meta(mw & 0xffffu);
+          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3x2_to_bf16x2_x2p119(sw), af);
+          const uint32_t meta = meta_of_step(u4get(cur[mi].meta, s >> 1), s & 1);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) mma_sp(acc[mi][nt], af, b[nt], meta);
         }

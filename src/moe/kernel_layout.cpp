@@ -33,9 +33,37 @@ inline AElem a_elem(int t, int i) {
 // (the 4 kept values of a group are w[2·i0], w[2·i0+1], w[2·i1], w[2·i1+1]).
 inline int kept_index_in_group(int chunk, int slot) { return (slot ? 2 : 0) + (chunk & 1); }
 
-// Nibble position (0..7) of A element i in a lane's 32-bit code word: the pair (a_2k, a_2k+1) sits
-// at nibbles k and 4 + k, so one shift and two masks turn a pair into a bf16x2 (sparse_gemm.cu).
-inline int code_nibble_pos(int i) { return (i & 1) ? 4 + (i >> 1) : (i >> 1); }
+// Bit position, in a lane's 32-bit code word, of bit b (0..2 magnitude m, e0, e1; 3 sign) of A
+// element i. Register k of the fragment holds the pair (a_2k, a_2k+1) as bf16x2; its bits sit where
+// that register's bf16 bits must end up (magnitude at bf16 bits 6..8, sign at bit 15, +16 for the
+// high half) after ONE word shift for the magnitudes and one for the signs:
+//   k = 0: magnitudes at 6, signs at 15   → w & mask                 (no shift)
+//   k = 1: magnitudes at 3, signs at 12   → (w << 3) & mask          (one shift)
+//   k = 2: magnitudes at 9, signs at 14   → (w >> 3) & m | (w << 1) & s
+//   k = 3: magnitudes at 0, signs at 13   → (w << 6) & m | (w << 2) & s
+// The 4 × 8 bits tile the word exactly (KernelLayout.CodeBitsTileTheWord checks it).
+constexpr int kMagBase[4] = {6, 3, 9, 0};
+constexpr int kSignPos[4] = {15, 12, 14, 13};
+inline int code_bit_pos(int i, int b) {
+  const int k = i >> 1, half = 16 * (i & 1);
+  return half + (b == 3 ? kSignPos[k] : kMagBase[k] + b);
+}
+inline uint32_t put_code(int i, uint8_t code) {
+  uint32_t w = 0;
+  for (int b = 0; b < 4; ++b) w |= static_cast<uint32_t>((code >> b) & 1u) << code_bit_pos(i, b);
+  return w;
+}
+inline uint8_t get_code(uint32_t word, int i) {
+  uint8_t c = 0;
+  for (int b = 0; b < 4; ++b) c |= static_cast<uint8_t>(((word >> code_bit_pos(i, b)) & 1u) << b);
+  return c;
+}
+
+// Metadata bytes of lane (g, t) in a chunk: 16 bytes = 4 step pairs × 4 bytes; byte j of pair p holds
+// the j-th stored nibble of step 2p in its low half and of step 2p+1 in its high half, so the kernel
+// expands a step to the mma.sp register (each nibble doubled) with a mask and one multiply by 0x11.
+inline int meta_byte(int s, int j) { return (s / 2) * 4 + j; }
+inline int meta_shift(int s) { return 4 * (s & 1); }
 
 inline uint8_t get_nibble(const uint8_t* bytes, int64_t idx) {
   return (bytes[idx >> 1] >> ((idx & 1) * 4)) & 0xf;
@@ -44,6 +72,11 @@ inline uint8_t get_nibble(const uint8_t* bytes, int64_t idx) {
 constexpr uint8_t kPadNibble = 0x4;  // pattern {0,1}: a valid ordered-metadata nibble for padding
 
 }  // namespace
+
+int kernel_code_bit(int element, int bit) {
+  MOESQ_CHECK(element >= 0 && element < 8 && bit >= 0 && bit < 4, "kernel_code_bit: element=", element, " bit=", bit);
+  return code_bit_pos(element, bit);
+}
 
 int64_t padded_k(int64_t K) { return (K + kChunkK - 1) / kChunkK * kChunkK; }
 
@@ -101,7 +134,7 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
           if (row >= w.M || !k_valid) return kPadNibble;
           return get_nibble(t.meta.data(), row * groups_per_row + grp0 + g4);
         };
-        // codes: lane word, nibble code_nibble_pos(i) = A element i
+        // codes: lane word, A element i's bits at code_bit_pos(i, ·)
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, tl = lane % 4;
           uint32_t word = 0;
@@ -109,12 +142,15 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
             const AElem a = a_elem(tl, i);
             const int64_t row = mt * kMmaM + g + a.row_off;
             uint8_t code = 0;
-            if (row < w.M && k_valid) {
+            // A weight of a zero-scale block is 0 whatever its code: store code 0, so that the kernel's
+            // scale conversion needs no zero test (sparse_gemm.cu, ue4m3x2_to_bf16x2_x2p119).
+            const bool zero_scale = row < w.M && k_valid && t.scales[row * (w.K / 32) + k0 / 32] == 0;
+            if (row < w.M && k_valid && !zero_scale) {
               const int64_t grp = grp0 + a.chunk / 2;
               const int64_t kept = grp * 4 + kept_index_in_group(a.chunk, a.slot);  // index in the row's K/2
               code = get_nibble(t.values.data(), row * (w.K / 2) + kept);
             }
-            word |= static_cast<uint32_t>(code) << (4 * code_nibble_pos(i));
+            word |= put_code(i, code);
           }
           std::memcpy(codes + (s / 4) * 512 + lane * 16 + (s % 4) * 4, &word, 4);
         }
@@ -124,16 +160,19 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
             scales[g * 16 + s * 2 + r] = (row < w.M && k_valid) ? t.scales[row * (w.K / 32) + k0 / 32] : 0;
           }
           for (int tl = 0; tl < 2; ++tl) {
-            uint8_t* m = meta + (g * 2 + tl) * 16 + s * 2;
+            uint8_t* m = meta + (g * 2 + tl) * 16;
             const int64_t rg = mt * kMmaM + g;
+            uint8_t nib[4];  // stored nibbles j = 0..3 of this lane and step
             if (meta_order == MetaOrder::kHalfK) {
-              m[0] = static_cast<uint8_t>(nibble_of(rg, 2 * tl) | (nibble_of(rg, 2 * tl + 1) << 4));
-              m[1] = static_cast<uint8_t>(nibble_of(rg + 8, 2 * tl) | (nibble_of(rg + 8, 2 * tl + 1) << 4));
+              nib[0] = nibble_of(rg, 2 * tl);
+              nib[1] = nibble_of(rg, 2 * tl + 1);
+              nib[2] = nibble_of(rg + 8, 2 * tl);
+              nib[3] = nibble_of(rg + 8, 2 * tl + 1);
             } else {
               const int64_t row = rg + 8 * tl;
-              m[0] = static_cast<uint8_t>(nibble_of(row, 0) | (nibble_of(row, 1) << 4));
-              m[1] = static_cast<uint8_t>(nibble_of(row, 2) | (nibble_of(row, 3) << 4));
+              for (int j = 0; j < 4; ++j) nib[j] = nibble_of(row, j);
             }
+            for (int j = 0; j < 4; ++j) m[meta_byte(s, j)] |= static_cast<uint8_t>(nib[j] << meta_shift(s));
           }
         }
       }
@@ -160,9 +199,9 @@ void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out) {
         uint8_t chunk_nib[kMmaM][8];
         for (int g = 0; g < 8; ++g) {
           for (int tl = 0; tl < 2; ++tl) {
-            const uint8_t* m = meta + (g * 2 + tl) * 16 + s * 2;
-            const uint8_t x[4] = {static_cast<uint8_t>(m[0] & 0xf), static_cast<uint8_t>(m[0] >> 4),
-                                  static_cast<uint8_t>(m[1] & 0xf), static_cast<uint8_t>(m[1] >> 4)};
+            const uint8_t* m = meta + (g * 2 + tl) * 16;
+            uint8_t x[4];
+            for (int j = 0; j < 4; ++j) x[j] = (m[meta_byte(s, j)] >> meta_shift(s)) & 0xf;
             for (int q = 0; q < 4; ++q) {
               int row, ch;
               if (w.meta_order == MetaOrder::kHalfK) {
@@ -189,7 +228,7 @@ void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out) {
             const int pos_in_chunk = a.slot ? (nib >> 2) : (nib & 3);  // 2:4 index inside the chunk
             // chunk → logical K: chunk c holds half h = c%2 of group c/2; 2:4 position p = pair index.
             const int64_t k = k0 + 8 * (a.chunk / 2) + 2 * pos_in_chunk + (a.chunk & 1);
-            const uint8_t code = (word >> (4 * code_nibble_pos(i))) & 0xf;
+            const uint8_t code = get_code(word, i);
             const uint8_t sc = scales[g * 16 + s * 2 + (a.row_off ? 1 : 0)];
             out[row * w.K + k] = format::e2m1_decode(code) * format::e4m3_decode(sc);
           }

@@ -4,8 +4,10 @@
 //
 // Non-obvious decision: the kernel layout keeps the PACKED bits (E2M1 codes, UE4M3 scales, one
 // ordered-metadata nibble per group of 8) — 2.75 bits/weight, the same bytes as the checkpoint —
-// and only reorders them, so that each lane of a warp fetches its mma.sp fragment for 8 k-steps
-// with four 16-byte loads and decodes it to exact bf16 in registers (DESIGN.md §4). Decoding to
+// and only reorders them (down to single bits: sign and magnitude bits of each E2M1 code sit where a
+// shift and a mask turn them into bf16x2 bits), so that each lane of a warp fetches its mma.sp
+// fragment for 8 k-steps with four 16-byte loads and decodes it to exact bf16 in registers
+// (DESIGN.md §4). The one value-preserving change: codes of zero-scale blocks are stored as 0. Decoding to
 // bf16 at load time would be simpler but would move 5.8× more bytes in the memory-bound decode.
 //
 // Two permutations of K are involved (both fixed, both applied to weights AND activations):
@@ -28,7 +30,7 @@ constexpr int kKStepsPerChunk = 8;         // mma k-steps per streamed chunk
 constexpr int kChunkK = kMmaK * kKStepsPerChunk;  // 256 logical K per chunk
 constexpr int kChunkCodeBytes = 1024;      // [2 vec][32 lanes][16 B]: 8 steps × 32 lanes × 8 E2M1
 constexpr int kChunkScaleBytes = 128;      // [8 quads][8 steps][2 rows] UE4M3
-constexpr int kChunkMetaBytes = 256;       // [8 quads][2 lanes][8 steps][2 B] ordered-metadata nibbles
+constexpr int kChunkMetaBytes = 256;       // [8 quads][2 lanes][4 step pairs][4 B] ordered-metadata nibbles
 constexpr int kChunkBytes = kChunkCodeBytes + kChunkScaleBytes + kChunkMetaBytes;  // 1408
 static_assert(kChunkBytes * 8 == kMmaM * kChunkK * 11 / 4, "a chunk must hold exactly 2.75 bits/weight");
 
@@ -55,6 +57,10 @@ struct KernelWeights {
 };
 
 int64_t padded_k(int64_t K);  // K rounded up to kChunkK
+
+// Bit of a lane's 32-bit code word (one k-step) that holds bit `bit` (0..2 magnitude, 3 sign) of
+// E2M1 A-fragment element `element` (0..7); docs/KERNEL_LAYOUT.md §2 draws the map.
+int kernel_code_bit(int element, int bit);
 
 // Reorders E experts (all [M, K], K % 32 == 0) into kernel layout. Error names the expert index and
 // `name` when shapes differ or K is not a multiple of 32.
