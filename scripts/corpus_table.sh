@@ -11,6 +11,8 @@ epochs=${3:-10}
 bin=${MOESQ:-./build/moesq}
 mkdir -p "$out"
 files=("$corpus"/*)
+# Learning rates tuned for the tiny model (tens of Lion steps per expert; issue 3 note).
+lr=(--lr-a 1e-3 --lr-v 5e-4)
 calib=(--calib "${files[@]}" --calib-split train --calib-samples 128 --seq-len 256)
 run() {  # name, compress flags...
   local name=$1; shift
@@ -26,9 +28,9 @@ run reference
 run rtn-nvfp4 --method rtn-nvfp4
 run magnitude --method magnitude
 run sgptq --method sgptq
-run moesq --method moesq --epochs "$epochs"
-run moesq-uniform --method moesq --epochs "$epochs" --objective uniform
-run moesq-V-only --method moesq --epochs "$epochs" --update V
+run moesq --method moesq --epochs "$epochs" "${lr[@]}"
+run moesq-uniform --method moesq --epochs "$epochs" "${lr[@]}" --objective uniform
+run moesq-V-only --method moesq --epochs "$epochs" "${lr[@]}" --update V
 python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]

@@ -1,5 +1,7 @@
 #include "compress/export.h"
 
+#include "compress/refine.h"
+
 #include <cmath>
 #include <filesystem>
 #include <regex>
@@ -122,7 +124,8 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"fallbacks", fallbacks},
       {"layers", layers},
   };
-  if (opt.method == Method::Moesq) sum.report["refine_options"] = opt.refine;
+  if (opt.method == Method::Moesq)
+    sum.report["refine_options"] = refine_options_to_json(refine_options_from_json(opt.refine));
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
   write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2) + "\n");
   dir.commit();

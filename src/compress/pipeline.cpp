@@ -52,24 +52,6 @@ struct ExpertCalib {
   int64_t n = 0;
 };
 
-RefineOptions refine_options(const nlohmann::json& j) {
-  RefineOptions o;
-  o.p = j.value("p", o.p);
-  o.update_A = j.value("update_A", o.update_A);
-  o.epochs = j.value("epochs", o.epochs);
-  o.batch = j.value("batch", o.batch);
-  o.micro_batch = j.value("micro_batch", o.micro_batch);
-  o.lr_A = j.value("lr_A", o.lr_A);
-  o.lr_V = j.value("lr_V", o.lr_V);
-  o.tau0 = j.value("tau0", o.tau0);
-  o.tau1 = j.value("tau1", o.tau1);
-  o.kappa0 = j.value("kappa0", o.kappa0);
-  o.kappa1 = j.value("kappa1", o.kappa1);
-  o.seed = j.value("seed", o.seed);
-  o.heldout_fraction = j.value("heldout_fraction", o.heldout_fraction);
-  return o;
-}
-
 PackedProj make_sparse(format::Sparse48Tensor t) {
   PackedProj p;
   p.sparse = true;
@@ -141,7 +123,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s
         const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
         const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
         const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
-        RefineResult rr = refine_expert(data, ig, iu, id, refine_options(opt.refine));
+        RefineResult rr = refine_expert(data, ig, iu, id, refine_options_from_json(opt.refine));
         rep.extra = {{"init_hard_loss", rr.init_hard_loss}, {"final_hard_loss", rr.final_hard_loss},
                      {"soft_loss", rr.curves.soft_loss}, {"hard_loss", rr.curves.hard_loss},
                      {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
