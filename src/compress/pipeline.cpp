@@ -60,9 +60,8 @@ PackedProj make_sparse(format::Sparse48Tensor t) {
 }
 
 // Compresses one expert with `opt.method`. `w` holds the original weights.
-PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s, const ExpertCalib& c,
+PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
                              const CompressOptions& opt, ExpertReport& rep) {
-  const int64_t H = s.H, I = s.I;
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::nvfp4_tensor_scale(std::max(amax(w.gate), amax(w.up)));
   const float gs_d = format::nvfp4_tensor_scale(amax(w.down));
@@ -100,7 +99,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s
       format::sparse48_dequantize(rg.packed, gq.data());
       format::sparse48_dequantize(ru.packed, uq.data());
       std::vector<float> inter;
-      expert_forward(s, gq.data(), uq.data(), w.down.data(), c.X.data(), c.n, 0, &inter);
+      model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, c.X.data(), c.n, 0, &inter);
       const Hessian Hz = accumulate_hessian(inter.data(), c.n, I);
       SgptqResult rd = sgptq(w.down.data(), H, I, Hz, gs_d, opt.sgptq, names[2]);
       if (rg.fallback || ru.fallback || rd.fallback) {
@@ -111,7 +110,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, const ExpertShape& s
       if (opt.method == Method::Moesq) {
         // Algorithm 1 lines 7–18, starting from the SGPTQ solution.
         const std::vector<float> y_ref =
-            expert_forward(s, w.gate.data(), w.up.data(), w.down.data(), c.X.data(), c.n, 0);
+            model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
         ExpertData data;
         data.n = c.n;
         data.H = H;
@@ -155,7 +154,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
   const int64_t I = spec.moe_intermediate_size, k = spec.top_k;
-  const ExpertShape shape{H, I};
   const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
   for (int64_t l = 0; l < L; ++l)
@@ -211,15 +209,17 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       rep.layer = l;
       rep.expert = e;
       rep.tokens = c.n;
-      PackedExpert pe = compress_expert(w, shape, c, opt, rep);
+      PackedExpert pe = compress_expert(w, H, I, c, opt, rep);
       if (c.n == 0) {
         rep.rel_error = std::numeric_limits<double>::quiet_NaN();
         if (rep.note.empty()) rep.note = "no calibration tokens";
       } else {
-        const std::vector<float> y = expert_forward(shape, w.gate.data(), w.up.data(), w.down.data(), c.X.data(), c.n, 0);
+        const std::vector<float> y =
+            model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
         const std::vector<float> gq = pe.proj[0].dequantize(), uq = pe.proj[1].dequantize(),
                                  dq = pe.proj[2].dequantize();
-        const std::vector<float> yq = expert_forward(shape, gq.data(), uq.data(), dq.data(), c.X.data(), c.n, act_block);
+        const std::vector<float> yq =
+            model::swiglu_forward(gq.data(), uq.data(), dq.data(), H, I, c.X.data(), c.n, act_block);
         rep.rel_error = rel_sq_error(y, yq);
       }
       res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] = std::move(pe);

@@ -313,25 +313,32 @@ Routes Qwen3Moe::route(int64_t l, const std::vector<float>& x, int64_t n) const 
 // SwiGLU expert: y = down(silu(gate x) ⊙ up x). With act_quant (W4A4), the expert input rows and
 // the SwiGLU output rows are NVFP4-fake-quantized (dynamic, act_block elements per UE4M3 scale)
 // before the GEMMs that consume them (paper Eq. 4, Q_a).
-std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const {
-  const int64_t H = spec_.hidden_size, I = spec_.moe_intermediate_size;
-  const ExpertWeights& W = layers_.at(l).experts.at(e);
+std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                  const float* x, int64_t n, int act_block, std::vector<float>* inter) {
   std::vector<float> y(n * H);  // [n, H]
+  if (inter) inter->clear();
   if (n == 0) return y;
-  std::vector<float> xq;  // [n, H] quantized copy of x (act_quant only)
-  if (act_quant) {
+  std::vector<float> xq;  // [n, H] quantized copy of x (act_block > 0 only)
+  if (act_block > 0) {
     xq.assign(x, x + n * H);
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xq[r * H], H, act_block);
     x = xq.data();
   }
   std::vector<float> g(n * I), u(n * I);  // [n, I]
-  linear(x, n, H, W.gate.data(), I, g.data());
-  linear(x, n, H, W.up.data(), I, u.data());
+  linear(x, n, H, gate, I, g.data());
+  linear(x, n, H, up, I, u.data());
   for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
-  if (act_quant)
+  if (act_block > 0)
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, act_block);
-  linear(g.data(), n, I, W.down.data(), H, y.data());
+  linear(g.data(), n, I, down, H, y.data());
+  if (inter) *inter = std::move(g);
   return y;
+}
+
+std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const {
+  const ExpertWeights& W = layers_.at(l).experts.at(e);
+  return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size, x,
+                        n, act_quant ? act_block : 0, nullptr);
 }
 
 std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n) const {

@@ -121,6 +121,14 @@ class Qwen3Moe {
   friend class ModelLoader;
 };
 
+// One SwiGLU expert on explicit weights: y = down(Q_a(silu(gate Q_a(x)) ⊙ up Q_a(x))), fp32 (BLAS).
+// gate, up: [I, H]; down: [H, I]; x: [n, H] → y [n, H]. act_block > 0 applies NVFP4 activation
+// quantization with that block (Eq. 4's Q_a, W4A4 as deployed); 0 = none. `inter`, if given,
+// receives the down_proj input [n, I] (after Q_a). Qwen3Moe::expert_forward and the compression
+// pipeline (targets Y_e, down_proj inputs, reconstruction errors) share this one path.
+std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                  const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr);
+
 // Name of an expert projection tensor in HF layout (without ".weight").
 std::string expert_prefix(int64_t layer, int64_t expert, const char* proj);  // proj: gate_proj|up_proj|down_proj
 
