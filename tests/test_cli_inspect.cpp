@@ -139,7 +139,7 @@ TEST(CliInspect, EmbeddedModelJson) {
 }
 
 TEST(CliInspect, CompressedCheckpointCountsLogicalWeights) {
-  // A one-layer, two-expert checkpoint laid out as paired 4:8 NVFP4 (docs/CHECKPOINT_NAMES.md).
+  // A one-layer, two-expert checkpoint laid out as paired 4:8 NVFP4 (docs/FORMAT.md).
   TempDir dir;
   json cfg = json::parse(std::ifstream(fs::path(MOESQ_DEFAULT_MODEL) / "config.json"));
   const int64_t H = 64, I = 32, E = 2;

@@ -3,7 +3,7 @@
 // experts are compressed, and a dtype histogram.
 // Non-obvious decision: parameters are LOGICAL weights, so the same model reports the same counts
 // before and after compression. A dense tensor counts its numel; a compressed expert projection
-// (`P.weight_packed`, docs/CHECKPOINT_NAMES.md) counts the N×K of the dense weight it replaces, taken
+// (`P.weight_packed`, docs/FORMAT.md) counts the N×K of the dense weight it replaces, taken
 // from the config; its scales and sparsity metadata count as bytes, not parameters. The measured
 // bits per routed-expert weight (stored bytes × 8 / logical weights) then reads 16 for bf16 experts
 // and ~2.75 for paired 4:8 NVFP4.

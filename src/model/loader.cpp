@@ -1,4 +1,4 @@
-// Loads a qwen3_moe checkpoint into Qwen3Moe: HF tensor names (docs/CHECKPOINT_NAMES.md), every
+// Loads a qwen3_moe checkpoint into Qwen3Moe: HF tensor names (docs/FORMAT.md), every
 // shape checked against the spec with an error naming the tensor and the directory.
 //
 // Routed experts come either as HF `.weight` tensors (bf16/f16/f32) or as a moesq compressed
