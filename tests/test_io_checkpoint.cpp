@@ -16,23 +16,15 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 
+#include "support/temp_dir.h"
+
 namespace fs = std::filesystem;
 using moesq::Error;
 using namespace moesq::io;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "moesq_io_ckpt_XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using moesq::test::TempDir;
 
 void copy_config(const fs::path& dir) {
   fs::copy_file(fs::path(MOESQ_DEFAULT_MODEL) / "config.json", dir / "config.json");

@@ -18,24 +18,15 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 
+#include "support/temp_dir.h"
+
 namespace fs = std::filesystem;
 using moesq::Error;
 using namespace moesq::io;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "moesq_io_st_XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using moesq::test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -12,28 +12,15 @@
 #include "core/error.h"
 #include "io/tokens.h"
 
+#include "support/temp_dir.h"
+
 namespace fs = std::filesystem;
 using moesq::Error;
 using namespace moesq::io;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "moesq_io_tok_XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string p = (path / name).string();
-    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return p;
-  }
-};
+using moesq::test::TempDir;
 
 // numpy.save's format: magic, version, header length, dict padded with spaces to a multiple of 64
 // ending in '\n', then little-endian data.
