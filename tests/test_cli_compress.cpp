@@ -114,6 +114,31 @@ TEST_F(CliCompress, OutputBitsDoNotDependOnThreadCount) {
   EXPECT_EQ(sha[0], sha[1]);
 }
 
+TEST_F(CliCompress, OutNeverDeletesInputsOrForeignDirectories) {
+  // --out equal to the input, a parent of the input, or an existing directory that is not an
+  // earlier moesq output: refused before any work, nothing touched.
+  const fs::path model = tmp_ / "model";
+  fs::create_directories(model);
+  for (const auto& e : fs::directory_iterator(model_)) fs::copy_file(e.path(), model / e.path().filename());
+  fs::create_directories(tmp_ / "notes");
+  std::ofstream(tmp_ / "notes" / "thesis.txt") << "precious";
+  for (const fs::path& out : {model, tmp_, tmp_ / "notes"}) {
+    CmdResult r = run("compress " + model.string() + " --method rtn-nvfp4 --out " + out.string() +
+                      " --calib-samples 2 --seq-len 16");
+    EXPECT_NE(r.code, 0) << out;
+    EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(fs::exists(model / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(tmp_ / "notes" / "thesis.txt"));
+  // An earlier output may be replaced (that is what re-running does).
+  const fs::path o = tmp_ / "o";
+  for (int i = 0; i < 2; ++i) {
+    CmdResult r = run("compress " + model.string() + " --method rtn-nvfp4 --out " + o.string() +
+                      " --calib-samples 2 --seq-len 16");
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+}
+
 TEST_F(CliCompress, UnknownMethodNamesFlag) {
   CmdResult r = run("compress " + model_ + " --method bogus --out " + (tmp_ / "x").string());
   EXPECT_NE(r.code, 0);

@@ -193,7 +193,8 @@ TEST(KernelLayout, MetaWordExpandsByMaskAndMultiply) {
           std::memcpy(&word, meta + (g * 2 + tl) * 16 + (s / 2) * 4, 4);
           const uint32_t got = ((word >> (4 * (s & 1))) & 0x0F0F0F0Fu) * 0x11u;
           const int64_t grp0 = (kc * kChunkK + s * kMmaK) / 8 + 2 * tl;
-          const uint32_t nib[4] = {canon(g, grp0), canon(g, grp0 + 1), canon(g + 8, grp0), canon(g + 8, grp0 + 1)};
+          const uint32_t nib[4] = {static_cast<uint32_t>(canon(g, grp0)), static_cast<uint32_t>(canon(g, grp0 + 1)),
+                                   static_cast<uint32_t>(canon(g + 8, grp0)), static_cast<uint32_t>(canon(g + 8, grp0 + 1))};
           uint32_t want = 0;
           for (int j = 0; j < 4; ++j) want |= (nib[j] * 0x11u) << (8 * j);
           ASSERT_EQ(got, want) << "chunk " << kc << " quad " << g << " lane " << tl << " step " << s;

@@ -84,7 +84,7 @@ void register_audit(CLI::App& app) {
     const auto tc = moe::select_thread_config(so->N, so->K, ov);
     const auto s = moe::make_schedule(moe::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
                                       tc.thread_n, so->grid);
-    if (so->json) std::cout << s.to_json().dump(2) << "\n";
+    if (so->json) std::cout << s.to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::cout << s.table();
   });
 
@@ -133,7 +133,7 @@ void register_audit(CLI::App& app) {
   auto st_work = std::make_shared<std::string>();
   auto* scr = cmd->add_subcommand("score", "Re-validate runs: hashes, membership, treatment, grid, replicates");
   scr->add_option("runs", *dirs, "run directories (or folders containing them)");
-  scr->add_option("--replicates", *reps, "identical outcomes required per cell/history")->capture_default_str();
+  scr->add_option("--replicates", *reps, "identical outcomes required per cell/history")->capture_default_str()->check(CLI::Range(1, 1000));
   scr->add_flag("--self-test", *self_test, "apply the 7 mutations and require each rejected for its reason");
   scr->add_option("--fixture", *st_fixture, "fixture of the self-test runs")->capture_default_str();
   scr->add_option("--device", *st_device, "device of the self-test runs")->capture_default_str();
@@ -157,7 +157,7 @@ void register_audit(CLI::App& app) {
       std::cout << "REJECTED (" << v.reason << "): " << v.detail << "\n";
       throw CLI::RuntimeError(1);
     }
-    std::cout << v.summary.dump(2) << "\n";
+    std::cout << v.summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   });
 
   // ---- study ----
@@ -169,7 +169,7 @@ void register_audit(CLI::App& app) {
   sd->add_option("--fixture", so2->fixture, "qwen3 | small")->capture_default_str();
   sd->add_option("--seed", so2->seed, "fixture seed")->capture_default_str();
   sd->add_option("--device", so2->device, "cpu | cuda")->capture_default_str();
-  sd->add_option("--replicates", *sreps, "replicates per cell/history")->capture_default_str();
+  sd->add_option("--replicates", *sreps, "replicates per cell/history")->capture_default_str()->check(CLI::Range(1, 1000));
   sd->callback([so2, root, sreps] {
     const auto v = moe::audit_study(*root, backend_for(so2->device), so2->fixture, so2->seed, *sreps);
     std::cout << "wrote " << *root << "/outcomes.md and score.json\n";

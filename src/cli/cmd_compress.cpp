@@ -29,6 +29,7 @@ void register_compress(CLI::App& app) {
       "checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
       "tokens and relative reconstruction error). Without --calib, calibration sequences are sampled\n"
       "from the model itself (data-free).");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("DIR", args->dir, "Hugging Face checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -42,7 +43,9 @@ void register_compress(CLI::App& app) {
   cmd->callback([args] {
     if (args->flags.threads > 0) set_num_threads(args->flags.threads);
     compress::CompressOptions opt = args->flags.options(args->method);
-    { AtomicDir probe(args->out, "--out"); }  // fail now, not after minutes of work
+    std::vector<std::string> inputs = args->flags.calib;
+    inputs.push_back(args->dir);
+    { AtomicDir probe(args->out, "--out", "report.json", inputs); }  // fail now, not after minutes of work
     io::Checkpoint ckpt(args->dir);
     MOESQ_CHECK(!ckpt.config().contains("quantization_config"), "checkpoint ", args->dir,
                 " is already quantized (config.json has quantization_config); compress the original");
@@ -55,11 +58,11 @@ void register_compress(CLI::App& app) {
       nlohmann::json j = s.report;
       j.erase("layers");
       j["out"] = args->out;
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",
                   compress::method_name(opt.method), s.bits_per_expert_weight, r.seconds,
-                  s.report["mean_rel_error"].dump().c_str(), args->out.c_str());
+                  s.report["mean_rel_error"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), args->out.c_str());
     }
   });
 }

@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/compress_flags.h"
 #include "compress/export.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
@@ -63,7 +64,12 @@ void run_demo(DemoArgs& a) {
   if (a.flags.threads > 0) set_num_threads(a.flags.threads);
   std::vector<compress::CompressOptions> opts;
   for (const auto& name : a.methods) opts.push_back(a.flags.options(name));  // validate before work
-  fs::create_directories(a.out);
+  const fs::path out = fs::absolute(a.out).lexically_normal();
+  MOESQ_CHECK(!fs::exists(out) || fs::is_directory(out), "--out ", a.out, " exists and is not a directory");
+  MOESQ_CHECK(fs::is_directory(out.parent_path()), "--out ", a.out, ": parent ", out.parent_path().string(),
+              " is not an existing directory");
+  for (const auto& name : a.methods)  // each method's checkpoint must be replaceable (AtomicDir rules)
+    AtomicDir probe((out / name).string(), "--out", "report.json", {a.model});
   io::Checkpoint ckpt(a.model);
   model::Qwen3Moe ref(ckpt);
   progress("demo", "data-free calibration: sampling " + std::to_string(a.flags.calib_samples) + " x " +
@@ -91,7 +97,8 @@ void run_demo(DemoArgs& a) {
     progress("demo", "method " + name);
     model::Qwen3Moe m(ckpt);
     const compress::CompressResult r = compress::compress_model(m, calib, opts[i]);
-    const std::string dir = (fs::path(a.out) / name).string();
+    fs::create_directories(out);
+    const std::string dir = (out / name).string();
     const compress::ExportSummary s = compress::write_compressed(ckpt, r, opts[i], calib, dir, {{"source", a.model}});
     model::Qwen3Moe q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed
     q.threads = 1;                            // windows run in parallel instead
@@ -109,7 +116,7 @@ void run_demo(DemoArgs& a) {
       j["rows"].push_back({{"method", r.method}, {"bits_per_weight", r.bits}, {"nats_per_token", r.nats},
                            {"delta_vs_reference", r.nats - ref_nats}, {"seconds", r.seconds},
                            {"mean_rel_error", r.rel_error}});
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   std::printf("moesq demo on %s\n", a.model.c_str());
@@ -140,6 +147,7 @@ void register_demo(CLI::App& app) {
       "The main job on the embedded tiny Qwen3-MoE (or --model DIR): calibrate data-free, compress the\n"
       "routed experts with each method, write each compressed checkpoint under --out, reload it and\n"
       "evaluate it W4A4; print method, measured bits/weight, nats/token, delta vs the reference, seconds.");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--model", args->model, "checkpoint directory (default: the embedded tiny model)")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--out", args->out, "directory for the compressed checkpoints (one per method)");
@@ -150,7 +158,7 @@ void register_demo(CLI::App& app) {
   cmd->add_option("--split", args->split, "part of --data files: all | train | heldout")
       ->check(CLI::IsMember({"all", "train", "heldout"}));
   cmd->add_option("--eval-samples", args->eval_samples, "sampled evaluation sequences (without --data)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_flag("--json", args->json, "print the table as one JSON object");
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] { run_demo(*args); });

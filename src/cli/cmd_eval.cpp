@@ -57,7 +57,7 @@ void run_eval(const EvalArgs& a) {
                             {"predicted_tokens", f.predicted},
                             {"windows", f.windows},
                             {"nats_per_token", f.nats_per_token}});
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   std::printf("model %s  experts %s  act_quant %s  seq_len %lld  split %s\n", r.model.c_str(),

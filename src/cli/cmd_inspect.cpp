@@ -126,7 +126,7 @@ void print_text(const nlohmann::json& r) {
   const auto& p = r["parameters"];
   std::printf("checkpoint      %s\n", r["dir"].get<std::string>().c_str());
   std::printf("architecture    %s", r["architecture"].get<std::string>().c_str());
-  if (r.contains("architectures")) std::printf(" (%s)", r["architectures"][0].dump().c_str());
+  if (r.contains("architectures")) std::printf(" (%s)", r["architectures"][0].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::printf("\nlayers          %lld (%lld MoE)\n", r["layers"].get<long long>(), r["moe_layers"].get<long long>());
   std::printf("experts         %lld routed, top-%lld\n", r["experts"].get<long long>(), r["top_k"].get<long long>());
   std::printf("hidden / expert %lld / %lld (dense MLP %lld), vocab %lld\n", r["hidden_size"].get<long long>(),
@@ -143,7 +143,7 @@ void print_text(const nlohmann::json& r) {
   std::printf("expert storage  %.3f bits/weight (%llu bytes)\n", r["expert_bits_per_weight"].get<double>(),
               r["bytes"]["routed_experts"].get<unsigned long long>());
   if (r["compressed"].get<bool>()) {
-    std::printf("compressed      yes: %s\n", r["quantization_config"].dump().c_str());
+    std::printf("compressed      yes: %s\n", r["quantization_config"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("compressed      no\n");
   }
@@ -166,7 +166,7 @@ void register_inspect(CLI::App& app) {
   cmd->callback([opt] {
     const nlohmann::json r = inspect(opt->dir);
     if (opt->json) {
-      std::cout << r.dump(2) << std::endl;
+      std::cout << r.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     } else {
       print_text(r);
     }

@@ -4,6 +4,28 @@
 
 namespace moesq::cli {
 
+namespace {
+// CLI11's PositiveNumber prints DBL_MAX in its message; these say what is wanted.
+const CLI::Validator kPositive(
+    [](std::string& s) -> std::string {
+      try {
+        return std::stod(s) > 0 ? "" : "must be > 0 (got " + s + ")";
+      } catch (...) {
+        return "must be a number > 0 (got " + s + ")";
+      }
+    },
+    "> 0");
+const CLI::Validator kNonNegative(
+    [](std::string& s) -> std::string {
+      try {
+        return s.find('-') == std::string::npos && std::stod(s) >= 0 ? "" : "must be >= 0 (got " + s + ")";
+      } catch (...) {
+        return "must be a number >= 0 (got " + s + ")";
+      }
+    },
+    ">= 0");
+}  // namespace
+
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) {
   if (with_calib_files) {
     cmd->add_option("--calib", f.calib, "calibration data: text files (byte tokens) or token-id .npy (int32/uint32)")
@@ -12,10 +34,10 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                     "part of each calibration text file to use: all | train (first 98 %) | heldout (last 2 %)")
         ->check(CLI::IsMember({"all", "train", "heldout"}));
   }
-  cmd->add_option("--calib-samples", f.calib_samples, "number of calibration sequences")->check(CLI::PositiveNumber);
+  cmd->add_option("--calib-samples", f.calib_samples, "number of calibration sequences")->check(kPositive);
   cmd->add_option("--seq-len", f.seq_len, "calibration sequence length in tokens")->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise");
-  cmd->add_option("--threads", f.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise")->check(kNonNegative);
+  cmd->add_option("--threads", f.threads, "worker threads (default: all cores)")->check(kNonNegative);
   cmd->add_option("--percdamp", f.percdamp, "SGPTQ Hessian damping, fraction of mean(diag H)")
       ->check(CLI::Range(0.0, 10.0));
   auto* g = cmd->add_option_group("refinement (--method moesq)");
@@ -24,14 +46,14 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--update", f.update, "AV (supports and values) | V (values only; SGPTQ support kept)")
       ->check(CLI::IsMember({"AV", "V"}));
   g->add_option("--epochs", f.epochs, "refinement epochs over the cached tokens")->check(CLI::Range(0, 100000));
-  g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A")->check(CLI::NonNegativeNumber);
-  g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V")->check(CLI::NonNegativeNumber);
-  g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(CLI::PositiveNumber);
-  g->add_option("--tau1", f.tau1, "temperature at the last step")->check(CLI::PositiveNumber);
-  g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(CLI::PositiveNumber);
-  g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(CLI::PositiveNumber);
-  g->add_option("--batch", f.batch, "tokens per optimizer step")->check(CLI::PositiveNumber);
-  g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(CLI::PositiveNumber);
+  g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A")->check(kNonNegative);
+  g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V")->check(kNonNegative);
+  g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
+  g->add_option("--tau1", f.tau1, "temperature at the last step")->check(kPositive);
+  g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(kPositive);
+  g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(kPositive);
+  g->add_option("--batch", f.batch, "tokens per optimizer step")->check(kPositive);
+  g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
 }
 
 compress::CompressOptions CompressFlags::options(const std::string& method) const {
@@ -46,6 +68,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
 }
 
 compress::CalibSet CompressFlags::calibration(model::Qwen3Moe& m) const {
+  m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
   const io::TextSplit split = calib_split == "train"     ? io::TextSplit::Train
                               : calib_split == "heldout" ? io::TextSplit::Heldout

@@ -42,7 +42,7 @@ nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::js
 
 ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& r, const CompressOptions& opt,
                                const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra) {
-  AtomicDir dir(out_dir, "--out");
+  AtomicDir dir(out_dir, "--out", "report.json", {src.dir()});
   const io::ModelSpec& spec = src.spec();
   const bool sparse = method_is_sparse(opt.method);
   progress("export", "writing " + out_dir);
@@ -70,7 +70,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"input_activations", {{"type", "nvfp4"}, {"block_size", block}, {"dynamic", true}}},
       {"targets", {"routed_experts"}},
   };
-  write_file_atomic((fs::path(dir.path()) / "config.json").string(), cfg.dump(2) + "\n");
+  write_file_atomic((fs::path(dir.path()) / "config.json").string(), cfg.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
   for (const auto& entry : fs::directory_iterator(src.dir())) {
     const std::string fn = entry.path().filename().string();
@@ -102,7 +102,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
                           {"fallback", rep.fallback}};
       if (!rep.note.empty()) j["note"] = rep.note;
       if (!rep.extra.is_null()) j["refine"] = rep.extra;
-      if (rep.fallback || rep.tokens == 0) fallbacks.push_back({{"layer", l}, {"expert", rep.expert}, {"reason", rep.note}});
+      if (rep.fallback) fallbacks.push_back({{"layer", l}, {"expert", rep.expert}, {"reason", rep.note}});
       if (std::isfinite(rep.rel_error)) {
         err_sum += rep.rel_error;
         ++err_n;
@@ -127,7 +127,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   if (opt.method == Method::Moesq)
     sum.report["refine_options"] = refine_options_to_json(refine_options_from_json(opt.refine));
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
-  write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2) + "\n");
+  write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   dir.commit();
   return sum;
 }

@@ -212,7 +212,7 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       PackedExpert pe = compress_expert(w, H, I, c, opt, rep);
       if (c.n == 0) {
         rep.rel_error = std::numeric_limits<double>::quiet_NaN();
-        if (rep.note.empty()) rep.note = "no calibration tokens";
+        if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
       } else {
         const std::vector<float> y =
             model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);

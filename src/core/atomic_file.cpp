@@ -33,19 +33,35 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   }
 }
 
-AtomicDir::AtomicDir(const std::string& final_dir, const std::string& flag) : final_(final_dir) {
+AtomicDir::AtomicDir(const std::string& final_dir, const std::string& flag, const std::string& marker,
+                     const std::vector<std::string>& inputs)
+    : final_(final_dir) {
   MOESQ_CHECK(!final_dir.empty(), flag, ": empty output path");
   fs::path p = fs::absolute(fs::path(final_dir)).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   final_ = p.string();
   const fs::path parent = p.parent_path();
+  MOESQ_CHECK(!fs::exists(parent) || fs::is_directory(parent), flag, " ", final_dir, ": ", parent.string(),
+              " exists but is not a directory");
   MOESQ_CHECK(fs::is_directory(parent), flag, " ", final_dir, ": parent directory ", parent.string(),
               " does not exist");
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    const fs::path q = fs::weakly_canonical(fs::absolute(in), ec).lexically_normal();
+    const fs::path o = fs::weakly_canonical(p, ec).lexically_normal();
+    const std::string qs = q.string(), os = o.string();
+    MOESQ_CHECK(!(qs == os || (qs.size() > os.size() && qs.compare(0, os.size(), os) == 0 && qs[os.size()] == '/')),
+                flag, " ", final_dir, " is or contains the input ", in,
+                ": writing there would delete it; choose another output directory");
+  }
   MOESQ_CHECK(::access(parent.c_str(), W_OK) == 0, flag, " ", final_dir, ": parent directory ",
               parent.string(), " is not writable");
   if (fs::exists(p)) {
     MOESQ_CHECK(fs::is_directory(p), flag, " ", final_dir, " exists and is not a directory");
     MOESQ_CHECK(::access(p.c_str(), W_OK) == 0, flag, " ", final_dir, " is not writable");
+    MOESQ_CHECK(fs::is_empty(p) || (!marker.empty() && fs::exists(p / marker)), flag, " ", final_dir,
+                " exists and is not an earlier output (no ", marker.empty() ? "marker" : marker,
+                "): refusing to replace it; choose a new directory or remove it yourself");
   }
   tmp_ = final_ + ".tmp." + std::to_string(::getpid());
   std::error_code ec;

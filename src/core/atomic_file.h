@@ -4,6 +4,7 @@
 // exception), the destructor removes the temporary, so a failed run leaves no partial output.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace moesq {
 
@@ -13,8 +14,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 class AtomicDir {
  public:
   // Checks that the parent of `final_dir` is writable (Error naming the flag `flag` otherwise)
-  // and creates the temporary directory. An existing `final_dir` is replaced only on commit().
-  AtomicDir(const std::string& final_dir, const std::string& flag = "--out");
+  // and creates the temporary directory. An existing `final_dir` is replaced only on commit(), and
+  // only if it is empty or holds `marker` (a file every output of this kind has, e.g. report.json):
+  // a directory of anything else is never deleted. `inputs` (checkpoint dirs, data files) must not
+  // be `final_dir` or lie inside it, since commit() would delete them.
+  AtomicDir(const std::string& final_dir, const std::string& flag = "--out", const std::string& marker = "",
+            const std::vector<std::string>& inputs = {});
   ~AtomicDir();
   AtomicDir(const AtomicDir&) = delete;
   AtomicDir& operator=(const AtomicDir&) = delete;

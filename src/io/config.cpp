@@ -140,6 +140,8 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   if (const json* v = find(j, "norm_topk_prob")) s.norm_topk_prob = get_bool(*v, "norm_topk_prob", source);
   else s.norm_topk_prob = false;
   if (const json* v = find(j, "rms_norm_eps")) s.rms_norm_eps = get_double(*v, "rms_norm_eps", source);
+  if (const json* v = find(j, "max_position_embeddings"))
+    s.max_position_embeddings = get_int(*v, "max_position_embeddings", source);
   MOESQ_CHECK(s.rms_norm_eps > 0, source, ": rms_norm_eps must be positive");
   if (const json* v = find(j, "tie_word_embeddings")) {
     s.tie_word_embeddings = get_bool(*v, "tie_word_embeddings", source);
@@ -171,6 +173,11 @@ ModelSpec load_config(const std::string& config_json_path) {
     MOESQ_FAIL(config_json_path, ": malformed JSON: ", e.what());
   }
   return parse_config(j, config_json_path);
+}
+
+void ModelSpec::check_seq_len(int64_t len, const char* flag) const {
+  MOESQ_CHECK(max_position_embeddings <= 0 || len <= max_position_embeddings, flag, " ", len,
+              " exceeds the model's max_position_embeddings (", max_position_embeddings, ")");
 }
 
 }  // namespace moesq::io

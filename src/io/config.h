@@ -25,11 +25,15 @@ struct ModelSpec {
   bool norm_topk_prob = true;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  int64_t max_position_embeddings = 0;  // longest trained context; 0 = not given (no check)
   bool tie_word_embeddings = false;
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
 
   bool is_moe_layer(int64_t layer) const;
+  // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE
+  // positions the model never saw: the numbers would be meaningless).
+  void check_seq_len(int64_t len, const char* flag) const;
 };
 
 // Throws Error naming `source` and the key for unknown architectures or missing/invalid keys.

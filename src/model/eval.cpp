@@ -89,6 +89,7 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
                           const EvalOptions& opt) {
   MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
   MOESQ_CHECK(opt.seq_len >= 2, "--seq-len: ", opt.seq_len, " is too short (a window needs >= 2 tokens)");
+  model.spec().check_seq_len(opt.seq_len, "--seq-len");
   const auto t0 = std::chrono::steady_clock::now();
   EvalResult res;
   res.act_quant = model.act_quant ? "nvfp4" : "none";

@@ -214,8 +214,8 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
       {"build", {{"git_commit", id.git_commit}, {"binary_sha256", id.binary_sha256}}}};
   AtomicDir dir(out_dir);
   w.write(dir.path() + "/surfaces.safetensors");
-  write_file_atomic(dir.path() + "/plan.json", alignment_to_json(plan).dump() + "\n");
-  write_file_atomic(dir.path() + "/manifest.json", manifest.dump(2) + "\n");
+  write_file_atomic(dir.path() + "/plan.json", alignment_to_json(plan).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  write_file_atomic(dir.path() + "/manifest.json", manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   dir.commit();
   return manifest;
 }
@@ -413,7 +413,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   // The self-test checks the SCORER, so its runs inject one captured native plan: on the GPU the atomic
   // order can change from call to call, which would (rightly) fail the 5-identical-outcomes rule.
   const RouteAlignment a = backend.align_native(fx, "H0");
-  write_file_atomic(work_dir + "/plan.json", alignment_to_json(a).dump() + "\n");
+  write_file_atomic(work_dir + "/plan.json", alignment_to_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   int64_t span = -1;  // first pair of blocks of one expert: exchange a route across them
   for (int64_t p = 0; p + 1 < a.num_blocks() && span < 0; ++p)
     if (a.block_expert[p] == a.block_expert[p + 1]) span = p;
@@ -440,7 +440,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   auto edit_json = [](const std::string& path, const std::function<void(nlohmann::json&)>& fn, bool pretty) {
     nlohmann::json j = read_json(path);
     fn(j);
-    std::ofstream(path) << (pretty ? j.dump(2) : j.dump()) << "\n";
+    std::ofstream(path) << (pretty ? j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) : j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)) << "\n";
   };
   struct Mutation {
     std::string name, reason;
@@ -536,7 +536,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
     backend.prepare_history(h, fx);
     plans[h] = backend.align_native(fx, h);
     backend.release_history();
-    write_file_atomic(root + "/plans/" + h + ".json", alignment_to_json(plans[h]).dump() + "\n");
+    write_file_atomic(root + "/plans/" + h + ".json", alignment_to_json(plans[h]).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   // Prior-data route selection (as paper 000 discloses): a pilot runs native H0 and H1 once (not scored).
   // reorder: two routes that sit together in block 40 under both histories. exchange: a route of block 40
@@ -627,7 +627,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
                         {"pilot_w13_differing_routes", differing},
                         {"routes", {{"reorder", {both40[0], both40[1]}},
                                     {"exchange", to41.empty() || to40.empty() ? nlohmann::json() : nlohmann::json({to41[0], to40[0]})}}}};
-  write_file_atomic(root + "/score.json", out.dump(2) + "\n");
+  write_file_atomic(root + "/score.json", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   // outcomes.md: the exact-trajectory table (hash prefixes) and the relations.
   std::ostringstream md;
   md << "# audit study: fixture " << fixture_name << ", device " << backend.device << ", " << replicates
