@@ -3,18 +3,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/ops.h"
 
 namespace moesq::model {
 
 namespace {
-
-// y = x · rsqrt(mean(x²) + eps) · w over n values (Qwen3 RMSNorm: the weight multiplies directly).
-void rms_norm(const float* x, const float* w, float* y, int64_t n, double eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
-}
 
 // y[r] = Σ_c W[r, c] x[c], W: [rows, cols]
 void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows, int64_t cols) {
@@ -26,19 +19,6 @@ void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows,
   }
 }
 
-// HF rotate_half RoPE at position `pos` on one head vector [hd].
-void rope(float* x, int64_t hd, int64_t pos, double theta) {
-  const int64_t half = hd / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const double inv = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-    const float ang = static_cast<float>(static_cast<double>(pos) * inv);
-    const float c = std::cos(ang), s = std::sin(ang);
-    const float a = x[i], b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
-  }
-}
-
 }  // namespace
 
 Decoder::Decoder(const Qwen3Moe& m, int64_t max_len) : m_(m), max_len_(max_len) {
@@ -46,6 +26,7 @@ Decoder::Decoder(const Qwen3Moe& m, int64_t max_len) : m_(m), max_len_(max_len) 
   k_cache_.assign(static_cast<size_t>(s.num_layers),
                   std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
   v_cache_ = k_cache_;
+  rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_);
 }
 
 std::vector<float> Decoder::step(int32_t token) {
@@ -58,19 +39,19 @@ std::vector<float> Decoder::step(int32_t token) {
   std::vector<float> scores(static_cast<size_t>(pos_ + 1));
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const LayerWeights& w = m_.layer(l);
-    rms_norm(h.data(), w.input_norm.data(), x.data(), H, s.rms_norm_eps);
+    rmsnorm_rows(h.data(), 1, H, w.input_norm.data(), s.rms_norm_eps, x.data());
     float* kc = k_cache_[l].data() + pos_ * nkv * hd;
     float* vc = v_cache_[l].data() + pos_ * nkv * hd;
     matvec(w.q_proj, x.data(), q.data(), nh * hd, H);
     matvec(w.k_proj, x.data(), kc, nkv * hd, H);
     matvec(w.v_proj, x.data(), vc, nkv * hd, H);
     for (int64_t a = 0; a < nh; ++a) {
-      rms_norm(q.data() + a * hd, w.q_norm.data(), q.data() + a * hd, hd, s.rms_norm_eps);
-      rope(q.data() + a * hd, hd, pos_, s.rope_theta);
+      rmsnorm_rows(q.data() + a * hd, 1, hd, w.q_norm.data(), s.rms_norm_eps, q.data() + a * hd);
+      apply_rope(q.data() + a * hd, hd, cos_.data() + pos_ * (hd / 2), sin_.data() + pos_ * (hd / 2));
     }
     for (int64_t a = 0; a < nkv; ++a) {
-      rms_norm(kc + a * hd, w.k_norm.data(), kc + a * hd, hd, s.rms_norm_eps);
-      rope(kc + a * hd, hd, pos_, s.rope_theta);
+      rmsnorm_rows(kc + a * hd, 1, hd, w.k_norm.data(), s.rms_norm_eps, kc + a * hd);
+      apply_rope(kc + a * hd, hd, cos_.data() + pos_ * (hd / 2), sin_.data() + pos_ * (hd / 2));
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int64_t a = 0; a < nh; ++a) {

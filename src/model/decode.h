@@ -21,6 +21,7 @@ class Decoder {
   const Qwen3Moe& m_;
   int64_t max_len_, pos_ = 0;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [L][max_len, nkv·hd]
+  std::vector<float> cos_, sin_;                       // [max_len, hd/2] RoPE tables
 };
 
 }  // namespace moesq::model

@@ -1,0 +1,53 @@
+#include "model/ops.h"
+
+#include <cmath>
+
+namespace moesq::model {
+
+// RMSNorm of n rows of width D (Qwen3RMSNorm): y = w · x / sqrt(mean(x²) + eps).
+// The mean of squares is accumulated in double: torch sums fp32 pairwise, and a double sum is
+// closer to that than a naive fp32 loop.
+void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double eps, float* y) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * D;
+    double ss = 0.0;
+    for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
+    float* yr = y + r * D;
+    for (int64_t i = 0; i < D; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// RoPE tables for positions 0..T-1, HF default rope: inv_freq[i] = 1 / θ^(2i/hd) in fp32, angle
+// = pos · inv_freq[i] rounded to fp32 (as torch's fp32 outer product), cos/sin of it.
+// cos/sin: [T, hd/2] (the second half of HF's cat(freqs, freqs) repeats the first).
+void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t,
+                 std::vector<float>& sin_t) {
+  const int64_t half = hd / 2;
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
+    inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta), expo);
+  }
+  cos_t.resize(T * half);
+  sin_t.resize(T * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = static_cast<float>(t) * inv_freq[i];
+      cos_t[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      sin_t[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
+    }
+}
+
+// In place on one head vector v [hd] at position t: v·cos + rotate_half(v)·sin,
+// rotate_half(v) = cat(-v[hd/2:], v[:hd/2]).
+void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos_row[i] - b * sin_row[i];
+    v[i + half] = b * cos_row[i] + a * sin_row[i];
+  }
+}
+
+}  // namespace moesq::model

@@ -1,0 +1,18 @@
+// Small row operations shared by the full forward (qwen3_moe.cpp) and the KV-cached decoder
+// (decode.cpp), so both compute RMSNorm and RoPE with the same arithmetic as transformers.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace moesq::model {
+
+// RMSNorm of n rows of width D (Qwen3RMSNorm): y = w · x / sqrt(mean(x²) + eps). x, y: [n, D].
+void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double eps, float* y);
+
+// RoPE tables for positions 0..T-1 (HF default rope); cos/sin: [T, hd/2].
+void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t, std::vector<float>& sin_t);
+
+// In place on one head vector v [hd]: v·cos + rotate_half(v)·sin (cos_row/sin_row: [hd/2]).
+void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row);
+
+}  // namespace moesq::model
