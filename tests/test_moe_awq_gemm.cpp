@@ -1,7 +1,8 @@
 // The packed-AWQ MoE GEMM reference and layer: correctness against an fp64 dense product, an exact
 // integer-valued case, and the paper-000 mechanism — in the native schedule a route's block selects
-// its arithmetic; canonical alignment + the invariant schedule make all four surfaces bitwise
-// invariant to history, batch composition and grid.
+// its arithmetic; canonical alignment + the invariant schedule (full-K) or the invariant-split schedule
+// (the same fixed K split for every tile) make all four surfaces bitwise invariant to history, batch
+// composition and grid.
 // Cost note (CI has 2 cores): the Qwen3-shape W13 GEMM (168 routes × 1536 × 2048) runs only in the
 // single mechanism test; the 100-history and batch tests use a small layer (H = 512, I = 128, M = 16, E = 8), and
 // the native negative control runs on the first 20 histories only.
@@ -180,16 +181,22 @@ struct SmallLayer {
   static constexpr int64_t H = 512, I = 128, M = 16;
   static constexpr int E = 8, k = 4, b = 8;  // ~12 routes per expert: many span 2 blocks
 };
-}  // namespace
+// For invariant-split: with one K-tile per slice the slice-order reduction IS the sequential K-tile sum,
+// so the small layer (W13 K = 512 = 8 K-tiles → 8 slices) would not exercise a different order.
+// H = 1024 gives W13 16 K-tiles in 8 slices of 2; W2 (K = I = 128) stays 2 slices of 1 to keep CI cheap.
+struct SplitLayer : SmallLayer {
+  static constexpr int64_t H = 1024;
+};
 
-TEST(AwqLayer, CanonicalInvariantIsBitwiseStableAcross100HistoriesAndGrids) {
-  using L = SmallLayer;
+// Both invariant schedules must pass the same stability checks; `kind` selects which.
+template <class L>
+void check_stable_across_histories_and_grids(ScheduleKind kind) {
   const auto ids = random_topk(L::M, L::k, L::E, 77);
   const auto tw = make_fixture_topk_weights(L::M, L::k, 78);
   const auto w = make_synthetic_awq_moe(L::E, L::H, L::I, 79, active_experts(ids));
   const auto x = make_random_f16(L::M, L::H, 80);
   std::set<std::string> inv_hashes, native_w13;
-  LayerRunSpec inv{ScheduleKind::Invariant, 0, {}, 3};
+  LayerRunSpec inv{kind, 0, {}, 3};
   const int64_t grids[] = {7, 13, 64, 246};
   // Control grid: the smallest G whose native schedule puts the direct/remainder boundary exactly
   // between two blocks of one expert and reduces the remainder (slices > 1).
@@ -224,12 +231,12 @@ TEST(AwqLayer, CanonicalInvariantIsBitwiseStableAcross100HistoriesAndGrids) {
     ASSERT_GT(s13.slices, 1) << "the control needs a reduced remainder (grid " << control_grid << ")";
     native_w13.insert(run_awq_moe_layer(x, tw, an, w, nat).get("w13_out").sha256());
   }
-  EXPECT_EQ(inv_hashes.size(), 1u);
+  EXPECT_EQ(inv_hashes.size(), 1u) << schedule_kind_name(kind);
   EXPECT_GT(native_w13.size(), 1u) << "native schedule should expose membership";
 }
 
-TEST(AwqLayer, SameTokenInDifferentBatchesGivesSameBits) {
-  using L = SmallLayer;
+template <class L>
+void check_same_token_in_different_batches(ScheduleKind kind) {
   // Batch A: 24 random tokens; batch B: 13 different tokens with token 5 of A placed at index 9.
   const auto ids_a = random_topk(L::M, L::k, L::E, 90);
   const auto tw_a = make_fixture_topk_weights(L::M, L::k, 91);
@@ -244,7 +251,7 @@ TEST(AwqLayer, SameTokenInDifferentBatchesGivesSameBits) {
   std::vector<int32_t> all = ids_a;
   all.insert(all.end(), ids_b.begin(), ids_b.end());
   const auto w = make_synthetic_awq_moe(L::E, L::H, L::I, 96, active_experts(all));
-  const LayerRunSpec inv{ScheduleKind::Invariant, 246, {}, 3};
+  const LayerRunSpec inv{kind, 246, {}, 3};
   const auto oa = run_awq_moe_layer(x_a, tw_a, align_routes(ids_a, L::M, L::k, L::E, L::b, AlignOrder::Canonical), w, inv);
   const auto ob = run_awq_moe_layer(x_b, tw_b, align_routes(ids_b, MB, L::k, L::E, L::b, AlignOrder::Canonical), w, inv);
   const auto& fa = oa.get("final").data;
@@ -257,4 +264,54 @@ TEST(AwqLayer, SameTokenInDifferentBatchesGivesSameBits) {
   int nonzero = 0;
   for (int64_t h = 0; h < L::H; ++h) nonzero += (fa[tA * L::H + h] & 0x7fff) != 0;
   EXPECT_GT(nonzero, L::H / 2);
+}
+
+}  // namespace
+
+TEST(AwqLayer, CanonicalInvariantIsBitwiseStableAcross100HistoriesAndGrids) {
+  check_stable_across_histories_and_grids<SmallLayer>(ScheduleKind::Invariant);
+}
+TEST(AwqLayer, SameTokenInDifferentBatchesGivesSameBits) {
+  check_same_token_in_different_batches<SmallLayer>(ScheduleKind::Invariant);
+}
+TEST(AwqLayer, CanonicalInvariantSplitIsBitwiseStableAcross100HistoriesAndGrids) {
+  check_stable_across_histories_and_grids<SplitLayer>(ScheduleKind::InvariantSplit);
+}
+TEST(AwqLayer, InvariantSplitSameTokenInDifferentBatchesGivesSameBits) {
+  check_same_token_in_different_batches<SplitLayer>(ScheduleKind::InvariantSplit);
+}
+
+TEST(AwqLayer, InvariantSplitReallySplitsAndStaysAccurate) {
+  // Guards the two tests above against passing vacuously: on SplitLayer both GEMMs are split
+  // (W13 K = 1024 → 8 slices of 2 K-tiles, W2 K = 128 → 2 slices) at every grid, and the split changes the fp32
+  // accumulation order vs full-K (some W13 fp32 element differs) while both stay within the
+  // implementation budget of each other (kRtolF16 relative on fp16 outputs, plus kAtolSum absolute).
+  using L = SplitLayer;
+  const auto ids = random_topk(L::M, L::k, L::E, 101);
+  const auto w = make_synthetic_awq_moe(L::E, L::H, L::I, 102, active_experts(ids));
+  const auto x = make_random_f16(L::M, L::H, 103);
+  const auto a = align_routes(ids, L::M, L::k, L::E, L::b, AlignOrder::Canonical);
+  for (int64_t G : {1, 13, 1188}) {
+    const auto [s13, s2] = layer_schedules(w, a, LayerRunSpec{ScheduleKind::InvariantSplit, G, {}, 3});
+    ASSERT_EQ(s13.slices, 8) << "G=" << G;
+    ASSERT_EQ(s2.slices, 2) << "G=" << G;
+    ASSERT_EQ(s13.direct_tiles, 0);
+  }
+  const auto s_full = make_schedule(ScheduleKind::Invariant, a.num_blocks(), 2 * L::I, L::H, 64, 128, 13);
+  const auto s_split = make_schedule(ScheduleKind::InvariantSplit, a.num_blocks(), 2 * L::I, L::H, 64, 128, 13);
+  std::vector<float> f_full, f_split;
+  const auto c_full = run_gemm(x, L::M, L::k, a, w.w13, s_full, &f_full);
+  const auto c_split = run_gemm(x, L::M, L::k, a, w.w13, s_split, &f_split);
+  int64_t f32_diff = 0, nonzero = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < f_full.size(); ++i) max_abs = std::max(max_abs, std::fabs(static_cast<double>(f_full[i])));
+  for (size_t i = 0; i < f_full.size(); ++i) {
+    f32_diff += f_full[i] != f_split[i];
+    nonzero += (c_split[i] & 0x7fff) != 0;
+    const double ref = f16_to_f32(c_full[i]), got = f16_to_f32(c_split[i]);
+    ASSERT_LE(std::fabs(got - ref), 2 * kRtolF16 * std::fabs(ref) + kAtolSum * L::H * max_abs)
+        << "W13 element " << i << " (route " << i / (2 * L::I) << ", n " << i % (2 * L::I) << ")";
+  }
+  EXPECT_GT(f32_diff, 0) << "an 8-way split should change some fp32 accumulation";
+  EXPECT_GT(nonzero, static_cast<int64_t>(c_split.size()) / 2);
 }

@@ -1,5 +1,5 @@
 // Tile schedules: the paper-000 numbers (G = 246 and 200 at N = 1536, K = 2048, 50 blocks), the
-// invariant schedule, the slice rule on other shapes, and the thread-config selector with overrides.
+// invariant and invariant-split schedules, the slice rule on other shapes, and the thread-config selector with overrides.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -36,6 +36,35 @@ TEST(Schedule, InvariantIgnoresGrid) {
     EXPECT_EQ(s.first_split_block, -1);
     EXPECT_EQ(s.slices, 1);
   }
+}
+
+TEST(Schedule, InvariantSplitDependsOnlyOnKAndThreadK) {
+  // The slice count must be the same for every (blocks, N, grid) at a given (K, thread_k), every tile
+  // must carry it, and it must be the largest divisor of k_tiles <= kMaxInvariantSlices (brute force).
+  for (int64_t K : {128, 448, 704, 768, 2048, 4096}) {
+    const int64_t k_tiles = K / 64;
+    int expect = 1;
+    for (int d = 1; d <= kMaxInvariantSlices; ++d)
+      if (k_tiles % d == 0) expect = d;
+    for (int64_t P : {1, 8, 50, 333})
+      for (int64_t N : {128, 1536})
+        for (int64_t G : {1, 17, 246, 1188}) {
+          const auto s = make_schedule(ScheduleKind::InvariantSplit, P, N, K, 64, 128, G);
+          ASSERT_EQ(s.slices, expect) << "K=" << K << " P=" << P << " N=" << N << " G=" << G;
+          ASSERT_EQ(s.direct_tiles, 0);
+          ASSERT_EQ(s.split_tiles, s.tiles);
+          ASSERT_EQ(s.first_split_block, 0);
+          for (int64_t t = 0; t < s.tiles; t += 7) ASSERT_EQ(s.tile_slices(t), expect) << "tile " << t;
+        }
+  }
+  // Qwen3 shapes: w13 K = 2048 → 32 K-tiles → 8 slices; w2 K = 768 → 12 K-tiles → 6 slices.
+  EXPECT_EQ(make_schedule(ScheduleKind::InvariantSplit, 8, 1536, 2048, 64, 128, 1188).slices, 8);
+  EXPECT_EQ(make_schedule(ScheduleKind::InvariantSplit, 8, 2048, 768, 64, 128, 1188).slices, 6);
+  EXPECT_EQ(parse_schedule_kind("invariant-split"), ScheduleKind::InvariantSplit);
+  EXPECT_STREQ(schedule_kind_name(ScheduleKind::InvariantSplit), "invariant-split");
+  const auto empty = make_schedule(ScheduleKind::InvariantSplit, 0, 1536, 2048, 64, 128, 246);
+  EXPECT_EQ(empty.tiles, 0);
+  EXPECT_EQ(empty.first_split_block, -1);
 }
 
 TEST(Schedule, SliceRuleIsLargestDivisorBelowCap) {

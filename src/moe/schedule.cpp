@@ -14,10 +14,25 @@ namespace moesq::moe {
 ScheduleKind parse_schedule_kind(const std::string& s) {
   if (s == "native") return ScheduleKind::Native;
   if (s == "invariant") return ScheduleKind::Invariant;
-  MOESQ_FAIL("--schedule: unknown schedule '", s, "' (expected native or invariant)");
+  if (s == "invariant-split") return ScheduleKind::InvariantSplit;
+  MOESQ_FAIL("--schedule: unknown schedule '", s, "' (expected native, invariant or invariant-split)");
 }
 
-const char* schedule_kind_name(ScheduleKind k) { return k == ScheduleKind::Native ? "native" : "invariant"; }
+const char* schedule_kind_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::Native: return "native";
+    case ScheduleKind::Invariant: return "invariant";
+    case ScheduleKind::InvariantSplit: return "invariant-split";
+  }
+  return "?";
+}
+
+int invariant_split_slices(int64_t k_tiles) {
+  int s = 1;
+  for (int d = 1; d <= kMaxInvariantSlices && d <= k_tiles; ++d)
+    if (k_tiles % d == 0) s = d;
+  return s;
+}
 
 std::string ThreadConfig::str() const {
   std::ostringstream os;
@@ -67,6 +82,14 @@ TileSchedule make_schedule(ScheduleKind kind, int64_t num_blocks, int64_t N, int
   s.n_tiles = N / thread_n;
   s.k_tiles = K / thread_k;
   s.tiles = num_blocks * s.n_tiles;
+  if (kind == ScheduleKind::InvariantSplit) {
+    // Every tile is a "remainder" tile with the same slice count: the kernel and the `_ref` then run
+    // the identical per-tile arithmetic whatever the tile index, M or G.
+    s.split_tiles = s.tiles;
+    s.slices = invariant_split_slices(s.k_tiles);
+    s.first_split_block = s.tiles > 0 ? 0 : -1;
+    return s;
+  }
   if (kind == ScheduleKind::Invariant || s.tiles == 0) {
     s.direct_tiles = s.tiles;
     return s;
@@ -107,6 +130,11 @@ std::string TileSchedule::table() const {
   os << "  direct (full-K, one CUDA block): tiles [0, " << direct_tiles << ")";
   if (direct_tiles > 0) os << " = MoE blocks 0.." << (direct_tiles - 1) / n_tiles;
   os << "\n";
+  if (kind == ScheduleKind::InvariantSplit) {
+    os << "  every tile: " << slices << " slice(s) of " << k_tiles / slices << " K-tiles (fixed by K and thread_k, <= "
+       << kMaxInvariantSlices << ")" << (slices > 1 ? ", fp32 reduction in slice order" : ", no reduction") << "\n";
+    return os.str();
+  }
   if (split_tiles > 0) {
     os << "  remainder: tiles [" << direct_tiles << ", " << tiles << ") from MoE block " << first_split_block
        << ", " << slices << " slice(s) of " << k_tiles / slices << " K-tiles"

@@ -9,6 +9,10 @@
 //               So the MoE block a route lands in selects its rounding trajectory.
 //   invariant — every tile runs full-K in one slice, whatever G: a tile's arithmetic never depends on
 //               its index, so outputs are invariant to membership, batch composition and grid.
+//   invariant-split — every tile is split into the same s slices, s the largest divisor of k_tiles not
+//               above kMaxInvariantSlices; s depends only on (K, thread_k), never on M, G or the tile
+//               index, and the slices are reduced in fp32 in slice order. Invariant like `invariant`, but
+//               at decode (few tiles) it fills idle SMs as native's split remainder does.
 // The one non-obvious decision: the schedule is a value (computed once, printed, recorded by audit
 // runs as the "grid marker") that both the CPU `_ref` and the CUDA kernel consume, so the two cannot
 // drift apart and the scorer can check the grid that was really applied.
@@ -20,7 +24,14 @@
 
 namespace moesq::moe {
 
-enum class ScheduleKind { Native, Invariant };
+enum class ScheduleKind { Native, Invariant, InvariantSplit };
+
+// Upper bound on the fixed slice count of `invariant-split`: 8 is what native reaches at M = 1 on the
+// H200 (96 tiles, grid 1188 → ⌊G/R⌋ = 12 → largest divisor of 32 K-tiles ≤ 12 = 8), so decode gets the
+// same parallelism; larger s would only grow the fp32 workspace traffic at large M.
+constexpr int kMaxInvariantSlices = 8;
+// Slices of every tile under invariant-split: the largest divisor of k_tiles that is <= kMaxInvariantSlices.
+int invariant_split_slices(int64_t k_tiles);
 ScheduleKind parse_schedule_kind(const std::string& s);  // Error names --schedule
 const char* schedule_kind_name(ScheduleKind k);
 
@@ -55,8 +66,8 @@ struct TileSchedule {
   int64_t n_tiles = 0;        // N / thread_n
   int64_t k_tiles = 0;        // K / thread_k
   int64_t tiles = 0;          // T = P · n_tiles
-  int64_t direct_tiles = 0;   // tiles [0, direct_tiles) run full-K
-  int64_t split_tiles = 0;    // the R remaining tiles
+  int64_t direct_tiles = 0;   // tiles [0, direct_tiles) run full-K (0 under invariant-split)
+  int64_t split_tiles = 0;    // the R remaining tiles (all T under invariant-split)
   int slices = 1;             // s, slices of each remaining tile (1 = no reduction)
   int64_t first_split_block = -1;  // MoE block of tile `direct_tiles`; -1 when split_tiles == 0
 
