@@ -1,7 +1,7 @@
-// Benchmark of the packed-AWQ W4A16 MoE GEMM (native vs invariant schedule) against the dense fp16 peer
+// Benchmark of the packed-AWQ W4A16 MoE GEMM (native vs invariant vs invariant-split schedule) against the dense fp16 peer
 // (cuBLAS, one cublasGemmEx per active expert) at the Qwen3-30B-A3B shapes, following the pre-declared
 // protocol bench/awq_protocol.json. It checks first (GPU vs CPU `_ref` on the same packed bits for
-// M <= 64; native vs invariant for every M), then times with CUDA events (warm-ups, one event pair per
+// M <= 64; native vs invariant and invariant-split for every M), then times with CUDA events (warm-ups, one event pair per
 // iteration), and writes every raw timing to --out for bench/validate_awq_timing.py to recompute.
 // Usage: bench_awq_gemm --protocol bench/awq_protocol.json --out raw.json
 #include <cublas_v2.h>
@@ -122,12 +122,14 @@ int main(int argc, char** argv) try {
       const int64_t grid = static_cast<int64_t>(prop.multiProcessorCount) * bps;
       const auto s_nat = moe::make_schedule(moe::ScheduleKind::Native, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       const auto s_inv = moe::make_schedule(moe::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const auto s_spl =
+          moe::make_schedule(moe::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       uint16_t* d_x = upload(x);
       int32_t *d_ids = upload(a.sorted_ids), *d_be = upload(a.block_expert);
       __half* d_c = nullptr;
       float* d_ws = nullptr;
       MOESQ_CUDA_CHECK(cudaMalloc(&d_c, R * N * 2));
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>(1, cuda::awq_workspace_floats(s_nat)) * 4));
+      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>({1, cuda::awq_workspace_floats(s_nat), cuda::awq_workspace_floats(s_spl)}) * 4));
       auto desc = [&](const moe::TileSchedule& s) {
         cuda::AwqMoeGemmCudaDesc d;
         d.A = reinterpret_cast<const __half*>(d_x);
@@ -145,7 +147,7 @@ int main(int argc, char** argv) try {
         d.sched = s;
         return d;
       };
-      const auto d_nat = desc(s_nat), d_inv = desc(s_inv);
+      const auto d_nat = desc(s_nat), d_inv = desc(s_inv), d_spl = desc(s_spl);
       auto run_get = [&](const cuda::AwqMoeGemmCudaDesc& d) {
         cuda::awq_moe_gemm_cuda(d, nullptr);
         std::vector<uint16_t> c(R * N);
@@ -153,12 +155,14 @@ int main(int argc, char** argv) try {
         return c;
       };
       // ---- check first ----
-      const auto c_nat = run_get(d_nat), c_inv = run_get(d_inv);
+      const auto c_nat = run_get(d_nat), c_inv = run_get(d_inv), c_spl = run_get(d_spl);
       bool correct = true;
       int64_t bad = -1;
       auto close = [](double x, double y) { return std::fabs(x - y) <= kAtol + kRtol * std::fabs(y); };
       for (int64_t i = 0; i < R * N && correct; ++i)
         if (!close(f16_to_f32(c_inv[i]), f16_to_f32(c_nat[i]))) correct = false, bad = i;
+      for (int64_t i = 0; i < R * N && correct; ++i)
+        if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_nat[i]))) correct = false, bad = i;
       if (correct && M <= 64) {
         std::vector<uint16_t> c_ref(R * N);
         moe::AwqMoeGemmDesc rd;
@@ -174,6 +178,11 @@ int main(int argc, char** argv) try {
         moe::awq_moe_gemm_ref(rd);
         for (int64_t i = 0; i < R * N && correct; ++i)
           if (!close(f16_to_f32(c_nat[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
+        // invariant-split vs its own `_ref` (same slices, same reduction order).
+        rd.sched = &s_spl;
+        moe::awq_moe_gemm_ref(rd);
+        for (int64_t i = 0; i < R * N && correct; ++i)
+          if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
       }
       if (!correct)
         std::fprintf(stderr, "CHECK FAILED %s M=%lld N=%lld K=%lld first bad index %lld (route %lld, n %lld)\n",
@@ -205,17 +214,19 @@ int main(int argc, char** argv) try {
       pt["grid"] = grid;
       pt["blocks_per_sm"] = bps;
       pt["native_schedule"] = s_nat.to_json();
+      pt["invariant_split_schedule"] = s_spl.to_json();
       pt["correct"] = correct;
       pt["times_ms"]["native"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
       pt["times_ms"]["invariant"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);
+      pt["times_ms"]["invariant-split"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_spl, nullptr); }, warm, iters);
       pt["times_ms"]["cublas_fp16"] = time_it(cublas_all, warm, iters);
       int active = 0;
       for (int e = 0; e < E; ++e) active += cnt[e] > 0;
       const double packed_bytes = double(active) * W[0].packed_bytes(), flops = 2.0 * R * N * K;
-      for (const char* m : {"native", "invariant", "cublas_fp16"}) {
+      for (const char* m : {"native", "invariant", "invariant-split", "cublas_fp16"}) {
         const double med = median(pt["times_ms"][m].get<std::vector<double>>());
         pt["median_ms"][m] = med;
-        std::printf("%s M=%-5lld %-12s median %.4f ms  %.2f TFLOP/s  %.0f GB/s packed weights\n",
+        std::printf("%s M=%-5lld %-15s median %.4f ms  %.2f TFLOP/s  %.0f GB/s packed weights\n",
                     shape["name"].get<std::string>().c_str(), (long long)M, m, med, flops / med / 1e9,
                     packed_bytes / med / 1e6);
       }
