@@ -75,7 +75,7 @@ void register_audit(CLI::App& app) {
   sc->add_option("--thread-k", so->thread_k, "K per K-tile (0 = selector)");
   sc->add_option("--thread-n", so->thread_n, "N per N-tile (0 = selector)");
   sc->add_option("--grid", so->grid, "CUDA blocks G")->capture_default_str();
-  sc->add_option("--schedule", so->schedule, "native | invariant")->capture_default_str();
+  sc->add_option("--schedule", so->schedule, "native | invariant | invariant-split")->capture_default_str();
   sc->add_flag("--json", so->json, "print JSON");
   sc->callback([so] {
     moe::ThreadConfigOverrides ov;
@@ -98,7 +98,7 @@ void register_audit(CLI::App& app) {
   rn->add_option("--out", *out, "output run directory (written atomically)")->required();
   rn->add_option("--history", ro->history, "H0 | H1")->capture_default_str();
   rn->add_option("--align", *align, "native | canonical")->capture_default_str();
-  rn->add_option("--schedule", *sched, "native | invariant")->capture_default_str();
+  rn->add_option("--schedule", *sched, "native | invariant | invariant-split")->capture_default_str();
   rn->add_option("--grid", ro->grid, "CUDA blocks G of both GEMMs")->capture_default_str();
   rn->add_option("--thread-k", ro->overrides.thread_k, "override thread_k");
   rn->add_option("--thread-n", ro->overrides.thread_n, "override thread_n");
