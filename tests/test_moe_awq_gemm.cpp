@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/half.h"
+#include "support/moe_fixtures.h"
 #include "moe/align.h"
 #include "moe/awq_gemm_ref.h"
 #include "moe/awq_layer.h"
@@ -45,18 +46,7 @@ std::vector<uint16_t> run_gemm(const std::vector<uint16_t>& A, int64_t rows, int
   return C;
 }
 
-std::vector<int32_t> random_topk(int64_t M, int k, int E, uint64_t seed) {
-  SplitMix64 g(seed);
-  std::vector<int32_t> ids;
-  for (int64_t t = 0; t < M; ++t) {
-    std::set<int32_t> row;
-    while (static_cast<int>(row.size()) < k) row.insert(static_cast<int32_t>(g.below(E)));
-    std::vector<int32_t> v(row.begin(), row.end());
-    for (size_t i = v.size() - 1; i > 0; --i) std::swap(v[i], v[g.below(i + 1)]);
-    ids.insert(ids.end(), v.begin(), v.end());
-  }
-  return ids;
-}
+using moesq::test::random_topk;
 
 std::vector<int32_t> active_experts(const std::vector<int32_t>& ids) {
   std::set<int32_t> s(ids.begin(), ids.end());
