@@ -1,6 +1,7 @@
 // CPU tests of the kernel-layout transform and the `_ref` twins of the Hopper expert kernels
 // (moe/kernel_layout.h, moe/sparse_gemm_ref.h). The GPU kernels are checked against these refs in
-// tests/gpu/test_sparse_gemm.cu; here the refs are checked against the format module.
+// tests/gpu/test_sparse_gemm.cu and tests/gpu/test_act_layout.cu; here the refs are checked against the
+// format module, and the two activation layouts (ActLayout) against each other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,17 +42,53 @@ std::vector<uint16_t> random_rows(int64_t T, int64_t K, std::mt19937& rng) {
   return x;
 }
 
+constexpr ActLayout kActLayouts[] = {ActLayout::kMmaFragment, ActLayout::kKMajor};
+
+// Logical-order copy of the first K columns of a row stored in `layout` (the inverse of act_storage_index).
+std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, ActLayout layout) {
+  std::vector<uint16_t> logical(K);
+  for (int64_t k = 0; k < K; ++k) logical[k] = row[act_storage_index(k, layout)];
+  return logical;
+}
+
 TEST(KernelLayout, StorageIndexIsAPermutationOfEach32Block) {
-  for (int64_t base : {0, 32, 2048}) {
-    std::set<int64_t> seen;
-    for (int k = 0; k < 32; ++k) {
-      const int64_t s = act_storage_index(base + k);
-      EXPECT_GE(s, base);
-      EXPECT_LT(s, base + 32);
-      seen.insert(s);
+  for (ActLayout layout : kActLayouts) {
+    for (int64_t base : {0, 32, 2048}) {
+      std::set<int64_t> seen;
+      for (int k = 0; k < 32; ++k) {
+        const int64_t s = act_storage_index(base + k, layout);
+        EXPECT_GE(s, base) << act_layout_name(layout);
+        EXPECT_LT(s, base + 32) << act_layout_name(layout);
+        seen.insert(s);
+      }
+      EXPECT_EQ(seen.size(), 32u) << act_layout_name(layout) << " base " << base;
     }
-    EXPECT_EQ(seen.size(), 32u) << "base " << base;
   }
+  EXPECT_EQ(act_storage_index(5), act_storage_index(5, ActLayout::kMmaFragment)) << "default layout";
+}
+
+// kKMajor is step 1 alone (docs/KERNEL_LAYOUT.md §1): storage position q of each group of 8 holds
+// logical position [0,2,4,6,1,3,5,7][q] of that group (DESIGN.md §4); kMmaFragment is step 2 applied to it.
+TEST(KernelLayout, KMajorStorageIndexIsThe48To24PermutationOnly) {
+  constexpr int kOldPosOfNew[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (int64_t base : {0, 32, 4096}) {
+    for (int g = 0; g < 4; ++g) {
+      for (int q = 0; q < 8; ++q) {
+        const int64_t k = base + 8 * g + kOldPosOfNew[q];
+        ASSERT_EQ(act_storage_index(k, ActLayout::kKMajor), base + 8 * g + q) << "k=" << k;
+        const int c = 8 * g + q;  // mma column after step 1
+        ASSERT_EQ(act_storage_index(k, ActLayout::kMmaFragment), base + 8 * ((c % 8) / 2) + 2 * (c / 8) + (c & 1))
+            << "k=" << k;
+      }
+    }
+  }
+}
+
+TEST(KernelLayout, ActLayoutNames) {
+  EXPECT_STREQ(act_layout_name(ActLayout::kMmaFragment), "mma-fragment");
+  EXPECT_STREQ(act_layout_name(ActLayout::kKMajor), "k-major");
+  EXPECT_THROW(act_layout_name(static_cast<ActLayout>(2)), moesq::Error);
+  EXPECT_THROW(act_storage_index(0, static_cast<ActLayout>(2)), moesq::Error);
 }
 
 TEST(KernelLayout, RoundTripMatchesCanonicalDecodeBothMetaOrders) {
@@ -247,6 +284,60 @@ TEST(ActQuantRef, W4A16OnlyPermutes) {
   for (int k = 0; k < 96; ++k) EXPECT_EQ(out[act_storage_index(k)], x[k]);
 }
 
+// Both layouts hold the same bits; only their positions differ, and the padding stays zero.
+TEST(ActQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
+  std::mt19937 rng(41);
+  for (bool quantize : {true, false}) {
+    for (int64_t K : {32, 96, 288, 2048}) {
+      auto x = random_rows(1, K, rng);
+      std::vector<uint16_t> frag(padded_k(K), 0xFFFF), kmaj(padded_k(K), 0xFFFF);
+      float inv_frag = 0.0f, inv_kmaj = 0.0f;
+      act_quant_row_ref(x.data(), K, quantize, frag.data(), &inv_frag, ActLayout::kMmaFragment);
+      act_quant_row_ref(x.data(), K, quantize, kmaj.data(), &inv_kmaj, ActLayout::kKMajor);
+      EXPECT_EQ(inv_kmaj, inv_frag) << "quantize=" << quantize << " K=" << K;
+      const auto want = unpermute_row(frag.data(), K, ActLayout::kMmaFragment);
+      const auto got = unpermute_row(kmaj.data(), K, ActLayout::kKMajor);
+      bool nonzero = false;
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(got[k], want[k]) << "quantize=" << quantize << " K=" << K << " first bad k=" << k;
+        nonzero |= (got[k] & 0x7FFF) != 0;
+      }
+      EXPECT_TRUE(nonzero);
+      if (!quantize)
+        for (int64_t k = 0; k < K; ++k) ASSERT_EQ(got[k], x[k]) << "W4A16 keeps the bf16 bits, k=" << k;
+      for (int64_t k = K; k < padded_k(K); ++k) ASSERT_EQ(kmaj[k], 0) << "K=" << K << " padding at " << k;
+      // The two layouts really differ (K ≥ 32 always has a column that step 2 moves).
+      EXPECT_NE(kmaj, frag) << "quantize=" << quantize << " K=" << K;
+    }
+  }
+}
+
+TEST(DispatchRef, KMajorBatchMatchesMmaFragmentBatch) {
+  std::mt19937 rng(12);
+  const int T = 23, topk = 2, E = 4, cap = 7;  // ~11.5 routes per expert: some are dropped
+  for (int64_t K : {96, 288}) {
+    auto x = random_rows(T, K, rng);
+    std::vector<int32_t> ids(T * topk);
+    std::uniform_int_distribution<int> ed(0, E - 1);
+    for (auto& v : ids) v = ed(rng);
+    const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+    const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
+    EXPECT_EQ(frag.layout, ActLayout::kMmaFragment);
+    EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
+    EXPECT_EQ(kmaj.K_pad, frag.K_pad);
+    EXPECT_EQ(kmaj.counts, frag.counts);
+    EXPECT_EQ(kmaj.route_of_slot, frag.route_of_slot);
+    EXPECT_EQ(kmaj.inv_scale, frag.inv_scale);
+    ASSERT_EQ(kmaj.x.size(), frag.x.size());
+    for (size_t s = 0; s < frag.route_of_slot.size(); ++s) {
+      const auto want = unpermute_row(frag.x.data() + s * frag.K_pad, K, ActLayout::kMmaFragment);
+      const auto got = unpermute_row(kmaj.x.data() + s * kmaj.K_pad, K, ActLayout::kKMajor);
+      ASSERT_EQ(got, want) << "K=" << K << " expert " << s / cap << " slot " << s % cap;
+      for (int64_t k = K; k < kmaj.K_pad; ++k) ASSERT_EQ(kmaj.x[s * kmaj.K_pad + k], 0) << "padding at " << k;
+    }
+  }
+}
+
 TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
   std::mt19937 rng(11);
   const int T = 37, topk = 3, E = 5, cap = 9;
@@ -305,6 +396,67 @@ TEST(GroupedSparseGemmRef, AgreesWithFormatDequantization) {
   EXPECT_GT(ref, 0.0);
   EXPECT_LE(std::sqrt(err / ref), kRefVsFormatRelTol);
   EXPECT_EQ(y[(0 * cap + 4) * M + 0] == -1.0f, false);  // slot 4 of expert 0 written (5 kept routes)
+}
+
+// Same tokens in both layouts → bitwise the same Y, including ragged counts, a dropped route and K
+// with padding; reading a k-major batch as if it were mma-fragment must change Y (the layout is read).
+TEST(GroupedSparseGemmRef, BothActLayoutsGiveBitwiseTheSameY) {
+  std::mt19937 rng(22);
+  const int E = 3, cap = 5, T = 7, topk = 2;
+  for (bool quantize : {true, false}) {
+    for (int64_t K : {96, 288}) {
+      const int64_t M = 17;
+      std::vector<format::Sparse48Tensor> ts;
+      for (int e = 0; e < E; ++e) ts.push_back(random_sparse48(M, K, rng));
+      std::vector<const format::Sparse48Tensor*> ptrs;
+      for (auto& t : ts) ptrs.push_back(&t);
+      auto x = random_rows(T, K, rng);
+      std::vector<int32_t> ids = {0, 1, 0, 2, 1, 0, 0, 2, 0, 1, 0, 1, 2, 1};  // expert 0: 6 routes → 1 dropped
+      const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize);
+      const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, ActLayout::kKMajor);
+      std::vector<float> y_frag(E * cap * M, -1.0f), y_kmaj(E * cap * M, -1.0f);
+      grouped_sparse_gemm_ref(ptrs, frag, y_frag.data());
+      grouped_sparse_gemm_ref(ptrs, kmaj, y_kmaj.data());
+      bool nonzero = false;
+      for (size_t i = 0; i < y_frag.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&y_kmaj[i], &y_frag[i], sizeof(float)), 0)
+            << "quantize=" << quantize << " M=" << M << " K=" << K << " expert " << i / (cap * M) << " slot "
+            << (i / M) % cap << " m=" << i % M << ": " << y_kmaj[i] << " vs " << y_frag[i];
+        nonzero |= y_frag[i] != 0.0f && y_frag[i] != -1.0f;
+      }
+      EXPECT_TRUE(nonzero);
+      ActBatch mislabeled = kmaj;
+      mislabeled.layout = ActLayout::kMmaFragment;
+      std::vector<float> y_bad(E * cap * M, -1.0f);
+      grouped_sparse_gemm_ref(ptrs, mislabeled, y_bad.data());
+      EXPECT_NE(y_bad, y_frag) << "quantize=" << quantize << " K=" << K;
+    }
+  }
+}
+
+TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
+  std::mt19937 rng(9);
+  const int E = 3, cap = 4;
+  for (bool quantize : {true, false}) {
+    for (int64_t I : {64, 288}) {
+      auto h = random_rows(E * cap, 2 * I, rng);
+      const std::vector<int32_t> counts = {4, 0, 6};  // full, empty, over capacity
+      const ActBatch frag = swiglu_quant_ref(h, E, cap, I, counts, quantize);
+      const ActBatch kmaj = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
+      EXPECT_EQ(kmaj.counts, frag.counts);
+      EXPECT_EQ(kmaj.inv_scale, frag.inv_scale);
+      int64_t nonzero = 0;
+      for (size_t s = 0; s < static_cast<size_t>(E) * cap; ++s) {
+        const auto want = unpermute_row(frag.x.data() + s * frag.K_pad, I, ActLayout::kMmaFragment);
+        const auto got = unpermute_row(kmaj.x.data() + s * kmaj.K_pad, I, ActLayout::kKMajor);
+        ASSERT_EQ(got, want) << "quantize=" << quantize << " I=" << I << " expert " << s / cap << " slot " << s % cap;
+        for (uint16_t v : got) nonzero += (v & 0x7FFF) != 0;
+        for (int64_t k = I; k < kmaj.K_pad; ++k) ASSERT_EQ(kmaj.x[s * kmaj.K_pad + k], 0) << "padding at " << k;
+      }
+      EXPECT_GT(nonzero, 0);
+    }
+  }
 }
 
 TEST(SwigluQuantRef, SiluTimesUpThenQuantized) {

@@ -13,6 +13,9 @@ namespace moesq::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+static_assert(static_cast<int>(moe::ActLayout::kMmaFragment) == detail::kActLayoutMmaFragment &&
+                  static_cast<int>(moe::ActLayout::kKMajor) == detail::kActLayoutKMajor,
+              "nvfp4_row.cuh layout ints must equal moe::ActLayout");
 
 __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) {
   extern __shared__ uint16_t s_row[];  // [K] bf16 token row
@@ -30,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
   const int64_t s = static_cast<int64_t>(e) * a.capacity + slot;
   if (threadIdx.x == 0) a.route_of_slot[s] = static_cast<int32_t>(r);
   detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
-                                        a.out + s * a.K_pad, a.inv_scale + s, s_red);
+                                        a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
 }
 
 }  // namespace
@@ -40,6 +43,8 @@ void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
               a.K, " K_pad=", a.K_pad, " (K must be a multiple of 32, K_pad of 256)");
   MOESQ_CHECK(a.num_experts > 0 && a.capacity >= 0 && a.topk > 0 && a.T >= 0, "act_dispatch: bad sizes E=",
               a.num_experts, " capacity=", a.capacity, " topk=", a.topk, " T=", a.T);
+  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
+              "act_dispatch: unknown ActLayout ", static_cast<int>(a.layout));
   MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
   if (a.T == 0) return;
   const size_t smem = sizeof(uint16_t) * a.K;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "moe/kernel_layout.h"
+
 namespace moesq::cuda {
 
 struct DispatchArgs {
@@ -16,7 +18,8 @@ struct DispatchArgs {
   int64_t K = 0, K_pad = 0;            // K % 32 == 0; K_pad = moe::padded_k(K)
   int num_experts = 0, capacity = 0;
   bool quantize = true;                // false: W4A16, bf16 values only permuted
-  uint16_t* out = nullptr;             // [E, capacity, K_pad] bf16, kernel K order
+  moe::ActLayout layout = moe::ActLayout::kMmaFragment;  // K order of out: the GEMM kernel that reads it
+  uint16_t* out = nullptr;             // [E, capacity, K_pad] bf16, act_storage_index(·, layout) order
   float* inv_scale = nullptr;          // [E, capacity] 1/γ_a per slot
   int32_t* counts = nullptr;           // [E] routes per expert (zeroed by the launcher; may exceed capacity)
   int32_t* route_of_slot = nullptr;    // [E, capacity] route id r = token·topk + j of each filled slot
@@ -24,6 +27,7 @@ struct DispatchArgs {
 
 // Slot order inside an expert is the atomic (native) order; a route's values do not depend on it.
 // Routes beyond `capacity` are counted and dropped (the GEMM clamps counts to capacity).
+// Errors: K not a multiple of 32, K_pad not a multiple of 256 or < K, bad sizes, unknown layout.
 void act_dispatch(const DispatchArgs& args, cudaStream_t stream);
 
 }  // namespace moesq::cuda

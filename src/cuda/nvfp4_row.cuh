@@ -1,6 +1,6 @@
 // Device helpers shared by the two activation-producing kernels (act_dispatch.cu, swiglu_quant.cu):
-// NVFP4 quantization of one row held in shared memory, written in the kernel K order
-// (moe/kernel_layout.h act_storage_index). CPU twin: moe::act_quant_row_ref.
+// NVFP4 quantization of one row held in shared memory, written in the K order of the GEMM kernel
+// that reads it (moe/kernel_layout.h ActLayout, act_storage_index). CPU twin: moe::act_quant_row_ref.
 //
 // Non-obvious decision: every fp32 operation is written in the order of format/nvfp4.cpp
 // (γ = 2688/amax; code = UE4M3((γ·amax_b)/6); multiplier γ/s; q = E2M1(x·(γ/s))) and the E4M3
@@ -50,9 +50,16 @@ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
   return (code & 8) ? -m : m;
 }
 
-// Storage index of logical column kk (0..31) inside its 32-wide k-step (kernel_layout.cpp).
-__host__ __device__ constexpr int act_storage_in_step(int kk) {
+// Activation layouts as ints, equal to moe::ActLayout's values (kernel_layout.h; the launchers
+// static_assert it), so this header stays free of host-library includes.
+constexpr int kActLayoutMmaFragment = 0;  // 4:8 → 2:4, then B-fragment order (mma.sp kernel)
+constexpr int kActLayoutKMajor = 1;       // 4:8 → 2:4 only (wgmma.sp kernel, K-major smem B tile)
+
+// Storage index of logical column kk (0..31) inside its 32-wide k-step in `layout`
+// (moe::act_storage_index, kernel_layout.cpp).
+__host__ __device__ constexpr int act_storage_in_step(int kk, int layout) {
   const int c = 8 * (kk / 8) + 4 * ((kk % 8) & 1) + ((kk % 8) >> 1);  // 4:8 → 2:4
+  if (layout == kActLayoutKMajor) return c;
   return 8 * ((c % 8) / 2) + (c & 1) + 2 * (c / 8);                   // B-fragment order
 }
 
@@ -68,11 +75,51 @@ __device__ __forceinline__ float block_max(float v, float* s_red) {
   return v;
 }
 
-// Row s_row [K] (bf16 bits, logical order, shared memory) → out [K_pad] (global, kernel order).
+// One 32-wide k-step starting at logical column k0 of s_row → out[k0, k0+32) in layout kLayout, as
+// four 16-byte stores. The layout is a template value so that every index into v[] is a compile-time
+// constant and v stays in registers.
+template <int kLayout>
+__device__ __forceinline__ void quantize_step(const uint16_t* s_row, int k0, int K, bool quantize, float gamma,
+                                              uint16_t* out) {
+  uint16_t v[kActBlock];
+  if (k0 >= K) {
+#pragma unroll
+    for (int j = 0; j < kActBlock; ++j) v[j] = 0;
+  } else if (!quantize) {
+#pragma unroll
+    for (int j = 0; j < kActBlock; ++j) v[act_storage_in_step(j, kLayout)] = s_row[k0 + j];
+  } else {
+    float bmax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kActBlock; ++j) bmax = fmaxf(bmax, fabsf(bf16_bits_to_f32(s_row[k0 + j])));
+    const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
+    const float mult = s > 0.0f ? gamma / s : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kActBlock; ++j) {
+      const uint32_t q = s > 0.0f ? e2m1_encode(bf16_bits_to_f32(s_row[k0 + j]) * mult) : 0u;
+      // dec(q)·s has ≤ 6 significant bits: exact in bf16, so the truncating move below is exact.
+      v[act_storage_in_step(j, kLayout)] = static_cast<uint16_t>(__float_as_uint(e2m1_decode(q) * s) >> 16);
+    }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + k0);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint4 p;
+    p.x = v[8 * j + 0] | (static_cast<uint32_t>(v[8 * j + 1]) << 16);
+    p.y = v[8 * j + 2] | (static_cast<uint32_t>(v[8 * j + 3]) << 16);
+    p.z = v[8 * j + 4] | (static_cast<uint32_t>(v[8 * j + 5]) << 16);
+    p.w = v[8 * j + 6] | (static_cast<uint32_t>(v[8 * j + 7]) << 16);
+    dst[j] = p;
+  }
+}
+
+// Row s_row [K] (bf16 bits, logical order, shared memory) → out [K_pad] (global, 16-byte aligned) in
+// the K order `layout` (kActLayoutMmaFragment or kActLayoutKMajor). Each thread owns whole 32-wide
+// k-steps and writes one 16-byte store per 8 values in either layout: both only permute inside a step.
 // quantize: NVFP4 decoded values dec(q)·dec(c) and *inv_scale = 1/γ_a; else the bf16 values and 1.
 // All threads of the block must call it. s_red: 32 floats of shared scratch.
 __device__ inline void quantize_row_to_kernel_layout(const uint16_t* s_row, int K, int K_pad, bool quantize,
-                                                     uint16_t* out, float* inv_scale, float* s_red) {
+                                                     uint16_t* out, float* inv_scale, float* s_red, int layout) {
   float gamma = 1.0f;
   if (quantize) {
     float amax = 0.0f;
@@ -85,36 +132,8 @@ __device__ inline void quantize_row_to_kernel_layout(const uint16_t* s_row, int 
   }
   for (int step = threadIdx.x; step < K_pad / kActBlock; step += blockDim.x) {
     const int k0 = step * kActBlock;
-    uint16_t v[kActBlock];
-    if (k0 >= K) {
-#pragma unroll
-      for (int j = 0; j < kActBlock; ++j) v[j] = 0;
-    } else if (!quantize) {
-#pragma unroll
-      for (int j = 0; j < kActBlock; ++j) v[act_storage_in_step(j)] = s_row[k0 + j];
-    } else {
-      float bmax = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kActBlock; ++j) bmax = fmaxf(bmax, fabsf(bf16_bits_to_f32(s_row[k0 + j])));
-      const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
-      const float mult = s > 0.0f ? gamma / s : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kActBlock; ++j) {
-        const uint32_t q = s > 0.0f ? e2m1_encode(bf16_bits_to_f32(s_row[k0 + j]) * mult) : 0u;
-        // dec(q)·s has ≤ 6 significant bits: exact in bf16, so the truncating move below is exact.
-        v[act_storage_in_step(j)] = static_cast<uint16_t>(__float_as_uint(e2m1_decode(q) * s) >> 16);
-      }
-    }
-    uint4* dst = reinterpret_cast<uint4*>(out + k0);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint4 p;
-      p.x = v[8 * j + 0] | (static_cast<uint32_t>(v[8 * j + 1]) << 16);
-      p.y = v[8 * j + 2] | (static_cast<uint32_t>(v[8 * j + 3]) << 16);
-      p.z = v[8 * j + 4] | (static_cast<uint32_t>(v[8 * j + 5]) << 16);
-      p.w = v[8 * j + 6] | (static_cast<uint32_t>(v[8 * j + 7]) << 16);
-      dst[j] = p;
-    }
+    if (layout == kActLayoutKMajor) quantize_step<kActLayoutKMajor>(s_row, k0, K, quantize, gamma, out);
+    else quantize_step<kActLayoutMmaFragment>(s_row, k0, K, quantize, gamma, out);
   }
   if (threadIdx.x == 0) *inv_scale = quantize ? 1.0f / gamma : 1.0f;
 }

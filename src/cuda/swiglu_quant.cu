@@ -13,6 +13,9 @@ namespace moesq::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+static_assert(static_cast<int>(moe::ActLayout::kMmaFragment) == detail::kActLayoutMmaFragment &&
+                  static_cast<int>(moe::ActLayout::kKMajor) == detail::kActLayoutKMajor,
+              "nvfp4_row.cuh layout ints must equal moe::ActLayout");
 
 __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs a) {
   extern __shared__ uint16_t s_row[];  // [I] bf16 silu(gate)·up
@@ -28,7 +31,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
   }
   __syncthreads();
   detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.I), static_cast<int>(a.I_pad), a.quantize,
-                                        a.out + s * a.I_pad, a.inv_scale + s, s_red);
+                                        a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
 }
 
 }  // namespace
@@ -38,6 +41,8 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
               a.I, " I_pad=", a.I_pad, " (I must be a multiple of 32, I_pad of 256)");
   MOESQ_CHECK(a.num_experts > 0 && a.num_experts <= 65535 && a.capacity >= 0, "swiglu_quant: bad sizes E=",
               a.num_experts, " capacity=", a.capacity);
+  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
+              "swiglu_quant: unknown ActLayout ", static_cast<int>(a.layout));
   if (a.capacity == 0) return;
   const size_t smem = sizeof(uint16_t) * a.I;
   if (smem > 48 * 1024)

@@ -80,11 +80,22 @@ int kernel_code_bit(int element, int bit) {
 
 int64_t padded_k(int64_t K) { return (K + kChunkK - 1) / kChunkK * kChunkK; }
 
-int64_t act_storage_index(int64_t k) {
+const char* act_layout_name(ActLayout layout) {
+  switch (layout) {
+    case ActLayout::kMmaFragment: return "mma-fragment";
+    case ActLayout::kKMajor: return "k-major";
+  }
+  MOESQ_FAIL("act_layout_name: unknown ActLayout ", static_cast<int>(layout));
+}
+
+int64_t act_storage_index(int64_t k, ActLayout layout) {
+  MOESQ_CHECK(layout == ActLayout::kMmaFragment || layout == ActLayout::kKMajor,
+              "act_storage_index: unknown ActLayout ", static_cast<int>(layout));
   const int64_t base = k / kMmaK * kMmaK;
   const int kk = static_cast<int>(k % kMmaK);
   const int grp = kk / 8, j = kk % 8;
   const int c = 8 * grp + 4 * (j & 1) + (j >> 1);  // 4:8 → 2:4 permutation [0,2,4,6,1,3,5,7]
+  if (layout == ActLayout::kKMajor) return base + c;
   // B fragment of m16n8k32: lane t holds K rows 2t + (i&1) + 8·(i>>1), i = 0..7; store them
   // contiguously at 8t + i.
   const int t = (c % 8) / 2, i = (c & 1) + 2 * (c / 8);

@@ -10,10 +10,13 @@
 // (DESIGN.md §4). The one value-preserving change: codes of zero-scale blocks are stored as 0. Decoding to
 // bf16 at load time would be simpler but would move 5.8× more bytes in the memory-bound decode.
 //
-// Two permutations of K are involved (both fixed, both applied to weights AND activations):
-//  1. paired 4:8 → 2:4: inside every group of 8, positions [0,2,4,6,1,3,5,7] (DESIGN.md §4);
+// Two fixed permutations of K are involved:
+//  1. paired 4:8 → 2:4: inside every group of 8, positions [0,2,4,6,1,3,5,7] (DESIGN.md §4), applied
+//     to weights AND activations;
 //  2. storage order of a 32-wide k-step in the activation rows: lane t of an mma quad reads the 8
-//     B-fragment elements it needs as one contiguous 16-byte vector.
+//     B-fragment elements it needs as one contiguous 16-byte vector. Only the mma.sp kernel's
+//     activation layout (ActLayout::kMmaFragment) applies it; the wgmma.sp kernel's K-major layout
+//     (ActLayout::kKMajor) stops after step 1.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -72,8 +75,22 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
 // (WITHOUT 1/γ), logical K order, zeros where pruned. out: [M, K] fp32.
 void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out);
 
-// Activation K order: storage index (inside a row of K_pad elements) of logical column k.
-// Composition of the 4:8→2:4 permutation and the 32-wide B-fragment storage order.
-int64_t act_storage_index(int64_t k);
+// Order of K inside an activation row (the B operand), one per GEMM kernel that reads it
+// (docs/KERNEL_LAYOUT.md §1):
+//   kMmaFragment: 4:8→2:4 permutation (step 1) then the 32-wide B-fragment order (step 2), for the
+//                 mma.sp m16n8k32 kernel (cuda/sparse_gemm.cu), whose lanes load B straight from
+//                 global memory, 8 bf16 per 16-byte load;
+//   kKMajor:      step 1 only, for the wgmma.mma_async.sp kernel (cuda/sparse_gemm_wgmma.cu), which
+//                 copies a K-major B tile into shared memory and lets the hardware pick fragments.
+// The values are explicit so device code can take the layout as an int.
+enum class ActLayout : int { kMmaFragment = 0, kKMajor = 1 };
+
+// "mma-fragment" / "k-major". Error for a value outside the enum.
+const char* act_layout_name(ActLayout layout);
+
+// Storage index (inside a row of K_pad elements) of logical column k in `layout`. Both layouts
+// permute K only inside each 32-wide block, so padding columns K..K_pad stay in place. Error for a
+// layout value outside the enum.
+int64_t act_storage_index(int64_t k, ActLayout layout = ActLayout::kMmaFragment);
 
 }  // namespace moesq::moe

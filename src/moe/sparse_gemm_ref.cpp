@@ -21,13 +21,14 @@ namespace {
 inline uint8_t nibble_at(const uint8_t* bytes, int64_t idx) { return (bytes[idx >> 1] >> ((idx & 1) * 4)) & 0xf; }
 }  // namespace
 
-void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale) {
+void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
+                       ActLayout layout) {
   MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_ref: K=", K, " is not a multiple of ",
               format::kActScaleBlock);
   const int64_t K_pad = padded_k(K);
   std::fill(out, out + K_pad, uint16_t{0});
   if (!quantize) {
-    for (int64_t k = 0; k < K; ++k) out[act_storage_index(k)] = x[k];
+    for (int64_t k = 0; k < K; ++k) out[act_storage_index(k, layout)] = x[k];
     *inv_scale = 1.0f;
     return;
   }
@@ -43,14 +44,14 @@ void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* ou
     const float mult = s > 0.0f ? gamma / s : 0.0f;
     for (int j = 0; j < B; ++j) {
       const uint8_t q = s > 0.0f ? format::e2m1_encode(bf16_to_f32(x[b0 + j]) * mult) : uint8_t{0};
-      out[act_storage_index(b0 + j)] = f32_to_bf16(format::e2m1_decode(q) * s);  // exact in bf16
+      out[act_storage_index(b0 + j, layout)] = f32_to_bf16(format::e2m1_decode(q) * s);  // exact in bf16
     }
   }
   *inv_scale = 1.0f / gamma;
 }
 
 ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* topk_ids, int topk, int num_experts,
-                      int capacity, bool quantize) {
+                      int capacity, bool quantize, ActLayout layout) {
   MOESQ_CHECK(num_experts > 0 && capacity >= 0 && topk > 0, "dispatch_ref: bad sizes E=", num_experts,
               " capacity=", capacity, " topk=", topk);
   ActBatch a;
@@ -58,6 +59,7 @@ ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* to
   a.capacity = capacity;
   a.K = K;
   a.K_pad = padded_k(K);
+  a.layout = layout;
   a.x.assign(static_cast<size_t>(num_experts) * capacity * a.K_pad, 0);
   a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
   a.counts.assign(num_experts, 0);
@@ -69,7 +71,7 @@ ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* to
     if (slot >= capacity) continue;
     const size_t s = static_cast<size_t>(e) * capacity + slot;
     a.route_of_slot[s] = static_cast<int32_t>(r);
-    act_quant_row_ref(x + (r / topk) * K, K, quantize, a.x.data() + s * a.K_pad, &a.inv_scale[s]);
+    act_quant_row_ref(x + (r / topk) * K, K, quantize, a.x.data() + s * a.K_pad, &a.inv_scale[s], layout);
   }
   return a;
 }
@@ -105,7 +107,7 @@ void grouped_sparse_gemm_ref(const std::vector<const format::Sparse48Tensor*>& e
     parallel_for(n, [&](int64_t slot) {
       const size_t s = static_cast<size_t>(e) * act.capacity + slot;
       std::vector<double> xv(t.K);
-      for (int64_t k = 0; k < t.K; ++k) xv[k] = bf16_to_f32(act.x[s * act.K_pad + act_storage_index(k)]);
+      for (int64_t k = 0; k < t.K; ++k) xv[k] = bf16_to_f32(act.x[s * act.K_pad + act_storage_index(k, act.layout)]);
       const float alpha = inv_w * act.inv_scale[s];
       for (int64_t m = 0; m < M; ++m) {
         double acc = 0.0;
@@ -118,7 +120,7 @@ void grouped_sparse_gemm_ref(const std::vector<const format::Sparse48Tensor*>& e
 }
 
 ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int capacity, int64_t I,
-                          const std::vector<int32_t>& counts, bool quantize) {
+                          const std::vector<int32_t>& counts, bool quantize, ActLayout layout) {
   MOESQ_CHECK(h.size() == static_cast<size_t>(num_experts) * capacity * 2 * I, "swiglu_quant_ref: h has ", h.size(),
               " elements, expected [", num_experts, ", ", capacity, ", ", 2 * I, "]");
   ActBatch a;
@@ -126,6 +128,7 @@ ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int c
   a.capacity = capacity;
   a.K = I;
   a.K_pad = padded_k(I);
+  a.layout = layout;
   a.x.assign(static_cast<size_t>(num_experts) * capacity * a.K_pad, 0);
   a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
   a.counts = counts;
@@ -140,7 +143,7 @@ ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int c
         const float g = bf16_to_f32(hr[i]), u = bf16_to_f32(hr[I + i]);
         row[i] = f32_to_bf16(g / (1.0f + std::exp(-g)) * u);
       }
-      act_quant_row_ref(row.data(), I, quantize, a.x.data() + s * a.K_pad, &a.inv_scale[s]);
+      act_quant_row_ref(row.data(), I, quantize, a.x.data() + s * a.K_pad, &a.inv_scale[s], layout);
     }
   }
   return a;

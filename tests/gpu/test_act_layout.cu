@@ -1,0 +1,262 @@
+// GPU tests of the K-major activation layout (moe::ActLayout::kKMajor, docs/KERNEL_LAYOUT.md §1) that
+// the wgmma.sp grouped GEMM reads: cuda::act_dispatch and cuda::swiglu_quant with layout kKMajor vs
+// their CPU twins dispatch_ref / act_quant_row_ref / swiglu_quant_ref in kKMajor, bitwise. The default
+// (mma-fragment) layout is covered by tests/gpu/test_sparse_gemm.cu.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "cuda/act_dispatch.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/nvfp4_row.cuh"
+#include "cuda/swiglu_quant.cuh"
+#include "moe/kernel_layout.h"
+#include "moe/sparse_gemm_ref.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::moe;
+
+// expf on the GPU may differ from the host libm in the last ulp; after bf16 rounding and NVFP4
+// requantization that flips at most a handful of values per thousand (as in test_sparse_gemm.cu).
+constexpr double kSwigluMaxMismatchFraction = 0.01;
+// Gates at or above this make exp(−g) < 2^-24, so 1 + exp(−g) rounds to exactly 1 in fp32 on host and
+// device alike and silu(g)·u = g·u: the SwiGLU output must then match the reference bitwise.
+constexpr float kExactSiluMinGate = 17.0f;
+constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { MOESQ_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(n, 1))); }
+  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
+    MOESQ_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    MOESQ_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// Logical-order copy of the first K columns of a row stored in `layout`.
+std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, ActLayout layout) {
+  std::vector<uint16_t> logical(K);
+  for (int64_t k = 0; k < K; ++k) logical[k] = row[act_storage_index(k, layout)];
+  return logical;
+}
+
+// The device index table (nvfp4_row.cuh) and the host one (kernel_layout.cpp) are written twice: pin
+// them to each other for both layouts.
+TEST(ActStorageIndex, DeviceStepTableMatchesHost) {
+  for (ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
+    for (int kk = 0; kk < 32; ++kk)
+      ASSERT_EQ(cuda::detail::act_storage_in_step(kk, static_cast<int>(layout)), act_storage_index(kk, layout))
+          << act_layout_name(layout) << " kk=" << kk;
+}
+
+TEST(ActDispatch, KMajorMatchesRefPerRoute) {
+  std::mt19937 rng(43);
+  for (bool quantize : {true, false}) {
+    for (int64_t K : {96, 288, 2048}) {  // 288: K_pad = 512, padding columns written as zeros
+      const int T = 41, topk = 4, E = 16, cap = 12;
+      std::vector<uint16_t> x(T * K);
+      std::normal_distribution<float> nd(0.0f, 1.5f);
+      for (auto& v : x) v = f32_to_bf16(nd(rng));
+      for (int64_t k = 0; k < K; ++k) x[2 * K + k] = 0;  // a zero token: γ = 1, all codes 0
+      std::vector<int32_t> ids(T * topk);
+      std::uniform_int_distribution<int> ed(0, E - 1);
+      for (auto& v : ids) v = ed(rng);
+      for (int r = 0; r < 16; ++r) ids[4 * r] = 7;  // crowd expert 7 past its capacity: drops
+      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, ActLayout::kKMajor);
+      ASSERT_EQ(ref.layout, ActLayout::kKMajor);
+
+      DevBuf<uint16_t> d_x(x), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
+      DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
+      DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
+      cuda::DispatchArgs a;
+      a.x = d_x.p;
+      a.topk_ids = d_ids.p;
+      a.T = T;
+      a.topk = topk;
+      a.K = K;
+      a.K_pad = ref.K_pad;
+      a.num_experts = E;
+      a.capacity = cap;
+      a.quantize = quantize;
+      a.layout = ActLayout::kKMajor;
+      a.out = d_out.p;
+      a.inv_scale = d_inv.p;
+      a.counts = d_counts.p;
+      a.route_of_slot = d_ros.p;
+      cuda::act_dispatch(a, nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = d_out.download();
+      const auto inv = d_inv.download();
+      const auto counts = d_counts.download();
+      const auto ros = d_ros.download();
+      ASSERT_GT(ref.counts[7], cap) << "the test must exercise dropped routes";
+      int64_t checked = 0, nonzero = 0;
+      for (int e = 0; e < E; ++e) {
+        ASSERT_EQ(counts[e], ref.counts[e]) << "expert " << e;
+        for (int s = 0; s < std::min(counts[e], cap); ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          const int r = ros[gs];
+          ASSERT_TRUE(r >= 0 && r < T * topk && ids[r] == e) << "expert " << e << " slot " << s << " route " << r;
+          // GPU slots are in atomic order and drop other routes than the canonical ref: compare each
+          // slot with the k-major ref row of its own route.
+          std::vector<uint16_t> want(ref.K_pad);
+          float want_inv = 0.0f;
+          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, ActLayout::kKMajor);
+          ASSERT_EQ(inv[gs], want_inv) << "route " << r;
+          for (int64_t k = 0; k < ref.K_pad; ++k) {
+            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << "quantize=" << quantize << " K=" << K << " expert " << e
+                                                         << " route " << r << " first bad storage index " << k;
+            nonzero += (want[k] & 0x7FFF) != 0;
+          }
+          ++checked;
+        }
+      }
+      EXPECT_GT(checked, 0);
+      EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+struct SwigluRun {
+  std::vector<uint16_t> out;  // [E, capacity, I_pad]
+  std::vector<float> inv;     // [E, capacity], −1 where not written
+};
+
+SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>& counts, int E, int cap, int64_t I,
+                     int64_t I_pad, bool quantize, ActLayout layout) {
+  DevBuf<uint16_t> d_h(h), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
+  DevBuf<int32_t> d_counts(counts);
+  DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+  cuda::SwigluQuantArgs a;
+  a.h = d_h.p;
+  a.counts = d_counts.p;
+  a.num_experts = E;
+  a.capacity = cap;
+  a.I = I;
+  a.I_pad = I_pad;
+  a.quantize = quantize;
+  a.layout = layout;
+  a.out = d_out.p;
+  a.inv_scale = d_inv.p;
+  cuda::swiglu_quant(a, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return {d_out.download(), d_inv.download()};
+}
+
+// Gates in [17, 40]: silu(g)·u = g·u exactly on both sides, so the k-major GPU output and the k-major
+// reference must agree bit for bit (values, 1/γ_a and the zero padding).
+TEST(SwigluQuant, KMajorMatchesRefBitwiseWhenSiluIsExact) {
+  std::mt19937 rng(19);
+  for (bool quantize : {true, false}) {
+    for (int64_t I : {96, 768}) {
+      const int E = 3, cap = 9;
+      const std::vector<int32_t> counts = {9, 0, 13};  // full, empty, over capacity
+      std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+      std::uniform_real_distribution<float> gate(kExactSiluMinGate, 40.0f);
+      std::normal_distribution<float> up(0.0f, 2.0f);
+      for (size_t row = 0; row < static_cast<size_t>(E) * cap; ++row)
+        for (int64_t i = 0; i < I; ++i) {
+          h[row * 2 * I + i] = f32_to_bf16(gate(rng));
+          h[row * 2 * I + I + i] = f32_to_bf16(up(rng));
+        }
+      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
+      int64_t nonzero = 0;
+      for (int e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          if (s >= std::min(counts[e], cap)) {
+            EXPECT_EQ(gpu.inv[gs], -1.0f) << "expert " << e << " slot " << s << " past count written";
+            continue;
+          }
+          ASSERT_EQ(gpu.inv[gs], ref.inv_scale[gs]) << "quantize=" << quantize << " I=" << I << " expert " << e
+                                                    << " slot " << s;
+          for (int64_t k = 0; k < ref.K_pad; ++k) {
+            ASSERT_EQ(gpu.out[gs * ref.K_pad + k], ref.x[gs * ref.K_pad + k])
+                << "quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s
+                << " first bad storage index " << k;
+            nonzero += (ref.x[gs * ref.K_pad + k] & 0x7FFF) != 0;
+          }
+        }
+      EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+// Ordinary gates: the k-major GPU output is the GPU's own mma-fragment output re-ordered (bitwise: same
+// kernel arithmetic), and within the expf allowance of the k-major reference.
+TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
+  std::mt19937 rng(23);
+  for (bool quantize : {true, false}) {
+    const int E = 3, cap = 17;
+    const int64_t I = 288;
+    std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (auto& v : h) v = f32_to_bf16(nd(rng));
+    const std::vector<int32_t> counts = {17, 0, 5};
+    const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+    const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
+    const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
+    EXPECT_EQ(kmaj.inv, frag.inv);
+    int64_t mismatch = 0, total = 0;
+    for (int e = 0; e < E; ++e)
+      for (int s = 0; s < std::min(counts[e], cap); ++s) {
+        const size_t gs = static_cast<size_t>(e) * cap + s;
+        const uint16_t* row_k = kmaj.out.data() + gs * ref.K_pad;
+        const uint16_t* row_f = frag.out.data() + gs * ref.K_pad;
+        ASSERT_EQ(unpermute_row(row_k, I, ActLayout::kKMajor), unpermute_row(row_f, I, ActLayout::kMmaFragment))
+            << "quantize=" << quantize << " expert " << e << " slot " << s;
+        for (int64_t k = I; k < ref.K_pad; ++k) ASSERT_EQ(row_k[k], 0) << "padding at " << k;
+        for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += row_k[k] != ref.x[gs * ref.K_pad + k];
+      }
+    std::printf("swiglu k-major quantize=%d: %lld of %lld values differ from the host ref\n", quantize,
+                static_cast<long long>(mismatch), static_cast<long long>(total));
+    EXPECT_GT(total, 0);
+    EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
+  }
+}
+
+TEST(ActLayoutLaunchers, RejectUnknownLayout) {
+  cuda::DispatchArgs d;
+  d.K = 64;
+  d.K_pad = 256;
+  d.num_experts = 1;
+  d.topk = 1;
+  d.layout = static_cast<ActLayout>(2);
+  EXPECT_THROW(cuda::act_dispatch(d, nullptr), moesq::Error);
+  cuda::SwigluQuantArgs s;
+  s.I = 64;
+  s.I_pad = 256;
+  s.num_experts = 1;
+  s.capacity = 1;
+  s.layout = static_cast<ActLayout>(2);
+  EXPECT_THROW(cuda::swiglu_quant(s, nullptr), moesq::Error);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "no CUDA device: GPU tests need one\n");
+    return 1;
+  }
+  return RUN_ALL_TESTS();
+}
