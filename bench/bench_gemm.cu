@@ -257,6 +257,7 @@ int main(int argc, char** argv) try {
         a.K_pad = K_pad;
         a.ldy = M;
         const cuda::GemmConfig cfg = cuda::sparse_gemm_heuristic(G, M, K_pad, N);
+        a.x_layout = cuda::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
 
         // ---- check first: expert 0, first ≤ 4 tokens, against the CPU ref on the same bits ----
         cuda::sparse_gemm(a, N, s, &cfg);
@@ -273,16 +274,20 @@ int main(int argc, char** argv) try {
           MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), w[0], kw.data.size(), cudaMemcpyDeviceToHost));
           std::vector<float> wdec(size_t(M) * K);
           moe::kernel_layout_decode_ref(kw, 0, wdec.data());
-          const int nt = std::min(counts[0], 4);
+          // Tokens 0, 1, the middle and the last of expert 0: first and last n-block of its tiles.
+          std::vector<int> toks;
+          for (int t : {0, 1, counts[0] / 2, counts[0] - 1})
+            if (t >= 0 && t < counts[0] && std::find(toks.begin(), toks.end(), t) == toks.end()) toks.push_back(t);
+          const int nt = toks.back() + 1;
           std::vector<uint16_t> hx(size_t(nt) * K_pad), hy(size_t(nt) * M);
           MOESQ_CUDA_CHECK(cudaMemcpy(hx.data(), x, sizeof(uint16_t) * hx.size(), cudaMemcpyDeviceToHost));
           MOESQ_CUDA_CHECK(cudaMemcpy(hy.data(), y, sizeof(uint16_t) * hy.size(), cudaMemcpyDeviceToHost));
           double err = 0, nrm = 0;
-          for (int t = 0; t < nt; ++t)
+          for (int t : toks)
             for (int64_t m = 0; m < M; ++m) {
               double acc = 0;
               for (int64_t k = 0; k < K; ++k)
-                acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k)]);
+                acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k, a.x_layout)]);
               acc *= double(inv_gamma[0] * (1.0f / 2688.0f));
               const double d = bf16_to_f32(hy[t * M + m]) - acc;
               err += d * d;
@@ -304,22 +309,30 @@ int main(int argc, char** argv) try {
         // Sweep the other built instances of this token range (heuristic tuning data, bench/NOTES.md).
         nlohmann::json sweep = nlohmann::json::object();
         {
-          std::vector<std::pair<int, int>> alts;
-          if (N <= 8) alts = {{1, 1}, {2, 1}, {2, 2}};
-          else if (N <= 16) alts = {{1, 2}, {2, 2}};
-          else alts = {{2, 2}, {2, 4}, {4, 4}};
-          for (auto [mt, nt] : alts) {
-            cuda::GemmConfig alt;
-            alt.m_tiles = mt;
-            alt.n_tiles = nt;
+          std::vector<std::pair<std::string, cuda::GemmConfig>> alts;
+          auto mma = [](int mt, int nt) {
+            cuda::GemmConfig c;
+            c.m_tiles = mt;
+            c.n_tiles = nt;
+            return std::make_pair(std::to_string(16 * mt) + "x" + std::to_string(8 * nt), c);
+          };
+          if (N <= 8) alts = {mma(1, 1), mma(2, 1), mma(2, 2)};
+          else if (N <= 16) alts = {mma(1, 2), mma(2, 2)};
+          else alts = {mma(2, 2), mma(2, 4), mma(4, 4)};
+          if (N >= 64)
+            for (auto [bn, st] : std::vector<std::pair<int, int>>{{128, 4}, {128, 6}, {256, 4}})
+              alts.emplace_back("wgmma128x" + std::to_string(bn) + "s" + std::to_string(st), cuda::wgmma_config(bn, st));
+          for (const auto& [name, alt] : alts) {
+            a.x_layout = cuda::sparse_gemm_act_layout(alt);
             const double t = median_us(
                 [&](int i) {
                   a.w = w[i % wsets];
                   cuda::sparse_gemm(a, N, s, &alt);
                 },
                 std::max(10, reps / 2), s);
-            sweep[std::to_string(16 * mt) + "x" + std::to_string(8 * nt)] = t;
+            sweep[name] = t;
           }
+          a.x_layout = cuda::sparse_gemm_act_layout(cfg);
           a.w = w[0];
         }
 
@@ -409,7 +422,7 @@ int main(int argc, char** argv) try {
                               {"cublas_grouped_us", cublas_us},
                               {"torch_grouped_mm_us", torch_us},
                               {"speedup_vs_faster_peer", speedup},
-                              {"sweep_us_by_warp_tile", sweep}};
+                              {"sweep_us_by_config", sweep}};
         if (!cublas_err.empty()) row["cublas_error"] = cublas_err;
         if (peer.count(key) && peer[key].contains("error")) row["torch_error"] = peer[key]["error"];
         rows.push_back(row);

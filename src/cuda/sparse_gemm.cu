@@ -26,6 +26,8 @@
 #include <sstream>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/sparse_decode.cuh"
+#include "cuda/sparse_gemm_wgmma.cuh"
 
 namespace moesq::cuda {
 
@@ -33,67 +35,9 @@ namespace {
 
 constexpr int kMaxExperts = 1024;  // prefix array in shared memory
 constexpr int kWarps = 4;          // warps per CTA (all share the CTA's token tile)
-constexpr int kChunkBytes = 1408;  // moe::kChunkBytes: one 16-row × 256-K chunk
-constexpr int kChunkK = 256;
-constexpr int kSteps = 8;          // mma k-steps (32 K each) per chunk
-constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
-constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
-constexpr float kAccUnscale = 128.0f;  // 2^7: undoes 2^-126 (code shift) · 2^119 (scale bias), exactly
-constexpr uint32_t kBf16x2NegZero = 0x80008000u;
-constexpr uint32_t kF16ToBf16x2p119 = 0x73807380u;  // (127 + 119 − 15) << 7 in both halves
-
-// Streamed-once weights: non-coherent load that does not allocate in L1 (keeps L1 for X).
-__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t u4get(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
-}
-
-// a·b exactly (+(−0) keeps the sign of zero products); fma keeps bf16 subnormal inputs.
-__device__ __forceinline__ uint32_t bf16x2_mul_exact(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(kBf16x2NegZero));
-  return d;
-}
-
-// Two UE4M3 codes (bits 0–7: row g, bits 8–15: row g+8) → bf16x2 {s_g·2^119, s_g8·2^119}, exact.
-// cvt.f16x2.e4m3x2 (one instruction) gives exact f16 — every UE4M3 value, subnormals included, is a
-// NORMAL f16 with the 3 mantissa bits on top — so a shift by 3 moves each half onto the bf16 field
-// (the high half's zero low mantissa bits fill the gap: no mask) and one add re-biases the exponent
-// 15 → 127 + 119. Code 0 becomes 2^104, not 0: the layout stores code 0 for every weight of a
-// zero-scale block (moe/kernel_layout.cpp), and 0 · 2^104 = 0.
-__device__ __forceinline__ uint32_t ue4m3x2_to_bf16x2_x2p119(uint32_t c2) {
-  uint32_t f;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f) : "h"(static_cast<unsigned short>(c2)));
-  return (f >> 3) + kF16ToBf16x2p119;
-}
-
-// The 16-bit half `odd` of a stored metadata word → the 32-bit mma.sp operand: byte j holds stored
-// nibble j of step 2p (low) and 2p+1 (high); each nibble serves both halves of its group after the
-// [0,2,4,6,1,3,5,7] permutation, so it is doubled (× 0x11 on nibbles alone in their bytes: no carry).
-__device__ __forceinline__ uint32_t meta_of_step(uint32_t word, int odd) {
-  return ((word >> (4 * odd)) & 0x0F0F0F0Fu) * 0x11u;
-}
-
-// One lane's A fragment of one k-step, as value·scale·2^-7: register k = (a_2k, a_2k+1); registers
-// 0, 2 are row g (scale pair lane 0), 1, 3 row g+8 (lane 1); s2 as from ue4m3x2_to_bf16x2_x2p119.
-// The code word's bits already sit where one shift (two for k = 2, 3) and a mask put them on the
-// bf16 bits of value·2^-126 (magnitude at bits 6–8 — code 1 = 0.5 lands on the subnormal 2^-127 —
-// sign at 15, +16 for the high half; moe/kernel_layout.cpp code_bit_pos): 9 integer ops for 8 codes.
-__device__ __forceinline__ void decode_a(uint32_t w, uint32_t s2, uint32_t a[4]) {
-  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
-  const uint32_t s_g = __byte_perm(s2, 0, 0x1010), s_g8 = __byte_perm(s2, 0, 0x3232);
-  a[0] = bf16x2_mul_exact(w & (kMag | kSign), s_g);
-  a[1] = bf16x2_mul_exact((w << 3) & (kMag | kSign), s_g8);
-  a[2] = bf16x2_mul_exact(((w >> 3) & kMag) | ((w << 1) & kSign), s_g);
-  a[3] = bf16x2_mul_exact(((w << 6) & kMag) | ((w << 2) & kSign), s_g8);
-}
+// From this many tokens per expert on, the heuristic picks the wgmma.sp kernel (bench/NOTES.md v7).
+constexpr int kWgmmaMinTokens = 128;
+using namespace detail;
 
 // D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32.
 __device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const uint4& b, uint32_t meta) {
@@ -103,25 +47,6 @@ __device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(meta));
 }
 
-struct ChunkRegs {
-  uint4 codes[2];  // steps 0–3, 4–7: one 32-bit code word per step
-  uint4 scales;    // [8 steps][row g, row g+8] UE4M3
-  uint4 meta;      // [4 step pairs][4 B] ordered-metadata nibbles (lanes t = 0, 1)
-};
-
-__device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  r.codes[0] = ld_stream(chunk + lane * 16);
-  r.codes[1] = ld_stream(chunk + 512 + lane * 16);
-  r.scales = ld_stream(chunk + kScaleOff + g * 16);
-  r.meta = ld_stream(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);  // lanes t = 2, 3: ignored copy
-}
-
-// Pulls one chunk into L2 ahead of its register load (no register cost): the register double
-// buffer alone leaves only one chunk per m-tile in flight, too few bytes to cover HBM latency.
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(kChunkBytes) : "memory");
-}
 constexpr int kL2Ahead = 4;  // chunks per m-tile requested ahead into L2
 
 // kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (6, see sparse_gemm()).
@@ -338,24 +263,45 @@ void launch(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, cudaSt
 
 std::string GemmConfig::str() const {
   std::ostringstream os;
+  if (variant == GemmVariant::kWgmmaSp) {
+    os << "sparse_gemm wgmma.sp m64n" << 8 * n_tiles << "k32: BLOCK_M=" << warps * 16 * m_tiles
+       << " BLOCK_N=" << 8 * n_tiles << " (" << warps / 4 << " warpgroups, A from registers) stages=" << stages
+       << " grid=" << (grid > 0 ? std::to_string(grid) : std::string("SMs"));
+    return os.str();
+  }
   os << "sparse_gemm mma.sp m16n8k32: BLOCK_M=" << warps * 16 * m_tiles << " BLOCK_N=" << 8 * n_tiles
      << " (warp " << 16 * m_tiles << "x" << 8 * n_tiles << ", " << warps << " warps) grid="
      << (grid > 0 ? std::to_string(grid) : std::string("occupancy×SMs"));
   return os.str();
 }
 
+GemmConfig wgmma_config(int block_n, int stages) {
+  GemmConfig c;
+  c.variant = GemmVariant::kWgmmaSp;
+  c.m_tiles = 1;
+  c.n_tiles = block_n / 8;
+  c.warps = 8;
+  c.stages = stages;
+  return c;
+}
+
+moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config) {
+  return config.variant == GemmVariant::kWgmmaSp ? moe::ActLayout::kKMajor : moe::ActLayout::kMmaFragment;
+}
+
 GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens) {
   GemmConfig c;
-  if (max_tokens <= 8) c.n_tiles = 1;
-  else if (max_tokens <= 16) c.n_tiles = 2;
-  else c.n_tiles = 4;
-  if (c.n_tiles == 4) {
-    // Compute-bound side (bench/NOTES.md v2 sweep): 32×32 warp tiles (register double buffer) win up
-    // to 256 tokens per expert, 64×32 (each decoded A fragment reused 4×) above.
-    c.m_tiles = max_tokens <= 256 ? 2 : 4;
+  if (max_tokens >= kWgmmaMinTokens) {
+    // Compute-bound: wgmma.sp, 128 weight rows × 128 or 256 tokens per tile (bench/NOTES.md v7).
+    c = wgmma_config(max_tokens >= 256 ? 256 : 128);
+  } else if (max_tokens > 16) {
+    // Between decode and prefill (bench/NOTES.md v2 sweep): 32×32 warp tiles.
+    c.n_tiles = 4;
+    c.m_tiles = 2;
   } else {
     // Memory-bound decode: 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
     // fewer than ~2 tiles per SM (few experts): then halve BLOCK_M to spread the weights wider.
+    c.n_tiles = max_tokens <= 8 ? 1 : 2;
     const int64_t m_blocks2 = (M + 16 * kWarps * 2 - 1) / (16 * kWarps * 2);
     const int64_t tiles2 = num_experts * m_blocks2 * ((max_tokens + 8 * c.n_tiles - 1) / (8 * c.n_tiles));
     c.m_tiles = tiles2 < 2 * device_info().num_sms ? 1 : 2;
@@ -379,6 +325,14 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   if (a.capacity == 0 || max_tokens == 0) return;
   max_tokens = std::min(max_tokens, a.capacity);
   const GemmConfig c = config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, max_tokens);
+  MOESQ_CHECK(a.x_layout == sparse_gemm_act_layout(c), "sparse_gemm: activations are in ",
+              moe::act_layout_name(a.x_layout), " layout but ", c.str(), " reads ",
+              moe::act_layout_name(sparse_gemm_act_layout(c)), " (dispatch with sparse_gemm_act_layout(config))");
+  if (c.variant == GemmVariant::kWgmmaSp) {
+    MOESQ_CHECK(c.warps == 8 && c.m_tiles == 1 && detail::wgmma_instance_exists(8 * c.n_tiles, c.stages),
+                "sparse_gemm: no wgmma.sp instance for ", c.str());
+    return detail::launch_sparse_gemm_wgmma(a, c, max_tokens, device_info().num_sms, stream);
+  }
   MOESQ_CHECK(c.warps == kWarps, "sparse_gemm: config warps=", c.warps, " (only ", kWarps, " is built)");
   if (c.m_tiles == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
   if (c.m_tiles == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);

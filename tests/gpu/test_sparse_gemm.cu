@@ -101,12 +101,29 @@ struct GemmCheck {
   int64_t unwritten = 0, overwritten = 0, bf16_mismatch = 0, f32_not_bitwise = 0;
 };
 
-// Runs the GPU GEMM (fp32 and bf16 outputs, both poisoned) and compares with the CPU ref.
-GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const ActBatch& act, MetaOrder mo,
+// The same tokens with x stored in another K order (every slot, padding slots included).
+ActBatch relayout(const ActBatch& in, ActLayout layout) {
+  if (in.layout == layout) return in;
+  ActBatch out = in;
+  out.layout = layout;
+  for (size_t row = 0; row < static_cast<size_t>(in.num_experts) * in.capacity; ++row)
+    for (int64_t k = 0; k < in.K_pad; ++k)
+      out.x[row * in.K_pad + act_storage_index(k, layout)] = in.x[row * in.K_pad + act_storage_index(k, in.layout)];
+  return out;
+}
+
+// Runs the GPU GEMM (fp32 and bf16 outputs, both poisoned) and compares with the CPU ref. The batch
+// is first put into the layout the config's kernel reads (cfg nullptr: the heuristic's choice).
+GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const ActBatch& act_in, MetaOrder mo,
                          const cuda::GemmConfig* cfg) {
   std::vector<const format::Sparse48Tensor*> ptrs;
   for (auto& t : ts) ptrs.push_back(&t);
   const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test", mo);
+  int max_tokens = 0;
+  for (int c : act_in.counts) max_tokens = std::max(max_tokens, c);
+  const cuda::GemmConfig chosen =
+      cfg ? *cfg : cuda::sparse_gemm_heuristic(act_in.num_experts, kw.M, kw.K_pad, std::min(max_tokens, act_in.capacity));
+  const ActBatch act = relayout(act_in, cuda::sparse_gemm_act_layout(chosen));
   const int E = act.num_experts, cap = act.capacity;
   const int64_t M = kw.M;
   std::vector<float> ref(static_cast<size_t>(E) * cap * M, 0.0f);
@@ -124,6 +141,7 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   a.w = d_w.p;
   a.w_inv_gamma = d_ig.p;
   a.x = d_x.p;
+  a.x_layout = act.layout;
   a.x_inv_scale = d_is.p;
   a.counts = d_counts.p;
   a.y = d_y.p;
@@ -134,8 +152,6 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   a.M_pad = kw.M_pad;
   a.K_pad = kw.K_pad;
   a.ldy = M;
-  int max_tokens = 0;
-  for (int c : act.counts) max_tokens = std::max(max_tokens, c);
   cuda::sparse_gemm(a, max_tokens, nullptr, cfg);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   const auto y = d_y.download();
@@ -181,6 +197,12 @@ std::vector<cuda::GemmConfig> all_configs() {
   tiny_grid.n_tiles = 2;
   tiny_grid.grid = 3;
   v.push_back(tiny_grid);
+  v.push_back(cuda::wgmma_config(128, 4));
+  v.push_back(cuda::wgmma_config(128, 6));
+  v.push_back(cuda::wgmma_config(256, 4));
+  cuda::GemmConfig wgmma_tiny_grid = cuda::wgmma_config(128, 4);  // the pipelines run across tiles
+  wgmma_tiny_grid.grid = 3;
+  v.push_back(wgmma_tiny_grid);
   return v;
 }
 
@@ -258,6 +280,52 @@ TEST(SparseGemm, ExtremeScales) {
     EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << c.str();
     EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << c.str();
   }
+}
+
+// Many n-blocks per expert (counts around 128 and 256), a partial last m-block (M_pad = 208: warps
+// past M_pad compute and store nothing) and a single 256-K chunk: the wgmma.sp tiles and pipelines.
+TEST(SparseGemm, WgmmaManyTilesPerExpert) {
+  std::mt19937 rng(99);
+  const std::vector<int> counts = {0, 1, 127, 128, 129, 255, 256, 257, 300};
+  const int E = static_cast<int>(counts.size()), cap = 300;
+  for (int64_t K : {96, 768}) {
+    std::vector<format::Sparse48Tensor> ts;
+    for (int e = 0; e < E; ++e) ts.push_back(random_packed(200, K, rng, ScaleMode::kRandom));
+    const ActBatch act = random_batch(E, cap, K, counts, rng, true);
+    for (const auto& c : {cuda::wgmma_config(128, 4), cuda::wgmma_config(128, 6), cuda::wgmma_config(256, 4)}) {
+      const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
+      EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << "K=" << K << " " << c.str();
+      EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << "K=" << K << " " << c.str();
+    }
+    const GemmCheck h = run_gemm_check(ts, act, kDefaultMetaOrder, nullptr);  // heuristic: wgmma.sp
+    EXPECT_LE(h.max_rel_frob, kGemmRelFrobTol) << "K=" << K << " heuristic";
+    EXPECT_EQ(h.unwritten + h.overwritten + h.bf16_mismatch, 0) << "K=" << K << " heuristic";
+  }
+}
+
+TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {
+  cuda::SparseGemmArgs a;
+  DevBuf<uint8_t> w(1408);
+  DevBuf<float> f(16);
+  DevBuf<uint16_t> x(256 * 4);
+  DevBuf<int32_t> counts(1);
+  a.w = w.p;
+  a.w_inv_gamma = f.p;
+  a.x = x.p;
+  a.counts = counts.p;
+  a.y_f32 = f.p;
+  a.num_experts = 1;
+  a.capacity = 4;
+  a.M = 16;
+  a.M_pad = 16;
+  a.K_pad = 256;
+  a.ldy = 16;
+  a.x_layout = ActLayout::kMmaFragment;
+  const cuda::GemmConfig c = cuda::wgmma_config(128, 4);
+  EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &c), moesq::Error);
+  cuda::GemmConfig no_instance = cuda::wgmma_config(64, 4);
+  a.x_layout = ActLayout::kKMajor;
+  EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &no_instance), moesq::Error);
 }
 
 TEST(SparseGemm, RefusesUnsupportedShapes) {

@@ -1,0 +1,19 @@
+// Internal: the wgmma.mma_async.sp variant of the grouped sparse GEMM (sparse_gemm_wgmma.cu), called by
+// cuda::sparse_gemm when the config says GemmVariant::kWgmmaSp. Same arguments and arithmetic as the
+// mma.sp kernel (sparse_gemm.cuh); activations must be in moe::ActLayout::kKMajor.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "cuda/sparse_gemm.cuh"
+
+namespace moesq::cuda::detail {
+
+// Tile instances built: BLOCK_N (= 8·config.n_tiles) × pipeline stages.
+bool wgmma_instance_exists(int block_n, int stages);
+
+// Launches the persistent wgmma.sp kernel (one 256-thread CTA per SM; BLOCK_M = 128). `num_sms`:
+// the device's multiprocessor count. Arguments are validated by the caller (sparse_gemm).
+void launch_sparse_gemm_wgmma(const SparseGemmArgs& args, const GemmConfig& config, int max_tokens, int num_sms,
+                              cudaStream_t stream);
+
+}  // namespace moesq::cuda::detail
