@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -320,8 +321,10 @@ int main(int argc, char** argv) try {
           else if (N <= 16) alts = {mma(1, 2), mma(2, 2)};
           else alts = {mma(2, 2), mma(2, 4), mma(4, 4)};
           if (N >= 64)
-            for (auto [bn, st] : std::vector<std::pair<int, int>>{{128, 4}, {128, 6}, {256, 4}})
-              alts.emplace_back("wgmma128x" + std::to_string(bn) + "s" + std::to_string(st), cuda::wgmma_config(bn, st));
+            for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{
+                     {128, 128, 4}, {128, 256, 4}, {128, 256, 6}, {256, 128, 4}, {256, 128, 6}})
+              alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
+                                cuda::wgmma_config(bm, bn, st));
           for (const auto& [name, alt] : alts) {
             a.x_layout = cuda::sparse_gemm_act_layout(alt);
             const double t = median_us(

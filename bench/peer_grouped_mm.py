@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help='run rows whose "name/G/N" contains this (as bench_gemm --only)')
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -56,6 +57,8 @@ def main():
             # [G, M, K] storage viewed as [G, K, M]: the column-major B operand _grouped_mm wants.
             ws = [torch.randn(G, M, K, device=dev, dtype=torch.bfloat16).transpose(1, 2) for _ in range(nsets)]
             for N in (Ns[:2] if args.quick else Ns):
+                if args.only and args.only not in f"{name}/{G}/{N}":
+                    continue
                 counts = counts_for(G, N)
                 S = sum(counts)
                 x = torch.randn(S, K, device=dev, dtype=torch.bfloat16)

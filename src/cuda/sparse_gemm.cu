@@ -275,10 +275,10 @@ std::string GemmConfig::str() const {
   return os.str();
 }
 
-GemmConfig wgmma_config(int block_n, int stages) {
+GemmConfig wgmma_config(int block_m, int block_n, int stages) {
   GemmConfig c;
   c.variant = GemmVariant::kWgmmaSp;
-  c.m_tiles = 1;
+  c.m_tiles = block_m / 128;
   c.n_tiles = block_n / 8;
   c.warps = 8;
   c.stages = stages;
@@ -292,8 +292,8 @@ moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config) {
 GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens) {
   GemmConfig c;
   if (max_tokens >= kWgmmaMinTokens) {
-    // Compute-bound: wgmma.sp, 128 weight rows × 128 or 256 tokens per tile (bench/NOTES.md v7).
-    c = wgmma_config(max_tokens >= 256 ? 256 : 128);
+    // Compute-bound: wgmma.sp (bench/NOTES.md v7, v8).
+    c = max_tokens >= 512 ? wgmma_config(128, 256) : wgmma_config(256, 128);
   } else if (max_tokens > 16) {
     // Between decode and prefill (bench/NOTES.md v2 sweep): 32×32 warp tiles.
     c.n_tiles = 4;
@@ -329,7 +329,7 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
               moe::act_layout_name(a.x_layout), " layout but ", c.str(), " reads ",
               moe::act_layout_name(sparse_gemm_act_layout(c)), " (dispatch with sparse_gemm_act_layout(config))");
   if (c.variant == GemmVariant::kWgmmaSp) {
-    MOESQ_CHECK(c.warps == 8 && c.m_tiles == 1 && detail::wgmma_instance_exists(8 * c.n_tiles, c.stages),
+    MOESQ_CHECK(c.warps == 8 && detail::wgmma_instance_exists(c.m_tiles, 8 * c.n_tiles, c.stages),
                 "sparse_gemm: no wgmma.sp instance for ", c.str());
     return detail::launch_sparse_gemm_wgmma(a, c, max_tokens, device_info().num_sms, stream);
   }

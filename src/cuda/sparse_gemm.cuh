@@ -37,8 +37,9 @@ enum class GemmVariant {
 
 // Tile configuration: a CTA of `warps` warps owns BLOCK_M = warps·16·m_tiles rows and
 // BLOCK_N = 8·n_tiles tokens of one expert; CTAs loop persistently over (expert, m-block, n-block).
-// kWgmmaSp: warps = 8 (2 warpgroups), m_tiles = 1 (BLOCK_M = 128), n_tiles = 16 or 32, stages = the
-// depth of the shared-memory activation pipeline (4 or 6; 6 only with BLOCK_N = 128).
+// kWgmmaSp: warps = 8 (2 warpgroups), m_tiles = m64 wgmma tiles per warpgroup (BLOCK_M = 128·m_tiles),
+// n_tiles = BLOCK_N / 8, stages = depth of the shared-memory activation pipeline. Built:
+// 128×256 and 256×128 with 4 or 6 stages, 128×128 with 4.
 struct GemmConfig {
   GemmVariant variant = GemmVariant::kMmaSp;
   int m_tiles = 2;      // m16 tiles per warp
@@ -49,8 +50,8 @@ struct GemmConfig {
   std::string str() const;
 };
 
-// The wgmma.sp config with BLOCK_N tokens per tile (128 or 256) and `stages` pipeline stages.
-GemmConfig wgmma_config(int block_n, int stages = 4);
+// The wgmma.sp config with BLOCK_M weight rows × BLOCK_N tokens per tile and `stages` pipeline stages.
+GemmConfig wgmma_config(int block_m, int block_n, int stages = 4);
 
 // Activation layout the config's kernel reads (the dispatch / SwiGLU producers must write it).
 moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config);

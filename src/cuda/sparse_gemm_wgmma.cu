@@ -2,26 +2,32 @@
 // the compute-bound regime (hundreds of tokens per expert). Same contract and arithmetic as the
 // mma.sp kernel (sparse_gemm.cuh; CPU twin moe::grouped_sparse_gemm_ref).
 //
-// CTA = 2 warpgroups, tile = 128 weight rows (BLOCK_M) × BLOCK_N tokens of one expert. Per 64-wide
-// K block:
-//   * activations (B, K-major, moe::ActLayout::kKMajor) go global → shared memory with 16-byte
-//     cp.async into a 128-byte-swizzled [BLOCK_N][64] bf16 tile, kStages deep, issued kStages − 2
-//     K blocks ahead; token rows past the expert's count are zero-filled (never read);
-//   * each warp decodes ITS 16 weight rows straight from registers (sparse_decode.cuh, the same
-//     exact bf16 A fragment and metadata register as mma.sp) — A never touches shared memory —
-//     and the warpgroup issues two wgmma.mma_async.sp m64nNk32 (A from registers, B by descriptor).
-// A warpgroup keeps one K block of wgmma in flight (wait_group 1) while it decodes the next, so
-// decode and tensor work overlap. The weight stream (one 1408-byte chunk per warp per 256 K, register
-// double buffer + L2 prefetch) and the activation stream both run ACROSS tile boundaries of the
-// persistent loop, so a new tile does not start with an exposed memory latency.
+// CTA = 2 warpgroups (256 threads, one CTA per SM), tile = BLOCK_M = 128·kMW weight rows × BLOCK_N
+// tokens of one expert. Per 64-wide K block:
+//   * warp 0 (also a consumer) produces kStages − 2 K blocks ahead: one TMA of the K-major B tile
+//     (moe::ActLayout::kKMajor, box {64 K, BLOCK_N tokens} of the 3-D [E][capacity][K_pad] tensor,
+//     128-byte swizzle) and, on the last K block of each 256-K chunk, a bulk copy of each m16 tile's
+//     next 1408-byte weight chunk, all completing on the stage's "full" mbarrier;
+//   * each warp decodes ITS weight rows from shared memory to the exact bf16 A fragment in registers
+//     (sparse_decode.cuh; same fragment and metadata register as mma.sp), and each warpgroup issues
+//     wgmma.mma_async.sp m64nNk32 (A from registers, B by descriptor);
+//   * one CTA barrier per K block, after the stage's "full" wait, certifies that both warpgroups
+//     retired (wait_group 1) the wgmma of two K blocks ago, whose stage the producer then refills.
+//     (Per-stage "empty" mbarriers instead of the barrier measured slower: bench/NOTES.md v9.)
+// The decode runs one K block ahead of its wgmma, and both streams (B, weights) run ACROSS tile
+// boundaries of the persistent loop, so a new tile starts without an exposed memory latency. Token
+// rows past an expert's count are loaded (or zero-filled past capacity) but their output columns are
+// never stored: each output column depends on its own B column only.
 //
 // Non-obvious decision: A from registers, not shared memory. A sparse m64nNk32 wgmma reads 64·N bytes
 // of B per N/2 cycles — the full 128 B/cycle of shared memory on its own; A through shared memory as
 // well would make every tile shared-memory bound. The decode happens in registers anyway.
 #include "cuda/sparse_gemm_wgmma.cuh"
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 
@@ -38,23 +44,16 @@ constexpr int kThreads = kWarpgroups * 128;
 constexpr int kWarpsPerCta = kThreads / 32;          // warp w owns rows 16w..16w+15 of the tile
 constexpr int kBlockK = 64;                          // one 128-byte swizzle row of bf16 per token
 constexpr int kKBlocksPerChunk = kChunkK / kBlockK;  // 4
-constexpr int kL2AheadChunks = 3;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading src.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+  return r;
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-// cp.async writes are generic-proxy writes; the tensor cores read through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -168,23 +167,71 @@ __device__ __forceinline__ Tile tile_at(int tile, const int* s_prefix, const int
   return t;
 }
 
-template <int kBN, int kStages>
-__global__ void __launch_bounds__(kThreads, 1) grouped_sparse_gemm_wgmma_kernel(SparseGemmArgs a) {
-  static_assert(kStages >= 3, "the producer runs kStages - 2 K blocks ahead");
+// mbarrier helpers (shared::cta, 64-bit barrier words).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// TMA: box {64 K, kBN tokens, 1 expert} of the [E][capacity][K_pad] activations → swizzled smem;
+// rows past `capacity` are zero-filled by the hardware.
+__device__ __forceinline__ void tma_load_b(uint32_t dst, const CUtensorMap* map, int k, int tok, int e, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(map), "r"(k), "r"(tok), "r"(e), "r"(bar)
+      : "memory");
+}
+// Bulk copy of one 1408-byte weight chunk (contiguous in the kernel layout) → smem.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Weight chunks of the CTA's m16 tiles, double-buffered: [slot][m16 tile of the CTA tile][1408 B].
+constexpr int kWeightSlots = 2;
+
+template <int kMW, int kBN, int kStages>
+constexpr int smem_bytes() {
+  return kStages * kBN * kBlockK * 2 + kWeightSlots * kWarpsPerCta * kMW * kChunkBytes + 1024;
+}
+
+// kMW: m64 sub-tiles per warpgroup (BLOCK_M = 128·kMW); CTA-local m16 tile i = wg·4·kMW + 4·sub + wi
+// belongs to warp 4·wg + wi.
+template <int kMW, int kBN, int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_sparse_gemm_wgmma_kernel(SparseGemmArgs a, const __grid_constant__ CUtensorMap x_map) {
+  // kAhead ≤ 4: a chunk's weights are copied while the consumer is at least at the last K block of
+  // the chunk two before, whose slot is then free (see produce).
+  static_assert(kStages >= 3 && kStages <= 6, "the producer runs kStages - 2 (1..4) K blocks ahead");
   constexpr int kAhead = kStages - 2;
+  constexpr int kBlockMTiles = kWarpsPerCta * kMW;  // m16 tiles per CTA tile
   constexpr uint32_t kStageBytes = kBN * kBlockK * 2;
-  constexpr int kCopiesPerThread = kBN * (kBlockK / 8) / kThreads;
-  static_assert(kCopiesPerThread * kThreads == kBN * (kBlockK / 8), "whole 16-byte pieces per thread");
+  static_assert(kBlockMTiles <= 32, "one weight copy per lane of warp 0");
   extern __shared__ uint8_t smem_raw[];
   __shared__ int s_prefix[kMaxExperts + 1];
   __shared__ int s_count[kMaxExperts];
   __shared__ float s_alpha[2][kBN];
+  __shared__ alignas(8) uint64_t s_full[kStages];  // K block landed: B tile (+ a weight chunk)
   const uint32_t b_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-B alignment
+  const uint32_t w_base = b_base + kStages * kStageBytes;
+  const uint32_t full_base = smem_addr(s_full);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wi = warp & 3;
   const int E = a.num_experts;
   const int MT = static_cast<int>(a.M_pad / 16), KC = static_cast<int>(a.K_pad / kChunkK);
-  const int m_blocks = (MT + kWarpsPerCta - 1) / kWarpsPerCta;
+  const int m_blocks = (MT + kBlockMTiles - 1) / kBlockMTiles;
 
   if (warp == 0) {  // tiles per expert → exclusive prefix; clamped counts cached
     int running = 0;
@@ -204,25 +251,48 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_sparse_gemm_wgmma_kernel(
       if (e < E) s_prefix[e + 1] = running + v;
       running += __shfl_sync(0xffffffffu, v, 31);
     }
-    if (lane == 0) s_prefix[0] = 0;
+    if (lane == 0) {
+      s_prefix[0] = 0;
+      for (int i = 0; i < kStages; ++i) mbar_init(full_base + 8 * i, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
   }
   __syncthreads();
 
-  // Activation producer: one call per consumer K block (plus kAhead up front); it walks the same
-  // tile sequence kAhead K blocks ahead and always commits a group, so group c = K block c.
+  // Producer (warp 0, which also computes): one call per consumer K block (plus kAhead up front),
+  // walking the CTA's tile sequence kAhead K blocks ahead. Lane 0 arms the stage's barrier with the
+  // bytes to come and issues the B tile's TMA; on a chunk's last K block, lanes 0..kBlockMTiles−1
+  // also bulk-copy the NEXT chunk of the weight stream (one chunk ahead of the consumer, across
+  // tiles) on the same barrier.
   int p_tile = blockIdx.x, p_kb = 0, p_stage = 0;
   Tile pt = tile_at<kBN>(p_tile, s_prefix, s_count, E);
+  int w_tile = blockIdx.x, w_kc = 0, w_slot = 0;
+  Tile wt = pt;
   const int KB = KC * kKBlocksPerChunk;
-  auto produce = [&]() {
+  auto produce = [&](bool first) {
+    if (warp != 0) return;
     if (pt.e >= 0) {
-      const uint16_t* xe = a.x + static_cast<size_t>(pt.e) * a.capacity * a.K_pad + p_kb * kBlockK;
-      const uint32_t dst = b_base + p_stage * kStageBytes;
-#pragma unroll
-      for (int i = 0; i < kCopiesPerThread; ++i) {
-        const int idx = threadIdx.x + i * kThreads, r = idx >> 3, u = idx & 7;
-        const int tok = pt.nb * kBN + r;
-        const bool ok = tok < pt.count;
-        cp_async16(dst + r * 128 + ((u ^ (r & 7)) << 4), xe + static_cast<size_t>(ok ? tok : 0) * a.K_pad + u * 8, ok);
+      // Weights ride on the LAST K block of a chunk (the next chunk of the stream, decoded right after
+      // that K block's wait) — and on the very first K block (the first chunk).
+      const bool weights = (first || p_kb % kKBlocksPerChunk == kKBlocksPerChunk - 1) && wt.e >= 0;
+      const uint32_t bar = full_base + 8 * p_stage;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, kStageBytes + (weights ? kBlockMTiles * kChunkBytes : 0));
+        tma_load_b(b_base + p_stage * kStageBytes, &x_map, p_kb * kBlockK, pt.nb * kBN, pt.e, bar);
+      }
+      __syncwarp();
+      if (weights && lane < kBlockMTiles) {
+        const int mt = min(wt.mb * kBlockMTiles + lane, MT - 1);  // rows past M_pad: computed, never stored
+        bulk_load(w_base + (w_slot * kBlockMTiles + lane) * kChunkBytes,
+                  a.w + ((static_cast<size_t>(wt.e) * MT + mt) * KC + w_kc) * kChunkBytes, kChunkBytes, bar);
+      }
+      if (weights) {
+        w_slot ^= 1;
+        if (++w_kc == KC) {
+          w_kc = 0;
+          w_tile += gridDim.x;
+          wt = tile_at<kBN>(w_tile, s_prefix, s_count, E);
+        }
       }
       if (++p_kb == KB) {
         p_kb = 0;
@@ -230,36 +300,47 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_sparse_gemm_wgmma_kernel(
         pt = tile_at<kBN>(p_tile, s_prefix, s_count, E);
       }
     }
-    cp_async_commit();
     p_stage = p_stage + 1 == kStages ? 0 : p_stage + 1;
   };
 
-  // Weight stream of this warp's 16 rows, one chunk ahead of the consumer, across tiles.
-  auto chunk_ptr = [&](const Tile& tl, int kc) {
-    const int mt = min(tl.mb * kWarpsPerCta + warp, MT - 1);  // rows past M_pad: computed, not stored
-    return a.w + ((static_cast<size_t>(tl.e) * MT + mt) * KC + kc) * kChunkBytes;
-  };
-  int w_tile = blockIdx.x, w_kc = 0;
-  Tile wt = tile_at<kBN>(w_tile, s_prefix, s_count, E);
-  auto next_chunk = [&](ChunkRegs& r) {
-    if (wt.e < 0) return;
-    load_chunk(r, chunk_ptr(wt, w_kc), lane);
-    if (++w_kc == KC) {
-      w_kc = 0;
-      w_tile += gridDim.x;
-      wt = tile_at<kBN>(w_tile, s_prefix, s_count, E);
-    }
-  };
-
-  int tile = blockIdx.x, stage = 0, parity = 0;
+  auto m_tile = [&](const Tile& tl, int sub) { return tl.mb * kBlockMTiles + wg * 4 * kMW + 4 * sub + wi; };
+  int tile = blockIdx.x, stage = 0, parity = 0, r_slot = 0;
+  uint32_t phase = 0;  // parity of the stage barriers' current phase, flips when `stage` wraps
   Tile ct = tile_at<kBN>(tile, s_prefix, s_count, E);
 #pragma unroll 1
-  for (int i = 0; i < kAhead; ++i) produce();
-  ChunkRegs wcur, wnxt;
-  next_chunk(wcur);
-  float acc[kBN / 2];
+  for (int i = 0; i < kAhead; ++i) produce(i == 0);  // K blocks 0 .. kAhead − 1
+  float acc[kMW][kBN / 2];
 #pragma unroll
-  for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.0f;
+  for (int sub = 0; sub < kMW; ++sub)
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) acc[sub][i] = 0.0f;
+
+  // A fragments are decoded one K block AHEAD of their wgmma (set q & 1 feeds K block q of a chunk),
+  // so the decode overlaps the tensor work already queued. Weight registers: the chunk's scales and
+  // metadata, and the codes of 4 steps.
+  uint32_t af[2][kMW][2][4], mf[2][kMW][2];
+  uint4 scales[kMW], meta[kMW], codes[kMW];
+  auto decode_kblock = [&](int slot, int qq, uint32_t (&a_out)[kMW][2][4], uint32_t (&m_out)[kMW][2]) {
+#pragma unroll
+    for (int sub = 0; sub < kMW; ++sub) {
+      const uint32_t chunk = w_base + (slot * kBlockMTiles + wg * 4 * kMW + 4 * sub + wi) * kChunkBytes;
+      if (qq == 0) {
+        scales[sub] = ld_shared_v4(chunk + kScaleOff + g * 16);
+        meta[sub] = ld_shared_v4(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);
+      }
+      if ((qq & 1) == 0) codes[sub] = ld_shared_v4(chunk + (qq >> 1) * 512 + lane * 16);
+      const uint32_t sc = u4get(scales[sub], qq);  // steps 2qq (low half), 2qq + 1 (high half)
+      decode_a(u4get(codes[sub], (2 * qq) & 3), ue4m3x2_to_bf16x2_x2p119(sc), a_out[sub][0]);
+      decode_a(u4get(codes[sub], (2 * qq + 1) & 3), ue4m3x2_to_bf16x2_x2p119(sc >> 16), a_out[sub][1]);
+      const uint32_t mw = u4get(meta[sub], qq);
+      m_out[sub][0] = meta_of_step(mw, 0);
+      m_out[sub][1] = meta_of_step(mw, 1);
+    }
+  };
+  if (ct.e >= 0) {
+    mbar_wait(full_base, 0);  // K block 0 carries the first weight chunk
+    decode_kblock(0, 0, af[0], mf[0]);
+  }
 
   while (ct.e >= 0) {
     if (threadIdx.x < kBN) {  // epilogue factors α = (1/γ_w)·(1/γ_a); read after the K loop's barriers
@@ -270,91 +351,145 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_sparse_gemm_wgmma_kernel(
     }
 #pragma unroll 1
     for (int kc = 0; kc < KC; ++kc) {
-      next_chunk(wnxt);
-      if (lane == 0 && kc + kL2AheadChunks < KC) prefetch_l2(chunk_ptr(ct, kc + kL2AheadChunks));
 #pragma unroll
       for (int q = 0; q < kKBlocksPerChunk; ++q) {
-        cp_async_wait<kAhead - 1>();  // this thread's copies of K block (kc, q) have landed
-        fence_proxy_async();
-        __syncthreads();  // … everyone's; and every warpgroup retired the wgmma of two K blocks ago
-        produce();        // refills the stage those wgmma read
-        uint32_t a0[4], a1[4];
-        const uint32_t scales = u4get(wcur.scales, q);  // steps 2q (low half), 2q + 1 (high half)
-        decode_a(u4get(wcur.codes[q >> 1], (2 * q) & 3), ue4m3x2_to_bf16x2_x2p119(scales), a0);
-        decode_a(u4get(wcur.codes[q >> 1], (2 * q + 1) & 3), ue4m3x2_to_bf16x2_x2p119(scales >> 16), a1);
-        const uint32_t meta = u4get(wcur.meta, q);
+        mbar_wait(full_base + 8 * stage, phase);  // B tile of K block (kc, q) has landed
+        __syncthreads();  // every warpgroup retired the wgmma of two K blocks ago: its stage is free
         const uint64_t desc = desc_k_major_sw128(b_base + stage * kStageBytes);
         wgmma_fence();
-        Wgmma<kBN>::mma(acc, a0, desc, meta_of_step(meta, 0), kc > 0 || q > 0);
-        Wgmma<kBN>::mma(acc, a1, desc + (64 >> 4), meta_of_step(meta, 1), 1);
+#pragma unroll
+        for (int sub = 0; sub < kMW; ++sub) {
+          Wgmma<kBN>::mma(acc[sub], af[q & 1][sub][0], desc, mf[q & 1][sub][0], kc > 0 || q > 0);
+          Wgmma<kBN>::mma(acc[sub], af[q & 1][sub][1], desc + (64 >> 4), mf[q & 1][sub][1], 1);
+        }
         wgmma_commit();
-        wgmma_wait<1>();
-        stage = stage + 1 == kStages ? 0 : stage + 1;
+        produce(false);  // K block kAhead ahead, into the stage the wgmma of two K blocks ago read
+        wgmma_wait<1>();  // the previous K block's wgmma retired: its A set is free
+        // Next K block's A (the next chunk's first one — possibly the next tile's — after q = 3;
+        // that chunk came with K block (kc, 3), waited for at the top of this iteration).
+        if (q + 1 < kKBlocksPerChunk) decode_kblock(r_slot, q + 1, af[(q + 1) & 1], mf[(q + 1) & 1]);
+        else if (kc + 1 < KC || tile + static_cast<int>(gridDim.x) < s_prefix[E]) decode_kblock(r_slot ^ 1, 0, af[0], mf[0]);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
-      wcur = wnxt;
+      r_slot ^= 1;
     }
     wgmma_wait<0>();
-    fence_acc(acc);
+#pragma unroll
+    for (int sub = 0; sub < kMW; ++sub) fence_acc(acc[sub]);
 
-    // Epilogue: register 4j + 2h + h2 holds row g + 8h, token column 8j + 2t + h2 of the warp's tile.
-    const int mt = ct.mb * kWarpsPerCta + warp;
-    if (mt < MT) {
+    // Epilogue: acc[sub] register 4j + 2h + h2 holds row g + 8h of the warp's m16 tile `sub`, token
+    // column 8j + 2t + h2. Full tiles with a bf16-only output take a path without per-element tests.
+    const bool full = (ct.nb + 1) * kBN <= ct.count &&
+                      static_cast<int64_t>(ct.mb + 1) * kBlockMTiles * 16 <= a.M && a.y && !a.y_f32;
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
+    for (int sub = 0; sub < kMW; ++sub) {
+      const int mt = m_tile(ct, sub);
+      const int64_t m0 = static_cast<int64_t>(mt) * 16 + g;
+      uint16_t* y_base = a.y + (static_cast<size_t>(ct.e) * a.capacity + ct.nb * kBN) * a.ldy + m0;
+      if (full) {
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int n = 8 * j + 2 * t + h2, tok = ct.nb * kBN + n;
-          if (tok >= ct.count) continue;
-          const float alpha = s_alpha[parity][n];
-          const size_t row0 = (static_cast<size_t>(ct.e) * a.capacity + tok) * a.ldy;
+        for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t m = static_cast<int64_t>(mt) * 16 + g + 8 * h;
-            if (m >= a.M) continue;
-            const float v = (acc[4 * j + 2 * h + h2] * kAccUnscale) * alpha;
-            if (a.y) a.y[row0 + m] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-            if (a.y_f32) a.y_f32[row0 + m] = v;
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int n = 8 * j + 2 * t + h2;
+            const float alpha = s_alpha[parity][n];
+            uint16_t* yp = y_base + static_cast<size_t>(n) * a.ldy;
+            yp[0] = __bfloat16_as_ushort(__float2bfloat16_rn((acc[sub][4 * j + h2] * kAccUnscale) * alpha));
+            yp[8] = __bfloat16_as_ushort(__float2bfloat16_rn((acc[sub][4 * j + 2 + h2] * kAccUnscale) * alpha));
           }
-        }
+      } else if (mt < MT) {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int n = 8 * j + 2 * t + h2, tok = ct.nb * kBN + n;
+            if (tok >= ct.count) continue;
+            const float alpha = s_alpha[parity][n];
+            const size_t row0 = (static_cast<size_t>(ct.e) * a.capacity + tok) * a.ldy;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int64_t m = m0 + 8 * h;
+              if (m >= a.M) continue;
+              const float v = (acc[sub][4 * j + 2 * h + h2] * kAccUnscale) * alpha;
+              if (a.y) a.y[row0 + m] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+              if (a.y_f32) a.y_f32[row0 + m] = v;
+            }
+          }
       }
     }
     tile += gridDim.x;
     ct = tile_at<kBN>(tile, s_prefix, s_count, E);
     parity ^= 1;
   }
-  cp_async_wait<0>();  // only empty groups can be pending here; leave nothing in flight
 }
 
-template <int kBN, int kStages>
+// Tensor map of the activations [E][capacity][K_pad] bf16 (3-D so a box never crosses experts),
+// 128-byte swizzle, box {64, kBN, 1}. The driver entry point is fetched once through the runtime
+// (no libcuda link).
+CUtensorMap make_x_map(const SparseGemmArgs& a, int block_n) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MOESQ_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    MOESQ_CHECK(fn && q == cudaDriverEntryPointSuccess, "sparse_gemm: driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.K_pad), static_cast<cuuint64_t>(a.capacity),
+                              static_cast<cuuint64_t>(a.num_experts)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.K_pad) * 2,
+                                 static_cast<cuuint64_t>(a.K_pad) * 2 * static_cast<cuuint64_t>(a.capacity)};
+  const cuuint32_t box[3] = {kBlockK, static_cast<cuuint32_t>(block_n), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(a.x), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOESQ_CHECK(r == CUDA_SUCCESS, "sparse_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+              ") for x=", static_cast<const void*>(a.x), " K_pad=", a.K_pad, " capacity=", a.capacity);
+  return map;
+}
+
+template <int kMW, int kBN, int kStages>
 void launch(const SparseGemmArgs& a, int max_tokens, int num_sms, int grid_override, cudaStream_t stream) {
-  const int smem = kStages * kBN * kBlockK * 2 + 1024;
-  static const bool configured = [smem] {
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(grouped_sparse_gemm_wgmma_kernel<kBN, kStages>,
+  constexpr int smem = smem_bytes<kMW, kBN, kStages>();
+  static const bool configured = [] {
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  const int64_t m_blocks = (a.M_pad / 16 + kWarpsPerCta - 1) / kWarpsPerCta;
+  MOESQ_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "sparse_gemm: x must be 16-byte aligned for TMA");
+  const CUtensorMap x_map = make_x_map(a, kBN);
+  const int64_t m_blocks = (a.M_pad / 16 + kWarpsPerCta * kMW - 1) / (kWarpsPerCta * kMW);
   const int64_t max_tiles = a.num_experts * m_blocks * ((max_tokens + kBN - 1) / kBN);
   int64_t grid = grid_override > 0 ? grid_override : num_sms;
   grid = std::max<int64_t>(1, std::min(grid, max_tiles));
-  grouped_sparse_gemm_wgmma_kernel<kBN, kStages><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a);
+  grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, x_map);
   MOESQ_CUDA_LAUNCH_CHECK("grouped_sparse_gemm_wgmma_kernel");
 }
 
 }  // namespace
 
-bool wgmma_instance_exists(int block_n, int stages) {
-  return (block_n == 128 && (stages == 4 || stages == 6)) || (block_n == 256 && stages == 4);
+bool wgmma_instance_exists(int m_tiles, int block_n, int stages) {
+  if (m_tiles == 1 && block_n == 128) return stages == 4;
+  if (m_tiles == 1 && block_n == 256) return stages == 4 || stages == 6;
+  if (m_tiles == 2 && block_n == 128) return stages == 4 || stages == 6;
+  return false;
 }
 
 void launch_sparse_gemm_wgmma(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, int num_sms,
                               cudaStream_t stream) {
   const int block_n = 8 * c.n_tiles;
-  if (block_n == 128 && c.stages == 4) return launch<128, 4>(a, max_tokens, num_sms, c.grid, stream);
-  if (block_n == 128 && c.stages == 6) return launch<128, 6>(a, max_tokens, num_sms, c.grid, stream);
-  if (block_n == 256 && c.stages == 4) return launch<256, 4>(a, max_tokens, num_sms, c.grid, stream);
-  MOESQ_FAIL("sparse_gemm: no wgmma.sp instance for ", c.str(), " (built: BLOCK_N 128 × 4 or 6 stages, 256 × 4)");
+  if (c.m_tiles == 1 && block_n == 128 && c.stages == 4) return launch<1, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m_tiles == 1 && block_n == 256 && c.stages == 4) return launch<1, 256, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m_tiles == 1 && block_n == 256 && c.stages == 6) return launch<1, 256, 6>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m_tiles == 2 && block_n == 128 && c.stages == 4) return launch<2, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m_tiles == 2 && block_n == 128 && c.stages == 6) return launch<2, 128, 6>(a, max_tokens, num_sms, c.grid, stream);
+  MOESQ_FAIL("sparse_gemm: no wgmma.sp instance for ", c.str(),
+             " (built: BLOCK_M×BLOCK_N 128×128 with 4 stages, 128×256 and 256×128 with 4 or 6)");
 }
 
 }  // namespace moesq::cuda::detail

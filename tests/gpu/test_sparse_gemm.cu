@@ -80,7 +80,7 @@ ActBatch random_batch(int E, int cap, int64_t K, const std::vector<int>& counts,
   a.capacity = cap;
   a.K = K;
   a.K_pad = padded_k(K);
-  a.x.assign(static_cast<size_t>(E) * cap * a.K_pad, 0x7fc0);  // padding slots: NaN, must never be read
+  a.x.assign(static_cast<size_t>(E) * cap * a.K_pad, 0x7fc0);  // padding slots: NaN, must never reach an output
   a.inv_scale.assign(static_cast<size_t>(E) * cap, 1.0f);
   a.counts.assign(counts.begin(), counts.end());
   a.route_of_slot.assign(static_cast<size_t>(E) * cap, -1);
@@ -197,10 +197,12 @@ std::vector<cuda::GemmConfig> all_configs() {
   tiny_grid.n_tiles = 2;
   tiny_grid.grid = 3;
   v.push_back(tiny_grid);
-  v.push_back(cuda::wgmma_config(128, 4));
-  v.push_back(cuda::wgmma_config(128, 6));
-  v.push_back(cuda::wgmma_config(256, 4));
-  cuda::GemmConfig wgmma_tiny_grid = cuda::wgmma_config(128, 4);  // the pipelines run across tiles
+  v.push_back(cuda::wgmma_config(128, 128));
+  v.push_back(cuda::wgmma_config(128, 256));
+  v.push_back(cuda::wgmma_config(256, 128));
+  v.push_back(cuda::wgmma_config(128, 256, 6));
+  v.push_back(cuda::wgmma_config(256, 128, 6));
+  cuda::GemmConfig wgmma_tiny_grid = cuda::wgmma_config(256, 128);  // the pipelines run across tiles
   wgmma_tiny_grid.grid = 3;
   v.push_back(wgmma_tiny_grid);
   return v;
@@ -282,8 +284,9 @@ TEST(SparseGemm, ExtremeScales) {
   }
 }
 
-// Many n-blocks per expert (counts around 128 and 256), a partial last m-block (M_pad = 208: warps
-// past M_pad compute and store nothing) and a single 256-K chunk: the wgmma.sp tiles and pipelines.
+// Many n-blocks per expert (counts around 128 and 256), partial m-blocks (M_pad = 208: warps past
+// M_pad compute and store nothing), full tiles (the epilogue's fast path) and a single 256-K chunk:
+// the wgmma.sp tiles and pipelines.
 TEST(SparseGemm, WgmmaManyTilesPerExpert) {
   std::mt19937 rng(99);
   const std::vector<int> counts = {0, 1, 127, 128, 129, 255, 256, 257, 300};
@@ -292,7 +295,8 @@ TEST(SparseGemm, WgmmaManyTilesPerExpert) {
     std::vector<format::Sparse48Tensor> ts;
     for (int e = 0; e < E; ++e) ts.push_back(random_packed(200, K, rng, ScaleMode::kRandom));
     const ActBatch act = random_batch(E, cap, K, counts, rng, true);
-    for (const auto& c : {cuda::wgmma_config(128, 4), cuda::wgmma_config(128, 6), cuda::wgmma_config(256, 4)}) {
+    for (const auto& c : {cuda::wgmma_config(128, 128), cuda::wgmma_config(128, 256), cuda::wgmma_config(256, 128),
+                          cuda::wgmma_config(128, 256, 6), cuda::wgmma_config(256, 128, 6)}) {
       const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
       EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << "K=" << K << " " << c.str();
       EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << "K=" << K << " " << c.str();
@@ -321,9 +325,9 @@ TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {
   a.K_pad = 256;
   a.ldy = 16;
   a.x_layout = ActLayout::kMmaFragment;
-  const cuda::GemmConfig c = cuda::wgmma_config(128, 4);
+  const cuda::GemmConfig c = cuda::wgmma_config(128, 128);
   EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &c), moesq::Error);
-  cuda::GemmConfig no_instance = cuda::wgmma_config(64, 4);
+  cuda::GemmConfig no_instance = cuda::wgmma_config(128, 64);
   a.x_layout = ActLayout::kKMajor;
   EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &no_instance), moesq::Error);
 }
