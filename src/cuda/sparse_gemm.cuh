@@ -39,7 +39,7 @@ enum class GemmVariant {
 // BLOCK_N = 8·n_tiles tokens of one expert; CTAs loop persistently over (expert, m-block, n-block).
 // kWgmmaSp: warps = 8 (2 warpgroups), m_tiles = m64 wgmma tiles per warpgroup (BLOCK_M = 128·m_tiles),
 // n_tiles = BLOCK_N / 8, stages = depth of the shared-memory activation pipeline. Built:
-// 128×256 and 256×128 with 4 or 6 stages, 128×128 with 4.
+// 128×128 and 128×256 with 4 stages, 256×128 with 4 or 6.
 struct GemmConfig {
   GemmVariant variant = GemmVariant::kMmaSp;
   int m_tiles = 2;      // m16 tiles per warp

@@ -198,19 +198,44 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// TMA store of a staged output box {64 rows, kBN tokens, 1 expert} (128-byte swizzle) → y; rows ≥ M and
+// tokens ≥ capacity are clipped by the hardware.
+__device__ __forceinline__ void tma_store_y(const CUtensorMap* map, int m, int tok, int e, uint32_t src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(map),
+               "r"(m), "r"(tok), "r"(e), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+
 // Weight chunks of the CTA's m16 tiles, double-buffered: [slot][m16 tile of the CTA tile][1408 B].
 constexpr int kWeightSlots = 2;
 
+// Dynamic shared memory: B stages | weight slots | output staging (2·kMW boxes of [kBN][64] bf16,
+// 1024-B aligned for the swizzle), + 1024 B to align the base.
+template <int kMW, int kBN, int kStages>
+constexpr int weight_bytes() {
+  return (kWeightSlots * kWarpsPerCta * kMW * kChunkBytes + 1023) / 1024 * 1024;
+}
 template <int kMW, int kBN, int kStages>
 constexpr int smem_bytes() {
-  return kStages * kBN * kBlockK * 2 + kWeightSlots * kWarpsPerCta * kMW * kChunkBytes + 1024;
+  return kStages * kBN * kBlockK * 2 + weight_bytes<kMW, kBN, kStages>() + 2 * kMW * kBN * 128 + 1024;
 }
 
 // kMW: m64 sub-tiles per warpgroup (BLOCK_M = 128·kMW); CTA-local m16 tile i = wg·4·kMW + 4·sub + wi
 // belongs to warp 4·wg + wi.
 template <int kMW, int kBN, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_sparse_gemm_wgmma_kernel(SparseGemmArgs a, const __grid_constant__ CUtensorMap x_map) {
+    grouped_sparse_gemm_wgmma_kernel(SparseGemmArgs a, const __grid_constant__ CUtensorMap x_map,
+                                     const __grid_constant__ CUtensorMap y_map, int tma_store) {
   // kAhead ≤ 4: a chunk's weights are copied while the consumer is at least at the last K block of
   // the chunk two before, whose slot is then free (see produce).
   static_assert(kStages >= 3 && kStages <= 6, "the producer runs kStages - 2 (1..4) K blocks ahead");
@@ -225,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ alignas(8) uint64_t s_full[kStages];  // K block landed: B tile (+ a weight chunk)
   const uint32_t b_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-B alignment
   const uint32_t w_base = b_base + kStages * kStageBytes;
+  const uint32_t c_base = w_base + weight_bytes<kMW, kBN, kStages>();
   const uint32_t full_base = smem_addr(s_full);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -343,11 +369,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   while (ct.e >= 0) {
-    if (threadIdx.x < kBN) {  // epilogue factors α = (1/γ_w)·(1/γ_a); read after the K loop's barriers
+    // Epilogue factors α = (1/γ_w)·(1/γ_a), loaded now and stored to shared memory a K block later
+    // (the load latency hides under it); the epilogue reads them after the K loop's barriers.
+    float alpha_in = 0.0f;
+    if (threadIdx.x < kBN) {
       const int tok = ct.nb * kBN + threadIdx.x;
-      s_alpha[parity][threadIdx.x] =
-          a.w_inv_gamma[ct.e] *
-          ((a.x_inv_scale && tok < ct.count) ? a.x_inv_scale[static_cast<size_t>(ct.e) * a.capacity + tok] : 1.0f);
+      alpha_in = a.w_inv_gamma[ct.e] *
+                 ((a.x_inv_scale && tok < ct.count) ? a.x_inv_scale[static_cast<size_t>(ct.e) * a.capacity + tok] : 1.0f);
     }
 #pragma unroll 1
     for (int kc = 0; kc < KC; ++kc) {
@@ -364,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_commit();
         produce(false);  // K block kAhead ahead, into the stage the wgmma of two K blocks ago read
+        if (q == 1 && kc == 0 && threadIdx.x < kBN) s_alpha[parity][threadIdx.x] = alpha_in;
         wgmma_wait<1>();  // the previous K block's wgmma retired: its A set is free
         // Next K block's A (the next chunk's first one — possibly the next tile's — after q = 3;
         // that chunk came with K block (kc, 3), waited for at the top of this iteration).
@@ -381,26 +410,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int sub = 0; sub < kMW; ++sub) fence_acc(acc[sub]);
 
     // Epilogue: acc[sub] register 4j + 2h + h2 holds row g + 8h of the warp's m16 tile `sub`, token
-    // column 8j + 2t + h2. Full tiles with a bf16-only output take a path without per-element tests.
-    const bool full = (ct.nb + 1) * kBN <= ct.count &&
-                      static_cast<int64_t>(ct.mb + 1) * kBlockMTiles * 16 <= a.M && a.y && !a.y_f32;
+    // column 8j + 2t + h2. Tiles full in tokens are staged in shared memory per warpgroup and written
+    // by TMA stores (asynchronous: the warpgroup goes on to its next tile); partial tiles and the
+    // fp32 test output store element by element.
+    if (tma_store && (ct.nb + 1) * kBN <= ct.count) {
+      if ((threadIdx.x & 127) == 0) bulk_wait_read_all();  // this warpgroup's previous stores have read
+      named_barrier(1 + wg, 128);                         // … its staging boxes
 #pragma unroll
-    for (int sub = 0; sub < kMW; ++sub) {
-      const int mt = m_tile(ct, sub);
-      const int64_t m0 = static_cast<int64_t>(mt) * 16 + g;
-      uint16_t* y_base = a.y + (static_cast<size_t>(ct.e) * a.capacity + ct.nb * kBN) * a.ldy + m0;
-      if (full) {
+      for (int sub = 0; sub < kMW; ++sub) {
+        const uint32_t box = c_base + (wg * kMW + sub) * kBN * 128;  // [kBN tokens][64 rows], swizzled
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int n = 8 * j + 2 * t + h2;
             const float alpha = s_alpha[parity][n];
-            uint16_t* yp = y_base + static_cast<size_t>(n) * a.ldy;
-            yp[0] = __bfloat16_as_ushort(__float2bfloat16_rn((acc[sub][4 * j + h2] * kAccUnscale) * alpha));
-            yp[8] = __bfloat16_as_ushort(__float2bfloat16_rn((acc[sub][4 * j + 2 + h2] * kAccUnscale) * alpha));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // row 16·wi + g + 8h of the box: 16-byte unit 2·wi + h
+              const uint32_t addr = box + n * 128 + ((((2 * wi + h) ^ (n & 7))) << 4) + g * 2;
+              st_shared_u16(addr, __bfloat16_as_ushort(__float2bfloat16_rn((acc[sub][4 * j + 2 * h + h2] * kAccUnscale) * alpha)));
+            }
           }
-      } else if (mt < MT) {
+      }
+      fence_proxy_async();  // generic-proxy stores → the TMA engine's reads
+      named_barrier(1 + wg, 128);
+      if ((threadIdx.x & 127) == 0) {
+#pragma unroll
+        for (int sub = 0; sub < kMW; ++sub)
+          tma_store_y(&y_map, (ct.mb * kBlockMTiles + 4 * (wg * kMW + sub)) * 16, ct.nb * kBN, ct.e,
+                      c_base + (wg * kMW + sub) * kBN * 128);
+        bulk_commit();
+      }
+    } else {
+#pragma unroll
+      for (int sub = 0; sub < kMW; ++sub) {
+        const int mt = m_tile(ct, sub);
+        if (mt >= MT) continue;
+        const int64_t m0 = static_cast<int64_t>(mt) * 16 + g;
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
@@ -424,12 +470,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     ct = tile_at<kBN>(tile, s_prefix, s_count, E);
     parity ^= 1;
   }
+  if (tma_store && (threadIdx.x & 127) == 0) bulk_wait_all();  // staging must outlive the stores
 }
 
-// Tensor map of the activations [E][capacity][K_pad] bf16 (3-D so a box never crosses experts),
-// 128-byte swizzle, box {64, kBN, 1}. The driver entry point is fetched once through the runtime
-// (no libcuda link).
-CUtensorMap make_x_map(const SparseGemmArgs& a, int block_n) {
+// 3-D bf16 tensor map [dim2][dim1][dim0] with row stride `ld` elements, 128-byte swizzle, box
+// {64, block_n, 1}. The driver entry point is fetched once through the runtime (no libcuda link).
+CUtensorMap make_map(const void* base, int64_t dim0, int64_t ld, int64_t dim1, int64_t dim2, int block_n,
+                     const char* what) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -438,17 +485,15 @@ CUtensorMap make_x_map(const SparseGemmArgs& a, int block_n) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   CUtensorMap map;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.K_pad), static_cast<cuuint64_t>(a.capacity),
-                              static_cast<cuuint64_t>(a.num_experts)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.K_pad) * 2,
-                                 static_cast<cuuint64_t>(a.K_pad) * 2 * static_cast<cuuint64_t>(a.capacity)};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(dim0), static_cast<cuuint64_t>(dim1), static_cast<cuuint64_t>(dim2)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld) * 2, static_cast<cuuint64_t>(ld) * 2 * static_cast<cuuint64_t>(dim1)};
   const cuuint32_t box[3] = {kBlockK, static_cast<cuuint32_t>(block_n), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(a.x), dims, strides, box,
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MOESQ_CHECK(r == CUDA_SUCCESS, "sparse_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-              ") for x=", static_cast<const void*>(a.x), " K_pad=", a.K_pad, " capacity=", a.capacity);
+  MOESQ_CHECK(r == CUDA_SUCCESS, "sparse_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for ", what,
+              "=", base, " [", dim2, "][", dim1, "][", dim0, "] ld=", ld);
   return map;
 }
 
@@ -462,12 +507,18 @@ void launch(const SparseGemmArgs& a, int max_tokens, int num_sms, int grid_overr
   }();
   (void)configured;
   MOESQ_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "sparse_gemm: x must be 16-byte aligned for TMA");
-  const CUtensorMap x_map = make_x_map(a, kBN);
+  // Activations [E][capacity][K_pad]: 3-D so a box never crosses experts; tokens past capacity read 0.
+  const CUtensorMap x_map = make_map(a.x, a.K_pad, a.K_pad, a.capacity, a.num_experts, kBN, "x");
+  // Output through TMA stores when it is bf16 only and its rows are 16-byte aligned.
+  const bool tma_store = a.y && !a.y_f32 && a.ldy % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  CUtensorMap y_map{};
+  if (tma_store) y_map = make_map(a.y, a.M, a.ldy, a.capacity, a.num_experts, kBN, "y");
   const int64_t m_blocks = (a.M_pad / 16 + kWarpsPerCta * kMW - 1) / (kWarpsPerCta * kMW);
   const int64_t max_tiles = a.num_experts * m_blocks * ((max_tokens + kBN - 1) / kBN);
   int64_t grid = grid_override > 0 ? grid_override : num_sms;
   grid = std::max<int64_t>(1, std::min(grid, max_tiles));
-  grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, x_map);
+  grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, x_map, y_map,
+                                                                                                     tma_store ? 1 : 0);
   MOESQ_CUDA_LAUNCH_CHECK("grouped_sparse_gemm_wgmma_kernel");
 }
 
@@ -475,7 +526,7 @@ void launch(const SparseGemmArgs& a, int max_tokens, int num_sms, int grid_overr
 
 bool wgmma_instance_exists(int m_tiles, int block_n, int stages) {
   if (m_tiles == 1 && block_n == 128) return stages == 4;
-  if (m_tiles == 1 && block_n == 256) return stages == 4 || stages == 6;
+  if (m_tiles == 1 && block_n == 256) return stages == 4;
   if (m_tiles == 2 && block_n == 128) return stages == 4 || stages == 6;
   return false;
 }
@@ -485,11 +536,10 @@ void launch_sparse_gemm_wgmma(const SparseGemmArgs& a, const GemmConfig& c, int 
   const int block_n = 8 * c.n_tiles;
   if (c.m_tiles == 1 && block_n == 128 && c.stages == 4) return launch<1, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
   if (c.m_tiles == 1 && block_n == 256 && c.stages == 4) return launch<1, 256, 4>(a, max_tokens, num_sms, c.grid, stream);
-  if (c.m_tiles == 1 && block_n == 256 && c.stages == 6) return launch<1, 256, 6>(a, max_tokens, num_sms, c.grid, stream);
   if (c.m_tiles == 2 && block_n == 128 && c.stages == 4) return launch<2, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
   if (c.m_tiles == 2 && block_n == 128 && c.stages == 6) return launch<2, 128, 6>(a, max_tokens, num_sms, c.grid, stream);
   MOESQ_FAIL("sparse_gemm: no wgmma.sp instance for ", c.str(),
-             " (built: BLOCK_M×BLOCK_N 128×128 with 4 stages, 128×256 and 256×128 with 4 or 6)");
+             " (built: BLOCK_M×BLOCK_N 128×128 and 128×256 with 4 stages, 256×128 with 4 or 6)");
 }
 
 }  // namespace moesq::cuda::detail
