@@ -322,7 +322,7 @@ int main(int argc, char** argv) try {
           else alts = {mma(2, 2), mma(2, 4), mma(4, 4)};
           if (N >= 64)
             for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{
-                     {128, 128, 4}, {128, 256, 4}, {256, 128, 4}, {256, 128, 6}})
+                     {128, 128, 4}, {128, 256, 4}, {256, 128, 4}})
               alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
                                 cuda::wgmma_config(bm, bn, st));
           for (const auto& [name, alt] : alts) {

@@ -11,7 +11,7 @@ namespace moesq::cuda::detail {
 // Tile instances built: m16 tiles per warp (BLOCK_M = 128·m_tiles) × BLOCK_N (= 8·n_tiles) × stages.
 bool wgmma_instance_exists(int m_tiles, int block_n, int stages);
 
-// Launches the persistent wgmma.sp kernel (one 256-thread CTA per SM). `num_sms`:
+// Launches the persistent wgmma.sp kernel (one 384-thread CTA per SM). `num_sms`:
 // the device's multiprocessor count. Arguments are validated by the caller (sparse_gemm).
 void launch_sparse_gemm_wgmma(const SparseGemmArgs& args, const GemmConfig& config, int max_tokens, int num_sms,
                               cudaStream_t stream);
