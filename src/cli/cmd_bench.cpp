@@ -18,7 +18,9 @@ void register_bench(CLI::App& app) {
         "present). On a machine with an NVIDIA Hopper GPU:\n"
         "  python3 bench/peer_grouped_mm.py --out torch_peer.json      # torch._grouped_mm peer\n"
         "  <build>/bench_gemm --out bench_gemm.json --peer-json torch_peer.json\n"
-        "or bash bench/run_device.sh (GPU tests, SASS summary, both peers, compute-sanitizer).\n"
+        "  <build>/bench_wgmma_peak --out wgmma_peak.json               # tensor-core instruction ceiling\n"
+        "or, from the repository root, bash bench/device_all.sh (builds, runs the GPU tests, compute-sanitizer,\n"
+        "both peers and all Table-8 rows; writes $OUT/device_all.tgz, summary.txt and table.md).\n"
         "Results and their history: bench/NOTES.md, bench/results/*.json.\n");
   });
 }

@@ -292,11 +292,16 @@ moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config) {
 GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens) {
   GemmConfig c;
   if (max_tokens >= kWgmmaMinTokens) {
-    // Compute-bound: wgmma.sp (bench/NOTES.md v7, v8).
-    c = max_tokens >= 512 ? wgmma_config(128, 256) : wgmma_config(256, 128);
+    // Compute-bound: wgmma.sp. 128×256 tiles from 512 tokens; below, 256×128 (half the activation
+    // re-reads) unless that leaves fewer than ~3 tiles per SM (few experts), where 128×256 fills the
+    // GPU better (v11 closing sweep, bench/NOTES.md: G = 8 and 32 vs 128 and 384 at N = 256).
+    const int64_t tiles_256x128 = num_experts * ((M + 255) / 256) * ((max_tokens + 127) / 128);
+    c = max_tokens >= 512 || tiles_256x128 < 3 * device_info().num_sms ? wgmma_config(128, 256)
+                                                                        : wgmma_config(256, 128);
   } else if (max_tokens > 16) {
-    // Between decode and prefill (bench/NOTES.md v2 sweep): 32×32 warp tiles.
-    c.n_tiles = 4;
+    // Between decode and prefill: 32×16 warp tiles beat 32×32 in 6 of the 7 rows with 32–64 tokens
+    // of the v5 closing sweep (bench/results/final_bench_gemm.json; bench/NOTES.md).
+    c.n_tiles = 2;
     c.m_tiles = 2;
   } else {
     // Memory-bound decode: 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
