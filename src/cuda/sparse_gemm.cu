@@ -28,6 +28,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/sparse_decode.cuh"
 #include "cuda/sparse_gemm_wgmma.cuh"
+#include "cuda/tile_schedule.cuh"
 
 namespace moesq::cuda {
 
@@ -74,42 +75,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
   const int MT = static_cast<int>(a.M_pad / 16), KC = static_cast<int>(a.K_pad / kChunkK);
   const int m_blocks = (MT + kBlockMTiles - 1) / kBlockMTiles;
 
-  // Tiles per expert → exclusive prefix (warp 0, 32 experts per shuffle scan); clamped counts cached.
-  if (warp == 0) {
-    int running = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int v = 0;
-      if (e < E) {
-        const int c = min(a.counts[e], a.capacity);
-        s_count[e] = c;
-        v = m_blocks * ((c + kBlockN - 1) / kBlockN);
-      }
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
-      }
-      if (e < E) s_prefix[e + 1] = running + v;
-      running += __shfl_sync(0xffffffffu, v, 31);
-    }
-    if (lane == 0) s_prefix[0] = 0;
-  }
+  if (warp == 0) build_tile_prefix(a.counts, a.capacity, E, m_blocks, kBlockN, s_prefix, s_count, lane);
   __syncthreads();
   const int total = s_prefix[E];
 
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    int lo = 0, hi = E - 1;  // expert = largest e with s_prefix[e] <= tile
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_prefix[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    const int e = lo;
-    const int count = s_count[e];
-    const int n_blocks = (count + kBlockN - 1) / kBlockN;
-    const int local = tile - s_prefix[e];
-    const int mb = local / n_blocks, nb = local % n_blocks;  // n-blocks of one m-block run side by side
+    const Tile tl = tile_at(tile, s_prefix, s_count, E, kBlockN);
+    const int e = tl.e, count = tl.count, mb = tl.mb, nb = tl.nb;
     const int mt0 = (mb * kWarps + warp) * kMT;
     if (mt0 >= MT) continue;  // this warp has no rows in the last m-block
 

@@ -34,6 +34,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/sparse_decode.cuh"
+#include "cuda/tile_schedule.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace moesq::cuda::detail {
@@ -47,31 +48,6 @@ constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // setmaxnreg: 128·40 + 256·232 ≤ 64 K
 constexpr int kBlockK = 64;                          // one 128-byte swizzle row of bf16 per token
 constexpr int kKBlocksPerChunk = kChunkK / kBlockK;  // 4
-
-struct Tile {
-  int e = -1, mb = 0, nb = 0, count = 0;  // e < 0: past the last tile
-};
-
-// Tile `tile` of the device-side schedule: expert = largest e with prefix[e] <= tile; the n-blocks
-// of one m-block are consecutive, so CTAs running side by side share weights in L2.
-template <int kBN>
-__device__ __forceinline__ Tile tile_at(int tile, const int* s_prefix, const int* s_count, int E) {
-  Tile t;
-  if (tile >= s_prefix[E]) return t;
-  int lo = 0, hi = E - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (s_prefix[mid] <= tile) lo = mid;
-    else hi = mid - 1;
-  }
-  t.e = lo;
-  t.count = s_count[lo];
-  const int n_blocks = (t.count + kBN - 1) / kBN;
-  const int local = tile - s_prefix[lo];
-  t.mb = local / n_blocks;
-  t.nb = local % n_blocks;
-  return t;
-}
 
 // mbarrier helpers (shared::cta, 64-bit barrier words).
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -169,26 +145,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int KB = KC * kKBlocksPerChunk;
   const int m_blocks = (MT + kBlockMTiles - 1) / kBlockMTiles;
 
-  if (warp == 0) {  // tiles per expert → exclusive prefix; clamped counts cached
-    int running = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int v = 0;
-      if (e < E) {
-        const int c = min(a.counts[e], a.capacity);
-        s_count[e] = c;
-        v = m_blocks * ((c + kBN - 1) / kBN);
-      }
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
-      }
-      if (e < E) s_prefix[e + 1] = running + v;
-      running += __shfl_sync(0xffffffffu, v, 31);
-    }
+  if (warp == 0) {
+    build_tile_prefix(a.counts, a.capacity, E, m_blocks, kBN, s_prefix, s_count, lane);
     if (lane == 0) {
-      s_prefix[0] = 0;
       for (int i = 0; i < kStages; ++i) {
         mbar_init(full_base + 8 * i, 1);
         mbar_init(empty_base + 8 * i, kConsumerWarps);
@@ -207,10 +166,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // last K block (and on the very first K block) also bulk-copy the NEXT chunk of the weight
     // stream — one chunk ahead of the consumers, across tiles — on the same barrier.
     int w_tile = blockIdx.x, w_kc = 0, w_slot = 0, stage = 0, count = 0, parity = 0;
-    Tile wt = tile_at<kBN>(w_tile, s_prefix, s_count, E);
+    Tile wt = tile_at(w_tile, s_prefix, s_count, E, kBN);
 #pragma unroll 1
     for (int tile = blockIdx.x;; tile += gridDim.x, parity ^= 1) {
-      const Tile pt = tile_at<kBN>(tile, s_prefix, s_count, E);
+      const Tile pt = tile_at(tile, s_prefix, s_count, E, kBN);
       if (pt.e < 0) break;
 #pragma unroll 1
       for (int kb = 0; kb < KB; ++kb, ++count) {
@@ -244,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (++w_kc == KC) {
             w_kc = 0;
             w_tile += gridDim.x;
-            wt = tile_at<kBN>(w_tile, s_prefix, s_count, E);
+            wt = tile_at(w_tile, s_prefix, s_count, E, kBN);
           }
         }
         stage = stage + 1 == kStages ? 0 : stage + 1;
@@ -258,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto m_tile = [&](const Tile& tl, int sub) { return tl.mb * kBlockMTiles + cw * 4 * kMW + 4 * sub + wi; };
   int tile = blockIdx.x, stage = 0, parity = 0, r_slot = 0, consumed = 0;
   uint32_t phase = 0;  // parity of the stage barriers' current phase, flips when `stage` wraps
-  Tile ct = tile_at<kBN>(tile, s_prefix, s_count, E);
+  Tile ct = tile_at(tile, s_prefix, s_count, E, kBN);
   float acc[kMW][kBN / 2];
 #pragma unroll
   for (int sub = 0; sub < kMW; ++sub)
@@ -384,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     tile += gridDim.x;
-    ct = tile_at<kBN>(tile, s_prefix, s_count, E);
+    ct = tile_at(tile, s_prefix, s_count, E, kBN);
     parity ^= 1;
   }
   if (tma_store && ct_id == 0) bulk_wait_all();  // staging must outlive the stores

@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "cuda/act_dispatch.cuh"
 #include "cuda/cuda_check.cuh"
+#include "support/dev_buf.cuh"
 #include "cuda/nvfp4_row.cuh"
 #include "cuda/swiglu_quant.cuh"
 #include "moe/kernel_layout.h"
@@ -31,23 +32,7 @@ constexpr double kSwigluMaxMismatchFraction = 0.01;
 constexpr float kExactSiluMinGate = 17.0f;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { MOESQ_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(n, 1))); }
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
-    MOESQ_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    MOESQ_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using test::DevBuf;
 
 // Logical-order copy of the first K columns of a row stored in `layout`.
 std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, ActLayout layout) {

@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "cuda/act_dispatch.cuh"
 #include "cuda/cuda_check.cuh"
+#include "support/dev_buf.cuh"
 #include "cuda/sparse_gemm.cuh"
 #include "cuda/swiglu_quant.cuh"
 #include "format/fp_codecs.h"
@@ -34,21 +35,7 @@ constexpr double kGemmBf16RelFrobTol = 4e-3;
 constexpr double kSwigluMaxMismatchFraction = 0.01;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { MOESQ_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(n, 1))); }
-  DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { upload(h); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) { MOESQ_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    MOESQ_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using test::DevBuf;
 
 enum class ScaleMode { kRandom, kOne, kExtreme };
 
