@@ -1,7 +1,7 @@
-// GPU tests of the K-major activation layout (moe::ActLayout::kKMajor, docs/KERNEL_LAYOUT.md §1) that
-// the wgmma.sp grouped GEMM reads: cuda::act_dispatch and cuda::swiglu_quant with layout kKMajor vs
-// their CPU twins dispatch_ref / act_quant_row_ref / swiglu_quant_ref in kKMajor, bitwise. The default
-// (mma-fragment) layout is covered by tests/gpu/test_sparse_gemm.cu.
+// GPU tests of the activation producers in both layouts (moe::ActLayout, docs/KERNEL_LAYOUT.md §1:
+// kMmaFragment for the mma.sp grouped GEMM, kKMajor for the wgmma.sp one): cuda::act_dispatch and
+// cuda::swiglu_quant vs their CPU twins dispatch_ref / act_quant_row_ref / swiglu_quant_ref, bitwise
+// where the arithmetic allows it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,11 +13,11 @@
 #include "core/half.h"
 #include "cuda/act_dispatch.cuh"
 #include "cuda/cuda_check.cuh"
-#include "support/dev_buf.cuh"
 #include "cuda/nvfp4_row.cuh"
 #include "cuda/swiglu_quant.cuh"
 #include "moe/kernel_layout.h"
 #include "moe/sparse_gemm_ref.h"
+#include "support/dev_buf.cuh"
 
 namespace {
 
@@ -50,8 +50,9 @@ TEST(ActStorageIndex, DeviceStepTableMatchesHost) {
           << act_layout_name(layout) << " kk=" << kk;
 }
 
-TEST(ActDispatch, KMajorMatchesRefPerRoute) {
+TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
   std::mt19937 rng(43);
+  for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
   for (bool quantize : {true, false}) {
     for (int64_t K : {96, 288, 2048}) {  // 288: K_pad = 512, padding columns written as zeros
       const int T = 41, topk = 4, E = 16, cap = 12;
@@ -63,8 +64,8 @@ TEST(ActDispatch, KMajorMatchesRefPerRoute) {
       std::uniform_int_distribution<int> ed(0, E - 1);
       for (auto& v : ids) v = ed(rng);
       for (int r = 0; r < 16; ++r) ids[4 * r] = 7;  // crowd expert 7 past its capacity: drops
-      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, ActLayout::kKMajor);
-      ASSERT_EQ(ref.layout, ActLayout::kKMajor);
+      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
+      ASSERT_EQ(ref.layout, layout);
 
       DevBuf<uint16_t> d_x(x), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
       DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
@@ -79,7 +80,7 @@ TEST(ActDispatch, KMajorMatchesRefPerRoute) {
       a.num_experts = E;
       a.capacity = cap;
       a.quantize = quantize;
-      a.layout = ActLayout::kKMajor;
+      a.layout = layout;
       a.out = d_out.p;
       a.inv_scale = d_inv.p;
       a.counts = d_counts.p;
@@ -99,13 +100,14 @@ TEST(ActDispatch, KMajorMatchesRefPerRoute) {
           const int r = ros[gs];
           ASSERT_TRUE(r >= 0 && r < T * topk && ids[r] == e) << "expert " << e << " slot " << s << " route " << r;
           // GPU slots are in atomic order and drop other routes than the canonical ref: compare each
-          // slot with the k-major ref row of its own route.
+          // slot with the ref row of its own route.
           std::vector<uint16_t> want(ref.K_pad);
           float want_inv = 0.0f;
-          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, ActLayout::kKMajor);
+          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, layout);
           ASSERT_EQ(inv[gs], want_inv) << "route " << r;
           for (int64_t k = 0; k < ref.K_pad; ++k) {
-            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << "quantize=" << quantize << " K=" << K << " expert " << e
+            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << act_layout_name(layout) << " quantize=" << quantize
+                                                         << " K=" << K << " expert " << e
                                                          << " route " << r << " first bad storage index " << k;
             nonzero += (want[k] & 0x7FFF) != 0;
           }
@@ -144,10 +146,11 @@ SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>&
   return {d_out.download(), d_inv.download()};
 }
 
-// Gates in [17, 40]: silu(g)·u = g·u exactly on both sides, so the k-major GPU output and the k-major
-// reference must agree bit for bit (values, 1/γ_a and the zero padding).
-TEST(SwigluQuant, KMajorMatchesRefBitwiseWhenSiluIsExact) {
+// Gates in [17, 40]: silu(g)·u = g·u exactly on both sides, so the GPU output and the reference must
+// agree bit for bit (values, 1/γ_a and the zero padding), in either layout.
+TEST(SwigluQuant, MatchesRefBitwiseWhenSiluIsExactInBothLayouts) {
   std::mt19937 rng(19);
+  for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
   for (bool quantize : {true, false}) {
     for (int64_t I : {96, 768}) {
       const int E = 3, cap = 9;
@@ -160,8 +163,8 @@ TEST(SwigluQuant, KMajorMatchesRefBitwiseWhenSiluIsExact) {
           h[row * 2 * I + i] = f32_to_bf16(gate(rng));
           h[row * 2 * I + I + i] = f32_to_bf16(up(rng));
         }
-      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
-      const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
+      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, layout);
+      const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, layout);
       int64_t nonzero = 0;
       for (int e = 0; e < E; ++e)
         for (int s = 0; s < cap; ++s) {
@@ -174,7 +177,7 @@ TEST(SwigluQuant, KMajorMatchesRefBitwiseWhenSiluIsExact) {
                                                     << " slot " << s;
           for (int64_t k = 0; k < ref.K_pad; ++k) {
             ASSERT_EQ(gpu.out[gs * ref.K_pad + k], ref.x[gs * ref.K_pad + k])
-                << "quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s
+                << act_layout_name(layout) << " quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s
                 << " first bad storage index " << k;
             nonzero += (ref.x[gs * ref.K_pad + k] & 0x7FFF) != 0;
           }
@@ -185,36 +188,42 @@ TEST(SwigluQuant, KMajorMatchesRefBitwiseWhenSiluIsExact) {
 }
 
 // Ordinary gates: the k-major GPU output is the GPU's own mma-fragment output re-ordered (bitwise: same
-// kernel arithmetic), and within the expf allowance of the k-major reference.
+// kernel arithmetic); both stay within the expf allowance of the reference, write 1/γ_a of every
+// filled slot and leave slots past the count untouched.
 TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
   std::mt19937 rng(23);
-  for (bool quantize : {true, false}) {
-    const int E = 3, cap = 17;
-    const int64_t I = 288;
-    std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
-    std::normal_distribution<float> nd(0.0f, 2.0f);
-    for (auto& v : h) v = f32_to_bf16(nd(rng));
-    const std::vector<int32_t> counts = {17, 0, 5};
-    const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
-    const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
-    const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
-    EXPECT_EQ(kmaj.inv, frag.inv);
-    int64_t mismatch = 0, total = 0;
-    for (int e = 0; e < E; ++e)
-      for (int s = 0; s < std::min(counts[e], cap); ++s) {
-        const size_t gs = static_cast<size_t>(e) * cap + s;
-        const uint16_t* row_k = kmaj.out.data() + gs * ref.K_pad;
-        const uint16_t* row_f = frag.out.data() + gs * ref.K_pad;
-        ASSERT_EQ(unpermute_row(row_k, I, ActLayout::kKMajor), unpermute_row(row_f, I, ActLayout::kMmaFragment))
-            << "quantize=" << quantize << " expert " << e << " slot " << s;
-        for (int64_t k = I; k < ref.K_pad; ++k) ASSERT_EQ(row_k[k], 0) << "padding at " << k;
-        for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += row_k[k] != ref.x[gs * ref.K_pad + k];
-      }
-    std::printf("swiglu k-major quantize=%d: %lld of %lld values differ from the host ref\n", quantize,
-                static_cast<long long>(mismatch), static_cast<long long>(total));
-    EXPECT_GT(total, 0);
-    EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
-  }
+  for (bool quantize : {true, false})
+    for (int64_t I : {288, 768}) {
+      const int E = 3, cap = 17;
+      std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      for (auto& v : h) v = f32_to_bf16(nd(rng));
+      const std::vector<int32_t> counts = {17, 0, 5};
+      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
+      const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
+      EXPECT_EQ(kmaj.inv, frag.inv);
+      int64_t mismatch = 0, total = 0;
+      for (int e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          if (s >= std::min(counts[e], cap)) {
+            EXPECT_EQ(kmaj.inv[gs], -1.0f) << "expert " << e << " slot " << s << " past count written";
+            continue;
+          }
+          EXPECT_NEAR(kmaj.inv[gs], ref.inv_scale[gs], 1e-6 * std::fabs(ref.inv_scale[gs]));
+          const uint16_t* row_k = kmaj.out.data() + gs * ref.K_pad;
+          const uint16_t* row_f = frag.out.data() + gs * ref.K_pad;
+          ASSERT_EQ(unpermute_row(row_k, I, ActLayout::kKMajor), unpermute_row(row_f, I, ActLayout::kMmaFragment))
+              << "quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s;
+          for (int64_t k = I; k < ref.K_pad; ++k) ASSERT_EQ(row_k[k], 0) << "padding at " << k;
+          for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += row_k[k] != ref.x[gs * ref.K_pad + k];
+        }
+      std::printf("swiglu quantize=%d I=%lld: %lld of %lld values differ from the host ref\n", quantize,
+                  static_cast<long long>(I), static_cast<long long>(mismatch), static_cast<long long>(total));
+      EXPECT_GT(total, 0);
+      EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
+    }
 }
 
 TEST(ActLayoutLaunchers, RejectUnknownLayout) {

@@ -1,6 +1,7 @@
-// GPU tests of the Hopper MoE expert kernels against their CPU `_ref` twins on the SAME packed bits
-// and the SAME quantized activations (src/cuda/{sparse_gemm,act_dispatch,swiglu_quant}.cu vs
-// src/moe/sparse_gemm_ref.h). Run under compute-sanitizer memcheck and racecheck too.
+// GPU tests of the grouped sparse GEMM kernels (src/cuda/sparse_gemm.cu: mma.sp; sparse_gemm_wgmma.cu:
+// wgmma.sp) against their CPU `_ref` twin on the SAME packed bits and the SAME quantized activations
+// (src/moe/sparse_gemm_ref.h). The activation producers (act_dispatch, swiglu_quant) are tested in
+// test_act_layout.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,15 +12,13 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/act_dispatch.cuh"
 #include "cuda/cuda_check.cuh"
-#include "support/dev_buf.cuh"
 #include "cuda/sparse_gemm.cuh"
-#include "cuda/swiglu_quant.cuh"
 #include "format/fp_codecs.h"
 #include "format/nvfp4.h"
 #include "moe/kernel_layout.h"
 #include "moe/sparse_gemm_ref.h"
+#include "support/dev_buf.cuh"
 
 namespace {
 
@@ -30,9 +29,6 @@ using namespace moesq::moe;
 constexpr double kGemmRelFrobTol = 1e-5;
 // bf16 output against the fp32 ref: one bf16 rounding (relative 2^-9) on top.
 constexpr double kGemmBf16RelFrobTol = 4e-3;
-// expf on the GPU may differ from the host libm in the last ulp; after bf16 rounding and NVFP4
-// requantization that flips at most a handful of values per thousand.
-constexpr double kSwigluMaxMismatchFraction = 0.01;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
 using test::DevBuf;
@@ -380,119 +376,6 @@ TEST(SparseGemm, RefusesUnsupportedShapes) {
   cuda::SparseGemmArgs a;
   a.num_experts = 4000;
   EXPECT_THROW(cuda::sparse_gemm(a, 8, nullptr), moesq::Error);
-}
-
-TEST(ActDispatch, MatchesRefPerRoute) {
-  std::mt19937 rng(31);
-  for (bool quantize : {true, false}) {
-    for (int64_t K : {96, 2048}) {
-      const int T = 50, topk = 4, E = 16, cap = 14;
-      std::vector<uint16_t> x(T * K);
-      std::normal_distribution<float> nd(0.0f, 1.5f);
-      for (auto& v : x) v = f32_to_bf16(nd(rng));
-      for (int64_t k = 0; k < K; ++k) x[3 * K + k] = 0;  // a zero token: γ = 1, all codes 0
-      std::vector<int32_t> ids(T * topk);
-      std::uniform_int_distribution<int> ed(0, E - 1);
-      for (auto& v : ids) v = ed(rng);
-      ids[0] = ids[1] = ids[2] = 5;  // crowd one expert (also: one token routed thrice to it)
-      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize);
-
-      DevBuf<uint16_t> d_x(x), d_out(static_cast<size_t>(E) * cap * ref.K_pad);
-      DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
-      DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
-      MOESQ_CUDA_CHECK(cudaMemset(d_out.p, 0xff, sizeof(uint16_t) * d_out.n));
-      cuda::DispatchArgs a;
-      a.x = d_x.p;
-      a.topk_ids = d_ids.p;
-      a.T = T;
-      a.topk = topk;
-      a.K = K;
-      a.K_pad = ref.K_pad;
-      a.num_experts = E;
-      a.capacity = cap;
-      a.quantize = quantize;
-      a.out = d_out.p;
-      a.inv_scale = d_inv.p;
-      a.counts = d_counts.p;
-      a.route_of_slot = d_ros.p;
-      cuda::act_dispatch(a, nullptr);
-      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto out = d_out.download();
-      const auto inv = d_inv.download();
-      const auto counts = d_counts.download();
-      const auto ros = d_ros.download();
-      // ref slot of each route (canonical order) ↔ GPU slot (atomic order)
-      std::vector<int64_t> ref_slot(T * topk, -1);
-      for (size_t s = 0; s < ref.route_of_slot.size(); ++s)
-        if (ref.route_of_slot[s] >= 0 && static_cast<int>(s % cap) < std::min(ref.counts[s / cap], cap))
-          ref_slot[ref.route_of_slot[s]] = static_cast<int64_t>(s);
-      int64_t checked = 0;
-      for (int e = 0; e < E; ++e) {
-        ASSERT_EQ(counts[e], ref.counts[e]) << "expert " << e;
-        for (int s = 0; s < std::min(counts[e], cap); ++s) {
-          const size_t gs = static_cast<size_t>(e) * cap + s;
-          const int r = ros[gs];
-          ASSERT_TRUE(r >= 0 && r < T * topk && ids[r] == e) << "expert " << e << " slot " << s << " route " << r;
-          // Dropped routes differ between atomic and canonical order: compare against the row itself.
-          std::vector<uint16_t> want(ref.K_pad);
-          float want_inv = 0.0f;
-          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv);
-          ASSERT_EQ(inv[gs], want_inv) << "route " << r;
-          for (int64_t k = 0; k < ref.K_pad; ++k)
-            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << "quantize=" << quantize << " K=" << K << " route " << r
-                                                         << " storage index " << k;
-          ++checked;
-        }
-      }
-      EXPECT_GT(checked, 0);
-    }
-  }
-}
-
-TEST(SwigluQuant, MatchesRef) {
-  std::mt19937 rng(17);
-  for (bool quantize : {true, false}) {
-    const int E = 3, cap = 17;
-    const int64_t I = 768;
-    std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
-    std::normal_distribution<float> nd(0.0f, 2.0f);
-    for (auto& v : h) v = f32_to_bf16(nd(rng));
-    const std::vector<int32_t> counts = {17, 0, 5};
-    const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize);
-    DevBuf<uint16_t> d_h(h), d_out(static_cast<size_t>(E) * cap * ref.K_pad);
-    DevBuf<int32_t> d_counts(counts);
-    DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
-    MOESQ_CUDA_CHECK(cudaMemset(d_out.p, 0, sizeof(uint16_t) * d_out.n));
-    cuda::SwigluQuantArgs a;
-    a.h = d_h.p;
-    a.counts = d_counts.p;
-    a.num_experts = E;
-    a.capacity = cap;
-    a.I = I;
-    a.I_pad = ref.K_pad;
-    a.quantize = quantize;
-    a.out = d_out.p;
-    a.inv_scale = d_inv.p;
-    cuda::swiglu_quant(a, nullptr);
-    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto out = d_out.download();
-    const auto inv = d_inv.download();
-    int64_t mismatch = 0, total = 0;
-    for (int e = 0; e < E; ++e)
-      for (int s = 0; s < cap; ++s) {
-        const size_t gs = static_cast<size_t>(e) * cap + s;
-        if (s >= counts[e]) {
-          EXPECT_EQ(inv[gs], -1.0f) << "slot past count written";
-          continue;
-        }
-        EXPECT_NEAR(inv[gs], ref.inv_scale[gs], 1e-6 * std::fabs(ref.inv_scale[gs]));
-        for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += out[gs * ref.K_pad + k] != ref.x[gs * ref.K_pad + k];
-      }
-    std::printf("swiglu quantize=%d: %lld of %lld values differ from the host ref\n", quantize,
-                static_cast<long long>(mismatch), static_cast<long long>(total));
-    EXPECT_GT(total, 0);
-    EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
-  }
 }
 
 }  // namespace
