@@ -16,6 +16,7 @@
 #include "moe/align.h"
 #include "moe/awq_gemm_ref.h"
 #include "moe/awq_layer.h"
+#include "support/gpu_test_main.h"
 
 using namespace moesq;
 using namespace moesq::moe;
@@ -207,12 +208,4 @@ TEST(AwqGemmCuda, DeviceAlignmentIsValid) {
   std::printf("device atomic alignment: %zu distinct membership fingerprint(s) over 10 calls\n", fps.size());
 }
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no CUDA device: skipping\n");
-    return 0;
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

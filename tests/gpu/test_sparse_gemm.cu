@@ -19,6 +19,7 @@
 #include "moe/kernel_layout.h"
 #include "moe/sparse_gemm_ref.h"
 #include "support/dev_buf.cuh"
+#include "support/gpu_test_main.h"
 
 namespace {
 
@@ -380,12 +381,4 @@ TEST(SparseGemm, RefusesUnsupportedShapes) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::fprintf(stderr, "no CUDA device: GPU tests need one\n");
-    return 1;
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }
