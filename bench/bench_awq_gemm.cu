@@ -74,10 +74,13 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) try {
   std::string proto_path = "bench/awq_protocol.json", out_path = "awq_raw.json";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--protocol") proto_path = argv[i + 1];
-    else if (std::string(argv[i]) == "--out") out_path = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    MOESQ_CHECK((a == "--protocol" || a == "--out") && i + 1 < argc, "unknown argument or missing value: ", a,
+                " (usage: bench_awq_gemm [--protocol FILE.json] [--out FILE.json])");
+    (a == "--protocol" ? proto_path : out_path) = argv[i + 1];
   }
+  MOESQ_CHECK(std::ifstream(proto_path).good(), "cannot read --protocol ", proto_path);
   const auto proto = nlohmann::json::parse(std::ifstream(proto_path));
   const int warm = proto["warmup_iterations"], iters = proto["timed_iterations"];
   const int E = proto["num_experts"], topk = proto["top_k"], b = proto["block_size"];

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <tuple>
 #include <cmath>
 #include <cstdio>
@@ -155,24 +156,55 @@ Ceilings measure_ceilings(cublasHandle_t h, cudaStream_t s, int reps) {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: bench_gemm [--out FILE.json] [--peer-json TORCH.json] [--only NAME/G/N] [--reps N] [--quick]\n"
+    "  --out        results JSON (default bench_gemm.json)\n"
+    "  --peer-json  torch._grouped_mm times from bench/peer_grouped_mm.py (second dense peer)\n"
+    "  --only       run the rows whose \"name/G/N\" contains this text, e.g. qwen3-30b-a3b.gate_up/128/1024\n"
+    "  --reps       timed repetitions per kernel (median reported; default 50)\n"
+    "  --quick      the first two token counts of each shape only\n";
+
 int main(int argc, char** argv) try {
   std::string out_path = "bench_gemm.json", peer_path, only;  // only: run rows whose "name/G/N" contains it
   int reps = 50;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else if (a == "--peer-json" && i + 1 < argc) peer_path = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
-    else if (a == "--quick") quick = true;
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else MOESQ_FAIL("bench_gemm: unknown argument ", a);
+    auto value = [&]() -> std::string {
+      MOESQ_CHECK(i + 1 < argc, a, " needs a value\n", kUsage);
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    } else if (a == "--out") out_path = value();
+    else if (a == "--peer-json") peer_path = value();
+    else if (a == "--reps") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      MOESQ_CHECK(end && *end == '\0' && n >= 1 && n <= 100000, "--reps ", v, ": not an integer in [1, 100000]");
+      reps = static_cast<int>(n);
+    } else if (a == "--quick") quick = true;
+    else if (a == "--only") only = value();
+    else MOESQ_FAIL("unknown argument ", a, "\n", kUsage);
   }
+  const std::vector<Shape> shapes = {
+      {"qwen3-30b-a3b.gate_up", 1536, 2048, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
+      {"qwen3-30b-a3b.down", 2048, 768, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
+      {"kimi-k2.5.gate_up", 4096, 7168, {384}, {8, 32, 128, 256}},
+  };
+  bool any_row = false;
+  for (const auto& sh : shapes)
+    for (int G : sh.Gs)
+      for (size_t j = 0; j < (quick ? 2 : sh.Ns.size()); ++j)
+        any_row |= (sh.name + "/" + std::to_string(G) + "/" + std::to_string(sh.Ns[j])).find(only) != std::string::npos;
+  MOESQ_CHECK(any_row, "no row matches --only ", only, " (rows are named like qwen3-30b-a3b.gate_up/128/1024)");
   std::map<std::string, nlohmann::json> peer;  // "name/G/N" → torch row
   nlohmann::json peer_meta;
   if (!peer_path.empty()) {
     std::ifstream f(peer_path);
-    MOESQ_CHECK(f.good(), "bench_gemm: cannot read --peer-json ", peer_path);
+    MOESQ_CHECK(f.good(), "cannot read --peer-json ", peer_path);
     peer_meta = nlohmann::json::parse(f);
     for (auto& r : peer_meta["rows"])
       peer[r["name"].get<std::string>() + "/" + std::to_string(r["G"].get<int>()) + "/" + std::to_string(r["N"].get<int>())] = r;
@@ -189,11 +221,6 @@ int main(int argc, char** argv) try {
   std::printf("device %s, %d SMs, L2 %d MB; measured copy %.2f TB/s (read+write), dense bf16 cuBLAS %.0f TFLOP/s\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, ceil.copy_tbs, ceil.dense_tflops);
 
-  const std::vector<Shape> shapes = {
-      {"qwen3-30b-a3b.gate_up", 1536, 2048, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
-      {"qwen3-30b-a3b.down", 2048, 768, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
-      {"kimi-k2.5.gate_up", 4096, 7168, {384}, {8, 32, 128, 256}},
-  };
   nlohmann::json rows = nlohmann::json::array();
   int check_failures = 0;
   std::printf("%-22s %4s %5s %7s | %9s %7s %7s %9s %6s | %9s %9s %7s\n", "shape", "G", "N", "tokens", "sparse_us",
@@ -319,7 +346,7 @@ int main(int argc, char** argv) try {
           };
           if (N <= 8) alts = {mma(1, 1), mma(2, 1), mma(2, 2)};
           else if (N <= 16) alts = {mma(1, 2), mma(2, 2)};
-          else alts = {mma(2, 2), mma(2, 4), mma(4, 4)};
+          else alts = {mma(2, 2), mma(4, 4)};
           if (N >= 64)
             for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{
                      {128, 128, 4}, {128, 256, 4}, {256, 128, 4}})

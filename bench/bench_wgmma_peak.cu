@@ -92,8 +92,12 @@ int main(int argc, char** argv) try {
   std::string out_path = "bench_wgmma_peak.json";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: bench_wgmma_peak [--out FILE.json]   (default bench_wgmma_peak.json)\n");
+      return 0;
+    }
     if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else MOESQ_FAIL("bench_wgmma_peak: unknown argument ", a, " (usage: bench_wgmma_peak [--out FILE.json])");
+    else MOESQ_FAIL("unknown argument or missing value: ", a, " (usage: bench_wgmma_peak [--out FILE.json])");
   }
   cudaDeviceProp prop;
   MOESQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
