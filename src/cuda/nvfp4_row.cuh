@@ -11,6 +11,8 @@
 #include <cuda_fp8.h>
 #include <cstdint>
 
+#include "moe/kernel_layout.h"
+
 namespace moesq::cuda::detail {
 
 constexpr int kActBlock = 32;  // NVFP4 activation scale block (format::kActScaleBlock)
@@ -54,6 +56,9 @@ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
 // static_assert it), so this header stays free of host-library includes.
 constexpr int kActLayoutMmaFragment = 0;  // 4:8 → 2:4, then B-fragment order (mma.sp kernel)
 constexpr int kActLayoutKMajor = 1;       // 4:8 → 2:4 only (wgmma.sp kernel, K-major smem B tile)
+static_assert(static_cast<int>(moe::ActLayout::kMmaFragment) == kActLayoutMmaFragment &&
+                  static_cast<int>(moe::ActLayout::kKMajor) == kActLayoutKMajor,
+              "the device layout ints must equal moe::ActLayout");
 
 // Storage index of logical column kk (0..31) inside its 32-wide k-step in `layout`
 // (moe::act_storage_index, kernel_layout.cpp).

@@ -13,9 +13,6 @@ namespace moesq::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-static_assert(static_cast<int>(moe::ActLayout::kMmaFragment) == detail::kActLayoutMmaFragment &&
-                  static_cast<int>(moe::ActLayout::kKMajor) == detail::kActLayoutKMajor,
-              "nvfp4_row.cuh layout ints must equal moe::ActLayout");
 
 __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs a) {
   extern __shared__ uint16_t s_row[];  // [I] bf16 silu(gate)·up
