@@ -214,3 +214,21 @@ TEST(CliInspect, BadDirectoryFails) {
   EXPECT_NE(r2.rc, 0);
   EXPECT_NE(r2.err.find((dir.path / "model.safetensors").string()), std::string::npos) << r2.err;
 }
+
+namespace {
+
+// A mistyped command word is named in the error (CLI11 alone would only say that a subcommand is
+// required), at the top level and under a command group; no output on stdout.
+TEST(CliMain, UnknownCommandWordIsNamed) {
+  for (const std::string args : {"frobnicate", "bench frobnicate", "audit frobnicate"}) {
+    const RunResult r = run_moesq(args);
+    EXPECT_NE(r.rc, 0) << args;
+    EXPECT_NE(r.err.find("'frobnicate'"), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+  }
+  const RunResult none = run_moesq("bench");  // nothing mistyped: CLI11's own message stays
+  EXPECT_NE(none.rc, 0);
+  EXPECT_NE(none.err.find("subcommand"), std::string::npos) << none.err;
+}
+
+}  // namespace

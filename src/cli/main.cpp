@@ -20,6 +20,14 @@ int main(int argc, char** argv) {
   moesq::cli::register_audit(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // CLI11 reports a missing subcommand before an unknown word; name the word the user typed.
+    const auto extra = app.remaining(true);
+    if (!extra.empty()) {
+      std::fprintf(stderr, "moesq: error: unknown command or argument '%s' (see moesq --help)\n", extra.front().c_str());
+      return e.get_exit_code();
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const moesq::Error& e) {
