@@ -50,10 +50,11 @@ void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* ou
   *inv_scale = 1.0f / gamma;
 }
 
-ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* topk_ids, int topk, int num_experts,
-                      int capacity, bool quantize, ActLayout layout) {
-  MOESQ_CHECK(num_experts > 0 && capacity >= 0 && topk > 0, "dispatch_ref: bad sizes E=", num_experts,
-              " capacity=", capacity, " topk=", topk);
+namespace {
+
+// An all-empty batch of E experts × capacity slots for rows of K values in `layout`: x zero,
+// 1/γ_a = 1, counts 0, no routes.
+ActBatch empty_batch(int num_experts, int capacity, int64_t K, ActLayout layout) {
   ActBatch a;
   a.num_experts = num_experts;
   a.capacity = capacity;
@@ -64,6 +65,16 @@ ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* to
   a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
   a.counts.assign(num_experts, 0);
   a.route_of_slot.assign(static_cast<size_t>(num_experts) * capacity, -1);
+  return a;
+}
+
+}  // namespace
+
+ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* topk_ids, int topk, int num_experts,
+                      int capacity, bool quantize, ActLayout layout) {
+  MOESQ_CHECK(num_experts > 0 && capacity >= 0 && topk > 0, "dispatch_ref: bad sizes E=", num_experts,
+              " capacity=", capacity, " topk=", topk);
+  ActBatch a = empty_batch(num_experts, capacity, K, layout);
   for (int64_t r = 0; r < T * topk; ++r) {
     const int e = topk_ids[r];
     MOESQ_CHECK(e >= 0 && e < num_experts, "dispatch_ref: topk_ids[", r, "]=", e, " not in [0, ", num_experts, ")");
@@ -123,16 +134,8 @@ ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int c
                           const std::vector<int32_t>& counts, bool quantize, ActLayout layout) {
   MOESQ_CHECK(h.size() == static_cast<size_t>(num_experts) * capacity * 2 * I, "swiglu_quant_ref: h has ", h.size(),
               " elements, expected [", num_experts, ", ", capacity, ", ", 2 * I, "]");
-  ActBatch a;
-  a.num_experts = num_experts;
-  a.capacity = capacity;
-  a.K = I;
-  a.K_pad = padded_k(I);
-  a.layout = layout;
-  a.x.assign(static_cast<size_t>(num_experts) * capacity * a.K_pad, 0);
-  a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
+  ActBatch a = empty_batch(num_experts, capacity, I, layout);
   a.counts = counts;
-  a.route_of_slot.assign(static_cast<size_t>(num_experts) * capacity, -1);
   std::vector<uint16_t> row(I);
   for (int e = 0; e < num_experts; ++e) {
     const int n = std::min(counts[e], capacity);
