@@ -1,5 +1,6 @@
 // io::Tokenizer against the `tokenizers` library: every case of both fixtures'
-// reference_encodings.json (ids with the post-processor, ids without it, decode), the heap BPE
+// reference_encodings.json (ids with the post-processor, ids without it, decode), 500 stress cases
+// per tokenizer from tokenizers trained by the library (fixtures/tokenizers/stress), the heap BPE
 // against a plain-loop `_ref` BPE, the byte identity, and the refusal paths (unsupported component,
 // malformed merges, missing/invalid files, bad ids) whose messages must name the file and JSON path.
 #include <gtest/gtest.h>
@@ -91,6 +92,35 @@ void check_reference(const std::string& dir, size_t num_bos) {
 
 TEST(Tokenizer, QwenStyleByteLevelMatchesReference) { check_reference(kQwen, 0); }
 TEST(Tokenizer, MistralStyleByteFallbackMatchesReference) { check_reference(kMistral, 1); }
+
+// Tokenizers trained by the library on the GPU machine, 300 awkward short strings and 200 random id
+// lists each (tests/fixtures/tokenizers/stress/README.md); decode is the Python default,
+// skip_special_tokens=True.
+void check_stress(const std::string& dir) {
+  const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  const json cases = json::parse(slurp(dir + "/stress_encodings.json"));
+  ASSERT_EQ(cases.size(), 500u);
+  size_t ok = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const json& c = cases[k];
+    const std::vector<int32_t> ids = c["ids"];
+    bool same = tok.decode(ids, {.skip_special_tokens = true}) == c["decoded_skip_special"].get<std::string>();
+    if (c.contains("text")) {
+      const std::string text = c["text"];
+      const std::vector<int32_t> got = tok.encode(text), plain = tok.encode(text, {.add_special_tokens = false});
+      same = same && got == ids && plain == c["ids_no_special"].get<std::vector<int32_t>>();
+      if (got != ids) ADD_FAILURE() << "stress case " << k << " " << c["text"].dump() << ": " << first_difference(got, ids);
+    }
+    if (same) ++ok;
+    else ADD_FAILURE() << "stress case " << k << " differs";
+  }
+  EXPECT_EQ(ok, cases.size());
+  std::printf("%s: %zu/%zu stress cases match\n", dir.c_str(), ok, cases.size());
+}
+
+const std::string kStress = std::string(MOESQ_FIXTURES) + "/tokenizers/stress";
+TEST(Tokenizer, TrainedByteLevelStressCasesMatchLibrary) { check_stress(kStress + "/bytelevel"); }
+TEST(Tokenizer, TrainedByteFallbackStressCasesMatchLibrary) { check_stress(kStress + "/bytefallback"); }
 
 TEST(Tokenizer, VocabularyAndSpecialTokens) {
   const Tokenizer qwen = moesq::io::load_tokenizer(kQwen);  // a directory works too
