@@ -49,7 +49,8 @@ std::vector<Segment> split_added(const Tokenizer::Impl& t, const std::string& s,
   size_t i = 0;
   while (i < s.size()) {
     const Tokenizer::Impl::AddedToken* best = nullptr;
-    for (const auto& a : t.added) {
+    for (const size_t k : t.added_by_first_byte[static_cast<uint8_t>(s[i])]) {
+      const auto& a = t.added[k];
       if (a.normalized != normalized || a.content.size() > s.size() - i) continue;
       if (s.compare(i, a.content.size(), a.content) != 0) continue;
       if (!best || a.content.size() > best->content.size()) best = &a;

@@ -7,6 +7,7 @@
 // the heap is O(n log n) there, the rescan O(n²).
 #include <queue>
 
+#include "core/error.h"
 #include "io/tokenizer_parts.h"
 
 namespace moesq::io::tok {
@@ -16,11 +17,11 @@ namespace {
 struct Symbol {
   int32_t id;
   int32_t prev, next;  // indices into the word's symbols; -1 at the ends
-  size_t len;          // bytes covered; 0 = merged into its left neighbour
+  uint32_t len;        // bytes covered; 0 = merged into its left neighbour
 };
 
-struct Merge {
-  size_t pos;
+struct Merge {  // 12 bytes: a paragraph-long word puts millions of these on the heap
+  uint32_t pos;
   int32_t rank, new_id;
   // std::priority_queue pops the largest: "larger" = lower rank, then lower position.
   bool operator<(const Merge& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
@@ -34,6 +35,7 @@ uint64_t pair_key(int32_t a, int32_t b) {
 
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
+  MOESQ_CHECK(word.size() < UINT32_MAX, "tokenizer: a word of ", word.size(), " bytes is too long for BPE");
   if (ignore_merges) {
     if (const auto it = vocab.find(std::string(word)); it != vocab.end()) {
       out.push_back(it->second);
@@ -42,10 +44,10 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   }
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
-  const auto add = [&](int32_t id, size_t len) {
+  const auto add = [&](int32_t id, size_t len) {  // len < 2^32: checked below
     const int32_t n = static_cast<int32_t>(symbols.size());
     if (n) symbols.back().next = n;
-    symbols.push_back({id, n - 1, -1, len});
+    symbols.push_back({id, n - 1, -1, static_cast<uint32_t>(len)});
   };
   int32_t unk = -1;      // pending unknown run: its id (-1 = none) ...
   size_t unk_len = 0;    // ... and the bytes it covers
@@ -85,7 +87,7 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
     return it == merges.end() ? nullptr : &it->second;
   };
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-    if (const auto* m = lookup(symbols[k].id, symbols[k + 1].id)) queue.push({k, m->first, m->second});
+    if (const auto* m = lookup(symbols[k].id, symbols[k + 1].id)) queue.push({static_cast<uint32_t>(k), m->first, m->second});
   }
   while (!queue.empty()) {
     const Merge top = queue.top();
@@ -97,13 +99,13 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
     const auto* m = lookup(cur.id, right.id);
     if (!m || m->second != top.new_id) continue;  // stale candidate
     cur.id = top.new_id;
-    cur.len += right.len;
+    cur.len += right.len;  // <= word.size() < 2^32
     cur.next = right.next;
     symbols[next_pos].len = 0;
     if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
     if (cur.prev >= 0) {
       const size_t p = static_cast<size_t>(cur.prev);
-      if (const auto* pm = lookup(symbols[p].id, cur.id)) queue.push({p, pm->first, pm->second});
+      if (const auto* pm = lookup(symbols[p].id, cur.id)) queue.push({static_cast<uint32_t>(p), pm->first, pm->second});
     }
     if (cur.next >= 0) {
       if (const auto* nm = lookup(cur.id, symbols[static_cast<size_t>(cur.next)].id))

@@ -229,6 +229,7 @@ class Parser {
       if (flag(j[i], "single_word", path, false)) fail(path + ".single_word", "true is not supported");
       impl.added_by_id[t.id] = impl.added.size();
       impl.added_by_content[t.content] = impl.added.size();
+      impl.added_by_first_byte[static_cast<uint8_t>(t.content[0])].push_back(impl.added.size());
       impl.added.push_back(std::move(t));
     }
   }

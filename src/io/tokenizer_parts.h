@@ -106,6 +106,7 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   std::unordered_map<int32_t, size_t> added_by_id;            // id → index into `added`
   std::unordered_map<std::string, size_t> added_by_content;   // content → index into `added`
+  std::array<std::vector<size_t>, 256> added_by_first_byte;   // first byte → indices into `added`
   std::vector<tok::Normalizer> normalizers;
   std::vector<tok::PreTokenizer> pre_tokenizers;
   tok::Bpe bpe;
