@@ -28,6 +28,8 @@ struct TokenizeArgs {
   std::string text, text_file, decode_ids, decode_ids_file;
   bool json = false;
   bool no_special = false;
+  int num_modes = 0;      // how many of the four input flags were given (an empty --text counts)
+  bool decoding = false;  // --decode-ids or --decode-ids-file
 };
 
 std::string read_file(const std::string& path, const char* flag) {
@@ -97,24 +99,27 @@ io::Tokenizer load(const std::string& path) {
 }
 
 void run_tokenize(const TokenizeArgs& a) {
-  const int modes = !a.text.empty() + !a.text_file.empty() + !a.decode_ids.empty() + !a.decode_ids_file.empty();
-  MOESQ_CHECK(modes == 1, "tokenize: give exactly one of --text, --text-file, --decode-ids, --decode-ids-file");
+  MOESQ_CHECK(a.num_modes == 1, "tokenize: give exactly one of --text, --text-file, --decode-ids, --decode-ids-file");
   const io::Tokenizer tok = load(a.path);
   const auto dump = [](const nlohmann::json& j) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   };
 
-  if (!a.decode_ids.empty() || !a.decode_ids_file.empty()) {
-    const std::vector<int32_t> ids = a.decode_ids.empty()
+  if (a.decoding) {
+    const std::vector<int32_t> ids = !a.decode_ids_file.empty()
                                          ? parse_ids(read_file(a.decode_ids_file, "--decode-ids-file"),
                                                      "--decode-ids-file " + a.decode_ids_file)
                                          : parse_ids(a.decode_ids, "--decode-ids");
     const std::string text = tok.decode(ids, {.skip_special_tokens = a.no_special});
-    if (a.json) dump({{"text", text}});
-    else std::printf("%s\n", text.c_str());
+    if (a.json) {
+      dump({{"text", text}});
+    } else {
+      std::fwrite(text.data(), 1, text.size(), stdout);  // not printf: the text may hold NUL bytes
+      std::fputc('\n', stdout);
+    }
     return;
   }
-  const std::string text = a.text.empty() ? read_file(a.text_file, "--text-file") : a.text;
+  const std::string text = a.text_file.empty() ? a.text : read_file(a.text_file, "--text-file");
   const std::vector<int32_t> ids = tok.encode(text, {.add_special_tokens = !a.no_special});
   if (a.json) {
     nlohmann::json tokens = nlohmann::json::array();
@@ -144,15 +149,21 @@ void register_tokenize(CLI::App& app) {
       "  moesq tokenize CKPT --text 'Hello, world!' --json\n"
       "  moesq tokenize CKPT --decode-ids 1,594,530");
   cmd->add_option("PATH", args->path, "checkpoint / tokenizer directory, or a tokenizer.json file")->required();
-  cmd->add_option("--text", args->text, "the text to encode (UTF-8)");
-  cmd->add_option("--text-file", args->text_file, "encode this file's bytes (UTF-8 text)");
-  cmd->add_option("--decode-ids", args->decode_ids, "ids to decode: \"1,2,3\" or \"1 2 3\"");
-  cmd->add_option("--decode-ids-file", args->decode_ids_file,
-                  "decode the ids in this file (separated by commas/whitespace, or the JSON --json prints)");
+  CLI::Option* modes[] = {
+      cmd->add_option("--text", args->text, "the text to encode (UTF-8)"),
+      cmd->add_option("--text-file", args->text_file, "encode this file's bytes (UTF-8 text)"),
+      cmd->add_option("--decode-ids", args->decode_ids, "ids to decode: \"1,2,3\" or \"1 2 3\""),
+      cmd->add_option("--decode-ids-file", args->decode_ids_file,
+                      "decode the ids in this file (separated by commas/whitespace, or the JSON --json prints)")};
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--no-special", args->no_special,
                 "encode: no post-processor (no BOS); decode: drop special tokens (skip_special_tokens)");
-  cmd->callback([args] { run_tokenize(*args); });
+  cmd->callback([args, modes] {
+    args->num_modes = 0;
+    for (const CLI::Option* o : modes) args->num_modes += o->count() > 0;
+    args->decoding = modes[2]->count() > 0 || modes[3]->count() > 0;
+    run_tokenize(*args);
+  });
 }
 
 }  // namespace moesq::cli

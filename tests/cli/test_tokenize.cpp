@@ -75,6 +75,10 @@ TEST_F(CliTokenize, EncodeMatchesReferenceAndRoundTrips) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["text"], c["decoded"]);
 
+  r = run("'" + kMistral + "' --text ''");  // empty text is text: BOS only
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "1\n");
+
   // --decode-ids-file takes what --json printed.
   const std::string ids_file = dir_.write("ids.json", j.dump());
   r = run("'" + kMistral + "' --decode-ids-file '" + ids_file + "' --no-special");
