@@ -40,7 +40,8 @@ struct DecodeOptions {
   bool skip_special_tokens = false;  // drop ids of added tokens marked "special" before decoding
 };
 
-// Immutable after loading; copies share the loaded tables (cheap to pass by value).
+// Immutable after loading; copies share the loaded tables (cheap to pass by value), and encode /
+// decode keep no mutable state, so one Tokenizer may be used from many threads at once.
 class Tokenizer {
  public:
   // Parses a tokenizer.json. Error (message starts with the path) when the file is missing,

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/tokenizer.h"
+
 namespace moesq::io::tok {
 
 // ---- UTF-8 ------------------------------------------------------------------------------------
@@ -91,7 +93,6 @@ std::string decode_tokens(const std::vector<Decoder>& chain, std::vector<std::st
 }  // namespace moesq::io::tok
 
 // ---- the whole tokenizer (tokenizer.cpp runs it, tokenizer_json.cpp builds it) ----------------
-#include "io/tokenizer.h"
 
 namespace moesq::io {
 
