@@ -5,9 +5,13 @@
 // into one U+FFFD per byte, Strip counts bytes where it means characters) — because the oracle is
 // that library's output, not a cleaner definition.
 #define PCRE2_CODE_UNIT_WIDTH 8
+#if MOESQ_HAVE_PCRE2
 #include <pcre2.h>
+#endif
+#if MOESQ_HAVE_ICU
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
+#endif
 
 #include <algorithm>
 
@@ -146,6 +150,7 @@ int unicode_to_byte(uint32_t cp) {
 
 // ---- regex ------------------------------------------------------------------------------------
 
+#if MOESQ_HAVE_PCRE2
 Regex::Regex(const std::string& pattern, bool literal, const std::string& where) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
@@ -185,6 +190,14 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
   }
   return out;
 }
+#else
+// Built without PCRE2 (CMake did not find libpcre2-8): tokenizer.json regexes cannot run.
+Regex::Regex(const std::string&, bool, const std::string& where) {
+  MOESQ_FAIL(where, ": this moesq was built without PCRE2, which tokenizer.json regexes need "
+             "(install libpcre2-dev, e.g. scripts/install-deps.sh, and rebuild)");
+}
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view) const { return {}; }
+#endif
 
 namespace {
 
@@ -204,6 +217,7 @@ std::string nfc(const std::string& s) {
   bool ascii = true;
   for (const char c : s) ascii &= static_cast<uint8_t>(c) < 0x80;
   if (ascii) return s;  // ASCII is always NFC
+#if MOESQ_HAVE_ICU
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
   MOESQ_CHECK(U_SUCCESS(err), "tokenizer: ICU NFC normalizer unavailable (", u_errorName(err), ")");
@@ -212,6 +226,10 @@ std::string nfc(const std::string& s) {
   n->normalizeUTF8(0, icu::StringPiece(s.data(), static_cast<int32_t>(s.size())), sink, nullptr, err);
   MOESQ_CHECK(U_SUCCESS(err), "tokenizer: NFC normalization failed (", u_errorName(err), ")");
   return out;
+#else
+  MOESQ_FAIL("tokenizer: the NFC normalizer needs ICU, and this moesq was built without it "
+             "(install libicu-dev, e.g. scripts/install-deps.sh, and rebuild)");
+#endif
 }
 
 }  // namespace
