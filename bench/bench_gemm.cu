@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_check.cuh"
-#include "cuda/sparse_gemm.cuh"
+#include "core/cuda/check.cuh"
+#include "ops/sparse_gemm/sparse_gemm.h"
 #include "format/fp_codecs.h"
-#include "moe/kernel_layout.h"
+#include "format/kernel_layout.h"
 
 namespace {
 

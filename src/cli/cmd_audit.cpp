@@ -11,10 +11,10 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "moe/audit.h"
-#include "moe/schedule.h"
-#if defined(MOESQ_HAVE_CUDA) && __has_include("cuda/awq_backend.h")
-#include "cuda/awq_backend.h"
+#include "audit/audit.h"
+#include "ops/awq_gemm/awq_schedule.h"
+#if defined(MOESQ_HAVE_CUDA) && __has_include("audit/awq_backend.h")
+#include "audit/awq_backend.h"
 #define MOESQ_AUDIT_CUDA 1
 #endif
 

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/act_dispatch.cuh"
-#include "cuda/cuda_check.cuh"
-#include "cuda/nvfp4_row.cuh"
-#include "cuda/swiglu_quant.cuh"
-#include "moe/kernel_layout.h"
-#include "moe/sparse_gemm_ref.h"
-#include "support/dev_buf.cuh"
+#include "ops/act_dispatch/act_dispatch.h"
+#include "core/cuda/check.cuh"
+#include "ops/common/nvfp4_row.cuh"
+#include "ops/swiglu_quant/swiglu_quant.h"
+#include "format/kernel_layout.h"
+#include "ops/common/act_batch.h"
+#include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
 
 namespace {
@@ -33,7 +33,7 @@ constexpr double kSwigluMaxMismatchFraction = 0.01;
 constexpr float kExactSiluMinGate = 17.0f;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
-using test::DevBuf;
+using moesq::DevBuf;
 
 // Logical-order copy of the first K columns of a row stored in `layout`.
 std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, ActLayout layout) {

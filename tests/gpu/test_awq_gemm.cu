@@ -5,17 +5,17 @@
 // fixed K split for every tile) matches its `_ref` and is bitwise stable across histories, grids and even
 // the device's atomic (native) membership; device alignment valid.
 #include <gtest/gtest.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "core/half.h"
-#include "cuda/awq_backend.h"
-#include "cuda/awq_gemm.cuh"
-#include "moe/align.h"
-#include "moe/awq_gemm_ref.h"
-#include "moe/awq_layer.h"
+#include "audit/awq_backend.h"
+#include "ops/awq_gemm/awq_gemm.h"
+#include "ops/route_align/route_align.h"
+#include "audit/awq_layer.h"
 #include "support/gpu_test_main.h"
 
 using namespace moesq;

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_check.cuh"
-#include "cuda/sparse_gemm.cuh"
+#include "core/cuda/check.cuh"
+#include "ops/sparse_gemm/sparse_gemm.h"
 #include "format/fp_codecs.h"
 #include "format/nvfp4.h"
-#include "moe/kernel_layout.h"
-#include "moe/sparse_gemm_ref.h"
-#include "support/dev_buf.cuh"
+#include "format/kernel_layout.h"
+#include "ops/common/act_batch.h"
+#include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
 
 namespace {
@@ -32,7 +32,7 @@ constexpr double kGemmRelFrobTol = 1e-5;
 constexpr double kGemmBf16RelFrobTol = 4e-3;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
-using test::DevBuf;
+using moesq::DevBuf;
 
 enum class ScaleMode { kRandom, kOne, kExtreme };
 
