@@ -26,6 +26,7 @@
 
 #include "ops/route_align/route_align.h"
 #include "audit/awq_layer.h"
+#include "audit/build_identity.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
 namespace moesq::moe {
@@ -74,12 +75,6 @@ struct AuditBackend {
 };
 AuditBackend cpu_audit_backend();
 uint64_t history_seed(const std::string& history);  // H0 → 0, H1 → 1; Error names --history otherwise
-
-struct BuildIdentity {
-  std::string git_commit;     // source commit (+ "-dirty" when the tree had local changes), or "unknown"
-  std::string binary_sha256;  // SHA-256 of the running executable
-};
-BuildIdentity current_build_identity();
 
 // Runs one audit run into `out_dir` (atomic: nothing is left on failure). Returns the manifest.
 nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, const AuditBackend& backend,
