@@ -193,14 +193,23 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
   return w;
 }
 
-void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out) {
-  MOESQ_CHECK(e >= 0 && e < w.num_experts, "kernel_layout_decode_ref: expert ", e, " out of [0, ", w.num_experts,
+void kernel_layout_unpack_ref(const KernelWeights& w, int e, float* out) {
+  MOESQ_CHECK(e >= 0 && e < w.num_experts, "kernel_layout_unpack_ref: expert ", e, " out of [0, ", w.num_experts,
               ")");
+  kernel_layout_unpack_ref(w.data.data() + e * w.expert_bytes(), w.M, w.K, w.M_pad, w.K_pad, w.meta_order, out);
+}
+
+void kernel_layout_unpack_ref(const uint8_t* expert, int64_t M, int64_t K, int64_t M_pad, int64_t K_pad,
+                              MetaOrder meta_order, float* out) {
+  struct {
+    int64_t M, K;
+    MetaOrder meta_order;
+  } w{M, K, meta_order};
   std::memset(out, 0, sizeof(float) * w.M * w.K);
-  const int64_t MT = w.m_tiles(), KC = w.k_chunks();
+  const int64_t MT = M_pad / kMmaM, KC = K_pad / kChunkK;
   for (int64_t mt = 0; mt < MT; ++mt) {
     for (int64_t kc = 0; kc < KC; ++kc) {
-      const uint8_t* chunk = w.data.data() + ((e * MT + mt) * KC + kc) * kChunkBytes;
+      const uint8_t* chunk = expert + (mt * KC + kc) * kChunkBytes;
       const uint8_t* scales = chunk + kChunkCodeBytes;
       const uint8_t* meta = scales + kChunkScaleBytes;
       for (int s = 0; s < kKStepsPerChunk; ++s) {
@@ -244,6 +253,25 @@ void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out) {
             out[row * w.K + k] = format::e2m1_decode(code) * format::e4m3_decode(sc);
           }
         }
+      }
+    }
+  }
+}
+
+namespace {
+inline uint8_t nibble_at(const uint8_t* bytes, int64_t idx) { return (bytes[idx >> 1] >> ((idx & 1) * 4)) & 0xf; }
+}  // namespace
+
+void sparse48_decode_unscaled(const format::Sparse48Tensor& t, float* out) {
+  std::memset(out, 0, sizeof(float) * t.N * t.K);
+  for (int64_t n = 0; n < t.N; ++n) {
+    for (int64_t g = 0; g < t.K / 8; ++g) {
+      const uint8_t nib = nibble_at(t.meta.data(), n * (t.K / 8) + g);
+      const int pos[4] = {2 * (nib & 3), 2 * (nib & 3) + 1, 2 * (nib >> 2), 2 * (nib >> 2) + 1};
+      const float s = format::e4m3_decode(t.scales[n * (t.K / 32) + g / 4]);
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t q = nibble_at(t.values.data(), n * (t.K / 2) + g * 4 + j);
+        out[n * t.K + g * 8 + pos[j]] = format::e2m1_decode(q) * s;
       }
     }
   }

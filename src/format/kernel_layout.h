@@ -1,14 +1,14 @@
 // Load-time transform of paired 4:8 NVFP4 experts (format/nvfp4.h) into the layout the Hopper
-// grouped sparse GEMM streams (src/cuda/sparse_gemm.cu), plus the activation K order it expects.
+// grouped sparse GEMM streams (src/ops/sparse_gemm/), plus the activation K order it expects.
 // docs/KERNEL_LAYOUT.md draws both layouts.
 //
 // Non-obvious decision: the kernel layout keeps the PACKED bits (E2M1 codes, UE4M3 scales, one
 // ordered-metadata nibble per group of 8) — 2.75 bits/weight, the same bytes as the checkpoint —
 // and only reorders them (down to single bits: sign and magnitude bits of each E2M1 code sit where a
 // shift and a mask turn them into bf16x2 bits), so that each lane of a warp fetches its mma.sp
-// fragment for 8 k-steps with four 16-byte loads and decodes it to exact bf16 in registers
+// fragment for 8 k-steps with four 16-byte loads and unpacks it to exact bf16 in registers
 // (DESIGN.md §4). The one value-preserving change: codes of zero-scale blocks are stored as 0. Decoding to
-// bf16 at load time would be simpler but would move 5.8× more bytes in the memory-bound decode.
+// bf16 at load time would be simpler but would move 5.8× more bytes in the memory-bound (small-N) regime.
 //
 // Two fixed permutations of K are involved:
 //  1. paired 4:8 → 2:4: inside every group of 8, positions [0,2,4,6,1,3,5,7] (DESIGN.md §4), applied
@@ -71,16 +71,26 @@ KernelWeights kernel_layout_from_sparse48(const std::vector<const format::Sparse
                                           const std::string& name = "experts",
                                           MetaOrder meta_order = kDefaultMetaOrder);
 
-// Inverse, for tests: expert e's weights decoded from the kernel layout as dec(q)·dec(scale)
+// Inverse, for tests: expert e's weights unpacked from the kernel layout as dec(q)·dec(scale)
 // (WITHOUT 1/γ), logical K order, zeros where pruned. out: [M, K] fp32.
-void kernel_layout_decode_ref(const KernelWeights& w, int e, float* out);
+void kernel_layout_unpack_ref(const KernelWeights& w, int e, float* out);
+// The same on one expert's raw kernel-layout bytes ([M_pad/16, K_pad/256, 1408]); K may be K_pad, which
+// yields zeros in the padding columns.
+void kernel_layout_unpack_ref(const uint8_t* expert, int64_t M, int64_t K, int64_t M_pad, int64_t K_pad,
+                              MetaOrder meta_order, float* out);
+
+// The same values straight from the canonical paired 4:8 tensor (the oracle of the layout tests):
+// decoded weights WITHOUT the tensor scale, dec(q)·dec(scale) at the kept
+// positions, 0 elsewhere. out: [N, K] fp32 (exact).
+void sparse48_decode_unscaled(const format::Sparse48Tensor& t, float* out);
+
 
 // Order of K inside an activation row (the B operand), one per GEMM kernel that reads it
 // (docs/KERNEL_LAYOUT.md §1):
 //   kMmaFragment: 4:8→2:4 permutation (step 1) then the 32-wide B-fragment order (step 2), for the
-//                 mma.sp m16n8k32 kernel (cuda/sparse_gemm.cu), whose lanes load B straight from
+//                 mma.sp m16n8k32 kernel (ops/sparse_gemm/sparse_gemm_mma.cu), whose lanes load B straight from
 //                 global memory, 8 bf16 per 16-byte load;
-//   kKMajor:      step 1 only, for the wgmma.mma_async.sp kernel (cuda/sparse_gemm_wgmma.cu), which
+//   kKMajor:      step 1 only, for the wgmma.mma_async.sp kernel (ops/sparse_gemm/sparse_gemm_wgmma.cu), which
 //                 copies a K-major B tile into shared memory and lets the hardware pick fragments.
 // The values are explicit so device code can take the layout as an int.
 enum class ActLayout : int { kMmaFragment = 0, kKMajor = 1 };

@@ -16,7 +16,6 @@
 #include "ops/common/nvfp4_row.cuh"
 #include "ops/swiglu_quant/swiglu_quant.h"
 #include "format/kernel_layout.h"
-#include "ops/common/act_batch.h"
 #include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
 

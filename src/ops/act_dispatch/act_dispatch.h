@@ -1,12 +1,22 @@
 // Launcher: dispatch routed token rows into per-expert batches for the grouped sparse GEMM, with
 // NVFP4 activation quantization (W4A4) or a plain permuting copy (W4A16). CPU twin:
-// moe::dispatch_ref (src/moe/sparse_gemm_ref.h). Layout: moe/kernel_layout.h, docs/KERNEL_LAYOUT.md.
+// moe::dispatch_ref (act_dispatch_ref.cpp). Layout: format/kernel_layout.h, docs/KERNEL_LAYOUT.md.
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 
+#include "core/cuda/stream.h"
 #include "format/kernel_layout.h"
+#include "ops/common/act_batch.h"
+
+namespace moesq::moe {
+
+// Routes → batches. x: [T, K] bf16 bits; topk_ids: [T, topk] expert ids in [0, E). Slots are filled
+// in ascending route id (the canonical order); routes past `capacity` are counted but dropped. The
+// batch's rows are in `layout` K order (ActBatch::layout). Errors: bad sizes, an id out of range.
+ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* topk_ids, int topk, int num_experts,
+                      int capacity, bool quantize, ActLayout layout = ActLayout::kMmaFragment);
+
+}  // namespace moesq::moe
 
 namespace moesq::cuda {
 

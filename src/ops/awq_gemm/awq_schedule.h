@@ -12,7 +12,7 @@
 //   invariant-split — every tile is split into the same s slices, s the largest divisor of k_tiles not
 //               above kMaxInvariantSlices; s depends only on (K, thread_k), never on M, G or the tile
 //               index, and the slices are reduced in fp32 in slice order. Invariant like `invariant`, but
-//               at decode (few tiles) it fills idle SMs as native's split remainder does.
+//               at small M (decode steps: few tiles) it fills idle SMs as native's split remainder does.
 // The one non-obvious decision: the schedule is a value (computed once, printed, recorded by audit
 // runs as the "grid marker") that both the CPU `_ref` and the CUDA kernel consume, so the two cannot
 // drift apart and the scorer can check the grid that was really applied.

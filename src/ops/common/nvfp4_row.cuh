@@ -1,6 +1,6 @@
 // Device helpers shared by the two activation-producing kernels (act_dispatch.cu, swiglu_quant.cu):
 // NVFP4 quantization of one row held in shared memory, written in the K order of the GEMM kernel
-// that reads it (moe/kernel_layout.h ActLayout, act_storage_index). CPU twin: moe::act_quant_row_ref.
+// that reads it (format/kernel_layout.h ActLayout, act_storage_index). CPU twin: moe::act_quant_row_ref.
 //
 // Non-obvious decision: every fp32 operation is written in the order of format/nvfp4.cpp
 // (γ = 2688/amax; code = UE4M3((γ·amax_b)/6); multiplier γ/s; q = E2M1(x·(γ/s))) and the E4M3

@@ -1,12 +1,13 @@
 // Launcher: grouped sparse GEMM for paired 4:8 NVFP4 experts on Hopper sparse tensor cores, fp32
 // accumulation, two kernels behind one entry point: mma.sp::ordered_metadata m16n8k32 bf16 (warp
-// tiles; the memory-bound decode regime) and wgmma.mma_async.sp m64nNk32 bf16 (sm_90a, 2 warpgroups,
-// A from registers; the compute-bound regime). For every expert e, in one launch:
+// tiles, sparse_gemm_mma.cu; the memory-bound small-N regime) and wgmma.mma_async.sp m64nNk32 bf16
+// (sparse_gemm_wgmma.cu; sm_90a, 2 warpgroups, A from registers; the compute-bound regime). For every expert e, in one launch:
 //   Y_e[slot, m] = α(e, slot) · Σ_k Ŵ_e[m, k] · X̂_e[slot, k],   α = (1/γ_w[e]) · (1/γ_a[e, slot])
 // i.e. Y_eᵀ = W_e X_eᵀ with W on the sparse A operand (DESIGN.md §4, paper §3.4). CPU twin:
-// moe::grouped_sparse_gemm_ref. Weights: moe::KernelWeights; activations: moe::ActBatch layout.
+// sparse_gemm_ref (sparse_gemm_ref.cpp), same descriptor on host pointers. Weights: moe::KernelWeights;
+// activations: moe::ActBatch layout.
 #pragma once
-#include <cuda_runtime_api.h>
+#include "core/cuda/stream.h"
 
 #include <cstdint>
 #include <string>
@@ -35,14 +36,18 @@ enum class GemmVariant {
   kWgmmaSp,  // warpgroup wgmma.mma_async.sp m64nNk32; activations in moe::ActLayout::kKMajor
 };
 
-// Tile configuration: a CTA of `warps` warps owns BLOCK_M = warps·16·m_tiles rows and
-// BLOCK_N = 8·n_tiles tokens of one expert; CTAs loop persistently over (expert, m-block, n-block).
-// kWgmmaSp: warps = 8 (2 warpgroups), m_tiles = m64 wgmma tiles per warpgroup (BLOCK_M = 128·m_tiles),
-// n_tiles = BLOCK_N / 8, stages = depth of the shared-memory activation pipeline. Built:
-// 128×128 and 128×256 with 4 stages, 256×128 with 4 or 6.
+// Tile configuration: a CTA of `warps` warps owns BLOCK_M weight rows and BLOCK_N = 8·n_tiles tokens
+// of one expert; CTAs loop persistently over (expert, m-block, n-block). Each kernel reads its own
+// M-tile field:
+//   kMmaSp:   BLOCK_M = warps·16·m16_tiles_per_warp (m16_tiles_per_warp × n_tiles ∈ 1×1, 2×1, 1×2,
+//             2×2, 4×4 built);
+//   kWgmmaSp: warps = 8 (2 warpgroups), BLOCK_M = 2·64·m64_tiles_per_warpgroup, n_tiles = BLOCK_N / 8,
+//             stages = depth of the shared-memory activation pipeline. Built: 128×128, 128×256 and
+//             256×128, each with 4 stages (sparse_gemm_wgmma.cu).
 struct GemmConfig {
   GemmVariant variant = GemmVariant::kMmaSp;
-  int m_tiles = 2;      // m16 tiles per warp
+  int m16_tiles_per_warp = 2;       // kMmaSp: m16 mma.sp tiles per warp
+  int m64_tiles_per_warpgroup = 1;  // kWgmmaSp: m64 wgmma.sp tiles per warpgroup
   int n_tiles = 1;      // n8 tiles per warp (kWgmmaSp: per warpgroup)
   int warps = 4;
   int stages = 0;       // kWgmmaSp only
@@ -64,5 +69,12 @@ GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int 
 // cannot run (never a wrong answer): E > 1024, unaligned K_pad/M_pad, no output, and activations
 // whose x_layout is not the one the chosen kernel reads.
 void sparse_gemm(const SparseGemmArgs& args, int max_tokens, cudaStream_t stream, const GemmConfig* config = nullptr);
+
+// The CPU twin on the same descriptor with HOST pointers: y_f32 (and/or y, the fp32 value rounded to
+// bf16) for slots < min(count_e, capacity), other slots untouched. Weights are unpacked from the
+// kernel-layout bytes (kDefaultMetaOrder), products summed in fp64 then rounded once to fp32, times
+// α = (1/γ_w[e])·(1/γ_a[e, slot]) (x_inv_scale nullptr: 1). x is read through x_layout, so both
+// layouts of the same tokens give bitwise the same y. Errors: the launcher's shape rules.
+void sparse_gemm_ref(const SparseGemmArgs& args);
 
 }  // namespace moesq::cuda

@@ -1,7 +1,7 @@
-// Grouped sparse GEMM kernel for paired 4:8 NVFP4 experts (sparse_gemm.cuh), Hopper sm_90a.
+// Grouped sparse GEMM, mma.sp kernel, for paired 4:8 NVFP4 experts (sparse_gemm.h), Hopper sm_90a.
 //
 // Each warp streams its weight tiles straight from HBM into registers (four 16-byte loads per lane
-// per 16×256 chunk, moe/kernel_layout.h), decodes E2M1 codes × UE4M3 scales to EXACT bf16 in
+// per 16×256 chunk, format/kernel_layout.h), unpacks E2M1 codes × UE4M3 scales to EXACT bf16 in
 // registers, expands the ordered-metadata nibbles to the register form of mma.sp, and issues
 // mma.sp::ordered_metadata m16n8k32 with fp32 accumulators; activations (the B operand) are read
 // from the per-expert batch with one 16-byte load per lane per k-step. A persistent grid walks the
@@ -12,7 +12,7 @@
 // kernel layout stores each code's sign and magnitude bits where one shift of the lane's code word
 // and a mask turn them into the bf16 bits of value·2^-126 (code 1 = 0.5 lands on the bf16 subnormal
 // 2^-127): 9 integer ops for 8 codes. ONE exact bf16x2 multiply by the block scale pre-multiplied by
-// 2^119 (cvt.f16x2.e4m3x2 + shift + add for both rows of a k-step) finishes the decode as
+// 2^119 (cvt.f16x2.e4m3x2 + shift + add for both rows of a k-step) finishes the unpack as
 // value·scale·2^-7 (≤ 6 significant bits, in [2^-17, 21]: exact), and the epilogue multiplies the
 // fp32 accumulator by 2^7 (exact). fma.rn.bf16x2 (−0 addend) keeps subnormal inputs.
 #include "ops/sparse_gemm/sparse_gemm.h"
@@ -36,7 +36,7 @@ namespace {
 
 constexpr int kMaxExperts = 1024;  // prefix array in shared memory
 constexpr int kWarps = 4;          // warps per CTA (all share the CTA's token tile)
-// From this many tokens per expert on, the heuristic picks the wgmma.sp kernel (bench/NOTES.md v7).
+// From this many tokens per expert on, the heuristic picks the wgmma.sp kernel (measured: bench/NOTES.md).
 constexpr int kWgmmaMinTokens = 128;
 using namespace detail;
 
@@ -50,10 +50,9 @@ __device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const ui
 
 constexpr int kL2Ahead = 4;  // chunks per m-tile requested ahead into L2
 
-// kMT m16 tiles × kNT n8 tiles per warp. Explicit instances below (5, see sparse_gemm(); the 32×32 one
-// was dropped when the heuristic stopped choosing it, bench/NOTES.md v11 closing run).
-// Memory-bound decode instances ask for as many CTAs per SM as v4 reached (registers ≤ 128 for 4 CTAs
-// = 16 warps, ≤ 168 for 3): left free, ptxas took 136 at 32×8 and 193 at 32×16 (bench/NOTES.md v5).
+// kMT m16 tiles × kNT n8 tiles per warp. Explicit instances: the 5 of sparse_gemm() (the ones the
+// heuristic can choose). Memory-bound (small-N) instances ask for 4 CTAs per SM (registers ≤ 128 =
+// 16 warps) or 3 (≤ 168): left free, ptxas takes 136 at 32×8 and 193 at 32×16 (bench/NOTES.md).
 template <int kMT, int kNT>
 constexpr int kMinCtasPerSm = kMT * kNT <= 2 ? 4 : (kNT == 2 ? 3 : 1);
 
@@ -62,9 +61,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
   static_assert(kMT >= 1 && kMT <= 4 && kNT >= 1 && kNT <= 4, "bounded tile instances");
   static_assert(kMT * kL2Ahead <= 32, "one L2 prefetch per lane at tile start");
   constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk's weights
-  // Measured (bench/NOTES.md v2): an activation register prefetch (+64 regs) and the L2 prefetch
-  // both slowed the decode tiles; the L2 prefetch sped up the compute-bound tiles by ~15%.
-  constexpr bool kPrefetchB = false;
+  // L2 prefetch of weight chunks ahead: it pays only on the compute-bound tiles (bench/NOTES.md);
+  // activations are not prefetched into registers (measured slower on the memory-bound tiles).
   constexpr bool kL2 = kNT >= 4;
   constexpr int kBlockMTiles = kWarps * kMT;
   constexpr int kBlockN = 8 * kNT;
@@ -120,44 +118,31 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mi][nt][j] = 0.0f;
 
-    auto load_b = [&](uint4 (&b)[kSteps], int kc) {  // kNT == 1: one chunk of activations
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s)
-        b[s] = xv[0] ? __ldg(reinterpret_cast<const uint4*>(xp[0] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
-    };
     ChunkRegs cur[kMT];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi], lane);
-    uint4 bcur[kPrefetchB ? kSteps : 1];
-    if constexpr (kPrefetchB) load_b(bcur, 0);
 
 #pragma unroll 1
     for (int kc = 0; kc < KC; ++kc) {
       if (kL2 && lane < kMT && kc + kL2Ahead < KC) prefetch_l2(w_e + (static_cast<size_t>(min(mt0 + lane, MT - 1)) * KC + kc + kL2Ahead) * kChunkBytes);
       ChunkRegs nxt[kPrefetch ? kMT : 1];
-      uint4 bnxt[kPrefetchB ? kSteps : 1];
       if constexpr (kPrefetch) {
         if (kc + 1 < KC) {
 #pragma unroll
           for (int mi = 0; mi < kMT; ++mi) load_chunk(nxt[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
-          if constexpr (kPrefetchB) load_b(bnxt, kc + 1);
         }
       }
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         uint4 b[kNT];
-        if constexpr (kPrefetchB) {
-          b[0] = bcur[s];
-        } else {
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            b[nt] = xv[nt] ? __ldg(reinterpret_cast<const uint4*>(xp[nt] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+          b[nt] = xv[nt] ? __ldg(reinterpret_cast<const uint4*>(xp[nt] + kc * kChunkK + s * 32)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           const uint32_t sw = u4get(cur[mi].scales, s >> 1) >> (16 * (s & 1));
           uint32_t af[4];
-          decode_a(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3x2_to_bf16x2_x2p119(sw), af);
+          unpack_a_fragment(u4get(cur[mi].codes[s >> 2], s & 3), ue4m3x2_to_bf16x2_x2p119(sw), af);
           const uint32_t meta = meta_of_step(u4get(cur[mi].meta, s >> 1), s & 1);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) mma_sp(acc[mi][nt], af, b[nt], meta);
@@ -166,17 +151,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
       if constexpr (kPrefetch) {
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) cur[mi] = nxt[mi];
-        if constexpr (kPrefetchB) {
-#pragma unroll
-          for (int s = 0; s < kSteps; ++s) bcur[s] = bnxt[s];
-        }
       } else if (kc + 1 < KC) {
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) load_chunk(cur[mi], wp[mi] + (kc + 1) * kChunkBytes, lane);
       }
     }
 
-    // Epilogue: α = (1/γ_w)·(1/γ_a) in that order (moe::grouped_sparse_gemm_ref), bf16 and/or fp32.
+    // Epilogue: α = (1/γ_w)·(1/γ_a) in that order (sparse_gemm_ref), bf16 and/or fp32.
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -237,13 +218,13 @@ void launch(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, cudaSt
 std::string GemmConfig::str() const {
   std::ostringstream os;
   if (variant == GemmVariant::kWgmmaSp) {
-    os << "sparse_gemm wgmma.sp m64n" << 8 * n_tiles << "k32: BLOCK_M=" << warps * 16 * m_tiles
+    os << "sparse_gemm wgmma.sp m64n" << 8 * n_tiles << "k32: BLOCK_M=" << warps / 4 * 64 * m64_tiles_per_warpgroup
        << " BLOCK_N=" << 8 * n_tiles << " (" << warps / 4 << " warpgroups, A from registers) stages=" << stages
        << " grid=" << (grid > 0 ? std::to_string(grid) : std::string("SMs"));
     return os.str();
   }
-  os << "sparse_gemm mma.sp m16n8k32: BLOCK_M=" << warps * 16 * m_tiles << " BLOCK_N=" << 8 * n_tiles
-     << " (warp " << 16 * m_tiles << "x" << 8 * n_tiles << ", " << warps << " warps) grid="
+  os << "sparse_gemm mma.sp m16n8k32: BLOCK_M=" << warps * 16 * m16_tiles_per_warp << " BLOCK_N=" << 8 * n_tiles
+     << " (warp " << 16 * m16_tiles_per_warp << "x" << 8 * n_tiles << ", " << warps << " warps) grid="
      << (grid > 0 ? std::to_string(grid) : std::string("occupancy×SMs"));
   return os.str();
 }
@@ -251,7 +232,7 @@ std::string GemmConfig::str() const {
 GemmConfig wgmma_config(int block_m, int block_n, int stages) {
   GemmConfig c;
   c.variant = GemmVariant::kWgmmaSp;
-  c.m_tiles = block_m / 128;
+  c.m64_tiles_per_warpgroup = block_m / 128;
   c.n_tiles = block_n / 8;
   c.warps = 8;
   c.stages = stages;
@@ -267,22 +248,22 @@ GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int 
   if (max_tokens >= kWgmmaMinTokens) {
     // Compute-bound: wgmma.sp. 128×256 tiles from 512 tokens; below, 256×128 (half the activation
     // re-reads) unless that leaves fewer than ~3 tiles per SM (few experts), where 128×256 fills the
-    // GPU better (v11 closing sweep, bench/NOTES.md: G = 8 and 32 vs 128 and 384 at N = 256).
+    // GPU better (closing sweep, bench/NOTES.md: G = 8 and 32 vs 128 and 384 at N = 256).
     const int64_t tiles_256x128 = num_experts * ((M + 255) / 256) * ((max_tokens + 127) / 128);
     c = max_tokens >= 512 || tiles_256x128 < 3 * device_info().num_sms ? wgmma_config(128, 256)
                                                                         : wgmma_config(256, 128);
   } else if (max_tokens > 16) {
-    // Between decode and prefill: 32×16 warp tiles beat 32×32 in 6 of the 7 rows with 32–64 tokens
-    // of the v5 closing sweep (bench/results/final_bench_gemm.json; bench/NOTES.md).
+    // Between the memory-bound and compute-bound regimes: 32×16 warp tiles beat 32×32 in 6 of the 7 rows with 32–64 tokens
+    // of a closing sweep (bench/results/final_bench_gemm.json; bench/NOTES.md).
     c.n_tiles = 2;
-    c.m_tiles = 2;
+    c.m16_tiles_per_warp = 2;
   } else {
-    // Memory-bound decode: 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
+    // Memory-bound (small N): 2 m16 tiles per warp keeps more bytes in flight, unless that leaves
     // fewer than ~2 tiles per SM (few experts): then halve BLOCK_M to spread the weights wider.
     c.n_tiles = max_tokens <= 8 ? 1 : 2;
     const int64_t m_blocks2 = (M + 16 * kWarps * 2 - 1) / (16 * kWarps * 2);
     const int64_t tiles2 = num_experts * m_blocks2 * ((max_tokens + 8 * c.n_tiles - 1) / (8 * c.n_tiles));
-    c.m_tiles = tiles2 < 2 * device_info().num_sms ? 1 : 2;
+    c.m16_tiles_per_warp = tiles2 < 2 * device_info().num_sms ? 1 : 2;
   }
   (void)K_pad;
   const char* env = std::getenv("MOESQ_PRINT_CONFIG");
@@ -307,16 +288,16 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
               moe::act_layout_name(a.x_layout), " layout but ", c.str(), " reads ",
               moe::act_layout_name(sparse_gemm_act_layout(c)), " (dispatch with sparse_gemm_act_layout(config))");
   if (c.variant == GemmVariant::kWgmmaSp) {
-    MOESQ_CHECK(c.warps == 8 && detail::wgmma_instance_exists(c.m_tiles, 8 * c.n_tiles, c.stages),
+    MOESQ_CHECK(c.warps == 8 && detail::wgmma_instance_exists(c.m64_tiles_per_warpgroup, 8 * c.n_tiles, c.stages),
                 "sparse_gemm: no wgmma.sp instance for ", c.str());
     return detail::launch_sparse_gemm_wgmma(a, c, max_tokens, device_info().num_sms, stream);
   }
   MOESQ_CHECK(c.warps == kWarps, "sparse_gemm: config warps=", c.warps, " (only ", kWarps, " is built)");
-  if (c.m_tiles == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
-  if (c.m_tiles == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
-  if (c.m_tiles == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);
-  if (c.m_tiles == 2 && c.n_tiles == 2) return launch<2, 2>(a, c, max_tokens, stream);
-  if (c.m_tiles == 4 && c.n_tiles == 4) return launch<4, 4>(a, c, max_tokens, stream);
+  if (c.m16_tiles_per_warp == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
+  if (c.m16_tiles_per_warp == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
+  if (c.m16_tiles_per_warp == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);
+  if (c.m16_tiles_per_warp == 2 && c.n_tiles == 2) return launch<2, 2>(a, c, max_tokens, stream);
+  if (c.m16_tiles_per_warp == 4 && c.n_tiles == 4) return launch<4, 4>(a, c, max_tokens, stream);
   MOESQ_FAIL("sparse_gemm: no kernel instance for ", c.str(), " (built: 16x8, 32x8, 16x16, 32x16, 64x32 per warp)");
 }
 

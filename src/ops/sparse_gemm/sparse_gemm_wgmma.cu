@@ -1,6 +1,6 @@
 // Grouped sparse GEMM for paired 4:8 NVFP4 experts, wgmma.mma_async.sp variant (Hopper sm_90a), for
 // the compute-bound regime (hundreds of tokens per expert). Same contract and arithmetic as the
-// mma.sp kernel (sparse_gemm.cuh; CPU twin moe::grouped_sparse_gemm_ref).
+// mma.sp kernel (sparse_gemm_mma.cu; CPU twin sparse_gemm_ref.cpp).
 //
 // Warp-specialized persistent CTA, one per SM: a producer warpgroup (only its warp 0 works; it hands
 // its registers to the consumers with setmaxnreg) and 2 consumer warpgroups. Tile = BLOCK_M =
@@ -10,8 +10,8 @@
 //     [E][capacity][K_pad] tensor, 128-byte swizzle) and, on the last K block of each 256-K chunk,
 //     bulk-copies each m16 tile's next 1408-byte weight chunk — all on the stage's "full" mbarrier;
 //     with a tile's first K block it also publishes the tile's epilogue factors;
-//   * each consumer warp decodes ITS weight rows from shared memory to the exact bf16 A fragment in
-//     registers (sparse_decode.cuh; the same fragment and metadata register as mma.sp), one K block
+//   * each consumer warp unpacks ITS weight rows from shared memory to the exact bf16 A fragment in
+//     registers (weight_unpack.cuh; the same fragment and metadata register as mma.sp), one K block
 //     ahead of its use, and each warpgroup issues wgmma.mma_async.sp m64nNk32 (A from registers, B by
 //     descriptor), keeps one K block in flight (wait_group 1) and then releases the previous stage;
 //   * full tiles are staged in shared memory and written by TMA stores; partial tiles element-wise.
@@ -20,9 +20,9 @@
 // (or zero-filled past capacity) but their output columns are never stored: each output column
 // depends on its own B column only.
 //
-// Non-obvious decision: A from registers, decoded by the consumers themselves, not staged as bf16 in
-// shared memory: the 2.75-bit chunk is 5.8× fewer bytes to copy than decoded bf16, and the decode
-// instructions overlap the tensor work queued by the previous K block (bench/NOTES.md v7–v11).
+// Non-obvious decision: A from registers, unpacked by the consumers themselves, not staged as bf16 in
+// shared memory: the 2.75-bit chunk is 5.8× fewer bytes to copy than unpacked bf16, and the unpack
+// instructions overlap the tensor work queued by the previous K block (bench/NOTES.md).
 #include "ops/sparse_gemm/sparse_gemm_wgmma.cuh"
 
 #include <cuda.h>
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      const __grid_constant__ CUtensorMap y_map, int tma_store) {
   // A chunk's weights ride on the chunk's last K block; the producer reuses the weight slot of the
   // chunk two back once the K block 4 earlier is released, which (4 stages) is after every read of
-  // that slot (see the consumer's decode-ahead).
+  // that slot (see the consumer's unpack-ahead).
   static_assert(kStages == 4, "weight-slot reuse is proven for 4 stages");
   constexpr int kBlockMTiles = kConsumerWarps * kMW;  // m16 tiles per CTA tile
   constexpr uint32_t kStageBytes = kBN * kBlockK * 2;
@@ -224,12 +224,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) acc[sub][i] = 0.0f;
 
-  // A fragments are decoded one K block AHEAD of their wgmma (set q & 1 feeds K block q of a chunk),
-  // so the decode overlaps the tensor work already queued. Weight registers: the chunk's scales and
+  // A fragments are unpacked one K block AHEAD of their wgmma (set q & 1 feeds K block q of a chunk),
+  // so the unpack overlaps the tensor work already queued. Weight registers: the chunk's scales and
   // metadata, and the codes of 4 steps.
   uint32_t af[2][kMW][2][4], mf[2][kMW][2];
   uint4 scales[kMW], meta[kMW], codes[kMW];
-  auto decode_kblock = [&](int slot, int qq, uint32_t (&a_out)[kMW][2][4], uint32_t (&m_out)[kMW][2]) {
+  auto unpack_kblock = [&](int slot, int qq, uint32_t (&a_out)[kMW][2][4], uint32_t (&m_out)[kMW][2]) {
 #pragma unroll
     for (int sub = 0; sub < kMW; ++sub) {
       const uint32_t chunk = w_base + (slot * kBlockMTiles + cw * 4 * kMW + 4 * sub + wi) * kChunkBytes;
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if ((qq & 1) == 0) codes[sub] = ld_shared_v4(chunk + (qq >> 1) * 512 + lane * 16);
       const uint32_t sc = u4get(scales[sub], qq);  // steps 2qq (low half), 2qq + 1 (high half)
-      decode_a(u4get(codes[sub], (2 * qq) & 3), ue4m3x2_to_bf16x2_x2p119(sc), a_out[sub][0]);
-      decode_a(u4get(codes[sub], (2 * qq + 1) & 3), ue4m3x2_to_bf16x2_x2p119(sc >> 16), a_out[sub][1]);
+      unpack_a_fragment(u4get(codes[sub], (2 * qq) & 3), ue4m3x2_to_bf16x2_x2p119(sc), a_out[sub][0]);
+      unpack_a_fragment(u4get(codes[sub], (2 * qq + 1) & 3), ue4m3x2_to_bf16x2_x2p119(sc >> 16), a_out[sub][1]);
       const uint32_t mw = u4get(meta[sub], qq);
       m_out[sub][0] = meta_of_step(mw, 0);
       m_out[sub][1] = meta_of_step(mw, 1);
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (ct.e >= 0) {
     mbar_wait(full_base, 0);  // K block 0 carries the first weight chunk
-    decode_kblock(0, 0, af[0], mf[0]);
+    unpack_kblock(0, 0, af[0], mf[0]);
   }
 
   while (ct.e >= 0) {
@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         ++consumed;
         // Next K block's A (the next chunk's first one — possibly the next tile's — after q = 3;
         // that chunk came with K block (kc, 3), waited for at the top of this iteration).
-        if (q + 1 < kKBlocksPerChunk) decode_kblock(r_slot, q + 1, af[(q + 1) & 1], mf[(q + 1) & 1]);
-        else if (kc + 1 < KC || tile + static_cast<int>(gridDim.x) < s_prefix[E]) decode_kblock(r_slot ^ 1, 0, af[0], mf[0]);
+        if (q + 1 < kKBlocksPerChunk) unpack_kblock(r_slot, q + 1, af[(q + 1) & 1], mf[(q + 1) & 1]);
+        else if (kc + 1 < KC || tile + static_cast<int>(gridDim.x) < s_prefix[E]) unpack_kblock(r_slot ^ 1, 0, af[0], mf[0]);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -401,19 +401,19 @@ void launch(const SparseGemmArgs& a, int max_tokens, int num_sms, int grid_overr
 
 }  // namespace
 
-bool wgmma_instance_exists(int m_tiles, int block_n, int stages) {
-  if (m_tiles == 1 && block_n == 128) return stages == 4;
-  if (m_tiles == 1 && block_n == 256) return stages == 4;
-  if (m_tiles == 2 && block_n == 128) return stages == 4;
+bool wgmma_instance_exists(int m64_tiles_per_warpgroup, int block_n, int stages) {
+  if (m64_tiles_per_warpgroup == 1 && block_n == 128) return stages == 4;
+  if (m64_tiles_per_warpgroup == 1 && block_n == 256) return stages == 4;
+  if (m64_tiles_per_warpgroup == 2 && block_n == 128) return stages == 4;
   return false;
 }
 
 void launch_sparse_gemm_wgmma(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, int num_sms,
                               cudaStream_t stream) {
   const int block_n = 8 * c.n_tiles;
-  if (c.m_tiles == 1 && block_n == 128 && c.stages == 4) return launch<1, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
-  if (c.m_tiles == 1 && block_n == 256 && c.stages == 4) return launch<1, 256, 4>(a, max_tokens, num_sms, c.grid, stream);
-  if (c.m_tiles == 2 && block_n == 128 && c.stages == 4) return launch<2, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m64_tiles_per_warpgroup == 1 && block_n == 128 && c.stages == 4) return launch<1, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m64_tiles_per_warpgroup == 1 && block_n == 256 && c.stages == 4) return launch<1, 256, 4>(a, max_tokens, num_sms, c.grid, stream);
+  if (c.m64_tiles_per_warpgroup == 2 && block_n == 128 && c.stages == 4) return launch<2, 128, 4>(a, max_tokens, num_sms, c.grid, stream);
   MOESQ_FAIL("sparse_gemm: no wgmma.sp instance for ", c.str(),
              " (built, 4 stages: BLOCK_M×BLOCK_N 128×128, 128×256, 256×128)");
 }

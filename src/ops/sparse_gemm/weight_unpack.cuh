@@ -1,12 +1,14 @@
-// Device helpers shared by the two grouped sparse GEMM kernels (sparse_gemm.cu: mma.sp m16n8k32;
+// Weight unpacking shared by the two grouped sparse GEMM kernels (sparse_gemm_mma.cu: mma.sp m16n8k32;
 // sparse_gemm_wgmma.cu: wgmma.mma_async.sp m64nNk32): one warp's view of a kernel-layout chunk
-// (16 weight rows × 256 logical K, moe/kernel_layout.h, docs/KERNEL_LAYOUT.md §2) and its decode to
-// the EXACT bf16 A fragment of one 32-wide k-step. Both instructions take the same per-warp A
+// (16 weight rows × 256 logical K, format/kernel_layout.h, docs/KERNEL_LAYOUT.md §2) and its unpacking
+// to the EXACT bf16 A fragment of one 32-wide k-step. Both instructions take the same per-warp A
 // fragment and metadata register (a warpgroup's warp w owns rows 16w..16w+15 of the m64 tile).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "format/kernel_layout.h"
 
 namespace moesq::cuda::detail {
 
@@ -15,6 +17,10 @@ constexpr int kChunkK = 256;
 constexpr int kSteps = 8;          // mma k-steps (32 K each) per chunk
 constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
 constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
+static_assert(kChunkBytes == moe::kChunkBytes && kChunkK == moe::kChunkK && kSteps == moe::kKStepsPerChunk,
+              "weight_unpack.cuh: chunk size and k-steps must match format/kernel_layout.h");
+static_assert(kScaleOff == moe::kChunkCodeBytes && kMetaOff == moe::kChunkCodeBytes + moe::kChunkScaleBytes,
+              "weight_unpack.cuh: scale and metadata offsets inside a chunk must match format/kernel_layout.h");
 constexpr float kAccUnscale = 128.0f;  // 2^7: undoes 2^-126 (code shift) · 2^119 (scale bias), exactly
 constexpr uint32_t kBf16x2NegZero = 0x80008000u;
 constexpr uint32_t kF16ToBf16x2p119 = 0x73807380u;  // (127 + 119 − 15) << 7 in both halves
@@ -44,7 +50,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul_exact(uint32_t a, uint32_t b) {
 // NORMAL f16 with the 3 mantissa bits on top — so a shift by 3 moves each half onto the bf16 field
 // (the high half's zero low mantissa bits fill the gap: no mask) and one add re-biases the exponent
 // 15 → 127 + 119. Code 0 becomes 2^104, not 0: the layout stores code 0 for every weight of a
-// zero-scale block (moe/kernel_layout.cpp), and 0 · 2^104 = 0.
+// zero-scale block (format/kernel_layout.cpp), and 0 · 2^104 = 0.
 __device__ __forceinline__ uint32_t ue4m3x2_to_bf16x2_x2p119(uint32_t c2) {
   uint32_t f;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f) : "h"(static_cast<unsigned short>(c2)));
@@ -62,8 +68,8 @@ __device__ __forceinline__ uint32_t meta_of_step(uint32_t word, int odd) {
 // 0, 2 are row g (scale pair lane 0), 1, 3 row g+8 (lane 1); s2 as from ue4m3x2_to_bf16x2_x2p119.
 // The code word's bits already sit where one shift (two for k = 2, 3) and a mask put them on the
 // bf16 bits of value·2^-126 (magnitude at bits 6–8 — code 1 = 0.5 lands on the subnormal 2^-127 —
-// sign at 15, +16 for the high half; moe/kernel_layout.cpp code_bit_pos): 9 integer ops for 8 codes.
-__device__ __forceinline__ void decode_a(uint32_t w, uint32_t s2, uint32_t a[4]) {
+// sign at 15, +16 for the high half; format/kernel_layout.cpp code_bit_pos): 9 integer ops for 8 codes.
+__device__ __forceinline__ void unpack_a_fragment(uint32_t w, uint32_t s2, uint32_t a[4]) {
   constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
   const uint32_t s_g = __byte_perm(s2, 0, 0x1010), s_g8 = __byte_perm(s2, 0, 0x3232);
   a[0] = bf16x2_mul_exact(w & (kMag | kSign), s_g);

@@ -1,13 +1,26 @@
 // Launcher: SwiGLU + requantization between the two expert GEMMs. The gate|up GEMM output
 // h [E, capacity, 2I] (gate = columns [0, I), up = [I, 2I)) becomes the down GEMM's input batch
 // a = NVFP4(silu(gate)·up) (or bf16 for W4A16) in the K order of the down GEMM kernel (moe::ActLayout).
-// CPU twin: moe::swiglu_quant_ref.
+// CPU twin: moe::swiglu_quant_ref (swiglu_quant_ref.cpp).
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
+#include <vector>
 
+#include "core/cuda/stream.h"
 #include "format/kernel_layout.h"
+#include "ops/common/act_batch.h"
+
+namespace moesq::moe {
+
+// SwiGLU between the GEMMs: h [E, capacity, 2I] (gate = columns [0, I), up = [I, 2I)) →
+// a = silu(gate)·up in fp32 (silu(g) = g / (1 + exp(−g))), rounded to bf16, then act_quant_row_ref
+// (NVFP4 when quantize, rows in `layout` K order) into out (an ActBatch with K = I, counts copied from
+// `counts`). Errors: h not [E, capacity, 2I].
+ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int capacity, int64_t I,
+                          const std::vector<int32_t>& counts, bool quantize,
+                          ActLayout layout = ActLayout::kMmaFragment);
+
+}  // namespace moesq::moe
 
 namespace moesq::cuda {
 
