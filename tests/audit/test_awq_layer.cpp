@@ -12,46 +12,17 @@
 #include <set>
 
 #include "core/half.h"
-#include "support/moe_fixtures.h"
-#include "ops/route_align/route_align.h"
-#include "ops/awq_gemm/awq_gemm.h"
 #include "audit/awq_layer.h"
+#include "ops/awq_gemm/awq_gemm.h"
+#include "ops/route_align/route_align.h"
+#include "support/moe_fixtures.h"
 
 using namespace moesq;
 using namespace moesq::moe;
 
 namespace {
 
-// Implementation-error budget vs an fp64 dot product of the SAME dequantized weights: the fp32 sum of
-// K products (relative error ≲ K·2^-24·Σ|a·w|) plus one fp16 rounding (2^-11 relative).
-constexpr double kRtolF16 = 0x1p-10;
-constexpr double kAtolSum = 64.0 * 0x1p-24;  // × Σ|a·w|, generous for K ≤ 2048
-
-std::vector<uint16_t> run_gemm(const std::vector<uint16_t>& A, int64_t rows, int div, const RouteAlignment& a,
-                               const std::vector<AwqLinear>& w, const TileSchedule& s, std::vector<float>* f32 = nullptr) {
-  std::vector<uint16_t> C(a.num_routes() * s.N, 0);
-  if (f32) f32->assign(C.size(), 0.0f);
-  AwqMoeGemmDesc d;
-  d.A = A.data();
-  d.num_a_rows = rows;
-  d.a_row_div = div;
-  d.N = s.N;
-  d.K = s.K;
-  d.align = &a;
-  d.weights = &w;
-  d.sched = &s;
-  d.C = C.data();
-  d.C_f32 = f32 ? f32->data() : nullptr;
-  awq_moe_gemm_ref(d);
-  return C;
-}
-
-using moesq::test::random_topk;
-
-std::vector<int32_t> active_experts(const std::vector<int32_t>& ids) {
-  std::set<int32_t> s(ids.begin(), ids.end());
-  return {s.begin(), s.end()};
-}
+using namespace moesq::test;  // support/moe_fixtures.h
 
 }  // namespace
 

@@ -19,11 +19,7 @@ namespace {
 
 using namespace moesq;
 using namespace moesq::moe;
-using test::kActLayouts;
-using test::random_rows;
-using test::random_sparse48;
-using test::unpermute_row;
-
+using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(KernelLayout, StorageIndexIsAPermutationOfEach32Block) {
   for (ActLayout layout : kActLayouts) {

@@ -22,14 +22,10 @@ namespace {
 
 using namespace moesq;
 using namespace moesq::moe;
-using test::kActLayouts;
-using test::random_rows;
-using test::random_sparse48;
-using test::unpermute_row;
+using namespace moesq::test;  // support/ops_fixtures.h
 // ref GEMM (fp64 sum, one fp32 rounding, α applied in fp32) vs an independent fp64 sum over the
 // format module's scaled dequantization: only the fp32 roundings of α·acc and of ŵ = q·s/γ differ.
 constexpr double kRefVsFormatRelTol = 1e-6;
-
 
 TEST(GroupedSparseGemmRef, AgreesWithFormatDequantization) {
   std::mt19937 rng(21);

@@ -19,11 +19,7 @@ namespace {
 
 using namespace moesq;
 using namespace moesq::moe;
-using test::kActLayouts;
-using test::random_rows;
-using test::random_sparse48;
-using test::unpermute_row;
-
+using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
   std::mt19937 rng(9);
