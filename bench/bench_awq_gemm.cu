@@ -24,6 +24,7 @@
 #include "ops/route_align/route_align.h"
 #include "format/awq_int4.h"
 #include "audit/awq_layer.h"
+#include "audit/plan_json.h"
 
 using namespace moesq;
 
@@ -216,8 +217,8 @@ int main(int argc, char** argv) try {
       pt["blocks"] = a.num_blocks();
       pt["grid"] = grid;
       pt["blocks_per_sm"] = bps;
-      pt["native_schedule"] = s_nat.to_json();
-      pt["invariant_split_schedule"] = s_spl.to_json();
+      pt["native_schedule"] = schedule_to_json(s_nat);
+      pt["invariant_split_schedule"] = schedule_to_json(s_spl);
       pt["correct"] = correct;
       pt["times_ms"]["native"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
       pt["times_ms"]["invariant"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);

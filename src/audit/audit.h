@@ -27,6 +27,7 @@
 #include "ops/route_align/route_align.h"
 #include "audit/awq_layer.h"
 #include "audit/build_identity.h"
+#include "audit/plan_json.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
 namespace moesq::moe {

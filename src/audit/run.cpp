@@ -120,7 +120,7 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
       {"base_fingerprint", base_fp},
       {"fingerprint", route_block_fingerprint(plan)},
       {"treatment", treatment},
-      {"schedule", {{"w13", s13.to_json()}, {"w2", s2.to_json()}}},
+      {"schedule", {{"w13", schedule_to_json(s13)}, {"w2", schedule_to_json(s2)}}},
       {"hashes", hashes},
       {"build", {{"git_commit", id.git_commit}, {"binary_sha256", id.binary_sha256}}}};
   AtomicDir dir(out_dir);

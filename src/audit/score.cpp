@@ -91,7 +91,7 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     spec.overrides.thread_k = c.at("thread_k").get<int>();
     spec.overrides.thread_n = c.at("thread_n").get<int>();
     const auto [s13, s2] = layer_schedules(fx.weights, plan, spec);
-    if (m.at("schedule").at("w13") != s13.to_json() || m.at("schedule").at("w2") != s2.to_json())
+    if (m.at("schedule").at("w13") != schedule_to_json(s13) || m.at("schedule").at("w2") != schedule_to_json(s2))
       throw Rejection{"grid", dir + ": the consumed schedule is not the one grid " + std::to_string(spec.grid) +
                                   " (" + schedule_kind_name(spec.schedule) + ") implies"};
     // Hashes: manifest vs the raw file's own record vs recomputed bytes.

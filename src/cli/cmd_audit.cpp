@@ -84,7 +84,7 @@ void register_audit(CLI::App& app) {
     const auto tc = moe::select_thread_config(so->N, so->K, ov);
     const auto s = moe::make_schedule(moe::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
                                       tc.thread_n, so->grid);
-    if (so->json) std::cout << s.to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (so->json) std::cout << schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::cout << s.table();
   });
 

@@ -115,13 +115,3 @@ TEST(Align, ValidationRejectsCorruptPlans) {
   d.sorted_ids[1] = d.sorted_ids[0];
   expect_reason(d, "route:");
 }
-
-TEST(Align, JsonRoundTripAndEmptyExperts) {
-  const auto ids = random_topk(3, 2, 64, 9);  // most experts empty
-  const auto a = align_routes(ids, 3, 2, 64, 4, AlignOrder::Native, 5);
-  const auto back = alignment_from_json(alignment_to_json(a), "test");
-  EXPECT_EQ(back.sorted_ids, a.sorted_ids);
-  EXPECT_EQ(back.block_expert, a.block_expert);
-  EXPECT_EQ(route_block_fingerprint(back), route_block_fingerprint(a));
-  EXPECT_THROW(align_routes({0, 70}, 1, 2, 64, 4, AlignOrder::Native), moesq::Error);  // id out of range
-}

@@ -104,24 +104,6 @@ TileSchedule make_schedule(ScheduleKind kind, int64_t num_blocks, int64_t N, int
   return s;
 }
 
-nlohmann::json TileSchedule::to_json() const {
-  return {{"schedule", schedule_kind_name(kind)},
-          {"blocks", num_blocks},
-          {"N", N},
-          {"K", K},
-          {"thread_k", thread_k},
-          {"thread_n", thread_n},
-          {"grid", grid},
-          {"n_tiles", n_tiles},
-          {"k_tiles", k_tiles},
-          {"tiles", tiles},
-          {"direct_tiles", direct_tiles},
-          {"split_tiles", split_tiles},
-          {"slices", slices},
-          {"k_tiles_per_slice", k_tiles / slices},
-          {"reduced", slices > 1},
-          {"first_split_block", first_split_block}};
-}
 
 std::string TileSchedule::table() const {
   std::ostringstream os;

@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
 
 namespace moesq::moe {
 
@@ -73,7 +72,6 @@ struct TileSchedule {
 
   // Slices of tile t (1 for direct tiles); slice i covers K-tiles [i·k_tiles/s, (i+1)·k_tiles/s).
   int tile_slices(int64_t t) const { return t < direct_tiles ? 1 : slices; }
-  nlohmann::json to_json() const;
   std::string table() const;  // human-readable: which MoE blocks are direct, which split
 };
 

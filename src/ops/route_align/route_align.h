@@ -8,14 +8,12 @@
 //               can emulate "same inputs, different allocation history";
 //   canonical — ascending route id inside each expert, i.e. sorted by (expert id, route id).
 // The one non-obvious decision: a plan is plain data (sorted_ids + block_expert) that can be saved,
-// injected into another run, and validated against the top-k ids — so an audit never has to trust
+// injected into another run (its JSON form: audit/plan_json.h), and validated against the top-k ids — so an audit never has to trust
 // the code that produced it.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/splitmix64.h"
 
@@ -75,8 +73,6 @@ void intervene_exchange(RouteAlignment& a, int32_t r1, int32_t r2);
 // Throws Error whose message starts with "expert block:" or "route:".
 void validate_alignment(const RouteAlignment& a, const std::vector<int32_t>& topk_ids);
 
-nlohmann::json alignment_to_json(const RouteAlignment& a);
-RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where);  // Error names `where`
 
 // Paper 000 fixture: M = 21, k = 8, E = 128, b = 8; 168 routes align to 400 rows in 50 blocks with one
 // expert (the 41st active one, id `kFixtureSpanExpert`) spanning blocks 40 and 41. Constructed

@@ -163,34 +163,6 @@ void validate_alignment(const RouteAlignment& a, const std::vector<int32_t>& top
   for (int64_t r = 0; r < R; ++r) MOESQ_CHECK(seen[r] == 1, "route: route ", r, " is missing from the plan");
 }
 
-nlohmann::json alignment_to_json(const RouteAlignment& a) {
-  return {{"M", a.M},
-          {"topk", a.topk},
-          {"num_experts", a.num_experts},
-          {"block_size", a.block_size},
-          {"padded_total", a.padded_total()},
-          {"num_blocks", a.num_blocks()},
-          {"sorted_ids", a.sorted_ids},
-          {"block_expert", a.block_expert}};
-}
-
-RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where) {
-  RouteAlignment a;
-  try {
-    a.M = j.at("M").get<int64_t>();
-    a.topk = j.at("topk").get<int>();
-    a.num_experts = j.at("num_experts").get<int>();
-    a.block_size = j.at("block_size").get<int>();
-    a.sorted_ids = j.at("sorted_ids").get<std::vector<int32_t>>();
-    a.block_expert = j.at("block_expert").get<std::vector<int32_t>>();
-  } catch (const nlohmann::json::exception& e) {
-    MOESQ_FAIL(where, ": not an alignment plan (", e.what(), ")");
-  }
-  MOESQ_CHECK(a.block_size > 0 && a.padded_total() == a.num_blocks() * a.block_size, where,
-              ": plan rows ", a.padded_total(), " != blocks ", a.num_blocks(), " × b ", a.block_size);
-  return a;
-}
-
 std::vector<int32_t> make_fixture_topk_ids(uint64_t seed) {
   // 49 active experts: 40 below kFixtureSpanExpert, the span expert itself (12 routes → 2 blocks, so
   // it occupies global blocks 40 and 41), and 8 above it. The other 156 routes go round-robin over the
