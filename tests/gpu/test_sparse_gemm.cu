@@ -1,7 +1,7 @@
 // GPU tests of the grouped sparse GEMM kernels (src/ops/sparse_gemm/sparse_gemm_mma.cu: mma.sp; sparse_gemm_wgmma.cu:
 // wgmma.sp) against their CPU `_ref` twin on the SAME packed bits and the SAME quantized activations
 // (cuda::sparse_gemm_ref, the same descriptor). The activation producers (act_dispatch, swiglu_quant) are tested in
-// test_act_layout.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
+// test_act_dispatch.cu and test_swiglu_quant.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The CPU twins of act_dispatch (ops/act_dispatch): the activation row quantizer against the format
 // module's fake quant (bitwise), W4A16 permutation only, both layouts holding the same values, and the
-// canonical slot order with capacity drops. GPU: tests/gpu/test_act_layout.cu.
+// canonical slot order with capacity drops. GPU: tests/gpu/test_act_dispatch.cu.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // The CPU twin of swiglu_quant (ops/swiglu_quant): both layouts hold the same values, and
-// silu(gate)·up is computed then quantized. GPU: tests/gpu/test_act_layout.cu.
+// silu(gate)·up is computed then quantized. GPU: tests/gpu/test_swiglu_quant.cu.
 #include <gtest/gtest.h>
 
 #include <cmath>
