@@ -5,6 +5,7 @@
 // iteration), and writes every raw timing to --out for bench/validate_awq_timing.py to recompute.
 // Usage: bench_awq_gemm --protocol bench/awq_protocol.json --out raw.json
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,12 +19,12 @@
 
 #include "core/half.h"
 #include "core/threads.h"
-#include "cuda/awq_gemm.cuh"
-#include "cuda/cuda_check.cuh"
-#include "moe/align.h"
-#include "moe/awq.h"
-#include "moe/awq_gemm_ref.h"
-#include "moe/awq_layer.h"
+#include "ops/awq_gemm/awq_gemm.h"
+#include "core/cuda/check.cuh"
+#include "ops/route_align/route_align.h"
+#include "format/awq_int4.h"
+#include "audit/awq_layer.h"
+#include "audit/plan_json.h"
 
 using namespace moesq;
 
@@ -110,7 +111,7 @@ int main(int argc, char** argv) try {
     int32_t *d_qw = upload(qw), *d_qz = upload(qz), *d_slot = upload(slot);
     uint16_t *d_sc = upload(sc), *d_dense = upload(dense);
     for (int64_t M : proto["operating_points_tokens"].get<std::vector<int64_t>>()) {
-      moe::SplitMix64 g(7 + M);
+      SplitMix64 g(7 + M);
       std::vector<int32_t> ids;
       for (int64_t t = 0; t < M; ++t) {
         std::set<int32_t> row;
@@ -216,8 +217,8 @@ int main(int argc, char** argv) try {
       pt["blocks"] = a.num_blocks();
       pt["grid"] = grid;
       pt["blocks_per_sm"] = bps;
-      pt["native_schedule"] = s_nat.to_json();
-      pt["invariant_split_schedule"] = s_spl.to_json();
+      pt["native_schedule"] = schedule_to_json(s_nat);
+      pt["invariant_split_schedule"] = schedule_to_json(s_spl);
       pt["correct"] = correct;
       pt["times_ms"]["native"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
       pt["times_ms"]["invariant"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);

@@ -1,4 +1,4 @@
-// Benchmark of the grouped sparse GEMM (src/cuda/sparse_gemm.cu) on the paper's Table 8 shapes,
+// Benchmark of the grouped sparse GEMM (src/ops/sparse_gemm/) on the paper's Table 8 shapes,
 // with the dense bf16 peers measured in the same run: cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx,
 // one group per distinct token count) here, torch._grouped_mm via bench/peer_grouped_mm.py (its JSON
 // merged with --peer-json). A program, not a test: it checks first (expert 0 against the CPU ref on
@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_check.cuh"
-#include "cuda/sparse_gemm.cuh"
+#include "core/cuda/check.cuh"
+#include "ops/sparse_gemm/sparse_gemm.h"
 #include "format/fp_codecs.h"
-#include "moe/kernel_layout.h"
+#include "format/kernel_layout.h"
 
 namespace {
 
@@ -164,10 +164,17 @@ constexpr const char* kUsage =
     "  --reps       timed repetitions per kernel (median reported; default 50)\n"
     "  --quick      the first two token counts of each shape only\n";
 
-int main(int argc, char** argv) try {
+namespace {
+
+struct Options {
   std::string out_path = "bench_gemm.json", peer_path, only;  // only: run rows whose "name/G/N" contains it
   int reps = 50;
   bool quick = false;
+  bool help = false;
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -175,310 +182,423 @@ int main(int argc, char** argv) try {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    } else if (a == "--out") out_path = value();
-    else if (a == "--peer-json") peer_path = value();
+      o.help = true;
+      return o;
+    } else if (a == "--out") o.out_path = value();
+    else if (a == "--peer-json") o.peer_path = value();
     else if (a == "--reps") {
       const std::string v = value();
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
       MOESQ_CHECK(end && *end == '\0' && n >= 1 && n <= 100000, "--reps ", v, ": not an integer in [1, 100000]");
-      reps = static_cast<int>(n);
-    } else if (a == "--quick") quick = true;
-    else if (a == "--only") only = value();
+      o.reps = static_cast<int>(n);
+    } else if (a == "--quick") o.quick = true;
+    else if (a == "--only") o.only = value();
     else MOESQ_FAIL("unknown argument ", a, "\n", kUsage);
   }
-  const std::vector<Shape> shapes = {
-      {"qwen3-30b-a3b.gate_up", 1536, 2048, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
-      {"qwen3-30b-a3b.down", 2048, 768, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
-      {"kimi-k2.5.gate_up", 4096, 7168, {384}, {8, 32, 128, 256}},
-  };
-  bool any_row = false;
-  for (const auto& sh : shapes)
-    for (int G : sh.Gs)
-      for (size_t j = 0; j < (quick ? 2 : sh.Ns.size()); ++j)
-        any_row |= (sh.name + "/" + std::to_string(G) + "/" + std::to_string(sh.Ns[j])).find(only) != std::string::npos;
-  MOESQ_CHECK(any_row, "no row matches --only ", only, " (rows are named like qwen3-30b-a3b.gate_up/128/1024)");
-  std::map<std::string, nlohmann::json> peer;  // "name/G/N" → torch row
-  nlohmann::json peer_meta;
-  if (!peer_path.empty()) {
-    std::ifstream f(peer_path);
-    MOESQ_CHECK(f.good(), "cannot read --peer-json ", peer_path);
-    peer_meta = nlohmann::json::parse(f);
-    for (auto& r : peer_meta["rows"])
-      peer[r["name"].get<std::string>() + "/" + std::to_string(r["G"].get<int>()) + "/" + std::to_string(r["N"].get<int>())] = r;
-  }
+  return o;
+}
 
-  cudaStream_t s;
-  MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
-  cublasHandle_t cb;
-  CUBLAS_CHECK(cublasCreate(&cb));
-  CUBLAS_CHECK(cublasSetStream(cb, s));
+// The Table-8 rows: shape × experts G × tokens per expert N.
+const std::vector<Shape> kShapes = {
+    {"qwen3-30b-a3b.gate_up", 1536, 2048, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
+    {"qwen3-30b-a3b.down", 2048, 768, {8, 32, 128}, {1, 8, 16, 64, 256, 1024}},
+    {"kimi-k2.5.gate_up", 4096, 7168, {384}, {8, 32, 128, 256}},
+};
+
+std::string row_key(const std::string& name, int G, int N) {
+  return name + "/" + std::to_string(G) + "/" + std::to_string(N);
+}
+
+std::vector<int> token_counts_of(const Shape& sh, bool quick) {
+  return quick ? std::vector<int>(sh.Ns.begin(), sh.Ns.begin() + 2) : sh.Ns;
+}
+
+// The second dense peer: torch._grouped_mm rows measured by bench/peer_grouped_mm.py, by "name/G/N".
+struct TorchPeer {
+  std::map<std::string, nlohmann::json> rows;
+  nlohmann::json meta;
+};
+
+TorchPeer load_torch_peer(const std::string& path) {
+  TorchPeer p;
+  if (path.empty()) return p;
+  std::ifstream f(path);
+  MOESQ_CHECK(f.good(), "cannot read --peer-json ", path);
+  p.meta = nlohmann::json::parse(f);
+  for (auto& r : p.meta["rows"]) p.rows[row_key(r["name"].get<std::string>(), r["G"].get<int>(), r["N"].get<int>())] = r;
+  return p;
+}
+
+// What every row needs: the stream, cuBLAS, the repetitions and the measured ceilings.
+struct BenchContext {
+  cudaStream_t s = nullptr;
+  cublasHandle_t cb = nullptr;
+  int reps = 50;
+  Ceilings ceil;
+};
+
+// The experts of one (shape, G): enough rotating copies of the packed weights (and of the dense bf16
+// weights for cuBLAS) to exceed L2, so every timed launch streams from HBM; 1/γ_w per expert.
+struct ExpertSet {
+  int64_t M = 0, K = 0, M_pad = 0, K_pad = 0;
+  int G = 0;
+  std::vector<uint8_t*> w;    // [wsets] each [G, M_pad/16, K_pad/256, 1408] kernel layout (random bits)
+  std::vector<uint16_t*> wd;  // [dsets] each [G, M, K] bf16 (the dense peer's weights)
+  std::vector<float> inv_gamma;  // [G] 1/γ_w
+  float* d_inv_gamma = nullptr;  // [G] device copy
+};
+
+ExpertSet make_expert_set(const Shape& sh, int G, cudaStream_t s) {
+  ExpertSet x;
+  x.M = sh.M;
+  x.K = sh.K;
+  x.K_pad = moe::padded_k(sh.K);
+  x.M_pad = (sh.M + 15) / 16 * 16;
+  x.G = G;
+  const size_t wbytes = size_t(G) * (x.M_pad / 16) * (x.K_pad / moe::kChunkK) * moe::kChunkBytes;
+  const int wsets = int(std::clamp<size_t>((kRotateBytes + wbytes - 1) / wbytes, 1, 64));
+  x.w.resize(wsets);
+  for (int i = 0; i < wsets; ++i) {
+    MOESQ_CUDA_CHECK(cudaMalloc(&x.w[i], wbytes));
+    fill_weights<<<4096, 256, 0, s>>>(x.w[i], wbytes, 100 + i);
+  }
+  const size_t dbytes = size_t(G) * x.M * x.K * 2;
+  const int dsets = int(std::clamp<size_t>((kRotateBytes + dbytes - 1) / dbytes, 1, 16));
+  x.wd.resize(dsets);
+  for (int i = 0; i < dsets; ++i) {
+    MOESQ_CUDA_CHECK(cudaMalloc(&x.wd[i], dbytes));
+    fill_bf16<<<4096, 256, 0, s>>>(x.wd[i], dbytes / 2, 200 + i);
+  }
+  x.inv_gamma.resize(G);
+  for (int e = 0; e < G; ++e) x.inv_gamma[e] = 1.0f / (2688.0f + e);
+  MOESQ_CUDA_CHECK(cudaMalloc(&x.d_inv_gamma, sizeof(float) * G));
+  MOESQ_CUDA_CHECK(cudaMemcpy(x.d_inv_gamma, x.inv_gamma.data(), sizeof(float) * G, cudaMemcpyHostToDevice));
+  return x;
+}
+
+void free_expert_set(ExpertSet& x) {
+  for (auto p : x.w) cudaFree(p);
+  for (auto p : x.wd) cudaFree(p);
+  cudaFree(x.d_inv_gamma);
+}
+
+// The activations of one row: x in kernel layout for the sparse GEMM, xd dense for cuBLAS, outputs.
+struct RowBuffers {
+  uint16_t *x = nullptr, *xd = nullptr, *y = nullptr, *yd = nullptr;
+  float* x_inv = nullptr;
+  int32_t* counts = nullptr;
+};
+
+RowBuffers make_row_buffers(const ExpertSet& ex, int cap, const std::vector<int>& counts, cudaStream_t s) {
+  const int G = ex.G;
+  RowBuffers b;
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.x, sizeof(uint16_t) * G * cap * ex.K_pad));
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.xd, sizeof(uint16_t) * G * cap * ex.K));
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.y, sizeof(uint16_t) * G * cap * ex.M));
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.yd, sizeof(uint16_t) * G * cap * ex.M));
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.x_inv, sizeof(float) * G * cap));
+  MOESQ_CUDA_CHECK(cudaMalloc(&b.counts, sizeof(int32_t) * G));
+  fill_bf16<<<4096, 256, 0, s>>>(b.x, size_t(G) * cap * ex.K_pad, 7);
+  fill_bf16<<<4096, 256, 0, s>>>(b.xd, size_t(G) * cap * ex.K, 8);
+  std::vector<float> ones(size_t(G) * cap, 1.0f / 2688.0f);
+  MOESQ_CUDA_CHECK(cudaMemcpy(b.x_inv, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  MOESQ_CUDA_CHECK(cudaMemcpy(b.counts, counts.data(), sizeof(int32_t) * G, cudaMemcpyHostToDevice));
+  return b;
+}
+
+void free_row_buffers(RowBuffers& b) {
+  cudaFree(b.x);
+  cudaFree(b.xd);
+  cudaFree(b.y);
+  cudaFree(b.yd);
+  cudaFree(b.x_inv);
+  cudaFree(b.counts);
+}
+
+// Check first: the output of the last sparse_gemm call for expert 0 (tokens 0, 1, the middle and the
+// last: first and last n-block of its tiles) against an fp64 CPU product on the same bits. Returns the
+// relative Frobenius error.
+double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int count0) {
+  const int64_t M = ex.M, K = ex.K, K_pad = ex.K_pad;
+  moe::KernelWeights kw;
+  kw.num_experts = 1;
+  kw.M = M;
+  kw.K = K;
+  kw.M_pad = ex.M_pad;
+  kw.K_pad = K_pad;
+  kw.data.resize(kw.expert_bytes());
+  MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), ex.w[0], kw.data.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> wdec(size_t(M) * K);
+  moe::kernel_layout_unpack_ref(kw, 0, wdec.data());
+  std::vector<int> toks;
+  for (int t : {0, 1, count0 / 2, count0 - 1})
+    if (t >= 0 && t < count0 && std::find(toks.begin(), toks.end(), t) == toks.end()) toks.push_back(t);
+  const int nt = toks.back() + 1;
+  std::vector<uint16_t> hx(size_t(nt) * K_pad), hy(size_t(nt) * M);
+  MOESQ_CUDA_CHECK(cudaMemcpy(hx.data(), a.x, sizeof(uint16_t) * hx.size(), cudaMemcpyDeviceToHost));
+  MOESQ_CUDA_CHECK(cudaMemcpy(hy.data(), a.y, sizeof(uint16_t) * hy.size(), cudaMemcpyDeviceToHost));
+  double err = 0, nrm = 0;
+  for (int t : toks)
+    for (int64_t m = 0; m < M; ++m) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k, a.x_layout)]);
+      acc *= double(ex.inv_gamma[0] * (1.0f / 2688.0f));
+      const double d = bf16_to_f32(hy[t * M + m]) - acc;
+      err += d * d;
+      nrm += acc * acc;
+    }
+  return std::sqrt(err / std::max(nrm, 1e-300));
+}
+
+// Times the other built instances of this token range (heuristic tuning data, bench/NOTES.md);
+// leaves `a` as it found it. Returns {config name: µs}.
+nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, cuda::SparseGemmArgs& a, int N,
+                             const cuda::GemmConfig& cfg) {
+  nlohmann::json sweep = nlohmann::json::object();
+  std::vector<std::pair<std::string, cuda::GemmConfig>> alts;
+  auto mma = [](int mt, int nt) {
+    cuda::GemmConfig c;
+    c.m16_tiles_per_warp = mt;
+    c.n_tiles = nt;
+    return std::make_pair(std::to_string(16 * mt) + "x" + std::to_string(8 * nt), c);
+  };
+  if (N <= 8) alts = {mma(1, 1), mma(2, 1), mma(2, 2)};
+  else if (N <= 16) alts = {mma(1, 2), mma(2, 2)};
+  else alts = {mma(2, 2), mma(4, 4)};
+  if (N >= 64)
+    for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{{128, 128, 4}, {128, 256, 4}, {256, 128, 4}})
+      alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
+                        cuda::wgmma_config(bm, bn, st));
+  const int wsets = int(ex.w.size());
+  for (const auto& [name, alt] : alts) {
+    a.x_layout = cuda::sparse_gemm_act_layout(alt);
+    const double t = median_us(
+        [&](int i) {
+          a.w = ex.w[i % wsets];
+          cuda::sparse_gemm(a, N, ctx.s, &alt);
+        },
+        std::max(10, ctx.reps / 2), ctx.s);
+    sweep[name] = t;
+  }
+  a.x_layout = cuda::sparse_gemm_act_layout(cfg);
+  a.w = ex.w[0];
+  return sweep;
+}
+
+// cuBLAS grouped GEMM peer (dense bf16, one group per distinct count). Returns µs, or −1 with *error set.
+double time_cublas_peer(const BenchContext& ctx, const ExpertSet& ex, const RowBuffers& b, int cap,
+                        const std::vector<int>& counts, std::string* error) {
+  const int G = ex.G;
+  const int64_t M = ex.M, K = ex.K;
+  const int dsets = int(ex.wd.size());
+  std::map<int, std::vector<int>> by_count;
+  for (int e = 0; e < G; ++e) by_count[counts[e]].push_back(e);
+  const int ngroups = int(by_count.size());
+  std::vector<cublasOperation_t> ta(ngroups, CUBLAS_OP_T), tb(ngroups, CUBLAS_OP_N);
+  std::vector<int> ms(ngroups, int(M)), ns, ks(ngroups, int(K)), lda(ngroups, int(K)), ldb(ngroups, int(K)),
+      ldc(ngroups, int(M)), gsize;
+  std::vector<float> alpha(ngroups, 1.0f), beta(ngroups, 0.0f);
+  std::vector<int> order;
+  for (auto& [c, es] : by_count) {
+    ns.push_back(c);
+    gsize.push_back(int(es.size()));
+    order.insert(order.end(), es.begin(), es.end());
+  }
+  std::vector<const void*> hA(size_t(dsets) * G), hB(G);
+  std::vector<void*> hC(G);
+  for (int i = 0; i < G; ++i) {
+    const int e = order[i];
+    for (int d = 0; d < dsets; ++d) hA[size_t(d) * G + i] = ex.wd[d] + size_t(e) * M * K;
+    hB[i] = b.xd + size_t(e) * cap * K;
+    hC[i] = b.yd + size_t(e) * cap * M;
+  }
+  const void** dA;
+  const void** dB;
+  void** dC;
+  MOESQ_CUDA_CHECK(cudaMalloc(&dA, sizeof(void*) * hA.size()));
+  MOESQ_CUDA_CHECK(cudaMalloc(&dB, sizeof(void*) * G));
+  MOESQ_CUDA_CHECK(cudaMalloc(&dC, sizeof(void*) * G));
+  MOESQ_CUDA_CHECK(cudaMemcpy(dA, hA.data(), sizeof(void*) * hA.size(), cudaMemcpyHostToDevice));
+  MOESQ_CUDA_CHECK(cudaMemcpy(dB, hB.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
+  MOESQ_CUDA_CHECK(cudaMemcpy(dC, hC.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
+  double cublas_us = -1;
+  try {
+    cublas_us = median_us(
+        [&](int i) {
+          CUBLAS_CHECK(cublasGemmGroupedBatchedEx(ctx.cb, ta.data(), tb.data(), ms.data(), ns.data(), ks.data(),
+                                                  alpha.data(), dA + size_t(i % dsets) * G, CUDA_R_16BF, lda.data(),
+                                                  dB, CUDA_R_16BF, ldb.data(), beta.data(), dC, CUDA_R_16BF,
+                                                  ldc.data(), ngroups, gsize.data(), CUBLAS_COMPUTE_32F));
+        },
+        ctx.reps, ctx.s);
+  } catch (const std::exception& ex_) {
+    *error = ex_.what();
+  }
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(dC);
+  return cublas_us;
+}
+
+// What one row measured, before the floors and ratios are derived from it.
+struct RowTimes {
+  std::string config;
+  double check_err = 0, sparse_us = 0, cublas_us = -1, torch_us = -1;
+  int64_t tokens = 0;
+  nlohmann::json sweep;
+  std::string cublas_err;
+};
+
+// Prints the row's table line and returns its JSON record (floors, fractions, ratio to the faster peer).
+nlohmann::json report_row(const BenchContext& ctx, const Shape& sh, int G, int N, const RowTimes& t,
+                          const TorchPeer& peer) {
+  const int64_t M = sh.M, K = sh.K, S = t.tokens;
+  const double us = t.sparse_us;
+  const double packed = double(G) * M * K * 11.0 / 32.0;  // 2.75 bits/weight
+  const double flops = 2.0 * M * K * double(S);
+  const double floor_bytes_us = packed / (ctx.ceil.copy_tbs * 1e12) * 1e6;
+  const double floor_flops_dense_us = flops / (ctx.ceil.dense_tflops * 1e12) * 1e6;
+  const double floor_flops_sparse_us = floor_flops_dense_us / 2.0;  // 2:4 tensor cores: ≤ 2× dense
+  const double floor_us = std::max(floor_bytes_us, floor_flops_sparse_us);
+  double best_peer = -1;
+  for (double p : {t.cublas_us, t.torch_us})
+    if (p > 0 && (best_peer < 0 || p < best_peer)) best_peer = p;
+  const double speedup = best_peer > 0 ? best_peer / us : -1;
+  std::printf("%-22s %4d %5d %7lld | %9.1f %7.2f %7.1f %9.1f %5.0f%% | %9.1f %9.1f %7.2f\n", sh.name.c_str(), G, N,
+              static_cast<long long>(S), us, packed / (us * 1e-6) / 1e12, flops / (us * 1e-6) / 1e12, floor_us,
+              100.0 * floor_us / us, t.cublas_us, t.torch_us, speedup);
+  std::fflush(stdout);
+  nlohmann::json row = {{"name", sh.name},
+                        {"M", M},
+                        {"K", K},
+                        {"G", G},
+                        {"N", N},
+                        {"tokens", S},
+                        {"config", t.config},
+                        {"check_rel_err", t.check_err},
+                        {"sparse_us", us},
+                        {"packed_weight_bytes", packed},
+                        {"packed_tbs", packed / (us * 1e-6) / 1e12},
+                        {"tflops_dense_equiv", flops / (us * 1e-6) / 1e12},
+                        {"floor_bytes_us", floor_bytes_us},
+                        {"floor_flops_sparse_us", floor_flops_sparse_us},
+                        {"floor_flops_dense_us", floor_flops_dense_us},
+                        {"fraction_of_floor", floor_us / us},
+                        {"cublas_grouped_us", t.cublas_us},
+                        {"torch_grouped_mm_us", t.torch_us},
+                        {"speedup_vs_faster_peer", speedup},
+                        {"sweep_us_by_config", t.sweep}};
+  if (!t.cublas_err.empty()) row["cublas_error"] = t.cublas_err;
+  const std::string key = row_key(sh.name, G, N);
+  if (peer.rows.count(key) && peer.rows.at(key).contains("error")) row["torch_error"] = peer.rows.at(key)["error"];
+  return row;
+}
+
+// One row (shape, G, N): check the heuristic's kernel against the CPU ref, time it, sweep the other
+// instances, time the cuBLAS peer, look up the torch peer. *check_failed when the check fails (the
+// row is still timed: the numbers say how fast a WRONG kernel is; main fails at exit).
+nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet& ex, int N, const TorchPeer& peer,
+                       bool* check_failed) {
+  const int G = ex.G;
+  const std::vector<int> counts = counts_for(G, N);
+  RowTimes t;
+  for (int c : counts) t.tokens += c;
+  const int cap = N;
+  RowBuffers b = make_row_buffers(ex, cap, counts, ctx.s);
+  cuda::SparseGemmArgs a;
+  a.w = ex.w[0];
+  a.w_inv_gamma = ex.d_inv_gamma;
+  a.x = b.x;
+  a.x_inv_scale = b.x_inv;
+  a.counts = b.counts;
+  a.y = b.y;
+  a.num_experts = G;
+  a.capacity = cap;
+  a.M = ex.M;
+  a.M_pad = ex.M_pad;
+  a.K_pad = ex.K_pad;
+  a.ldy = ex.M;
+  const cuda::GemmConfig cfg = cuda::sparse_gemm_heuristic(G, ex.M, ex.K_pad, N);
+  a.x_layout = cuda::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
+  t.config = cfg.str();
+
+  cuda::sparse_gemm(a, N, ctx.s, &cfg);
+  MOESQ_CUDA_CHECK(cudaStreamSynchronize(ctx.s));
+  t.check_err = check_against_ref(ex, a, counts[0]);
+  *check_failed = !(t.check_err <= kCheckRelTol);
+  if (*check_failed)
+    std::printf("CHECK FAILED: %s G=%d N=%d GPU vs CPU ref rel err %.3g > %.3g\n", sh.name.c_str(), G, N, t.check_err,
+                kCheckRelTol);
+  const int wsets = int(ex.w.size());
+  t.sparse_us = median_us(
+      [&](int i) {
+        a.w = ex.w[i % wsets];
+        cuda::sparse_gemm(a, N, ctx.s, &cfg);
+      },
+      ctx.reps, ctx.s);
+  t.sweep = sweep_configs(ctx, ex, a, N, cfg);
+  t.cublas_us = time_cublas_peer(ctx, ex, b, cap, counts, &t.cublas_err);
+  const std::string key = row_key(sh.name, G, N);
+  if (peer.rows.count(key) && peer.rows.at(key).contains("us")) t.torch_us = peer.rows.at(key)["us"].get<double>();
+  nlohmann::json row = report_row(ctx, sh, G, N, t, peer);
+  free_row_buffers(b);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options opt = parse_args(argc, argv);
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  bool any_row = false;
+  for (const auto& sh : kShapes)
+    for (int G : sh.Gs)
+      for (int N : token_counts_of(sh, opt.quick)) any_row |= row_key(sh.name, G, N).find(opt.only) != std::string::npos;
+  MOESQ_CHECK(any_row, "no row matches --only ", opt.only, " (rows are named like qwen3-30b-a3b.gate_up/128/1024)");
+  const TorchPeer peer = load_torch_peer(opt.peer_path);
+
+  BenchContext ctx;
+  ctx.reps = opt.reps;
+  MOESQ_CUDA_CHECK(cudaStreamCreate(&ctx.s));
+  CUBLAS_CHECK(cublasCreate(&ctx.cb));
+  CUBLAS_CHECK(cublasSetStream(ctx.cb, ctx.s));
   cudaDeviceProp prop;
   MOESQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const Ceilings ceil = measure_ceilings(cb, s, reps);
+  ctx.ceil = measure_ceilings(ctx.cb, ctx.s, ctx.reps);
   std::printf("device %s, %d SMs, L2 %d MB; measured copy %.2f TB/s (read+write), dense bf16 cuBLAS %.0f TFLOP/s\n",
-              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, ceil.copy_tbs, ceil.dense_tflops);
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, ctx.ceil.copy_tbs, ctx.ceil.dense_tflops);
 
   nlohmann::json rows = nlohmann::json::array();
   int check_failures = 0;
   std::printf("%-22s %4s %5s %7s | %9s %7s %7s %9s %6s | %9s %9s %7s\n", "shape", "G", "N", "tokens", "sparse_us",
               "TB/s", "TFLOP/s", "floor_us", "floor%", "cublas_us", "torch_us", "speedup");
-  for (const auto& sh : shapes) {
-    const int64_t M = sh.M, K = sh.K, K_pad = moe::padded_k(K), M_pad = (M + 15) / 16 * 16;
+  for (const auto& sh : kShapes)
     for (int G : sh.Gs) {
-      const size_t wbytes = size_t(G) * (M_pad / 16) * (K_pad / moe::kChunkK) * moe::kChunkBytes;
-      const int wsets = int(std::clamp<size_t>((kRotateBytes + wbytes - 1) / wbytes, 1, 64));
-      std::vector<uint8_t*> w(wsets);
-      for (int i = 0; i < wsets; ++i) {
-        MOESQ_CUDA_CHECK(cudaMalloc(&w[i], wbytes));
-        fill_weights<<<4096, 256, 0, s>>>(w[i], wbytes, 100 + i);
+      ExpertSet ex = make_expert_set(sh, G, ctx.s);
+      for (int N : token_counts_of(sh, opt.quick)) {
+        if (!opt.only.empty() && row_key(sh.name, G, N).find(opt.only) == std::string::npos) continue;
+        bool failed = false;
+        rows.push_back(run_row(ctx, sh, ex, N, peer, &failed));
+        check_failures += failed;
       }
-      const size_t dbytes = size_t(G) * M * K * 2;
-      const int dsets = int(std::clamp<size_t>((kRotateBytes + dbytes - 1) / dbytes, 1, 16));
-      std::vector<uint16_t*> wd(dsets);
-      for (int i = 0; i < dsets; ++i) {
-        MOESQ_CUDA_CHECK(cudaMalloc(&wd[i], dbytes));
-        fill_bf16<<<4096, 256, 0, s>>>(wd[i], dbytes / 2, 200 + i);
-      }
-      std::vector<float> inv_gamma(G);
-      for (int e = 0; e < G; ++e) inv_gamma[e] = 1.0f / (2688.0f + e);
-      float* d_ig;
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_ig, sizeof(float) * G));
-      MOESQ_CUDA_CHECK(cudaMemcpy(d_ig, inv_gamma.data(), sizeof(float) * G, cudaMemcpyHostToDevice));
-
-      for (int N : quick ? std::vector<int>(sh.Ns.begin(), sh.Ns.begin() + 2) : sh.Ns) {
-        if (!only.empty() && (sh.name + "/" + std::to_string(G) + "/" + std::to_string(N)).find(only) == std::string::npos)
-          continue;
-        const std::vector<int> counts = counts_for(G, N);
-        int64_t S = 0;
-        for (int c : counts) S += c;
-        const int cap = N;
-        uint16_t *x, *xd, *y, *yd;
-        float* x_inv;
-        int32_t* d_counts;
-        MOESQ_CUDA_CHECK(cudaMalloc(&x, sizeof(uint16_t) * G * cap * K_pad));
-        MOESQ_CUDA_CHECK(cudaMalloc(&xd, sizeof(uint16_t) * G * cap * K));
-        MOESQ_CUDA_CHECK(cudaMalloc(&y, sizeof(uint16_t) * G * cap * M));
-        MOESQ_CUDA_CHECK(cudaMalloc(&yd, sizeof(uint16_t) * G * cap * M));
-        MOESQ_CUDA_CHECK(cudaMalloc(&x_inv, sizeof(float) * G * cap));
-        MOESQ_CUDA_CHECK(cudaMalloc(&d_counts, sizeof(int32_t) * G));
-        fill_bf16<<<4096, 256, 0, s>>>(x, size_t(G) * cap * K_pad, 7);
-        fill_bf16<<<4096, 256, 0, s>>>(xd, size_t(G) * cap * K, 8);
-        {
-          std::vector<float> ones(size_t(G) * cap, 1.0f / 2688.0f);
-          MOESQ_CUDA_CHECK(cudaMemcpy(x_inv, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
-          MOESQ_CUDA_CHECK(cudaMemcpy(d_counts, counts.data(), sizeof(int32_t) * G, cudaMemcpyHostToDevice));
-        }
-        cuda::SparseGemmArgs a;
-        a.w = w[0];
-        a.w_inv_gamma = d_ig;
-        a.x = x;
-        a.x_inv_scale = x_inv;
-        a.counts = d_counts;
-        a.y = y;
-        a.num_experts = G;
-        a.capacity = cap;
-        a.M = M;
-        a.M_pad = M_pad;
-        a.K_pad = K_pad;
-        a.ldy = M;
-        const cuda::GemmConfig cfg = cuda::sparse_gemm_heuristic(G, M, K_pad, N);
-        a.x_layout = cuda::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
-
-        // ---- check first: expert 0, first ≤ 4 tokens, against the CPU ref on the same bits ----
-        cuda::sparse_gemm(a, N, s, &cfg);
-        MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
-        double check_err;
-        {
-          moe::KernelWeights kw;
-          kw.num_experts = 1;
-          kw.M = M;
-          kw.K = K;
-          kw.M_pad = M_pad;
-          kw.K_pad = K_pad;
-          kw.data.resize(kw.expert_bytes());
-          MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), w[0], kw.data.size(), cudaMemcpyDeviceToHost));
-          std::vector<float> wdec(size_t(M) * K);
-          moe::kernel_layout_decode_ref(kw, 0, wdec.data());
-          // Tokens 0, 1, the middle and the last of expert 0: first and last n-block of its tiles.
-          std::vector<int> toks;
-          for (int t : {0, 1, counts[0] / 2, counts[0] - 1})
-            if (t >= 0 && t < counts[0] && std::find(toks.begin(), toks.end(), t) == toks.end()) toks.push_back(t);
-          const int nt = toks.back() + 1;
-          std::vector<uint16_t> hx(size_t(nt) * K_pad), hy(size_t(nt) * M);
-          MOESQ_CUDA_CHECK(cudaMemcpy(hx.data(), x, sizeof(uint16_t) * hx.size(), cudaMemcpyDeviceToHost));
-          MOESQ_CUDA_CHECK(cudaMemcpy(hy.data(), y, sizeof(uint16_t) * hy.size(), cudaMemcpyDeviceToHost));
-          double err = 0, nrm = 0;
-          for (int t : toks)
-            for (int64_t m = 0; m < M; ++m) {
-              double acc = 0;
-              for (int64_t k = 0; k < K; ++k)
-                acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k, a.x_layout)]);
-              acc *= double(inv_gamma[0] * (1.0f / 2688.0f));
-              const double d = bf16_to_f32(hy[t * M + m]) - acc;
-              err += d * d;
-              nrm += acc * acc;
-            }
-          check_err = std::sqrt(err / std::max(nrm, 1e-300));
-          if (!(check_err <= kCheckRelTol)) {  // keep timing (the numbers say how fast a WRONG kernel is), fail at exit
-            std::printf("CHECK FAILED: %s G=%d N=%d GPU vs CPU ref rel err %.3g > %.3g\n", sh.name.c_str(), G, N,
-                        check_err, kCheckRelTol);
-            ++check_failures;
-          }
-        }
-        const double us = median_us(
-            [&](int i) {
-              a.w = w[i % wsets];
-              cuda::sparse_gemm(a, N, s, &cfg);
-            },
-            reps, s);
-        // Sweep the other built instances of this token range (heuristic tuning data, bench/NOTES.md).
-        nlohmann::json sweep = nlohmann::json::object();
-        {
-          std::vector<std::pair<std::string, cuda::GemmConfig>> alts;
-          auto mma = [](int mt, int nt) {
-            cuda::GemmConfig c;
-            c.m_tiles = mt;
-            c.n_tiles = nt;
-            return std::make_pair(std::to_string(16 * mt) + "x" + std::to_string(8 * nt), c);
-          };
-          if (N <= 8) alts = {mma(1, 1), mma(2, 1), mma(2, 2)};
-          else if (N <= 16) alts = {mma(1, 2), mma(2, 2)};
-          else alts = {mma(2, 2), mma(4, 4)};
-          if (N >= 64)
-            for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{
-                     {128, 128, 4}, {128, 256, 4}, {256, 128, 4}})
-              alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
-                                cuda::wgmma_config(bm, bn, st));
-          for (const auto& [name, alt] : alts) {
-            a.x_layout = cuda::sparse_gemm_act_layout(alt);
-            const double t = median_us(
-                [&](int i) {
-                  a.w = w[i % wsets];
-                  cuda::sparse_gemm(a, N, s, &alt);
-                },
-                std::max(10, reps / 2), s);
-            sweep[name] = t;
-          }
-          a.x_layout = cuda::sparse_gemm_act_layout(cfg);
-          a.w = w[0];
-        }
-
-        // ---- cuBLAS grouped GEMM peer: one group per distinct count ----
-        std::map<int, std::vector<int>> by_count;
-        for (int e = 0; e < G; ++e) by_count[counts[e]].push_back(e);
-        const int ngroups = int(by_count.size());
-        std::vector<cublasOperation_t> ta(ngroups, CUBLAS_OP_T), tb(ngroups, CUBLAS_OP_N);
-        std::vector<int> ms(ngroups, int(M)), ns, ks(ngroups, int(K)), lda(ngroups, int(K)), ldb(ngroups, int(K)),
-            ldc(ngroups, int(M)), gsize;
-        std::vector<float> alpha(ngroups, 1.0f), beta(ngroups, 0.0f);
-        std::vector<int> order;
-        for (auto& [c, es] : by_count) {
-          ns.push_back(c);
-          gsize.push_back(int(es.size()));
-          order.insert(order.end(), es.begin(), es.end());
-        }
-        std::vector<const void*> hA(size_t(dsets) * G), hB(G);
-        std::vector<void*> hC(G);
-        for (int i = 0; i < G; ++i) {
-          const int e = order[i];
-          for (int d = 0; d < dsets; ++d) hA[size_t(d) * G + i] = wd[d] + size_t(e) * M * K;
-          hB[i] = xd + size_t(e) * cap * K;
-          hC[i] = yd + size_t(e) * cap * M;
-        }
-        const void** dA;
-        const void** dB;
-        void** dC;
-        MOESQ_CUDA_CHECK(cudaMalloc(&dA, sizeof(void*) * hA.size()));
-        MOESQ_CUDA_CHECK(cudaMalloc(&dB, sizeof(void*) * G));
-        MOESQ_CUDA_CHECK(cudaMalloc(&dC, sizeof(void*) * G));
-        MOESQ_CUDA_CHECK(cudaMemcpy(dA, hA.data(), sizeof(void*) * hA.size(), cudaMemcpyHostToDevice));
-        MOESQ_CUDA_CHECK(cudaMemcpy(dB, hB.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
-        MOESQ_CUDA_CHECK(cudaMemcpy(dC, hC.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
-        double cublas_us = -1;
-        std::string cublas_err;
-        try {
-          cublas_us = median_us(
-              [&](int i) {
-                CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cb, ta.data(), tb.data(), ms.data(), ns.data(), ks.data(),
-                                                        alpha.data(), dA + size_t(i % dsets) * G, CUDA_R_16BF,
-                                                        lda.data(), dB, CUDA_R_16BF, ldb.data(), beta.data(), dC,
-                                                        CUDA_R_16BF, ldc.data(), ngroups, gsize.data(),
-                                                        CUBLAS_COMPUTE_32F));
-              },
-              reps, s);
-        } catch (const std::exception& ex) {
-          cublas_err = ex.what();
-        }
-        cudaFree(dA);
-        cudaFree(dB);
-        cudaFree(dC);
-
-        const std::string key = sh.name + "/" + std::to_string(G) + "/" + std::to_string(N);
-        double torch_us = -1;
-        if (peer.count(key) && peer[key].contains("us")) torch_us = peer[key]["us"].get<double>();
-        const double packed = double(G) * M * K * 11.0 / 32.0;  // 2.75 bits/weight
-        const double flops = 2.0 * M * K * double(S);
-        const double floor_bytes_us = packed / (ceil.copy_tbs * 1e12) * 1e6;
-        const double floor_flops_dense_us = flops / (ceil.dense_tflops * 1e12) * 1e6;
-        const double floor_flops_sparse_us = floor_flops_dense_us / 2.0;  // 2:4 tensor cores: ≤ 2× dense
-        const double floor_us = std::max(floor_bytes_us, floor_flops_sparse_us);
-        double best_peer = -1;
-        for (double p : {cublas_us, torch_us})
-          if (p > 0 && (best_peer < 0 || p < best_peer)) best_peer = p;
-        const double speedup = best_peer > 0 ? best_peer / us : -1;
-        std::printf("%-22s %4d %5d %7lld | %9.1f %7.2f %7.1f %9.1f %5.0f%% | %9.1f %9.1f %7.2f\n", sh.name.c_str(), G, N,
-                    static_cast<long long>(S), us, packed / (us * 1e-6) / 1e12, flops / (us * 1e-6) / 1e12, floor_us,
-                    100.0 * floor_us / us, cublas_us, torch_us, speedup);
-        std::fflush(stdout);
-        nlohmann::json row = {{"name", sh.name},
-                              {"M", M},
-                              {"K", K},
-                              {"G", G},
-                              {"N", N},
-                              {"tokens", S},
-                              {"config", cfg.str()},
-                              {"check_rel_err", check_err},
-                              {"sparse_us", us},
-                              {"packed_weight_bytes", packed},
-                              {"packed_tbs", packed / (us * 1e-6) / 1e12},
-                              {"tflops_dense_equiv", flops / (us * 1e-6) / 1e12},
-                              {"floor_bytes_us", floor_bytes_us},
-                              {"floor_flops_sparse_us", floor_flops_sparse_us},
-                              {"floor_flops_dense_us", floor_flops_dense_us},
-                              {"fraction_of_floor", floor_us / us},
-                              {"cublas_grouped_us", cublas_us},
-                              {"torch_grouped_mm_us", torch_us},
-                              {"speedup_vs_faster_peer", speedup},
-                              {"sweep_us_by_config", sweep}};
-        if (!cublas_err.empty()) row["cublas_error"] = cublas_err;
-        if (peer.count(key) && peer[key].contains("error")) row["torch_error"] = peer[key]["error"];
-        rows.push_back(row);
-        cudaFree(x);
-        cudaFree(xd);
-        cudaFree(y);
-        cudaFree(yd);
-        cudaFree(x_inv);
-        cudaFree(d_counts);
-      }
-      for (auto p : w) cudaFree(p);
-      for (auto p : wd) cudaFree(p);
-      cudaFree(d_ig);
+      free_expert_set(ex);
     }
-  }
   nlohmann::json out = {{"device", prop.name},
                         {"sms", prop.multiProcessorCount},
-                        {"copy_tbs_read_plus_write", ceil.copy_tbs},
-                        {"dense_bf16_tflops_cublas_8192", ceil.dense_tflops},
-                        {"reps", reps},
+                        {"copy_tbs_read_plus_write", ctx.ceil.copy_tbs},
+                        {"dense_bf16_tflops_cublas_8192", ctx.ceil.dense_tflops},
+                        {"reps", ctx.reps},
                         {"counts", "cycle {N, 3N/4, N/2, N/4}, rounded up"},
-                        {"torch", peer_meta.contains("torch") ? peer_meta["torch"] : nlohmann::json()},
+                        {"torch", peer.meta.contains("torch") ? peer.meta["torch"] : nlohmann::json()},
                         {"rows", rows}};
-  std::ofstream(out_path) << out.dump(1) << "\n";
-  cublasDestroy(cb);
-  cudaStreamDestroy(s);
+  std::ofstream(opt.out_path) << out.dump(1) << "\n";
+  cublasDestroy(ctx.cb);
+  cudaStreamDestroy(ctx.s);
   if (check_failures) std::fprintf(stderr, "bench_gemm: %d rows failed the check against the CPU ref\n", check_failures);
   return check_failures ? 2 : 0;
 } catch (const std::exception& e) {

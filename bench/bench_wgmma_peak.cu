@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "cuda/cuda_check.cuh"
-#include "cuda/wgmma.cuh"
+#include "core/cuda/check.cuh"
+#include "ops/sparse_gemm/wgmma.cuh"
 
 namespace {
 

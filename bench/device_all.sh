@@ -17,11 +17,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 if [ -z "${BIN:-}" ]; then
   BIN=build-dev
   cmake -S . -B $BIN -G Ninja -DCMAKE_BUILD_TYPE=Release > "$W/cmake.log" 2>&1
-  cmake --build $BIN -j16 --target test_sparse_gemm test_act_layout test_awq_gemm bench_gemm bench_wgmma_peak \
+  cmake --build $BIN -j16 --target test_sparse_gemm test_act_dispatch test_swiglu_quant test_awq_gemm bench_gemm bench_wgmma_peak \
     > "$W/build.log" 2>&1 || { tail -40 "$W/build.log"; exit 1; }
   echo "build $(( $(date +%s) - t0 )) s" >> "$W/summary.txt"
 fi
-for t in test_sparse_gemm test_act_layout test_awq_gemm; do
+for t in test_sparse_gemm test_act_dispatch test_swiglu_quant test_awq_gemm; do
   timeout 180 $BIN/$t > "$W/$t.log" 2>&1; rc=$?; [ $rc -eq 0 ] || fail=1
   echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|FAILED TEST' "$W/$t.log" | tr '\n' ' ')" >> "$W/summary.txt"
 done

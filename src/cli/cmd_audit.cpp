@@ -11,10 +11,10 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "moe/audit.h"
-#include "moe/schedule.h"
-#if defined(MOESQ_HAVE_CUDA) && __has_include("cuda/awq_backend.h")
-#include "cuda/awq_backend.h"
+#include "audit/audit.h"
+#include "ops/awq_gemm/awq_schedule.h"
+#if defined(MOESQ_HAVE_CUDA) && __has_include("audit/awq_backend.h")
+#include "audit/awq_backend.h"
 #define MOESQ_AUDIT_CUDA 1
 #endif
 
@@ -84,7 +84,7 @@ void register_audit(CLI::App& app) {
     const auto tc = moe::select_thread_config(so->N, so->K, ov);
     const auto s = moe::make_schedule(moe::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
                                       tc.thread_n, so->grid);
-    if (so->json) std::cout << s.to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (so->json) std::cout << schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::cout << s.table();
   });
 

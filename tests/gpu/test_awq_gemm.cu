@@ -5,18 +5,19 @@
 // fixed K split for every tile) matches its `_ref` and is bitwise stable across histories, grids and even
 // the device's atomic (native) membership; device alignment valid.
 #include <gtest/gtest.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "core/half.h"
-#include "cuda/awq_backend.h"
-#include "cuda/awq_gemm.cuh"
-#include "moe/align.h"
-#include "moe/awq_gemm_ref.h"
-#include "moe/awq_layer.h"
+#include "audit/awq_backend.h"
+#include "ops/awq_gemm/awq_gemm.h"
+#include "ops/route_align/route_align.h"
+#include "audit/awq_layer.h"
 #include "support/gpu_test_main.h"
+#include "support/moe_fixtures.h"
 
 using namespace moesq;
 using namespace moesq::moe;
@@ -31,20 +32,7 @@ constexpr double kAtol = 0x1p-14;
 
 std::vector<uint16_t> gemm(bool gpu, const std::vector<uint16_t>& A, int64_t rows, int div, const RouteAlignment& a,
                            const std::vector<AwqLinear>& w, const TileSchedule& s) {
-  std::vector<uint16_t> C(a.num_routes() * s.N, 0);
-  AwqMoeGemmDesc d;
-  d.A = A.data();
-  d.num_a_rows = rows;
-  d.a_row_div = div;
-  d.N = s.N;
-  d.K = s.K;
-  d.align = &a;
-  d.weights = &w;
-  d.sched = &s;
-  d.C = C.data();
-  if (gpu) cuda::awq_moe_gemm_cuda_host(d);
-  else awq_moe_gemm_ref(d);
-  return C;
+  return test::run_gemm(A, rows, div, a, w, s, nullptr, gpu ? cuda::awq_moe_gemm_cuda_host : awq_moe_gemm_ref);
 }
 
 struct Fixture {

@@ -1,7 +1,7 @@
-// GPU tests of the grouped sparse GEMM kernels (src/cuda/sparse_gemm.cu: mma.sp; sparse_gemm_wgmma.cu:
+// GPU tests of the grouped sparse GEMM kernels (src/ops/sparse_gemm/sparse_gemm_mma.cu: mma.sp; sparse_gemm_wgmma.cu:
 // wgmma.sp) against their CPU `_ref` twin on the SAME packed bits and the SAME quantized activations
-// (src/moe/sparse_gemm_ref.h). The activation producers (act_dispatch, swiglu_quant) are tested in
-// test_act_layout.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
+// (cuda::sparse_gemm_ref, the same descriptor). The activation producers (act_dispatch, swiglu_quant) are tested in
+// test_act_dispatch.cu and test_swiglu_quant.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,13 +12,14 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_check.cuh"
-#include "cuda/sparse_gemm.cuh"
+#include "core/cuda/check.cuh"
+#include "ops/sparse_gemm/sparse_gemm.h"
 #include "format/fp_codecs.h"
 #include "format/nvfp4.h"
-#include "moe/kernel_layout.h"
-#include "moe/sparse_gemm_ref.h"
-#include "support/dev_buf.cuh"
+#include "format/kernel_layout.h"
+#include "ops/act_dispatch/act_dispatch.h"
+#include "support/sparse_gemm_ref_y.h"
+#include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
 
 namespace {
@@ -32,7 +33,7 @@ constexpr double kGemmRelFrobTol = 1e-5;
 constexpr double kGemmBf16RelFrobTol = 4e-3;
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
 
-using test::DevBuf;
+using moesq::DevBuf;
 
 enum class ScaleMode { kRandom, kOne, kExtreme };
 
@@ -115,8 +116,9 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   const ActBatch act = relayout(act_in, cuda::sparse_gemm_act_layout(chosen));
   const int E = act.num_experts, cap = act.capacity;
   const int64_t M = kw.M;
-  std::vector<float> ref(static_cast<size_t>(E) * cap * M, 0.0f);
-  grouped_sparse_gemm_ref(ptrs, act, ref.data());
+  // The `_ref` reads the default metadata order: its own copy of the weights when `mo` differs.
+  const std::vector<float> ref = test::sparse_gemm_ref_y(
+      mo == kDefaultMetaOrder ? kw : kernel_layout_from_sparse48(ptrs, "test"), act, 0.0f);
 
   std::vector<float> inv_gamma(E);
   for (int e = 0; e < E; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
@@ -188,12 +190,12 @@ std::vector<cuda::GemmConfig> all_configs() {
   std::vector<cuda::GemmConfig> v;
   for (auto [mt, nt] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 4}}) {
     cuda::GemmConfig c;
-    c.m_tiles = mt;
+    c.m16_tiles_per_warp = mt;
     c.n_tiles = nt;
     v.push_back(c);
   }
   cuda::GemmConfig tiny_grid;  // persistent loop: 3 CTAs walk every tile
-  tiny_grid.m_tiles = 2;
+  tiny_grid.m16_tiles_per_warp = 2;
   tiny_grid.n_tiles = 2;
   tiny_grid.grid = 3;
   v.push_back(tiny_grid);
@@ -216,7 +218,7 @@ TEST(SparseGemm, MetadataOrderMatchesHardware) {
   for (int e = 0; e < E; ++e) ts.push_back(random_packed(32, 256, rng, ScaleMode::kRandom));
   const ActBatch act = random_batch(E, 8, 256, {8, 5}, rng, true);
   cuda::GemmConfig c;
-  c.m_tiles = 1;
+  c.m16_tiles_per_warp = 1;
   c.n_tiles = 1;
   const GemmCheck half_k = run_gemm_check(ts, act, MetaOrder::kHalfK, &c);
   const GemmCheck row_split = run_gemm_check(ts, act, MetaOrder::kRowSplit, &c);

@@ -1,0 +1,55 @@
+// Activation dispatch + NVFP4 quantization kernel (act_dispatch.cuh). One CTA per route: claim a
+// slot with one atomic, stage the token row in shared memory, quantize it into the kernel layout.
+//
+// Non-obvious decision: one CTA per ROUTE (not per token) re-reads a token row topk times, but keeps
+// the per-token arithmetic independent of where its routes land; the row is tiny next to the
+// expert weights the GEMM then streams, so the simpler mapping costs nothing measurable.
+#include "ops/act_dispatch/act_dispatch.h"
+#include "core/cuda/check.cuh"
+#include "ops/common/nvfp4_row.cuh"
+
+namespace moesq::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) {
+  extern __shared__ uint16_t s_row[];  // [K] bf16 token row
+  __shared__ float s_red[32];
+  __shared__ int s_slot;
+  const int64_t r = blockIdx.x;
+  const int e = a.topk_ids[r];
+  if (e < 0 || e >= a.num_experts) return;  // invalid ids are the caller's bug; never write out of range
+  if (threadIdx.x == 0) s_slot = atomicAdd(&a.counts[e], 1);
+  const uint16_t* src = a.x + (r / a.topk) * a.K;
+  for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) s_row[k] = src[k];
+  __syncthreads();
+  const int slot = s_slot;
+  if (slot >= a.capacity) return;  // dropped route: counted, not stored
+  const int64_t s = static_cast<int64_t>(e) * a.capacity + slot;
+  if (threadIdx.x == 0) a.route_of_slot[s] = static_cast<int32_t>(r);
+  detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
+                                        a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+}
+
+}  // namespace
+
+void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
+  MOESQ_CHECK(a.K > 0 && a.K % detail::kActBlock == 0 && a.K_pad >= a.K && a.K_pad % 256 == 0, "act_dispatch: K=",
+              a.K, " K_pad=", a.K_pad, " (K must be a multiple of 32, K_pad of 256)");
+  MOESQ_CHECK(a.num_experts > 0 && a.capacity >= 0 && a.topk > 0 && a.T >= 0, "act_dispatch: bad sizes E=",
+              a.num_experts, " capacity=", a.capacity, " topk=", a.topk, " T=", a.T);
+  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
+              "act_dispatch: unknown ActLayout ", static_cast<int>(a.layout));
+  MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
+  if (a.T == 0) return;
+  const size_t smem = sizeof(uint16_t) * a.K;
+  if (smem > 48 * 1024)
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(act_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  act_dispatch_kernel<<<static_cast<unsigned>(a.T * a.topk), kThreads, smem, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("act_dispatch_kernel");
+}
+
+}  // namespace moesq::cuda

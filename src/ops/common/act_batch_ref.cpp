@@ -1,0 +1,61 @@
+// The activation row quantizer and empty batch of the MoE `_ref` twins (act_batch.h).
+//
+// Non-obvious decision: the activation quantizer calls the format module's own codecs and
+// nvfp4_tensor_scale in the same fp32 order as format::quantize_activation_row (block code
+// UE4M3((γ·amax_b)/6), multiplier γ/s, value E2M1(x·(γ/s))), so "GPU == ref" also means
+// "GPU == the quantizer the compression pipeline evaluated".
+#include "ops/common/act_batch.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "format/fp_codecs.h"
+
+namespace moesq::moe {
+
+void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
+                       ActLayout layout) {
+  MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_ref: K=", K, " is not a multiple of ",
+              format::kActScaleBlock);
+  const int64_t K_pad = padded_k(K);
+  std::fill(out, out + K_pad, uint16_t{0});
+  if (!quantize) {
+    for (int64_t k = 0; k < K; ++k) out[act_storage_index(k, layout)] = x[k];
+    *inv_scale = 1.0f;
+    return;
+  }
+  float amax = 0.0f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(x[k])));
+  const float gamma = format::nvfp4_tensor_scale(amax);
+  constexpr int B = format::kActScaleBlock;
+  for (int64_t b0 = 0; b0 < K; b0 += B) {
+    float bmax = 0.0f;
+    for (int j = 0; j < B; ++j) bmax = std::max(bmax, std::fabs(bf16_to_f32(x[b0 + j])));
+    const uint8_t code = format::ue4m3_encode(gamma * bmax / format::kE2M1Max);
+    const float s = format::e4m3_decode(code);
+    const float mult = s > 0.0f ? gamma / s : 0.0f;
+    for (int j = 0; j < B; ++j) {
+      const uint8_t q = s > 0.0f ? format::e2m1_encode(bf16_to_f32(x[b0 + j]) * mult) : uint8_t{0};
+      out[act_storage_index(b0 + j, layout)] = f32_to_bf16(format::e2m1_decode(q) * s);  // exact in bf16
+    }
+  }
+  *inv_scale = 1.0f / gamma;
+}
+
+ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, ActLayout layout) {
+  ActBatch a;
+  a.num_experts = num_experts;
+  a.capacity = capacity;
+  a.K = K;
+  a.K_pad = padded_k(K);
+  a.layout = layout;
+  a.x.assign(static_cast<size_t>(num_experts) * capacity * a.K_pad, 0);
+  a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
+  a.counts.assign(num_experts, 0);
+  a.route_of_slot.assign(static_cast<size_t>(num_experts) * capacity, -1);
+  return a;
+}
+
+}  // namespace moesq::moe

@@ -1,0 +1,80 @@
+// Launcher: grouped sparse GEMM for paired 4:8 NVFP4 experts on Hopper sparse tensor cores, fp32
+// accumulation, two kernels behind one entry point: mma.sp::ordered_metadata m16n8k32 bf16 (warp
+// tiles, sparse_gemm_mma.cu; the memory-bound small-N regime) and wgmma.mma_async.sp m64nNk32 bf16
+// (sparse_gemm_wgmma.cu; sm_90a, 2 warpgroups, A from registers; the compute-bound regime). For every expert e, in one launch:
+//   Y_e[slot, m] = α(e, slot) · Σ_k Ŵ_e[m, k] · X̂_e[slot, k],   α = (1/γ_w[e]) · (1/γ_a[e, slot])
+// i.e. Y_eᵀ = W_e X_eᵀ with W on the sparse A operand (DESIGN.md §4, paper §3.4). CPU twin:
+// sparse_gemm_ref (sparse_gemm_ref.cpp), same descriptor on host pointers. Weights: moe::KernelWeights;
+// activations: moe::ActBatch layout.
+#pragma once
+#include "core/cuda/stream.h"
+
+#include <cstdint>
+#include <string>
+
+#include "format/kernel_layout.h"
+
+namespace moesq::cuda {
+
+struct SparseGemmArgs {
+  const uint8_t* w = nullptr;            // [E, M_pad/16, K_pad/256, 1408] kernel-layout packed weights
+  const float* w_inv_gamma = nullptr;    // [E] 1/γ_w
+  const uint16_t* x = nullptr;           // [E, capacity, K_pad] bf16 activations, kernel K order
+  moe::ActLayout x_layout = moe::ActLayout::kMmaFragment;  // must equal sparse_gemm_act_layout(config)
+  const float* x_inv_scale = nullptr;    // [E, capacity] 1/γ_a, or nullptr for 1 (W4A16)
+  const int32_t* counts = nullptr;       // [E] device token counts (clamped to capacity)
+  uint16_t* y = nullptr;                 // [E, capacity, ldy] bf16 output, or nullptr
+  float* y_f32 = nullptr;                // [E, capacity, ldy] fp32 output (tests), or nullptr
+  int num_experts = 0, capacity = 0;
+  int64_t M = 0;                         // logical output rows (weight rows)
+  int64_t M_pad = 0, K_pad = 0;          // as in KernelWeights
+  int64_t ldy = 0;                       // output row stride in elements (≥ M)
+};
+
+enum class GemmVariant {
+  kMmaSp,    // warp-level mma.sp m16n8k32; activations in moe::ActLayout::kMmaFragment
+  kWgmmaSp,  // warpgroup wgmma.mma_async.sp m64nNk32; activations in moe::ActLayout::kKMajor
+};
+
+// Tile configuration: a CTA of `warps` warps owns BLOCK_M weight rows and BLOCK_N = 8·n_tiles tokens
+// of one expert; CTAs loop persistently over (expert, m-block, n-block). Each kernel reads its own
+// M-tile field:
+//   kMmaSp:   BLOCK_M = warps·16·m16_tiles_per_warp (m16_tiles_per_warp × n_tiles ∈ 1×1, 2×1, 1×2,
+//             2×2, 4×4 built);
+//   kWgmmaSp: warps = 8 (2 warpgroups), BLOCK_M = 2·64·m64_tiles_per_warpgroup, n_tiles = BLOCK_N / 8,
+//             stages = depth of the shared-memory activation pipeline. Built: 128×128, 128×256 and
+//             256×128, each with 4 stages (sparse_gemm_wgmma.cu).
+struct GemmConfig {
+  GemmVariant variant = GemmVariant::kMmaSp;
+  int m16_tiles_per_warp = 2;       // kMmaSp: m16 mma.sp tiles per warp
+  int m64_tiles_per_warpgroup = 1;  // kWgmmaSp: m64 wgmma.sp tiles per warpgroup
+  int n_tiles = 1;      // n8 tiles per warp (kWgmmaSp: per warpgroup)
+  int warps = 4;
+  int stages = 0;       // kWgmmaSp only
+  int grid = 0;         // persistent CTAs (0: decided at launch from occupancy)
+  std::string str() const;
+};
+
+// The wgmma.sp config with BLOCK_M weight rows × BLOCK_N tokens per tile and `stages` pipeline stages.
+GemmConfig wgmma_config(int block_m, int block_n, int stages = 4);
+
+// Activation layout the config's kernel reads (the dispatch / SwiGLU producers must write it).
+moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config);
+
+// Picks the tile config for a problem (max_tokens: the host's upper bound on any expert's count).
+// Prints it to stderr when MOESQ_PRINT_CONFIG=1.
+GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens);
+
+// Runs the GEMM. `config` nullptr → sparse_gemm_heuristic(…, max_tokens). Error for shapes it
+// cannot run (never a wrong answer): E > 1024, unaligned K_pad/M_pad, no output, and activations
+// whose x_layout is not the one the chosen kernel reads.
+void sparse_gemm(const SparseGemmArgs& args, int max_tokens, cudaStream_t stream, const GemmConfig* config = nullptr);
+
+// The CPU twin on the same descriptor with HOST pointers: y_f32 (and/or y, the fp32 value rounded to
+// bf16) for slots < min(count_e, capacity), other slots untouched. Weights are unpacked from the
+// kernel-layout bytes (kDefaultMetaOrder), products summed in fp64 then rounded once to fp32, times
+// α = (1/γ_w[e])·(1/γ_a[e, slot]) (x_inv_scale nullptr: 1). x is read through x_layout, so both
+// layouts of the same tokens give bitwise the same y. Errors: the launcher's shape rules.
+void sparse_gemm_ref(const SparseGemmArgs& args);
+
+}  // namespace moesq::cuda

@@ -1,0 +1,151 @@
+// GPU tests of cuda::swiglu_quant (ops/swiglu_quant) in both activation layouts (moe::ActLayout) vs its
+// CPU twin swiglu_quant_ref: bitwise where silu is exact in fp32, else a bounded mismatch fraction.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
+#include "core/half.h"
+#include "format/kernel_layout.h"
+#include "ops/swiglu_quant/swiglu_quant.h"
+#include "support/gpu_test_main.h"
+#include "support/ops_fixtures.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::moe;
+using moesq::test::unpermute_row;
+
+// expf on the GPU may differ from the host libm in the last ulp; after bf16 rounding and NVFP4
+// requantization that flips at most a handful of values per thousand (as in test_sparse_gemm.cu).
+constexpr double kSwigluMaxMismatchFraction = 0.01;
+// Gates at or above this make exp(−g) < 2^-24, so 1 + exp(−g) rounds to exactly 1 in fp32 on host and
+// device alike and silu(g)·u = g·u: the SwiGLU output must then match the reference bitwise.
+constexpr float kExactSiluMinGate = 17.0f;
+constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
+
+struct SwigluRun {
+  std::vector<uint16_t> out;  // [E, capacity, I_pad]
+  std::vector<float> inv;     // [E, capacity], −1 where not written
+};
+
+SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>& counts, int E, int cap, int64_t I,
+                     int64_t I_pad, bool quantize, ActLayout layout) {
+  DevBuf<uint16_t> d_h(h), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
+  DevBuf<int32_t> d_counts(counts);
+  DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+  cuda::SwigluQuantArgs a;
+  a.h = d_h.p;
+  a.counts = d_counts.p;
+  a.num_experts = E;
+  a.capacity = cap;
+  a.I = I;
+  a.I_pad = I_pad;
+  a.quantize = quantize;
+  a.layout = layout;
+  a.out = d_out.p;
+  a.inv_scale = d_inv.p;
+  cuda::swiglu_quant(a, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return {d_out.download(), d_inv.download()};
+}
+
+// Gates in [17, 40]: silu(g)·u = g·u exactly on both sides, so the GPU output and the reference must
+// agree bit for bit (values, 1/γ_a and the zero padding), in either layout.
+TEST(SwigluQuant, MatchesRefBitwiseWhenSiluIsExactInBothLayouts) {
+  std::mt19937 rng(19);
+  for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
+  for (bool quantize : {true, false}) {
+    for (int64_t I : {96, 768}) {
+      const int E = 3, cap = 9;
+      const std::vector<int32_t> counts = {9, 0, 13};  // full, empty, over capacity
+      std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+      std::uniform_real_distribution<float> gate(kExactSiluMinGate, 40.0f);
+      std::normal_distribution<float> up(0.0f, 2.0f);
+      for (size_t row = 0; row < static_cast<size_t>(E) * cap; ++row)
+        for (int64_t i = 0; i < I; ++i) {
+          h[row * 2 * I + i] = f32_to_bf16(gate(rng));
+          h[row * 2 * I + I + i] = f32_to_bf16(up(rng));
+        }
+      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, layout);
+      const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, layout);
+      int64_t nonzero = 0;
+      for (int e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          if (s >= std::min(counts[e], cap)) {
+            EXPECT_EQ(gpu.inv[gs], -1.0f) << "expert " << e << " slot " << s << " past count written";
+            continue;
+          }
+          ASSERT_EQ(gpu.inv[gs], ref.inv_scale[gs]) << "quantize=" << quantize << " I=" << I << " expert " << e
+                                                    << " slot " << s;
+          for (int64_t k = 0; k < ref.K_pad; ++k) {
+            ASSERT_EQ(gpu.out[gs * ref.K_pad + k], ref.x[gs * ref.K_pad + k])
+                << act_layout_name(layout) << " quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s
+                << " first bad storage index " << k;
+            nonzero += (ref.x[gs * ref.K_pad + k] & 0x7FFF) != 0;
+          }
+        }
+      EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+// Ordinary gates: the k-major GPU output is the GPU's own mma-fragment output re-ordered (bitwise: same
+// kernel arithmetic); both stay within the expf allowance of the reference, write 1/γ_a of every
+// filled slot and leave slots past the count untouched.
+TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
+  std::mt19937 rng(23);
+  for (bool quantize : {true, false})
+    for (int64_t I : {288, 768}) {
+      const int E = 3, cap = 17;
+      std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      for (auto& v : h) v = f32_to_bf16(nd(rng));
+      const std::vector<int32_t> counts = {17, 0, 5};
+      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
+      const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
+      EXPECT_EQ(kmaj.inv, frag.inv);
+      int64_t mismatch = 0, total = 0;
+      for (int e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          if (s >= std::min(counts[e], cap)) {
+            EXPECT_EQ(kmaj.inv[gs], -1.0f) << "expert " << e << " slot " << s << " past count written";
+            continue;
+          }
+          EXPECT_NEAR(kmaj.inv[gs], ref.inv_scale[gs], 1e-6 * std::fabs(ref.inv_scale[gs]));
+          const uint16_t* row_k = kmaj.out.data() + gs * ref.K_pad;
+          const uint16_t* row_f = frag.out.data() + gs * ref.K_pad;
+          ASSERT_EQ(unpermute_row(row_k, I, ActLayout::kKMajor), unpermute_row(row_f, I, ActLayout::kMmaFragment))
+              << "quantize=" << quantize << " I=" << I << " expert " << e << " slot " << s;
+          for (int64_t k = I; k < ref.K_pad; ++k) ASSERT_EQ(row_k[k], 0) << "padding at " << k;
+          for (int64_t k = 0; k < ref.K_pad; ++k, ++total) mismatch += row_k[k] != ref.x[gs * ref.K_pad + k];
+        }
+      std::printf("swiglu quantize=%d I=%lld: %lld of %lld values differ from the host ref\n", quantize,
+                  static_cast<long long>(I), static_cast<long long>(mismatch), static_cast<long long>(total));
+      EXPECT_GT(total, 0);
+      EXPECT_LE(static_cast<double>(mismatch) / total, kSwigluMaxMismatchFraction);
+    }
+}
+
+TEST(SwigluQuant, RejectsUnknownLayout) {
+  cuda::SwigluQuantArgs s;
+  s.I = 64;
+  s.I_pad = 256;
+  s.num_experts = 1;
+  s.capacity = 1;
+  s.layout = static_cast<ActLayout>(2);
+  EXPECT_THROW(cuda::swiglu_quant(s, nullptr), moesq::Error);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

@@ -1,0 +1,140 @@
+// The CPU twins of act_dispatch (ops/act_dispatch): the activation row quantizer against the format
+// module's fake quant (bitwise), W4A16 permutation only, both layouts holding the same values, and the
+// canonical slot order with capacity drops. GPU: tests/gpu/test_act_dispatch.cu.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "format/fp_codecs.h"
+#include "format/kernel_layout.h"
+#include "format/nvfp4.h"
+#include "ops/act_dispatch/act_dispatch.h"
+#include "support/ops_fixtures.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::moe;
+using namespace moesq::test;  // support/ops_fixtures.h
+
+TEST(ActQuantRef, MatchesFormatFakeQuantBitwise) {
+  std::mt19937 rng(99);
+  for (int64_t K : {32, 64, 768, 2048}) {
+    for (int rep = 0; rep < 5; ++rep) {
+      auto x = random_rows(1, K, rng);
+      if (rep == 1) for (int64_t k = 0; k < 32; ++k) x[k] = f32_to_bf16(1e-30f);  // tiny block → code 0
+      if (rep == 2) x[K / 2] = f32_to_bf16(3e4f);                                  // one saturating outlier
+      std::vector<float> fq(K);
+      float amax = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        fq[k] = bf16_to_f32(x[k]);
+        amax = std::max(amax, std::fabs(fq[k]));
+      }
+      format::quantize_activation_row(fq.data(), K);
+      const float gamma = format::nvfp4_tensor_scale(amax);
+      std::vector<uint16_t> out(padded_k(K));
+      float inv = 0.0f;
+      act_quant_row_ref(x.data(), K, true, out.data(), &inv);
+      EXPECT_EQ(inv, 1.0f / gamma);
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = bf16_to_f32(out[act_storage_index(k)]);
+        ASSERT_EQ(v / gamma, fq[k]) << "K=" << K << " rep " << rep << " k=" << k;
+      }
+      for (int64_t k = K; k < padded_k(K); ++k) ASSERT_EQ(out[k], 0) << "padding at " << k;
+    }
+  }
+}
+
+TEST(ActQuantRef, W4A16OnlyPermutes) {
+  std::mt19937 rng(5);
+  auto x = random_rows(1, 96, rng);
+  std::vector<uint16_t> out(padded_k(96));
+  float inv = 0.0f;
+  act_quant_row_ref(x.data(), 96, false, out.data(), &inv);
+  EXPECT_EQ(inv, 1.0f);
+  for (int k = 0; k < 96; ++k) EXPECT_EQ(out[act_storage_index(k)], x[k]);
+}
+
+// Both layouts hold the same bits; only their positions differ, and the padding stays zero.
+TEST(ActQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
+  std::mt19937 rng(41);
+  for (bool quantize : {true, false}) {
+    for (int64_t K : {32, 96, 288, 2048}) {
+      auto x = random_rows(1, K, rng);
+      std::vector<uint16_t> frag(padded_k(K), 0xFFFF), kmaj(padded_k(K), 0xFFFF);
+      float inv_frag = 0.0f, inv_kmaj = 0.0f;
+      act_quant_row_ref(x.data(), K, quantize, frag.data(), &inv_frag, ActLayout::kMmaFragment);
+      act_quant_row_ref(x.data(), K, quantize, kmaj.data(), &inv_kmaj, ActLayout::kKMajor);
+      EXPECT_EQ(inv_kmaj, inv_frag) << "quantize=" << quantize << " K=" << K;
+      const auto want = unpermute_row(frag.data(), K, ActLayout::kMmaFragment);
+      const auto got = unpermute_row(kmaj.data(), K, ActLayout::kKMajor);
+      bool nonzero = false;
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(got[k], want[k]) << "quantize=" << quantize << " K=" << K << " first bad k=" << k;
+        nonzero |= (got[k] & 0x7FFF) != 0;
+      }
+      EXPECT_TRUE(nonzero);
+      if (!quantize)
+        for (int64_t k = 0; k < K; ++k) ASSERT_EQ(got[k], x[k]) << "W4A16 keeps the bf16 bits, k=" << k;
+      for (int64_t k = K; k < padded_k(K); ++k) ASSERT_EQ(kmaj[k], 0) << "K=" << K << " padding at " << k;
+      // The two layouts really differ (K ≥ 32 always has a column that step 2 moves).
+      EXPECT_NE(kmaj, frag) << "quantize=" << quantize << " K=" << K;
+    }
+  }
+}
+
+TEST(DispatchRef, KMajorBatchMatchesMmaFragmentBatch) {
+  std::mt19937 rng(12);
+  const int T = 23, topk = 2, E = 4, cap = 7;  // ~11.5 routes per expert: some are dropped
+  for (int64_t K : {96, 288}) {
+    auto x = random_rows(T, K, rng);
+    std::vector<int32_t> ids(T * topk);
+    std::uniform_int_distribution<int> ed(0, E - 1);
+    for (auto& v : ids) v = ed(rng);
+    const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+    const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
+    EXPECT_EQ(frag.layout, ActLayout::kMmaFragment);
+    EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
+    EXPECT_EQ(kmaj.K_pad, frag.K_pad);
+    EXPECT_EQ(kmaj.counts, frag.counts);
+    EXPECT_EQ(kmaj.route_of_slot, frag.route_of_slot);
+    EXPECT_EQ(kmaj.inv_scale, frag.inv_scale);
+    ASSERT_EQ(kmaj.x.size(), frag.x.size());
+    for (size_t s = 0; s < frag.route_of_slot.size(); ++s) {
+      const auto want = unpermute_row(frag.x.data() + s * frag.K_pad, K, ActLayout::kMmaFragment);
+      const auto got = unpermute_row(kmaj.x.data() + s * kmaj.K_pad, K, ActLayout::kKMajor);
+      ASSERT_EQ(got, want) << "K=" << K << " expert " << s / cap << " slot " << s % cap;
+      for (int64_t k = K; k < kmaj.K_pad; ++k) ASSERT_EQ(kmaj.x[s * kmaj.K_pad + k], 0) << "padding at " << k;
+    }
+  }
+}
+
+TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
+  std::mt19937 rng(11);
+  const int T = 37, topk = 3, E = 5, cap = 9;
+  auto x = random_rows(T, 64, rng);
+  std::vector<int32_t> ids(T * topk);
+  std::uniform_int_distribution<int> ed(0, E - 1);
+  for (auto& v : ids) v = ed(rng);
+  const ActBatch a = dispatch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
+  std::vector<int> want(E, 0);
+  for (int v : ids) ++want[v];
+  for (int e = 0; e < E; ++e) {
+    EXPECT_EQ(a.counts[e], want[e]);
+    int prev = -1;
+    for (int s = 0; s < std::min(want[e], cap); ++s) {
+      const int r = a.route_of_slot[e * cap + s];
+      EXPECT_EQ(ids[r], e);
+      EXPECT_GT(r, prev) << "canonical order: ascending route id";
+      prev = r;
+    }
+    for (int s = std::min(want[e], cap); s < cap; ++s) EXPECT_EQ(a.route_of_slot[e * cap + s], -1);
+  }
+}
+
+}  // namespace

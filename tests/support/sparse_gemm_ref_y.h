@@ -1,0 +1,38 @@
+// Test helper: runs cuda::sparse_gemm_ref (the launcher's descriptor, host pointers) on kernel-layout
+// weights and an activation batch; returns y_f32 [E, capacity, M], untouched slots = `fill`.
+#pragma once
+#include <vector>
+
+#include "core/error.h"
+#include "format/kernel_layout.h"
+#include "ops/common/act_batch.h"
+#include "ops/sparse_gemm/sparse_gemm.h"
+
+namespace moesq::test {
+
+inline std::vector<float> sparse_gemm_ref_y(const moe::KernelWeights& kw, const moe::ActBatch& act, float fill) {
+  MOESQ_CHECK(kw.num_experts == act.num_experts && kw.K_pad == act.K_pad && kw.meta_order == moe::kDefaultMetaOrder,
+              "sparse_gemm_ref_y: weights E=", kw.num_experts, " K_pad=", kw.K_pad, " vs batch E=", act.num_experts,
+              " K_pad=", act.K_pad);
+  std::vector<float> inv_gamma(kw.num_experts);
+  for (int e = 0; e < kw.num_experts; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
+  std::vector<float> y(static_cast<size_t>(act.num_experts) * act.capacity * kw.M, fill);
+  cuda::SparseGemmArgs a;
+  a.w = kw.data.data();
+  a.w_inv_gamma = inv_gamma.data();
+  a.x = act.x.data();
+  a.x_layout = act.layout;
+  a.x_inv_scale = act.inv_scale.data();
+  a.counts = act.counts.data();
+  a.y_f32 = y.data();
+  a.num_experts = act.num_experts;
+  a.capacity = act.capacity;
+  a.M = kw.M;
+  a.M_pad = kw.M_pad;
+  a.K_pad = kw.K_pad;
+  a.ldy = kw.M;
+  cuda::sparse_gemm_ref(a);
+  return y;
+}
+
+}  // namespace moesq::test
