@@ -23,9 +23,9 @@ TEST(ModelDecode, StepLogitsMatchFullForward) {
   const std::vector<float> ids = moesq::io::to_f32(ref.get("input_ids"));
   const int64_t T = 48;
   std::vector<int32_t> tokens(ids.begin(), ids.begin() + T);
-  const std::vector<float> full = m.forward(tokens);  // [T, V]
+  const std::vector<float> full = m.forward(tokens, m.default_forward_options());  // [T, V]
   const int64_t V = m.spec().vocab_size;
-  moesq::model::Decoder dec(m, T);
+  moesq::model::Decoder dec(m, T, m.default_forward_options());
   float worst = 0;
   int64_t worst_t = -1;
   for (int64_t t = 0; t < T; ++t) {

@@ -125,7 +125,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"layers", layers},
   };
   if (opt.method == Method::Moesq)
-    sum.report["refine_options"] = refine_options_to_json(refine_options_from_json(opt.refine));
+    sum.report["refine_options"] = refine_options_to_json(opt.refine);
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
   write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   dir.commit();

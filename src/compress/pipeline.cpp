@@ -13,7 +13,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
-#include "model/blas_threads.h"
+#include "core/blas_threads.h"
 
 namespace moesq::compress {
 
@@ -36,6 +36,16 @@ const char* method_name(Method m) {
 }
 
 bool method_is_sparse(Method m) { return m != Method::RtnNvfp4; }
+
+void validate(const CompressOptions& opt) {
+  MOESQ_CHECK(opt.threads >= 0, "--threads: ", opt.threads, " must be >= 0 (0 = all cores)");
+  MOESQ_CHECK(opt.sgptq.percdamp >= 0 && std::isfinite(opt.sgptq.percdamp), "--percdamp: ",
+              opt.sgptq.percdamp, " must be a finite value >= 0");
+  MOESQ_CHECK(opt.sgptq.block_size > 0 && opt.sgptq.block_size % format::kSparseScaleBlock == 0,
+              "sgptq: block_size=", opt.sgptq.block_size, " must be a positive multiple of ",
+              format::kSparseScaleBlock);
+  if (opt.method == Method::Moesq) validate(opt.refine);
+}
 
 namespace {
 
@@ -122,7 +132,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
         const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
         const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
         const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
-        RefineResult rr = refine_expert(data, ig, iu, id, refine_options_from_json(opt.refine));
+        RefineResult rr = refine_expert(data, ig, iu, id, opt.refine);
         rep.extra = {{"init_hard_loss", rr.init_hard_loss}, {"final_hard_loss", rr.final_hard_loss},
                      {"soft_loss", rr.curves.soft_loss}, {"hard_loss", rr.curves.hard_loss},
                      {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
@@ -147,10 +157,11 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
 
 CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
+  validate(opt);
   // moesq parallelizes over sequences and experts itself; BLAS stays single-threaded throughout so
   // that the bits of the result do not depend on the thread count (OpenBLAS's threaded sgemm rounds
   // differently from its single-threaded one).
-  model::ScopedBlasSingleThread single_blas;
+  ScopedBlasSingleThread single_blas;
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
   const int64_t I = spec.moe_intermediate_size, k = spec.top_k;
@@ -158,6 +169,14 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
   for (int64_t l = 0; l < L; ++l)
     MOESQ_CHECK(spec.is_moe_layer(l), "layer ", l, " is a dense MLP layer; moesq compresses MoE layers only");
+  // Attention and routing run one sequence per thread; the propagation through a compressed layer
+  // runs W4A4 as deployed (activation block = the weights' block).
+  model::ForwardOptions per_task;
+  per_task.threads = 1;
+  model::ForwardOptions deployed;
+  deployed.act_quant = true;
+  deployed.act_block = act_block;
+  deployed.threads = opt.threads;
   CompressResult res;
   res.experts.assign(static_cast<size_t>(L), std::vector<PackedExpert>(static_cast<size_t>(E)));
 
@@ -175,10 +194,8 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(n_total) + " calibration tokens");
     // Parallel over sequences (or experts below), so each forward runs single-threaded inside.
-    const int saved_threads = m.threads;
-    m.threads = 1;
     parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
-      m.attention_block(l, states[i], static_cast<int64_t>(calib.sequences[i].size()));
+      m.attention_block(l, states[i], static_cast<int64_t>(calib.sequences[i].size()), per_task);
     }, opt.threads);
     std::vector<float> X(static_cast<size_t>(n_total * H));  // [n_total, H] MoE inputs
     parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
@@ -186,7 +203,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       const std::vector<float> x = m.moe_input(l, states[i], T);
       std::copy(x.begin(), x.end(), X.begin() + offset[i] * H);
     }, opt.threads);
-    m.threads = saved_threads;
     // Algorithm 1 line 4: route once, cache per expert inputs and router weights.
     const model::Routes routes = m.route(l, X, n_total);
     std::vector<ExpertCalib> cal(static_cast<size_t>(E));
@@ -198,7 +214,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
         ++c.n;
       }
     // Lines 5–16: experts in parallel, each single-threaded inside (BLAS included).
-    m.threads = 1;
 
     std::vector<ExpertReport> reps(static_cast<size_t>(E));
     std::atomic<int64_t> done{0};
@@ -241,14 +256,7 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
       w.up = pe.proj[1].dequantize();
       w.down = pe.proj[2].dequantize();
     }
-    m.threads = saved_threads;
-    const bool saved = m.act_quant;
-    const int saved_block = m.act_block;
-    m.act_quant = true;
-    m.act_block = act_block;
-    const std::vector<float> y = m.moe_block(l, X, routes);
-    m.act_quant = saved;
-    m.act_block = saved_block;
+    const std::vector<float> y = m.moe_block(l, X, routes, deployed);
     for (size_t i = 0; i < S; ++i)
       for (int64_t j = offset[i] * H; j < offset[i + 1] * H; ++j) states[i][j - offset[i] * H] += y[j];
   }

@@ -44,7 +44,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void check_options(const RefineOptions& o) {
+}  // namespace
+
+void validate(const RefineOptions& o) {
   MOESQ_CHECK(o.p >= 0, "refine: --objective weight power p=", o.p, " must be >= 0");
   MOESQ_CHECK(o.epochs >= 0, "refine: --epochs=", o.epochs, " must be >= 0");
   MOESQ_CHECK(o.batch > 0 && o.micro_batch > 0, "refine: batch=", o.batch, " and micro-batch=",
@@ -58,6 +60,8 @@ void check_options(const RefineOptions& o) {
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
   MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
 }
+
+namespace {
 
 // Rows `idx` of the prepared data, gathered contiguously.
 struct Rows {
@@ -203,7 +207,7 @@ RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const P
                            const ProjInit& down, const RefineOptions& o) {
   const auto t_start = Clock::now();
   const DenormalGuard denormal_guard;
-  check_options(o);
+  validate(o);
   const int64_t n = data.n, H = data.H, I = data.I;
   MOESQ_CHECK(n >= 0 && H > 0 && I > 0, "refine: bad expert shape n=", n, " H=", H, " I=", I);
   MOESQ_CHECK(H % format::kSparseScaleBlock == 0 && I % format::kSparseScaleBlock == 0,

@@ -90,7 +90,11 @@ struct RefineResult {
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };
 
-// Options ↔ JSON (the report's "refine_options" and the pipeline's option object). Keys are the
+// Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it
+// too, but callers validate once up front (compress::validate) so a bad value fails before any work.
+void validate(const RefineOptions& o);
+
+// Options ↔ JSON (the report's "refine_options"; the options themselves travel typed). Keys are the
 // field names above; missing keys keep their defaults; an unknown key or a wrong type is an Error
 // naming the key (a typo must not silently fall back to a default).
 RefineOptions refine_options_from_json(const nlohmann::json& j);

@@ -5,7 +5,7 @@
 // checkpoint (`.weight_packed` + scales, config.json `quantization_config`). Compressed experts are
 // decoded once to their exact dequantized fp32 values (ŵ = dec(q)·dec(c_b)/γ is exact in fp32),
 // so the forward is the same code for both; the decision that matters is that loading a compressed
-// checkpoint turns on act_quant with the format's block size: a W4A4 deployment quantizes
+// checkpoint makes W4A4 (act_quant with the format's block size) its default_forward_options(): a W4A4 deployment quantizes
 // activations too, and evaluating it W4A16 would flatter it.
 #include <cmath>
 #include <string>
@@ -173,10 +173,9 @@ class ModelLoader {
     if (q.format != ExpertFormat::Dense) {
       MOESQ_CHECK(any_packed, ckpt.dir(), "/config.json declares quantization_config format \"",
                   q.format_name, "\" but no expert has a .weight_packed tensor");
-      m.act_quant = true;
-      m.act_block = q.act_block;
-      m.quant_method = "nvfp4";
-      m.expert_format = q.format_name;
+      m.default_options_.act_quant = true;
+      m.default_options_.act_block = q.act_block;
+      m.expert_format_ = q.format_name;
     }
   }
 };
