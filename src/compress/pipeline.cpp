@@ -49,12 +49,6 @@ void validate(const CompressOptions& opt) {
 
 namespace {
 
-float amax(const std::vector<float>& w) {
-  float a = 0;
-  for (float v : w) a = std::max(a, std::fabs(v));
-  return a;
-}
-
 // The calibration rows of one expert (gathered from the routed layer input).
 struct ExpertCalib {
   std::vector<float> X;  // [n, H]
@@ -73,8 +67,8 @@ PackedProj make_sparse(format::Sparse48Tensor t) {
 PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
                              const CompressOptions& opt, ExpertReport& rep) {
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
-  const float gs_gu = format::nvfp4_tensor_scale(std::max(amax(w.gate), amax(w.up)));
-  const float gs_d = format::nvfp4_tensor_scale(amax(w.down));
+  const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
+  const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
   std::string names[3];
   for (int p = 0; p < 3; ++p) names[p] = model::expert_prefix(rep.layer, rep.expert, kProjNames[p]) + ".weight";
   PackedExpert pe;

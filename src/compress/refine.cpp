@@ -110,18 +110,13 @@ std::vector<int64_t> permutation(int64_t n, uint64_t key) {
   return p;
 }
 
-// Packs the final (or initial) solution: patterns [R] per projection, values V; gate and up with one
-// γ from the amax of their kept values (Eq. 5), down with its own.
+// Packs the final (or initial) solution: patterns [R] per projection, values V; gate and up with the
+// one shared γ of format::gate_up_tensor_scale over their latent V (the same rule as every other
+// method), down with its own Eq. 5 γ over V.
 void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector<uint8_t>, 3>& pat,
           RefineResult& res) {
-  float amax[3] = {0, 0, 0};
-  for (int j = 0; j < 3; ++j) {
-    const int64_t K = P[j].K;
-    for (int64_t i = 0; i < P[j].N * K; ++i)
-      if (kPatternRho[pat[j][i / kGroup]][i % kGroup]) amax[j] = std::max(amax[j], std::fabs(P[j].V[i]));
-  }
-  const float g_gu = format::nvfp4_tensor_scale(std::max(amax[kGate], amax[kUp]));
-  const float g_d = format::nvfp4_tensor_scale(amax[kDown]);
+  const float g_gu = format::gate_up_tensor_scale(P[kGate].V.data(), P[kUp].V.data(), P[kGate].N * P[kGate].K);
+  const float g_d = format::nvfp4_tensor_scale(format::amax_abs(P[kDown].V.data(), P[kDown].N * P[kDown].K));
   res.gate = format::sparse48_quantize(P[kGate].V.data(), P[kGate].N, P[kGate].K, pat[kGate].data(),
                                        g_gu, "refine gate_proj");
   res.up = format::sparse48_quantize(P[kUp].V.data(), P[kUp].N, P[kUp].K, pat[kUp].data(), g_gu,

@@ -138,10 +138,8 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
 }  // namespace
 
 std::array<float, 2> quantize_weights(float* Y_gu, int64_t I, int64_t H, float* Y_down) {
-  float amax_gu = 0.0f, amax_d = 0.0f;
-  for (int64_t i = 0; i < 2 * I * H; ++i) amax_gu = std::max(amax_gu, std::fabs(Y_gu[i]));
-  for (int64_t i = 0; i < H * I; ++i) amax_d = std::max(amax_d, std::fabs(Y_down[i]));
-  const float g_gu = format::nvfp4_tensor_scale(amax_gu), g_d = format::nvfp4_tensor_scale(amax_d);
+  const float g_gu = format::gate_up_tensor_scale(Y_gu, Y_gu + I * H, I * H);
+  const float g_d = format::nvfp4_tensor_scale(format::amax_abs(Y_down, H * I));
   format::nvfp4_fake_quant_blocks(Y_gu, 2 * I * H, format::kSparseScaleBlock, g_gu);
   format::nvfp4_fake_quant_blocks(Y_down, H * I, format::kSparseScaleBlock, g_d);
   return {g_gu, g_d};
