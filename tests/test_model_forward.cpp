@@ -25,6 +25,7 @@
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/tensor_names.h"
 #include "model/qwen3_moe.h"
 
 namespace fs = std::filesystem;
@@ -367,7 +368,7 @@ class Loader : public ::testing::Test {
         const auto& E = L.experts[e];
         struct P { const char* name; const std::vector<float>* W; int64_t N, K; };
         for (const P& pr : {P{"gate_proj", &E.gate, I, H}, P{"up_proj", &E.up, I, H}, P{"down_proj", &E.down, H, I}}) {
-          const std::string pre = moesq::model::expert_prefix(l, e, pr.name);
+          const std::string pre = moesq::io::expert_tensor_prefix(l, e, pr.name);
           std::vector<float> dq(pr.N * pr.K);
           if (store == ExpertStore::Bf16) {
             add(pre + ".weight", {pr.N, pr.K}, *pr.W);
@@ -489,10 +490,10 @@ TEST_F(Loader, ErrorsNameTheTensor) {
   const std::string qp = "model.layers.1.self_attn.q_proj.weight";
   write(m, ExpertStore::Bf16, "", qp);  // wrong shape
   expect_error(qp);
-  const std::string down = moesq::model::expert_prefix(0, 6, "down_proj") + ".weight";
+  const std::string down = moesq::io::expert_tensor_prefix(0, 6, "down_proj") + ".weight";
   write(m, ExpertStore::Bf16, down);  // missing
-  expect_error(moesq::model::expert_prefix(0, 6, "down_proj"));
-  const std::string meta = moesq::model::expert_prefix(1, 2, "up_proj") + ".weight_meta";
+  expect_error(moesq::io::expert_tensor_prefix(0, 6, "down_proj"));
+  const std::string meta = moesq::io::expert_tensor_prefix(1, 2, "up_proj") + ".weight_meta";
   write(m, ExpertStore::Sparse48, meta);  // compressed, one metadata tensor missing
   expect_error(meta);
 }

@@ -4,21 +4,15 @@
 
 #include <cmath>
 #include <filesystem>
-#include <regex>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "model/qwen3_moe.h"
+#include "io/tensor_names.h"
 
 namespace fs = std::filesystem;
 
 namespace moesq::compress {
-
-bool is_expert_tensor(const std::string& name) {
-  static const std::regex re(R"(^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\..*)");
-  return std::regex_match(name, re);
-}
 
 namespace {
 
@@ -26,14 +20,14 @@ void add_packed(io::SafetensorsWriter& w, const std::string& prefix, const Packe
   const int64_t N = p.N(), K = p.K();
   const float gs = p.global_scale();
   if (p.sparse) {
-    w.add(prefix + ".weight_packed", io::DType::U8, {N, K / 4}, p.s.values.data(), p.s.values.size());
-    w.add(prefix + ".weight_meta", io::DType::U8, {N, K / 16}, p.s.meta.data(), p.s.meta.size());
-    w.add(prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 32}, p.s.scales.data(), p.s.scales.size());
+    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 4}, p.s.values.data(), p.s.values.size());
+    w.add(prefix + io::kWeightMeta, io::DType::U8, {N, K / 16}, p.s.meta.data(), p.s.meta.size());
+    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 32}, p.s.scales.data(), p.s.scales.size());
   } else {
-    w.add(prefix + ".weight_packed", io::DType::U8, {N, K / 2}, p.d.values.data(), p.d.values.size());
-    w.add(prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 16}, p.d.scales.data(), p.d.scales.size());
+    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 2}, p.d.values.data(), p.d.values.size());
+    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 16}, p.d.scales.data(), p.d.scales.size());
   }
-  w.add(prefix + ".weight_global_scale", io::DType::F32, {1}, &gs, sizeof(float));
+  w.add(prefix + io::kWeightGlobalScale, io::DType::F32, {1}, &gs, sizeof(float));
 }
 
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
@@ -49,14 +43,14 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
 
   io::SafetensorsWriter w;
   for (const std::string& name : src.names()) {
-    if (is_expert_tensor(name)) continue;
+    if (io::is_expert_tensor(name)) continue;
     const io::TensorView& t = src.get(name);
     w.add(name, t.dtype, t.shape, t.data, t.nbytes);
   }
   for (size_t l = 0; l < r.experts.size(); ++l)
     for (size_t e = 0; e < r.experts[l].size(); ++e)
       for (int p = 0; p < 3; ++p)
-        add_packed(w, model::expert_prefix(static_cast<int64_t>(l), static_cast<int64_t>(e), kProjNames[p]),
+        add_packed(w, io::expert_tensor_prefix(static_cast<int64_t>(l), static_cast<int64_t>(e), io::kExpertProjNames[p]),
                    r.experts[l][e].proj[p]);
   io::write_checkpoint_tensors(dir.path(), w);
 
@@ -85,7 +79,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   {
     io::Checkpoint written(dir.path());
     for (const std::string& name : written.names())
-      if (is_expert_tensor(name)) sum.expert_bytes += static_cast<int64_t>(written.get(name).nbytes);
+      if (io::is_expert_tensor(name)) sum.expert_bytes += static_cast<int64_t>(written.get(name).nbytes);
   }
   sum.expert_weights = spec.num_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_intermediate_size;
   sum.bits_per_expert_weight = 8.0 * static_cast<double>(sum.expert_bytes) / static_cast<double>(sum.expert_weights);

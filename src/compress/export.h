@@ -24,7 +24,4 @@ struct ExportSummary {
 ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& r, const CompressOptions& opt,
                                const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra);
 
-// True for `model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.*`
-bool is_expert_tensor(const std::string& name);
-
 }  // namespace moesq::compress

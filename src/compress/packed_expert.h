@@ -12,9 +12,6 @@
 
 namespace moesq::compress {
 
-enum class Proj { Gate = 0, Up = 1, Down = 2 };
-constexpr std::array<const char*, 3> kProjNames = {"gate_proj", "up_proj", "down_proj"};
-
 struct PackedProj {
   bool sparse = true;          // paired 4:8 (true) or dense NVFP4 (false)
   format::Sparse48Tensor s;    // when sparse

@@ -13,6 +13,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
+#include "io/tensor_names.h"
 #include "core/blas_threads.h"
 
 namespace moesq::compress {
@@ -70,7 +71,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
   std::string names[3];
-  for (int p = 0; p < 3; ++p) names[p] = model::expert_prefix(rep.layer, rep.expert, kProjNames[p]) + ".weight";
+  for (int p = 0; p < 3; ++p) names[p] = io::expert_tensor_prefix(rep.layer, rep.expert, io::kExpertProjNames[p]) + io::kWeight;
   PackedExpert pe;
   switch (opt.method) {
     case Method::RtnNvfp4: {

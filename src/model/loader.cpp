@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "format/nvfp4.h"
+#include "io/tensor_names.h"
 #include "model/qwen3_moe.h"
 
 namespace moesq::model {
@@ -23,10 +24,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-std::string layer_name(int64_t l, const std::string& rest) {
-  return "model.layers." + std::to_string(l) + "." + rest;
 }
 
 enum class ExpertFormat { Dense, Sparse48, Nvfp4 };
@@ -87,8 +84,8 @@ float get_global_scale(const io::Checkpoint& ckpt, const std::string& name) {
 // One expert projection W [N, K] → fp32, from whichever representation the checkpoint holds.
 std::vector<float> load_projection(const io::Checkpoint& ckpt, const QuantInfo& q,
                                    const std::string& prefix, int64_t N, int64_t K) {
-  if (ckpt.has(prefix + ".weight")) return ckpt.get_f32(prefix + ".weight", {N, K});
-  MOESQ_CHECK(ckpt.has(prefix + ".weight_packed"), "tensor ", prefix, ".weight (or ", prefix,
+  if (ckpt.has(prefix + io::kWeight)) return ckpt.get_f32(prefix + io::kWeight, {N, K});
+  MOESQ_CHECK(ckpt.has(prefix + io::kWeightPacked), "tensor ", prefix, ".weight (or ", prefix,
               ".weight_packed) not found in ", ckpt.dir());
   MOESQ_CHECK(q.format != ExpertFormat::Dense, "tensor ", prefix, ".weight_packed in ", ckpt.dir(),
               " but config.json has no quantization_config");
@@ -99,10 +96,10 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const QuantInfo& 
     format::Sparse48Tensor t;
     t.N = N;
     t.K = K;
-    t.values = get_bytes(ckpt, prefix + ".weight_packed", io::DType::U8, {N, K / 4});
-    t.meta = get_bytes(ckpt, prefix + ".weight_meta", io::DType::U8, {N, K / 16});
-    t.scales = get_bytes(ckpt, prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 32});
-    t.global_scale = get_global_scale(ckpt, prefix + ".weight_global_scale");
+    t.values = get_bytes(ckpt, prefix + io::kWeightPacked, io::DType::U8, {N, K / 4});
+    t.meta = get_bytes(ckpt, prefix + io::kWeightMeta, io::DType::U8, {N, K / 16});
+    t.scales = get_bytes(ckpt, prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 32});
+    t.global_scale = get_global_scale(ckpt, prefix + io::kWeightGlobalScale);
     format::sparse48_dequantize(t, W.data());
   } else {
     MOESQ_CHECK(K % format::kDenseScaleBlock == 0, "tensor ", prefix, ": K = ", K,
@@ -110,9 +107,9 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const QuantInfo& 
     format::Nvfp4Tensor t;
     t.N = N;
     t.K = K;
-    t.values = get_bytes(ckpt, prefix + ".weight_packed", io::DType::U8, {N, K / 2});
-    t.scales = get_bytes(ckpt, prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 16});
-    t.global_scale = get_global_scale(ckpt, prefix + ".weight_global_scale");
+    t.values = get_bytes(ckpt, prefix + io::kWeightPacked, io::DType::U8, {N, K / 2});
+    t.scales = get_bytes(ckpt, prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 16});
+    t.global_scale = get_global_scale(ckpt, prefix + io::kWeightGlobalScale);
     format::nvfp4_dequantize(t, W.data());
   }
   return W;
@@ -130,10 +127,10 @@ class ModelLoader {
                   I = s.moe_intermediate_size;
     const QuantInfo q = read_quant_info(ckpt);
 
-    m.embed_ = ckpt.get_f32("model.embed_tokens.weight", {V, H});
-    m.final_norm_ = ckpt.get_f32("model.norm.weight", {H});
-    if (ckpt.has("lm_head.weight")) {
-      m.lm_head_ = ckpt.get_f32("lm_head.weight", {V, H});
+    m.embed_ = ckpt.get_f32(io::kEmbedTokens, {V, H});
+    m.final_norm_ = ckpt.get_f32(io::kFinalNorm, {H});
+    if (ckpt.has(io::kLmHead)) {
+      m.lm_head_ = ckpt.get_f32(io::kLmHead, {V, H});
     } else {
       MOESQ_CHECK(s.tie_word_embeddings, "tensor lm_head.weight not found in ", ckpt.dir(),
                   " and tie_word_embeddings is false");
@@ -143,7 +140,7 @@ class ModelLoader {
     for (int64_t l = 0; l < s.num_layers; ++l) {
       LayerWeights& L = m.layers_[l];
       auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
-        return ckpt.get_f32(layer_name(l, rest), shape);
+        return ckpt.get_f32(io::layer_tensor(l, rest), shape);
       };
       L.input_norm = get("input_layernorm.weight", {H});
       L.q_proj = get("self_attn.q_proj.weight", {s.num_heads * hd, H});
@@ -163,11 +160,11 @@ class ModelLoader {
       L.router = get("mlp.gate.weight", {E, H});
       for (int64_t e = 0; e < E; ++e) {
         ExpertWeights& W = L.experts[e];
-        for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
-          if (ckpt.has(expert_prefix(l, e, proj) + ".weight_packed")) any_packed = true;
-        W.gate = load_projection(ckpt, q, expert_prefix(l, e, "gate_proj"), I, H);
-        W.up = load_projection(ckpt, q, expert_prefix(l, e, "up_proj"), I, H);
-        W.down = load_projection(ckpt, q, expert_prefix(l, e, "down_proj"), H, I);
+        for (const char* proj : io::kExpertProjNames)
+          if (ckpt.has(io::expert_tensor_prefix(l, e, proj) + io::kWeightPacked)) any_packed = true;
+        W.gate = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Gate), I, H);
+        W.up = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Up), I, H);
+        W.down = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Down), H, I);
       }
     }
     if (q.format != ExpertFormat::Dense) {

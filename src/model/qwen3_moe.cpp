@@ -68,11 +68,6 @@ int intra_threads(int t) { return t > 0 ? t : num_threads(); }
 
 }  // namespace
 
-std::string expert_prefix(int64_t layer, int64_t expert, const char* proj) {
-  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
-         proj;
-}
-
 Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
   const auto& s = spec_;
   MOESQ_CHECK(s.hidden_size > 0 && s.num_layers > 0 && s.num_heads > 0 && s.num_kv_heads > 0 &&

@@ -139,7 +139,4 @@ class Qwen3Moe {
 std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
                                   const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr);
 
-// Name of an expert projection tensor in HF layout (without ".weight").
-std::string expert_prefix(int64_t layer, int64_t expert, const char* proj);  // proj: gate_proj|up_proj|down_proj
-
 }  // namespace moesq::model
