@@ -16,16 +16,17 @@ namespace moesq::compress {
 
 namespace {
 
-void add_packed(io::SafetensorsWriter& w, const std::string& prefix, const PackedProj& p) {
+void add_packed(io::SafetensorsWriter& w, const std::string& prefix, const format::PackedWeight& p) {
   const int64_t N = p.N(), K = p.K();
   const float gs = p.global_scale();
-  if (p.sparse) {
-    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 4}, p.s.values.data(), p.s.values.size());
-    w.add(prefix + io::kWeightMeta, io::DType::U8, {N, K / 16}, p.s.meta.data(), p.s.meta.size());
-    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 32}, p.s.scales.data(), p.s.scales.size());
+  if (const format::Sparse48Tensor* s = p.sparse48()) {
+    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 4}, s->values.data(), s->values.size());
+    w.add(prefix + io::kWeightMeta, io::DType::U8, {N, K / 16}, s->meta.data(), s->meta.size());
+    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 32}, s->scales.data(), s->scales.size());
   } else {
-    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 2}, p.d.values.data(), p.d.values.size());
-    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 16}, p.d.scales.data(), p.d.scales.size());
+    const format::Nvfp4Tensor* d = p.nvfp4();
+    w.add(prefix + io::kWeightPacked, io::DType::U8, {N, K / 2}, d->values.data(), d->values.size());
+    w.add(prefix + io::kWeightScale, io::DType::F8_E4M3, {N, K / 16}, d->scales.data(), d->scales.size());
   }
   w.add(prefix + io::kWeightGlobalScale, io::DType::F32, {1}, &gs, sizeof(float));
 }

@@ -1,20 +1,19 @@
 #include "compress/pipeline.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
-#include <limits>
 #include <chrono>
 #include <cmath>
-#include <mutex>
+#include <limits>
 
-#include "compress/expert_math.h"
 #include "compress/refine.h"
+#include "core/blas_threads.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
 #include "io/tensor_names.h"
-#include "core/blas_threads.h"
 
 namespace moesq::compress {
 
@@ -50,6 +49,19 @@ void validate(const CompressOptions& opt) {
 
 namespace {
 
+// ‖a − b‖²_F / ‖a‖²_F, the report's reconstruction error (NaN when ‖a‖ = 0 and a ≠ b; 0 when both
+// are zero).
+double rel_sq_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(a[i]) * a[i];
+  }
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+  return num / den;
+}
+
 // The calibration rows of one expert (gathered from the routed layer input).
 struct ExpertCalib {
   std::vector<float> X;  // [n, H]
@@ -57,16 +69,10 @@ struct ExpertCalib {
   int64_t n = 0;
 };
 
-PackedProj make_sparse(format::Sparse48Tensor t) {
-  PackedProj p;
-  p.sparse = true;
-  p.s = std::move(t);
-  return p;
-}
-
-// Compresses one expert with `opt.method`. `w` holds the original weights.
+// Compresses one expert with `opt.method`. `w` holds the original weights, y_ref [c.n, H] their
+// outputs on the expert's calibration rows (the refinement's targets).
 PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
-                             const CompressOptions& opt, ExpertReport& rep) {
+                             const std::vector<float>& y_ref, const CompressOptions& opt, ExpertReport& rep) {
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
@@ -77,9 +83,8 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
     case Method::RtnNvfp4: {
       const std::vector<float>* W[3] = {&w.gate, &w.up, &w.down};
       for (int p = 0; p < 3; ++p) {
-        pe.proj[p].sparse = false;
         const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
-        pe.proj[p].d = format::nvfp4_quantize(W[p]->data(), N, K, p < 2 ? gs_gu : gs_d, names[p]);
+        pe.proj[p] = format::nvfp4_quantize(W[p]->data(), N, K, p < 2 ? gs_gu : gs_d, names[p]);
       }
       break;
     }
@@ -88,8 +93,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
       for (int p = 0; p < 3; ++p) {
         const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
         const std::vector<uint8_t> pat = format::magnitude_patterns(W[p]->data(), N, K);
-        pe.proj[p] = make_sparse(
-            format::sparse48_quantize(W[p]->data(), N, K, pat.data(), p < 2 ? gs_gu : gs_d, names[p]));
+        pe.proj[p] = format::sparse48_quantize(W[p]->data(), N, K, pat.data(), p < 2 ? gs_gu : gs_d, names[p]);
       }
       break;
     }
@@ -114,8 +118,6 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
       }
       if (opt.method == Method::Moesq) {
         // Algorithm 1 lines 7–18, starting from the SGPTQ solution.
-        const std::vector<float> y_ref =
-            model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
         ExpertData data;
         data.n = c.n;
         data.H = H;
@@ -134,13 +136,13 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
                      {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
                      {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped}};
         if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
-        pe.proj[0] = make_sparse(std::move(rr.gate));
-        pe.proj[1] = make_sparse(std::move(rr.up));
-        pe.proj[2] = make_sparse(std::move(rr.down));
+        pe.proj[0] = std::move(rr.gate);
+        pe.proj[1] = std::move(rr.up);
+        pe.proj[2] = std::move(rr.down);
       } else {
-        pe.proj[0] = make_sparse(std::move(rg.packed));
-        pe.proj[1] = make_sparse(std::move(ru.packed));
-        pe.proj[2] = make_sparse(std::move(rd.packed));
+        pe.proj[0] = std::move(rg.packed);
+        pe.proj[1] = std::move(ru.packed);
+        pe.proj[2] = std::move(rd.packed);
       }
       break;
     }
@@ -213,25 +215,32 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
     std::vector<ExpertReport> reps(static_cast<size_t>(E));
     std::atomic<int64_t> done{0};
     parallel_for(E, [&](int64_t e) {
-      const model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
+      model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
       ExpertReport& rep = reps[static_cast<size_t>(e)];
       const ExpertCalib& c = cal[static_cast<size_t>(e)];
       rep.layer = l;
       rep.expert = e;
       rep.tokens = c.n;
-      PackedExpert pe = compress_expert(w, H, I, c, opt, rep);
+      // The original expert runs once: its outputs are the refinement targets and the reference of
+      // the reconstruction error.
+      const std::vector<float> y_ref =
+          model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
+      PackedExpert pe = compress_expert(w, H, I, c, y_ref, opt, rep);
+      // Dequantized once: measured here, then installed (experts are independent: no other task
+      // reads expert e of this layer).
+      std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
+                                               pe.proj[2].dequantize()};
       if (c.n == 0) {
         rep.rel_error = std::numeric_limits<double>::quiet_NaN();
         if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
       } else {
-        const std::vector<float> y =
-            model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
-        const std::vector<float> gq = pe.proj[0].dequantize(), uq = pe.proj[1].dequantize(),
-                                 dq = pe.proj[2].dequantize();
         const std::vector<float> yq =
-            model::swiglu_forward(gq.data(), uq.data(), dq.data(), H, I, c.X.data(), c.n, act_block);
-        rep.rel_error = rel_sq_error(y, yq);
+            model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block);
+        rep.rel_error = rel_sq_error(y_ref, yq);
       }
+      w.gate = std::move(deq[0]);
+      w.up = std::move(deq[1]);
+      w.down = std::move(deq[2]);
       res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] = std::move(pe);
       const int64_t d = ++done;
       if (d % 8 == 0 || d == E)
@@ -243,14 +252,7 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
         progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(r.expert) + ": " + r.note);
       res.reports.push_back(std::move(r));
     }
-    // Install the compressed experts, then H_{l+1} = Block_l(H_l) through the compressed layer (W4A4).
-    for (int64_t e = 0; e < E; ++e) {
-      const PackedExpert& pe = res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)];
-      model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
-      w.gate = pe.proj[0].dequantize();
-      w.up = pe.proj[1].dequantize();
-      w.down = pe.proj[2].dequantize();
-    }
+    // The compressed experts are installed: H_{l+1} = Block_l(H_l) through the compressed layer (W4A4).
     const std::vector<float> y = m.moe_block(l, X, routes, deployed);
     for (size_t i = 0; i < S; ++i)
       for (int64_t j = offset[i] * H; j < offset[i + 1] * H; ++j) states[i][j - offset[i] * H] += y[j];
