@@ -82,7 +82,7 @@ void run_demo(DemoArgs& a) {
   std::string eval_source;
   if (!a.data.empty()) {
     for (const auto& f : a.data) {
-      auto w = io::make_windows(io::load_tokens(f, ref.spec().vocab_size, model::parse_split(a.split)), a.flags.seq_len);
+      auto w = io::make_windows(io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split)), a.flags.seq_len);
       windows.insert(windows.end(), w.begin(), w.end());
     }
     eval_source = "files (" + a.split + ")";

@@ -81,9 +81,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
 compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
-  const io::TextSplit split = calib_split == "train"     ? io::TextSplit::Train
-                              : calib_split == "heldout" ? io::TextSplit::Heldout
-                                                         : io::TextSplit::All;
+  const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
   return compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
 }
 

@@ -12,16 +12,12 @@
 
 #include "compress/refine_support.h"
 #include "core/error.h"
+#include "core/swiglu.h"
 #include "format/nvfp4.h"
 
 namespace moesq::compress::refine {
 
 namespace {
-
-template <typename T>
-inline T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
 
 template <typename T>
 void check_shapes(const ObjectiveInput<T>& in, const std::array<ProjState<T>, 3>& P) {
@@ -91,7 +87,7 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
   for (int64_t i = 0; i < mm; ++i) {
     const float* a = &ws.gu[i * I2];
     float* h = &ws.h[i * I];
-    for (int64_t c = 0; c < I; ++c) h[c] = a[c] * sigmoid(a[c]) * a[I + c];
+    for (int64_t c = 0; c < I; ++c) h[c] = silu_mul_with_sigmoid(a[c], sigmoid(a[c]), a[I + c]);
     if (quant) format::quantize_activation_row(h, I, in.act_block);  // Q_a(h), STE below
   }
   // Ŷ = Q_a(h) · W_downᵀ   [mm, H]
@@ -234,7 +230,7 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
       }
       a[i * I + c] = sa;
       b[i * I + c] = sb;
-      hq[i * I + c] = sa * sigmoid(sa) * sb;
+      hq[i * I + c] = silu_mul_with_sigmoid(sa, sigmoid(sa), sb);
     }
   if (mode == QuantMode::kSte) {
     if (res) res->h.resize(m * I);

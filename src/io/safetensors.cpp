@@ -25,6 +25,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "format/fp_codecs.h"
 
 namespace moesq::io {
 
@@ -37,23 +38,6 @@ namespace {
 // making us parse gigabytes of tensor data as JSON.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
-
-// OCP FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
-// 0x7f / 0xff are NaN. Local to io on purpose: io does not depend on the format module.
-float e4m3_to_f32(uint8_t code) {
-  const bool negative = (code & 0x80) != 0;
-  const int exponent = (code >> 3) & 0xf;
-  const int mantissa = code & 0x7;
-  float magnitude;
-  if (exponent == 0xf && mantissa == 0x7) {
-    magnitude = std::numeric_limits<float>::quiet_NaN();
-  } else if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 · 2^(1-7)
-  } else {
-    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
-  }
-  return negative ? -magnitude : magnitude;
-}
 
 template <typename T>
 T load_le(const uint8_t* p) {
@@ -164,7 +148,7 @@ std::vector<float> to_f32(const TensorView& t) {
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(load_le<uint16_t>(p + 2 * i));
       break;
     case DType::F8_E4M3:
-      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(p[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = format::e4m3_decode(p[i]);  // the one E4M3 decoder (format/fp_codecs)
       break;
     case DType::I8:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(p[i]));

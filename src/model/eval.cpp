@@ -29,22 +29,6 @@ ActQuant parse_act_quant(const std::string& s) {
   MOESQ_FAIL("--act-quant: \"", s, "\" is not one of auto, none, nvfp4");
 }
 
-io::TextSplit parse_split(const std::string& s) {
-  if (s == "all") return io::TextSplit::All;
-  if (s == "train") return io::TextSplit::Train;
-  if (s == "heldout") return io::TextSplit::Heldout;
-  MOESQ_FAIL("--split: \"", s, "\" is not one of all, train, heldout");
-}
-
-const char* split_name(io::TextSplit s) {
-  switch (s) {
-    case io::TextSplit::All: return "all";
-    case io::TextSplit::Train: return "train";
-    case io::TextSplit::Heldout: return "heldout";
-  }
-  return "?";
-}
-
 namespace {
 
 struct WindowJob {
@@ -102,13 +86,13 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
   res.act_block = fo.expert_act_block();
   res.expert_format = model.expert_format();
   res.seq_len = opt.seq_len;
-  res.split = split_name(opt.split);
+  res.split = io::split_name(opt.split);
 
   std::vector<WindowJob> jobs;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::vector<int32_t> tokens = io::load_tokens(files[f], model.spec().vocab_size, opt.split);
     MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(),
-                " tokens (split ", split_name(opt.split), "): nothing to predict");
+                " tokens (split ", io::split_name(opt.split), "): nothing to predict");
     FileEval fe;
     fe.path = files[f];
     fe.tokens = static_cast<int64_t>(tokens.size());

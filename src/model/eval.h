@@ -18,8 +18,6 @@ enum class ActQuant { Auto, None, Nvfp4 };  // Auto: what the checkpoint says (W
 
 const char* act_quant_name(ActQuant a);            // "auto" | "none" | "nvfp4"
 ActQuant parse_act_quant(const std::string& s);    // Error naming --act-quant for other values
-io::TextSplit parse_split(const std::string& s);   // "all" | "train" | "heldout"; Error otherwise
-const char* split_name(io::TextSplit s);
 
 struct EvalOptions {
   int64_t seq_len = 512;                // tokens per window

@@ -21,6 +21,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/swiglu.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
 
@@ -44,8 +45,6 @@ void linear_ref(const float* x, int64_t M, int64_t K, const float* W, int64_t N,
       y[m * N + n] = acc;
     }
 }
-
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 // Causal softmax of one score row s[0..t] in place (fp32, max-subtracted); entries > t set to 0.
 void causal_softmax_row(float* s, int64_t t, int64_t T) {
@@ -277,7 +276,7 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
   std::vector<float> g(n * I), u(n * I);  // [n, I]
   linear(x, n, H, gate, I, g.data());
   linear(x, n, H, up, I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
   if (act_block > 0)
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, act_block);
   linear(g.data(), n, I, down, H, y.data());
@@ -301,7 +300,7 @@ std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const floa
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xin[r * H], H, fo.act_block);
   linear_ref(xin.data(), n, H, W.gate.data(), I, g.data());
   linear_ref(xin.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
   if (fo.act_quant)
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, fo.act_block);
   linear_ref(g.data(), n, I, W.down.data(), H, y.data());
@@ -316,7 +315,7 @@ std::vector<float> Qwen3Moe::dense_mlp(int64_t l, const std::vector<float>& x, i
   std::vector<float> g(n * I), u(n * I), y(n * H);
   linear(x.data(), n, H, W.gate.data(), I, g.data());
   linear(x.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
   linear(g.data(), n, I, W.down.data(), H, y.data());
   return y;
 }
