@@ -9,7 +9,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "core/blas_threads.h"
-#include "model/decode.h"
+#include "model/kv_decoder.h"
 
 namespace moesq::compress {
 
@@ -67,7 +67,7 @@ CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t
   // depend on the thread count.
   parallel_for(num_samples, [&](int64_t i) {
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1);
-    model::Decoder dec(m, seq_len, fo);
+    model::KvDecoder dec(m, seq_len, fo);
     std::vector<int32_t>& seq = set.sequences[static_cast<size_t>(i)];
     seq.push_back(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, V - 1)(rng)));
     while (static_cast<int64_t>(seq.size()) < seq_len) {

@@ -10,10 +10,10 @@
 
 namespace moesq::model {
 
-class Decoder {
+class KvDecoder {
  public:
   // fo: how the MoE layers run (act quant; fo.threads inside each step's expert pass).
-  Decoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo);
+  KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo);
   // Appends `token` at the next position and returns the logits for the following token, [V].
   std::vector<float> step(int32_t token);
   int64_t position() const { return pos_; }
