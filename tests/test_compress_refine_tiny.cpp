@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "compress/hessian.h"
-#include "compress/refine.h"
-#include "compress/refine_expert_grad.h"
+#include "compress/refine/loop.h"
+#include "compress/refine/objective.h"
 #include "compress/sgptq.h"
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"

@@ -1,6 +1,6 @@
 #include "compress/export.h"
 
-#include "compress/refine.h"
+#include "compress/refine/options.h"
 
 #include <cmath>
 #include <filesystem>

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "compress/refine.h"
+#include "compress/refine/loop.h"
 #include "core/blas_threads.h"
 #include "core/error.h"
 #include "core/progress.h"

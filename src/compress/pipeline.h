@@ -12,7 +12,7 @@
 
 #include "compress/calib.h"
 #include "compress/packed_expert.h"
-#include "compress/refine.h"
+#include "compress/refine/options.h"
 #include "compress/sgptq.h"
 #include "model/qwen3_moe.h"
 

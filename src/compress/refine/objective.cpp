@@ -1,16 +1,16 @@
 // Refinement objective of one expert: fast float path (cblas_sgemm) and plain-loop reference.
-// See refine_expert_grad.h for the equations. The one non-obvious decision here: activations are
+// See refine/objective.h for the equations. The one non-obvious decision here: activations are
 // processed in micro-batches with the weight gradients ACCUMULATED (GEMM beta = 1), so memory is
 // bounded by the micro-batch while the optimizer step sees the whole batch; the loss normalization
 // (inv_norm) is fixed per batch by the caller, so micro-batching does not change the math.
-#include "compress/refine_expert_grad.h"
+#include "compress/refine/objective.h"
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "compress/refine_support.h"
+#include "compress/refine/gumbel_mask.h"
 #include "core/error.h"
 #include "core/swiglu.h"
 #include "format/nvfp4.h"
