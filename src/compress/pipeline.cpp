@@ -150,6 +150,110 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
   return pe;
 }
 
+// Algorithm 1 line 2: H_1 = Embed(D), one [T, H] state per sequence, and where each sequence's rows
+// start in the concatenated [n_total, H] layer input.
+struct CalibStates {
+  std::vector<std::vector<float>> h;  // [S][T_i, H]
+  std::vector<int64_t> offset;        // [S + 1] first row of each sequence
+  int64_t n_total() const { return offset.back(); }
+};
+
+CalibStates embed_calibration(const model::Qwen3Moe& m, const CalibSet& calib) {
+  const size_t S = calib.sequences.size();
+  CalibStates st;
+  st.h.resize(S);
+  st.offset.assign(S + 1, 0);
+  for (size_t i = 0; i < S; ++i) {
+    st.h[i] = m.embed(calib.sequences[i]);
+    st.offset[i + 1] = st.offset[i] + static_cast<int64_t>(calib.sequences[i].size());
+  }
+  return st;
+}
+
+// Attention of layer l on every sequence (states updated in place), then the MoE inputs of all rows,
+// X [n_total, H]. Parallel over sequences, each forward single-threaded inside.
+std::vector<float> layer_moe_inputs(const model::Qwen3Moe& m, int64_t l, CalibStates& st, int threads) {
+  const int64_t H = m.spec().hidden_size, S = static_cast<int64_t>(st.h.size());
+  model::ForwardOptions per_task;
+  per_task.threads = 1;
+  parallel_for(S, [&](int64_t i) { m.attention_block(l, st.h[i], st.offset[i + 1] - st.offset[i], per_task); },
+               threads);
+  std::vector<float> X(static_cast<size_t>(st.n_total() * H));  // [n_total, H]
+  parallel_for(S, [&](int64_t i) {
+    const std::vector<float> x = m.moe_input(l, st.h[i], st.offset[i + 1] - st.offset[i]);
+    std::copy(x.begin(), x.end(), X.begin() + st.offset[i] * H);
+  }, threads);
+  return X;
+}
+
+// Algorithm 1 line 4: the rows routed to each expert with their router weights, cached once.
+std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const model::Routes& routes, int64_t E,
+                                           int64_t H) {
+  const int64_t k = routes.k;
+  std::vector<ExpertCalib> cal(static_cast<size_t>(E));
+  for (int64_t r = 0; r < routes.n; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      ExpertCalib& c = cal[static_cast<size_t>(routes.expert[r * k + j])];
+      c.X.insert(c.X.end(), X.begin() + r * H, X.begin() + (r + 1) * H);
+      c.g.push_back(routes.weight[r * k + j]);
+      ++c.n;
+    }
+  return cal;
+}
+
+// Lines 5–16 for one expert: compress, measure the W4A4 reconstruction error, install the
+// dequantized weights in place of the original ones (no other task reads this expert).
+PackedExpert compress_and_install(model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
+                                  const CompressOptions& opt, int act_block, ExpertReport& rep) {
+  // The original expert runs once: its outputs are the refinement targets and the reference of
+  // the reconstruction error.
+  const std::vector<float> y_ref =
+      model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
+  PackedExpert pe = compress_expert(w, H, I, c, y_ref, opt, rep);
+  // Dequantized once: measured here, then installed.
+  std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
+                                           pe.proj[2].dequantize()};
+  if (c.n == 0) {
+    rep.rel_error = std::numeric_limits<double>::quiet_NaN();
+    if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
+  } else {
+    const std::vector<float> yq =
+        model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block);
+    rep.rel_error = rel_sq_error(y_ref, yq);
+  }
+  w.gate = std::move(deq[0]);
+  w.up = std::move(deq[1]);
+  w.down = std::move(deq[2]);
+  return pe;
+}
+
+// Every expert of layer l, in parallel, each single-threaded inside (BLAS included).
+void compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib>& cal, const CompressOptions& opt,
+                    int act_block, CompressResult& res) {
+  const io::ModelSpec& spec = m.spec();
+  const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size, I = spec.moe_intermediate_size;
+  std::vector<ExpertReport> reps(static_cast<size_t>(E));
+  std::atomic<int64_t> done{0};
+  parallel_for(E, [&](int64_t e) {
+    ExpertReport& rep = reps[static_cast<size_t>(e)];
+    const ExpertCalib& c = cal[static_cast<size_t>(e)];
+    rep.layer = l;
+    rep.expert = e;
+    rep.tokens = c.n;
+    res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] =
+        compress_and_install(m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
+    const int64_t d = ++done;
+    if (d % 8 == 0 || d == E)
+      progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
+                               "/" + std::to_string(E) + " experts (" + method_name(opt.method) + ")");
+  }, opt.threads);
+  for (auto& r : reps) {
+    if (r.fallback)
+      progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(r.expert) + ": " + r.note);
+    res.reports.push_back(std::move(r));
+  }
+}
+
 }  // namespace
 
 CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt) {
@@ -161,15 +265,11 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   ScopedBlasSingleThread single_blas;
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
-  const int64_t I = spec.moe_intermediate_size, k = spec.top_k;
   const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
   for (int64_t l = 0; l < L; ++l)
     MOESQ_CHECK(spec.is_moe_layer(l), "layer ", l, " is a dense MLP layer; moesq compresses MoE layers only");
-  // Attention and routing run one sequence per thread; the propagation through a compressed layer
-  // runs W4A4 as deployed (activation block = the weights' block).
-  model::ForwardOptions per_task;
-  per_task.threads = 1;
+  // The propagation through a compressed layer runs W4A4 as deployed (activation block = the weights').
   model::ForwardOptions deployed;
   deployed.act_quant = true;
   deployed.act_block = act_block;
@@ -177,85 +277,17 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   CompressResult res;
   res.experts.assign(static_cast<size_t>(L), std::vector<PackedExpert>(static_cast<size_t>(E)));
 
-  // Algorithm 1 line 2: H_1 = Embed(D), one [T, H] state per sequence.
-  const size_t S = calib.sequences.size();
-  std::vector<std::vector<float>> states(S);
-  std::vector<int64_t> offset(S + 1, 0);
-  for (size_t i = 0; i < S; ++i) {
-    states[i] = m.embed(calib.sequences[i]);
-    offset[i + 1] = offset[i] + static_cast<int64_t>(calib.sequences[i].size());
-  }
-  const int64_t n_total = offset[S];
-
+  CalibStates st = embed_calibration(m, calib);
   for (int64_t l = 0; l < L; ++l) {
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
-                             std::to_string(n_total) + " calibration tokens");
-    // Parallel over sequences (or experts below), so each forward runs single-threaded inside.
-    parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
-      m.attention_block(l, states[i], static_cast<int64_t>(calib.sequences[i].size()), per_task);
-    }, opt.threads);
-    std::vector<float> X(static_cast<size_t>(n_total * H));  // [n_total, H] MoE inputs
-    parallel_for(static_cast<int64_t>(S), [&](int64_t i) {
-      const int64_t T = offset[i + 1] - offset[i];
-      const std::vector<float> x = m.moe_input(l, states[i], T);
-      std::copy(x.begin(), x.end(), X.begin() + offset[i] * H);
-    }, opt.threads);
-    // Algorithm 1 line 4: route once, cache per expert inputs and router weights.
-    const model::Routes routes = m.route(l, X, n_total);
-    std::vector<ExpertCalib> cal(static_cast<size_t>(E));
-    for (int64_t r = 0; r < n_total; ++r)
-      for (int64_t j = 0; j < k; ++j) {
-        ExpertCalib& c = cal[static_cast<size_t>(routes.expert[r * k + j])];
-        c.X.insert(c.X.end(), X.begin() + r * H, X.begin() + (r + 1) * H);
-        c.g.push_back(routes.weight[r * k + j]);
-        ++c.n;
-      }
-    // Lines 5–16: experts in parallel, each single-threaded inside (BLAS included).
-
-    std::vector<ExpertReport> reps(static_cast<size_t>(E));
-    std::atomic<int64_t> done{0};
-    parallel_for(E, [&](int64_t e) {
-      model::ExpertWeights& w = m.layer(l).experts[static_cast<size_t>(e)];
-      ExpertReport& rep = reps[static_cast<size_t>(e)];
-      const ExpertCalib& c = cal[static_cast<size_t>(e)];
-      rep.layer = l;
-      rep.expert = e;
-      rep.tokens = c.n;
-      // The original expert runs once: its outputs are the refinement targets and the reference of
-      // the reconstruction error.
-      const std::vector<float> y_ref =
-          model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
-      PackedExpert pe = compress_expert(w, H, I, c, y_ref, opt, rep);
-      // Dequantized once: measured here, then installed (experts are independent: no other task
-      // reads expert e of this layer).
-      std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
-                                               pe.proj[2].dequantize()};
-      if (c.n == 0) {
-        rep.rel_error = std::numeric_limits<double>::quiet_NaN();
-        if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
-      } else {
-        const std::vector<float> yq =
-            model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block);
-        rep.rel_error = rel_sq_error(y_ref, yq);
-      }
-      w.gate = std::move(deq[0]);
-      w.up = std::move(deq[1]);
-      w.down = std::move(deq[2]);
-      res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] = std::move(pe);
-      const int64_t d = ++done;
-      if (d % 8 == 0 || d == E)
-        progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
-                                 "/" + std::to_string(E) + " experts (" + method_name(opt.method) + ")");
-    }, opt.threads);
-    for (auto& r : reps) {
-      if (r.fallback)
-        progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(r.expert) + ": " + r.note);
-      res.reports.push_back(std::move(r));
-    }
-    // The compressed experts are installed: H_{l+1} = Block_l(H_l) through the compressed layer (W4A4).
+                             std::to_string(st.n_total()) + " calibration tokens");
+    const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
+    const model::Routes routes = m.route(l, X, st.n_total());
+    compress_layer(m, l, cache_expert_rows(X, routes, E, H), opt, act_block, res);
+    // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4.
     const std::vector<float> y = m.moe_block(l, X, routes, deployed);
-    for (size_t i = 0; i < S; ++i)
-      for (int64_t j = offset[i] * H; j < offset[i + 1] * H; ++j) states[i][j - offset[i] * H] += y[j];
+    for (size_t i = 0; i < st.h.size(); ++i)
+      for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
