@@ -1,7 +1,7 @@
 // The moesq compressed checkpoint (docs/FORMAT.md), read and written in one place: config.json's
 // `quantization_config`, and the tensors of each packed routed-expert projection
 // (`.weight_packed` E2M1 codes, `.weight_meta` pair metadata for paired 4:8, `.weight_scale` UE4M3
-// block scales, `.weight_global_scale` γ as a divisor). compress/export.cpp writes through it,
+// block scales, `.weight_global_scale` γ as a divisor). compress/report.cpp writes through it,
 // model/loader.cpp reads through it. The packed types themselves live in format.
 #pragma once
 #include <array>

@@ -1,4 +1,4 @@
-#include "compress/export.h"
+#include "compress/report.h"
 
 #include "compress/refine/options.h"
 
