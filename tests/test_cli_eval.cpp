@@ -103,8 +103,9 @@ TEST_F(CliEval, JsonContractAndNumbersMatchTheLibrary) {
 
   // Recompute every file's mean with the library (windows of 128, tokens = bytes).
   const moesq::io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  moesq::model::Qwen3Moe model(ckpt);
-  model.threads = 1;
+  const moesq::model::Qwen3Moe model(ckpt);
+  moesq::model::ForwardOptions fo = model.default_forward_options();
+  fo.threads = 1;
   openblas_set_num_threads(1);  // as `moesq eval` runs each window
   double total = 0.0;
   int64_t predicted_all = 0;
@@ -118,7 +119,7 @@ TEST_F(CliEval, JsonContractAndNumbersMatchTheLibrary) {
     int64_t predicted = 0;
     for (const auto& w : moesq::io::make_windows(tokens, seq_len)) {
       int64_t n = 0;
-      sum += model.window_nll(w, &n) * static_cast<double>(n);
+      sum += model.window_nll(w, fo, &n) * static_cast<double>(n);
       predicted += n;
     }
     // Every token after the first of each window: 700 → 6 windows (5×128 + 60), 301 → 3.

@@ -118,6 +118,27 @@ TEST(CompressPipeline, SgptqBeatsMagnitudeOnExpertOutputs) {
   EXPECT_LT(err[1], 0.9 * err[0]) << "magnitude " << err[0] << " vs sgptq " << err[1];
 }
 
+// Options are validated once, before any work: a bad refinement value is reported even though the
+// calibration set holds a token outside the vocabulary, which the first step (embedding, before
+// layer-0 routing) would reject. Before typed options it surfaced inside an expert worker, after routing.
+TEST(CompressPipeline, BadOptionFailsBeforeAnyWork) {
+  moesq::model::Qwen3Moe m = random_model(5);
+  moesq::compress::CalibSet c = calib(2, 8, 6);
+  c.sequences[0][0] = 1000;  // outside the vocabulary of 64
+  moesq::compress::CompressOptions opt;
+  opt.method = moesq::compress::Method::Moesq;
+  opt.refine.tau0 = -1.0;
+  try {
+    moesq::compress::compress_model(m, c, opt);
+    FAIL() << "no error";
+  } catch (const moesq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("τ0"), std::string::npos) << e.what();
+  }
+  opt.refine.tau0 = 2.0;
+  opt.threads = -1;
+  EXPECT_THROW(moesq::compress::validate(opt), moesq::Error);
+}
+
 TEST(CompressPipeline, MethodNamesRoundTripAndUnknownIsAnError) {
   for (const char* n : {"rtn-nvfp4", "magnitude", "sgptq", "moesq"})
     EXPECT_STREQ(moesq::compress::method_name(moesq::compress::parse_method(n)), n);

@@ -1,4 +1,4 @@
-// moesq refinement of one expert end to end (refine.h): a synthetic expert whose paired 4:8 NVFP4
+// moesq refinement of one expert end to end (refine/loop.h): a synthetic expert whose paired 4:8 NVFP4
 // optimum W* is known is recovered better than SGPTQ recovers it; reproducibility from the seed;
 // the V-only ablation keeps the support; empty experts keep the SGPTQ tensors; packing agrees with
 // the hard-loss curve; errors name the culprit.
@@ -21,7 +21,7 @@
 #endif
 
 #include "compress/hessian.h"
-#include "compress/refine.h"
+#include "compress/refine/loop.h"
 #include "compress/sgptq.h"
 #include "core/error.h"
 #include "core/threads.h"

@@ -1,4 +1,4 @@
-// Gradient checks of the refinement objective (refine_expert_grad.h): every gradient — dA and dV of
+// Gradient checks of the refinement objective (refine/objective.h): every gradient — dA and dV of
 // gate, up and down — against central finite differences in float64 on a small expert.
 //
 // How the quantizers are handled: Q_w and Q_a are piecewise constant, so finite differences of the
@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "compress/refine_expert_grad.h"
-#include "compress/refine_support.h"
+#include "compress/refine/objective.h"
+#include "compress/refine/gumbel_mask.h"
 #include "format/nvfp4.h"
 
 using namespace moesq::compress::refine;

@@ -1,4 +1,4 @@
-// Lion step and the refinement schedules (refine_lion.h): the update rule term by term, fast vs
+// Lion step and the refinement schedules (refine/lion.h): the update rule term by term, fast vs
 // reference step, convergence on a quadratic, schedule endpoints/monotonicity and errors.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "compress/refine_lion.h"
+#include "compress/refine/lion.h"
 #include "core/error.h"
 
 using namespace moesq::compress::refine;

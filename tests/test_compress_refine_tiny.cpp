@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "compress/hessian.h"
-#include "compress/refine.h"
-#include "compress/refine_expert_grad.h"
+#include "compress/refine/loop.h"
+#include "compress/refine/objective.h"
 #include "compress/sgptq.h"
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
@@ -52,7 +52,7 @@ std::vector<ExpertRows> layer0_rows(const model::Qwen3Moe& m, const std::string&
     const auto& win = windows[w];
     const int64_t T = static_cast<int64_t>(win.size());
     auto h = m.embed(win);
-    m.attention_block(0, h, T);
+    m.attention_block(0, h, T, {});
     const auto x = m.moe_input(0, h, T);
     const auto r = m.route(0, x, T);
     for (int64_t i = 0; i < T; ++i)
@@ -116,7 +116,7 @@ TEST(RefineTiny, BeatsSgptqOnHeldOutTextLayer0) {
     const compress::Hessian hz = compress::accumulate_hessian(inter.data(), c.n, I);
     const auto rd = compress::sgptq(W.down.data(), H, I, hz, gs_d);
 
-    const auto y_ref = m.expert_forward(0, e, c.X.data(), c.n);  // original expert, no act quant
+    const auto y_ref = m.expert_forward(0, e, c.X.data(), c.n, {});  // original expert, no act quant
     const compress::ExpertData data{c.n, H, I, c.X.data(), c.g.data(), y_ref.data(),
                                     static_cast<uint64_t>(e)};
     const compress::ProjInit pg{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
@@ -130,7 +130,7 @@ TEST(RefineTiny, BeatsSgptqOnHeldOutTextLayer0) {
     steps += r.steps;
 
     // Eq. 4 (p = 2, W4A4) on the held-out text's rows, from the packed bits of each solution.
-    const auto y_test = m.expert_forward(0, e, t.X.data(), t.n);
+    const auto y_test = m.expert_forward(0, e, t.X.data(), t.n, {});
     std::vector<float> xq = t.X, w(t.n);
     double sw = 0;
     for (int64_t i = 0; i < t.n; ++i) {

@@ -118,6 +118,18 @@ TEST(FormatNvfp4, PatternTablesMatchTheOrderedMetadataOfDesign) {
   EXPECT_THROW(pattern_mask8(6), moesq::Error);
 }
 
+// The one gate|up rule (docs/FORMAT.md): Eq. 5 over every entry of BOTH arrays — the larger amax
+// wins whichever array holds it, and an entry a paired 4:8 pattern would prune still counts.
+TEST(FormatNvfp4, GateUpTensorScaleIsEq5OverAllEntriesOfBoth) {
+  std::vector<float> gate(64, 0.25f), up(64, -0.5f);
+  EXPECT_EQ(gate_up_tensor_scale(gate.data(), up.data(), 64), nvfp4_tensor_scale(0.5f));
+  gate[3] = -7.0f;  // position 3 of group 0: pruned by pattern {0,1}, still the amax
+  EXPECT_EQ(gate_up_tensor_scale(gate.data(), up.data(), 64), nvfp4_tensor_scale(7.0f));
+  EXPECT_EQ(gate_up_tensor_scale(up.data(), gate.data(), 64), nvfp4_tensor_scale(7.0f));
+  std::vector<float> zero(64, 0.0f);
+  EXPECT_EQ(gate_up_tensor_scale(zero.data(), zero.data(), 64), 1.0f);  // zero tensors: γ = 1
+}
+
 TEST(FormatNvfp4, WorkedExampleBytesOfOneRow) {
   // The worked example of docs/FORMAT.md: one row, K = 32, amax = 6 → γ = 448·6/6 = 448; the
   // block amax is 6 → code UE4M3(448) = 0x7e, s = 448, so w·γ/s = w and E2M1 values are exact.

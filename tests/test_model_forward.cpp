@@ -25,6 +25,7 @@
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/tensor_names.h"
 #include "model/qwen3_moe.h"
 
 namespace fs = std::filesystem;
@@ -134,11 +135,11 @@ TEST(ModelForward, ExpertFastPathMatchesRef) {
   for (int64_t n : {1, 2, 3, 15, 17, 64}) {
     const auto x = random_rows(n, H, 200 + static_cast<unsigned>(n));
     for (int64_t e : {0, 5}) {
-      expect_close(m.expert_forward(1, e, x.data(), n), m.expert_forward_ref(1, e, x.data(), n),
+      expect_close(m.expert_forward(1, e, x.data(), n, {}), m.expert_forward_ref(1, e, x.data(), n, {}),
                    kFastVsRefRelFro, "expert " + std::to_string(e) + " n=" + std::to_string(n));
     }
   }
-  EXPECT_TRUE(m.expert_forward(0, 0, nullptr, 0).empty());  // an expert with no rows
+  EXPECT_TRUE(m.expert_forward(0, 0, nullptr, 0, {}).empty());  // an expert with no rows
 }
 
 TEST(ModelForward, ExpertWithActQuantMatchesRefAndQuantizes) {
@@ -146,12 +147,13 @@ TEST(ModelForward, ExpertWithActQuantMatchesRefAndQuantizes) {
   randomize(m, 102);
   const int64_t H = m.spec().hidden_size, n = 33;
   const auto x = random_rows(n, H, 300);
-  const auto plain = m.expert_forward(0, 3, x.data(), n);
+  const auto plain = m.expert_forward(0, 3, x.data(), n, {});
   for (int block : {16, 32}) {
-    m.act_quant = true;
-    m.act_block = block;
-    const auto q = m.expert_forward(0, 3, x.data(), n);
-    expect_close(q, m.expert_forward_ref(0, 3, x.data(), n), kActQuantRelFro,
+    moesq::model::ForwardOptions fo;
+    fo.act_quant = true;
+    fo.act_block = block;
+    const auto q = m.expert_forward(0, 3, x.data(), n, fo);
+    expect_close(q, m.expert_forward_ref(0, 3, x.data(), n, fo), kActQuantRelFro,
                  "act_quant block " + std::to_string(block), /*per_element=*/false);
     // W4A4 must actually change the output (4-bit activations), by a bounded amount.
     double num = 0.0, den = 0.0;
@@ -171,7 +173,7 @@ TEST(ModelForward, AttentionFastPathMatchesRef) {
   for (int64_t T : {1, 2, 3, 17, 63, 64, 65, 130}) {  // around the 64-row causal block
     auto h = random_rows(T, H, 400 + static_cast<unsigned>(T));
     auto h_ref = h;
-    m.attention_block(0, h, T);
+    m.attention_block(0, h, T, {});
     m.attention_block_ref(0, h_ref, T);
     expect_close(h, h_ref, kFastVsRefRelFro, "attention T=" + std::to_string(T));
   }
@@ -241,11 +243,11 @@ TEST(ModelForward, MoeBlockEqualsPerTokenWeightedSum) {
       r.weight.push_back(w(rng));
     }
   }
-  const auto y = m.moe_block(0, x, r);
+  const auto y = m.moe_block(0, x, r, {});
   std::vector<float> ref(n * H, 0.0f);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < K; ++j) {
-      const auto ye = m.expert_forward_ref(0, r.expert[t * K + j], &x[t * H], 1);
+      const auto ye = m.expert_forward_ref(0, r.expert[t * K + j], &x[t * H], 1, {});
       for (int64_t c = 0; c < H; ++c) ref[t * H + c] += r.weight[t * K + j] * ye[c];
     }
   expect_close(y, ref, kFastVsRefRelFro, "moe_block");
@@ -260,7 +262,7 @@ TEST(ModelForward, CausalAndWindowNll) {
   for (auto& t : a) t = static_cast<int32_t>(rng() % V);
   auto b = a;
   b[8] = (b[8] + 1) % static_cast<int32_t>(V);
-  const auto za = m.forward(a), zb = m.forward(b);
+  const auto za = m.forward(a, {}), zb = m.forward(b, {});
   // Not bitwise: changing token 8 re-routes it, which changes how many rows some expert GEMMs have,
   // and OpenBLAS's sgemm rounds a row differently for different M (batch-composition dependence,
   // the effect paper 000 studies on GPUs). Earlier positions must agree to fp32 noise.
@@ -279,9 +281,9 @@ TEST(ModelForward, CausalAndWindowNll) {
     want += mx + std::log(se) - za[t * V + a[t + 1]];
   }
   int64_t predicted = 0;
-  EXPECT_NEAR(m.window_nll(a, &predicted), want / (T - 1), 1e-9);
+  EXPECT_NEAR(m.window_nll(a, {}, &predicted), want / (T - 1), 1e-9);
   EXPECT_EQ(predicted, T - 1);
-  EXPECT_THROW(m.window_nll({3}, &predicted), moesq::Error);
+  EXPECT_THROW(m.window_nll({3}, {}, &predicted), moesq::Error);
   EXPECT_THROW(m.embed({static_cast<int32_t>(V)}), moesq::Error);
 }
 
@@ -366,7 +368,7 @@ class Loader : public ::testing::Test {
         const auto& E = L.experts[e];
         struct P { const char* name; const std::vector<float>* W; int64_t N, K; };
         for (const P& pr : {P{"gate_proj", &E.gate, I, H}, P{"up_proj", &E.up, I, H}, P{"down_proj", &E.down, H, I}}) {
-          const std::string pre = moesq::model::expert_prefix(l, e, pr.name);
+          const std::string pre = moesq::io::expert_tensor_prefix(l, e, pr.name);
           std::vector<float> dq(pr.N * pr.K);
           if (store == ExpertStore::Bf16) {
             add(pre + ".weight", {pr.N, pr.K}, *pr.W);
@@ -416,11 +418,11 @@ TEST_F(Loader, Bf16RoundTripIsExactAndForwardAgrees) {
   write(m, ExpertStore::Bf16);
   const moesq::io::Checkpoint ckpt(dir_.string());
   const Qwen3Moe got(ckpt);
-  EXPECT_FALSE(got.act_quant);
+  EXPECT_FALSE(got.default_forward_options().act_quant);
   EXPECT_EQ(got.layer(1).experts[7].down, m.layer(1).experts[7].down);
   EXPECT_EQ(got.layer(0).q_norm, m.layer(0).q_norm);
   const std::vector<int32_t> toks = {1, 7, 3, 40, 22, 9, 9, 0};
-  EXPECT_EQ(got.forward(toks), m.forward(toks));
+  EXPECT_EQ(got.forward(toks, got.default_forward_options()), m.forward(toks, {}));
 }
 
 TEST_F(Loader, TiedEmbeddingsAndDenseMlpLayers) {
@@ -438,8 +440,8 @@ TEST_F(Loader, TiedEmbeddingsAndDenseMlpLayers) {
   EXPECT_TRUE(got.layer(1).experts.empty());
   const std::vector<int32_t> toks = {5, 6, 7, 8, 9};
   moesq::model::Trace tr;
-  const auto z = got.forward(toks, &tr);
-  EXPECT_EQ(z, m.forward(toks));
+  const auto z = got.forward(toks, got.default_forward_options(), &tr);
+  EXPECT_EQ(z, m.forward(toks, {}));
   EXPECT_TRUE(tr.routes[1].expert.empty());  // the dense layer routes nothing
   EXPECT_EQ(tr.routes[0].expert.size(), toks.size() * spec.top_k);
 }
@@ -450,9 +452,9 @@ TEST_F(Loader, PairedSparseExpertsDecodeExactlyAndTurnOnW4A4) {
   const auto expected = write(m, ExpertStore::Sparse48);
   const moesq::io::Checkpoint ckpt(dir_.string());
   const Qwen3Moe got(ckpt);
-  EXPECT_TRUE(got.act_quant);
-  EXPECT_EQ(got.act_block, 32);
-  EXPECT_EQ(got.expert_format, "paired-4:8-nvfp4");
+  EXPECT_TRUE(got.default_forward_options().act_quant);
+  EXPECT_EQ(got.default_forward_options().act_block, 32);
+  EXPECT_EQ(got.expert_format(), "paired-4:8-nvfp4");
   EXPECT_EQ(got.layer(0).experts[1].gate, expected);  // bit-exact decode
   // Exactly half of every group of 8 is pruned.
   int64_t zeros = 0;
@@ -467,8 +469,8 @@ TEST_F(Loader, DenseNvfp4ExpertsUseBlock16) {
   const auto expected = write(m, ExpertStore::Nvfp4);
   const moesq::io::Checkpoint ckpt(dir_.string());
   const Qwen3Moe got(ckpt);
-  EXPECT_TRUE(got.act_quant);
-  EXPECT_EQ(got.act_block, 16);
+  EXPECT_TRUE(got.default_forward_options().act_quant);
+  EXPECT_EQ(got.default_forward_options().act_block, 16);
   EXPECT_EQ(got.layer(0).experts[1].gate, expected);
   EXPECT_NE(expected, m.layer(0).experts[1].gate);  // 4-bit: not the bf16 values
 }
@@ -488,10 +490,10 @@ TEST_F(Loader, ErrorsNameTheTensor) {
   const std::string qp = "model.layers.1.self_attn.q_proj.weight";
   write(m, ExpertStore::Bf16, "", qp);  // wrong shape
   expect_error(qp);
-  const std::string down = moesq::model::expert_prefix(0, 6, "down_proj") + ".weight";
+  const std::string down = moesq::io::expert_tensor_prefix(0, 6, "down_proj") + ".weight";
   write(m, ExpertStore::Bf16, down);  // missing
-  expect_error(moesq::model::expert_prefix(0, 6, "down_proj"));
-  const std::string meta = moesq::model::expert_prefix(1, 2, "up_proj") + ".weight_meta";
+  expect_error(moesq::io::expert_tensor_prefix(0, 6, "down_proj"));
+  const std::string meta = moesq::io::expert_tensor_prefix(1, 2, "up_proj") + ".weight_meta";
   write(m, ExpertStore::Sparse48, meta);  // compressed, one metadata tensor missing
   expect_error(meta);
 }

@@ -115,7 +115,7 @@ TEST_F(Parity, LoadsTheEmbeddedBf16Model) {
   const auto& s = model_->spec();
   EXPECT_EQ(s.num_layers, 4);
   EXPECT_EQ(s.num_experts, 32);
-  EXPECT_FALSE(model_->act_quant);  // bf16 experts → W16A16
+  EXPECT_FALSE(model_->default_forward_options().act_quant);  // bf16 experts → W16A16
   ASSERT_EQ(ref_->hidden.size(), static_cast<size_t>(s.num_layers + 1));
 }
 
@@ -132,7 +132,7 @@ TEST_F(Parity, FullForwardMatchesTransformers) {
   for (int64_t b = 0; b < B; ++b) {
     const std::vector<int32_t> ids(ref_->ids.begin() + b * T, ref_->ids.begin() + (b + 1) * T);
     moesq::model::Trace tr;
-    const std::vector<float> z = model_->forward(ids, &tr);
+    const std::vector<float> z = model_->forward(ids, model_->default_forward_options(), &tr);
     ASSERT_EQ(z.size(), static_cast<size_t>(T * V));
     for (float v : z) logits_absmax = std::max(logits_absmax, static_cast<double>(std::fabs(v)));
     lg.add(z.data(), &ref_->logits[b * T * V], T * V, b * T * V);
@@ -186,10 +186,10 @@ TEST_F(Parity, EachLayerTeacherForced) {
     MaxErr e;
     for (int64_t b = 0; b < B; ++b) {
       std::vector<float> h(&ref_->hidden[l][b * T * H], &ref_->hidden[l][(b + 1) * T * H]);
-      model_->attention_block(l, h, T);
+      model_->attention_block(l, h, T, {});
       const std::vector<float> x = model_->moe_input(l, h, T);
       const auto r = model_->route(l, x, T);
-      const std::vector<float> y = model_->moe_block(l, x, r);
+      const std::vector<float> y = model_->moe_block(l, x, r, {});
       for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
       e.add(h.data(), &ref_->hidden[l + 1][b * T * H], T * H);
     }
@@ -210,11 +210,10 @@ TEST_F(Parity, EmbeddingIsExact) {
 TEST_F(Parity, ForwardIsBitwiseIndependentOfThreads) {
   const int64_t T = ref_->T;
   const std::vector<int32_t> ids(ref_->ids.begin() + T, ref_->ids.begin() + 2 * T);
-  Qwen3Moe one = *model_;
+  moesq::model::ForwardOptions one, many;
   one.threads = 1;
-  Qwen3Moe many = *model_;
   many.threads = 4;
-  const auto a = one.forward(ids), b = many.forward(ids);
+  const auto a = model_->forward(ids, one), b = model_->forward(ids, many);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "index " << i;
 }

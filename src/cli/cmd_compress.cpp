@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/compress_flags.h"
-#include "compress/export.h"
+#include "compress/report.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/threads.h"

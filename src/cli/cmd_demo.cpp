@@ -15,7 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/compress_flags.h"
-#include "compress/export.h"
+#include "compress/report.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -44,7 +44,7 @@ struct DemoArgs {
 // Mean nats per predicted token over token windows (reduced in window order).
 double nll_windows(const model::Qwen3Moe& m, const std::vector<std::vector<int32_t>>& windows) {
   std::vector<int64_t> cnt;
-  const std::vector<double> sum = model::window_nll_sums(m, windows, 0, &cnt);
+  const std::vector<double> sum = model::window_nll_sums(m, windows, m.default_forward_options(), 0, &cnt);
   double s = 0;
   int64_t c = 0;
   for (size_t i = 0; i < windows.size(); ++i) {
@@ -82,7 +82,7 @@ void run_demo(DemoArgs& a) {
   std::string eval_source;
   if (!a.data.empty()) {
     for (const auto& f : a.data) {
-      auto w = io::make_windows(io::load_tokens(f, ref.spec().vocab_size, model::parse_split(a.split)), a.flags.seq_len);
+      auto w = io::make_windows(io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split)), a.flags.seq_len);
       windows.insert(windows.end(), w.begin(), w.end());
     }
     eval_source = "files (" + a.split + ")";
@@ -101,8 +101,7 @@ void run_demo(DemoArgs& a) {
     fs::create_directories(out);
     const std::string dir = (out / name).string();
     const compress::ExportSummary s = compress::write_compressed(ckpt, r, opts[i], calib, dir, {{"source", a.model}});
-    model::Qwen3Moe q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed
-    q.threads = 1;                            // windows run in parallel instead
+    const model::Qwen3Moe q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed (its default)
     Row row{name, s.bits_per_expert_weight, nll_windows(q, windows), r.seconds,
             s.report["mean_rel_error"].is_number() ? s.report["mean_rel_error"].get<double>() : 0.0};
     rows.push_back(row);

@@ -34,7 +34,7 @@ void run_eval(const EvalArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
   model::EvalOptions opt;
   opt.seq_len = a.seq_len;
-  opt.split = model::parse_split(a.split);
+  opt.split = io::parse_split(a.split);
   opt.act_quant = model::parse_act_quant(a.act_quant);
   opt.threads = a.threads;
   const model::EvalResult r = model::evaluate_checkpoint(a.dir, a.data, opt);

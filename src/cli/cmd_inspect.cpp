@@ -11,7 +11,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <regex>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/tensor_names.h"
 
 namespace moesq::cli {
 
@@ -36,12 +37,17 @@ int64_t expert_projection_numel(const io::ModelSpec& s, const std::string& proj,
   MOESQ_FAIL("tensor ", tensor, ": unknown expert projection \"", proj, "\"");
 }
 
+bool is_plain_name(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || c == '_')) return false;
+  return true;
+}
+
 nlohmann::json inspect(const std::string& dir) {
   const io::Checkpoint ck(dir);
   const io::ModelSpec& s = ck.spec();
 
-  // model.layers.{l}.mlp.experts.{e}.{proj}.{suffix}
-  static const std::regex kExpert(R"(^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.([a-z_]+)\.([a-z_]+)$)");
   int64_t non_expert_params = 0, expert_params = 0;
   uint64_t non_expert_bytes = 0, expert_bytes = 0;
   int64_t expert_projections = 0, other_expert_tensors = 0;
@@ -51,20 +57,22 @@ nlohmann::json inspect(const std::string& dir) {
     auto& [count, bytes] = dtypes[io::dtype_name(t.dtype)];
     ++count;
     bytes += t.nbytes;
-    std::smatch m;
-    if (name.find(".mlp.experts.") == std::string::npos) {
+    if (!io::in_expert_container(name)) {
       non_expert_params += t.numel();
       non_expert_bytes += t.nbytes;
       continue;
     }
     expert_bytes += t.nbytes;
-    if (std::regex_match(name, m, kExpert) && m[4] == "weight") {
+    // model.layers.{l}.mlp.experts.{e}.{proj}.{suffix}, proj and suffix plain [a-z_]+ names
+    const std::optional<io::ExpertTensorName> m = io::parse_expert_tensor(name);
+    const bool plain = m && is_plain_name(m->proj) && is_plain_name(m->suffix);
+    if (plain && m->suffix == "weight") {
       expert_params += t.numel();  // dense expert weight
       ++expert_projections;
-    } else if (std::regex_match(name, m, kExpert) && m[4] == "weight_packed") {
-      expert_params += expert_projection_numel(s, m[3], name);
+    } else if (plain && "." + m->suffix == io::kWeightPacked) {
+      expert_params += expert_projection_numel(s, m->proj, name);
       ++expert_projections;
-    } else if (!std::regex_match(name, m, kExpert)) {
+    } else if (!plain) {
       expert_params += t.numel();  // some other expert layout (e.g. fused): numel is all we know
       ++other_expert_tensors;
     }

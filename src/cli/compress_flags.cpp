@@ -61,18 +61,27 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   o.method = compress::parse_method(method);
   o.threads = threads;
   o.sgptq.percdamp = percdamp;
-  o.refine = {{"p", objective == "router" ? 2 : 0}, {"update_A", update == "AV"}, {"epochs", epochs},
-              {"lr_A", lr_a}, {"lr_V", lr_v}, {"tau0", tau0}, {"tau1", tau1}, {"kappa0", kappa0},
-              {"kappa1", kappa1}, {"batch", batch}, {"micro_batch", micro_batch}, {"seed", seed}};
+  compress::RefineOptions& r = o.refine;
+  r.p = objective == "router" ? 2 : 0;
+  r.update_A = update == "AV";
+  r.epochs = epochs;
+  r.lr_A = lr_a;
+  r.lr_V = lr_v;
+  r.tau0 = tau0;
+  r.tau1 = tau1;
+  r.kappa0 = kappa0;
+  r.kappa1 = kappa1;
+  r.batch = batch;
+  r.micro_batch = micro_batch;
+  r.seed = seed;
+  compress::validate(o);  // once, at the boundary: a bad value fails before the model is loaded
   return o;
 }
 
-compress::CalibSet CompressFlags::calibration(model::Qwen3Moe& m) const {
+compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
-  const io::TextSplit split = calib_split == "train"     ? io::TextSplit::Train
-                              : calib_split == "heldout" ? io::TextSplit::Heldout
-                                                         : io::TextSplit::All;
+  const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
   return compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
 }
 

@@ -25,7 +25,7 @@ struct CompressFlags {
   int64_t batch = 256, micro_batch = 64;
 
   compress::CompressOptions options(const std::string& method) const;
-  compress::CalibSet calibration(model::Qwen3Moe& m) const;
+  compress::CalibSet calibration(const model::Qwen3Moe& m) const;
 };
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files = true);

@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
-#include "model/blas_threads.h"
-#include "model/decode.h"
+#include "core/blas_threads.h"
+#include "model/kv_decoder.h"
 
 namespace moesq::compress {
 
@@ -52,7 +52,7 @@ CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_s
   return set;
 }
 
-CalibSet calib_from_model(model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed) {
+CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed) {
   MOESQ_CHECK(num_samples > 0, "--calib-samples must be positive (got ", num_samples, ")");
   MOESQ_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
   CalibSet set;
@@ -60,14 +60,14 @@ CalibSet calib_from_model(model::Qwen3Moe& m, int64_t num_samples, int64_t seq_l
   set.sequences.resize(static_cast<size_t>(num_samples));
   const int64_t V = m.spec().vocab_size;
   std::atomic<int64_t> done{0};
-  const int saved_threads = m.threads;
-  m.threads = 1;
-  model::ScopedBlasSingleThread single_blas;
+  model::ForwardOptions fo = m.default_forward_options();
+  fo.threads = 1;  // one sequence per thread
+  ScopedBlasSingleThread single_blas;
   // One sequence per task, each with its own generator seeded from (seed, index): the result does not
   // depend on the thread count.
   parallel_for(num_samples, [&](int64_t i) {
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1);
-    model::Decoder dec(m, seq_len);
+    model::KvDecoder dec(m, seq_len, fo);
     std::vector<int32_t>& seq = set.sequences[static_cast<size_t>(i)];
     seq.push_back(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, V - 1)(rng)));
     while (static_cast<int64_t>(seq.size()) < seq_len) {
@@ -81,7 +81,6 @@ CalibSet calib_from_model(model::Qwen3Moe& m, int64_t num_samples, int64_t seq_l
     const int64_t d = ++done;
     progress("calib", "sampled sequence " + std::to_string(d) + "/" + std::to_string(num_samples));
   });
-  m.threads = saved_threads;
   return set;
 }
 

@@ -12,6 +12,7 @@
 
 #include "compress/calib.h"
 #include "compress/packed_expert.h"
+#include "compress/refine/options.h"
 #include "compress/sgptq.h"
 #include "model/qwen3_moe.h"
 
@@ -25,7 +26,7 @@ bool method_is_sparse(Method m);
 struct CompressOptions {
   Method method = Method::Sgptq;
   SgptqOptions sgptq;
-  nlohmann::json refine;  // refinement options (method moesq), parsed by the refine module
+  RefineOptions refine;   // refinement options (method moesq)
   int threads = 0;        // 0: all cores
 };
 
@@ -45,8 +46,13 @@ struct CompressResult {
   double seconds = 0;
 };
 
+// Every option checked once (moesq::Error naming the option), before any work: the CLI calls it
+// when it builds the options, compress_model again at its top.
+void validate(const CompressOptions& opt);
+
 // Compresses every routed expert of `m` (which must be the ORIGINAL model; it is modified in place:
-// on return its experts hold the dequantized compressed weights, act_quant stays false).
+// on return its experts hold the dequantized compressed weights; how it runs is never changed: every
+// forward gets its model::ForwardOptions per call).
 CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt);
 
 }  // namespace moesq::compress

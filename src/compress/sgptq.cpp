@@ -158,130 +158,156 @@ uint8_t block_scale_code(const double* Wt, int64_t N, int64_t r, int64_t s0,
   return format::ue4m3_encode(gamma * amax / format::kE2M1Max);
 }
 
+// Codes of one solve before packing.
+struct Codes {
+  std::vector<uint8_t> scale;  // [N, K/32] UE4M3
+  std::vector<uint8_t> value;  // [N, K/2] E2M1, one per byte
+};
+
+// At a scale-block boundary i (i % 32 == 0): the patterns of the block's 4 groups (SparseGPT choice
+// on the updated weights), then the block's UE4M3 code; block_dec[r] = its decoded value.
+void start_scale_block(const double* Wt, const double* U, int64_t N, int64_t K, int64_t i, float gamma,
+                       SgptqResult& res, Codes& codes, std::vector<float>& block_dec) {
+  const int64_t G = K / kGroup, S = K / kSparseScaleBlock;
+  for (int64_t r = 0; r < N; ++r) {
+    uint8_t* rp = res.patterns.data() + r * G;
+    for (int g = 0; g < kGroupsPerScaleBlock; ++g) rp[i / kGroup + g] = choose_pattern(Wt, U, N, K, r, i + g * kGroup);
+    const uint8_t c = block_scale_code(Wt, N, r, i, rp, gamma);
+    codes.scale[r * S + i / kSparseScaleBlock] = c;
+    block_dec[r] = format::e4m3_decode(c);
+  }
+}
+
+// Column i of every row: quantize the kept weights (the fp32 order of format/nvfp4.cpp:
+// q = E2M1(w · (γ/s)), ŵ = (dec(q) · s) / γ), keep the pruned ones as they are in dense_rounded,
+// write the GPTQ error e = (w − q)/d into ei [N] and add ½e² to `loss` (row order).
+void quantize_column(const double* wi, int64_t N, int64_t K, int64_t i, double d, float gamma,
+                     const std::vector<float>& block_dec, SgptqResult& res, Codes& codes, double* ei, double& loss) {
+  const int64_t G = K / kGroup;
+  for (int64_t r = 0; r < N; ++r) {
+    const int pt = res.patterns[r * G + i / kGroup];
+    const int slot = kept_slot(pt, static_cast<int>(i % kGroup));
+    const double w = wi[r];
+    double q = 0.0;
+    if (slot >= 0) {
+      const float s = block_dec[r];
+      uint8_t code = 0;
+      float qf = 0.0f;
+      if (s > 0.0f) {
+        code = format::e2m1_encode(static_cast<float>(w) * (gamma / s));
+        qf = format::e2m1_decode(code) * s / gamma;
+      }
+      codes.value[r * (K / 2) + (i / kGroup) * kPairsPerGroup + slot] = code;
+      q = qf;
+      res.dense_rounded[r * K + i] = qf;
+    } else {
+      res.dense_rounded[r * K + i] = static_cast<float>(w);
+    }
+    const double e = (w - q) / d;
+    ei[r] = e;
+    loss += 0.5 * e * e;
+  }
+}
+
+// In-block update of the later columns i+1 .. b1-1: W[:, j] −= e · U_ij (a rank-1 update).
+void update_in_block(const double* U, int64_t N, int64_t K, int64_t i, int64_t b1, const double* ei, double* Wt,
+                     bool use_blas) {
+  if (use_blas && i + 1 < b1) {
+    cblas_dger(CblasRowMajor, static_cast<int>(b1 - i - 1), static_cast<int>(N), -1.0, U + i * K + i + 1, 1, ei, 1,
+               Wt + (i + 1) * N, static_cast<int>(N));
+    return;
+  }
+  for (int64_t j = i + 1; j < b1; ++j) {
+    const double u = U[i * K + j];
+    double* wj = Wt + j * N;
+    for (int64_t r = 0; r < N; ++r) wj[r] -= ei[r] * u;
+  }
+}
+
+// Lazy update of the columns after the block [b0, b1): Wt[b1:K, :] −= U[b0:b1, b1:K]ᵀ · err.
+void update_after_block(const double* U, int64_t N, int64_t K, int64_t b0, int64_t b1, const std::vector<double>& err,
+                        double* Wt, bool use_blas) {
+  const int64_t nb = b1 - b0, rest = K - b1;
+  if (use_blas) {
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rest), static_cast<int>(N),
+                static_cast<int>(nb), -1.0, U + b0 * K + b1, static_cast<int>(K), err.data(), static_cast<int>(N), 1.0,
+                Wt + b1 * N, static_cast<int>(N));
+    return;
+  }
+  for (int64_t j = b1; j < K; ++j)
+    for (int64_t ii = 0; ii < nb; ++ii) {
+      const double u = U[(b0 + ii) * K + j];
+      const double* e = err.data() + ii * N;
+      for (int64_t r = 0; r < N; ++r) Wt[j * N + r] -= e[r] * u;
+    }
+}
+
+// Packs the codes (layout of format/nvfp4.h: values [N, K/4], meta [N, K/16], scales [N, K/32]).
+format::Sparse48Tensor pack_codes(int64_t N, int64_t K, float gamma, const std::vector<uint8_t>& patterns,
+                                  Codes& codes) {
+  const int64_t G = K / kGroup;
+  format::Sparse48Tensor t;
+  t.N = N;
+  t.K = K;
+  t.global_scale = gamma;
+  t.values.assign(static_cast<size_t>(N * K / 4), 0);
+  t.meta.assign(static_cast<size_t>(N * K / 16), 0);
+  t.scales = std::move(codes.scale);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t kv = 0; kv < K / 2; ++kv) {
+      const uint8_t code = codes.value[r * (K / 2) + kv] & 0xF;
+      t.values[r * (K / 4) + kv / 2] |= (kv % 2 == 0) ? code : static_cast<uint8_t>(code << 4);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t nib = format::pattern_nibble(patterns[r * G + g]);
+      t.meta[r * (K / 16) + g / 2] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
+    }
+  }
+  return t;
+}
+
 // Core column loop. block = lazy-update block; use_blas = LAPACK factorisation and BLAS updates.
 // block == K with no BLAS is the _ref twin.
 SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float gamma,
                   const SgptqOptions& opt, const std::string& name, int64_t block, bool use_blas) {
   Prepared p = prepare(W, N, K, h, opt, name, use_blas);
-  if (!(gamma > 0.0f)) {
-    float amax = 0.0f;
-    for (int64_t idx = 0; idx < N * K; ++idx) amax = std::max(amax, std::fabs(W[idx]));
-    gamma = format::nvfp4_tensor_scale(amax);
-  }
+  if (!(gamma > 0.0f)) gamma = format::nvfp4_tensor_scale(format::amax_abs(W, N * K));
   MOESQ_CHECK(std::isfinite(gamma), "sgptq: tensor ", name, " has a non-finite global scale");
 
-  const int64_t G = K / kGroup;               // groups per row
-  const int64_t S = K / kSparseScaleBlock;    // scale blocks per row
+  const int64_t G = K / kGroup;  // groups per row
   SgptqResult res;
   res.fallback = p.fallback;
   res.fallback_reason = p.reason;
   res.dead_columns = p.dead;
   res.patterns.assign(static_cast<size_t>(N * G), 0);
   res.dense_rounded.assign(static_cast<size_t>(N * K), 0.0f);
-  std::vector<uint8_t> scale_codes(static_cast<size_t>(N * S), 0);   // [N, K/32]
-  std::vector<uint8_t> value_codes(static_cast<size_t>(N * K / 2), 0);  // [N, K/2] one per byte
+  Codes codes;
+  codes.scale.assign(static_cast<size_t>(N * (K / kSparseScaleBlock)), 0);
+  codes.value.assign(static_cast<size_t>(N * K / 2), 0);
 
   double* Wt = p.Wt.data();
   const double* U = p.U.data();
-  std::vector<float> block_dec(static_cast<size_t>(N));  // [N] dec(c)/γ of the current scale block
+  std::vector<float> block_dec(static_cast<size_t>(N));  // [N] dec(c) of the current scale block
   std::vector<double> err;                               // [block, N] (w − q)/d per column
   double loss = 0.0;
-
   for (int64_t b0 = 0; b0 < K; b0 += block) {
     const int64_t b1 = std::min(b0 + block, K);
     err.assign(static_cast<size_t>((b1 - b0) * N), 0.0);
     for (int64_t i = b0; i < b1; ++i) {
       if (i % kSparseScaleBlock == 0) {
-        for (int64_t r = 0; r < N; ++r) {
-          uint8_t* rp = res.patterns.data() + r * G;
-          for (int g = 0; g < kGroupsPerScaleBlock; ++g)
-            rp[i / kGroup + g] = choose_pattern(Wt, U, N, K, r, i + g * kGroup);
-          const uint8_t c = block_scale_code(Wt, N, r, i, rp, gamma);
-          scale_codes[r * S + i / kSparseScaleBlock] = c;
-          block_dec[r] = format::e4m3_decode(c);
-        }
+        start_scale_block(Wt, U, N, K, i, gamma, res, codes, block_dec);
       } else if (opt.pattern_at_group && i % kGroup == 0) {
         // SparseGPT per-group choice on the updated weights; the block scale stays provisional.
-        for (int64_t r = 0; r < N; ++r)
-          res.patterns[r * G + i / kGroup] = choose_pattern(Wt, U, N, K, r, i);
+        for (int64_t r = 0; r < N; ++r) res.patterns[r * G + i / kGroup] = choose_pattern(Wt, U, N, K, r, i);
       }
-      const double d = U[i * K + i];
-      double* wi = Wt + i * N;
       double* ei = err.data() + (i - b0) * N;
-      for (int64_t r = 0; r < N; ++r) {
-        const int pt = res.patterns[r * G + i / kGroup];
-        const int slot = kept_slot(pt, static_cast<int>(i % kGroup));
-        const double w = wi[r];
-        double q = 0.0;
-        if (slot >= 0) {
-          const float s = block_dec[r];
-          uint8_t code = 0;
-          float qf = 0.0f;
-          if (s > 0.0f) {
-            // The fp32 order of format/nvfp4.cpp: q = E2M1(w · (γ/s)), ŵ = (dec(q) · s) / γ.
-            code = format::e2m1_encode(static_cast<float>(w) * (gamma / s));
-            qf = format::e2m1_decode(code) * s / gamma;
-          }
-          value_codes[r * (K / 2) + (i / kGroup) * kPairsPerGroup + slot] = code;
-          q = qf;
-          res.dense_rounded[r * K + i] = qf;
-        } else {
-          res.dense_rounded[r * K + i] = static_cast<float>(w);
-        }
-        const double e = (w - q) / d;
-        ei[r] = e;
-        loss += 0.5 * e * e;
-      }
-      // In-block update of the later columns: W[:, j] −= e · U_ij (a rank-1 update).
-      if (use_blas && i + 1 < b1) {
-        cblas_dger(CblasRowMajor, static_cast<int>(b1 - i - 1), static_cast<int>(N), -1.0,
-                   U + i * K + i + 1, 1, ei, 1, Wt + (i + 1) * N, static_cast<int>(N));
-      } else {
-        for (int64_t j = i + 1; j < b1; ++j) {
-          const double u = U[i * K + j];
-          double* wj = Wt + j * N;
-          for (int64_t r = 0; r < N; ++r) wj[r] -= ei[r] * u;
-        }
-      }
+      quantize_column(Wt + i * N, N, K, i, U[i * K + i], gamma, block_dec, res, codes, ei, loss);
+      update_in_block(U, N, K, i, b1, ei, Wt, use_blas);
     }
-    if (b1 < K) {
-      // Lazy update of the columns after the block: Wt[b1:K, :] −= U[b0:b1, b1:K]ᵀ · err.
-      const int64_t nb = b1 - b0, rest = K - b1;
-      if (use_blas) {
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rest),
-                    static_cast<int>(N), static_cast<int>(nb), -1.0, U + b0 * K + b1,
-                    static_cast<int>(K), err.data(), static_cast<int>(N), 1.0, Wt + b1 * N,
-                    static_cast<int>(N));
-      } else {
-        for (int64_t j = b1; j < K; ++j)
-          for (int64_t ii = 0; ii < nb; ++ii) {
-            const double u = U[(b0 + ii) * K + j];
-            const double* e = err.data() + ii * N;
-            for (int64_t r = 0; r < N; ++r) Wt[j * N + r] -= e[r] * u;
-          }
-      }
-    }
+    if (b1 < K) update_after_block(U, N, K, b0, b1, err, Wt, use_blas);
   }
   res.gptq_loss = loss;
-
-  // Pack the codes (layout of format/nvfp4.h: values [N, K/4], meta [N, K/16], scales [N, K/32]).
-  format::Sparse48Tensor& t = res.packed;
-  t.N = N;
-  t.K = K;
-  t.global_scale = gamma;
-  t.values.assign(static_cast<size_t>(N * K / 4), 0);
-  t.meta.assign(static_cast<size_t>(N * K / 16), 0);
-  t.scales = scale_codes;
-  for (int64_t r = 0; r < N; ++r) {
-    for (int64_t kv = 0; kv < K / 2; ++kv) {
-      const uint8_t code = value_codes[r * (K / 2) + kv] & 0xF;
-      t.values[r * (K / 4) + kv / 2] |= (kv % 2 == 0) ? code : static_cast<uint8_t>(code << 4);
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      const uint8_t nib = format::pattern_nibble(res.patterns[r * G + g]);
-      t.meta[r * (K / 16) + g / 2] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
-    }
-  }
+  res.packed = pack_codes(N, K, gamma, res.patterns, codes);
   return res;
 }
 

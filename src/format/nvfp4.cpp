@@ -128,6 +128,10 @@ float nvfp4_tensor_scale(float amax) {
 
 float amax_abs(const float* x, int64_t n) { return max_abs(x, n); }
 
+float gate_up_tensor_scale(const float* gate, const float* up, int64_t n) {
+  return nvfp4_tensor_scale(std::max(max_abs(gate, n), max_abs(up, n)));
+}
+
 float sparse48_kept_amax(const float* W, int64_t N, int64_t K, const uint8_t* patterns,
                          const std::string& name) {
   MOESQ_CHECK(K % kSparseScaleBlock == 0, "tensor ", name, " [N=", N, ", K=", K,

@@ -43,9 +43,13 @@ uint8_t pattern_mask8(int p);
 // Eq. 5. amax <= 0 (zero tensor) → 1; amax so small that γ overflows fp32 (< ~8e-36) → 1 as well.
 float nvfp4_tensor_scale(float amax);
 
-// max |x_i| over x [n] (NaN entries ignored). For the gate|up shared scale:
-// γ = nvfp4_tensor_scale(max(amax_gate, amax_up)).
+// max |x_i| over x [n] (NaN entries ignored).
 float amax_abs(const float* x, int64_t n);
+// THE gate|up rule (docs/FORMAT.md "Checkpoint layout"): the one tensor scale γ shared by gate_proj
+// and up_proj of an expert, Eq. 5 over the amax of ALL entries of both dense arrays being packed
+// (gate [n], up [n]; pruned positions included): γ = nvfp4_tensor_scale(max(amax(gate), amax(up))).
+// Every method (rtn, magnitude, sgptq, moesq refinement and its objective) calls this function.
+float gate_up_tensor_scale(const float* gate, const float* up, int64_t n);
 // max |w| over the KEPT positions of W [N, K] under patterns [N, K/8] (Eq. 5's amax for paired 4:8).
 // Error naming `name` for K % 32 != 0, a pattern id out of range or a non-finite kept weight.
 float sparse48_kept_amax(const float* W, int64_t N, int64_t K, const uint8_t* patterns,

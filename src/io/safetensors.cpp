@@ -25,6 +25,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "format/fp_codecs.h"
 
 namespace moesq::io {
 
@@ -37,23 +38,6 @@ namespace {
 // making us parse gigabytes of tensor data as JSON.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
-
-// OCP FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
-// 0x7f / 0xff are NaN. Local to io on purpose: io does not depend on the format module.
-float e4m3_to_f32(uint8_t code) {
-  const bool negative = (code & 0x80) != 0;
-  const int exponent = (code >> 3) & 0xf;
-  const int mantissa = code & 0x7;
-  float magnitude;
-  if (exponent == 0xf && mantissa == 0x7) {
-    magnitude = std::numeric_limits<float>::quiet_NaN();
-  } else if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 · 2^(1-7)
-  } else {
-    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
-  }
-  return negative ? -magnitude : magnitude;
-}
 
 template <typename T>
 T load_le(const uint8_t* p) {
@@ -164,7 +148,7 @@ std::vector<float> to_f32(const TensorView& t) {
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(load_le<uint16_t>(p + 2 * i));
       break;
     case DType::F8_E4M3:
-      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(p[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = format::e4m3_decode(p[i]);  // the one E4M3 decoder (format/fp_codecs)
       break;
     case DType::I8:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(p[i]));
@@ -184,7 +168,10 @@ std::vector<float> to_f32(const TensorView& t) {
 
 // ---- reader --------------------------------------------------------------------------------
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+namespace {
+
+// Opens and maps `path` read-only (the mapping keeps the file alive after the fd is closed).
+void* map_file(const std::string& path, uint64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MOESQ_CHECK(fd >= 0, "cannot open safetensors file ", path, ": ", std::strerror(errno));
   struct stat st {};
@@ -195,112 +182,134 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     ::close(fd);
-    MOESQ_FAIL(path, ": truncated safetensors file (", file_size,
-               " bytes, less than the 8-byte header length)");
+    MOESQ_FAIL(path, ": truncated safetensors file (", file_size, " bytes, less than the 8-byte header length)");
   }
   void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file alive
+  ::close(fd);
   MOESQ_CHECK(m != MAP_FAILED, "cannot mmap ", path, ": ", std::strerror(errno));
-  map_ = m;
-  map_size_ = file_size;
+  *size = file_size;
+  return m;
+}
 
+// The 8-byte little-endian header length and the JSON header object after it.
+nlohmann::json parse_header(const std::string& path, const uint8_t* base, uint64_t file_size,
+                            uint64_t* header_len) {
+  *header_len = load_le<uint64_t>(base);
+  MOESQ_CHECK(*header_len <= file_size - 8, path, ": header length ", *header_len,
+              " runs past the end of the file (", file_size, " bytes): truncated or not safetensors");
+  MOESQ_CHECK(*header_len <= kMaxHeaderBytes, path, ": header length ", *header_len, " exceeds the ",
+              kMaxHeaderBytes, "-byte limit");
+  const std::string_view text(reinterpret_cast<const char*>(base + 8), *header_len);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    MOESQ_FAIL(path, ": malformed JSON header: ", e.what());
+  }
+  MOESQ_CHECK(header.is_object(), path, ": JSON header is not an object");
+  return header;
+}
+
+void read_metadata(const std::string& path, const nlohmann::json& v, std::map<std::string, std::string>& out) {
+  MOESQ_CHECK(v.is_object(), path, ": __metadata__ is not an object");
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    MOESQ_CHECK(it.value().is_string(), path, ": __metadata__ value of \"", it.key(), "\" is not a string");
+    out[it.key()] = it.value().get<std::string>();
+  }
+}
+
+// One header entry → a view into the data section [data, data + data_size); every field checked
+// (dtype, shape, offsets inside the data section, size = numel × element size). *begin, *end: its
+// byte range, for the overlap check.
+TensorView parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                       const uint8_t* data, uint64_t data_size, int64_t* begin, int64_t* end) {
+  MOESQ_CHECK(!name.empty(), path, ": tensor with an empty name");
+  MOESQ_CHECK(v.is_object(), path, ": tensor ", name, ": entry is not an object");
+  MOESQ_CHECK(v.contains("dtype") && v["dtype"].is_string(), path, ": tensor ", name,
+              ": missing or non-string \"dtype\"");
+  MOESQ_CHECK(v.contains("shape") && v["shape"].is_array(), path, ": tensor ", name,
+              ": missing or non-array \"shape\"");
+  MOESQ_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2, path,
+              ": tensor ", name, ": \"data_offsets\" must be [begin, end]");
+  TensorView t;
+  t.name = name;
+  t.file = path;
+  try {
+    t.dtype = parse_dtype(v["dtype"].get<std::string>());
+  } catch (const Error& e) {
+    MOESQ_FAIL(path, ": tensor ", name, ": ", e.what());
+  }
+  for (const auto& d : v["shape"]) {
+    int64_t dim = 0;
+    MOESQ_CHECK(json_nonneg_int(d, &dim), path, ": tensor ", name, ": shape entry ", d.dump(),
+                " is not a non-negative integer");
+    t.shape.push_back(dim);
+  }
+  MOESQ_CHECK(json_nonneg_int(v["data_offsets"][0], begin) && json_nonneg_int(v["data_offsets"][1], end), path,
+              ": tensor ", name, ": data_offsets ", v["data_offsets"].dump(), " are not non-negative integers");
+  MOESQ_CHECK(*begin <= *end, path, ": tensor ", name, ": data_offsets [", *begin, ", ", *end, ") has begin > end");
+  MOESQ_CHECK(static_cast<uint64_t>(*end) <= data_size, path, ": tensor ", name, ": data_offsets [", *begin, ", ",
+              *end, ") run past the data section (", data_size, " bytes)");
+  uint64_t numel = 0;
+  MOESQ_CHECK(checked_numel(t.shape, &numel), path, ": tensor ", name, ": shape ", t.shape_str(), " overflows");
+  const uint64_t nbytes = static_cast<uint64_t>(*end - *begin);
+  const uint64_t esize = dtype_size(t.dtype);
+  uint64_t need = 0;
+  MOESQ_CHECK(!__builtin_mul_overflow(numel, esize, &need) && need == nbytes, path, ": tensor ", name, ": shape ",
+              t.shape_str(), " × ", dtype_name(t.dtype), " (", esize, " B/element) does not match data_offsets [",
+              *begin, ", ", *end, ") = ", nbytes, " bytes");
+  t.data = data + *begin;
+  t.nbytes = nbytes;
+  return t;
+}
+
+struct ByteRange {
+  uint64_t begin, end;
+  const std::string* name;
+};
+
+// Pairwise non-overlap of the tensors' byte ranges: sort by begin; empty ranges overlap nothing.
+void check_no_overlap(const std::string& path, std::vector<ByteRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const ByteRange* prev = nullptr;
+  for (const ByteRange& r : ranges) {
+    if (r.begin == r.end) continue;
+    if (prev) {
+      MOESQ_CHECK(r.begin >= prev->end, path, ": tensors ", *prev->name, " [", prev->begin, ", ", prev->end,
+                  ") and ", *r.name, " [", r.begin, ", ", r.end, ") overlap");
+    }
+    prev = &r;
+  }
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  uint64_t file_size = 0;
+  map_ = map_file(path, &file_size);
+  map_size_ = file_size;
   // From here on a throw must unmap: the destructor does not run for a half-built object.
   try {
     const auto* base = static_cast<const uint8_t*>(map_);
-    const uint64_t header_len = load_le<uint64_t>(base);
-    MOESQ_CHECK(header_len <= file_size - 8, path, ": header length ", header_len,
-                " runs past the end of the file (", file_size, " bytes): truncated or not safetensors");
-    MOESQ_CHECK(header_len <= kMaxHeaderBytes, path, ": header length ", header_len,
-                " exceeds the ", kMaxHeaderBytes, "-byte limit");
-    const std::string_view text(reinterpret_cast<const char*>(base + 8), header_len);
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      MOESQ_FAIL(path, ": malformed JSON header: ", e.what());
-    }
-    MOESQ_CHECK(header.is_object(), path, ": JSON header is not an object");
-
+    uint64_t header_len = 0;
+    const nlohmann::json header = parse_header(path, base, map_size_, &header_len);
     const uint8_t* data = base + 8 + header_len;
-    const uint64_t data_size = file_size - 8 - header_len;
-    struct Range {
-      uint64_t begin, end;
-      const std::string* name;
-    };
-    std::vector<Range> ranges;
+    const uint64_t data_size = map_size_ - 8 - header_len;
+    std::vector<ByteRange> ranges;
     for (auto it = header.begin(); it != header.end(); ++it) {
-      const std::string& name = it.key();
-      const nlohmann::json& v = it.value();
-      if (name == kMetadataKey) {
-        MOESQ_CHECK(v.is_object(), path, ": __metadata__ is not an object");
-        for (auto m_it = v.begin(); m_it != v.end(); ++m_it) {
-          MOESQ_CHECK(m_it.value().is_string(), path, ": __metadata__ value of \"", m_it.key(),
-                      "\" is not a string");
-          metadata_[m_it.key()] = m_it.value().get<std::string>();
-        }
+      if (it.key() == kMetadataKey) {
+        read_metadata(path, it.value(), metadata_);
         continue;
       }
-      MOESQ_CHECK(!name.empty(), path, ": tensor with an empty name");
-      MOESQ_CHECK(v.is_object(), path, ": tensor ", name, ": entry is not an object");
-      MOESQ_CHECK(v.contains("dtype") && v["dtype"].is_string(), path, ": tensor ", name,
-                  ": missing or non-string \"dtype\"");
-      MOESQ_CHECK(v.contains("shape") && v["shape"].is_array(), path, ": tensor ", name,
-                  ": missing or non-array \"shape\"");
-      MOESQ_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() &&
-                      v["data_offsets"].size() == 2,
-                  path, ": tensor ", name, ": \"data_offsets\" must be [begin, end]");
-      TensorView t;
-      t.name = name;
-      t.file = path;
-      try {
-        t.dtype = parse_dtype(v["dtype"].get<std::string>());
-      } catch (const Error& e) {
-        MOESQ_FAIL(path, ": tensor ", name, ": ", e.what());
-      }
-      for (const auto& d : v["shape"]) {
-        int64_t dim = 0;
-        MOESQ_CHECK(json_nonneg_int(d, &dim), path, ": tensor ", name, ": shape entry ", d.dump(),
-                    " is not a non-negative integer");
-        t.shape.push_back(dim);
-      }
       int64_t begin = 0, end = 0;
-      MOESQ_CHECK(json_nonneg_int(v["data_offsets"][0], &begin) &&
-                      json_nonneg_int(v["data_offsets"][1], &end),
-                  path, ": tensor ", name, ": data_offsets ", v["data_offsets"].dump(),
-                  " are not non-negative integers");
-      MOESQ_CHECK(begin <= end, path, ": tensor ", name, ": data_offsets [", begin, ", ", end,
-                  ") has begin > end");
-      MOESQ_CHECK(static_cast<uint64_t>(end) <= data_size, path, ": tensor ", name, ": data_offsets [",
-                  begin, ", ", end, ") run past the data section (", data_size, " bytes)");
-      uint64_t numel = 0;
-      MOESQ_CHECK(checked_numel(t.shape, &numel), path, ": tensor ", name, ": shape ", t.shape_str(),
-                  " overflows");
-      const uint64_t nbytes = static_cast<uint64_t>(end - begin);
-      const uint64_t esize = dtype_size(t.dtype);
-      uint64_t need = 0;
-      MOESQ_CHECK(!__builtin_mul_overflow(numel, esize, &need) && need == nbytes, path, ": tensor ",
-                  name, ": shape ", t.shape_str(), " × ", dtype_name(t.dtype), " (", esize,
-                  " B/element) does not match data_offsets [", begin, ", ", end, ") = ", nbytes,
-                  " bytes");
-      t.data = data + begin;
-      t.nbytes = nbytes;
-      auto [pos, inserted] = tensors_.emplace(name, std::move(t));
+      TensorView t = parse_entry(path, it.key(), it.value(), data, data_size, &begin, &end);
+      auto [pos, inserted] = tensors_.emplace(it.key(), std::move(t));
       (void)inserted;  // JSON object keys are unique after parsing
       ranges.push_back({static_cast<uint64_t>(begin), static_cast<uint64_t>(end), &pos->first});
     }
-    // Pairwise non-overlap: sort by begin; empty ranges overlap nothing.
-    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    const Range* prev = nullptr;
-    for (const Range& r : ranges) {
-      if (r.begin == r.end) continue;
-      if (prev) {
-        MOESQ_CHECK(r.begin >= prev->end, path, ": tensors ", *prev->name, " [", prev->begin, ", ",
-                    prev->end, ") and ", *r.name, " [", r.begin, ", ", r.end, ") overlap");
-      }
-      prev = &r;
-    }
+    check_no_overlap(path, std::move(ranges));
   } catch (...) {
     ::munmap(map_, map_size_);
     map_ = nullptr;

@@ -240,4 +240,20 @@ std::vector<std::vector<int32_t>> make_windows(const std::vector<int32_t>& token
   return windows;
 }
 
+TextSplit parse_split(const std::string& s, const char* flag) {
+  if (s == "all") return TextSplit::All;
+  if (s == "train") return TextSplit::Train;
+  if (s == "heldout") return TextSplit::Heldout;
+  MOESQ_FAIL(flag, ": \"", s, "\" is not one of all, train, heldout");
+}
+
+const char* split_name(TextSplit s) {
+  switch (s) {
+    case TextSplit::All: return "all";
+    case TextSplit::Train: return "train";
+    case TextSplit::Heldout: return "heldout";
+  }
+  return "?";
+}
+
 }  // namespace moesq::io

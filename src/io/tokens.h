@@ -8,6 +8,9 @@
 namespace moesq::io {
 
 enum class TextSplit { All, Train, Heldout };  // Train: first 98 %; Heldout: last 2 % (fixture rule)
+// The one parser of a split name: "all" | "train" | "heldout"; Error naming `flag` otherwise.
+TextSplit parse_split(const std::string& s, const char* flag = "--split");
+const char* split_name(TextSplit s);
 
 // Loads tokens from `path` (.npy or text). Error names the file if it is empty, unreadable, or holds
 // ids >= vocab_size. A text file with bytes >= vocab_size is an error too.

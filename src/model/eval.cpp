@@ -4,13 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <memory>
 
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
 #include "io/checkpoint.h"
-#include "model/blas_threads.h"
+#include "core/blas_threads.h"
 
 namespace moesq::model {
 
@@ -30,22 +29,6 @@ ActQuant parse_act_quant(const std::string& s) {
   MOESQ_FAIL("--act-quant: \"", s, "\" is not one of auto, none, nvfp4");
 }
 
-io::TextSplit parse_split(const std::string& s) {
-  if (s == "all") return io::TextSplit::All;
-  if (s == "train") return io::TextSplit::Train;
-  if (s == "heldout") return io::TextSplit::Heldout;
-  MOESQ_FAIL("--split: \"", s, "\" is not one of all, train, heldout");
-}
-
-const char* split_name(io::TextSplit s) {
-  switch (s) {
-    case io::TextSplit::All: return "all";
-    case io::TextSplit::Train: return "train";
-    case io::TextSplit::Heldout: return "heldout";
-  }
-  return "?";
-}
-
 namespace {
 
 struct WindowJob {
@@ -56,14 +39,10 @@ struct WindowJob {
 }  // namespace
 
 std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
-                                    int threads_opt, std::vector<int64_t>* predicted) {
-  // Forward single-threaded per window; windows in parallel (copy the model only if needed).
-  std::unique_ptr<Qwen3Moe> copy;
-  if (model.threads != 1) {
-    copy = std::make_unique<Qwen3Moe>(model);
-    copy->threads = 1;
-  }
-  const Qwen3Moe& local = copy ? *copy : model;
+                                    const ForwardOptions& fo, int threads_opt, std::vector<int64_t>* predicted) {
+  // Forward single-threaded per window; windows in parallel.
+  ForwardOptions one = fo;
+  one.threads = 1;
   const int threads = threads_opt > 0 ? threads_opt : num_threads();
   std::vector<double> sum(windows.size(), 0.0);  // [windows] Σ nll (nats)
   predicted->assign(windows.size(), 0);          // [windows] predicted tokens
@@ -76,13 +55,23 @@ std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std
   parallel_for(
       n,
       [&](int64_t i) {
-        const double mean = local.window_nll(windows[i], &(*predicted)[i]);
+        const double mean = model.window_nll(windows[i], one, &(*predicted)[i]);
         sum[i] = mean * static_cast<double>((*predicted)[i]);
         const int64_t d = ++done;
         if (d % step == 0 || d == n) progress("eval", std::to_string(d) + "/" + std::to_string(n) + " windows");
       },
       threads);
   return sum;
+}
+
+ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant) {
+  ForwardOptions fo = model.default_forward_options();
+  switch (act_quant) {
+    case ActQuant::Auto: break;  // compressed → W4A4 (set by the loader), bf16 → none
+    case ActQuant::None: fo.act_quant = false; break;
+    case ActQuant::Nvfp4: fo.act_quant = true; break;  // act_block: the checkpoint's, else 32
+  }
+  return fo;
 }
 
 EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
@@ -92,17 +81,18 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
   model.spec().check_seq_len(opt.seq_len, "--seq-len");
   const auto t0 = std::chrono::steady_clock::now();
   EvalResult res;
-  res.act_quant = model.act_quant ? "nvfp4" : "none";
-  res.act_block = model.act_quant ? model.act_block : 0;
-  res.expert_format = model.expert_format;
+  const ForwardOptions fo = resolve_forward_options(model, opt.act_quant);
+  res.act_quant = fo.act_quant ? "nvfp4" : "none";
+  res.act_block = fo.expert_act_block();
+  res.expert_format = model.expert_format();
   res.seq_len = opt.seq_len;
-  res.split = split_name(opt.split);
+  res.split = io::split_name(opt.split);
 
   std::vector<WindowJob> jobs;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::vector<int32_t> tokens = io::load_tokens(files[f], model.spec().vocab_size, opt.split);
     MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(),
-                " tokens (split ", split_name(opt.split), "): nothing to predict");
+                " tokens (split ", io::split_name(opt.split), "): nothing to predict");
     FileEval fe;
     fe.path = files[f];
     fe.tokens = static_cast<int64_t>(tokens.size());
@@ -117,7 +107,7 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
   windows.reserve(jobs.size());
   for (auto& j : jobs) windows.push_back(std::move(j.tokens));
   std::vector<int64_t> count;
-  const std::vector<double> sum = window_nll_sums(model, windows, opt.threads, &count);
+  const std::vector<double> sum = window_nll_sums(model, windows, fo, opt.threads, &count);
   // Reduce in window order (independent of the thread count).
   std::vector<double> file_sum(files.size(), 0.0);
   double total = 0.0;
@@ -140,13 +130,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::st
                                const EvalOptions& opt) {
   progress("eval", "loading " + dir);
   const io::Checkpoint ckpt(dir);
-  Qwen3Moe model(ckpt);
-  model.threads = 1;  // evaluate_model runs one window per thread
-  switch (opt.act_quant) {
-    case ActQuant::Auto: break;  // compressed → W4A4 (set by the loader), bf16 → none
-    case ActQuant::None: model.act_quant = false; break;
-    case ActQuant::Nvfp4: model.act_quant = true; break;  // act_block: the checkpoint's, else 32
-  }
+  const Qwen3Moe model(ckpt);
   EvalResult r = evaluate_model(model, files, opt);
   r.model = dir;
   return r;

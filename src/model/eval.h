@@ -18,8 +18,6 @@ enum class ActQuant { Auto, None, Nvfp4 };  // Auto: what the checkpoint says (W
 
 const char* act_quant_name(ActQuant a);            // "auto" | "none" | "nvfp4"
 ActQuant parse_act_quant(const std::string& s);    // Error naming --act-quant for other values
-io::TextSplit parse_split(const std::string& s);   // "all" | "train" | "heldout"; Error otherwise
-const char* split_name(io::TextSplit s);
 
 struct EvalOptions {
   int64_t seq_len = 512;                // tokens per window
@@ -50,17 +48,21 @@ struct EvalResult {
 };
 
 // Σ nll (nats) of each window and its predicted-token count, windows evaluated in parallel
-// (`threads`, 0 = all), each forward single-threaded; results in window order, so any reduction of
-// them in that order is independent of the thread count. The model is copied if its threads != 1.
+// (`threads`, 0 = all), each forward single-threaded (fo.threads is ignored); results in window
+// order, so any reduction of them in that order is independent of the thread count.
 std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
-                                    int threads, std::vector<int64_t>* predicted);
+                                    const ForwardOptions& fo, int threads, std::vector<int64_t>* predicted);
 
-// Evaluates `model` as configured (its act_quant flag is used as is).
+// Forward options of an evaluation: Auto → the checkpoint's default (W4A4 if compressed), None →
+// no activation quantization, Nvfp4 → activation quantization with the checkpoint's block (32 on
+// a bf16 checkpoint).
+ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant);
+
+// Evaluates `model` with resolve_forward_options(model, opt.act_quant).
 EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
                           const EvalOptions& opt);
 
-// Loads the checkpoint in `dir`, resolves opt.act_quant (Auto → the checkpoint's W4A4 setting;
-// Nvfp4 on a bf16 checkpoint → block 32), and evaluates.
+// Loads the checkpoint in `dir` and evaluates it (evaluate_model).
 EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::string>& files,
                                const EvalOptions& opt);
 

@@ -21,6 +21,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/swiglu.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
 
@@ -45,8 +46,6 @@ void linear_ref(const float* x, int64_t M, int64_t K, const float* W, int64_t N,
     }
 }
 
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
-
 // Causal softmax of one score row s[0..t] in place (fp32, max-subtracted); entries > t set to 0.
 void causal_softmax_row(float* s, int64_t t, int64_t T) {
   float mx = s[0];
@@ -67,11 +66,6 @@ constexpr int64_t kAttnBlockM = 64;
 int intra_threads(int t) { return t > 0 ? t : num_threads(); }
 
 }  // namespace
-
-std::string expert_prefix(int64_t layer, int64_t expert, const char* proj) {
-  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
-         proj;
-}
 
 Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
   const auto& s = spec_;
@@ -127,7 +121,7 @@ std::vector<float> Qwen3Moe::embed(const std::vector<int32_t>& tokens) const {
 
 // Qwen3MoeAttention on one causal sequence: q/k per-head RMSNorm BEFORE RoPE, GQA (query head h
 // reads kv head h / (nh / nkv)), scores · hd^-½, fp32 softmax, o_proj, residual add.
-void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T) const {
+void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const {
   const auto& s = spec_;
   const LayerWeights& L = layers_.at(l);
   const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
@@ -172,7 +166,7 @@ void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T) cons
                       v.data() + kv * hd, kw, 0.0f, attn.data() + r0 * qw + i * hd, qw);
         }
       },
-      std::min<int>(intra_threads(threads), static_cast<int>(nh)));
+      std::min<int>(intra_threads(fo.threads), static_cast<int>(nh)));
   std::vector<float> o(T * H);  // [T, H]
   linear(attn.data(), T, qw, L.o_proj.data(), H, o.data());
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
@@ -282,7 +276,7 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
   std::vector<float> g(n * I), u(n * I);  // [n, I]
   linear(x, n, H, gate, I, g.data());
   linear(x, n, H, up, I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
   if (act_block > 0)
     for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, act_block);
   linear(g.data(), n, I, down, H, y.data());
@@ -290,23 +284,25 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
   return y;
 }
 
-std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const {
+std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
+                                            const ForwardOptions& fo) const {
   const ExpertWeights& W = layers_.at(l).experts.at(e);
   return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size, x,
-                        n, act_quant ? act_block : 0, nullptr);
+                        n, fo.expert_act_block(), nullptr);
 }
 
-std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n) const {
+std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
+                                                const ForwardOptions& fo) const {
   const int64_t H = spec_.hidden_size, I = spec_.moe_intermediate_size;
   const ExpertWeights& W = layers_.at(l).experts.at(e);
   std::vector<float> xin(x, x + n * H), g(n * I), u(n * I), y(n * H);
-  if (act_quant)
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xin[r * H], H, act_block);
+  if (fo.act_quant)
+    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xin[r * H], H, fo.act_block);
   linear_ref(xin.data(), n, H, W.gate.data(), I, g.data());
   linear_ref(xin.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
-  if (act_quant)
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, act_block);
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
+  if (fo.act_quant)
+    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, fo.act_block);
   linear_ref(g.data(), n, I, W.down.data(), H, y.data());
   return y;
 }
@@ -319,14 +315,15 @@ std::vector<float> Qwen3Moe::dense_mlp(int64_t l, const std::vector<float>& x, i
   std::vector<float> g(n * I), u(n * I), y(n * H);
   linear(x.data(), n, H, W.gate.data(), I, g.data());
   linear(x.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
   linear(g.data(), n, I, W.down.data(), H, y.data());
   return y;
 }
 
 // Gather the rows routed to each expert, one GEMM per projection per expert (in parallel), then
 // combine y[t] = Σ_j w[t,j] · y_{e_j}(x_t) in ascending expert id order (see the file header).
-std::vector<float> Qwen3Moe::moe_block(int64_t l, const std::vector<float>& x, const Routes& r) const {
+std::vector<float> Qwen3Moe::moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
+                                       const ForwardOptions& fo) const {
   const int64_t H = spec_.hidden_size, E = spec_.num_experts, n = r.n, K = r.k;
   MOESQ_CHECK(static_cast<int64_t>(x.size()) == n * H, "moe_block: x has ", x.size(),
               " values, expected n·H = ", n * H);
@@ -347,10 +344,10 @@ std::vector<float> Qwen3Moe::moe_block(int64_t l, const std::vector<float>& x, c
         std::vector<float> xe(ne * H);  // [n_e, H] gathered rows
         for (int64_t i = 0; i < ne; ++i)
           std::memcpy(&xe[i * H], &x[(ids[i] / K) * H], H * sizeof(float));
-        const std::vector<float> ye = expert_forward(l, e, xe.data(), ne);
+        const std::vector<float> ye = expert_forward(l, e, xe.data(), ne, fo);
         for (int64_t i = 0; i < ne; ++i) std::memcpy(&out[ids[i] * H], &ye[i * H], H * sizeof(float));
       },
-      intra_threads(threads));
+      intra_threads(fo.threads));
   std::vector<float> y(n * H, 0.0f);
   std::vector<int64_t> slot(K);
   for (int64_t t = 0; t < n; ++t) {
@@ -375,7 +372,8 @@ std::vector<float> Qwen3Moe::logits(const std::vector<float>& h, int64_t T) cons
   return z;
 }
 
-std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, Trace* trace) const {
+std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+                                     Trace* trace) const {
   const int64_t T = static_cast<int64_t>(tokens.size()), H = spec_.hidden_size;
   std::vector<float> h = embed(tokens);  // [T, H]
   if (trace) {
@@ -383,12 +381,12 @@ std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, Trace* 
     trace->hidden.push_back(h);
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
-    attention_block(l, h, T);
+    attention_block(l, h, T, fo);
     const std::vector<float> x = moe_input(l, h, T);
     std::vector<float> y;
     if (spec_.is_moe_layer(l)) {
       Routes r = route(l, x, T);
-      y = moe_block(l, x, r);
+      y = moe_block(l, x, r, fo);
       if (trace) {
         trace->router_logits.push_back(r.logits);
         trace->routes.push_back(std::move(r));
@@ -414,10 +412,11 @@ std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, Trace* 
   return logits(h, T);
 }
 
-double Qwen3Moe::window_nll(const std::vector<int32_t>& tokens, int64_t* predicted) const {
+double Qwen3Moe::window_nll(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+                            int64_t* predicted) const {
   const int64_t T = static_cast<int64_t>(tokens.size()), V = spec_.vocab_size;
   MOESQ_CHECK(T >= 2, "window_nll: a window needs at least 2 tokens, got ", T);
-  const std::vector<float> z = forward(tokens);  // [T, V]
+  const std::vector<float> z = forward(tokens, fo);  // [T, V]
   double total = 0.0;
   for (int64_t t = 0; t + 1 < T; ++t) {
     const float* zt = &z[t * V];

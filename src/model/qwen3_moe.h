@@ -45,6 +45,18 @@ struct Routes {
   std::vector<float> logits;    // [n, E] router logits
 };
 
+// Per-call settings of a forward (the model itself is never changed to run differently).
+struct ForwardOptions {
+  // W4A4 deployment: NVFP4 dynamic activation quantization (format::quantize_activation_row) of the
+  // expert inputs and of the SwiGLU output, act_block elements per UE4M3 scale (paper Eq. 4's Q_a).
+  bool act_quant = false;
+  int act_block = 32;
+  // Threads inside one forward (experts, heads); 0 = moesq::num_threads(). Callers that parallelize
+  // over windows or sequences pass 1.
+  int threads = 0;
+  int expert_act_block() const { return act_quant ? act_block : 0; }  // swiglu_forward's act_block
+};
+
 // Optional outputs of a full forward, for parity tests.
 struct Trace {
   std::vector<std::vector<float>> hidden;         // [L+1][T, H] (last one after final norm)
@@ -64,19 +76,12 @@ class Qwen3Moe {
   LayerWeights& layer(int64_t l) { return layers_[l]; }
   const LayerWeights& layer(int64_t l) const { return layers_[l]; }
 
-  // W4A4 deployment: NVFP4 dynamic activation quantization on expert inputs and on the SwiGLU
-  // output (format::quantize_activation_row). Set by loading a compressed checkpoint.
-  bool act_quant = false;
-  // "none" | "nvfp4" as in the checkpoint's quantization_config; informational.
-  std::string quant_method = "none";
-  // Activation quantization block (elements per UE4M3 scale): 32 for paired 4:8 experts, 16 for
-  // dense NVFP4 — the weights' block size (read from quantization_config on load).
-  int act_block = 32;
+  // How the checkpoint is meant to run: W4A4 (act_quant with the weights' block size, 32 for
+  // paired 4:8 experts, 16 for dense NVFP4) for a compressed checkpoint, W16A16 otherwise; threads 0.
+  // Read from quantization_config on load; callers copy it and change their copy per call.
+  const ForwardOptions& default_forward_options() const { return default_options_; }
   // Weight format of the routed experts: "bf16" (or the source dtype), "paired-4:8-nvfp4", "nvfp4".
-  std::string expert_format = "bf16";
-  // Threads used inside one forward (experts, heads); 0 = moesq::num_threads(). Evaluation sets 1
-  // and parallelizes over windows instead.
-  int threads = 0;
+  const std::string& expert_format() const { return expert_format_; }
 
   std::vector<float>& embed_weight() { return embed_; }          // [V, H]
   std::vector<float>& final_norm_weight() { return final_norm_; }  // [H]
@@ -88,29 +93,32 @@ class Qwen3Moe {
   // tokens [T] → H [T, H]
   std::vector<float> embed(const std::vector<int32_t>& tokens) const;
   // h [T, H] in place: h += o_proj(attn(rmsnorm(h)))  (one causal sequence)
-  void attention_block(int64_t l, std::vector<float>& h, int64_t T) const;
+  void attention_block(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const;
   // x = post_attention_layernorm(h): [n, H] → [n, H]
   std::vector<float> moe_input(int64_t l, const std::vector<float>& h, int64_t n) const;
   Routes route(int64_t l, const std::vector<float>& x, int64_t n) const;
-  // Expert e on rows x [n, H] → y [n, H] (act_quant applies).
-  std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const;
+  // Expert e on rows x [n, H] → y [n, H] (fo.act_quant applies).
+  std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n, const ForwardOptions& fo) const;
   // Plain-loop twin of expert_forward (no BLAS): the oracle of the fast path.
-  std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n) const;
+  std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
+                                        const ForwardOptions& fo) const;
   // Plain-loop twin of attention_block.
   void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const;
   // Dense SwiGLU MLP of a non-MoE layer: x [n, H] → y [n, H] (no activation quantization).
   std::vector<float> dense_mlp(int64_t l, const std::vector<float>& x, int64_t n) const;
   // Weighted combine of routed experts: returns y [n, H] (not added to h).
-  std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r) const;
+  std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
+                               const ForwardOptions& fo) const;
   // h [T, H] → logits [T, V] (applies the final norm).
   std::vector<float> logits(const std::vector<float>& h, int64_t T) const;
 
   // Full forward of one sequence: tokens [T] → logits [T, V].
-  std::vector<float> forward(const std::vector<int32_t>& tokens, Trace* trace = nullptr) const;
+  std::vector<float> forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+                             Trace* trace = nullptr) const;
 
   // Mean negative log-likelihood (nats) over predicted tokens of one window; also returns count:
   // mean over t in [0, T-1) of -log softmax(logits[t])[tokens[t+1]]. Windows of < 2 tokens: Error.
-  double window_nll(const std::vector<int32_t>& tokens, int64_t* predicted) const;
+  double window_nll(const std::vector<int32_t>& tokens, const ForwardOptions& fo, int64_t* predicted) const;
 
  private:
   io::ModelSpec spec_;
@@ -118,6 +126,8 @@ class Qwen3Moe {
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;  // [H]
   std::vector<float> lm_head_;     // [V, H]
+  ForwardOptions default_options_;
+  std::string expert_format_ = "bf16";
   friend class ModelLoader;
 };
 
@@ -128,8 +138,5 @@ class Qwen3Moe {
 // pipeline (targets Y_e, down_proj inputs, reconstruction errors) share this one path.
 std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
                                   const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr);
-
-// Name of an expert projection tensor in HF layout (without ".weight").
-std::string expert_prefix(int64_t layer, int64_t expert, const char* proj);  // proj: gate_proj|up_proj|down_proj
 
 }  // namespace moesq::model

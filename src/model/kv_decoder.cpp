@@ -1,4 +1,4 @@
-#include "model/decode.h"
+#include "model/kv_decoder.h"
 
 #include <cmath>
 
@@ -21,7 +21,8 @@ void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows,
 
 }  // namespace
 
-Decoder::Decoder(const Qwen3Moe& m, int64_t max_len) : m_(m), max_len_(max_len) {
+KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo)
+    : m_(m), fo_(fo), max_len_(max_len) {
   const auto& s = m.spec();
   k_cache_.assign(static_cast<size_t>(s.num_layers),
                   std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
@@ -29,7 +30,7 @@ Decoder::Decoder(const Qwen3Moe& m, int64_t max_len) : m_(m), max_len_(max_len) 
   rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_);
 }
 
-std::vector<float> Decoder::step(int32_t token) {
+std::vector<float> KvDecoder::step(int32_t token) {
   MOESQ_CHECK(pos_ < max_len_, "decoder: sequence longer than its max length ", max_len_);
   const auto& s = m_.spec();
   const int64_t H = s.hidden_size, nh = s.num_heads, nkv = s.num_kv_heads, hd = s.head_dim;
@@ -78,7 +79,7 @@ std::vector<float> Decoder::step(int32_t token) {
     for (int64_t i = 0; i < H; ++i) h[i] += o[i];
     const std::vector<float> xm = m_.moe_input(l, h, 1);
     const Routes r = m_.route(l, xm, 1);
-    const std::vector<float> y = m_.moe_block(l, xm, r);
+    const std::vector<float> y = m_.moe_block(l, xm, r, fo_);
     for (int64_t i = 0; i < H; ++i) h[i] += y[i];
   }
   ++pos_;

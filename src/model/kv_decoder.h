@@ -10,15 +10,17 @@
 
 namespace moesq::model {
 
-class Decoder {
+class KvDecoder {
  public:
-  Decoder(const Qwen3Moe& m, int64_t max_len);
+  // fo: how the MoE layers run (act quant; fo.threads inside each step's expert pass).
+  KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo);
   // Appends `token` at the next position and returns the logits for the following token, [V].
   std::vector<float> step(int32_t token);
   int64_t position() const { return pos_; }
 
  private:
   const Qwen3Moe& m_;
+  ForwardOptions fo_;
   int64_t max_len_, pos_ = 0;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [L][max_len, nkv·hd]
   std::vector<float> cos_, sin_;                       // [max_len, hd/2] RoPE tables

@@ -1,7 +1,7 @@
-// Writes a compressed checkpoint directory (docs/FORMAT.md): non-expert tensors copied unchanged,
-// routed-expert projections as packed NVFP4 tensors, config.json with `quantization_config`, any
-// other files of the source directory (tokenizer, generation config) copied, and report.json.
-// Everything is built in a temporary sibling directory and renamed into place at the end.
+// Writes the result of compress_model: the compressed checkpoint itself through
+// io::write_compressed_checkpoint (docs/FORMAT.md), plus report.json (method, measured bits/weight,
+// per-expert tokens, errors and refinement curves). Everything is built in a temporary sibling
+// directory and renamed into place at the end (AtomicDir).
 #pragma once
 #include <string>
 
@@ -23,8 +23,5 @@ struct ExportSummary {
 // `extra` is merged into report.json (command line, calibration source, …).
 ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& r, const CompressOptions& opt,
                                const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra);
-
-// True for `model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.*`
-bool is_expert_tensor(const std::string& name);
 
 }  // namespace moesq::compress

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/decode.h"
+#include "model/kv_decoder.h"
 #include "model/qwen3_moe.h"
 
 namespace {
@@ -16,16 +16,16 @@ namespace {
 // whose magnitude is ~10, propagated through 4 layers.
 constexpr float kLogitAtol = 2e-3f;
 
-TEST(ModelDecode, StepLogitsMatchFullForward) {
+TEST(ModelKvDecoder, StepLogitsMatchFullForward) {
   moesq::io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
   moesq::model::Qwen3Moe m(ckpt);
   moesq::io::SafetensorsFile ref(std::string(MOESQ_FIXTURES) + "/tiny-reference.safetensors");
   const std::vector<float> ids = moesq::io::to_f32(ref.get("input_ids"));
   const int64_t T = 48;
   std::vector<int32_t> tokens(ids.begin(), ids.begin() + T);
-  const std::vector<float> full = m.forward(tokens);  // [T, V]
+  const std::vector<float> full = m.forward(tokens, m.default_forward_options());  // [T, V]
   const int64_t V = m.spec().vocab_size;
-  moesq::model::Decoder dec(m, T);
+  moesq::model::KvDecoder dec(m, T, m.default_forward_options());
   float worst = 0;
   int64_t worst_t = -1;
   for (int64_t t = 0; t < T; ++t) {

@@ -1,4 +1,5 @@
-// The relaxed paired 4:8 support of moesq refinement (paper 002 §3.2, Eq. 2) and its backward:
+// The Gumbel-softmax pattern mask: the relaxed paired 4:8 support of moesq refinement (paper 002
+// §3.2, Eq. 2), its backward, and the counter-based random numbers it draws:
 // pattern logits A [R, 6] (one row per group of 8 weights along K) → Gumbel-softmax weights
 // π [R, 6] → soft mask Z [R, 8] = Σ_p π_p ρ_p → soft-masked weights Y = Z ⊙ V.
 //
@@ -8,7 +9,7 @@
 // distributions (implementation-defined across standard libraries) are never used.
 //
 // These are small elementwise loops shared by the fast float path and the float64 reference of
-// refine_expert_grad.h, hence templates on the scalar type T.
+// refine/objective.h, hence templates on the scalar type T.
 #pragma once
 #include <array>
 #include <cmath>

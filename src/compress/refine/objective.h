@@ -8,7 +8,7 @@
 // Backward, written out (no autograd): dŶ = 2 w ⊙ (Ŷ − Y_ref)·inv_norm; dW̃_down = dŶᵀ·Q_a(h);
 // dh = dŶ·W̃_down (STE through Q_a); da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a);
 // d[W̃_gate; W̃_up] = [da|db]ᵀ·Xq; then dY = dW̃ (STE through Q_w, scales held constant) and the
-// softmax Jacobian of refine_support.h gives dA and dV.
+// softmax Jacobian of refine/gumbel_mask.h gives dA and dV.
 //
 // Non-obvious decision: gate and up are quantized with ONE shared tensor scale γ (Eq. 5 over the
 // amax of both), exactly as they are packed for the fused gate|up GEMM; their latent weights are

@@ -4,7 +4,7 @@
 #pragma once
 #include <cblas.h>
 
-namespace moesq::model {
+namespace moesq {
 
 struct ScopedBlasSingleThread {
 #ifdef OPENBLAS_VERSION
@@ -14,4 +14,4 @@ struct ScopedBlasSingleThread {
 #endif
 };
 
-}  // namespace moesq::model
+}  // namespace moesq

@@ -1,40 +1,20 @@
-#include "compress/export.h"
+#include "compress/report.h"
 
-#include "compress/refine.h"
+#include "compress/refine/options.h"
 
 #include <cmath>
 #include <filesystem>
-#include <regex>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "model/qwen3_moe.h"
+#include "io/compressed_checkpoint.h"
 
 namespace fs = std::filesystem;
 
 namespace moesq::compress {
 
-bool is_expert_tensor(const std::string& name) {
-  static const std::regex re(R"(^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\..*)");
-  return std::regex_match(name, re);
-}
-
 namespace {
-
-void add_packed(io::SafetensorsWriter& w, const std::string& prefix, const PackedProj& p) {
-  const int64_t N = p.N(), K = p.K();
-  const float gs = p.global_scale();
-  if (p.sparse) {
-    w.add(prefix + ".weight_packed", io::DType::U8, {N, K / 4}, p.s.values.data(), p.s.values.size());
-    w.add(prefix + ".weight_meta", io::DType::U8, {N, K / 16}, p.s.meta.data(), p.s.meta.size());
-    w.add(prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 32}, p.s.scales.data(), p.s.scales.size());
-  } else {
-    w.add(prefix + ".weight_packed", io::DType::U8, {N, K / 2}, p.d.values.data(), p.d.values.size());
-    w.add(prefix + ".weight_scale", io::DType::F8_E4M3, {N, K / 16}, p.d.scales.data(), p.d.scales.size());
-  }
-  w.add(prefix + ".weight_global_scale", io::DType::F32, {1}, &gs, sizeof(float));
-}
 
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
@@ -47,46 +27,16 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   const bool sparse = method_is_sparse(opt.method);
   progress("export", "writing " + out_dir);
 
-  io::SafetensorsWriter w;
-  for (const std::string& name : src.names()) {
-    if (is_expert_tensor(name)) continue;
-    const io::TensorView& t = src.get(name);
-    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-  }
-  for (size_t l = 0; l < r.experts.size(); ++l)
-    for (size_t e = 0; e < r.experts[l].size(); ++e)
-      for (int p = 0; p < 3; ++p)
-        add_packed(w, model::expert_prefix(static_cast<int64_t>(l), static_cast<int64_t>(e), kProjNames[p]),
-                   r.experts[l][e].proj[p]);
-  io::write_checkpoint_tensors(dir.path(), w);
-
-  nlohmann::json cfg = src.config();
-  const int block = sparse ? format::kSparseScaleBlock : format::kDenseScaleBlock;
-  cfg["quantization_config"] = {
-      {"quant_method", "moesq"},
-      {"format", sparse ? "paired-4:8-nvfp4" : "nvfp4"},
-      {"method", method_name(opt.method)},
-      {"weight_block_size", block},
-      {"input_activations", {{"type", "nvfp4"}, {"block_size", block}, {"dynamic", true}}},
-      {"targets", {"routed_experts"}},
-  };
-  write_file_atomic((fs::path(dir.path()) / "config.json").string(), cfg.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
-  for (const auto& entry : fs::directory_iterator(src.dir())) {
-    const std::string fn = entry.path().filename().string();
-    if (!entry.is_regular_file() || fn == "config.json" || fn == "model.safetensors.index.json" ||
-        entry.path().extension() == ".safetensors")
-      continue;
-    fs::copy_file(entry.path(), fs::path(dir.path()) / fn, fs::copy_options::overwrite_existing);
-  }
+  io::write_compressed_checkpoint(
+      src,
+      [&](int64_t l, int64_t e, io::ExpertProj p) -> const format::PackedWeight& {
+        return r.experts.at(static_cast<size_t>(l)).at(static_cast<size_t>(e)).proj[static_cast<size_t>(p)];
+      },
+      sparse, method_name(opt.method), dir.path());
 
   // Measure bits/weight from the bytes actually written: reopen the files.
   ExportSummary sum;
-  {
-    io::Checkpoint written(dir.path());
-    for (const std::string& name : written.names())
-      if (is_expert_tensor(name)) sum.expert_bytes += static_cast<int64_t>(written.get(name).nbytes);
-  }
+  sum.expert_bytes = io::expert_tensor_bytes(io::Checkpoint(dir.path()));
   sum.expert_weights = spec.num_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_intermediate_size;
   sum.bits_per_expert_weight = 8.0 * static_cast<double>(sum.expert_bytes) / static_cast<double>(sum.expert_weights);
 
@@ -125,7 +75,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"layers", layers},
   };
   if (opt.method == Method::Moesq)
-    sum.report["refine_options"] = refine_options_to_json(refine_options_from_json(opt.refine));
+    sum.report["refine_options"] = refine_options_to_json(opt.refine);
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
   write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   dir.commit();

@@ -1,6 +1,6 @@
-// Lion with decoupled weight decay and the refinement schedules (see refine_lion.h). The fast and
+// Lion with decoupled weight decay and the refinement schedules (see refine/lion.h). The fast and
 // reference steps differ only in precision of the intermediate c; the tests compare both.
-#include "compress/refine_lion.h"
+#include "compress/refine/lion.h"
 
 #include <cmath>
 

@@ -1,27 +1,23 @@
 // Refinement objective of one expert: fast float path (cblas_sgemm) and plain-loop reference.
-// See refine_expert_grad.h for the equations. The one non-obvious decision here: activations are
+// See refine/objective.h for the equations. The one non-obvious decision here: activations are
 // processed in micro-batches with the weight gradients ACCUMULATED (GEMM beta = 1), so memory is
 // bounded by the micro-batch while the optimizer step sees the whole batch; the loss normalization
 // (inv_norm) is fixed per batch by the caller, so micro-batching does not change the math.
-#include "compress/refine_expert_grad.h"
+#include "compress/refine/objective.h"
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "compress/refine_support.h"
+#include "compress/refine/gumbel_mask.h"
 #include "core/error.h"
+#include "core/swiglu.h"
 #include "format/nvfp4.h"
 
 namespace moesq::compress::refine {
 
 namespace {
-
-template <typename T>
-inline T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
 
 template <typename T>
 void check_shapes(const ObjectiveInput<T>& in, const std::array<ProjState<T>, 3>& P) {
@@ -91,7 +87,7 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
   for (int64_t i = 0; i < mm; ++i) {
     const float* a = &ws.gu[i * I2];
     float* h = &ws.h[i * I];
-    for (int64_t c = 0; c < I; ++c) h[c] = a[c] * sigmoid(a[c]) * a[I + c];
+    for (int64_t c = 0; c < I; ++c) h[c] = silu_mul_with_sigmoid(a[c], sigmoid(a[c]), a[I + c]);
     if (quant) format::quantize_activation_row(h, I, in.act_block);  // Q_a(h), STE below
   }
   // Ŷ = Q_a(h) · W_downᵀ   [mm, H]
@@ -138,10 +134,8 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
 }  // namespace
 
 std::array<float, 2> quantize_weights(float* Y_gu, int64_t I, int64_t H, float* Y_down) {
-  float amax_gu = 0.0f, amax_d = 0.0f;
-  for (int64_t i = 0; i < 2 * I * H; ++i) amax_gu = std::max(amax_gu, std::fabs(Y_gu[i]));
-  for (int64_t i = 0; i < H * I; ++i) amax_d = std::max(amax_d, std::fabs(Y_down[i]));
-  const float g_gu = format::nvfp4_tensor_scale(amax_gu), g_d = format::nvfp4_tensor_scale(amax_d);
+  const float g_gu = format::gate_up_tensor_scale(Y_gu, Y_gu + I * H, I * H);
+  const float g_d = format::nvfp4_tensor_scale(format::amax_abs(Y_down, H * I));
   format::nvfp4_fake_quant_blocks(Y_gu, 2 * I * H, format::kSparseScaleBlock, g_gu);
   format::nvfp4_fake_quant_blocks(Y_down, H * I, format::kSparseScaleBlock, g_d);
   return {g_gu, g_d};
@@ -236,7 +230,7 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
       }
       a[i * I + c] = sa;
       b[i * I + c] = sb;
-      hq[i * I + c] = sa * sigmoid(sa) * sb;
+      hq[i * I + c] = silu_mul_with_sigmoid(sa, sigmoid(sa), sb);
     }
   if (mode == QuantMode::kSte) {
     if (res) res->h.resize(m * I);

@@ -12,45 +12,17 @@
 //    on (seed, ExpertData::stream, step), so a run is bitwise reproducible from the seed whatever the
 //    order in which the caller's threads pick experts up.
 //  * refine_expert is single-threaded apart from BLAS: the caller runs the experts of a layer in
-//    parallel (DESIGN.md §5). The per-step math lives in refine_expert_grad.h behind one function,
+//    parallel (DESIGN.md §5). The per-step math lives in refine/objective.h behind one function,
 //    objective_grad, which is what a GPU version would replace.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "compress/refine/options.h"
 #include "format/nvfp4.h"
 
 namespace moesq::compress {
-
-struct RefineOptions {
-  int p = 2;              // router weighting of Eq. 4: row weight g^p (2 = moesq; 0 = uniform ablation)
-  bool update_A = true;   // false: "V only" ablation, the support stays the prior (SGPTQ) one
-  int epochs = 10;        // passes over the expert's training rows
-  int64_t batch = 256;    // rows per optimizer step
-  int64_t micro_batch = 64;  // rows per GEMM pass (gradients accumulated; bounds memory only)
-  // Lion learning rates. Defaults: paper Table 4 (Qwen3-30B-A3B), tuned there for thousands of
-  // steps per expert. Lion moves every parameter by ±lr per step, so a run of tens of steps needs
-  // larger rates: on the tiny model (layer 0 and 3 experts, ~1300 rows each) the measured best
-  // were lr_A = 1e-3, lr_V = 5e-4 for 2–10 epochs (issue 3 report has the sweep).
-  double lr_A = 2.5e-4, lr_V = 5e-5;
-  double beta1 = 0.9, beta2 = 0.95, weight_decay = 1.0;  // Lion (decoupled weight decay)
-  double lr_final_frac = 0.1;         // cosine decay to this fraction of the initial lr
-  double tau0 = 2.0, tau1 = 0.05;     // Gumbel temperature τ, linear over the steps
-  double kappa0 = 100, kappa1 = 500;  // logit scale κ in softmax((κA + G)/τ), linear over the steps
-  double sigma = 0.01, s = 4;         // prior init A = σ·(ε + s·(overlap − mean overlap))
-  double heldout_fraction = 0.1;      // rows kept out of training for the curves and final losses
-  uint64_t seed = 0;
-  int act_block = format::kActScaleBlock;  // Q_a block (32 for paired 4:8 experts)
-  // When the refined expert is worse on the held-out rows than the initial packed tensors (if the
-  // caller gave them), return the initial ones (note says so). Off by default: the paper does not.
-  bool keep_init_if_worse = false;
-  // Experts with fewer calibration rows than this are not refined (treated like an expert without
-  // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
-  int64_t min_rows = 0;
-};
 
 // The cached calibration data of one expert (paper §3.4): inputs, router weights, dense targets.
 struct ExpertData {
@@ -89,12 +61,6 @@ struct RefineResult {
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };
-
-// Options ↔ JSON (the report's "refine_options" and the pipeline's option object). Keys are the
-// field names above; missing keys keep their defaults; an unknown key or a wrong type is an Error
-// naming the key (a typo must not silently fall back to a default).
-RefineOptions refine_options_from_json(const nlohmann::json& j);
-nlohmann::json refine_options_to_json(const RefineOptions& o);
 
 // Refines one expert. Shapes: gate/up V0 [I, H], down V0 [H, I]; H and I multiples of 32.
 // Errors (moesq::Error) name the option or the tensor at fault.

@@ -1,0 +1,357 @@
+// The refinement loop of one expert (refine/loop.h): data preparation (Q_a on the inputs once, g^p row
+// weights, held-out split), the optimizer loop (batches, Gumbel noise, schedules, Lion), the
+// per-epoch curves and the final argmax + pack (Algorithm 1 lines 17–18).
+// Non-obvious decision: the inputs are activation-quantized ONCE for all rows (Q_a of a row does
+// not depend on the parameters) and every batch is gathered into contiguous buffers, so the
+// per-step cost is the five GEMMs of refine/objective.cpp plus O(weights) elementwise work.
+#include "compress/refine/loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+#include "compress/refine/objective.h"
+#include "compress/refine/lion.h"
+#include "compress/refine/gumbel_mask.h"
+#include "core/error.h"
+
+namespace moesq::compress {
+
+using namespace refine;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Flush-to-zero + denormals-are-zero for the calling thread while an expert is refined (restored
+// on exit): sharpened softmaxes and decaying Lion momenta otherwise drift into denormals, which
+// cost ~100× per operation on x86. Values that small carry no information for this optimizer.
+class DenormalGuard {
+ public:
+#if defined(__SSE__)
+  DenormalGuard() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ | DAZ
+  ~DenormalGuard() { _mm_setcsr(saved_); }
+ private:
+  unsigned saved_;
+#endif
+};
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Rows `idx` of the prepared data, gathered contiguously.
+struct Rows {
+  std::vector<float> X, Y, w;  // [m, H], [m, H], [m]
+  double inv_norm = 0.0;       // 1 / (Σ w · H); 0 when Σ w = 0
+  int64_t m = 0;
+};
+void gather(const std::vector<float>& Xq, const float* Y_ref, const std::vector<float>& w,
+            const int64_t* idx, int64_t m, int64_t H, Rows& out) {
+  out.m = m;
+  out.X.resize(m * H);
+  out.Y.resize(m * H);
+  out.w.resize(m);
+  double sum_w = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t r = idx[i];
+    std::copy_n(&Xq[r * H], H, &out.X[i * H]);
+    std::copy_n(Y_ref + r * H, H, &out.Y[i * H]);
+    out.w[i] = w[r];
+    sum_w += w[r];
+  }
+  out.inv_norm = sum_w > 0 ? 1.0 / (sum_w * static_cast<double>(H)) : 0.0;
+}
+
+ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_block) {
+  ObjectiveInput<float> in;
+  in.m = r.m;
+  in.H = H;
+  in.I = I;
+  in.X = r.X.data();
+  in.Y_ref = r.Y.data();
+  in.w = r.w.data();
+  in.inv_norm = r.inv_norm;
+  in.act_block = act_block;
+  return in;
+}
+
+// Fisher–Yates with counter-based uniforms: a permutation of [0, n) from `key`.
+std::vector<int64_t> permutation(int64_t n, uint64_t key) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng_uniform(key, static_cast<uint64_t>(i)) * (i + 1));
+    std::swap(p[i], p[std::min(j, i)]);
+  }
+  return p;
+}
+
+// Packs the final (or initial) solution: patterns [R] per projection, values V; gate and up with the
+// one shared γ of format::gate_up_tensor_scale over their latent V (the same rule as every other
+// method), down with its own Eq. 5 γ over V.
+void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector<uint8_t>, 3>& pat,
+          RefineResult& res) {
+  const float g_gu = format::gate_up_tensor_scale(P[kGate].V.data(), P[kUp].V.data(), P[kGate].N * P[kGate].K);
+  const float g_d = format::nvfp4_tensor_scale(format::amax_abs(P[kDown].V.data(), P[kDown].N * P[kDown].K));
+  res.gate = format::sparse48_quantize(P[kGate].V.data(), P[kGate].N, P[kGate].K, pat[kGate].data(),
+                                       g_gu, "refine gate_proj");
+  res.up = format::sparse48_quantize(P[kUp].V.data(), P[kUp].N, P[kUp].K, pat[kUp].data(), g_gu,
+                                     "refine up_proj");
+  res.down = format::sparse48_quantize(P[kDown].V.data(), P[kDown].N, P[kDown].K, pat[kDown].data(),
+                                       g_d, "refine down_proj");
+}
+
+double packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
+                   const format::Sparse48Tensor& d, const Rows& rows, int64_t H, int64_t I,
+                   const RefineOptions& o, ObjectiveWorkspace& ws) {
+  std::vector<float> Wg(I * H), Wu(I * H), Wd(H * I);
+  format::sparse48_dequantize(g, Wg.data());
+  format::sparse48_dequantize(u, Wu.data());
+  format::sparse48_dequantize(d, Wd.data());
+  return expert_loss(input_of(rows, H, I, o.act_block), Wg.data(), Wu.data(), Wd.data(), true,
+                     o.micro_batch, ws);
+}
+
+}  // namespace
+
+namespace {
+
+// One refinement run, stage by stage (refine_expert below): the initial state, the prepared rows,
+// the optimizer loop with its per-epoch curves, and the finish (argmax, pack, keep-initial policy).
+class ExpertRefinement {
+ public:
+  ExpertRefinement(const ExpertData& data, const ProjInit& gate, const ProjInit& up, const ProjInit& down,
+                   const RefineOptions& o)
+      : data_(data), init_{&gate, &up, &down}, o_(o), H_(data.H), I_(data.I) {}
+
+  // Shapes, V0 and the prior patterns of the three projections (Error naming the one at fault).
+  void load_initial_state() {
+    const int64_t n = data_.n, H = H_, I = I_;
+    MOESQ_CHECK(n >= 0 && H > 0 && I > 0, "refine: bad expert shape n=", n, " H=", H, " I=", I);
+    MOESQ_CHECK(H % format::kSparseScaleBlock == 0 && I % format::kSparseScaleBlock == 0,
+                "refine: H=", H, " and I=", I, " must be multiples of ", format::kSparseScaleBlock);
+    static const char* names[3] = {"gate_proj", "up_proj", "down_proj"};
+    const int64_t N_of[3] = {I, I, H}, K_of[3] = {H, H, I};
+    for (int j = 0; j < 3; ++j) {
+      const ProjInit& in = *init_[j];
+      MOESQ_CHECK(in.V0 && in.prior, "refine: ", names[j], " has no initial V0/patterns");
+      if (in.packed)
+        MOESQ_CHECK(in.packed->N == N_of[j] && in.packed->K == K_of[j], "refine: ", names[j],
+                    " initial packed tensor is [", in.packed->N, ", ", in.packed->K, "], expected [", N_of[j],
+                    ", ", K_of[j], "]");
+      P_[j].N = N_of[j];
+      P_[j].K = K_of[j];
+      P_[j].V.assign(in.V0, in.V0 + N_of[j] * K_of[j]);
+      prior_[j].assign(in.prior, in.prior + P_[j].groups());
+      for (uint8_t pid : prior_[j])
+        MOESQ_CHECK(pid < kNumPatterns, "refine: ", names[j], " prior pattern id ", int(pid), " is not in [0, 6)");
+    }
+    all_packed_ = init_[0]->packed && init_[1]->packed && init_[2]->packed;
+  }
+
+  // Experts without (enough) rows are not refined: the initial solution is returned.
+  bool skip(RefineResult& res) {
+    const int64_t n = data_.n;
+    if (!(n == 0 || n < o_.min_rows)) return false;
+    const std::string why = n == 0 ? std::string("no calibration rows")
+                                   : detail::concat(n, " calibration rows < min_rows=", o_.min_rows);
+    return_init(why + (all_packed_ ? ": kept the SGPTQ solution" : ": initial solution re-packed"), res);
+    res.skipped = true;
+    return true;
+  }
+
+  // Q_a on the inputs, once; router-weighted row weights g^p (Eq. 4); the held-out split.
+  void prepare_rows(RefineResult& res) {
+    const int64_t n = data_.n, H = H_;
+    MOESQ_CHECK(data_.X && data_.g && data_.Y_ref, "refine: expert stream ", data_.stream, " has n=", n,
+                " rows but no X/g/Y_ref");
+    Xq_.assign(data_.X, data_.X + n * H);
+    for (int64_t i = 0; i < n; ++i) format::quantize_activation_row(&Xq_[i * H], H, o_.act_block);
+    w_.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      MOESQ_CHECK(std::isfinite(data_.g[i]) && data_.g[i] >= 0, "refine: router weight g[", i, "] = ", data_.g[i],
+                  " of expert stream ", data_.stream, " is not a finite value >= 0");
+      w_[i] = o_.p == 0 ? 1.0f : static_cast<float>(std::pow(static_cast<double>(data_.g[i]), o_.p));
+    }
+    const std::vector<int64_t> perm = permutation(n, rng_key(o_.seed, data_.stream, kRngSplit, 0, 0));
+    n_held_ = static_cast<int64_t>(std::floor(o_.heldout_fraction * static_cast<double>(n)));
+    n_held_ = std::min(n_held_, n - 1);
+    const std::vector<int64_t> held(perm.begin(), perm.begin() + n_held_);
+    train_.assign(perm.begin() + n_held_, perm.end());
+    res.train_rows = static_cast<int64_t>(train_.size());
+    res.heldout_rows = n_held_;
+    if (n_held_ == 0 && o_.heldout_fraction > 0) res.note = "too few rows to hold out: curves on the training rows";
+    const std::vector<int64_t>& eval_idx = n_held_ > 0 ? held : train_;
+    gather(Xq_, data_.Y_ref, w_, eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H, eval_rows_);
+  }
+
+  // Parameters: A from the prior (Eq. 2 init), V = V0; Lion momenta; the initial held-out loss.
+  void init_parameters(RefineResult& res) {
+    for (int j = 0; j < 3; ++j) {
+      if (o_.update_A) {
+        P_[j].A.resize(P_[j].groups() * kNumPatterns);
+        prior_logits(prior_[j].data(), P_[j].groups(), o_.sigma, o_.s,
+                     rng_key(o_.seed, data_.stream, kRngPriorInit, 0, j), P_[j].A.data());
+      } else {
+        fixed_[j] = prior_[j].data();
+      }
+    }
+    for (int j = 0; j < 3; ++j) {
+      mom_A_[j].assign(P_[j].A.size(), 0.0f);
+      mom_V_[j].assign(P_[j].V.size(), 0.0f);
+    }
+    if (all_packed_) {
+      res.init_hard_loss = packed_loss(*init_[0]->packed, *init_[1]->packed, *init_[2]->packed, eval_rows_, H_, I_,
+                                       o_, ws_);
+    } else {
+      res.init_hard_loss = eval_loss(true, o_.kappa0, o_.tau0);
+    }
+  }
+
+  // Algorithm 1 lines 7–16: epochs of shuffled batches, Gumbel noise, annealed κ and τ, Lion; the
+  // held-out soft and hard losses after each epoch.
+  void optimize(RefineResult& res) {
+    const LionConfig lion{o_.beta1, o_.beta2, o_.weight_decay};
+    const int64_t n_train = static_cast<int64_t>(train_.size());
+    const int64_t steps_per_epoch = (n_train + o_.batch - 1) / o_.batch;
+    const int64_t num_steps = steps_per_epoch * o_.epochs;
+    std::array<ProjState<float>, 3> grad;
+    std::array<std::vector<float>, 3> G;
+    Rows batch;
+    int64_t t = 0;
+    double kappa = o_.kappa0, tau = o_.tau0;
+    for (int epoch = 0; epoch < o_.epochs; ++epoch) {
+      const auto t_epoch = Clock::now();
+      const std::vector<int64_t> order = permutation(n_train, rng_key(o_.seed, data_.stream, kRngShuffle, epoch, 0));
+      std::vector<int64_t> idx(n_train);
+      for (int64_t i = 0; i < n_train; ++i) idx[i] = train_[order[i]];
+      for (int64_t b0 = 0; b0 < n_train; b0 += o_.batch, ++t) {
+        gather(Xq_, data_.Y_ref, w_, &idx[b0], std::min(o_.batch, n_train - b0), H_, batch);
+        kappa = linear_schedule(o_.kappa0, o_.kappa1, t, num_steps);
+        tau = linear_schedule(o_.tau0, o_.tau1, t, num_steps);
+        ObjectiveInput<float> in = input_of(batch, H_, I_, o_.act_block);
+        in.kappa = kappa;
+        in.tau = tau;
+        in.fixed = fixed_;
+        for (int j = 0; j < 3; ++j) {
+          if (fixed_[j]) continue;
+          G[j].resize(P_[j].A.size());
+          gumbel_noise(P_[j].groups(), rng_key(o_.seed, data_.stream, kRngGumbel, t, j), G[j].data());
+          in.G[j] = G[j].data();
+        }
+        objective_grad(in, P_, true, o_.micro_batch, &grad, ws_);
+        const double lr_A = cosine_lr(o_.lr_A, o_.lr_final_frac, t, num_steps);
+        const double lr_V = cosine_lr(o_.lr_V, o_.lr_final_frac, t, num_steps);
+        for (int j = 0; j < 3; ++j) {
+          if (!fixed_[j])
+            lion_step(P_[j].A.data(), mom_A_[j].data(), grad[j].A.data(), static_cast<int64_t>(P_[j].A.size()), lr_A,
+                      lion);
+          lion_step(P_[j].V.data(), mom_V_[j].data(), grad[j].V.data(), static_cast<int64_t>(P_[j].V.size()), lr_V,
+                    lion);
+        }
+      }
+      res.curves.epoch_seconds.push_back(seconds_since(t_epoch));
+      res.curves.soft_loss.push_back(eval_loss(false, kappa, tau));
+      res.curves.hard_loss.push_back(eval_loss(true, kappa, tau));
+    }
+    res.steps = t;
+  }
+
+  // Algorithm 1 lines 17–18: argmax patterns, recompute scales, pack; optionally keep the initial
+  // solution when it is better on the held-out rows.
+  void finish(RefineResult& res) {
+    const std::array<std::vector<uint8_t>, 3> pat = current_patterns();
+    int64_t changed = 0, total = 0;
+    for (int j = 0; j < 3; ++j)
+      for (size_t r = 0; r < pat[j].size(); ++r, ++total) changed += pat[j][r] != prior_[j][r];
+    res.pattern_change = total ? static_cast<double>(changed) / static_cast<double>(total) : 0.0;
+    pack(P_, pat, res);
+    res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, ws_);
+    if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
+      return_init("refined expert worse on held-out rows than SGPTQ: kept the SGPTQ solution", res);
+      res.final_hard_loss = res.init_hard_loss;
+      res.pattern_change = 0.0;
+    }
+  }
+
+ private:
+  void return_init(const std::string& why, RefineResult& res) {
+    if (all_packed_) {
+      res.gate = *init_[0]->packed;
+      res.up = *init_[1]->packed;
+      res.down = *init_[2]->packed;
+    } else {
+      pack(P_, prior_, res);
+    }
+    res.note = why;
+  }
+
+  std::array<std::vector<uint8_t>, 3> current_patterns() const {
+    std::array<std::vector<uint8_t>, 3> pat;
+    for (int j = 0; j < 3; ++j) {
+      if (!o_.update_A) {
+        pat[j] = prior_[j];
+        continue;
+      }
+      pat[j].resize(P_[j].groups());
+      hard_mask(P_[j].A.data(), P_[j].groups(), pat[j].data(), static_cast<float*>(nullptr));
+    }
+    return pat;
+  }
+
+  double eval_loss(bool hard, double kappa, double tau) {
+    ObjectiveInput<float> in = input_of(eval_rows_, H_, I_, o_.act_block);
+    in.kappa = kappa;
+    in.tau = tau;
+    std::array<std::vector<uint8_t>, 3> pat;
+    if (hard) {
+      pat = current_patterns();
+      for (int j = 0; j < 3; ++j) in.fixed[j] = pat[j].data();
+    } else {
+      in.fixed = fixed_;
+    }
+    return objective_grad(in, P_, true, o_.micro_batch, nullptr, ws_);
+  }
+
+  const ExpertData& data_;
+  const std::array<const ProjInit*, 3> init_;
+  const RefineOptions& o_;
+  const int64_t H_, I_;
+  std::array<ProjState<float>, 3> P_;             // A [R, 6] and V [N, K] of gate, up, down
+  std::array<std::vector<uint8_t>, 3> prior_;     // [R] initial (SGPTQ) patterns
+  std::array<const uint8_t*, 3> fixed_{};         // support held at the prior (V-only ablation)
+  std::array<std::vector<float>, 3> mom_A_, mom_V_;  // Lion momenta
+  bool all_packed_ = false;
+  std::vector<float> Xq_, w_;                     // [n, H] Q_a(X), [n] g^p
+  std::vector<int64_t> train_;                    // training row ids
+  int64_t n_held_ = 0;
+  Rows eval_rows_;                                // held-out rows (or training rows if none)
+  ObjectiveWorkspace ws_;
+};
+
+}  // namespace
+
+RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const ProjInit& up,
+                           const ProjInit& down, const RefineOptions& o) {
+  const auto t_start = Clock::now();
+  const DenormalGuard denormal_guard;
+  validate(o);
+  ExpertRefinement run(data, gate, up, down, o);
+  run.load_initial_state();
+  RefineResult res;
+  if (!run.skip(res)) {
+    run.prepare_rows(res);
+    run.init_parameters(res);
+    run.optimize(res);
+    run.finish(res);
+  }
+  res.seconds = seconds_since(t_start);
+  return res;
+}
+
+}  // namespace moesq::compress

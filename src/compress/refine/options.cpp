@@ -1,0 +1,89 @@
+// RefineOptions: the range checks (once, before any work) and the report's JSON mapping.
+#include "compress/refine/options.h"
+
+#include <type_traits>
+
+#include "core/error.h"
+
+namespace moesq::compress {
+
+void validate(const RefineOptions& o) {
+  MOESQ_CHECK(o.p >= 0, "refine: --objective weight power p=", o.p, " must be >= 0");
+  MOESQ_CHECK(o.epochs >= 0, "refine: --epochs=", o.epochs, " must be >= 0");
+  MOESQ_CHECK(o.batch > 0 && o.micro_batch > 0, "refine: batch=", o.batch, " and micro-batch=",
+              o.micro_batch, " must be positive");
+  MOESQ_CHECK(o.lr_A >= 0 && o.lr_V >= 0 && o.lr_final_frac >= 0, "refine: learning rates lr_A=",
+              o.lr_A, " lr_V=", o.lr_V, " final fraction=", o.lr_final_frac, " must be >= 0");
+  MOESQ_CHECK(o.tau0 > 0 && o.tau1 > 0, "refine: temperatures τ0=", o.tau0, " τ1=", o.tau1,
+              " must be positive");
+  MOESQ_CHECK(o.heldout_fraction >= 0 && o.heldout_fraction < 1,
+              "refine: held-out fraction ", o.heldout_fraction, " must be in [0, 1)");
+  MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
+  MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
+}
+
+namespace {
+
+// Every option with its JSON key, once: both directions of the JSON mapping walk this list.
+template <typename Fn>
+void for_each_option(RefineOptions& o, Fn&& fn) {
+  fn("p", o.p);
+  fn("update_A", o.update_A);
+  fn("epochs", o.epochs);
+  fn("batch", o.batch);
+  fn("micro_batch", o.micro_batch);
+  fn("lr_A", o.lr_A);
+  fn("lr_V", o.lr_V);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("weight_decay", o.weight_decay);
+  fn("lr_final_frac", o.lr_final_frac);
+  fn("tau0", o.tau0);
+  fn("tau1", o.tau1);
+  fn("kappa0", o.kappa0);
+  fn("kappa1", o.kappa1);
+  fn("sigma", o.sigma);
+  fn("s", o.s);
+  fn("heldout_fraction", o.heldout_fraction);
+  fn("seed", o.seed);
+  fn("act_block", o.act_block);
+  fn("keep_init_if_worse", o.keep_init_if_worse);
+  fn("min_rows", o.min_rows);
+}
+
+}  // namespace
+
+RefineOptions refine_options_from_json(const nlohmann::json& j) {
+  MOESQ_CHECK(j.is_null() || j.is_object(), "refine options: expected a JSON object, got ", j.dump());
+  RefineOptions o;
+  if (j.is_null()) return o;
+  size_t known = 0;
+  for_each_option(o, [&](const char* key, auto& field) {
+    if (!j.contains(key)) return;
+    ++known;
+    try {
+      field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
+    } catch (const nlohmann::json::exception& e) {
+      MOESQ_FAIL("refine options: key '", key, "' has a wrong value ", j.at(key).dump(), " (",
+                 e.what(), ")");
+    }
+  });
+  if (known != j.size()) {
+    RefineOptions probe;
+    for (const auto& [key, value] : j.items()) {
+      bool found = false;
+      for_each_option(probe, [&](const char* k, auto&) { found = found || key == k; });
+      MOESQ_CHECK(found, "refine options: unknown key '", key, "'");
+    }
+  }
+  return o;
+}
+
+nlohmann::json refine_options_to_json(const RefineOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  RefineOptions copy = o;
+  for_each_option(copy, [&](const char* key, auto& field) { j[key] = field; });
+  return j;
+}
+
+}  // namespace moesq::compress

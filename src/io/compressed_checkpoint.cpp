@@ -1,0 +1,164 @@
+#include "io/compressed_checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "format/nvfp4.h"
+
+namespace fs = std::filesystem;
+
+namespace moesq::io {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Raw bytes of a U8 / F8_E4M3 tensor with the expected dtype and shape.
+std::vector<uint8_t> get_bytes(const Checkpoint& ckpt, const std::string& name, DType dtype,
+                               const std::vector<int64_t>& shape) {
+  const TensorView& t = ckpt.get(name);
+  MOESQ_CHECK(t.dtype == dtype, "tensor ", name, " in ", ckpt.dir(), " has dtype ", dtype_name(t.dtype),
+              ", expected ", dtype_name(dtype));
+  MOESQ_CHECK(t.shape == shape, "tensor ", name, " in ", ckpt.dir(), " has shape ", t.shape_str(),
+              ", expected ", shape_str(shape));
+  return std::vector<uint8_t>(t.data, t.data + t.nbytes);
+}
+
+float get_global_scale(const Checkpoint& ckpt, const std::string& name) {
+  const std::vector<float> g = ckpt.get_f32(name, {1});
+  MOESQ_CHECK(std::isfinite(g[0]) && g[0] > 0.0f, "tensor ", name, " in ", ckpt.dir(), " holds global scale ",
+              g[0], ", expected a finite value > 0");
+  return g[0];
+}
+
+}  // namespace
+
+QuantizationConfig read_quantization_config(const Checkpoint& ckpt) {
+  QuantizationConfig q;
+  q.act_block = format::kActScaleBlock;
+  const auto& cfg = ckpt.config();
+  if (!cfg.contains("quantization_config")) return q;
+  const auto& qc = cfg["quantization_config"];
+  const std::string where = ckpt.dir() + "/config.json quantization_config";
+  MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), where,
+              ": missing string key \"format\"");
+  q.format_name = qc["format"].get<std::string>();
+  if (q.format_name == "paired-4:8-nvfp4") {
+    q.storage = ExpertStorage::Sparse48;
+    q.act_block = format::kSparseScaleBlock;
+  } else if (q.format_name == "nvfp4") {
+    q.storage = ExpertStorage::Nvfp4;
+    q.act_block = format::kDenseScaleBlock;
+  } else {
+    MOESQ_FAIL(where, ": unknown format \"", q.format_name, "\" (expected \"paired-4:8-nvfp4\" or \"nvfp4\")");
+  }
+  if (qc.contains("input_activations") && qc["input_activations"].is_object() &&
+      qc["input_activations"].contains("block_size")) {
+    const auto& b = qc["input_activations"]["block_size"];
+    MOESQ_CHECK(b.is_number_integer() && (b.get<int>() == 16 || b.get<int>() == 32), where,
+                ": input_activations.block_size must be 16 or 32");
+    q.act_block = b.get<int>();
+  }
+  return q;
+}
+
+nlohmann::json quantization_config_json(bool sparse48, const std::string& method) {
+  const int block = sparse48 ? format::kSparseScaleBlock : format::kDenseScaleBlock;
+  return {
+      {"quant_method", "moesq"},
+      {"format", sparse48 ? "paired-4:8-nvfp4" : "nvfp4"},
+      {"method", method},
+      {"weight_block_size", block},
+      {"input_activations", {{"type", "nvfp4"}, {"block_size", block}, {"dynamic", true}}},
+      {"targets", {"routed_experts"}},
+  };
+}
+
+void add_packed_weight(SafetensorsWriter& w, const std::string& prefix, const format::PackedWeight& p) {
+  const int64_t N = p.N(), K = p.K();
+  const float gs = p.global_scale();
+  if (const format::Sparse48Tensor* s = p.sparse48()) {
+    w.add(prefix + kWeightPacked, DType::U8, {N, K / 4}, s->values.data(), s->values.size());
+    w.add(prefix + kWeightMeta, DType::U8, {N, K / 16}, s->meta.data(), s->meta.size());
+    w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 32}, s->scales.data(), s->scales.size());
+  } else {
+    const format::Nvfp4Tensor* d = p.nvfp4();
+    w.add(prefix + kWeightPacked, DType::U8, {N, K / 2}, d->values.data(), d->values.size());
+    w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}, d->scales.data(), d->scales.size());
+  }
+  w.add(prefix + kWeightGlobalScale, DType::F32, {1}, &gs, sizeof(float));
+}
+
+format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                        const std::string& prefix, int64_t N, int64_t K) {
+  MOESQ_CHECK(q.storage != ExpertStorage::Dense, "tensor ", prefix, kWeightPacked, " in ", ckpt.dir(),
+              " but config.json has no quantization_config");
+  if (q.storage == ExpertStorage::Sparse48) {
+    MOESQ_CHECK(K % format::kSparseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
+                format::kSparseScaleBlock);
+    format::Sparse48Tensor t;
+    t.N = N;
+    t.K = K;
+    t.values = get_bytes(ckpt, prefix + kWeightPacked, DType::U8, {N, K / 4});
+    t.meta = get_bytes(ckpt, prefix + kWeightMeta, DType::U8, {N, K / 16});
+    t.scales = get_bytes(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 32});
+    t.global_scale = get_global_scale(ckpt, prefix + kWeightGlobalScale);
+    return t;
+  }
+  MOESQ_CHECK(K % format::kDenseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
+              format::kDenseScaleBlock);
+  format::Nvfp4Tensor t;
+  t.N = N;
+  t.K = K;
+  t.values = get_bytes(ckpt, prefix + kWeightPacked, DType::U8, {N, K / 2});
+  t.scales = get_bytes(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16});
+  t.global_scale = get_global_scale(ckpt, prefix + kWeightGlobalScale);
+  return t;
+}
+
+void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
+                                 const std::string& method, const std::string& dir) {
+  const ModelSpec& spec = src.spec();
+  SafetensorsWriter w;
+  for (const std::string& name : src.names()) {
+    if (is_expert_tensor(name)) continue;
+    const TensorView& t = src.get(name);
+    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+  }
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    for (int64_t e = 0; e < spec.num_experts; ++e)
+      for (int p = 0; p < 3; ++p) {
+        const auto proj = static_cast<ExpertProj>(p);
+        add_packed_weight(w, expert_tensor_prefix(l, e, proj), packed(l, e, proj));
+      }
+  write_checkpoint_tensors(dir, w);
+
+  nlohmann::json cfg = src.config();
+  cfg["quantization_config"] = quantization_config_json(sparse48, method);
+  write_file_atomic((fs::path(dir) / "config.json").string(),
+                    cfg.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
+  for (const auto& entry : fs::directory_iterator(src.dir())) {
+    const std::string fn = entry.path().filename().string();
+    if (!entry.is_regular_file() || fn == "config.json" || fn == "model.safetensors.index.json" ||
+        entry.path().extension() == ".safetensors")
+      continue;
+    fs::copy_file(entry.path(), fs::path(dir) / fn, fs::copy_options::overwrite_existing);
+  }
+}
+
+int64_t expert_tensor_bytes(const Checkpoint& ckpt) {
+  int64_t bytes = 0;
+  for (const std::string& name : ckpt.names())
+    if (is_expert_tensor(name)) bytes += static_cast<int64_t>(ckpt.get(name).nbytes);
+  return bytes;
+}
+
+}  // namespace moesq::io

@@ -1,0 +1,51 @@
+// The moesq compressed checkpoint (docs/FORMAT.md), read and written in one place: config.json's
+// `quantization_config`, and the tensors of each packed routed-expert projection
+// (`.weight_packed` E2M1 codes, `.weight_meta` pair metadata for paired 4:8, `.weight_scale` UE4M3
+// block scales, `.weight_global_scale` γ as a divisor). compress/report.cpp writes through it,
+// model/loader.cpp reads through it. The packed types themselves live in format.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "format/packed_weight.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "io/tensor_names.h"
+
+namespace moesq::io {
+
+enum class ExpertStorage { Dense, Sparse48, Nvfp4 };  // Dense: HF .weight tensors (bf16/f16/f32)
+
+// What config.json's quantization_config says (Dense when it has none).
+struct QuantizationConfig {
+  ExpertStorage storage = ExpertStorage::Dense;
+  std::string format_name = "bf16";  // "paired-4:8-nvfp4" | "nvfp4" when compressed
+  int act_block = 32;                // activation quantization block of the W4A4 deployment
+};
+// Error naming DIR/config.json for an unknown format or a bad input_activations.block_size.
+QuantizationConfig read_quantization_config(const Checkpoint& ckpt);
+// The quantization_config moesq writes; `method` names the compression method.
+nlohmann::json quantization_config_json(bool sparse48, const std::string& method);
+
+// One packed projection [N, K] at `prefix` (expert_tensor_prefix): its tensors into `w` / back.
+void add_packed_weight(SafetensorsWriter& w, const std::string& prefix, const format::PackedWeight& p);
+// Errors name the tensor and the directory (missing tensor, dtype, shape, global scale ≤ 0).
+format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                        const std::string& prefix, int64_t N, int64_t K);
+
+// Writes the compressed checkpoint's tensors and config.json into `dir` (made by the caller, e.g.
+// an AtomicDir): every non-expert tensor of `src` unchanged, each routed-expert projection from
+// `packed(layer, expert, proj)`, config.json = src's plus quantization_config, and the other files of
+// src (tokenizer, generation config) copied.
+using PackedExpertSource = std::function<const format::PackedWeight&(int64_t layer, int64_t expert, ExpertProj proj)>;
+void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
+                                 const std::string& method, const std::string& dir);
+
+// Bytes of all routed-expert tensors of a checkpoint (to measure bits/weight from what was written).
+int64_t expert_tensor_bytes(const Checkpoint& ckpt);
+
+}  // namespace moesq::io

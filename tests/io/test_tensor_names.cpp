@@ -1,0 +1,42 @@
+// io/tensor_names.h: the names the loader, the exporter and `inspect` share, built and parsed back.
+#include <gtest/gtest.h>
+
+#include "io/tensor_names.h"
+
+namespace {
+
+using namespace moesq::io;
+
+TEST(TensorNames, BuildsHfNames) {
+  EXPECT_EQ(layer_tensor(3, "self_attn.q_proj.weight"), "model.layers.3.self_attn.q_proj.weight");
+  EXPECT_EQ(expert_tensor_prefix(1, 17, "down_proj"), "model.layers.1.mlp.experts.17.down_proj");
+  EXPECT_EQ(expert_tensor_prefix(1, 17, ExpertProj::Up), "model.layers.1.mlp.experts.17.up_proj");
+  EXPECT_EQ(expert_tensor_prefix(0, 0, ExpertProj::Gate) + kWeightGlobalScale,
+            "model.layers.0.mlp.experts.0.gate_proj.weight_global_scale");
+}
+
+TEST(TensorNames, ParsesWhatItBuilds) {
+  const auto t = parse_expert_tensor(expert_tensor_prefix(12, 345, "gate_proj") + kWeightPacked);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->layer, 12);
+  EXPECT_EQ(t->expert, 345);
+  EXPECT_EQ(t->proj, "gate_proj");
+  EXPECT_EQ(t->suffix, "weight_packed");
+}
+
+// The exporter's test (was a regex): the three projections with any suffix, nothing else.
+TEST(TensorNames, ExpertTensorTest) {
+  for (const char* ok : {"model.layers.0.mlp.experts.0.gate_proj.weight",
+                         "model.layers.10.mlp.experts.127.down_proj.weight_scale",
+                         "model.layers.2.mlp.experts.3.up_proj.weight.extra"})
+    EXPECT_TRUE(is_expert_tensor(ok)) << ok;
+  for (const char* no : {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.gate_proj.weight",
+                         "model.layers.0.mlp.experts.0.w1.weight", "model.layers.x.mlp.experts.0.up_proj.weight",
+                         "model.layers.0.mlp.experts..up_proj.weight", "model.layers.0.mlp.experts.0.up_proj",
+                         "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj"})
+    EXPECT_FALSE(is_expert_tensor(no)) << no;
+  EXPECT_TRUE(in_expert_container("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(in_expert_container(kEmbedTokens));
+}
+
+}  // namespace
