@@ -12,5 +12,6 @@ void register_eval(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_audit(CLI::App& app);
+void register_generate(CLI::App& app);  // cmd_generate.cpp
 
 }  // namespace moesq::cli

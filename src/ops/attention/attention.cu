@@ -1,5 +1,6 @@
 // Causal GQA attention kernel over the bf16 KV cache (attention.h): one warp per (token, head);
-// lane l holds the head elements l, l+32, …; per key one fp32 dot (butterfly), online softmax.
+// lane l holds the head elements l, l+32, …; per key one fp32 dot (butterfly), online softmax;
+// 8 warps split the keys into contiguous chunks and merge in a fixed order.
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.cuh"
@@ -9,21 +10,26 @@ namespace moesq::ops {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kMaxPerLane = 8;  // hd ≤ 256
+constexpr int kWarps = 8;  // warps per (token, head): each takes one contiguous chunk of the keys
 
 __device__ __forceinline__ float bf(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
 
+// One CTA per (token, head). Warp w runs an online softmax over keys [w·C, (w+1)·C), C = ⌈(pos+1)/8⌉,
+// then the 8 partial states merge in warp order. The split depends on the token's own position only,
+// so a row's bits are the same in any batch (and in prefill and decode).
 template <int kPer>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a) {
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ float s_o[kWarps][kPer * 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (item >= a.T * a.nh) return;
+  const int64_t item = blockIdx.x;  // t · nh + h
   const int64_t t = item / a.nh;
   const int h = static_cast<int>(item % a.nh);
   const int kv = h / (a.nh / a.nkv);
   const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
   if (pos < 0 || pos >= a.max_len) return;
+  const int64_t chunk = (pos + kWarps) / kWarps;
+  const int64_t j0 = warp * chunk, j1 = min(pos + 1, j0 + chunk);
   float q[kPer], o[kPer];
 #pragma unroll
   for (int c = 0; c < kPer; ++c) {
@@ -34,7 +40,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   const int64_t stride = static_cast<int64_t>(a.nkv) * a.hd;
   const uint16_t* kp = a.k_cache + (slot * a.max_len * a.nkv + kv) * a.hd + lane;
   const uint16_t* vp = a.v_cache + (slot * a.max_len * a.nkv + kv) * a.hd + lane;
-  for (int64_t j = 0; j <= pos; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     float d = 0.0f;
 #pragma unroll
     for (int c = 0; c < kPer; ++c) d = fmaf(q[c], bf(kp[j * stride + 32 * c]), d);
@@ -48,10 +54,26 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     for (int c = 0; c < kPer; ++c) o[c] = fmaf(o[c], corr, p * bf(vp[j * stride + 32 * c]));
     m = m_new;
   }
-  const float inv = 1.0f / l;
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
 #pragma unroll
-  for (int c = 0; c < kPer; ++c)
-    a.out[item * a.hd + lane + 32 * c] = __bfloat16_as_ushort(__float2bfloat16_rn(o[c] * inv));
+  for (int c = 0; c < kPer; ++c) s_o[warp][lane + 32 * c] = o[c];
+  __syncthreads();
+  float M = s_m[0];  // warp 0 always holds key 0
+  for (int w = 1; w < kWarps; ++w) M = fmaxf(M, s_m[w]);
+  float L = 0.0f;
+  float f[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    f[w] = s_l[w] > 0.0f ? __expf(s_m[w] - M) : 0.0f;
+    L = fmaf(s_l[w], f[w], L);
+  }
+  const float inv = 1.0f / L;
+  for (int e = threadIdx.x; e < a.hd; e += kWarps * 32) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc = fmaf(s_o[w][e], f[w], acc);
+    a.out[item * a.hd + e] = __bfloat16_as_ushort(__float2bfloat16_rn(acc * inv));
+  }
 }
 
 }  // namespace
@@ -60,7 +82,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   attention_check(a);
   const int64_t items = a.T * a.nh;
   if (items == 0) return;
-  const unsigned grid = static_cast<unsigned>((items + kWarps - 1) / kWarps);
+  MOESQ_CHECK(items <= 0x7fffffff, "attention: T·nh = ", items, " too large for the grid");
+  const unsigned grid = static_cast<unsigned>(items);
   // Built: hd = 64, 128, 256 (Qwen3 uses 128; the tiny fixture 64); others are refused, never wrong.
   switch (a.hd / 32) {
     case 2: attention_kernel<2><<<grid, kWarps * 32, 0, stream>>>(a); break;
@@ -69,7 +92,6 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
     default: MOESQ_FAIL("attention: head_dim ", a.hd, " not built (built: 64, 128, 256)");
   }
   MOESQ_CUDA_LAUNCH_CHECK("attention_kernel");
-  (void)kMaxPerLane;
 }
 
 }  // namespace moesq::ops
