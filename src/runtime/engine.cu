@@ -22,6 +22,7 @@
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/router_topk/router_topk.h"
+#include "ops/synth_pack/synth_pack.h"
 
 namespace moesq::runtime {
 
@@ -70,6 +71,28 @@ __global__ void gather_rows_kernel(const uint16_t* in, const int32_t* rows, uint
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) out[i * H + c] = src[c];
 }
 
+// next[i] = argmax_v logits[i, v] (lowest v on ties, as runtime::Sampler's greedy choice).
+__global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
+  __shared__ float s_v[256];
+  __shared__ int32_t s_i[256];
+  const float* z = logits + static_cast<int64_t>(blockIdx.x) * V;
+  float bv = -INFINITY;
+  int32_t bi = 0x7fffffff;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+    if (z[v] > bv) bv = z[v], bi = static_cast<int32_t>(v);
+  s_v[threadIdx.x] = bv, s_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h) {
+      const float ov = s_v[threadIdx.x + h];
+      const int32_t oi = s_i[threadIdx.x + h];
+      if (ov > s_v[threadIdx.x] || (ov == s_v[threadIdx.x] && oi < s_i[threadIdx.x])) s_v[threadIdx.x] = ov, s_i[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) next[blockIdx.x] = s_i[0] == 0x7fffffff ? 0 : s_i[0];
+}
+
 struct DevLayer {
   Dev<float> input_norm, post_norm, q_norm, k_norm;
   Dev<uint16_t> qkv, o, router;
@@ -93,7 +116,7 @@ struct Engine::Impl {
   Dev<uint16_t> embed, lm_head;
   Dev<float> final_norm, rope_cos, rope_sin;
   // activations, [max_tokens, ·] unless noted
-  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows;
+  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids;
   Dev<float> h, qkv, q, logits_r, topk_w, logits;
   Dev<uint16_t> xb, attn, xsel;
   Dev<int32_t> topk_ids, slot_of_route;
@@ -108,6 +131,9 @@ struct Engine::Impl {
   std::map<int, cudaGraphExec_t> graphs;  // decode graph per batch size
 
   void upload(HostModel&& m, const EngineOptions& opt);
+  void sizes(const EngineOptions& opt);
+  void activations();
+  void synthesize(uint64_t seed);
   void run(int64_t T, int64_t n_out);  // all kernels of one forward on tok_* (device), logits of out_rows
   void experts(const DevLayer& L, int64_t T);
   ~Impl() {
@@ -117,8 +143,7 @@ struct Engine::Impl {
   }
 };
 
-void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
-  s = m.spec;
+void Engine::Impl::sizes(const EngineOptions& opt) {
   H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts;
   I = s.moe_intermediate_size, V = s.vocab_size, k = s.top_k;
   H_pad = moe::padded_k(H), I_pad = moe::padded_k(I), qkv_w = (nh + 2 * nkv) * hd;
@@ -128,6 +153,15 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   max_tokens = opt.max_tokens > 0 ? opt.max_tokens : max_seqs * max_len;
   MOESQ_CHECK(max_tokens <= (int64_t(1) << 20), "engine: max_tokens ", max_tokens, " too large");
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<float> c, sn;
+  model::rope_tables(max_len, hd, s.rope_theta, c, sn);
+  rope_cos.upload(c);
+  rope_sin.upload(sn);
+}
+
+void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
+  s = m.spec;
+  sizes(opt);
   auto track = [&](auto& d, const auto& v) {
     d.upload(v);
     weight_bytes += d.bytes();
@@ -135,10 +169,6 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   track(embed, m.embed);
   track(lm_head, m.lm_head);
   track(final_norm, m.final_norm);
-  std::vector<float> c, sn;
-  model::rope_tables(max_len, hd, s.rope_theta, c, sn);
-  rope_cos.upload(c);
-  rope_sin.upload(sn);
   layers.resize(s.num_layers);
   const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
   for (int64_t l = 0; l < s.num_layers; ++l) {
@@ -171,8 +201,12 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   }
   host = std::move(m);
   host.embed.clear(), host.lm_head.clear(), host.layers.clear();
+  activations();
+}
+
+void Engine::Impl::activations() {
   const size_t T = max_tokens, cap = max_tokens;
-  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T);
+  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T);
   h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
   topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
@@ -181,6 +215,58 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   lengths.assign(max_seqs, 0);
   events.resize(4 * s.num_layers);
   for (auto& e : events) MOESQ_CUDA_CHECK(cudaEventCreate(&e));
+  logits.alloc(static_cast<size_t>(max_tokens) * V);
+}
+
+void Engine::Impl::synthesize(uint64_t seed) {
+  uint64_t stream_id = 0;  // every tensor its own hash stream
+  constexpr float kScale = 0.02f;  // weight std: keeps the random residual stream tame
+  auto bf16 = [&](Dev<uint16_t>& d, size_t n, float scale) {
+    d.alloc(n);
+    ops::SynthBf16Args a;
+    a.out = d.p, a.n = static_cast<int64_t>(n), a.seed = seed ^ (++stream_id * 0xd1b54a32d192ed03ull), a.scale = scale;
+    ops::synth_bf16(a, stream);
+    weight_bytes += d.bytes();
+  };
+  auto ones = [&](Dev<float>& d, size_t n) {
+    d.upload(std::vector<float>(n, 1.0f));
+    weight_bytes += d.bytes();
+  };
+  auto sparse = [&](Dev<uint8_t>& d, Dev<float>& inv_gamma, int64_t M, int64_t K_pad, int64_t* M_pad) {
+    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
+    const int64_t chunks = E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
+    d.alloc(static_cast<size_t>(chunks) * moe::kChunkBytes);
+    ops::SynthSparseArgs a;
+    a.out = d.p, a.num_chunks = chunks, a.seed = seed ^ (++stream_id * 0xd1b54a32d192ed03ull);
+    ops::synth_sparse48_kl(a, stream);
+    // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ kScale.
+    inv_gamma.upload(std::vector<float>(E, kScale / (2.9f * 0.72f)));
+    weight_bytes += d.bytes() + inv_gamma.bytes();
+  };
+  bf16(embed, V * H, 1.0f);
+  bf16(lm_head, V * H, kScale);
+  ones(final_norm, H);
+  layers.resize(s.num_layers);
+  const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    DevLayer& L = layers[l];
+    ones(L.input_norm, H), ones(L.post_norm, H), ones(L.q_norm, hd), ones(L.k_norm, hd);
+    bf16(L.qkv, qkv_w * H, kScale);
+    bf16(L.o, H * nh * hd, kScale);
+    bf16(L.router, E * H, kScale);
+    if (host.backend == ExpertBackend::kBf16) {
+      bf16(L.gu_dense, E * 2 * I * H_pad, kScale);
+      bf16(L.down_dense, E * H * I_pad, kScale);
+    } else {
+      sparse(L.gu_sparse, L.gu_inv_gamma, 2 * I, H_pad, &L.gu_M_pad);
+      sparse(L.down_sparse, L.down_inv_gamma, H, I_pad, &L.down_M_pad);
+    }
+    L.k_cache.alloc(cache_n);
+    L.v_cache.alloc(cache_n);
+    kv_bytes += L.k_cache.bytes() + L.v_cache.bytes();
+  }
+  MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  activations();
 }
 
 void Engine::Impl::experts(const DevLayer& L, int64_t T) {
@@ -276,6 +362,8 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
   ops::GemmBf16Args g;
   g.x = xsel.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
   ops::gemm_bf16(g, stream);
+  argmax_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(logits.p, V, next_ids.p);
+  MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
 
 Engine::Engine(const io::Checkpoint& ckpt, const EngineOptions& opt)
@@ -283,7 +371,23 @@ Engine::Engine(const io::Checkpoint& ckpt, const EngineOptions& opt)
 
 Engine::Engine(HostModel host, const EngineOptions& opt) : impl_(std::make_unique<Impl>()) {
   impl_->upload(std::move(host), opt);
-  impl_->logits.alloc(static_cast<size_t>(impl_->max_tokens) * impl_->V);
+}
+
+Engine::Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
+  MOESQ_CHECK(backend == ExpertBackend::kBf16 || backend == ExpertBackend::kSparseW4A4 ||
+                  backend == ExpertBackend::kSparseW4A16,
+              "synthetic engine: expert backend ", expert_backend_name(backend), " is not built; built: ",
+              built_expert_backends());
+  Impl& m = *impl_;
+  m.s = spec;
+  m.host.spec = spec;
+  m.host.backend = backend;
+  m.host.expert_format = backend == ExpertBackend::kBf16 ? "bf16" : "paired-4:8-nvfp4";
+  m.host.act_quant = backend == ExpertBackend::kSparseW4A4;
+  m.host.act_block = m.host.act_quant ? 32 : 0;
+  m.sizes(opt);
+  m.synthesize(seed);
 }
 
 Engine::~Engine() = default;
@@ -346,6 +450,18 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
 }
 
 std::vector<float> Engine::decode(const std::vector<int32_t>& tokens) {
+  std::vector<float> out;
+  decode_step(tokens, &out, nullptr);
+  return out;
+}
+
+std::vector<int32_t> Engine::decode_greedy(const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> next;
+  decode_step(tokens, nullptr, &next);
+  return next;
+}
+
+void Engine::decode_step(const std::vector<int32_t>& tokens, std::vector<float>* logits, std::vector<int32_t>* next) {
   Impl& m = *impl_;
   const int B = static_cast<int>(tokens.size());
   MOESQ_CHECK(B >= 1 && B <= m.max_seqs && B <= m.max_tokens, "engine: decode batch ", B, " outside [1, ",
@@ -379,11 +495,17 @@ std::vector<float> Engine::decode(const std::vector<int32_t>& tokens) {
     m.timing = timing;
   }
   MOESQ_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
-  std::vector<float> out(static_cast<size_t>(B) * m.V);
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  if (logits) {
+    logits->resize(static_cast<size_t>(B) * m.V);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(logits->data(), m.logits.p, logits->size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     m.stream));
+  }
+  if (next) {
+    next->resize(B);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(next->data(), m.next_ids.p, B * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  }
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   for (int b = 0; b < B; ++b) ++m.lengths[b];
-  return out;
 }
 
 }  // namespace moesq::runtime

@@ -39,6 +39,10 @@ class Engine {
  public:
   Engine(const io::Checkpoint& ckpt, const EngineOptions& opt);
   Engine(HostModel host, const EngineOptions& opt);
+  // A synthetic model of `spec`'s exact shapes with weights drawn on the GPU from `seed`
+  // (ops/synth_pack: uniform bf16 noise, paired 4:8 experts drawn in the packed domain): for
+  // `moesq bench e2e --synthetic`. backend: bf16, sparse-w4a4 or sparse-w4a16.
+  Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -57,6 +61,9 @@ class Engine {
   // One token for each of slots 0..B-1 (B = tokens.size()), from a CUDA graph captured per B on
   // first use; returns logits [B, V].
   std::vector<float> decode(const std::vector<int32_t>& tokens);
+  // The same step returning only the greedy next token of each slot (argmax on the GPU, lowest id on
+  // ties), so a benchmark step does not copy B·V logits to the host.
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& tokens);
   void reset();                     // every slot empty (the KV cache is simply overwritten)
   int64_t length(int slot) const;   // tokens in the slot
 
@@ -69,6 +76,7 @@ class Engine {
   double last_moe_ms() const;
 
  private:
+  void decode_step(const std::vector<int32_t>& tokens, std::vector<float>* logits, std::vector<int32_t>* next);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

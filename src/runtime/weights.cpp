@@ -94,6 +94,25 @@ std::string checkpoint_format(const io::Checkpoint& ckpt) {
 
 }  // namespace
 
+io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
+  io::ModelSpec s;
+  s.model_type = "qwen3_moe";
+  s.vocab_size = 151936, s.head_dim = 128, s.top_k = 8, s.num_experts = 128, s.norm_topk_prob = true;
+  s.rms_norm_eps = 1e-6, s.rope_theta = 1000000.0, s.max_position_embeddings = 40960;
+  if (name == "qwen3-30b-a3b") {
+    s.hidden_size = 2048, s.num_layers = 48, s.num_heads = 32, s.num_kv_heads = 4, s.moe_intermediate_size = 768;
+    s.intermediate_size = 6144;
+  } else if (name == "qwen3-235b-a22b") {
+    s.hidden_size = 4096, s.num_layers = 94, s.num_heads = 64, s.num_kv_heads = 4, s.moe_intermediate_size = 1536;
+    s.intermediate_size = 12288;
+  } else {
+    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b");
+  }
+  MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
+  if (layers > 0) s.num_layers = layers;
+  return s;
+}
+
 void permute_dense_rows(const float* w, int64_t N, int64_t K, int64_t K_pad, uint16_t* out) {
   for (int64_t n = 0; n < N; ++n) {
     uint16_t* o = out + n * K_pad;

@@ -51,6 +51,10 @@ ExpertBackend resolve_backend(ExpertBackend requested, const std::string& expert
 // non-qwen3_moe checkpoints are refused by name).
 HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
 
+// The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b") with `layers` decoder layers
+// (0: all). Error names --synthetic and the known names.
+io::ModelSpec synthetic_spec(const std::string& name, int64_t layers);
+
 // Dense [N, K] fp32 rows → [N, K_pad] bf16 with column k stored at act_storage_index(k, kKMajor).
 void permute_dense_rows(const float* w, int64_t N, int64_t K, int64_t K_pad, uint16_t* out);
 

@@ -17,6 +17,7 @@
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/router_topk/router_topk.h"
+#include "ops/synth_pack/synth_pack.h"
 #include "support/dev_buf.cuh"
 #include "support/gpu_test_main.h"
 
@@ -291,6 +292,31 @@ TEST(EngineOps, MoeCombineBitwiseAnyslotOrder) {
   const auto gh = dh.download();
   for (size_t i = 0; i < rh.size(); ++i) ASSERT_EQ(bits(gh[i]), bits(rh[i])) << "token " << i / H << " col " << i % H;
   EXPECT_NE(gh, h0);
+}
+
+TEST(EngineOps, SynthPackBitwise) {
+  moesq::ops::SynthBf16Args a;
+  a.n = 100003, a.seed = 42, a.scale = 0.02f, a.mean = 0.5f;
+  DevBuf<uint16_t> d(a.n);
+  std::vector<uint16_t> r(a.n);
+  a.out = d.p;
+  moesq::ops::synth_bf16(a, nullptr);
+  a.out = r.data();
+  moesq::ops::synth_bf16_ref(a);
+  const auto g = d.download();
+  for (int64_t i = 0; i < a.n; ++i) ASSERT_EQ(g[i], r[i]) << "synth_bf16 index " << i;
+  double mean = 0;
+  for (auto v : r) mean += moesq::bf16_to_f32(v);
+  EXPECT_NEAR(mean / a.n, 0.5, 1e-3);
+  moesq::ops::SynthSparseArgs s;
+  s.num_chunks = 77, s.seed = 9;
+  DevBuf<uint8_t> ds(s.num_chunks * 1408);
+  std::vector<uint8_t> rs(s.num_chunks * 1408);
+  s.out = ds.p;
+  moesq::ops::synth_sparse48_kl(s, nullptr);
+  s.out = rs.data();
+  moesq::ops::synth_sparse48_kl_ref(s);
+  EXPECT_EQ(ds.download(), rs);
 }
 
 int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }
