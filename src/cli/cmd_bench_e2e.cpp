@@ -52,14 +52,16 @@ double now_s() {
 }
 
 // Bytes a decode step must read at batch B: every non-expert weight once, the lm_head, and the
-// experts the B·k routes touch (expected distinct experts under uniform routing).
-double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B) {
+// experts the B·k routes touch (expected distinct experts under uniform routing), and the bf16 K/V
+// of `ctx` cached tokens per sequence.
+double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, double ctx) {
   const double H = s.hidden_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
   const double attn = ((s.num_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd + E * H) * 2;
   const double expert_w = 3 * I * H;
   const double expert_bytes = b == runtime::ExpertBackend::kBf16 ? expert_w * 2 : expert_w * 2.75 / 8;
   const double touched = E * (1 - std::pow(1 - static_cast<double>(s.top_k) / E, B));
-  return s.num_layers * (attn + touched * expert_bytes) + s.vocab_size * H * 2;
+  const double kv = B * ctx * 2.0 * s.num_kv_heads * hd * 2;
+  return s.num_layers * (attn + touched * expert_bytes + kv) + s.vocab_size * H * 2;
 }
 #endif
 
@@ -98,12 +100,17 @@ void run_e2e(const E2eArgs& a) {
         for (auto& t : p) t = static_cast<int32_t>(rng() % spec.vocab_size);
         all.push_back({b, std::move(p)});
       }
+      // Event timing on during prefill (events only, no extra syncs): attention and MoE shares.
+      eng.set_timing(true);
+      double pre_attn = 0, pre_moe = 0;
       const double t0 = now_s();
       for (size_t i = 0; i < all.size(); i += chunk_seqs) {
         std::vector<runtime::SeqChunk> part(all.begin() + i, all.begin() + std::min(all.size(), i + chunk_seqs));
         eng.forward(part, false);
+        pre_attn += eng.last_attention_ms(), pre_moe += eng.last_moe_ms();
       }
       const double ttft = now_s() - t0;
+      eng.set_timing(false);
       std::vector<int32_t> tok(B, 1);
       tok = eng.decode_greedy(tok);  // captures the graph for B (not timed)
       std::vector<double> steps;
@@ -122,7 +129,7 @@ void run_e2e(const E2eArgs& a) {
       eng.forward(one, false);
       const double eager_ms = (now_s() - e0) * 1e3;
       eng.set_timing(false);
-      const double floor_ms = step_bytes(spec, backend, B) / 4.25e12 * 1e3;
+      const double floor_ms = step_bytes(spec, backend, B, a.prompt_len + a.gen / 2.0) / 4.25e12 * 1e3;
       nlohmann::json r;
       r["experts"] = runtime::expert_backend_name(backend);
       r["batch"] = B;
@@ -134,13 +141,15 @@ void run_e2e(const E2eArgs& a) {
       r["moe_share_of_step"] = eng.last_moe_ms() / eager_ms;
       r["attention_share_of_step"] = eng.last_attention_ms() / eager_ms;
       r["eager_step_ms"] = eager_ms;
+      r["prefill_attention_share"] = pre_attn / (ttft * 1e3);
+      r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
       r["decode_floor_ms"] = floor_ms;
       r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
       rows.push_back(r);
-      std::fprintf(stderr, "[bench e2e] %-12s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%%  floor %.3f ms\n",
+      std::fprintf(stderr, "[bench e2e] %-12s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
                    runtime::expert_backend_name(backend), B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
                    eng.kv_bytes() / 1e9, 100 * eng.last_moe_ms() / eager_ms, 100 * eng.last_attention_ms() / eager_ms,
-                   floor_ms);
+                   100 * pre_moe / (ttft * 1e3), 100 * pre_attn / (ttft * 1e3), floor_ms);
     }
   }
   nlohmann::json j;

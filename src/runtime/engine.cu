@@ -1,6 +1,7 @@
-// The GPU engine (engine.h). One stream; activation buffers sized once for max_tokens; the expert
-// batches use capacity = max_tokens (an expert receives at most one route per token), so no route is
-// ever dropped and the host never reads the device-side counts.
+// The GPU engine (engine.h). One stream; activation buffers sized once for max_tokens; a forward of T
+// tokens uses expert capacity T (an expert receives at most one route per token), so no route is ever
+// dropped and the host never reads the device-side counts. The non-expert GEMMs take their bf16
+// inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA.
 #include "runtime/engine.h"
 
 #include <cuda_bf16.h>
@@ -118,7 +119,7 @@ struct Engine::Impl {
   // activations, [max_tokens, ·] unless noted
   Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids;
   Dev<float> h, qkv, q, logits_r, topk_w, logits;
-  Dev<uint16_t> xb, attn, xsel;
+  Dev<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   Dev<int32_t> topk_ids, slot_of_route;
   Dev<uint16_t> xd, hbuf, ad, ybuf;     // [E, cap, H_pad], [E, cap, 2I], [E, cap, I_pad], [E, cap, H]
   Dev<float> xs, as;                    // [E, cap]
@@ -210,6 +211,7 @@ void Engine::Impl::activations() {
   h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
   topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
+  xb_lo.alloc(T * H), attn_lo.alloc(T * nh * hd), xsel_lo.alloc(T * H);
   xd.alloc(E * cap * H_pad), hbuf.alloc(E * cap * 2 * I), ad.alloc(E * cap * I_pad), ybuf.alloc(E * cap * H);
   xs.alloc(E * cap), as.alloc(E * cap), counts.alloc(E), route_of_slot.alloc(E * cap);
   lengths.assign(max_seqs, 0);
@@ -270,8 +272,10 @@ void Engine::Impl::synthesize(uint64_t seed) {
 }
 
 void Engine::Impl::experts(const DevLayer& L, int64_t T) {
-  const int cap = static_cast<int>(max_tokens);
-  const int max_tok = static_cast<int>(T);  // bound on any expert's count: one route per token
+  // capacity = T: an expert gets at most one route per token, and the [E, T, ·] batches fit in the
+  // [E, max_tokens, ·] buffers; small T (decode) then launches small grids.
+  const int cap = static_cast<int>(T);
+  const int max_tok = static_cast<int>(T);
   cuda::DispatchArgs d;
   d.x = xb.p, d.topk_ids = topk_ids.p, d.T = T, d.topk = static_cast<int>(k), d.K = H, d.K_pad = H_pad;
   d.num_experts = static_cast<int>(E), d.capacity = cap, d.out = xd.p, d.inv_scale = xs.p, d.counts = counts.p;
@@ -313,13 +317,13 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
   embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tok_ids.p, embed.p, h.p, H);
   MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
   ops::RmsNormArgs rn;
-  rn.x = h.p, rn.y = xb.p, rn.n = T, rn.D = H, rn.eps = s.rms_norm_eps;
+  rn.x = h.p, rn.y = xb.p, rn.y_lo = xb_lo.p, rn.n = T, rn.D = H, rn.eps = s.rms_norm_eps;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
     rn.w = L.input_norm.p;
     ops::rmsnorm(rn, stream);
     ops::GemmBf16Args g;
-    g.x = xb.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
     ops::gemm_bf16(g, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l], stream));
     ops::QkRopeArgs qr;
@@ -330,18 +334,18 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
     ops::qk_rope(qr, stream);
     ops::AttentionArgs at;
     at.q = q.p, at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
-    at.out = attn.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
+    at.out = attn.p, at.out_lo = attn_lo.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
     at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     ops::attention(at, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
     g = ops::GemmBf16Args{};
-    g.x = attn.p, g.w = L.o.p, g.y_f32 = h.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
+    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
     ops::gemm_bf16(g, stream);
     rn.w = L.post_norm.p;
     ops::rmsnorm(rn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     g = ops::GemmBf16Args{};
-    g.x = xb.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
     ops::gemm_bf16(g, stream);
     ops::RouterTopkArgs rt;
     rt.logits = logits_r.p, rt.topk_ids = topk_ids.p, rt.topk_w = topk_w.p, rt.T = T;
@@ -351,16 +355,17 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
     ops::MoeCombineArgs mc;
     mc.y = ybuf.p, mc.route_of_slot = route_of_slot.p, mc.counts = counts.p, mc.topk_ids = topk_ids.p;
     mc.topk_w = topk_w.p, mc.slot_of_route = slot_of_route.p, mc.h = h.p, mc.T = T, mc.H = H, mc.ldy = H;
-    mc.topk = static_cast<int>(k), mc.num_experts = static_cast<int>(E), mc.capacity = static_cast<int>(max_tokens);
+    mc.topk = static_cast<int>(k), mc.num_experts = static_cast<int>(E), mc.capacity = static_cast<int>(T);
     ops::moe_combine(mc, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
   }
   rn.w = final_norm.p;
   ops::rmsnorm(rn, stream);
   gather_rows_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(xb.p, out_rows.p, xsel.p, H);
+  gather_rows_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(xb_lo.p, out_rows.p, xsel_lo.p, H);
   MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
   ops::GemmBf16Args g;
-  g.x = xsel.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
+  g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
   ops::gemm_bf16(g, stream);
   argmax_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(logits.p, V, next_ids.p);
   MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");

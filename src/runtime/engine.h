@@ -5,7 +5,8 @@
 // Per layer: RMSNorm → fused q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention
 // → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
 // (+ NVFP4 act quant) → gate|up grouped GEMM → SwiGLU (+ requant) → down grouped GEMM → combine in
-// ascending expert order (+= residual). Residual stream fp32; GEMM inputs bf16; KV cache bf16.
+// ascending expert order (+= residual). Residual stream fp32; non-expert GEMM inputs bf16 hi + lo
+// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4); KV cache bf16.
 //
 // Deterministic (always, in this version): every GEMM outside the experts is ops::gemm_bf16 (one
 // tile config, no split-K), attention has no split-KV, the combine has a fixed order and the sparse

@@ -55,8 +55,9 @@ uint32_t bits(float f) {
 
 // Runs gemm_bf16 and its twin on the same inputs; returns the max error relative to Σ|x·w|.
 double check_gemm(int G, int64_t M, int64_t N, int64_t K, const std::vector<int32_t>& counts, bool integer,
-                  uint64_t seed, bool accumulate = false) {
+                  uint64_t seed, bool accumulate = false, bool split = false) {
   std::vector<uint16_t> x = rand_bf16(G * M * K, seed), w = rand_bf16(G * N * K, seed + 1);
+  const std::vector<uint16_t> xl = rand_bf16(G * M * K, seed + 3, 1.0f / 512);  // hi + lo split input
   if (integer) {  // small integers: every partial sum exact in fp32, so kernel == twin exactly
     std::mt19937_64 g(seed);
     for (auto& v : x) v = moesq::f32_to_bf16(static_cast<float>(static_cast<int>(g() % 7) - 3));
@@ -64,15 +65,16 @@ double check_gemm(int G, int64_t M, int64_t N, int64_t K, const std::vector<int3
   }
   const int64_t ldy = N + 3;
   std::vector<float> y0 = rand_f32(G * M * ldy, seed + 2);  // prefilled: untouched rows must stay
-  DevBuf<uint16_t> dx(x), dw(w);
+  DevBuf<uint16_t> dx(x), dw(w), dxl(xl);
   DevBuf<float> dy(y0);
   DevBuf<int32_t> dc(counts.empty() ? std::vector<int32_t>(1) : counts);
   moesq::ops::GemmBf16Args a;
   a.x = dx.p, a.w = dw.p, a.y_f32 = dy.p, a.accumulate = accumulate, a.counts = counts.empty() ? nullptr : dc.p;
-  a.groups = G, a.M = M, a.N = N, a.K = K, a.ldy = ldy;
+  a.groups = G, a.M = M, a.N = N, a.K = K, a.ldy = ldy, a.x_lo = split ? dxl.p : nullptr;
   moesq::ops::gemm_bf16(a, nullptr);
   const std::vector<float> gy = dy.download();
   std::vector<float> ry = y0;
+  a.x_lo = split ? xl.data() : nullptr;
   a.x = x.data(), a.w = w.data(), a.y_f32 = ry.data(), a.counts = counts.empty() ? nullptr : counts.data();
   moesq::ops::gemm_bf16_ref(a);
   double worst = 0.0;
@@ -87,7 +89,8 @@ double check_gemm(int G, int64_t M, int64_t N, int64_t K, const std::vector<int3
         }
         double mag = 0.0;
         for (int64_t k = 0; k < K; ++k)
-          mag += std::fabs(moesq::bf16_to_f32(x[(g * M + m) * K + k]) * moesq::bf16_to_f32(w[(g * N + n) * K + k]));
+          mag += std::fabs((moesq::bf16_to_f32(x[(g * M + m) * K + k]) + (split ? moesq::bf16_to_f32(xl[(g * M + m) * K + k]) : 0.0f)) *
+                           moesq::bf16_to_f32(w[(g * N + n) * K + k]));
         if (integer) {
           EXPECT_EQ(gy[o], ry[o]) << "integer case M=" << M << " N=" << N << " K=" << K << " g=" << g << " m=" << m << " n=" << n;
         }
@@ -114,6 +117,7 @@ TEST(EngineOps, GemmBf16GroupedCountsAndIntegerExact) {
   EXPECT_LE(check_gemm(4, 70, 96, 256, {0, 5, 70, 99}, false, 7), kGemmRelTol);
   EXPECT_EQ(check_gemm(2, 33, 64, 512, {33, 17}, true, 8), 0.0);
   EXPECT_LE(check_gemm(1, 9, 72, 128, {}, false, 9, /*accumulate=*/true), kGemmRelTol);
+  EXPECT_LE(check_gemm(3, 65, 64, 264, {65, 0, 7}, false, 10, false, /*split=*/true), kGemmRelTol);
 }
 
 TEST(EngineOps, GemmBf16BatchInvariant) {
@@ -144,15 +148,16 @@ TEST(EngineOps, RmsNormBitwise) {
     const int64_t n = 5;
     const std::vector<float> x = rand_f32(n * D, D, 2.0f, 0.3f), w = rand_f32(D, D + 1, 0.2f, 1.0f);
     DevBuf<float> dx(x), dw(w);
-    DevBuf<uint16_t> dy(n * D);
+    DevBuf<uint16_t> dy(n * D), dyl(n * D);
     moesq::ops::RmsNormArgs a;
-    a.x = dx.p, a.w = dw.p, a.y = dy.p, a.n = n, a.D = D, a.eps = 1e-6;
+    a.x = dx.p, a.w = dw.p, a.y = dy.p, a.y_lo = dyl.p, a.n = n, a.D = D, a.eps = 1e-6;
     moesq::ops::rmsnorm(a, nullptr);
-    std::vector<uint16_t> ry(n * D);
-    a.x = x.data(), a.w = w.data(), a.y = ry.data();
+    std::vector<uint16_t> ry(n * D), ryl(n * D);
+    a.x = x.data(), a.w = w.data(), a.y = ry.data(), a.y_lo = ryl.data();
     moesq::ops::rmsnorm_ref(a);
-    const std::vector<uint16_t> gy = dy.download();
+    const std::vector<uint16_t> gy = dy.download(), gyl = dyl.download();
     for (int64_t i = 0; i < n * D; ++i) ASSERT_EQ(gy[i], ry[i]) << "D=" << D << " first bad index " << i;
+    for (int64_t i = 0; i < n * D; ++i) ASSERT_EQ(gyl[i], ryl[i]) << "D=" << D << " lo part, first bad index " << i;
   }
 }
 

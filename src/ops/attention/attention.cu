@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     float acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc = fmaf(s_o[w][e], f[w], acc);
-    a.out[item * a.hd + e] = __bfloat16_as_ushort(__float2bfloat16_rn(acc * inv));
+    const float o = acc * inv;
+    const __nv_bfloat16 hi = __float2bfloat16_rn(o);
+    a.out[item * a.hd + e] = __bfloat16_as_ushort(hi);
+    if (a.out_lo) a.out_lo[item * a.hd + e] = __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(o, __bfloat162float(hi))));
   }
 }
 

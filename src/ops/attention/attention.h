@@ -25,6 +25,7 @@ struct AttentionArgs {
   const int32_t* tok_slot = nullptr; // [T]
   const int32_t* tok_pos = nullptr;  // [T] attends to keys [0, pos]
   uint16_t* out = nullptr;           // [T, nh·hd] bf16 (o_proj input)
+  uint16_t* out_lo = nullptr;        // [T, nh·hd] bf16 rounding residue of out, or nullptr
   int64_t T = 0;
   int nh = 0, nkv = 0, hd = 0;       // hd % 32 == 0, hd ≤ 256
   int64_t max_len = 0;

@@ -56,7 +56,9 @@ void attention_ref(const AttentionArgs& a) {
       for (int c = 0; c < a.hd; ++c) {
         float acc = 0.0f;
         for (int w = 0; w < kChunks; ++w) acc += co[w][c] * f[w];
-        a.out[(t * a.nh + h) * a.hd + c] = f32_to_bf16(acc / L);
+        const float o = acc / L;
+        a.out[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o);
+        if (a.out_lo) a.out_lo[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o - bf16_to_f32(f32_to_bf16(o)));
       }
     }
   }

@@ -22,6 +22,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
   using namespace nvcuda;
   __shared__ __align__(128) uint16_t s_x[kGemmBlockM * kLds];  // [BLOCK_M, BLOCK_K + pad]
   __shared__ __align__(128) uint16_t s_w[kGemmBlockN * kLds];  // [BLOCK_N, BLOCK_K + pad]
+  __shared__ __align__(128) uint16_t s_xl[kGemmBlockM * kLds]; // [BLOCK_M, BLOCK_K + pad] x_lo tile
   __shared__ __align__(128) float s_y[kGemmBlockM * kGemmBlockN];  // [BLOCK_M, BLOCK_N] epilogue stage
   const int g = blockIdx.z;
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
@@ -29,6 +30,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
   if (m0 >= rows) return;
   const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
   const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  const uint16_t* xl = a.x_lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
   for (int i = 0; i < 2; ++i)
@@ -41,6 +43,11 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
       if (n0 + r < a.N && k0 + c < a.K) wv = *reinterpret_cast<const uint4*>(w + (n0 + r) * a.K + k0 + c);
       *reinterpret_cast<uint4*>(s_x + r * kLds + c) = xv;
       *reinterpret_cast<uint4*>(s_w + r * kLds + c) = wv;
+      if (xl) {
+        uint4 lv = make_uint4(0, 0, 0, 0);
+        if (m0 + r < rows && k0 + c < a.K) lv = *reinterpret_cast<const uint4*>(xl + (m0 + r) * a.K + k0 + c);
+        *reinterpret_cast<uint4*>(s_xl + r * kLds + c) = lv;
+      }
     }
     __syncthreads();
 #pragma unroll
@@ -53,6 +60,12 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
         wmma::load_matrix_sync(fb[j], reinterpret_cast<const __nv_bfloat16*>(s_w + (wn * 32 + j * 16) * kLds + kk), kLds);
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      if (xl) {
+        for (int i = 0; i < 2; ++i)
+          wmma::load_matrix_sync(fa[i], reinterpret_cast<const __nv_bfloat16*>(s_xl + (wm * 32 + i * 16) * kLds + kk), kLds);
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      }
     }
     __syncthreads();
   }

@@ -6,6 +6,8 @@
 // reduction order — K tiles of 32 in ascending order, each one tensor-core MMA chain — depends on K
 // alone, never on M, N or the other rows of the batch: a token's bits are independent of batch
 // composition (deterministic mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it.
+// With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
+// on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.
 #pragma once
 #include <cstdint>
 
@@ -19,6 +21,7 @@ namespace moesq::ops {
 
 struct GemmBf16Args {
   const uint16_t* x = nullptr;    // [G, M, K] bf16 rows (row stride K)
+  const uint16_t* x_lo = nullptr; // [G, M, K] bf16 low parts (x ≈ x + x_lo, ~16 significant bits), or nullptr
   const uint16_t* w = nullptr;    // [G, N, K] bf16 weights
   float* y_f32 = nullptr;         // [G, M, ldy] fp32 output, or nullptr
   uint16_t* y_bf16 = nullptr;     // [G, M, ldy] bf16 output, or nullptr (exactly one of the two)

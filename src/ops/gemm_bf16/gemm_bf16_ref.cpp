@@ -27,7 +27,11 @@ void gemm_bf16_ref(const GemmBf16Args& a) {
         const uint16_t* xr = a.x + (g * a.M + m) * a.K;
         const uint16_t* wr = a.w + (g * a.N + n) * a.K;
         double acc = 0.0;
-        for (int64_t k = 0; k < a.K; ++k) acc += static_cast<double>(bf16_to_f32(xr[k]) * bf16_to_f32(wr[k]));
+        const uint16_t* lr = a.x_lo ? a.x_lo + (g * a.M + m) * a.K : nullptr;
+        for (int64_t k = 0; k < a.K; ++k) {
+          acc += static_cast<double>(bf16_to_f32(xr[k]) * bf16_to_f32(wr[k]));
+          if (lr) acc += static_cast<double>(bf16_to_f32(lr[k]) * bf16_to_f32(wr[k]));
+        }
         const int64_t o = (g * a.M + m) * a.ldy + n;
         if (a.y_f32)
           a.y_f32[o] = a.accumulate ? a.y_f32[o] + static_cast<float>(acc) : static_cast<float>(acc);

@@ -24,8 +24,14 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
   }
   const float inv = static_cast<float>(1.0 / sqrt(s_part[0] / static_cast<double>(a.D) + a.eps));
   uint16_t* yr = a.y + static_cast<int64_t>(blockIdx.x) * a.D;
-  for (int64_t i = threadIdx.x; i < a.D; i += kThreads)
-    yr[i] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(a.w[i], __fmul_rn(xr[i], inv))));
+  for (int64_t i = threadIdx.x; i < a.D; i += kThreads) {
+    const float v = __fmul_rn(a.w[i], __fmul_rn(xr[i], inv));
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    yr[i] = __bfloat16_as_ushort(hi);
+    if (a.y_lo)
+      a.y_lo[static_cast<int64_t>(blockIdx.x) * a.D + i] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(v, __bfloat162float(hi))));
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ struct RmsNormArgs {
   const float* x = nullptr;  // [n, D] fp32 rows
   const float* w = nullptr;  // [D] fp32 weight
   uint16_t* y = nullptr;     // [n, D] bf16 output
+  uint16_t* y_lo = nullptr;  // [n, D] bf16 of the rounding residue (fp32 y − y), or nullptr
   int64_t n = 0, D = 0;
   double eps = 1e-6;
 };

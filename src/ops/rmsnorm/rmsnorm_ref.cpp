@@ -22,7 +22,11 @@ void rmsnorm_ref(const RmsNormArgs& a) {
     for (int h = kThreads / 2; h > 0; h /= 2)
       for (int t = 0; t < h; ++t) part[t] += part[t + h];
     const float inv = static_cast<float>(1.0 / std::sqrt(part[0] / static_cast<double>(a.D) + a.eps));
-    for (int64_t i = 0; i < a.D; ++i) a.y[r * a.D + i] = f32_to_bf16(a.w[i] * (xr[i] * inv));
+    for (int64_t i = 0; i < a.D; ++i) {
+      const float v = a.w[i] * (xr[i] * inv);
+      a.y[r * a.D + i] = f32_to_bf16(v);
+      if (a.y_lo) a.y_lo[r * a.D + i] = f32_to_bf16(v - bf16_to_f32(a.y[r * a.D + i]));
+    }
   }
 }
 
