@@ -1,6 +1,6 @@
 // Causal GQA attention kernel over the bf16 KV cache (attention.h): one warp per (token, head);
 // lane l holds the head elements l, l+32, …; per key one fp32 dot (butterfly), online softmax;
-// 8 warps split the keys into contiguous chunks and merge in a fixed order.
+// 16 warps split the keys into contiguous chunks and merge in a fixed order.
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.cuh"
@@ -10,12 +10,13 @@ namespace moesq::ops {
 
 namespace {
 
-constexpr int kWarps = 8;  // warps per (token, head): each takes one contiguous chunk of the keys
+constexpr int kWarps = 16;  // warps per (token, head): each takes one contiguous chunk of the keys
+constexpr int kUnroll = 4;  // keys whose K rows are loaded and dotted together (ILP; same arithmetic)
 
 __device__ __forceinline__ float bf(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
 
-// One CTA per (token, head). Warp w runs an online softmax over keys [w·C, (w+1)·C), C = ⌈(pos+1)/8⌉,
-// then the 8 partial states merge in warp order. The split depends on the token's own position only,
+// One CTA per (token, head). Warp w runs an online softmax over keys [w·C, (w+1)·C), C = ⌈(pos+1)/16⌉,
+// then the 16 partial states merge in warp order. The split depends on the token's own position only,
 // so a row's bits are the same in any batch (and in prefill and decode).
 template <int kPer>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a) {
@@ -40,19 +41,31 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   const int64_t stride = static_cast<int64_t>(a.nkv) * a.hd;
   const uint16_t* kp = a.k_cache + (slot * a.max_len * a.nkv + kv) * a.hd + lane;
   const uint16_t* vp = a.v_cache + (slot * a.max_len * a.nkv + kv) * a.hd + lane;
-  for (int64_t j = j0; j < j1; ++j) {
-    float d = 0.0f;
+  for (int64_t jb = j0; jb < j1; jb += kUnroll) {
+    float d[kUnroll];
 #pragma unroll
-    for (int c = 0; c < kPer; ++c) d = fmaf(q[c], bf(kp[j * stride + 32 * c]), d);
+    for (int u = 0; u < kUnroll; ++u) {
+      d[u] = 0.0f;
+      if (jb + u < j1) {
 #pragma unroll
-    for (int x = 16; x > 0; x /= 2) d += __shfl_xor_sync(0xffffffffu, d, x);
-    const float s = d * a.scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = __expf(m - m_new), p = __expf(s - m_new);
-    l = fmaf(l, corr, p);
+        for (int c = 0; c < kPer; ++c) d[u] = fmaf(q[c], bf(kp[(jb + u) * stride + 32 * c]), d[u]);
+      }
+    }
 #pragma unroll
-    for (int c = 0; c < kPer; ++c) o[c] = fmaf(o[c], corr, p * bf(vp[j * stride + 32 * c]));
-    m = m_new;
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int x = 16; x > 0; x /= 2) d[u] += __shfl_xor_sync(0xffffffffu, d[u], x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (jb + u >= j1) break;
+      const float s = d[u] * a.scale;
+      const float m_new = fmaxf(m, s);
+      const float corr = __expf(m - m_new), p = __expf(s - m_new);
+      l = fmaf(l, corr, p);
+#pragma unroll
+      for (int c = 0; c < kPer; ++c) o[c] = fmaf(o[c], corr, p * bf(vp[(jb + u) * stride + 32 * c]));
+      m = m_new;
+    }
   }
   if (lane == 0) s_m[warp] = m, s_l[warp] = l;
 #pragma unroll

@@ -4,7 +4,7 @@
 // so a causal prefill and a decode step are the same call with different (slot, position) lists.
 // CPU twin: attention_ref (same online-softmax order; expf differs by ulps, so a tolerance).
 //
-// Non-obvious decision: one CTA per (token, head); its 8 warps take contiguous key chunks whose
+// Non-obvious decision: one CTA per (token, head); its 16 warps take contiguous key chunks whose
 // bounds depend on the token's position alone, and merge in warp order: a row's arithmetic never
 // depends on the batch (deterministic mode), and a decode step equals the prefill at that position.
 #pragma once

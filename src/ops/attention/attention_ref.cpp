@@ -1,4 +1,4 @@
-// CPU twin of ops::attention: per (token, head) online softmax over the kernel's 8 key chunks, merged in order.
+// CPU twin of ops::attention: per (token, head) online softmax over the kernel's 16 key chunks, merged in order.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -26,8 +26,8 @@ void attention_ref(const AttentionArgs& a) {
     for (int h = 0; h < a.nh; ++h) {
       const float* q = a.q + (t * a.nh + h) * a.hd;
       const int kv = h / group;
-      // The kernel's split: 8 contiguous chunks of ⌈(pos+1)/8⌉ keys, merged in chunk order.
-      constexpr int kChunks = 8;
+      // The kernel's split: 16 contiguous chunks of ⌈(pos+1)/8⌉ keys, merged in chunk order.
+      constexpr int kChunks = 16;
       const int64_t chunk = (pos + kChunks) / kChunks;
       float cm[kChunks], cl[kChunks];
       std::vector<std::vector<float>> co(kChunks, std::vector<float>(a.hd, 0.0f));

@@ -1,5 +1,5 @@
 // Batch-invariant grouped bf16 GEMM (gemm_bf16.h). A CTA of 4 warps owns a 64×64 output tile of one
-// group; K advances in 32-wide tiles staged in shared memory (zero-filled past M, N and the group's
+// group; K advances in 64-wide tiles staged in shared memory (zero-filled past M, N and the group's
 // count); each warp holds 2×2 wmma m16n16k16 fp32 accumulators. No split-K: the reduction order of
 // an element is fixed by K alone (see the header).
 #include "ops/gemm_bf16/gemm_bf16.h"
@@ -16,7 +16,9 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kPad = 8;  // bf16 elements of row padding (16 B) against bank conflicts
 constexpr int kLds = kGemmBlockK + kPad;
-static_assert(kGemmBlockM * kGemmBlockK / 8 == 2 * kThreads, "each thread loads two 16-byte vectors per operand");
+constexpr int kVecPerThread = kGemmBlockM * kGemmBlockK / 8 / kThreads;  // 16-byte loads per operand
+static_assert(kGemmBlockM == kGemmBlockN && kVecPerThread * kThreads * 8 == kGemmBlockM * kGemmBlockK,
+              "the tile loader assumes square M/N tiles split evenly over the threads");
 
 __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
   using namespace nvcuda;
@@ -36,18 +38,25 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
   for (int64_t k0 = 0; k0 < a.K; k0 += kGemmBlockK) {
-    for (int v = threadIdx.x; v < kGemmBlockM * kGemmBlockK / 8; v += kThreads) {
+    // All global loads of the tile first (kVecPerThread × 3 in flight), then the shared stores.
+    uint4 xv[kVecPerThread], wv[kVecPerThread], lv[kVecPerThread];
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int v = threadIdx.x + i * kThreads;
       const int r = v / (kGemmBlockK / 8), c = (v % (kGemmBlockK / 8)) * 8;
-      uint4 xv = make_uint4(0, 0, 0, 0), wv = make_uint4(0, 0, 0, 0);
-      if (m0 + r < rows && k0 + c < a.K) xv = *reinterpret_cast<const uint4*>(x + (m0 + r) * a.K + k0 + c);
-      if (n0 + r < a.N && k0 + c < a.K) wv = *reinterpret_cast<const uint4*>(w + (n0 + r) * a.K + k0 + c);
-      *reinterpret_cast<uint4*>(s_x + r * kLds + c) = xv;
-      *reinterpret_cast<uint4*>(s_w + r * kLds + c) = wv;
-      if (xl) {
-        uint4 lv = make_uint4(0, 0, 0, 0);
-        if (m0 + r < rows && k0 + c < a.K) lv = *reinterpret_cast<const uint4*>(xl + (m0 + r) * a.K + k0 + c);
-        *reinterpret_cast<uint4*>(s_xl + r * kLds + c) = lv;
-      }
+      const bool kin = k0 + c < a.K;
+      xv[i] = wv[i] = lv[i] = make_uint4(0, 0, 0, 0);
+      if (m0 + r < rows && kin) xv[i] = *reinterpret_cast<const uint4*>(x + (m0 + r) * a.K + k0 + c);
+      if (n0 + r < a.N && kin) wv[i] = *reinterpret_cast<const uint4*>(w + (n0 + r) * a.K + k0 + c);
+      if (xl && m0 + r < rows && kin) lv[i] = *reinterpret_cast<const uint4*>(xl + (m0 + r) * a.K + k0 + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int r = v / (kGemmBlockK / 8), c = (v % (kGemmBlockK / 8)) * 8;
+      *reinterpret_cast<uint4*>(s_x + r * kLds + c) = xv[i];
+      *reinterpret_cast<uint4*>(s_w + r * kLds + c) = wv[i];
+      if (xl) *reinterpret_cast<uint4*>(s_xl + r * kLds + c) = lv[i];
     }
     __syncthreads();
 #pragma unroll

@@ -2,8 +2,8 @@
 // accumulation on the tensor cores. Used for the attention projections, the router, the lm_head and
 // the dense (bf16) expert backend. CPU twin: gemm_bf16_ref (same descriptor, host pointers).
 //
-// Non-obvious decision: ONE tile config (64×64×32, no split-K) for every shape, so an output row's
-// reduction order — K tiles of 32 in ascending order, each one tensor-core MMA chain — depends on K
+// Non-obvious decision: ONE tile config (64×64×64, no split-K) for every shape, so an output row's
+// reduction order — one chain of k16 tensor-core MMAs in ascending K (hi then lo) — depends on K
 // alone, never on M, N or the other rows of the batch: a token's bits are independent of batch
 // composition (deterministic mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it.
 // With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
@@ -32,7 +32,7 @@ struct GemmBf16Args {
   int64_t ldy = 0;                // ≥ N
 };
 
-constexpr int kGemmBlockM = 64, kGemmBlockN = 64, kGemmBlockK = 32;
+constexpr int kGemmBlockM = 64, kGemmBlockN = 64, kGemmBlockK = 64;
 
 // Errors: K not a multiple of 8, ldy < N, not exactly one output, bad sizes.
 void gemm_bf16(const GemmBf16Args& args, cudaStream_t stream);
