@@ -11,6 +11,7 @@ namespace moesq::cli {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Benchmarks (GPU programs built next to moesq)");
   cmd->require_subcommand(1);
+  register_bench_e2e(cmd);
   auto* gemm = cmd->add_subcommand("gemm", "Grouped sparse GEMM vs dense peers: explains how to run build/bench_gemm");
   gemm->callback([] {
     std::printf(

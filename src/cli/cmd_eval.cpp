@@ -13,6 +13,9 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/eval.h"
+#ifdef MOESQ_HAVE_CUDA
+#include "runtime/eval_cuda.h"
+#endif
 
 namespace moesq::cli {
 
@@ -26,6 +29,8 @@ struct EvalArgs {
   std::string act_quant = "auto";
   std::string split = "all";
   int threads = 0;
+  std::string device = "cpu";     // cpu | cuda (the GPU engine, src/runtime)
+  std::string experts = "auto";   // GPU expert backend
 };
 
 void run_eval(const EvalArgs& a) {
@@ -37,7 +42,21 @@ void run_eval(const EvalArgs& a) {
   opt.split = io::parse_split(a.split);
   opt.act_quant = model::parse_act_quant(a.act_quant);
   opt.threads = a.threads;
-  const model::EvalResult r = model::evaluate_checkpoint(a.dir, a.data, opt);
+  std::string backend;
+  model::EvalResult r;
+  if (a.device == "cuda") {
+#ifdef MOESQ_HAVE_CUDA
+    runtime::CudaEvalOptions co;
+    co.eval = opt;
+    co.experts = runtime::parse_expert_backend(a.experts);
+    r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend);
+#else
+    MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
+#endif
+  } else {
+    MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
+    r = model::evaluate_checkpoint(a.dir, a.data, opt);
+  }
 
   if (a.json) {
     nlohmann::json j;
@@ -50,6 +69,7 @@ void run_eval(const EvalArgs& a) {
     j["split"] = r.split;
     j["predicted_tokens"] = r.predicted;
     j["seconds"] = r.seconds;
+    if (!backend.empty()) j["device"] = "cuda", j["experts"] = backend;
     j["files"] = nlohmann::json::array();
     for (const auto& f : r.files)
       j["files"].push_back({{"path", f.path},
@@ -96,6 +116,12 @@ void register_eval(CLI::App& app) {
       ->check(CLI::IsMember({"all", "train", "heldout"}))
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu (the reference forward) or cuda (the GPU engine)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--experts", args->experts,
+                  "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16 (awq-w4a16, nvfp4-w4a16: not built)")
+      ->capture_default_str();
   cmd->callback([args] { run_eval(*args); });
 }
 

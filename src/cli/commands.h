@@ -13,5 +13,7 @@ void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_audit(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_generate(CLI::App& app);  // cmd_generate.cpp
+void register_bench_e2e(CLI::App* bench);  // cmd_bench_e2e.cpp, under `bench`
 
 }  // namespace moesq::cli

@@ -1,0 +1,184 @@
+// `moesq bench e2e --synthetic qwen3-30b-a3b [--layers L] --experts bf16,sparse-w4a4 --batch 1,8,64
+// --prompt-len 2048 --gen 128 [--json]`: end-to-end serving numbers of the GPU engine with only the
+// expert backend varied, all backends in ONE run: TTFT (prefill of the whole batch), TPOT (median
+// decode step, CUDA graph, greedy on the GPU), output tokens/s, weight and KV-cache memory, and the
+// share of an (eager, event-timed) decode step spent in the MoE layers and in attention.
+// The weights are synthetic, drawn on the GPU from --seed (ops/synth_pack): no checkpoint needed.
+// Non-obvious decision: prefill runs in chunks of at most --prefill-tokens tokens (whole sequences),
+// since the expert batches are sized for the largest forward; TTFT at batch B is the time until all
+// B prompts are prefilled.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "runtime/backend.h"
+#include "runtime/weights.h"
+#ifdef MOESQ_HAVE_CUDA
+#include "runtime/engine.h"
+#endif
+
+namespace moesq::cli {
+
+namespace {
+
+struct E2eArgs {
+  std::string synthetic, experts = "bf16,sparse-w4a4", batches = "1,8,64";
+  int64_t layers = 0, prompt_len = 2048, gen = 128, prefill_tokens = 16384;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) out.push_back(x);
+  return out;
+}
+
+#ifdef MOESQ_HAVE_CUDA
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes a decode step must read at batch B: every non-expert weight once, the lm_head, and the
+// experts the B·k routes touch (expected distinct experts under uniform routing), and the bf16 K/V
+// of `ctx` cached tokens per sequence.
+double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, double ctx) {
+  const double H = s.hidden_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
+  const double attn = ((s.num_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd + E * H) * 2;
+  const double expert_w = 3 * I * H;
+  const double expert_bytes = b == runtime::ExpertBackend::kBf16 ? expert_w * 2 : expert_w * 2.75 / 8;
+  const double touched = E * (1 - std::pow(1 - static_cast<double>(s.top_k) / E, B));
+  const double kv = B * ctx * 2.0 * s.num_kv_heads * hd * 2;
+  return s.num_layers * (attn + touched * expert_bytes + kv) + s.vocab_size * H * 2;
+}
+#endif
+
+void run_e2e(const E2eArgs& a) {
+  MOESQ_CHECK(!a.synthetic.empty(), "bench e2e: give --synthetic MODEL (checkpoint directories: not yet)");
+  MOESQ_CHECK(a.prompt_len >= 1 && a.gen >= 4, "bench e2e: --prompt-len >= 1 and --gen >= 4");
+  const io::ModelSpec spec = runtime::synthetic_spec(a.synthetic, a.layers);
+  std::vector<runtime::ExpertBackend> backends;
+  for (const auto& e : split(a.experts)) {
+    backends.push_back(runtime::parse_expert_backend(e));
+    runtime::require_built(backends.back());
+  }
+  std::vector<int> batches;
+  for (const auto& b : split(a.batches)) batches.push_back(std::stoi(b));
+  const int max_b = *std::max_element(batches.begin(), batches.end());
+#ifndef MOESQ_HAVE_CUDA
+  (void)max_b;
+  MOESQ_FAIL("bench e2e: this moesq was built without CUDA");
+#else
+  const int64_t chunk_seqs = std::max<int64_t>(1, std::min<int64_t>(max_b, a.prefill_tokens / a.prompt_len));
+  nlohmann::json rows = nlohmann::json::array();
+  for (runtime::ExpertBackend backend : backends) {
+    progress("bench e2e", std::string("building ") + runtime::expert_backend_name(backend) + " synthetic " + a.synthetic);
+    runtime::EngineOptions eo;
+    eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
+    eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
+    runtime::Engine eng(spec, backend, a.seed, eo);
+    std::mt19937_64 rng(a.seed);
+    // Warm-up: one prefill (first-use costs: attributes, caches).
+    eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
+    for (int B : batches) {
+      eng.reset();
+      std::vector<runtime::SeqChunk> all;
+      for (int b = 0; b < B; ++b) {
+        std::vector<int32_t> p(a.prompt_len);
+        for (auto& t : p) t = static_cast<int32_t>(rng() % spec.vocab_size);
+        all.push_back({b, std::move(p)});
+      }
+      // Event timing on during prefill (events only, no extra syncs): attention and MoE shares.
+      eng.set_timing(true);
+      double pre_attn = 0, pre_moe = 0;
+      const double t0 = now_s();
+      for (size_t i = 0; i < all.size(); i += chunk_seqs) {
+        std::vector<runtime::SeqChunk> part(all.begin() + i, all.begin() + std::min(all.size(), i + chunk_seqs));
+        eng.forward(part, false);
+        pre_attn += eng.last_attention_ms(), pre_moe += eng.last_moe_ms();
+      }
+      const double ttft = now_s() - t0;
+      eng.set_timing(false);
+      std::vector<int32_t> tok(B, 1);
+      tok = eng.decode_greedy(tok);  // captures the graph for B (not timed)
+      std::vector<double> steps;
+      for (int64_t s = 0; s + 2 < a.gen; ++s) {
+        const double s0 = now_s();
+        tok = eng.decode_greedy(tok);
+        steps.push_back(now_s() - s0);
+      }
+      std::sort(steps.begin(), steps.end());
+      const double tpot = steps[steps.size() / 2];
+      // One eager, event-timed decode step: MoE and attention shares.
+      eng.set_timing(true);
+      std::vector<runtime::SeqChunk> one;
+      for (int b = 0; b < B; ++b) one.push_back({b, {tok[b]}});
+      const double e0 = now_s();
+      eng.forward(one, false);
+      const double eager_ms = (now_s() - e0) * 1e3;
+      eng.set_timing(false);
+      const double floor_ms = step_bytes(spec, backend, B, a.prompt_len + a.gen / 2.0) / 4.25e12 * 1e3;
+      nlohmann::json r;
+      r["experts"] = runtime::expert_backend_name(backend);
+      r["batch"] = B;
+      r["ttft_ms"] = ttft * 1e3;
+      r["tpot_ms"] = tpot * 1e3;
+      r["output_tokens_per_s"] = B / tpot;
+      r["weight_gb"] = eng.weight_bytes() / 1e9;
+      r["kv_cache_gb"] = eng.kv_bytes() / 1e9;
+      r["moe_share_of_step"] = eng.last_moe_ms() / eager_ms;
+      r["attention_share_of_step"] = eng.last_attention_ms() / eager_ms;
+      r["eager_step_ms"] = eager_ms;
+      r["prefill_attention_share"] = pre_attn / (ttft * 1e3);
+      r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
+      r["decode_floor_ms"] = floor_ms;
+      r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
+      rows.push_back(r);
+      std::fprintf(stderr, "[bench e2e] %-12s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
+                   runtime::expert_backend_name(backend), B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
+                   eng.kv_bytes() / 1e9, 100 * eng.last_moe_ms() / eager_ms, 100 * eng.last_attention_ms() / eager_ms,
+                   100 * pre_moe / (ttft * 1e3), 100 * pre_attn / (ttft * 1e3), floor_ms);
+    }
+  }
+  nlohmann::json j;
+  j["model"] = "synthetic:" + a.synthetic;
+  j["layers"] = spec.num_layers;
+  j["prompt_len"] = a.prompt_len;
+  j["gen"] = a.gen;
+  j["deterministic"] = true;
+  j["hbm_bandwidth_assumed_tb_s"] = 4.25;
+  j["results"] = rows;
+  if (a.json) std::printf("%s\n", j.dump(2).c_str());
+#endif
+}
+
+}  // namespace
+
+void register_bench_e2e(CLI::App* bench) {
+  auto args = std::make_shared<E2eArgs>();
+  auto* cmd = bench->add_subcommand("e2e", "End-to-end GPU engine benchmark (TTFT, TPOT, tokens/s, memory) per expert backend");
+  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b: synthetic weights on the GPU");
+  cmd->add_option("--layers", args->layers, "decoder layers (0 = all)")->capture_default_str();
+  cmd->add_option("--experts", args->experts, "comma-separated backends")->capture_default_str();
+  cmd->add_option("--batch", args->batches, "comma-separated batch sizes")->capture_default_str();
+  cmd->add_option("--prompt-len", args->prompt_len, "prompt tokens per sequence")->capture_default_str();
+  cmd->add_option("--gen", args->gen, "generated tokens per sequence")->capture_default_str();
+  cmd->add_option("--prefill-tokens", args->prefill_tokens, "most tokens per prefill forward")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "weight seed")->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] { run_e2e(*args); });
+}
+
+}  // namespace moesq::cli

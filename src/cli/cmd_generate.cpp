@@ -1,0 +1,152 @@
+// `moesq generate DIR (--prompt TEXT | --prompt-ids F) --max-new-tokens N [--temperature T --top-p P
+// --seed S] --device cpu|cuda [--experts B] [--json]`: continues a prompt. Greedy by default; text
+// out for a byte-level vocabulary (256 ids), token ids otherwise. CPU: the KV-cached model::KvDecoder;
+// CUDA: the GPU engine (runtime/engine.h), prefill then decode steps replayed from a CUDA graph.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "io/checkpoint.h"
+#include "model/kv_decoder.h"
+#include "model/qwen3_moe.h"
+#include "runtime/backend.h"
+#include "runtime/sampler.h"
+#ifdef MOESQ_HAVE_CUDA
+#include "runtime/engine.h"
+#endif
+
+namespace moesq::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string dir, prompt, prompt_ids, device = "cpu", experts = "auto";
+  int64_t max_new = 32;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+std::vector<int32_t> read_ids(const std::string& path) {
+  std::ifstream f(path);
+  MOESQ_CHECK(f.good(), "--prompt-ids: cannot open ", path);
+  std::vector<int32_t> ids;
+  long long v;
+  while (f >> v) ids.push_back(static_cast<int32_t>(v));
+  MOESQ_CHECK(f.eof(), "--prompt-ids: ", path, " is not whitespace-separated integers");
+  return ids;
+}
+
+void run_generate(const GenerateArgs& a) {
+  MOESQ_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "generate: give exactly one of --prompt, --prompt-ids");
+  MOESQ_CHECK(a.max_new >= 1, "--max-new-tokens: ", a.max_new, " must be >= 1");
+  const io::Checkpoint ckpt(a.dir);
+  const int64_t V = ckpt.spec().vocab_size;
+  const bool bytes = V == 256;
+  std::vector<int32_t> prompt;
+  if (!a.prompt.empty()) {
+    MOESQ_CHECK(bytes, "--prompt: ", a.dir, " has a vocabulary of ", V,
+                " ids, not bytes; give --prompt-ids (a tokenizer comes with the interop issue)");
+    for (unsigned char c : a.prompt) prompt.push_back(c);
+  } else {
+    prompt = read_ids(a.prompt_ids);
+  }
+  MOESQ_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  for (int32_t t : prompt) MOESQ_CHECK(t >= 0 && t < V, "generate: prompt id ", t, " outside [0, ", V, ")");
+  const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new;
+  ckpt.spec().check_seq_len(total, "--max-new-tokens");
+  runtime::SamplerOptions so;
+  so.temperature = a.temperature, so.top_p = a.top_p, so.seed = a.seed;
+  runtime::Sampler sampler(so);
+  std::vector<int32_t> out;
+  double ttft = 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::string backend = "cpu";
+  if (a.device == "cuda") {
+#ifdef MOESQ_HAVE_CUDA
+    runtime::EngineOptions eo;
+    eo.experts = runtime::parse_expert_backend(a.experts);
+    eo.max_seqs = 1, eo.max_len = total, eo.max_tokens = total;
+    runtime::Engine eng(ckpt, eo);
+    backend = runtime::expert_backend_name(eng.backend());
+    std::vector<float> z = eng.forward({{0, prompt}}, false);
+    ttft = seconds();
+    while (true) {
+      out.push_back(sampler.next(z.data(), V));
+      if (static_cast<int64_t>(out.size()) == a.max_new) break;
+      z = eng.decode({out.back()});
+    }
+#else
+    MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
+#endif
+  } else {
+    MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
+    const model::Qwen3Moe m(ckpt);
+    model::KvDecoder dec(m, total, m.default_forward_options());
+    std::vector<float> z;
+    for (int32_t t : prompt) z = dec.step(t);
+    ttft = seconds();
+    while (true) {
+      out.push_back(sampler.next(z.data(), V));
+      if (static_cast<int64_t>(out.size()) == a.max_new) break;
+      z = dec.step(out.back());
+    }
+  }
+  const double secs = seconds();
+  std::string text;
+  if (bytes)
+    for (int32_t t : out) text.push_back(static_cast<char>(t));
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.dir;
+    j["device"] = a.device;
+    j["experts"] = backend;
+    j["prompt_tokens"] = prompt.size();
+    j["generated_ids"] = out;
+    if (bytes) j["text"] = text;
+    j["ttft_s"] = ttft;
+    j["seconds"] = secs;
+    j["decode_tokens_per_s"] = out.size() > 1 ? (out.size() - 1) / std::max(secs - ttft, 1e-9) : 0.0;
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  if (bytes) {
+    std::printf("%s\n", text.c_str());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+    std::printf("\n");
+  }
+  progress("generate", std::to_string(out.size()) + " tokens in " + std::to_string(secs) + " s (" + a.device + ")");
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate",
+                                 "Continue a prompt with a checkpoint (greedy by default). Prints text for a\n"
+                                 "byte-level vocabulary, token ids otherwise.");
+  cmd->add_option("DIR", args->dir, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--prompt", args->prompt, "prompt text (byte-level vocabularies)");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "file of whitespace-separated prompt token ids");
+  cmd->add_option("--max-new-tokens", args->max_new, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "nucleus mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--experts", args->experts, "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] { run_generate(*args); });
+}
+
+}  // namespace moesq::cli

@@ -1,0 +1,110 @@
+// Batch-invariant grouped bf16 GEMM (gemm_bf16.h). A CTA of 4 warps owns a 64×64 output tile of one
+// group; K advances in 64-wide tiles staged in shared memory (zero-filled past M, N and the group's
+// count); each warp holds 2×2 wmma m16n16k16 fp32 accumulators. No split-K: the reduction order of
+// an element is fixed by K alone (see the header).
+#include "ops/gemm_bf16/gemm_bf16.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include "core/cuda/check.cuh"
+
+namespace moesq::ops {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kPad = 8;  // bf16 elements of row padding (16 B) against bank conflicts
+constexpr int kLds = kGemmBlockK + kPad;
+constexpr int kVecPerThread = kGemmBlockM * kGemmBlockK / 8 / kThreads;  // 16-byte loads per operand
+static_assert(kGemmBlockM == kGemmBlockN && kVecPerThread * kThreads * 8 == kGemmBlockM * kGemmBlockK,
+              "the tile loader assumes square M/N tiles split evenly over the threads");
+
+__global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
+  using namespace nvcuda;
+  __shared__ __align__(128) uint16_t s_x[kGemmBlockM * kLds];  // [BLOCK_M, BLOCK_K + pad]
+  __shared__ __align__(128) uint16_t s_w[kGemmBlockN * kLds];  // [BLOCK_N, BLOCK_K + pad]
+  __shared__ __align__(128) uint16_t s_xl[kGemmBlockM * kLds]; // [BLOCK_M, BLOCK_K + pad] x_lo tile
+  __shared__ __align__(128) float s_y[kGemmBlockM * kGemmBlockN];  // [BLOCK_M, BLOCK_N] epilogue stage
+  const int g = blockIdx.z;
+  const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGemmBlockM, n0 = static_cast<int64_t>(blockIdx.x) * kGemmBlockN;
+  if (m0 >= rows) return;
+  const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
+  const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  const uint16_t* xl = a.x_lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  for (int64_t k0 = 0; k0 < a.K; k0 += kGemmBlockK) {
+    // All global loads of the tile first (kVecPerThread × 3 in flight), then the shared stores.
+    uint4 xv[kVecPerThread], wv[kVecPerThread], lv[kVecPerThread];
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int r = v / (kGemmBlockK / 8), c = (v % (kGemmBlockK / 8)) * 8;
+      const bool kin = k0 + c < a.K;
+      xv[i] = wv[i] = lv[i] = make_uint4(0, 0, 0, 0);
+      if (m0 + r < rows && kin) xv[i] = *reinterpret_cast<const uint4*>(x + (m0 + r) * a.K + k0 + c);
+      if (n0 + r < a.N && kin) wv[i] = *reinterpret_cast<const uint4*>(w + (n0 + r) * a.K + k0 + c);
+      if (xl && m0 + r < rows && kin) lv[i] = *reinterpret_cast<const uint4*>(xl + (m0 + r) * a.K + k0 + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int r = v / (kGemmBlockK / 8), c = (v % (kGemmBlockK / 8)) * 8;
+      *reinterpret_cast<uint4*>(s_x + r * kLds + c) = xv[i];
+      *reinterpret_cast<uint4*>(s_w + r * kLds + c) = wv[i];
+      if (xl) *reinterpret_cast<uint4*>(s_xl + r * kLds + c) = lv[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kGemmBlockK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+      for (int i = 0; i < 2; ++i)
+        wmma::load_matrix_sync(fa[i], reinterpret_cast<const __nv_bfloat16*>(s_x + (wm * 32 + i * 16) * kLds + kk), kLds);
+      for (int j = 0; j < 2; ++j)
+        wmma::load_matrix_sync(fb[j], reinterpret_cast<const __nv_bfloat16*>(s_w + (wn * 32 + j * 16) * kLds + kk), kLds);
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      if (xl) {
+        for (int i = 0; i < 2; ++i)
+          wmma::load_matrix_sync(fa[i], reinterpret_cast<const __nv_bfloat16*>(s_xl + (wm * 32 + i * 16) * kLds + kk), kLds);
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(s_y + (wm * 32 + i * 16) * kGemmBlockN + wn * 32 + j * 16, acc[i][j], kGemmBlockN,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int v = threadIdx.x; v < kGemmBlockM * kGemmBlockN; v += kThreads) {
+    const int r = v / kGemmBlockN, c = v % kGemmBlockN;
+    if (m0 + r >= rows || n0 + c >= a.N) continue;
+    const int64_t o = (static_cast<int64_t>(g) * a.M + m0 + r) * a.ldy + n0 + c;
+    const float val = s_y[v];
+    if (a.y_f32)
+      a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
+    else
+      a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+  }
+}
+
+}  // namespace
+
+void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
+  gemm_bf16_check(a);
+  if (a.M == 0) return;
+  const dim3 grid(static_cast<unsigned>((a.N + kGemmBlockN - 1) / kGemmBlockN),
+                  static_cast<unsigned>((a.M + kGemmBlockM - 1) / kGemmBlockM), static_cast<unsigned>(a.groups));
+  MOESQ_CHECK(grid.y <= 65535 && grid.z <= 65535, "gemm_bf16: M=", a.M, " or G=", a.groups, " too large for the grid");
+  gemm_bf16_kernel<<<grid, kThreads, 0, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel");
+}
+
+}  // namespace moesq::ops

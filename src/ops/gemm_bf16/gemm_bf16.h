@@ -1,0 +1,43 @@
+// Launcher: batch-invariant grouped bf16 GEMM, y_g = x_g · W_gᵀ (PyTorch Linear layout), fp32
+// accumulation on the tensor cores. Used for the attention projections, the router, the lm_head and
+// the dense (bf16) expert backend. CPU twin: gemm_bf16_ref (same descriptor, host pointers).
+//
+// Non-obvious decision: ONE tile config (64×64×64, no split-K) for every shape, so an output row's
+// reduction order — one chain of k16 tensor-core MMAs in ascending K (hi then lo) — depends on K
+// alone, never on M, N or the other rows of the batch: a token's bits are independent of batch
+// composition (deterministic mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it.
+// With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
+// on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime_api.h>
+#else
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+namespace moesq::ops {
+
+struct GemmBf16Args {
+  const uint16_t* x = nullptr;    // [G, M, K] bf16 rows (row stride K)
+  const uint16_t* x_lo = nullptr; // [G, M, K] bf16 low parts (x ≈ x + x_lo, ~16 significant bits), or nullptr
+  const uint16_t* w = nullptr;    // [G, N, K] bf16 weights
+  float* y_f32 = nullptr;         // [G, M, ldy] fp32 output, or nullptr
+  uint16_t* y_bf16 = nullptr;     // [G, M, ldy] bf16 output, or nullptr (exactly one of the two)
+  bool accumulate = false;        // y_f32 += x·Wᵀ (residual add) instead of y_f32 = x·Wᵀ
+  const int32_t* counts = nullptr;  // [G] valid rows per group (clamped to M), nullptr: all M
+  int groups = 1;
+  int64_t M = 0, N = 0, K = 0;    // K % 8 == 0
+  int64_t ldy = 0;                // ≥ N
+};
+
+constexpr int kGemmBlockM = 64, kGemmBlockN = 64, kGemmBlockK = 64;
+
+// Errors: K not a multiple of 8, ldy < N, not exactly one output, bad sizes.
+void gemm_bf16(const GemmBf16Args& args, cudaStream_t stream);
+// Plain loops over host pointers; fp32 products of the bf16 inputs summed in fp64, rounded once.
+void gemm_bf16_ref(const GemmBf16Args& args);
+void gemm_bf16_check(const GemmBf16Args& args);  // the launcher's argument checks (shared by the ref)
+
+}  // namespace moesq::ops

@@ -1,0 +1,44 @@
+// CPU twin of ops::gemm_bf16 (gemm_bf16.h): plain loops, fp64 accumulation of exact bf16 products.
+#include "ops/gemm_bf16/gemm_bf16.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace moesq::ops {
+
+void gemm_bf16_check(const GemmBf16Args& a) {
+  MOESQ_CHECK(a.groups >= 1 && a.M >= 0 && a.N > 0 && a.K > 0, "gemm_bf16: bad sizes G=", a.groups, " M=", a.M,
+              " N=", a.N, " K=", a.K);
+  MOESQ_CHECK(a.K % 8 == 0, "gemm_bf16: K=", a.K, " is not a multiple of 8 (16-byte rows)");
+  MOESQ_CHECK(a.ldy >= a.N, "gemm_bf16: ldy=", a.ldy, " < N=", a.N);
+  MOESQ_CHECK((a.y_f32 != nullptr) != (a.y_bf16 != nullptr), "gemm_bf16: give exactly one of y_f32, y_bf16");
+  MOESQ_CHECK(!a.accumulate || a.y_f32, "gemm_bf16: accumulate needs the fp32 output");
+  MOESQ_CHECK(a.x && a.w, "gemm_bf16: null input");
+}
+
+void gemm_bf16_ref(const GemmBf16Args& a) {
+  gemm_bf16_check(a);
+  for (int g = 0; g < a.groups; ++g) {
+    const int64_t rows = a.counts ? std::clamp<int64_t>(a.counts[g], 0, a.M) : a.M;
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t n = 0; n < a.N; ++n) {
+        const uint16_t* xr = a.x + (g * a.M + m) * a.K;
+        const uint16_t* wr = a.w + (g * a.N + n) * a.K;
+        double acc = 0.0;
+        const uint16_t* lr = a.x_lo ? a.x_lo + (g * a.M + m) * a.K : nullptr;
+        for (int64_t k = 0; k < a.K; ++k) {
+          acc += static_cast<double>(bf16_to_f32(xr[k]) * bf16_to_f32(wr[k]));
+          if (lr) acc += static_cast<double>(bf16_to_f32(lr[k]) * bf16_to_f32(wr[k]));
+        }
+        const int64_t o = (g * a.M + m) * a.ldy + n;
+        if (a.y_f32)
+          a.y_f32[o] = a.accumulate ? a.y_f32[o] + static_cast<float>(acc) : static_cast<float>(acc);
+        else
+          a.y_bf16[o] = f32_to_bf16(static_cast<float>(acc));
+      }
+  }
+}
+
+}  // namespace moesq::ops

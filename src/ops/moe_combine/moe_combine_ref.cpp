@@ -1,0 +1,45 @@
+// CPU twin of ops::moe_combine.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/moe_combine/moe_combine.h"
+
+namespace moesq::ops {
+
+void moe_combine_check(const MoeCombineArgs& a) {
+  MOESQ_CHECK(a.topk >= 1 && a.topk <= 32 && a.num_experts > 0 && a.capacity >= 0 && a.T >= 0 && a.H > 0 &&
+                  a.ldy >= a.H,
+              "moe_combine: bad sizes T=", a.T, " H=", a.H, " ldy=", a.ldy, " k=", a.topk, " E=", a.num_experts,
+              " capacity=", a.capacity);
+}
+
+void moe_combine_ref(const MoeCombineArgs& a) {
+  moe_combine_check(a);
+  std::fill(a.slot_of_route, a.slot_of_route + a.T * a.topk, -1);
+  for (int e = 0; e < a.num_experts; ++e) {
+    const int n = std::clamp(a.counts[e], 0, a.capacity);
+    for (int s = 0; s < n; ++s) a.slot_of_route[a.route_of_slot[static_cast<int64_t>(e) * a.capacity + s]] = s;
+  }
+  std::vector<int> order(a.topk);
+  for (int64_t t = 0; t < a.T; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int x, int y) { return a.topk_ids[t * a.topk + x] < a.topk_ids[t * a.topk + y]; });
+    for (int64_t c = 0; c < a.H; ++c) {
+      float acc = 0.0f;
+      for (int j : order) {
+        const int64_t r = t * a.topk + j;
+        const int s = a.slot_of_route[r];
+        if (s < 0) continue;
+        const int64_t e = a.topk_ids[r];
+        acc += bf16_to_f32(a.y[(e * a.capacity + s) * a.ldy + c]) * a.topk_w[r];
+      }
+      a.h[t * a.H + c] += acc;
+    }
+  }
+}
+
+}  // namespace moesq::ops

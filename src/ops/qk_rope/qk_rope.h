@@ -1,0 +1,38 @@
+// Launcher: after the fused q|k|v projection, per-head RMSNorm of q and k (Qwen3's q_norm/k_norm),
+// RoPE with the CPU forward's tables (model::rope_tables, uploaded once), and the append of k and v
+// to the bf16 KV cache at each token's (sequence slot, position). q stays fp32 for the attention.
+// CPU twin: qk_rope_ref, bitwise equal: the head norm's fp64 sum is a warp butterfly that the twin
+// replays, and every fp32 product/sum is rounded as written (no fma), as in model::apply_rope.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime_api.h>
+#else
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+namespace moesq::ops {
+
+struct QkRopeArgs {
+  const float* qkv = nullptr;      // [T, (nh + 2·nkv)·hd] fp32: q heads, then k heads, then v heads
+  const float* q_norm = nullptr;   // [hd] fp32
+  const float* k_norm = nullptr;   // [hd] fp32
+  const float* cos = nullptr;      // [max_len, hd/2] fp32 RoPE table
+  const float* sin = nullptr;      // [max_len, hd/2] fp32
+  const int32_t* tok_slot = nullptr;  // [T] KV-cache slot (sequence) of each token
+  const int32_t* tok_pos = nullptr;   // [T] position of each token in its sequence, < max_len
+  float* q_out = nullptr;          // [T, nh·hd] fp32 normalized + rotated queries
+  uint16_t* k_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
+  uint16_t* v_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
+  int64_t T = 0;
+  int nh = 0, nkv = 0, hd = 0;     // hd % 64 == 0, hd ≤ 256
+  int64_t max_len = 0;
+  double eps = 1e-6;
+};
+
+void qk_rope(const QkRopeArgs& args, cudaStream_t stream);
+void qk_rope_ref(const QkRopeArgs& args);  // host pointers
+void qk_rope_check(const QkRopeArgs& args);
+
+}  // namespace moesq::ops

@@ -1,0 +1,74 @@
+// CPU twin of ops::qk_rope: the kernel's per-lane strided fp64 partial sums and xor butterfly.
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/qk_rope/qk_rope.h"
+
+namespace moesq::ops {
+
+void qk_rope_check(const QkRopeArgs& a) {
+  MOESQ_CHECK(a.T >= 0 && a.nh > 0 && a.nkv > 0 && a.nh % a.nkv == 0, "qk_rope: bad heads nh=", a.nh, " nkv=", a.nkv);
+  MOESQ_CHECK(a.hd > 0 && a.hd % 64 == 0 && a.hd <= 256, "qk_rope: head_dim ", a.hd,
+              " not supported (a multiple of 64, at most 256)");
+  MOESQ_CHECK(a.max_len > 0, "qk_rope: max_len must be > 0");
+}
+
+namespace {
+
+// The kernel's head RMSNorm scale: lane l sums x[i]² for i ≡ l (mod 32), then a butterfly.
+float head_inv_rms(const float* x, int hd, double eps) {
+  double p[32];
+  for (int l = 0; l < 32; ++l) {
+    double s = 0.0;
+    for (int i = l; i < hd; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    p[l] = s;
+  }
+  for (int h = 1; h < 32; h *= 2) {
+    double q[32];
+    for (int l = 0; l < 32; ++l) q[l] = p[l] + p[l ^ h];
+    for (int l = 0; l < 32; ++l) p[l] = q[l];
+  }
+  return static_cast<float>(1.0 / std::sqrt(p[0] / static_cast<double>(hd) + eps));
+}
+
+}  // namespace
+
+void qk_rope_ref(const QkRopeArgs& a) {
+  qk_rope_check(a);
+  const int heads = a.nh + 2 * a.nkv, half = a.hd / 2;
+  std::vector<float> v(a.hd);
+  for (int64_t t = 0; t < a.T; ++t) {
+    const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
+    MOESQ_CHECK(pos >= 0 && pos < a.max_len, "qk_rope: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
+    for (int j = 0; j < heads; ++j) {
+      const float* x = a.qkv + (t * heads + j) * a.hd;
+      const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
+      const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
+      const int64_t cache_off = ((slot * a.max_len + pos) * a.nkv + kv) * a.hd;
+      if (!is_q && !is_k) {
+        for (int i = 0; i < a.hd; ++i) a.v_cache[cache_off + i] = f32_to_bf16(x[i]);
+        continue;
+      }
+      const float* w = is_q ? a.q_norm : a.k_norm;
+      const float inv = head_inv_rms(x, a.hd, a.eps);
+      for (int i = 0; i < a.hd; ++i) v[i] = w[i] * (x[i] * inv);
+      const float* c = a.cos + pos * half;
+      const float* s = a.sin + pos * half;
+      for (int i = 0; i < half; ++i) {
+        const float lo = v[i], hi = v[i + half];
+        const float r0 = lo * c[i] - hi * s[i], r1 = hi * c[i] + lo * s[i];
+        if (is_q) {
+          a.q_out[(t * a.nh + j) * a.hd + i] = r0;
+          a.q_out[(t * a.nh + j) * a.hd + i + half] = r1;
+        } else {
+          a.k_cache[cache_off + i] = f32_to_bf16(r0);
+          a.k_cache[cache_off + i + half] = f32_to_bf16(r1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moesq::ops

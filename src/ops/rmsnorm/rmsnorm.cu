@@ -1,0 +1,46 @@
+// RMSNorm kernel (rmsnorm.h): one CTA of 256 threads per row, fp64 tree reduction in a fixed order.
+#include <cuda_bf16.h>
+
+#include "core/cuda/check.cuh"
+#include "ops/rmsnorm/rmsnorm.h"
+
+namespace moesq::ops {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
+  __shared__ double s_part[kThreads];
+  const float* xr = a.x + static_cast<int64_t>(blockIdx.x) * a.D;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < a.D; i += kThreads)  // _rn: no fma contraction, as the CPU twin
+    s = __dadd_rn(s, __dmul_rn(static_cast<double>(xr[i]), static_cast<double>(xr[i])));
+  s_part[threadIdx.x] = s;
+  __syncthreads();
+  for (int h = kThreads / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h) s_part[threadIdx.x] = __dadd_rn(s_part[threadIdx.x], s_part[threadIdx.x + h]);
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(s_part[0] / static_cast<double>(a.D) + a.eps));
+  uint16_t* yr = a.y + static_cast<int64_t>(blockIdx.x) * a.D;
+  for (int64_t i = threadIdx.x; i < a.D; i += kThreads) {
+    const float v = __fmul_rn(a.w[i], __fmul_rn(xr[i], inv));
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    yr[i] = __bfloat16_as_ushort(hi);
+    if (a.y_lo)
+      a.y_lo[static_cast<int64_t>(blockIdx.x) * a.D + i] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(v, __bfloat162float(hi))));
+  }
+}
+
+}  // namespace
+
+void rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
+  MOESQ_CHECK(a.D > 0 && a.n >= 0, "rmsnorm: bad sizes n=", a.n, " D=", a.D);
+  if (a.n == 0) return;
+  rmsnorm_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+}
+
+}  // namespace moesq::ops

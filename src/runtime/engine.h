@@ -1,0 +1,85 @@
+// The GPU engine for qwen3_moe on one GPU: weights uploaded once, batched prefill and KV-cached
+// decode over fixed sequence slots, expert backends from runtime/backend.h, decode steps replayed
+// from CUDA graphs. Plain C++ interface (the CUDA state lives in engine.cu behind Impl).
+//
+// Per layer: RMSNorm → fused q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention
+// → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
+// (+ NVFP4 act quant) → gate|up grouped GEMM → SwiGLU (+ requant) → down grouped GEMM → combine in
+// ascending expert order (+= residual). Residual stream fp32; non-expert GEMM inputs bf16 hi + lo
+// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4); KV cache bf16.
+//
+// Deterministic (always, in this version): every GEMM outside the experts is ops::gemm_bf16 (one
+// tile config, no split-K), attention has no split-KV, the combine has a fixed order and the sparse
+// expert GEMM has no split-K, so a sequence's logits do not depend on what else is in the batch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "runtime/backend.h"
+#include "runtime/weights.h"
+
+namespace moesq::runtime {
+
+struct EngineOptions {
+  ExpertBackend experts = ExpertBackend::kAuto;
+  int max_seqs = 1;          // KV-cache slots
+  int64_t max_len = 0;       // tokens per slot; 0: max_position_embeddings (or 4096 when not given)
+  int64_t max_tokens = 0;    // tokens per forward call (activation buffers); 0: max_seqs · max_len
+};
+
+// A run of new tokens for one slot, appended at the slot's current length.
+struct SeqChunk {
+  int slot = 0;
+  std::vector<int32_t> tokens;
+};
+
+class Engine {
+ public:
+  Engine(const io::Checkpoint& ckpt, const EngineOptions& opt);
+  Engine(HostModel host, const EngineOptions& opt);
+  // A synthetic model of `spec`'s exact shapes with weights drawn on the GPU from `seed`
+  // (ops/synth_pack: uniform bf16 noise, paired 4:8 experts drawn in the packed domain): for
+  // `moesq bench e2e --synthetic`. backend: bf16, sparse-w4a4 or sparse-w4a16.
+  Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const io::ModelSpec& spec() const;
+  ExpertBackend backend() const;
+  const std::string& expert_format() const;
+  bool act_quant() const;
+  int act_block() const;
+  int max_seqs() const;
+  int64_t max_len() const;
+
+  // Appends each chunk to its slot; returns fp32 logits [Σ tokens, V] (all_logits) or [chunks, V]
+  // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens.
+  std::vector<float> forward(const std::vector<SeqChunk>& chunks, bool all_logits);
+  // One token for each of slots 0..B-1 (B = tokens.size()), from a CUDA graph captured per B on
+  // first use; returns logits [B, V].
+  std::vector<float> decode(const std::vector<int32_t>& tokens);
+  // The same step returning only the greedy next token of each slot (argmax on the GPU, lowest id on
+  // ties), so a benchmark step does not copy B·V logits to the host.
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& tokens);
+  void reset();                     // every slot empty (the KV cache is simply overwritten)
+  int64_t length(int slot) const;   // tokens in the slot
+
+  size_t weight_bytes() const;  // device bytes of all weights
+  size_t kv_bytes() const;      // device bytes of the KV cache
+  // Milliseconds of the last forward/decode spent in attention (qk_rope + attention kernels) and in
+  // the MoE part (router to combine), measured with events when timing is on (it syncs per layer).
+  void set_timing(bool on);
+  double last_attention_ms() const;
+  double last_moe_ms() const;
+
+ private:
+  void decode_step(const std::vector<int32_t>& tokens, std::vector<float>* logits, std::vector<int32_t>* next);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesq::runtime

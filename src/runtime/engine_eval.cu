@@ -1,0 +1,112 @@
+// GPU evaluation driver (eval_cuda.h): windows → batched engine prefills → per-window Σ nll (fp64, the
+// CPU formula) → per-file and overall nats/token reduced in window order, as model::evaluate_model.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "io/checkpoint.h"
+#include "io/tokens.h"
+#include "runtime/engine.h"
+#include "runtime/eval_cuda.h"
+
+namespace moesq::runtime {
+
+model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::vector<std::string>& files,
+                                           const CudaEvalOptions& opt, std::string* backend_used) {
+  MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
+  MOESQ_CHECK(opt.eval.seq_len >= 2, "--seq-len: ", opt.eval.seq_len, " is too short (a window needs >= 2 tokens)");
+  MOESQ_CHECK(opt.batch >= 1, "eval: batch must be >= 1");
+  progress("eval", "loading " + dir + " onto the GPU");
+  const io::Checkpoint ckpt(dir);
+  ckpt.spec().check_seq_len(opt.eval.seq_len, "--seq-len");
+  HostModel host = load_host_model(ckpt, opt.experts);
+  // --act-quant: auto keeps the backend's own; none / nvfp4 pick the paired 4:8 variant.
+  if (opt.eval.act_quant == model::ActQuant::None && host.backend == ExpertBackend::kSparseW4A4 &&
+      opt.experts == ExpertBackend::kAuto)
+    host = load_host_model(ckpt, ExpertBackend::kSparseW4A16);
+  MOESQ_CHECK(opt.eval.act_quant != model::ActQuant::None || !host.act_quant,
+              "--act-quant none contradicts --experts sparse-w4a4 (use sparse-w4a16)");
+  MOESQ_CHECK(opt.eval.act_quant != model::ActQuant::Nvfp4 || host.act_quant,
+              "--act-quant nvfp4 on the GPU needs the sparse-w4a4 backend (a paired-4:8 checkpoint)");
+  EngineOptions eo;
+  eo.max_seqs = opt.batch, eo.max_len = opt.eval.seq_len, eo.max_tokens = opt.batch * opt.eval.seq_len;
+  Engine eng(std::move(host), eo);
+  if (backend_used) *backend_used = expert_backend_name(eng.backend());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  model::EvalResult res;
+  res.model = dir;
+  res.act_quant = eng.act_quant() ? "nvfp4" : "none";
+  res.act_block = eng.act_quant() ? eng.act_block() : 0;
+  res.expert_format = eng.expert_format();
+  res.seq_len = opt.eval.seq_len;
+  res.split = io::split_name(opt.eval.split);
+  std::vector<std::vector<int32_t>> windows;
+  std::vector<size_t> file_of;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::vector<int32_t> tokens = io::load_tokens(files[f], eng.spec().vocab_size, opt.eval.split);
+    MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(), " tokens (split ", res.split,
+                "): nothing to predict");
+    model::FileEval fe;
+    fe.path = files[f];
+    fe.tokens = static_cast<int64_t>(tokens.size());
+    for (auto& w : io::make_windows(tokens, opt.eval.seq_len)) {
+      ++fe.windows;
+      windows.push_back(std::move(w));
+      file_of.push_back(f);
+    }
+    res.files.push_back(fe);
+  }
+  const int64_t V = eng.spec().vocab_size;
+  std::vector<double> sum(windows.size(), 0.0);
+  std::vector<int64_t> count(windows.size(), 0);
+  for (size_t w0 = 0; w0 < windows.size(); w0 += opt.batch) {
+    const size_t w1 = std::min(windows.size(), w0 + opt.batch);
+    std::vector<SeqChunk> chunks;
+    for (size_t w = w0; w < w1; ++w) chunks.push_back({static_cast<int>(w - w0), windows[w]});
+    eng.reset();
+    const std::vector<float> z = eng.forward(chunks, true);
+    int64_t row = 0;
+    for (size_t w = w0; w < w1; ++w) {
+      const std::vector<int32_t>& tk = windows[w];
+      const int64_t T = static_cast<int64_t>(tk.size());
+      if (T < 2) {  // a 1-token tail window predicts nothing (make_windows avoids it; be safe)
+        row += T;
+        continue;
+      }
+      double total = 0.0;
+      for (int64_t t = 0; t + 1 < T; ++t) {
+        const float* zt = z.data() + (row + t) * V;
+        const double mx = *std::max_element(zt, zt + V);
+        double se = 0.0;
+        for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(zt[v]) - mx);
+        total += (mx + std::log(se)) - static_cast<double>(zt[tk[t + 1]]);
+      }
+      // Same rounding as window_nll_sums: the mean, times the count.
+      const double mean = total / static_cast<double>(T - 1);
+      sum[w] = mean * static_cast<double>(T - 1);
+      count[w] = T - 1;
+      row += T;
+    }
+    progress("eval", std::to_string(w1) + "/" + std::to_string(windows.size()) + " windows (cuda)");
+  }
+  std::vector<double> file_sum(files.size(), 0.0);
+  double total = 0.0;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    file_sum[file_of[i]] += sum[i];
+    res.files[file_of[i]].predicted += count[i];
+    total += sum[i];
+    res.predicted += count[i];
+  }
+  for (size_t f = 0; f < files.size(); ++f)
+    res.files[f].nats_per_token = file_sum[f] / static_cast<double>(res.files[f].predicted);
+  res.nats_per_token = total / static_cast<double>(res.predicted);
+  MOESQ_CHECK(std::isfinite(res.nats_per_token), "eval: non-finite nats/token (", res.nats_per_token,
+              ") — the GPU engine produced NaN/Inf logits");
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace moesq::runtime

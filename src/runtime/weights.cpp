@@ -1,0 +1,206 @@
+// Host weights of the GPU engine (weights.h).
+#include "runtime/weights.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "format/nvfp4.h"
+
+namespace moesq::runtime {
+
+namespace {
+
+std::string lname(int64_t l, const std::string& rest) { return "model.layers." + std::to_string(l) + "." + rest; }
+std::string ename(int64_t l, int64_t e, const char* proj) {
+  return lname(l, "mlp.experts." + std::to_string(e) + "." + proj);
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  return o;
+}
+
+void append_bf16(std::vector<uint16_t>& dst, const std::vector<float>& v) {
+  for (float f : v) dst.push_back(f32_to_bf16(f));
+}
+
+std::vector<uint8_t> bytes(const io::Checkpoint& ckpt, const std::string& name, io::DType dtype, int64_t rows,
+                           int64_t cols) {
+  const io::TensorView& t = ckpt.get(name);
+  MOESQ_CHECK(t.dtype == dtype && t.shape == std::vector<int64_t>({rows, cols}), "tensor ", name, " in ", ckpt.dir(),
+              " has dtype ", io::dtype_name(t.dtype), " shape ", t.shape_str(), ", expected ", io::dtype_name(dtype),
+              " [", rows, ", ", cols, "]");
+  return std::vector<uint8_t>(t.data, t.data + t.nbytes);
+}
+
+format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const std::string& p, int64_t N, int64_t K) {
+  MOESQ_CHECK(ckpt.has(p + ".weight_packed"), "tensor ", p, ".weight_packed not found in ", ckpt.dir(),
+              " (a paired-4:8 backend needs a paired-4:8-nvfp4 checkpoint)");
+  format::Sparse48Tensor t;
+  t.N = N;
+  t.K = K;
+  t.values = bytes(ckpt, p + ".weight_packed", io::DType::U8, N, K / 4);
+  t.meta = bytes(ckpt, p + ".weight_meta", io::DType::U8, N, K / 16);
+  t.scales = bytes(ckpt, p + ".weight_scale", io::DType::F8_E4M3, N, K / 32);
+  t.global_scale = ckpt.get_f32(p + ".weight_global_scale", {1})[0];
+  MOESQ_CHECK(std::isfinite(t.global_scale) && t.global_scale > 0.0f, "tensor ", p, ".weight_global_scale in ",
+              ckpt.dir(), " is ", t.global_scale, ", expected a finite value > 0");
+  return t;
+}
+
+// gate [I, H] and up [I, H] → one [2I, H] tensor (gate rows first); both must share γ (FORMAT.md).
+format::Sparse48Tensor fuse_rows(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
+                                 const std::string& where) {
+  MOESQ_CHECK(g.global_scale == u.global_scale, where, ": gate_proj and up_proj have different weight_global_scale (",
+              g.global_scale, " vs ", u.global_scale, "); the fused gate|up GEMM needs one (docs/FORMAT.md)");
+  format::Sparse48Tensor f = g;
+  f.N = g.N + u.N;
+  f.values.insert(f.values.end(), u.values.begin(), u.values.end());
+  f.meta.insert(f.meta.end(), u.meta.begin(), u.meta.end());
+  f.scales.insert(f.scales.end(), u.scales.begin(), u.scales.end());
+  return f;
+}
+
+// One expert projection as fp32 (bf16 backend): dense tensor, or a compressed one dequantized.
+std::vector<float> dense_projection(const io::Checkpoint& ckpt, const std::string& fmt, const std::string& p,
+                                    int64_t N, int64_t K) {
+  if (ckpt.has(p + ".weight")) return ckpt.get_f32(p + ".weight", {N, K});
+  std::vector<float> w(N * K);
+  if (fmt == "paired-4:8-nvfp4") {
+    format::sparse48_dequantize(read_sparse48(ckpt, p, N, K), w.data());
+    return w;
+  }
+  MOESQ_CHECK(fmt == "nvfp4" && ckpt.has(p + ".weight_packed"), "tensor ", p, ".weight not found in ", ckpt.dir());
+  format::Nvfp4Tensor t;
+  t.N = N;
+  t.K = K;
+  t.values = bytes(ckpt, p + ".weight_packed", io::DType::U8, N, K / 2);
+  t.scales = bytes(ckpt, p + ".weight_scale", io::DType::F8_E4M3, N, K / 16);
+  t.global_scale = ckpt.get_f32(p + ".weight_global_scale", {1})[0];
+  format::nvfp4_dequantize(t, w.data());
+  return w;
+}
+
+std::string checkpoint_format(const io::Checkpoint& ckpt) {
+  const auto& cfg = ckpt.config();
+  if (!cfg.contains("quantization_config")) return "bf16";
+  const auto& qc = cfg["quantization_config"];
+  MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), ckpt.dir(),
+              "/config.json quantization_config: missing string key \"format\"");
+  return qc["format"].get<std::string>();
+}
+
+}  // namespace
+
+io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
+  io::ModelSpec s;
+  s.model_type = "qwen3_moe";
+  s.vocab_size = 151936, s.head_dim = 128, s.top_k = 8, s.num_experts = 128, s.norm_topk_prob = true;
+  s.rms_norm_eps = 1e-6, s.rope_theta = 1000000.0, s.max_position_embeddings = 40960;
+  if (name == "qwen3-30b-a3b") {
+    s.hidden_size = 2048, s.num_layers = 48, s.num_heads = 32, s.num_kv_heads = 4, s.moe_intermediate_size = 768;
+    s.intermediate_size = 6144;
+  } else if (name == "qwen3-235b-a22b") {
+    s.hidden_size = 4096, s.num_layers = 94, s.num_heads = 64, s.num_kv_heads = 4, s.moe_intermediate_size = 1536;
+    s.intermediate_size = 12288;
+  } else {
+    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b");
+  }
+  MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
+  if (layers > 0) s.num_layers = layers;
+  return s;
+}
+
+void permute_dense_rows(const float* w, int64_t N, int64_t K, int64_t K_pad, uint16_t* out) {
+  for (int64_t n = 0; n < N; ++n) {
+    uint16_t* o = out + n * K_pad;
+    for (int64_t k = 0; k < K_pad; ++k) o[k] = 0;
+    for (int64_t k = 0; k < K; ++k) o[moe::act_storage_index(k, moe::ActLayout::kKMajor)] = f32_to_bf16(w[n * K + k]);
+  }
+}
+
+ExpertBackend resolve_backend(ExpertBackend requested, const std::string& fmt) {
+  ExpertBackend b = requested;
+  if (b == ExpertBackend::kAuto) {
+    if (fmt == "paired-4:8-nvfp4") b = ExpertBackend::kSparseW4A4;
+    else if (fmt == "nvfp4") b = ExpertBackend::kNvfp4W4A16;
+    else b = ExpertBackend::kBf16;
+  }
+  require_built(b);
+  if (b == ExpertBackend::kSparseW4A4 || b == ExpertBackend::kSparseW4A16)
+    MOESQ_CHECK(fmt == "paired-4:8-nvfp4", "expert backend ", expert_backend_name(b),
+                " needs a paired-4:8-nvfp4 checkpoint (moesq compress ...); this one has ", fmt,
+                " experts (use --experts bf16)");
+  return b;
+}
+
+HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
+  HostModel m;
+  m.spec = ckpt.spec();
+  const io::ModelSpec& s = m.spec;
+  MOESQ_CHECK(s.model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", s.model_type,
+              "\" is not qwen3_moe (the GPU engine runs qwen3_moe)");
+  m.expert_format = checkpoint_format(ckpt);
+  m.backend = resolve_backend(requested, m.expert_format);
+  m.act_quant = m.backend == ExpertBackend::kSparseW4A4;
+  m.act_block = m.act_quant ? format::kSparseScaleBlock : 0;
+  const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
+  const int64_t nh = s.num_heads, nkv = s.num_kv_heads;
+  m.embed = to_bf16(ckpt.get_f32("model.embed_tokens.weight", {V, H}));
+  m.final_norm = ckpt.get_f32("model.norm.weight", {H});
+  if (ckpt.has("lm_head.weight")) {
+    m.lm_head = to_bf16(ckpt.get_f32("lm_head.weight", {V, H}));
+  } else {
+    MOESQ_CHECK(s.tie_word_embeddings, "tensor lm_head.weight not found in ", ckpt.dir(),
+                " and tie_word_embeddings is false");
+    m.lm_head = m.embed;
+  }
+  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+  m.layers.resize(s.num_layers);
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    MOESQ_CHECK(s.is_moe_layer(l), ckpt.dir(), ": layer ", l,
+                " is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the GPU engine runs MoE layers only");
+    HostLayer& L = m.layers[l];
+    auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
+      return ckpt.get_f32(lname(l, rest), shape);
+    };
+    L.input_norm = get("input_layernorm.weight", {H});
+    L.post_norm = get("post_attention_layernorm.weight", {H});
+    L.q_norm = get("self_attn.q_norm.weight", {hd});
+    L.k_norm = get("self_attn.k_norm.weight", {hd});
+    append_bf16(L.qkv, get("self_attn.q_proj.weight", {nh * hd, H}));
+    append_bf16(L.qkv, get("self_attn.k_proj.weight", {nkv * hd, H}));
+    append_bf16(L.qkv, get("self_attn.v_proj.weight", {nkv * hd, H}));
+    L.o = to_bf16(get("self_attn.o_proj.weight", {H, nh * hd}));
+    L.router = to_bf16(get("mlp.gate.weight", {E, H}));
+    if (m.backend == ExpertBackend::kBf16) {
+      L.gu_dense.assign(E * 2 * I * H_pad, 0);
+      L.down_dense.assign(E * H * I_pad, 0);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::vector<float> g = dense_projection(ckpt, m.expert_format, ename(l, e, "gate_proj"), I, H);
+        const std::vector<float> u = dense_projection(ckpt, m.expert_format, ename(l, e, "up_proj"), I, H);
+        const std::vector<float> d = dense_projection(ckpt, m.expert_format, ename(l, e, "down_proj"), H, I);
+        permute_dense_rows(g.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I) * H_pad]);
+        permute_dense_rows(u.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I + I) * H_pad]);
+        permute_dense_rows(d.data(), H, I, I_pad, &L.down_dense[e * H * I_pad]);
+      }
+    } else {
+      std::vector<format::Sparse48Tensor> gu(E), down(E);
+      std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gu[e] = fuse_rows(read_sparse48(ckpt, ename(l, e, "gate_proj"), I, H),
+                          read_sparse48(ckpt, ename(l, e, "up_proj"), I, H), ename(l, e, "gate_proj|up_proj"));
+        down[e] = read_sparse48(ckpt, ename(l, e, "down_proj"), H, I);
+        pgu[e] = &gu[e];
+        pdown[e] = &down[e];
+      }
+      L.gu_sparse = moe::kernel_layout_from_sparse48(pgu, lname(l, "mlp.experts.gate_up"));
+      L.down_sparse = moe::kernel_layout_from_sparse48(pdown, lname(l, "mlp.experts.down"));
+    }
+  }
+  return m;
+}
+
+}  // namespace moesq::runtime

@@ -1,0 +1,204 @@
+// End-to-end GPU engine tests on the tiny Qwen3-MoE fixture (models/tiny-qwen3-moe): per-window
+// nats vs the CPU forward (bf16 within 2e-3, compressed W4A4/W4A16 within 5e-3), decode (CUDA graph)
+// vs prefill logits, and the deterministic-mode guarantee: one sequence's logits BITWISE equal alone
+// and inside batches of 8 and 64 other sequences of other lengths, in prefill and decode.
+// The compressed checkpoint comes from MOESQ_TINY_COMPRESSED (made by `moesq compress … --method
+// sgptq` in the device script); without it those tests fail loudly, never pass silently.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/qwen3_moe.h"
+#include "runtime/engine.h"
+#include "support/gpu_test_main.h"
+
+using namespace moesq;
+
+namespace {
+
+constexpr double kBf16NatsTol = 2e-3;        // bf16 GEMM inputs + bf16 KV cache vs the fp32 CPU forward
+constexpr double kCompressedNatsTol = 5e-3;  // + bf16 gate|up / down outputs between the expert GEMMs
+constexpr double kDecodeLogitTol = 1e-4;     // decode vs prefill logits (expected bitwise, see below)
+
+std::string tiny() { return MOESQ_DEFAULT_MODEL; }
+std::string compressed() {
+  const char* p = std::getenv("MOESQ_TINY_COMPRESSED");
+  return p ? p : "";
+}
+
+// Varied ASCII text as byte tokens (the fixture's vocabulary is bytes).
+std::vector<int32_t> text_tokens(size_t n, uint64_t seed) {
+  static const char* words[] = {"the ", "expert ", "routes ", "a ", "token ", "to ", "sparse ", "cores, ", "and ",
+                                "Hopper ", "runs ", "it. ", "Moe ", "layers ", "decode ", "fast\n"};
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t;
+  while (t.size() < n)
+    for (const char* c = words[g() % 16]; *c && t.size() < n; ++c) t.push_back(static_cast<unsigned char>(*c));
+  return t;
+}
+
+double nll(const float* logits, int64_t V, const std::vector<int32_t>& tokens) {  // as Qwen3Moe::window_nll
+  double total = 0.0;
+  const int64_t T = tokens.size();
+  for (int64_t t = 0; t + 1 < T; ++t) {
+    const float* z = logits + t * V;
+    const double mx = *std::max_element(z, z + V);
+    double se = 0.0;
+    for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(z[v]) - mx);
+    total += (mx + std::log(se)) - static_cast<double>(z[tokens[t + 1]]);
+  }
+  return total / static_cast<double>(T - 1);
+}
+
+// Per-window nats of the engine (all windows in ONE batched prefill) vs the CPU forward.
+void check_eval(const std::string& dir, runtime::ExpertBackend backend, bool cpu_act_quant, double tol) {
+  const io::Checkpoint ckpt(dir);
+  const model::Qwen3Moe cpu(ckpt);
+  model::ForwardOptions fo = cpu.default_forward_options();
+  fo.act_quant = cpu_act_quant;
+  if (cpu_act_quant && fo.act_block == 0) fo.act_block = 32;
+  runtime::EngineOptions opt;
+  opt.experts = backend, opt.max_seqs = 4, opt.max_len = 160;
+  runtime::Engine eng(ckpt, opt);
+  std::vector<runtime::SeqChunk> chunks;
+  std::vector<std::vector<int32_t>> windows;
+  for (int w = 0; w < 4; ++w) {
+    windows.push_back(text_tokens(100 + 20 * w, 40 + w));
+    chunks.push_back({w, windows.back()});
+  }
+  eng.set_timing(true);
+  const std::vector<float> z = eng.forward(chunks, true);
+  const int64_t V = eng.spec().vocab_size;
+  int64_t row = 0;
+  for (int w = 0; w < 4; ++w) {
+    int64_t pred = 0;
+    const double c = cpu.window_nll(windows[w], fo, &pred);
+    const double g = nll(z.data() + row * V, V, windows[w]);
+    row += windows[w].size();
+    std::printf("[engine] %s %s window %d: cpu %.6f gpu %.6f diff %.2e nats\n", dir.c_str(),
+                runtime::expert_backend_name(eng.backend()), w, c, g, g - c);
+    EXPECT_LE(std::fabs(g - c), tol) << dir << " backend " << runtime::expert_backend_name(eng.backend()) << " window " << w;
+  }
+  std::printf("[engine] attention %.3f ms, MoE %.3f ms of the prefill\n", eng.last_attention_ms(), eng.last_moe_ms());
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Logits of slot 0's sequence `seq` (prefill, then `steps` decode tokens) while slots 1..B-1 hold
+// other random sequences of other lengths. Returns [1 + steps, V].
+std::vector<float> run_in_batch(runtime::Engine& eng, const std::vector<int32_t>& seq, const std::vector<int32_t>& next,
+                                int B, uint64_t seed) {
+  eng.reset();
+  std::mt19937_64 g(seed);
+  std::vector<runtime::SeqChunk> chunks = {{0, seq}};
+  for (int b = 1; b < B; ++b) chunks.push_back({b, text_tokens(3 + g() % 60, seed * 100 + b)});
+  std::vector<float> z = eng.forward(chunks, false);
+  const int64_t V = eng.spec().vocab_size;
+  std::vector<float> out(z.begin(), z.begin() + V);
+  for (int32_t tok : next) {
+    std::vector<int32_t> toks(B);
+    for (int b = 0; b < B; ++b) toks[b] = b == 0 ? tok : static_cast<int32_t>(g() % V);
+    z = eng.decode(toks);
+    out.insert(out.end(), z.begin(), z.begin() + V);
+  }
+  return out;
+}
+
+void check_batch_invariance(const std::string& dir, runtime::ExpertBackend backend) {
+  const io::Checkpoint ckpt(dir);
+  runtime::EngineOptions opt;
+  opt.experts = backend, opt.max_seqs = 64, opt.max_len = 96, opt.max_tokens = 64 * 64;
+  runtime::Engine eng(ckpt, opt);
+  const std::vector<int32_t> seq = text_tokens(41, 7), next = text_tokens(32, 8);
+  const std::vector<float> alone = run_in_batch(eng, seq, next, 1, 1);
+  for (int B : {8, 64}) {
+    const std::vector<float> in_batch = run_in_batch(eng, seq, next, B, 2 + B);
+    ASSERT_EQ(in_batch.size(), alone.size());
+    const int64_t V = eng.spec().vocab_size;
+    for (size_t i = 0; i < alone.size(); ++i)
+      ASSERT_EQ(bits(in_batch[i]), bits(alone[i])) << dir << " " << runtime::expert_backend_name(eng.backend())
+                                                   << " batch " << B << (i < size_t(V) ? " prefill" : " decode step ")
+                                                   << i / V << " logit " << i % V;
+  }
+}
+
+}  // namespace
+
+TEST(Engine, Bf16EvalMatchesCpu) { check_eval(tiny(), runtime::ExpertBackend::kAuto, false, kBf16NatsTol); }
+
+TEST(Engine, CompressedW4A4EvalMatchesCpu) {
+  ASSERT_FALSE(compressed().empty()) << "set MOESQ_TINY_COMPRESSED to a `moesq compress --method sgptq` output";
+  check_eval(compressed(), runtime::ExpertBackend::kAuto, true, kCompressedNatsTol);
+}
+
+TEST(Engine, CompressedW4A16AndBf16EvalMatchCpu) {
+  ASSERT_FALSE(compressed().empty()) << "set MOESQ_TINY_COMPRESSED";
+  check_eval(compressed(), runtime::ExpertBackend::kSparseW4A16, false, kCompressedNatsTol);
+  check_eval(compressed(), runtime::ExpertBackend::kBf16, false, kCompressedNatsTol);
+}
+
+TEST(Engine, DecodeGraphEqualsPrefill) {
+  for (const std::string& dir : {tiny(), compressed()}) {
+    if (dir.empty()) continue;
+    const io::Checkpoint ckpt(dir);
+    runtime::EngineOptions opt;
+    opt.max_seqs = 1, opt.max_len = 64;
+    runtime::Engine eng(ckpt, opt);
+    const std::vector<int32_t> seq = text_tokens(48, 3);
+    const std::vector<float> all = eng.forward({{0, seq}}, true);
+    eng.reset();
+    const int64_t V = eng.spec().vocab_size;
+    std::vector<float> z = eng.forward({{0, std::vector<int32_t>(seq.begin(), seq.begin() + 32)}}, false);
+    int bitwise = 0, total = 0;
+    for (int t = 31; t < 48; ++t) {
+      if (t > 31) z = eng.decode({seq[t]});
+      for (int64_t v = 0; v < V; ++v) {
+        const float a = all[t * V + v], b = z[v];
+        EXPECT_NEAR(b, a, kDecodeLogitTol) << dir << " position " << t << " logit " << v;
+        bitwise += bits(a) == bits(b), ++total;
+      }
+    }
+    std::printf("[engine] %s decode vs prefill: %d of %d logits bitwise equal\n", dir.c_str(), bitwise, total);
+    EXPECT_EQ(eng.length(0), 48);
+  }
+}
+
+TEST(Engine, DeterministicBatchInvarianceBf16) { check_batch_invariance(tiny(), runtime::ExpertBackend::kBf16); }
+
+TEST(Engine, DeterministicBatchInvarianceSparse) {
+  ASSERT_FALSE(compressed().empty()) << "set MOESQ_TINY_COMPRESSED";
+  check_batch_invariance(compressed(), runtime::ExpertBackend::kSparseW4A4);
+  check_batch_invariance(compressed(), runtime::ExpertBackend::kSparseW4A16);
+}
+
+TEST(Engine, UnbuiltAndMismatchedBackendsAreClearErrors) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_len = 16;
+  for (auto b : {runtime::ExpertBackend::kAwqW4A16, runtime::ExpertBackend::kNvfp4W4A16}) {
+    opt.experts = b;
+    try {
+      runtime::Engine eng(ckpt, opt);
+      ADD_FAILURE() << "no error for " << runtime::expert_backend_name(b);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("built: bf16, sparse-w4a4, sparse-w4a16"), std::string::npos) << e.what();
+    }
+  }
+  opt.experts = runtime::ExpertBackend::kSparseW4A4;
+  EXPECT_THROW(runtime::Engine(ckpt, opt), Error);
+}
+
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

@@ -1,0 +1,327 @@
+// GPU tests of the engine's ops (src/ops/{gemm_bf16,rmsnorm,qk_rope,attention,router_topk,moe_combine})
+// against their CPU `_ref` twins on fresh random inputs with fixed seeds (STYLE.md §3–5). Where the
+// kernel and the twin round in the same order the check is BITWISE; elsewhere a named tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "ops/attention/attention.h"
+#include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/moe_combine/moe_combine.h"
+#include "ops/qk_rope/qk_rope.h"
+#include "ops/rmsnorm/rmsnorm.h"
+#include "ops/router_topk/router_topk.h"
+#include "ops/synth_pack/synth_pack.h"
+#include "core/cuda/dev_buf.cuh"
+#include "support/gpu_test_main.h"
+
+using moesq::DevBuf;
+
+namespace {
+
+// fp32 accumulation on tensor cores vs the twin's fp64 sum of the same exact bf16 products: the
+// difference is fp32 rounding of K partial sums, relative to Σ|x·w|.
+constexpr double kGemmRelTol = 1e-5;
+// Attention: __expf and fma vs std::exp, then a bf16 output rounding (2^-8 relative).
+constexpr double kAttnAtol = 2e-3, kAttnRtol = 1e-2;
+// Router weights: expf (≤ 2 ulp) vs std::exp in the softmax.
+constexpr double kRouterAtol = 1e-6;
+
+std::vector<uint16_t> rand_bf16(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = moesq::f32_to_bf16(d(g));
+  return v;
+}
+std::vector<float> rand_f32(size_t n, uint64_t seed, float scale = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Runs gemm_bf16 and its twin on the same inputs; returns the max error relative to Σ|x·w|.
+double check_gemm(int G, int64_t M, int64_t N, int64_t K, const std::vector<int32_t>& counts, bool integer,
+                  uint64_t seed, bool accumulate = false, bool split = false) {
+  std::vector<uint16_t> x = rand_bf16(G * M * K, seed), w = rand_bf16(G * N * K, seed + 1);
+  const std::vector<uint16_t> xl = rand_bf16(G * M * K, seed + 3, 1.0f / 512);  // hi + lo split input
+  if (integer) {  // small integers: every partial sum exact in fp32, so kernel == twin exactly
+    std::mt19937_64 g(seed);
+    for (auto& v : x) v = moesq::f32_to_bf16(static_cast<float>(static_cast<int>(g() % 7) - 3));
+    for (auto& v : w) v = moesq::f32_to_bf16(static_cast<float>(static_cast<int>(g() % 7) - 3));
+  }
+  const int64_t ldy = N + 3;
+  std::vector<float> y0 = rand_f32(G * M * ldy, seed + 2);  // prefilled: untouched rows must stay
+  DevBuf<uint16_t> dx(x), dw(w), dxl(xl);
+  DevBuf<float> dy(y0);
+  DevBuf<int32_t> dc(counts.empty() ? std::vector<int32_t>(1) : counts);
+  moesq::ops::GemmBf16Args a;
+  a.x = dx.p, a.w = dw.p, a.y_f32 = dy.p, a.accumulate = accumulate, a.counts = counts.empty() ? nullptr : dc.p;
+  a.groups = G, a.M = M, a.N = N, a.K = K, a.ldy = ldy, a.x_lo = split ? dxl.p : nullptr;
+  moesq::ops::gemm_bf16(a, nullptr);
+  const std::vector<float> gy = dy.download();
+  std::vector<float> ry = y0;
+  a.x_lo = split ? xl.data() : nullptr;
+  a.x = x.data(), a.w = w.data(), a.y_f32 = ry.data(), a.counts = counts.empty() ? nullptr : counts.data();
+  moesq::ops::gemm_bf16_ref(a);
+  double worst = 0.0;
+  bool nonzero = false;
+  for (int g = 0; g < G; ++g)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < ldy; ++n) {
+        const int64_t o = (g * M + m) * ldy + n;
+        if (n >= N || (!counts.empty() && m >= std::min<int64_t>(counts[g], M))) {
+          EXPECT_EQ(bits(gy[o]), bits(y0[o])) << "padding/untouched element changed: g=" << g << " m=" << m << " n=" << n;
+          continue;
+        }
+        double mag = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          mag += std::fabs((moesq::bf16_to_f32(x[(g * M + m) * K + k]) + (split ? moesq::bf16_to_f32(xl[(g * M + m) * K + k]) : 0.0f)) *
+                           moesq::bf16_to_f32(w[(g * N + n) * K + k]));
+        if (integer) {
+          EXPECT_EQ(gy[o], ry[o]) << "integer case M=" << M << " N=" << N << " K=" << K << " g=" << g << " m=" << m << " n=" << n;
+        }
+        worst = std::max(worst, std::fabs(gy[o] - ry[o]) / std::max(mag, 1e-30));
+        nonzero |= gy[o] != 0.0f;
+      }
+  EXPECT_TRUE(nonzero) << "all-zero output M=" << M << " N=" << N << " K=" << K;
+  return worst;
+}
+
+}  // namespace
+
+TEST(EngineOps, GemmBf16AwkwardShapes) {
+  for (int64_t M : {1, 2, 3, 63, 65, 130})
+    for (int64_t N : {64, 100})
+      for (int64_t K : {32, 40, 264}) {
+        const double e = check_gemm(1, M, N, K, {}, false, 100 + M * 7 + N + K);
+        EXPECT_LE(e, kGemmRelTol) << "M=" << M << " N=" << N << " K=" << K;
+      }
+}
+
+TEST(EngineOps, GemmBf16GroupedCountsAndIntegerExact) {
+  // Ragged groups: an empty expert, a partial one, a full one, a count above M (clamped).
+  EXPECT_LE(check_gemm(4, 70, 96, 256, {0, 5, 70, 99}, false, 7), kGemmRelTol);
+  EXPECT_EQ(check_gemm(2, 33, 64, 512, {33, 17}, true, 8), 0.0);
+  EXPECT_LE(check_gemm(1, 9, 72, 128, {}, false, 9, /*accumulate=*/true), kGemmRelTol);
+  EXPECT_LE(check_gemm(3, 65, 64, 264, {65, 0, 7}, false, 10, false, /*split=*/true), kGemmRelTol);
+}
+
+TEST(EngineOps, GemmBf16BatchInvariant) {
+  // Row r of x gives the same bits whatever M (1 … 200) and wherever it sits in the tile.
+  const int64_t N = 136, K = 512, Mmax = 200;
+  const std::vector<uint16_t> x = rand_bf16(Mmax * K, 11), w = rand_bf16(N * K, 12);
+  DevBuf<uint16_t> dw(w);
+  std::vector<float> ref_row;
+  for (int64_t M : {1, 2, 64, 65, 200}) {
+    for (int64_t at : {int64_t(0), M - 1}) {
+      std::vector<uint16_t> xm = rand_bf16(M * K, 13 + M);
+      std::copy(x.begin(), x.begin() + K, xm.begin() + at * K);
+      DevBuf<uint16_t> dx(xm);
+      DevBuf<float> dy(M * N);
+      moesq::ops::GemmBf16Args a;
+      a.x = dx.p, a.w = dw.p, a.y_f32 = dy.p, a.M = M, a.N = N, a.K = K, a.ldy = N;
+      moesq::ops::gemm_bf16(a, nullptr);
+      const std::vector<float> y = dy.download();
+      std::vector<float> row(y.begin() + at * N, y.begin() + (at + 1) * N);
+      if (ref_row.empty()) ref_row = row;
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(bits(row[n]), bits(ref_row[n])) << "M=" << M << " row at " << at << " n=" << n;
+    }
+  }
+}
+
+TEST(EngineOps, RmsNormBitwise) {
+  for (int64_t D : {64, 256, 2048, 300}) {
+    const int64_t n = 5;
+    const std::vector<float> x = rand_f32(n * D, D, 2.0f, 0.3f), w = rand_f32(D, D + 1, 0.2f, 1.0f);
+    DevBuf<float> dx(x), dw(w);
+    DevBuf<uint16_t> dy(n * D), dyl(n * D);
+    moesq::ops::RmsNormArgs a;
+    a.x = dx.p, a.w = dw.p, a.y = dy.p, a.y_lo = dyl.p, a.n = n, a.D = D, a.eps = 1e-6;
+    moesq::ops::rmsnorm(a, nullptr);
+    std::vector<uint16_t> ry(n * D), ryl(n * D);
+    a.x = x.data(), a.w = w.data(), a.y = ry.data(), a.y_lo = ryl.data();
+    moesq::ops::rmsnorm_ref(a);
+    const std::vector<uint16_t> gy = dy.download(), gyl = dyl.download();
+    for (int64_t i = 0; i < n * D; ++i) ASSERT_EQ(gy[i], ry[i]) << "D=" << D << " first bad index " << i;
+    for (int64_t i = 0; i < n * D; ++i) ASSERT_EQ(gyl[i], ryl[i]) << "D=" << D << " lo part, first bad index " << i;
+  }
+}
+
+TEST(EngineOps, QkRopeBitwise) {
+  for (int hd : {64, 128}) {
+    const int nh = 4, nkv = 2, slots = 3, T = 7;
+    const int64_t max_len = 16, W = (nh + 2 * nkv) * hd;
+    const std::vector<float> qkv = rand_f32(T * W, hd, 1.5f), qn = rand_f32(hd, 2, 0.1f, 1.0f), kn = rand_f32(hd, 3, 0.1f, 1.0f);
+    std::vector<float> cs(max_len * hd / 2), sn(max_len * hd / 2);
+    for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.37f * i), sn[i] = std::sin(0.37f * i);
+    const std::vector<int32_t> slot = {0, 2, 2, 1, 0, 2, 1}, pos = {0, 3, 4, 15, 1, 5, 0};
+    const size_t cache_n = slots * max_len * nkv * hd;
+    DevBuf<float> dqkv(qkv), dqn(qn), dkn(kn), dcs(cs), dsn(sn), dq(T * nh * hd);
+    DevBuf<int32_t> dslot(slot), dpos(pos);
+    DevBuf<uint16_t> dk(std::vector<uint16_t>(cache_n, 0)), dv(std::vector<uint16_t>(cache_n, 0));
+    moesq::ops::QkRopeArgs a;
+    a.qkv = dqkv.p, a.q_norm = dqn.p, a.k_norm = dkn.p, a.cos = dcs.p, a.sin = dsn.p, a.tok_slot = dslot.p;
+    a.tok_pos = dpos.p, a.q_out = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.T = T, a.nh = nh, a.nkv = nkv;
+    a.hd = hd, a.max_len = max_len;
+    moesq::ops::qk_rope(a, nullptr);
+    std::vector<float> rq(T * nh * hd);
+    std::vector<uint16_t> rk(cache_n, 0), rv(cache_n, 0);
+    a.qkv = qkv.data(), a.q_norm = qn.data(), a.k_norm = kn.data(), a.cos = cs.data(), a.sin = sn.data();
+    a.tok_slot = slot.data(), a.tok_pos = pos.data(), a.q_out = rq.data(), a.k_cache = rk.data(), a.v_cache = rv.data();
+    moesq::ops::qk_rope_ref(a);
+    const auto gq = dq.download();
+    const auto gk = dk.download(), gv = dv.download();
+    for (size_t i = 0; i < rq.size(); ++i) ASSERT_EQ(bits(gq[i]), bits(rq[i])) << "hd=" << hd << " q index " << i;
+    for (size_t i = 0; i < cache_n; ++i) ASSERT_EQ(gk[i], rk[i]) << "hd=" << hd << " k cache index " << i;
+    for (size_t i = 0; i < cache_n; ++i) ASSERT_EQ(gv[i], rv[i]) << "hd=" << hd << " v cache index " << i;
+    EXPECT_NE(std::count(gk.begin(), gk.end(), 0), static_cast<long>(cache_n));
+  }
+}
+
+TEST(EngineOps, AttentionMatchesRef) {
+  for (int hd : {64, 128}) {
+    const int nh = 8, nkv = 2, slots = 3;
+    const int64_t max_len = 70;
+    const std::vector<int32_t> slot = {0, 0, 1, 2, 2, 1}, pos = {0, 69, 33, 1, 2, 64};  // lengths 1 … 70
+    const int64_t T = slot.size();
+    const size_t cache_n = slots * max_len * nkv * hd;
+    const std::vector<float> q = rand_f32(T * nh * hd, hd, 0.5f);
+    const std::vector<uint16_t> kc = rand_bf16(cache_n, hd + 1), vc = rand_bf16(cache_n, hd + 2);
+    DevBuf<float> dq(q);
+    DevBuf<uint16_t> dk(kc), dv(vc), dout(T * nh * hd);
+    DevBuf<int32_t> dslot(slot), dpos(pos);
+    moesq::ops::AttentionArgs a;
+    a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p;
+    a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
+    moesq::ops::attention(a, nullptr);
+    std::vector<uint16_t> ro(T * nh * hd);
+    a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+    a.out = ro.data();
+    moesq::ops::attention_ref(a);
+    const auto go = dout.download();
+    int nonzero = 0;
+    for (size_t i = 0; i < ro.size(); ++i) {
+      const float g = moesq::bf16_to_f32(go[i]), r = moesq::bf16_to_f32(ro[i]);
+      ASSERT_LE(std::fabs(g - r), kAttnAtol + kAttnRtol * std::fabs(r)) << "hd=" << hd << " token " << i / (nh * hd)
+                                                                         << " head " << (i / hd) % nh << " elem " << i % hd;
+      nonzero += g != 0.0f;
+    }
+    EXPECT_GT(nonzero, static_cast<int>(ro.size() / 2));
+    // Position 0 attends to exactly one key: the output is that key's v row (rounded to bf16).
+    for (int c = 0; c < hd; ++c) EXPECT_EQ(go[c], vc[c]) << "single-key case, elem " << c;
+  }
+}
+
+TEST(EngineOps, RouterTopkMatchesRef) {
+  for (int E : {32, 128, 160}) {
+    for (int k : {1, 4, 8}) {
+      const int64_t T = 37;
+      const std::vector<float> z = rand_f32(T * E, E * 10 + k, 2.0f);
+      DevBuf<float> dz(z), dw(T * k);
+      DevBuf<int32_t> di(T * k);
+      moesq::ops::RouterTopkArgs a;
+      a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = T, a.num_experts = E, a.topk = k;
+      moesq::ops::router_topk(a, nullptr);
+      std::vector<int32_t> ri(T * k);
+      std::vector<float> rw(T * k);
+      a.logits = z.data(), a.topk_ids = ri.data(), a.topk_w = rw.data();
+      moesq::ops::router_topk_ref(a);
+      const auto gi = di.download();
+      const auto gw = dw.download();
+      for (int64_t i = 0; i < T * k; ++i) {
+        ASSERT_EQ(gi[i], ri[i]) << "E=" << E << " k=" << k << " token " << i / k << " slot " << i % k;
+        ASSERT_NEAR(gw[i], rw[i], kRouterAtol) << "E=" << E << " k=" << k << " index " << i;
+      }
+    }
+  }
+  // Ties: equal logits → lower expert id first, weights 1/k each.
+  const int E = 64, k = 4;
+  std::vector<float> z(E, 0.5f);
+  DevBuf<float> dz(z), dw(k);
+  DevBuf<int32_t> di(k);
+  moesq::ops::RouterTopkArgs a;
+  a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = 1, a.num_experts = E, a.topk = k;
+  moesq::ops::router_topk(a, nullptr);
+  EXPECT_EQ(di.download(), (std::vector<int32_t>{0, 1, 2, 3}));
+  for (float w : dw.download()) EXPECT_EQ(w, 0.25f);
+}
+
+TEST(EngineOps, MoeCombineBitwiseAnyslotOrder) {
+  const int E = 16, k = 4, cap = 40;
+  const int64_t T = 33, H = 96, ldy = 100;
+  std::mt19937_64 g(5);
+  std::vector<int32_t> ids(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    std::copy(perm.begin(), perm.begin() + k, ids.begin() + t * k);
+  }
+  const std::vector<float> w = rand_f32(T * k, 6, 0.3f, 0.25f), h0 = rand_f32(T * H, 7);
+  const std::vector<uint16_t> y = rand_bf16(E * cap * ldy, 8);
+  // Slots in a shuffled (atomic-like) order inside every expert.
+  std::vector<int32_t> counts(E, 0), ros(E * cap, -1);
+  std::vector<std::vector<int32_t>> per(E);
+  for (int64_t r = 0; r < T * k; ++r) per[ids[r]].push_back(static_cast<int32_t>(r));
+  for (int e = 0; e < E; ++e) {
+    std::shuffle(per[e].begin(), per[e].end(), g);
+    counts[e] = static_cast<int32_t>(per[e].size());
+    std::copy(per[e].begin(), per[e].end(), ros.begin() + e * cap);
+  }
+  DevBuf<uint16_t> dy(y);
+  DevBuf<int32_t> dros(ros), dc(counts), di(ids), dsor(T * k);
+  DevBuf<float> dw(w), dh(h0);
+  moesq::ops::MoeCombineArgs a;
+  a.y = dy.p, a.route_of_slot = dros.p, a.counts = dc.p, a.topk_ids = di.p, a.topk_w = dw.p, a.slot_of_route = dsor.p;
+  a.h = dh.p, a.T = T, a.H = H, a.ldy = ldy, a.topk = k, a.num_experts = E, a.capacity = cap;
+  moesq::ops::moe_combine(a, nullptr);
+  std::vector<float> rh = h0;
+  std::vector<int32_t> rsor(T * k);
+  a.y = y.data(), a.route_of_slot = ros.data(), a.counts = counts.data(), a.topk_ids = ids.data(), a.topk_w = w.data();
+  a.slot_of_route = rsor.data(), a.h = rh.data();
+  moesq::ops::moe_combine_ref(a);
+  const auto gh = dh.download();
+  for (size_t i = 0; i < rh.size(); ++i) ASSERT_EQ(bits(gh[i]), bits(rh[i])) << "token " << i / H << " col " << i % H;
+  EXPECT_NE(gh, h0);
+}
+
+TEST(EngineOps, SynthPackBitwise) {
+  moesq::ops::SynthBf16Args a;
+  a.n = 100003, a.seed = 42, a.scale = 0.02f, a.mean = 0.5f;
+  DevBuf<uint16_t> d(a.n);
+  std::vector<uint16_t> r(a.n);
+  a.out = d.p;
+  moesq::ops::synth_bf16(a, nullptr);
+  a.out = r.data();
+  moesq::ops::synth_bf16_ref(a);
+  const auto g = d.download();
+  for (int64_t i = 0; i < a.n; ++i) ASSERT_EQ(g[i], r[i]) << "synth_bf16 index " << i;
+  double mean = 0;
+  for (auto v : r) mean += moesq::bf16_to_f32(v);
+  EXPECT_NEAR(mean / a.n, 0.5, 1e-3);
+  moesq::ops::SynthSparseArgs s;
+  s.num_chunks = 77, s.seed = 9;
+  DevBuf<uint8_t> ds(s.num_chunks * 1408);
+  std::vector<uint8_t> rs(s.num_chunks * 1408);
+  s.out = ds.p;
+  moesq::ops::synth_sparse48_kl(s, nullptr);
+  s.out = rs.data();
+  moesq::ops::synth_sparse48_kl_ref(s);
+  EXPECT_EQ(ds.download(), rs);
+}
+
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

@@ -1,0 +1,147 @@
+// CPU tests of the GPU engine's host side and of the ops' CPU twins against the CPU forward's own
+// arithmetic (model/ops.h, Qwen3Moe::route): the twins define what the kernels must compute, so they
+// must agree with the model the engine is compared to.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "io/checkpoint.h"
+#include "model/ops.h"
+#include "model/qwen3_moe.h"
+#include "format/kernel_layout.h"
+#include "ops/qk_rope/qk_rope.h"
+#include "ops/rmsnorm/rmsnorm.h"
+#include "ops/router_topk/router_topk.h"
+#include "runtime/weights.h"
+
+using namespace moesq;
+
+namespace {
+// bf16 output rounding of an fp32 value: half an ulp at 8 significant bits, plus one ulp slack for
+// the fp64-tree vs sequential sum of squares.
+constexpr double kBf16Rel = 1.0 / 128;
+}  // namespace
+
+TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
+  const io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
+  const runtime::HostModel m = runtime::load_host_model(ckpt, runtime::ExpertBackend::kAuto);
+  const auto& s = m.spec;
+  EXPECT_EQ(m.backend, runtime::ExpertBackend::kBf16);
+  EXPECT_FALSE(m.act_quant);
+  ASSERT_EQ(m.layers.size(), static_cast<size_t>(s.num_layers));
+  const int64_t H = s.hidden_size, I = s.moe_intermediate_size, E = s.num_experts;
+  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+  const auto& L = m.layers[1];
+  EXPECT_EQ(L.qkv.size(), static_cast<size_t>((s.num_heads + 2 * s.num_kv_heads) * s.head_dim * H));
+  EXPECT_EQ(L.gu_dense.size(), static_cast<size_t>(E * 2 * I * H_pad));
+  EXPECT_EQ(L.down_dense.size(), static_cast<size_t>(E * H * I_pad));
+  // Expert 3's up row 5 column 7 sits at its kKMajor storage index in fused row I + 5.
+  const model::Qwen3Moe cpu(ckpt);
+  const float up = cpu.layer(1).experts[3].up[5 * H + 7];
+  EXPECT_EQ(L.gu_dense[(3 * 2 * I + I + 5) * H_pad + moe::act_storage_index(7, moe::ActLayout::kKMajor)], f32_to_bf16(up));
+  // k_proj rows follow the q rows in the fused projection.
+  const float kp = cpu.layer(1).k_proj[2 * H + 9];
+  EXPECT_EQ(L.qkv[(s.num_heads * s.head_dim + 2) * H + 9], f32_to_bf16(kp));
+}
+
+TEST(RuntimeWeights, BackendsResolveOrNameWhatIsBuilt) {
+  using runtime::ExpertBackend;
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kAuto, "paired-4:8-nvfp4"), ExpertBackend::kSparseW4A4);
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kBf16, "paired-4:8-nvfp4"), ExpertBackend::kBf16);
+  for (auto [b, fmt] : {std::pair{ExpertBackend::kAwqW4A16, "bf16"}, std::pair{ExpertBackend::kAuto, "nvfp4"}}) {
+    try {
+      runtime::resolve_backend(b, fmt);
+      ADD_FAILURE() << "no error for " << runtime::expert_backend_name(b) << " on " << fmt;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("built: bf16, sparse-w4a4, sparse-w4a16"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(runtime::resolve_backend(ExpertBackend::kSparseW4A16, "bf16"), Error);
+  EXPECT_THROW(runtime::parse_expert_backend("marlin"), Error);
+  EXPECT_EQ(runtime::parse_expert_backend("sparse-w4a16"), ExpertBackend::kSparseW4A16);
+}
+
+TEST(RuntimeWeights, SyntheticSpecs) {
+  const io::ModelSpec s = runtime::synthetic_spec("qwen3-30b-a3b", 0);
+  EXPECT_EQ(s.num_layers, 48);
+  EXPECT_EQ(s.hidden_size, 2048);
+  EXPECT_EQ(s.num_heads, 32);
+  EXPECT_EQ(s.num_kv_heads, 4);
+  EXPECT_EQ(s.num_experts, 128);
+  EXPECT_EQ(s.top_k, 8);
+  EXPECT_EQ(s.moe_intermediate_size, 768);
+  EXPECT_EQ(s.vocab_size, 151936);
+  EXPECT_EQ(runtime::synthetic_spec("qwen3-30b-a3b", 4).num_layers, 4);
+  EXPECT_THROW(runtime::synthetic_spec("llama", 0), Error);
+  EXPECT_THROW(runtime::synthetic_spec("qwen3-30b-a3b", 49), Error);
+}
+
+TEST(RuntimeOpsRef, RmsNormTwinMatchesModelRmsnormRows) {
+  const int64_t n = 3, D = 2048;
+  std::mt19937_64 g(1);
+  std::normal_distribution<float> d(0.2f, 1.5f);
+  std::vector<float> x(n * D), w(D), y(n * D);
+  for (auto& v : x) v = d(g);
+  for (auto& v : w) v = 1.0f + 0.1f * d(g);
+  std::vector<uint16_t> yb(n * D);
+  ops::RmsNormArgs a;
+  a.x = x.data(), a.w = w.data(), a.y = yb.data(), a.n = n, a.D = D, a.eps = 1e-6;
+  ops::rmsnorm_ref(a);
+  model::rmsnorm_rows(x.data(), n, D, w.data(), 1e-6, y.data());
+  for (int64_t i = 0; i < n * D; ++i)
+    ASSERT_LE(std::fabs(bf16_to_f32(yb[i]) - y[i]), kBf16Rel * std::fabs(y[i]) + 1e-30) << "index " << i;
+}
+
+TEST(RuntimeOpsRef, QkRopeTwinMatchesModelNormAndRope) {
+  const int nh = 2, nkv = 1, hd = 64, T = 3;
+  const int64_t max_len = 8, W = (nh + 2 * nkv) * hd;
+  std::mt19937_64 g(2);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> qkv(T * W), qn(hd), kn(hd);
+  for (auto& v : qkv) v = d(g);
+  for (auto& v : qn) v = 1.0f + 0.1f * d(g);
+  for (auto& v : kn) v = 1.0f + 0.1f * d(g);
+  std::vector<float> cs, sn;
+  model::rope_tables(max_len, hd, 10000.0, cs, sn);
+  const std::vector<int32_t> slot = {0, 0, 0}, pos = {0, 5, 7};
+  std::vector<float> q(T * nh * hd);
+  std::vector<uint16_t> kc(max_len * nkv * hd), vc(max_len * nkv * hd);
+  ops::QkRopeArgs a;
+  a.qkv = qkv.data(), a.q_norm = qn.data(), a.k_norm = kn.data(), a.cos = cs.data(), a.sin = sn.data();
+  a.tok_slot = slot.data(), a.tok_pos = pos.data(), a.q_out = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data();
+  a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+  ops::qk_rope_ref(a);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < nh; ++h) {
+      std::vector<float> v(hd);
+      model::rmsnorm_rows(&qkv[(t * (nh + 2 * nkv) + h) * hd], 1, hd, qn.data(), 1e-6, v.data());
+      model::apply_rope(v.data(), hd, &cs[pos[t] * hd / 2], &sn[pos[t] * hd / 2]);
+      for (int c = 0; c < hd; ++c)
+        ASSERT_NEAR(q[(t * nh + h) * hd + c], v[c], 1e-5 * (1 + std::fabs(v[c]))) << "t=" << t << " h=" << h << " c=" << c;
+    }
+}
+
+TEST(RuntimeOpsRef, RouterTwinMatchesQwen3MoeRoute) {
+  const io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
+  const model::Qwen3Moe cpu(ckpt);
+  const auto& s = cpu.spec();
+  const int64_t n = 16, H = s.hidden_size;
+  std::mt19937_64 g(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(n * H);
+  for (auto& v : x) v = d(g);
+  const model::Routes r = cpu.route(0, x, n);
+  std::vector<int32_t> ids(n * s.top_k);
+  std::vector<float> w(n * s.top_k);
+  ops::RouterTopkArgs a;
+  a.logits = r.logits.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.T = n;
+  a.num_experts = static_cast<int>(s.num_experts), a.topk = static_cast<int>(s.top_k), a.norm_topk_prob = s.norm_topk_prob;
+  ops::router_topk_ref(a);
+  EXPECT_EQ(ids, r.expert);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], r.weight[i], 1e-6) << "route " << i;
+}
