@@ -13,5 +13,6 @@ void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_audit(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_export(CLI::App& app);
 
 }  // namespace moesq::cli
