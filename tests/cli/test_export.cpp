@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/checkpoint.h"
+#include "support/int4_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -35,9 +38,10 @@ class CliExport : public ::testing::Test {
     std::ofstream t(dir_.file("text.txt"));
     for (int i = 0; i < 200; ++i) t << "def f" << i << "(x):\n    return x * " << i << " + " << (i * 7) % 13 << "\n";
   }
-  CliRun run(const std::string& args) {
+  CliRun run(const std::string& args) { return run_shell(std::string(MOESQ_BINARY) + " " + args); }
+  CliRun run_shell(const std::string& command) {
     const std::string o = dir_.file("stdout"), e = dir_.file("stderr");
-    const std::string cmd = std::string("MOESQ_QUIET=1 ") + MOESQ_BINARY + " " + args + " >" + o + " 2>" + e;
+    const std::string cmd = "MOESQ_QUIET=1 " + command + " >" + o + " 2>" + e;
     const int st = std::system(cmd.c_str());
     CliRun r;
     r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -82,6 +86,15 @@ TEST_F(CliExport, SgptqExportsEvaluateToIdenticalNats) {
     EXPECT_EQ(e["act_block_size"], ref["act_block_size"]) << f;
     EXPECT_EQ(e["nats_per_token"].get<double>(), ref["nats_per_token"].get<double>()) << f;
   }
+  // An independent decoder written from docs/FORMAT.md (pure Python) gets the same fp32 bits from
+  // all three layouts (layer 0, to stay quick).
+  if (std::system("python3 --version >/dev/null 2>&1") == 0) {
+    const CliRun d = run_shell("python3 " + std::string(MOESQ_FIXTURES) + "/../../scripts/decode_exports.py " + src +
+                               " " + dir_.file("x-compressed-tensors") + " " + dir_.file("x-moesq-pair-bitmask") +
+                               " --layers 1");
+    EXPECT_EQ(d.rc, 0) << d.out << d.err;
+    EXPECT_NE(d.out.find("bitwise equal: 96 projections"), std::string::npos) << d.out << d.err;
+  }
   // compress --export-format writes the exported layout directly; same bits, same nats.
   const std::string direct = compress("sgptq", dir_.file("direct"), "--export-format compressed-tensors");
   std::ifstream cf(direct + "/config.json");
@@ -104,6 +117,24 @@ TEST_F(CliExport, DenseNvfp4RoundTripsThroughCompressedTensors) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("not paired 4:8"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_.file("pb")));
+}
+
+TEST_F(CliExport, Int4PackQuantizedIsReadAndCompressible) {
+  // The paper compresses from the INT4 release: eval reads it weight-only, compress takes it as SOURCE.
+  const std::string int4 = dir_.file("int4");
+  moesq::test::write_int4_checkpoint(moesq::io::Checkpoint(model_), int4, 32);
+  const nlohmann::json e = eval(int4);
+  ASSERT_TRUE(e.is_object());
+  EXPECT_EQ(e["expert_format"], "int4-pack-quantized");
+  EXPECT_FALSE(e.contains("act_block_size")) << e.dump();
+  const nlohmann::json ref = eval(model_);
+  EXPECT_LT(std::fabs(e["nats_per_token"].get<double>() - ref["nats_per_token"].get<double>()), 0.5);
+  const CliRun r = run("compress " + int4 + " --method rtn-nvfp4 --calib-samples 2 --seq-len 16 --out " +
+                       dir_.file("from-int4") + " --export-format moesq-pair-bitmask");
+  EXPECT_EQ(r.rc, 1) << "rtn-nvfp4 is dense: pair-bitmask refused";
+  ASSERT_EQ(run("compress " + int4 + " --method magnitude --calib-samples 2 --seq-len 16 --out " +
+                dir_.file("from-int4") + " --export-format moesq-pair-bitmask").rc, 0);
+  EXPECT_EQ(eval(dir_.file("from-int4"))["expert_format"], "paired-4:8-nvfp4");
 }
 
 TEST_F(CliExport, BadInputNamesTheFlagOrField) {

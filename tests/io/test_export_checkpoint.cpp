@@ -18,6 +18,7 @@
 #include "io/export_checkpoint.h"
 #include "io/export_layouts.h"
 #include "io/import_checkpoint.h"
+#include "support/int4_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -176,57 +177,10 @@ TEST_F(ExportCheckpoint, DenseNvfp4ExportsToCompressedTensorsOnly) {
   EXPECT_FALSE(fs::exists(tmp_.path / "pb"));
 }
 
-// A compressed-tensors pack-quantized INT4 checkpoint (symmetric, group 32) written by hand.
 TEST_F(ExportCheckpoint, Int4PackQuantizedDequantizesToBf16Products) {
   const fs::path dir = tmp_.path / "int4";
-  fs::create_directories(dir);
-  SafetensorsWriter w;
+  const std::map<std::string, std::vector<float>> want = test::write_int4_checkpoint(src_, dir.string(), 32);
   const ModelSpec& s = src_.spec();
-  const int64_t G = 32;
-  std::map<std::string, std::vector<float>> want;
-  for (const std::string& name : src_.names()) {
-    const TensorView& t = src_.get(name);
-    const auto parsed = parse_expert_tensor(name);
-    if (!parsed || parsed->suffix != "weight") {
-      w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-      continue;
-    }
-    const std::string prefix = name.substr(0, name.size() - 7);
-    const int64_t N = t.shape[0], K = t.shape[1];
-    const std::vector<float> x = to_f32(t);
-    std::vector<int32_t> packed(static_cast<size_t>(N * K / 8), 0);
-    std::vector<uint16_t> scale(static_cast<size_t>(N * K / G));
-    std::vector<float>& ref = want[prefix];
-    ref.resize(static_cast<size_t>(N * K));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t g = 0; g < K / G; ++g) {
-        float amax = 0;
-        for (int64_t k = g * G; k < (g + 1) * G; ++k) amax = std::max(amax, std::fabs(x[n * K + k]));
-        scale[n * K / G + g] = f32_to_bf16(amax > 0 ? amax / 7.0f : 1.0f);
-        const float sc = bf16_to_f32(scale[n * K / G + g]);
-        for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-          const int v = std::clamp(static_cast<int>(std::lround(x[n * K + k] / sc)), -8, 7);
-          packed[n * K / 8 + k / 8] |= static_cast<int32_t>(static_cast<uint32_t>(v + 8) << (4 * (k % 8)));
-          ref[n * K + k] = round_bf16(static_cast<float>(v) * sc);
-        }
-      }
-    const int64_t shape[2] = {N, K};
-    w.add(prefix + kWeightPacked, DType::I32, {N, K / 8}, packed.data(), packed.size() * 4);
-    w.add(prefix + kWeightScale, DType::BF16, {N, K / G}, scale.data(), scale.size() * 2);
-    w.add(prefix + kWeightShape, DType::I64, {2}, shape, sizeof(shape));
-  }
-  write_checkpoint_tensors(dir.string(), w);
-  json cfg = src_.config();
-  cfg["quantization_config"] = {
-      {"quant_method", "compressed-tensors"},
-      {"format", "pack-quantized"},
-      {"config_groups",
-       {{"group_0",
-         {{"targets", {"Linear"}},
-          {"weights", {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"}, {"group_size", 32}}},
-          {"input_activations", nullptr}}}}},
-      {"ignore", {"lm_head"}}};
-  std::ofstream(dir / "config.json") << cfg.dump(2);
   const Checkpoint ck(dir.string());
   const QuantizationConfig q = read_quantization_config(ck);
   EXPECT_EQ(q.storage, ExpertStorage::Int4);
