@@ -28,7 +28,8 @@ void register_export(CLI::App& app) {
       "  moesq-pair-bitmask  the same, with weight_packed replaced by weight_sparse_packed U8 [N, K/4]\n"
       "                      (the 2 kept bytes of every 4) and weight_sparse_mask U8 [N, K/16] (one\n"
       "                      nibble per 4-byte chunk, bit i = byte i kept), and quantization_config.\n"
-      "                      paired48_sparse = {layout: pair-bitmask, version: 1} (2.75 bits/weight + scales).\n"
+      "                      paired48_sparse = {layout: pair-bitmask, version: 1}; 3.0 bits/weight\n"
+      "                      (2 values + 0.5 mask + 0.5 16-block scales).\n"
       "  moesq               moesq's own layout (docs/FORMAT.md §7), e.g. to convert an import back.");
   cmd->add_option("SRC", args->src, "compressed checkpoint directory")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--format", args->format, "compressed-tensors | moesq-pair-bitmask | moesq")->required();
