@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "cli/commands.h"
@@ -12,13 +13,15 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/checkpoint.h"
+#include "io/compressed_checkpoint.h"
+#include "io/export_checkpoint.h"
 #include "model/qwen3_moe.h"
 
 namespace moesq::cli {
 
 void register_compress(CLI::App& app) {
   struct Args {
-    std::string dir, out, method;
+    std::string dir, out, method, export_format = "moesq";
     bool json = false;
     CompressFlags flags;
   };
@@ -39,25 +42,46 @@ void register_compress(CLI::App& app) {
       ->required();
   cmd->add_option("--out", args->out, "output checkpoint directory (replaced atomically)")->required();
   cmd->add_flag("--json", args->json, "print the report summary as one JSON object on stdout");
+  cmd->add_option("--export-format", args->export_format,
+                  "layout of OUT: moesq (docs/FORMAT.md §7) | compressed-tensors (nvfp4-pack-quantized, what\n"
+                  "vLLM loads) | moesq-pair-bitmask (see `moesq export --help`)");
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] {
     if (args->flags.threads > 0) set_num_threads(args->flags.threads);
     compress::CompressOptions opt = args->flags.options(args->method);
+    const io::ExportFormat fmt = io::parse_export_format(args->export_format, "--export-format");
     std::vector<std::string> inputs = args->flags.calib;
     inputs.push_back(args->dir);
     { AtomicDir probe(args->out, "--out", "report.json", inputs); }  // fail now, not after minutes of work
     io::Checkpoint ckpt(args->dir);
-    MOESQ_CHECK(!ckpt.config().contains("quantization_config"), "checkpoint ", args->dir,
+    // A compressed-tensors INT4 checkpoint is a valid source (the loader dequantizes it, issue 13);
+    // anything else already quantized is not.
+    MOESQ_CHECK(!ckpt.config().contains("quantization_config") ||
+                    io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,
+                "checkpoint ", args->dir,
                 " is already quantized (config.json has quantization_config); compress the original");
     model::Qwen3Moe m(ckpt);
     const compress::CalibSet calib = args->flags.calibration(m);
     const compress::CompressResult r = compress::compress_model(m, calib, opt);
+    // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
+    const std::string moesq_out =
+        fmt == io::ExportFormat::Moesq ? args->out : args->out + ".moesq.tmp." + std::to_string(::getpid());
+    struct RemoveTmp {
+      std::string dir;
+      ~RemoveTmp() {
+        std::error_code ec;
+        if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+      }
+    } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
     const compress::ExportSummary s =
-        compress::write_compressed(ckpt, r, opt, calib, args->out, {{"source", args->dir}});
+        compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
+    nlohmann::json exported;
+    if (fmt != io::ExportFormat::Moesq) exported = io::export_checkpoint(moesq_out, fmt, args->out, "report.json");
     if (args->json) {
       nlohmann::json j = s.report;
       j.erase("layers");
       j["out"] = args->out;
+      if (!exported.is_null()) j["export"] = exported;
       std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   moesq::cli::register_audit(app);
   moesq::cli::register_tokenize(app);
   moesq::cli::register_generate(app);
+  moesq::cli::register_export(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {

@@ -7,6 +7,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "format/nvfp4.h"
+#include "io/import_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -47,6 +48,12 @@ QuantizationConfig read_quantization_config(const Checkpoint& ckpt) {
   if (!cfg.contains("quantization_config")) return q;
   const auto& qc = cfg["quantization_config"];
   const std::string where = ckpt.dir() + "/config.json quantization_config";
+  if (qc.is_object() && qc.contains("quant_method")) {
+    const auto& m = qc["quant_method"];
+    if (m == "compressed-tensors") return read_compressed_tensors_config(qc, where);
+    MOESQ_CHECK(m == "moesq", where, ": quant_method ", m.dump(), " is not supported (expected \"moesq\" or "
+                "\"compressed-tensors\")");
+  }
   MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), where,
               ": missing string key \"format\"");
   q.format_name = qc["format"].get<std::string>();
@@ -100,6 +107,7 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
                                         const std::string& prefix, int64_t N, int64_t K) {
   MOESQ_CHECK(q.storage != ExpertStorage::Dense, "tensor ", prefix, kWeightPacked, " in ", ckpt.dir(),
               " but config.json has no quantization_config");
+  if (q.layout != CheckpointLayout::Moesq) return read_compressed_tensors_weight(ckpt, q, prefix, N, K);
   if (q.storage == ExpertStorage::Sparse48) {
     MOESQ_CHECK(K % format::kSparseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
                 format::kSparseScaleBlock);
@@ -145,6 +153,10 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
   write_file_atomic((fs::path(dir) / "config.json").string(),
                     cfg.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
+  copy_side_files(src, dir);
+}
+
+void copy_side_files(const Checkpoint& src, const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(src.dir())) {
     const std::string fn = entry.path().filename().string();
     if (!entry.is_regular_file() || fn == "config.json" || fn == "model.safetensors.index.json" ||

@@ -18,13 +18,19 @@
 
 namespace moesq::io {
 
-enum class ExpertStorage { Dense, Sparse48, Nvfp4 };  // Dense: HF .weight tensors (bf16/f16/f32)
+// Dense: HF .weight tensors (bf16/f16/f32). Int4: compressed-tensors pack-quantized (dequantized on load).
+enum class ExpertStorage { Dense, Sparse48, Nvfp4, Int4 };
+// Which tensor layout carries the experts (docs/FORMAT.md §7–§10; io/import_checkpoint.h).
+enum class CheckpointLayout { Moesq, CtNvfp4, CtPairBitmask, CtInt4 };
 
 // What config.json's quantization_config says (Dense when it has none).
 struct QuantizationConfig {
   ExpertStorage storage = ExpertStorage::Dense;
   std::string format_name = "bf16";  // "paired-4:8-nvfp4" | "nvfp4" when compressed
   int act_block = 32;                // activation quantization block of the W4A4 deployment
+  CheckpointLayout layout = CheckpointLayout::Moesq;
+  bool act_quant = true;             // false: weight-only (compressed-tensors input_activations null)
+  int weight_group = 0;              // CtInt4: elements per scale along K
 };
 // Error naming DIR/config.json for an unknown format or a bad input_activations.block_size.
 QuantizationConfig read_quantization_config(const Checkpoint& ckpt);
@@ -44,6 +50,10 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
 using PackedExpertSource = std::function<const format::PackedWeight&(int64_t layer, int64_t expert, ExpertProj proj)>;
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
                                  const std::string& method, const std::string& dir);
+
+// Copies the files of `src` other than config.json and its safetensors (tokenizer, generation config,
+// report.json, …) into `dir`.
+void copy_side_files(const Checkpoint& src, const std::string& dir);
 
 // Bytes of all routed-expert tensors of a checkpoint (to measure bits/weight from what was written).
 int64_t expert_tensor_bytes(const Checkpoint& ckpt);

@@ -25,6 +25,11 @@ inline constexpr const char* kWeightPacked = ".weight_packed";              // U
 inline constexpr const char* kWeightMeta = ".weight_meta";                  // U8 pair metadata (4:8)
 inline constexpr const char* kWeightScale = ".weight_scale";                // F8_E4M3 block scales
 inline constexpr const char* kWeightGlobalScale = ".weight_global_scale";   // F32 γ (divisor)
+// Exported / imported layouts (docs/FORMAT.md §8–§10).
+inline constexpr const char* kInputGlobalScale = ".input_global_scale";     // F32 γ_a (divisor)
+inline constexpr const char* kWeightSparsePacked = ".weight_sparse_packed"; // U8 kept bytes (pair-bitmask)
+inline constexpr const char* kWeightSparseMask = ".weight_sparse_mask";     // U8 chunk masks (pair-bitmask)
+inline constexpr const char* kWeightShape = ".weight_shape";                // I64/I32 [2] (pack-quantized INT4)
 
 // "model.layers.{layer}.{rest}", e.g. layer_tensor(0, "self_attn.q_proj.weight").
 std::string layer_tensor(int64_t layer, const std::string& rest);

@@ -13,19 +13,26 @@
 
 #include "core/error.h"
 #include "io/compressed_checkpoint.h"
+#include "io/import_checkpoint.h"
 #include "model/qwen3_moe.h"
 
 namespace moesq::model {
 
 namespace {
 
-// One expert projection W [N, K] → fp32, from whichever representation the checkpoint holds.
+// One expert projection W [N, K] → fp32, from whichever representation the checkpoint holds
+// (io/import_checkpoint.h: HF .weight, moesq or compressed-tensors NVFP4, INT4). Counts paired 4:8
+// and dense NVFP4 tensors: a compressed-tensors checkpoint says which it is only through its data.
+struct PackedCount {
+  int64_t sparse48 = 0, nvfp4 = 0;
+};
 std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
-                                   const std::string& prefix, int64_t N, int64_t K) {
-  if (ckpt.has(prefix + io::kWeight)) return ckpt.get_f32(prefix + io::kWeight, {N, K});
-  MOESQ_CHECK(ckpt.has(prefix + io::kWeightPacked), "tensor ", prefix, ".weight (or ", prefix,
-              ".weight_packed) not found in ", ckpt.dir());
-  return io::read_packed_weight(ckpt, q, prefix, N, K).dequantize();
+                                   const std::string& prefix, int64_t N, int64_t K, PackedCount& count) {
+  io::ExpertStorage st = io::ExpertStorage::Dense;
+  std::vector<float> w = io::read_expert_weight_f32(ckpt, q, prefix, N, K, &st);
+  count.sparse48 += st == io::ExpertStorage::Sparse48;
+  count.nvfp4 += st == io::ExpertStorage::Nvfp4;
+  return w;
 }
 
 }  // namespace
@@ -50,6 +57,7 @@ class ModelLoader {
       m.lm_head_ = m.embed_;
     }
     bool any_packed = false;
+    PackedCount count;
     for (int64_t l = 0; l < s.num_layers; ++l) {
       LayerWeights& L = m.layers_[l];
       auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
@@ -74,18 +82,26 @@ class ModelLoader {
       for (int64_t e = 0; e < E; ++e) {
         ExpertWeights& W = L.experts[e];
         for (const char* proj : io::kExpertProjNames)
-          if (ckpt.has(io::expert_tensor_prefix(l, e, proj) + io::kWeightPacked)) any_packed = true;
-        W.gate = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Gate), I, H);
-        W.up = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Up), I, H);
-        W.down = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Down), H, I);
+          if (io::has_packed_projection(ckpt, io::expert_tensor_prefix(l, e, proj))) any_packed = true;
+        W.gate = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Gate), I, H, count);
+        W.up = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Up), I, H, count);
+        W.down = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Down), H, I, count);
       }
     }
     if (q.storage != io::ExpertStorage::Dense) {
       MOESQ_CHECK(any_packed, ckpt.dir(), "/config.json declares quantization_config format \"",
                   q.format_name, "\" but no expert has a .weight_packed tensor");
-      m.default_options_.act_quant = true;
+      m.default_options_.act_quant = q.act_quant && q.storage != io::ExpertStorage::Int4;
       m.default_options_.act_block = q.act_block;
       m.expert_format_ = q.format_name;
+      if (q.layout != io::CheckpointLayout::Moesq && q.storage != io::ExpertStorage::Int4) {
+        // compressed-tensors NVFP4: all experts paired 4:8 → moesq's deployment (block 32); else dense.
+        const bool sparse = count.nvfp4 == 0 && count.sparse48 > 0;
+        m.expert_format_ = sparse ? "paired-4:8-nvfp4" : "nvfp4";
+        m.default_options_.act_block = sparse ? format::kSparseScaleBlock : format::kDenseScaleBlock;
+      } else if (q.storage == io::ExpertStorage::Int4) {
+        m.expert_format_ = "int4-pack-quantized";
+      }
     }
   }
 };

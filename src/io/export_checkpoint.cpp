@@ -1,0 +1,209 @@
+// `moesq export` (export_checkpoint.h; docs/FORMAT.md §8, §9). Every expert projection is read through
+// read_packed_weight (so any importable NVFP4 layout is a valid source) and rewritten by the byte
+// moves of export_layouts.h: no value is re-quantized, the dequantized weights stay bit-identical.
+#include "io/export_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "format/nvfp4.h"
+#include "io/compressed_checkpoint.h"
+#include "io/export_layouts.h"
+
+namespace fs = std::filesystem;
+
+namespace moesq::io {
+
+namespace {
+
+using nlohmann::json;
+
+std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"; }
+
+json nvfp4_args(bool input) {
+  return {{"num_bits", 4},     {"type", "float"},   {"strategy", "tensor_group"},  {"group_size", 16},
+          {"symmetric", true}, {"dynamic", input ? json("local") : json(false)}, {"actorder", nullptr},
+          {"block_structure", nullptr}, {"observer", input ? "static_minmax" : "minmax"}, {"observer_kwargs", json::object()}};
+}
+
+// Calibration amax of an expert's inputs from SRC/report.json (layers[l].experts[e].input_amax
+// {gate_up, down}), when compress recorded it. Null json otherwise.
+json report_input_amax(const json& report, int64_t l, int64_t e) {
+  if (!report.is_object() || !report.contains("layers")) return nullptr;
+  for (const json& L : report["layers"]) {
+    if (L.value("layer", int64_t{-1}) != l || !L.contains("experts")) continue;
+    for (const json& E : L["experts"])
+      if (E.value("expert", int64_t{-1}) == e && E.contains("input_amax")) return E["input_amax"];
+  }
+  return nullptr;
+}
+
+// γ_a of one projection (a divisor, like γ): Eq. 5 on the calibration amax, 1.0 when there is none.
+float input_global_scale(const json& amax, ExpertProj p, bool* calibrated) {
+  const char* key = p == ExpertProj::Down ? "down" : "gate_up";
+  if (amax.is_object() && amax.contains(key) && amax[key].is_number()) {
+    *calibrated = true;
+    return format::nvfp4_tensor_scale(amax[key].get<float>());
+  }
+  return 1.0f;
+}
+
+}  // namespace
+
+ExportFormat parse_export_format(const std::string& s, const std::string& flag) {
+  if (s == "moesq") return ExportFormat::Moesq;
+  if (s == "compressed-tensors") return ExportFormat::CompressedTensors;
+  if (s == "moesq-pair-bitmask") return ExportFormat::PairBitmask;
+  MOESQ_FAIL(flag, " \"", s, "\" is not a format (expected moesq, compressed-tensors or moesq-pair-bitmask)");
+}
+
+const char* export_format_name(ExportFormat f) {
+  switch (f) {
+    case ExportFormat::Moesq: return "moesq";
+    case ExportFormat::CompressedTensors: return "compressed-tensors";
+    case ExportFormat::PairBitmask: return "moesq-pair-bitmask";
+  }
+  return "?";
+}
+
+std::vector<std::string> unquantized_modules(const Checkpoint& src) {
+  std::set<std::string> mods = {"lm_head"};
+  for (const std::string& name : src.names()) {
+    if (is_expert_tensor(name)) continue;
+    const size_t dot = name.rfind('.');
+    mods.insert(dot == std::string::npos ? name : name.substr(0, dot));
+  }
+  return {mods.begin(), mods.end()};
+}
+
+json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask) {
+  json qc = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "nvfp4-pack-quantized"},
+      {"quantization_status", "compressed"},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", {"Linear"}},
+          {"format", "nvfp4-pack-quantized"},
+          {"weights", nvfp4_args(false)},
+          {"input_activations", nvfp4_args(true)},
+          {"output_activations", nullptr}}}}},
+      {"ignore", unquantized_modules(src)},
+      {"kv_cache_scheme", nullptr},
+      {"sparsity_config", json::object()},
+  };
+  if (pair_bitmask) qc["paired48_sparse"] = {{"layout", "pair-bitmask"}, {"version", 1}};
+  return qc;
+}
+
+json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir) {
+  const ModelSpec& spec = src.spec();
+  const QuantizationConfig q = read_quantization_config(src);
+  MOESQ_CHECK(q.storage != ExpertStorage::Dense && q.storage != ExpertStorage::Int4, src.dir(),
+              ": experts are not NVFP4-compressed (format \"", q.format_name,
+              "\"); export reads moesq or compressed-tensors NVFP4 checkpoints (run moesq compress first)");
+  json report = nullptr;
+  if (std::ifstream rf(fs::path(src.dir()) / "report.json"); rf) report = json::parse(rf, nullptr, false);
+  const int64_t H = spec.hidden_size, I = spec.moe_intermediate_size;
+  auto read = [&](int64_t l, int64_t e, ExpertProj p) {
+    const bool down = p == ExpertProj::Down;
+    return read_packed_weight(src, q, expert_tensor_prefix(l, e, p), down ? H : I, down ? I : H);
+  };
+
+  int64_t projections = 0, sparse = 0, calibrated = 0;
+  if (f == ExportFormat::Moesq) {
+    format::PackedWeight cur;
+    const format::PackedWeight first = read(0, 0, ExpertProj::Gate);
+    std::string method = "imported";
+    if (src.config()["quantization_config"].contains("method") && src.config()["quantization_config"]["method"].is_string())
+      method = src.config()["quantization_config"]["method"].get<std::string>();
+    write_compressed_checkpoint(
+        src,
+        [&](int64_t l, int64_t e, ExpertProj p) -> const format::PackedWeight& {
+          cur = read(l, e, p);
+          MOESQ_CHECK(cur.is_sparse48() == first.is_sparse48(), "tensor ", expert_tensor_prefix(l, e, p), " in ",
+                      src.dir(), " is ", cur.is_sparse48() ? "paired 4:8" : "dense NVFP4", " but the first expert "
+                      "is not; the moesq layout holds one format per checkpoint");
+          ++projections;
+          sparse += cur.is_sparse48();
+          return cur;
+        },
+        first.is_sparse48(), method, dir);
+  } else {
+    const bool pb = f == ExportFormat::PairBitmask;
+    SafetensorsWriter w;
+    for (const std::string& name : src.names()) {
+      if (is_expert_tensor(name)) continue;
+      const TensorView& t = src.get(name);
+      w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+    }
+    for (int64_t l = 0; l < spec.num_layers; ++l) {
+      if (!spec.is_moe_layer(l)) continue;
+      for (int64_t e = 0; e < spec.num_experts; ++e) {
+        const json amax = report_input_amax(report, l, e);
+        for (int pi = 0; pi < 3; ++pi) {
+          const auto p = static_cast<ExpertProj>(pi);
+          const std::string prefix = expert_tensor_prefix(l, e, p);
+          const format::PackedWeight pw = read(l, e, p);
+          const format::Nvfp4Tensor d = to_dense_nvfp4(pw);
+          const int64_t N = d.N, K = d.K;
+          if (pb) {
+            MOESQ_CHECK(pw.is_sparse48(), "tensor ", prefix, " in ", src.dir(), " is dense NVFP4, not paired 4:8; "
+                        "moesq-pair-bitmask needs a paired 4:8 checkpoint (use --format compressed-tensors)");
+            const PairBitmaskTensor b = to_pair_bitmask(d, prefix);
+            w.add(prefix + kWeightSparsePacked, DType::U8, {N, K / 4}, b.packed.data(), b.packed.size());
+            w.add(prefix + kWeightSparseMask, DType::U8, {N, K / 16}, b.mask.data(), b.mask.size());
+          } else {
+            w.add(prefix + kWeightPacked, DType::U8, {N, K / 2}, d.values.data(), d.values.size());
+          }
+          w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}, d.scales.data(), d.scales.size());
+          w.add(prefix + kWeightGlobalScale, DType::F32, {1}, &d.global_scale, sizeof(float));
+          bool cal = false;
+          const float gsa = input_global_scale(amax, p, &cal);
+          calibrated += cal;
+          w.add(prefix + kInputGlobalScale, DType::F32, {1}, &gsa, sizeof(float));
+          ++projections;
+          sparse += pw.is_sparse48();
+        }
+      }
+    }
+    write_checkpoint_tensors(dir, w);
+    json cfg = src.config();
+    cfg["quantization_config"] = compressed_tensors_config_json(src, pb);
+    write_file_atomic((fs::path(dir) / "config.json").string(), dump(cfg));
+    copy_side_files(src, dir);
+  }
+
+  const int64_t bytes = expert_tensor_bytes(Checkpoint(dir));
+  int64_t weights = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    if (spec.is_moe_layer(l)) weights += spec.num_experts * 3 * H * I;
+  json s = {{"source", src.dir()},
+            {"format", export_format_name(f)},
+            {"source_format", q.format_name},
+            {"projections", projections},
+            {"paired48_projections", sparse},
+            {"expert_bytes", bytes},
+            {"bits_per_expert_weight", weights ? 8.0 * static_cast<double>(bytes) / static_cast<double>(weights) : 0.0}};
+  if (f != ExportFormat::Moesq)
+    s["input_global_scale"] = calibrated == projections ? "calibration amax (report.json)"
+                              : calibrated == 0         ? "default 1.0 (no calibration amax in report.json)"
+                                                        : "calibration amax where report.json has it, else 1.0";
+  return s;
+}
+
+json export_checkpoint(const std::string& src_dir, ExportFormat f, const std::string& out_dir,
+                       const std::string& marker) {
+  AtomicDir dir(out_dir, "--out", marker, {src_dir});
+  const Checkpoint src(src_dir);
+  json s = write_exported_checkpoint(src, f, dir.path());
+  s["out"] = out_dir;
+  write_file_atomic((fs::path(dir.path()) / "export.json").string(), dump(s));
+  dir.commit();
+  return s;
+}
+
+}  // namespace moesq::io

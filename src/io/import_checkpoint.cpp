@@ -1,0 +1,214 @@
+// compressed-tensors checkpoints in (import_checkpoint.h; docs/FORMAT.md §10). The config is checked
+// field by field against what moesq implements, so an FP8 or W4A8 checkpoint fails with the field
+// that differs instead of deep inside the loader.
+#include "io/import_checkpoint.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "io/export_layouts.h"
+
+namespace moesq::io {
+
+namespace {
+
+using nlohmann::json;
+
+std::string shown(const json& obj, const char* key) {
+  return obj.is_object() && obj.contains(key) ? obj[key].dump() : std::string("missing");
+}
+
+// obj[key] must equal one of `allowed` (a missing key counts as null).
+void expect_field(const json& obj, const std::string& where, const std::string& path, const char* key,
+                  std::initializer_list<json> allowed) {
+  const json v = obj.is_object() && obj.contains(key) ? obj[key] : json(nullptr);
+  for (const json& a : allowed)
+    if (v == a) return;
+  std::string want;
+  for (const json& a : allowed) want += (want.empty() ? "" : " or ") + a.dump();
+  MOESQ_FAIL(where, ": ", path, ".", key, " is ", shown(obj, key), "; moesq supports ", want);
+}
+
+const TensorView& tensor(const Checkpoint& ckpt, const std::string& name, DType dtype,
+                         const std::vector<int64_t>& shape) {
+  const TensorView& t = ckpt.get(name);
+  MOESQ_CHECK(t.dtype == dtype, "tensor ", name, " in ", ckpt.dir(), " has dtype ", dtype_name(t.dtype),
+              ", expected ", dtype_name(dtype));
+  TensorView want;
+  want.shape = shape;
+  MOESQ_CHECK(t.shape == shape, "tensor ", name, " in ", ckpt.dir(), " has shape ", t.shape_str(), ", expected ",
+              want.shape_str());
+  return t;
+}
+
+std::vector<uint8_t> bytes_of(const TensorView& t) { return std::vector<uint8_t>(t.data, t.data + t.nbytes); }
+
+// A global scale: one finite positive number (shape [1] or [], any float dtype).
+float scalar_scale(const Checkpoint& ckpt, const std::string& name) {
+  const TensorView& t = ckpt.get(name);
+  MOESQ_CHECK(t.numel() == 1, "tensor ", name, " in ", ckpt.dir(), " has shape ", t.shape_str(),
+              ", expected one element");
+  const float g = to_f32(t)[0];
+  MOESQ_CHECK(std::isfinite(g) && g > 0.0f, "tensor ", name, " in ", ckpt.dir(), " holds global scale ", g,
+              ", expected a finite value > 0");
+  return g;
+}
+
+}  // namespace
+
+QuantizationConfig read_compressed_tensors_config(const json& qc, const std::string& where) {
+  MOESQ_CHECK(qc.contains("config_groups") && qc["config_groups"].is_object() && !qc["config_groups"].empty(),
+              where, ": config_groups is ", shown(qc, "config_groups"), "; expected at least one group");
+  const std::string top = qc.contains("format") && qc["format"].is_string() ? qc["format"].get<std::string>() : "";
+  if (qc.contains("kv_cache_scheme")) expect_field(qc, where, "quantization_config", "kv_cache_scheme", {nullptr});
+  if (qc.contains("sparsity_config") && qc["sparsity_config"].is_object() && !qc["sparsity_config"].empty())
+    expect_field(qc["sparsity_config"], where, "sparsity_config", "format", {"dense", nullptr});
+
+  QuantizationConfig q;
+  std::string fmt;
+  for (const auto& [gname, g] : qc["config_groups"].items()) {
+    const std::string path = "config_groups." + gname;
+    const std::string f = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : top;
+    MOESQ_CHECK(fmt.empty() || f == fmt, where, ": ", path, ".format is \"", f, "\" but another group uses \"", fmt,
+                "\"; moesq reads one format per checkpoint");
+    fmt = f;
+    MOESQ_CHECK(g.contains("weights") && g["weights"].is_object(), where, ": ", path, ".weights is ",
+                shown(g, "weights"), "; expected an object");
+    const json& w = g["weights"];
+    const json none = nullptr;
+    const json& in = g.contains("input_activations") ? g["input_activations"] : none;
+    if (g.contains("output_activations")) expect_field(g, where, path, "output_activations", {nullptr});
+    if (fmt == "nvfp4-pack-quantized") {
+      expect_field(w, where, path + ".weights", "type", {"float"});
+      expect_field(w, where, path + ".weights", "num_bits", {4});
+      expect_field(w, where, path + ".weights", "strategy", {"tensor_group"});
+      expect_field(w, where, path + ".weights", "group_size", {16});
+      if (w.contains("symmetric")) expect_field(w, where, path + ".weights", "symmetric", {true});
+      q.act_quant = !in.is_null();
+      if (q.act_quant) {
+        expect_field(in, where, path + ".input_activations", "type", {"float"});
+        expect_field(in, where, path + ".input_activations", "num_bits", {4});
+        expect_field(in, where, path + ".input_activations", "strategy", {"tensor_group"});
+        expect_field(in, where, path + ".input_activations", "group_size", {16});
+        expect_field(in, where, path + ".input_activations", "dynamic", {"local", true});
+      }
+    } else if (fmt == "pack-quantized") {
+      expect_field(w, where, path + ".weights", "type", {"int"});
+      expect_field(w, where, path + ".weights", "num_bits", {4});
+      expect_field(w, where, path + ".weights", "symmetric", {true});
+      expect_field(w, where, path + ".weights", "strategy", {"group"});
+      if (w.contains("actorder")) expect_field(w, where, path + ".weights", "actorder", {nullptr, "static", "weight"});
+      MOESQ_CHECK(w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int>() > 0,
+                  where, ": ", path, ".weights.group_size is ", shown(w, "group_size"), "; expected a positive integer");
+      q.weight_group = w["group_size"].get<int>();
+      MOESQ_CHECK(in.is_null(), where, ": ", path, ".input_activations is ", in.dump(),
+                  "; moesq reads pack-quantized INT4 as weight-only (null)");
+      q.act_quant = false;
+    } else {
+      MOESQ_FAIL(where, ": format \"", fmt, "\" is not supported (moesq reads compressed-tensors "
+                 "\"nvfp4-pack-quantized\" and \"pack-quantized\")");
+    }
+  }
+  q.format_name = fmt;
+  if (fmt == "pack-quantized") {
+    q.storage = ExpertStorage::Int4;
+    q.layout = CheckpointLayout::CtInt4;
+  } else {
+    q.storage = ExpertStorage::Nvfp4;  // per tensor: Sparse48 when the data is paired 4:8
+    q.layout = CheckpointLayout::CtNvfp4;
+    q.act_block = format::kDenseScaleBlock;
+  }
+  if (qc.contains("paired48_sparse")) {
+    const json& p = qc["paired48_sparse"];
+    MOESQ_CHECK(fmt == "nvfp4-pack-quantized", where, ": paired48_sparse needs format \"nvfp4-pack-quantized\", not \"",
+                fmt, "\"");
+    expect_field(p, where, "paired48_sparse", "layout", {"pair-bitmask"});
+    expect_field(p, where, "paired48_sparse", "version", {1});
+    q.storage = ExpertStorage::Sparse48;
+    q.layout = CheckpointLayout::CtPairBitmask;
+    q.act_block = format::kSparseScaleBlock;
+  }
+  return q;
+}
+
+format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                                    const std::string& prefix, int64_t N, int64_t K) {
+  MOESQ_CHECK(K % format::kDenseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
+              format::kDenseScaleBlock);
+  const float gs = scalar_scale(ckpt, prefix + kWeightGlobalScale);
+  const std::vector<uint8_t> scales = bytes_of(tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}));
+  if (q.layout == CheckpointLayout::CtPairBitmask) {
+    PairBitmaskTensor b;
+    b.N = N;
+    b.K = K;
+    b.packed = bytes_of(tensor(ckpt, prefix + kWeightSparsePacked, DType::U8, {N, K / 4}));
+    b.mask = bytes_of(tensor(ckpt, prefix + kWeightSparseMask, DType::U8, {N, K / 16}));
+    b.scales = scales;
+    b.global_scale = gs;
+    return pair_bitmask_to_sparse48(b, prefix);
+  }
+  MOESQ_CHECK(q.layout == CheckpointLayout::CtNvfp4, "tensor ", prefix, " in ", ckpt.dir(),
+              ": not an NVFP4 layout (format \"", q.format_name, "\")");
+  format::Nvfp4Tensor d;
+  d.N = N;
+  d.K = K;
+  d.values = bytes_of(tensor(ckpt, prefix + kWeightPacked, DType::U8, {N, K / 2}));
+  d.scales = scales;
+  d.global_scale = gs;
+  if (auto s = detect_sparse48(d)) return std::move(*s);
+  return d;
+}
+
+std::vector<float> read_int4_weight(const Checkpoint& ckpt, const QuantizationConfig& q, const std::string& prefix,
+                                    int64_t N, int64_t K) {
+  const int64_t G = q.weight_group, words = (K + 7) / 8, groups = (K + G - 1) / G;
+  MOESQ_CHECK(G > 0, "tensor ", prefix, ": INT4 group size ", G, " is not positive");
+  MOESQ_CHECK(!ckpt.has(prefix + ".weight_zero_point"), "tensor ", prefix, ".weight_zero_point in ", ckpt.dir(),
+              ": asymmetric INT4 is not supported");
+  if (ckpt.has(prefix + kWeightShape)) {
+    const std::vector<float> shape = to_f32(ckpt.get(prefix + kWeightShape));
+    MOESQ_CHECK(shape.size() == 2 && shape[0] == static_cast<float>(N) && shape[1] == static_cast<float>(K), "tensor ",
+                prefix, kWeightShape, " in ", ckpt.dir(), " does not say [", N, ", ", K, "]");
+  }
+  const TensorView& p = tensor(ckpt, prefix + kWeightPacked, DType::I32, {N, words});
+  const TensorView& st = ckpt.get(prefix + kWeightScale);
+  TensorView want;
+  want.shape = {N, groups};
+  MOESQ_CHECK(st.shape == want.shape, "tensor ", prefix, kWeightScale, " in ", ckpt.dir(), " has shape ",
+              st.shape_str(), ", expected ", want.shape_str());
+  const std::vector<float> scale = to_f32(st);
+  std::vector<float> out(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      uint32_t word;
+      std::memcpy(&word, p.data + 4 * (n * words + k / 8), 4);
+      const int v = static_cast<int>((word >> (4 * (k % 8))) & 0xfu) - 8;
+      out[n * K + k] = round_bf16(static_cast<float>(v) * scale[n * groups + k / G]);
+    }
+  return out;
+}
+
+bool has_packed_projection(const Checkpoint& ckpt, const std::string& prefix) {
+  return ckpt.has(prefix + kWeightPacked) || ckpt.has(prefix + kWeightSparsePacked);
+}
+
+std::vector<float> read_expert_weight_f32(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                          const std::string& prefix, int64_t N, int64_t K, ExpertStorage* storage) {
+  if (ckpt.has(prefix + kWeight)) {
+    if (storage) *storage = ExpertStorage::Dense;
+    return ckpt.get_f32(prefix + kWeight, {N, K});
+  }
+  MOESQ_CHECK(has_packed_projection(ckpt, prefix), "tensor ", prefix, ".weight (or ", prefix,
+              ".weight_packed) not found in ", ckpt.dir());
+  if (q.layout == CheckpointLayout::CtInt4) {
+    if (storage) *storage = ExpertStorage::Int4;
+    return read_int4_weight(ckpt, q, prefix, N, K);
+  }
+  const format::PackedWeight p = read_packed_weight(ckpt, q, prefix, N, K);
+  if (storage) *storage = p.is_sparse48() ? ExpertStorage::Sparse48 : ExpertStorage::Nvfp4;
+  return p.dequantize();
+}
+
+}  // namespace moesq::io

@@ -1,0 +1,45 @@
+// Reading checkpoints in the compressed-tensors format, whether moesq exported them or another tool
+// (llm-compressor, ModelOpt conversions) made them (docs/FORMAT.md §10 "Import"):
+//  * `nvfp4-pack-quantized` (weight_packed U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
+//    weight_global_scale F32 divisor): paired 4:8 detected from the data (export_layouts.h) → our
+//    Sparse48Tensor (W4A4 with block 32), otherwise dense NVFP4 (W4A4 with block 16, or W4A16 when
+//    input_activations is null);
+//  * the same plus `paired48_sparse = {layout: "pair-bitmask", version: 1}`: weight_sparse_packed +
+//    weight_sparse_mask → Sparse48Tensor;
+//  * `pack-quantized` INT4 (symmetric, group quantized, weight_packed I32 [N, K/8] offset-8 nibbles,
+//    element j of a word in bits 4j..4j+3, weight_scale [N, K/G], weight_shape [2]) → bf16-rounded
+//    floats q·scale (weight-only).
+// Anything else (another quant_method, format, weight or activation scheme) is refused with an Error
+// naming the config field and its value.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/compressed_checkpoint.h"
+
+namespace moesq::io {
+
+// config.json quantization_config with quant_method "compressed-tensors"; `where` prefixes errors.
+QuantizationConfig read_compressed_tensors_config(const nlohmann::json& qc, const std::string& where);
+
+// One NVFP4 projection of a compressed-tensors checkpoint (CtNvfp4 or CtPairBitmask layout).
+format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                                    const std::string& prefix, int64_t N, int64_t K);
+// One pack-quantized INT4 projection → [N, K] floats (each q·scale rounded to bf16).
+std::vector<float> read_int4_weight(const Checkpoint& ckpt, const QuantizationConfig& q, const std::string& prefix,
+                                    int64_t N, int64_t K);
+
+// Does the checkpoint store projection `prefix` in a packed layout (any of the above or moesq's)?
+bool has_packed_projection(const Checkpoint& ckpt, const std::string& prefix);
+
+// Any routed-expert projection → fp32 [N, K]: HF .weight, moesq / compressed-tensors NVFP4 (exact
+// dequantized values), or INT4. `*storage` (optional) says what the tensor was: Dense, Sparse48,
+// Nvfp4 or Int4.
+std::vector<float> read_expert_weight_f32(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                          const std::string& prefix, int64_t N, int64_t K,
+                                          ExpertStorage* storage = nullptr);
+
+}  // namespace moesq::io
