@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <random>
 #include <string>
 
+#include "compress/refine/schedule.h"
 #include "core/half.h"
 #include "core/hash.h"
 #include "io/safetensors.h"
@@ -25,11 +27,11 @@ struct CmdResult {
   std::string out, err;
 };
 
-CmdResult run(const std::string& args) {
+CmdResult run(const std::string& args, const std::string& env = "") {
   const fs::path dir = fs::temp_directory_path() / ("moesq_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string o = (dir / "stdout").string(), e = (dir / "stderr").string();
-  const std::string cmd = std::string("MOESQ_QUIET=1 ") + MOESQ_BINARY + " " + args + " >" + o + " 2>" + e;
+  const std::string cmd = env + std::string(" MOESQ_QUIET=1 ") + MOESQ_BINARY + " " + args + " >" + o + " 2>" + e;
   const int st = std::system(cmd.c_str());
   CmdResult r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -233,6 +235,104 @@ TEST_F(CliCompress, KNotMultipleOf32NamesTensor) {
   EXPECT_NE(r.err.find("down_proj"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("32"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp_ / "o"));
+}
+
+TEST_F(CliCompress, CalibrationShortfallWarnsAndStrictFails) {
+  // 400 bytes hold 3 windows of 128 byte tokens: --calib-samples 64 gets 3 sequences.
+  const fs::path small = tmp_ / "small.txt";
+  {
+    std::ofstream f(small);
+    for (int i = 0; i < 400; ++i) f << char('a' + i % 26);
+  }
+  const std::string base = "compress " + model_ + " --method sgptq --calib " + small.string() +
+                           " --seq-len 128 --out ";
+  CmdResult r = run(base + (tmp_ / "o").string() + " --calib-samples 64 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("WARNING"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("3 sequence"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--calib-samples 64"), std::string::npos) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["calibration"]["sequences"], 3);
+  CmdResult s = run(base + (tmp_ / "s").string() + " --calib-samples 64 --strict");
+  EXPECT_NE(s.code, 0);
+  EXPECT_NE(s.err.find("--calib-samples 64"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("--strict"), std::string::npos) << s.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "s"));
+  // Enough data: no warning.
+  CmdResult ok = run(base + (tmp_ / "k").string() + " --calib-samples 3");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("WARNING"), std::string::npos) << ok.err;
+}
+
+TEST_F(CliCompress, MoesqRecordsScheduleAndLossPerLayer) {
+  const fs::path out = tmp_ / "m";
+  CmdResult r = run("compress " + model_ + " --method moesq --out " + out.string() + " --calib " +
+                    (tmp_ / "text.txt").string() + " --calib-samples 4 --seq-len 32 --epochs 1 --lr-v 1e-4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("loss per layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 3:"), std::string::npos) << r.out;
+  std::ifstream rf(out / "report.json");
+  const auto rep = nlohmann::json::parse(rf);
+  EXPECT_TRUE(rep["refine_options"]["rule_batch"].get<bool>());
+  EXPECT_FALSE(rep["refine_options"]["rule_epochs"].get<bool>());
+  int refined = 0;
+  for (const auto& layer : rep["layers"])
+    for (const auto& e : layer["experts"]) {
+      const auto& sc = e["refine"]["schedule"];
+      EXPECT_EQ(sc["source"]["batch"], "rule");
+      EXPECT_EQ(sc["source"]["lr_A"], "rule");
+      EXPECT_EQ(sc["source"]["epochs"], "set");
+      EXPECT_EQ(sc["source"]["lr_V"], "set");
+      EXPECT_EQ(sc["epochs"], 1);
+      EXPECT_DOUBLE_EQ(sc["lr_V"].get<double>(), 1e-4);
+      if (e["refine"]["skipped"].get<bool>()) continue;
+      ++refined;
+      const int64_t rows = e["refine"]["train_rows"].get<int64_t>();
+      const auto want = moesq::compress::refine_schedule(rows, 0, 1);  // per expert, from its own rows
+      EXPECT_EQ(sc["rule_rows"].get<int64_t>(), rows);
+      EXPECT_EQ(sc["batch"].get<int64_t>(), want.batch);
+      EXPECT_EQ(sc["steps"].get<int64_t>(), want.steps);
+      EXPECT_DOUBLE_EQ(sc["lr_A"].get<double>(), want.lr_A);
+    }
+  EXPECT_GT(refined, 0);
+  // The per-layer table: CSV beside report.json, one row per layer, before and after refinement.
+  std::ifstream cf(out / "loss_per_layer.csv");
+  ASSERT_TRUE(cf) << "loss_per_layer.csv missing";
+  std::string line;
+  std::getline(cf, line);
+  EXPECT_EQ(line, "layer,experts,init_hard_loss,final_hard_loss,rel_error");
+  int rows = 0;
+  while (std::getline(cf, line)) {
+    EXPECT_EQ(line.rfind(std::to_string(rows) + ",", 0), 0u) << line;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 4) << line;
+    EXPECT_EQ(line.find(",,"), std::string::npos) << "moesq fills every column: " << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 4);
+  ASSERT_EQ(rep["loss_per_layer"].size(), 4u);
+  EXPECT_TRUE(rep["loss_per_layer"][0]["init_hard_loss"].is_number());
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not on PATH: PNG not checked";
+  std::ifstream pf(out / "loss_per_layer.png", std::ios::binary);
+  ASSERT_TRUE(pf) << "gnuplot is on PATH but loss_per_layer.png is missing: " << r.out;
+  char magic[4] = {};
+  pf.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST_F(CliCompress, LossPerLayerWithoutGnuplotIsANote) {
+  // PATH without gnuplot: the CSV is still written, the PNG is not, and the output says why.
+  const fs::path out = tmp_ / "r";
+  CmdResult r = run("compress " + model_ + " --method rtn-nvfp4 --out " + out.string() +
+                    " --calib-samples 2 --seq-len 16", "PATH=/nonexistent");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("gnuplot not on PATH"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out / "loss_per_layer.png"));
+  std::ifstream cf(out / "loss_per_layer.csv");
+  std::string header, row0;
+  std::getline(cf, header);
+  std::getline(cf, row0);
+  EXPECT_EQ(row0.rfind("0,", 0), 0u) << row0;
+  EXPECT_NE(row0.find(",,,"), std::string::npos) << "no refinement losses for rtn-nvfp4, rel_error only: " << row0;
+  EXPECT_NE(row0.back(), ',') << row0;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include "compress/hessian.h"
 #include "compress/refine/loop.h"
+#include "compress/refine/schedule.h"
 #include "compress/sgptq.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -405,6 +406,43 @@ TEST(Refine, FewRowsAndRaggedBatches) {
   EXPECT_FALSE(r1.note.empty());
 }
 
+TEST(Refine, ScheduleRuleSetsOnlyWhatIsLeftToIt) {
+  // 40 rows, 10 % held out: 36 training rows -> the rule's batch 8 (ceil(36/8) = 5 < 32, floor 8),
+  // epochs from the options (2, "set"), rates from the rule for 2 · 5 = 10 steps.
+  const Synthetic s = make_synthetic(64, 32, 40, 4, 11);
+  const SgptqInit init = run_sgptq(s);
+  RefineOptions o = tuned_options();
+  o.epochs = 2;
+  o.rule_batch = o.rule_lr_A = o.rule_lr_V = true;
+  const auto r = compress::refine_expert(data_of(s), init.proj(0), init.proj(1), init.proj(2), o);
+  const compress::RefineSchedule want = compress::refine_schedule(36, 0, 2);
+  EXPECT_EQ(r.train_rows, 36);
+  EXPECT_EQ(r.batch, 8);
+  EXPECT_EQ(r.epochs, 2);
+  EXPECT_EQ(r.steps, 10);
+  EXPECT_EQ(r.steps, want.steps);
+  EXPECT_DOUBLE_EQ(r.lr_A, want.lr_A);
+  EXPECT_DOUBLE_EQ(r.lr_V, want.lr_V);
+  EXPECT_TRUE(r.batch_from_rule && r.lr_A_from_rule && r.lr_V_from_rule);
+  EXPECT_FALSE(r.epochs_from_rule);
+  EXPECT_EQ(r.schedule_rows, 36);
+  // Layer scope: the rule uses ExpertData::schedule_rows instead of the expert's own rows.
+  o.rule_per_expert = false;
+  compress::ExpertData d = data_of(s);
+  d.schedule_rows = 3000;
+  const auto rl = compress::refine_expert(d, init.proj(0), init.proj(1), init.proj(2), o);
+  EXPECT_EQ(rl.schedule_rows, 3000);
+  EXPECT_EQ(rl.batch, 64);  // ceil(3000/64) = 47 >= 32
+  EXPECT_DOUBLE_EQ(rl.lr_A, compress::refine_schedule(3000, 0, 2).lr_A);
+  // Nothing left to the rule: the options as given.
+  RefineOptions g = tuned_options();
+  g.epochs = 1;
+  const auto rg = compress::refine_expert(data_of(s), init.proj(0), init.proj(1), init.proj(2), g);
+  EXPECT_EQ(rg.batch, 64);
+  EXPECT_EQ(rg.lr_A, g.lr_A);
+  EXPECT_FALSE(rg.batch_from_rule || rg.lr_A_from_rule);
+}
+
 TEST(Refine, ErrorsNameTheCulprit) {
   const Fixture& f = fixture();
   auto expect_error = [](auto fn, const std::string& needle) {
@@ -465,7 +503,7 @@ TEST(Refine, OptionsJsonRoundTripAndErrors) {
   o.seed = 12345678901ull;
   o.min_rows = 17;
   const nlohmann::json j = compress::refine_options_to_json(o);
-  EXPECT_EQ(j.size(), 22u);
+  EXPECT_EQ(j.size(), 27u);
   const RefineOptions back = compress::refine_options_from_json(j);
   EXPECT_EQ(compress::refine_options_to_json(back), j);
   EXPECT_EQ(back.seed, o.seed);

@@ -77,6 +77,24 @@ void register_compress(CLI::App& app) {
         compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
     nlohmann::json exported;
     if (fmt != io::ExportFormat::Moesq) exported = io::export_checkpoint(moesq_out, fmt, args->out, "report.json");
+    // Per-layer reconstruction loss, before → after refinement (also OUT/loss_per_layer.csv): on
+    // stderr with --json (stdout is the JSON object), on stdout otherwise.
+    FILE* table = args->json ? stderr : stdout;
+    const bool refined = opt.method == compress::Method::Moesq;
+    std::fprintf(table, "loss per layer (mean over experts; %s):\n",
+                 refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
+    for (const compress::LayerLoss& x : s.layer_loss) {
+      if (refined)
+        std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
+                     x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
+                     x.rel_error);
+      else
+        std::fprintf(table, "  layer %lld: rel error %.6g\n", static_cast<long long>(x.layer), x.rel_error);
+    }
+    const std::string out_dir = std::filesystem::path(args->out).string();
+    std::fprintf(table, "  written: %s/loss_per_layer.csv%s\n", out_dir.c_str(),
+                 s.plot_note.empty() ? (", " + out_dir + "/loss_per_layer.png").c_str()
+                                     : ("; note: " + s.plot_note).c_str());
     if (args->json) {
       nlohmann::json j = s.report;
       j.erase("layers");

@@ -1,5 +1,8 @@
 #include "cli/compress_flags.h"
 
+#include <cmath>
+#include <cstdio>
+
 #include "core/error.h"
 
 namespace moesq::cli {
@@ -18,7 +21,8 @@ const CLI::Validator kPositive(
 const CLI::Validator kNonNegative(
     [](std::string& s) -> std::string {
       try {
-        return s.find('-') == std::string::npos && std::stod(s) >= 0 ? "" : "must be >= 0 (got " + s + ")";
+        const double v = std::stod(s);  // "1e-4" is fine: only the value's sign matters
+        return v >= 0 && !std::signbit(v) ? "" : "must be >= 0 (got " + s + ")";
       } catch (...) {
         return "must be a number >= 0 (got " + s + ")";
       }
@@ -34,7 +38,10 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                     "part of each calibration text file to use: all | train (first 98 %) | heldout (last 2 %)")
         ->check(CLI::IsMember({"all", "train", "heldout"}));
   }
-  cmd->add_option("--calib-samples", f.calib_samples, "number of calibration sequences")->check(kPositive);
+  cmd->add_option("--calib-samples", f.calib_samples,
+                  "number of calibration sequences (fewer available in the --calib files: a WARNING, an error with --strict)")
+      ->check(kPositive);
+  cmd->add_flag("--strict", f.strict, "treat calibration warnings (fewer sequences than --calib-samples) as errors");
   cmd->add_option("--seq-len", f.seq_len, "calibration sequence length in tokens")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise")->check(kNonNegative);
   cmd->add_option("--threads", f.threads, "worker threads (default: all cores)")->check(kNonNegative);
@@ -45,14 +52,19 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
       ->check(CLI::IsMember({"router", "uniform"}));
   g->add_option("--update", f.update, "AV (supports and values) | V (values only; SGPTQ support kept)")
       ->check(CLI::IsMember({"AV", "V"}));
-  g->add_option("--epochs", f.epochs, "refinement epochs over the cached tokens")->check(CLI::Range(0, 100000));
-  g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A")->check(kNonNegative);
-  g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V")->check(kNonNegative);
+  const std::string by_rule = " (not given: set per expert by the schedule rule, docs/RESULTS.md; shown: Table-4 value)";
+  f.epochs_opt = g->add_option("--epochs", f.epochs, "refinement epochs over the cached tokens" + by_rule)
+                     ->check(CLI::Range(0, 100000));
+  f.lr_a_opt = g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A" + by_rule)->check(kNonNegative);
+  f.lr_v_opt = g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V" + by_rule)->check(kNonNegative);
+  g->add_option("--schedule-scope", f.schedule_scope,
+                "rows the schedule rule uses: expert (each expert's own) | layer (the layer's mean per expert)")
+      ->check(CLI::IsMember({"expert", "layer"}));
   g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
   g->add_option("--tau1", f.tau1, "temperature at the last step")->check(kPositive);
   g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(kPositive);
   g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(kPositive);
-  g->add_option("--batch", f.batch, "tokens per optimizer step")->check(kPositive);
+  f.batch_opt = g->add_option("--batch", f.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
 }
 
@@ -74,6 +86,12 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.batch = batch;
   r.micro_batch = micro_batch;
   r.seed = seed;
+  auto by_rule = [this](const CLI::Option* o) { return !schedule_preset && !(o && o->count() > 0); };
+  r.rule_epochs = by_rule(epochs_opt);
+  r.rule_batch = by_rule(batch_opt);
+  r.rule_lr_A = by_rule(lr_a_opt);
+  r.rule_lr_V = by_rule(lr_v_opt);
+  r.rule_per_expert = schedule_scope == "expert";
   compress::validate(o);  // once, at the boundary: a bad value fails before the model is loaded
   return o;
 }
@@ -82,7 +100,17 @@ compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
   const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
-  return compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
+  compress::CalibSet set = compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
+  const auto got = static_cast<int64_t>(set.sequences.size());
+  if (got < calib_samples) {
+    const std::string msg = "the --calib files hold " + std::to_string(got) + " sequence(s) of --seq-len " +
+                            std::to_string(seq_len) + " tokens (" + std::to_string(set.tokens()) +
+                            " tokens), fewer than --calib-samples " + std::to_string(calib_samples) +
+                            ": calibrating on " + std::to_string(got) + " (give more data or a smaller --seq-len)";
+    MOESQ_CHECK(!strict, msg, " [--strict]");
+    std::fprintf(stderr, "WARNING: %s\n", msg.c_str());
+  }
+  return set;
 }
 
 }  // namespace moesq::cli

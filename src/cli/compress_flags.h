@@ -13,16 +13,24 @@ namespace moesq::cli {
 struct CompressFlags {
   std::vector<std::string> calib;
   std::string calib_split = "all";
-  int64_t calib_samples = 64;
+  int64_t calib_samples = 128;  // 128 × 128 = 16,384 tokens (issue 12; docs/RESULTS.md)
   int64_t seq_len = 128;
   uint64_t seed = 0;
   int threads = 0;
   double percdamp = 0.01;
+  bool strict = false;  // calibration shortfalls are errors, not warnings
   // refinement (method moesq)
-  std::string objective = "router", update = "AV";
+  std::string objective = "router", update = "AV", schedule_scope = "expert";
+  // Shown defaults = the paper's Table 4; a flag NOT given is set per expert by the schedule rule
+  // (compress/refine/schedule.h), which returns these values at Table-4 scale.
   int epochs = 10;
   double lr_a = 2.5e-4, lr_v = 5e-5, tau0 = 2.0, tau1 = 0.05, kappa0 = 100, kappa1 = 500;
-  int64_t batch = 256, micro_batch = 64;
+  int64_t batch = 64, micro_batch = 64;
+  // true: epochs / batch / lr_a / lr_v above are used as they are (a command's own preset, e.g.
+  // `moesq demo`), like flags the user gave.
+  bool schedule_preset = false;
+  // Filled by add_compress_flags: tells which of --epochs/--batch/--lr-a/--lr-v were given.
+  const CLI::Option *epochs_opt = nullptr, *batch_opt = nullptr, *lr_a_opt = nullptr, *lr_v_opt = nullptr;
 
   compress::CompressOptions options(const std::string& method) const;
   compress::CalibSet calibration(const model::Qwen3Moe& m) const;

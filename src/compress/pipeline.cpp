@@ -62,11 +62,21 @@ double rel_sq_error(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
+// The refinement schedule an expert ran with, and where each value came from (report.json).
+nlohmann::json schedule_json(const RefineResult& rr) {
+  auto src = [](bool rule) { return rule ? "rule" : "set"; };
+  return {{"batch", rr.batch}, {"epochs", rr.epochs}, {"steps", rr.steps}, {"lr_A", rr.lr_A}, {"lr_V", rr.lr_V},
+          {"rule_rows", rr.schedule_rows},
+          {"source", {{"batch", src(rr.batch_from_rule)}, {"epochs", src(rr.epochs_from_rule)},
+                      {"lr_A", src(rr.lr_A_from_rule)}, {"lr_V", src(rr.lr_V_from_rule)}}}};
+}
+
 // The calibration rows of one expert (gathered from the routed layer input).
 struct ExpertCalib {
   std::vector<float> X;  // [n, H]
   std::vector<float> g;  // [n] router combine weight of this expert for the row
   int64_t n = 0;
+  int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
 };
 
 // Compresses one expert with `opt.method`. `w` holds the original weights, y_ref [c.n, H] their
@@ -126,6 +136,7 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
         data.g = c.g.data();
         data.Y_ref = y_ref.data();
         data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
+        data.schedule_rows = c.schedule_rows;
         const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
         const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
         const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
@@ -134,7 +145,8 @@ PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I
                      {"soft_loss", rr.curves.soft_loss}, {"hard_loss", rr.curves.hard_loss},
                      {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
                      {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
-                     {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped}};
+                     {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped},
+                     {"schedule", schedule_json(rr)}};
         if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
         pe.proj[0] = std::move(rr.gate);
         pe.proj[1] = std::move(rr.up);
@@ -283,7 +295,15 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
                              std::to_string(st.n_total()) + " calibration tokens");
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
     const model::Routes routes = m.route(l, X, st.n_total());
-    compress_layer(m, l, cache_expert_rows(X, routes, E, H), opt, act_block, res);
+    std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
+    // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
+    double train_sum = 0;
+    for (const ExpertCalib& c : cal)
+      train_sum += static_cast<double>(
+          c.n - std::min<int64_t>(static_cast<int64_t>(std::floor(opt.refine.heldout_fraction * c.n)),
+                                  std::max<int64_t>(c.n - 1, 0)));
+    for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
+    compress_layer(m, l, cal, opt, act_block, res);
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4.
     const std::vector<float> y = m.moe_block(l, X, routes, deployed);
     for (size_t i = 0; i < st.h.size(); ++i)

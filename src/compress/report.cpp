@@ -3,7 +3,10 @@
 #include "compress/refine/options.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -18,10 +21,92 @@ namespace {
 
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+// Mean of the finite values (NaN when none).
+struct Mean {
+  double sum = 0;
+  int64_t n = 0;
+  void add(double v) {
+    if (std::isfinite(v)) sum += v, ++n;
+  }
+  double get() const { return n ? sum / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN(); }
+};
+
+double json_number_or_nan(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>()
+                                                                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+std::string csv_field(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// A path as a gnuplot double-quoted string.
+std::string gnuplot_string(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
 }  // namespace
 
+std::vector<LayerLoss> loss_per_layer(const CompressResult& r, int64_t num_layers) {
+  std::vector<LayerLoss> rows;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    Mean init, fin, rel;
+    for (const ExpertReport& rep : r.reports) {
+      if (rep.layer != l) continue;
+      rel.add(rep.rel_error);
+      init.add(json_number_or_nan(rep.extra, "init_hard_loss"));
+      fin.add(json_number_or_nan(rep.extra, "final_hard_loss"));
+    }
+    rows.push_back({l, rel.n, init.get(), fin.get(), rel.get()});
+  }
+  return rows;
+}
+
+std::string loss_per_layer_csv(const std::vector<LayerLoss>& rows) {
+  std::string out = "layer,experts,init_hard_loss,final_hard_loss,rel_error\n";
+  for (const LayerLoss& r : rows)
+    out += std::to_string(r.layer) + "," + std::to_string(r.experts) + "," + csv_field(r.init_hard_loss) + "," +
+           csv_field(r.final_hard_loss) + "," + csv_field(r.rel_error) + "\n";
+  return out;
+}
+
+std::string plot_loss_per_layer(const std::string& csv, const std::string& png, bool refined) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
+    return "gnuplot not on PATH: loss_per_layer.png not drawn (Debian: apt install gnuplot-nox)";
+  const std::string script = png + ".gp";
+  std::string gp = "set terminal pngcairo size 800,480\nset output " + gnuplot_string(png) +
+                   "\nset datafile separator \",\"\nset style data histograms\n"
+                   "set style histogram cluster gap 1\nset style fill solid 0.8 border -1\n"
+                   "set key top left\nset yrange [0:*]\nset xlabel \"layer\"\n";
+  if (refined)
+    gp += "set title \"moesq: held-out Eq. 4 loss per layer (mean over experts)\"\nset ylabel \"loss\"\n"
+          "plot " + gnuplot_string(csv) + " every ::1 using 3:xtic(1) title \"SGPTQ init\", \"\" every ::1 using 4 "
+          "title \"refined\"\n";
+  else
+    gp += "set title \"relative reconstruction error per layer (mean over experts)\"\nset ylabel \"rel error\"\n"
+          "plot " + gnuplot_string(csv) + " every ::1 using 5:xtic(1) title \"rel error\"\n";
+  write_file_atomic(script, gp);
+  std::string q = "'";
+  for (char c : script) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  q += "'";
+  const int rc = std::system(("gnuplot " + q + " >/dev/null 2>&1").c_str());
+  std::error_code ec;
+  fs::remove(script, ec);
+  if (rc != 0 || !fs::exists(png)) return "gnuplot failed (exit " + std::to_string(rc) + "): loss_per_layer.png not drawn";
+  return "";
+}
+
 ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& r, const CompressOptions& opt,
-                               const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra) {
+                               const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra,
+                               bool plot) {
   AtomicDir dir(out_dir, "--out", "report.json", {src.dir()});
   const io::ModelSpec& spec = src.spec();
   const bool sparse = method_is_sparse(opt.method);
@@ -76,6 +161,17 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   };
   if (opt.method == Method::Moesq)
     sum.report["refine_options"] = refine_options_to_json(opt.refine);
+  sum.layer_loss = loss_per_layer(r, spec.num_layers);
+  nlohmann::json ll = nlohmann::json::array();
+  for (const LayerLoss& x : sum.layer_loss)
+    ll.push_back({{"layer", x.layer}, {"experts", x.experts}, {"init_hard_loss", finite_or_null(x.init_hard_loss)},
+                  {"final_hard_loss", finite_or_null(x.final_hard_loss)}, {"rel_error", finite_or_null(x.rel_error)}});
+  sum.report["loss_per_layer"] = ll;
+  const std::string csv = (fs::path(dir.path()) / "loss_per_layer.csv").string();
+  write_file_atomic(csv, loss_per_layer_csv(sum.layer_loss));
+  sum.plot_note = plot ? plot_loss_per_layer(csv, (fs::path(dir.path()) / "loss_per_layer.png").string(),
+                                             opt.method == Method::Moesq)
+                       : "plot not requested";
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
   write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   dir.commit();

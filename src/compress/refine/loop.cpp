@@ -18,6 +18,7 @@
 #include "compress/refine/objective.h"
 #include "compress/refine/lion.h"
 #include "compress/refine/gumbel_mask.h"
+#include "compress/refine/schedule.h"
 #include "core/error.h"
 
 namespace moesq::compress {
@@ -190,6 +191,33 @@ class ExpertRefinement {
     gather(Xq_, data_.Y_ref, w_, eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H, eval_rows_);
   }
 
+  // The schedule rule (refine/schedule.h) for every one of batch / epochs / rates the options
+  // leave to it, from this expert's training rows (or the layer's mean, ExpertData::schedule_rows).
+  void apply_schedule(RefineResult& res) {
+    const bool any = o_.rule_batch || o_.rule_epochs || o_.rule_lr_A || o_.rule_lr_V;
+    if (any) {
+      const int64_t rows =
+          !o_.rule_per_expert && data_.schedule_rows > 0 ? data_.schedule_rows : static_cast<int64_t>(train_.size());
+      const RefineSchedule s = refine_schedule(rows, o_.rule_batch ? 0 : o_.batch, o_.rule_epochs ? 0 : o_.epochs);
+      if (o_.rule_batch) o_.batch = s.batch;
+      if (o_.rule_epochs) o_.epochs = s.epochs;
+      if (o_.rule_lr_A) o_.lr_A = s.lr_A;
+      if (o_.rule_lr_V) o_.lr_V = s.lr_V;
+      res.schedule_rows = rows;
+    }
+    record_schedule(res);
+  }
+  void record_schedule(RefineResult& res) const {
+    res.batch = o_.batch;
+    res.epochs = o_.epochs;
+    res.lr_A = o_.lr_A;
+    res.lr_V = o_.lr_V;
+    res.batch_from_rule = o_.rule_batch;
+    res.epochs_from_rule = o_.rule_epochs;
+    res.lr_A_from_rule = o_.rule_lr_A;
+    res.lr_V_from_rule = o_.rule_lr_V;
+  }
+
   // Parameters: A from the prior (Eq. 2 init), V = V0; Lion momenta; the initial held-out loss.
   void init_parameters(RefineResult& res) {
     for (int j = 0; j < 3; ++j) {
@@ -320,7 +348,7 @@ class ExpertRefinement {
 
   const ExpertData& data_;
   const std::array<const ProjInit*, 3> init_;
-  const RefineOptions& o_;
+  RefineOptions o_;  // a copy: apply_schedule fills in the rule's values
   const int64_t H_, I_;
   std::array<ProjState<float>, 3> P_;             // A [R, 6] and V [N, K] of gate, up, down
   std::array<std::vector<uint8_t>, 3> prior_;     // [R] initial (SGPTQ) patterns
@@ -344,8 +372,11 @@ RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const P
   ExpertRefinement run(data, gate, up, down, o);
   run.load_initial_state();
   RefineResult res;
-  if (!run.skip(res)) {
+  if (run.skip(res)) {
+    run.record_schedule(res);
+  } else {
     run.prepare_rows(res);
+    run.apply_schedule(res);
     run.init_parameters(res);
     run.optimize(res);
     run.finish(res);

@@ -31,6 +31,9 @@ struct ExpertData {
   const float* g = nullptr;     // [n] router combine weights of the rows for this expert
   const float* Y_ref = nullptr; // [n, H] outputs of the ORIGINAL expert on X
   uint64_t stream = 0;          // RNG stream of this expert, e.g. layer · num_experts + expert
+  // Training rows the schedule rule is applied to when RefineOptions::rule_per_expert is false
+  // (the layer's mean per expert); 0: this expert's own training rows.
+  int64_t schedule_rows = 0;
 };
 
 // Initial solution of one projection W [N, K] (gate/up [I, H], down [H, I]).
@@ -56,6 +59,13 @@ struct RefineResult {
   double init_hard_loss = 0.0;   // held-out Eq. 4 loss of the initial packed solution
   double final_hard_loss = 0.0;  // held-out Eq. 4 loss of the returned tensors (from their bits)
   int64_t train_rows = 0, heldout_rows = 0, steps = 0;
+  // The schedule actually used (after the rule, refine/schedule.h) and where each value came from
+  // ("rule" or "set": given in RefineOptions, e.g. by a CLI flag).
+  int64_t batch = 0;
+  int epochs = 0;
+  double lr_A = 0.0, lr_V = 0.0;
+  int64_t schedule_rows = 0;  // rows the rule was applied to (0 when the rule set nothing)
+  bool batch_from_rule = false, epochs_from_rule = false, lr_A_from_rule = false, lr_V_from_rule = false;
   double pattern_change = 0.0;   // fraction of groups whose pattern differs from the prior
   double seconds = 0.0;          // wall time of refine_expert
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned

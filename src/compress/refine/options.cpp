@@ -49,6 +49,11 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("act_block", o.act_block);
   fn("keep_init_if_worse", o.keep_init_if_worse);
   fn("min_rows", o.min_rows);
+  fn("rule_batch", o.rule_batch);
+  fn("rule_epochs", o.rule_epochs);
+  fn("rule_lr_A", o.rule_lr_A);
+  fn("rule_lr_V", o.rule_lr_V);
+  fn("rule_per_expert", o.rule_per_expert);
 }
 
 }  // namespace

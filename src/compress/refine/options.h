@@ -16,11 +16,18 @@ struct RefineOptions {
   int epochs = 10;        // passes over the expert's training rows
   int64_t batch = 256;    // rows per optimizer step
   int64_t micro_batch = 64;  // rows per GEMM pass (gradients accumulated; bounds memory only)
-  // Lion learning rates. Defaults: paper Table 4 (Qwen3-30B-A3B), tuned there for thousands of
-  // steps per expert. Lion moves every parameter by ±lr per step, so a run of tens of steps needs
-  // larger rates: on the tiny model (layer 0 and 3 experts, ~1300 rows each) the measured best
-  // were lr_A = 1e-3, lr_V = 5e-4 for 2–10 epochs (issue 3 report has the sweep).
+  // Lion learning rates. Defaults: paper Table 4 (Qwen3-30B-A3B), tuned there for ~10^5 steps per
+  // expert. Lion moves every parameter by ±lr per step, so fewer steps need larger rates: the
+  // schedule rule below (refine/schedule.h) scales them with the steps an expert gets.
   double lr_A = 2.5e-4, lr_V = 5e-5;
+  // Which of batch / epochs / lr_A / lr_V the schedule rule (refine/schedule.h) sets, from the
+  // expert's training rows (false: the field above is used as given). The library default is
+  // "as given"; `moesq compress` turns the rule on for every one of them the user did not set.
+  bool rule_batch = false, rule_epochs = false, rule_lr_A = false, rule_lr_V = false;
+  // The rows the rule is applied to: true = each expert's own training rows (experts with few rows
+  // get a smaller batch and larger rates); false = the layer's mean training rows per expert
+  // (ExpertData::schedule_rows; one schedule for all experts of a layer).
+  bool rule_per_expert = true;
   double beta1 = 0.9, beta2 = 0.95, weight_decay = 1.0;  // Lion (decoupled weight decay)
   double lr_final_frac = 0.1;         // cosine decay to this fraction of the initial lr
   double tau0 = 2.0, tau1 = 0.05;     // Gumbel temperature τ, linear over the steps

@@ -1,0 +1,84 @@
+// The default refinement schedule rule (compress/refine/schedule.h): the paper's Table-4 values at
+// Table-4 scale, the documented values on small data, monotone rates, explicit batch/epochs kept.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compress/refine/schedule.h"
+
+using moesq::compress::refine_schedule;
+using moesq::compress::RefineSchedule;
+
+namespace {
+
+TEST(RefineSchedule, TableFourScaleGivesThePapersValues) {
+  // Qwen3-30B-A3B: 8,192 × 2,048 tokens, top-8 of 128 experts, 0.9 train = 943,718 rows per expert.
+  const RefineSchedule s = refine_schedule(943718);
+  EXPECT_EQ(s.batch, 64);
+  EXPECT_EQ(s.epochs, 10);
+  EXPECT_EQ(s.steps, 147460);
+  EXPECT_DOUBLE_EQ(s.lr_A, 2.5e-4);
+  EXPECT_DOUBLE_EQ(s.lr_V, 5e-5);
+  // More data than Table 4: the rates stay clamped at the paper's.
+  const RefineSchedule big = refine_schedule(10'000'000);
+  EXPECT_EQ(big.batch, 64);
+  EXPECT_DOUBLE_EQ(big.lr_A, 2.5e-4);
+  EXPECT_DOUBLE_EQ(big.lr_V, 5e-5);
+}
+
+TEST(RefineSchedule, SmallDataGivesTheDocumentedValues) {
+  // The tiny fixture with 16,384 calibration tokens: 16384 · 4 / 32 · 0.9 ≈ 1,843 rows per expert.
+  const RefineSchedule s = refine_schedule(1843);
+  EXPECT_EQ(s.batch, 32);  // ceil(1843/64) = 29 < 32 -> 32: ceil(1843/32) = 58
+  EXPECT_EQ(s.steps, 580);
+  EXPECT_NEAR(s.lr_A, 5.74e-4, 0.005e-4);  // 2.5e-4 · (147460/580)^0.15
+  EXPECT_NEAR(s.lr_V, 2.63e-4, 0.005e-4);  // 5e-5 · (147460/580)^0.30
+  EXPECT_DOUBLE_EQ(s.lr_A, 2.5e-4 * std::pow(147460.0 / 580.0, 0.15));
+  // 8,192 tokens (≈ 920 rows): batch 16, again 580 steps.
+  EXPECT_EQ(refine_schedule(920).batch, 16);
+  EXPECT_EQ(refine_schedule(920).steps, 580);
+  // Very few rows: the batch floor 8.
+  const RefineSchedule few = refine_schedule(50);
+  EXPECT_EQ(few.batch, 8);
+  EXPECT_EQ(few.steps, 70);  // 10 · ceil(50/8)
+  EXPECT_DOUBLE_EQ(few.lr_V, 5e-5 * std::pow(147460.0 / 70.0, 0.30));
+  // No rows: no steps, Table-4 values.
+  const RefineSchedule none = refine_schedule(0);
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_DOUBLE_EQ(none.lr_A, 2.5e-4);
+}
+
+TEST(RefineSchedule, RatesFallAsStepsGrow) {
+  // The rates are a non-increasing function of the steps. (The steps themselves jump down by up
+  // to 2× where the batch doubles, e.g. 991 -> 993 rows: batch 16 -> 32, so rows -> rates is not
+  // monotone at those boundaries; at batch 64, >= 1,985 rows, it is.)
+  RefineSchedule prev = refine_schedule(1);
+  for (int64_t rows = 2; rows <= 200000; rows = rows * 5 / 4 + 1) {
+    const RefineSchedule s = refine_schedule(rows);
+    EXPECT_GE(s.batch, 8);
+    EXPECT_LE(s.batch, 64);
+    EXPECT_GE(s.lr_A, 2.5e-4);
+    EXPECT_GE(s.lr_V, 5e-5);
+    if (s.steps >= prev.steps) {
+      EXPECT_LE(s.lr_A, prev.lr_A) << rows;
+      EXPECT_LE(s.lr_V, prev.lr_V) << rows;
+    }
+    if (rows >= 1985) {  // batch 64 from here on: steps grow with the rows
+      EXPECT_EQ(s.batch, 64) << rows;
+      if (prev.batch == 64) EXPECT_GE(s.steps, prev.steps) << rows;
+    }
+    // lr_V is scaled more than lr_A (exponent 0.30 vs 0.15).
+    EXPECT_GE(s.lr_V / 5e-5, s.lr_A / 2.5e-4 - 1e-12);
+    prev = s;
+  }
+}
+
+TEST(RefineSchedule, ExplicitBatchAndEpochsAreKept) {
+  const RefineSchedule s = refine_schedule(1843, /*fixed_batch=*/256, /*fixed_epochs=*/3);
+  EXPECT_EQ(s.batch, 256);
+  EXPECT_EQ(s.epochs, 3);
+  EXPECT_EQ(s.steps, 3 * 8);  // ceil(1843/256) = 8
+  EXPECT_DOUBLE_EQ(s.lr_A, 2.5e-4 * std::pow(147460.0 / 24.0, 0.15));
+}
+
+}  // namespace
