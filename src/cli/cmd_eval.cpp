@@ -26,6 +26,7 @@ struct EvalArgs {
   std::string act_quant = "auto";
   std::string split = "all";
   int threads = 0;
+  bool allow_mixed = false;
 };
 
 void run_eval(const EvalArgs& a) {
@@ -37,6 +38,7 @@ void run_eval(const EvalArgs& a) {
   opt.split = io::parse_split(a.split);
   opt.act_quant = model::parse_act_quant(a.act_quant);
   opt.threads = a.threads;
+  opt.allow_mixed = a.allow_mixed;
   const model::EvalResult r = model::evaluate_checkpoint(a.dir, a.data, opt);
 
   if (a.json) {
@@ -96,6 +98,8 @@ void register_eval(CLI::App& app) {
       ->check(CLI::IsMember({"all", "train", "heldout"}))
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--allow-mixed", args->allow_mixed,
+                "load a half-compressed checkpoint (some routed-expert projections dense, the rest packed)");
   cmd->callback([args] { run_eval(*args); });
 }
 
