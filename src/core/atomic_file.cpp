@@ -24,20 +24,23 @@ bool pid_is_dead(const std::string& digits) {
   return pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
-// Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>`); a
-// `<name>.old.<dead pid>` is the previous output moved aside by a commit that was killed before
-// its second rename: it is put back when `final_path` is missing, removed otherwise.
-void clean_orphans(const fs::path& final_path) {
+// Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>`). With a
+// `marker` (AtomicDir), a `<name>.old.<dead pid>` holding it is the previous output moved aside by
+// a commit killed before its second rename: put back when `final_path` is missing, removed
+// otherwise; an `.old.` sibling without the marker is someone else's and is left alone.
+void clean_orphans(const fs::path& final_path, const std::string& marker) {
   std::error_code ec;
   const fs::path parent = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
   const std::string name = final_path.filename().string();
   for (const char* kind : {".tmp.", ".old."}) {
+    if (std::string(kind) == ".old." && marker.empty()) continue;
     const std::string prefix = name + kind;
     for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string fn = it->path().filename().string();
       if (fn.size() <= prefix.size() || fn.compare(0, prefix.size(), prefix) != 0) continue;
       if (!pid_is_dead(fn.substr(prefix.size()))) continue;
       std::error_code rm;
+      if (std::string(kind) == ".old." && !fs::exists(it->path() / marker, rm)) continue;
       if (std::string(kind) == ".old." && !fs::exists(final_path, rm)) {
         fs::rename(it->path(), final_path, rm);
       } else {
@@ -78,7 +81,7 @@ bool write_all(const std::string& tmp, const std::string& bytes) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  clean_orphans(fs::path(path));
+  clean_orphans(fs::path(path), "");
   if (!write_all(tmp, bytes)) {
     const int err = errno;
     std::error_code ec;
@@ -123,7 +126,7 @@ AtomicDir::AtomicDir(const std::string& final_dir, const std::string& flag, cons
                 " exists and is not an earlier output (no ", marker.empty() ? "marker" : marker,
                 "): refusing to replace it; choose a new directory or remove it yourself");
   }
-  clean_orphans(p);
+  clean_orphans(p, marker);
   tmp_ = final_ + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp_, ec);
