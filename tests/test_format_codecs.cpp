@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "format/fp_codecs.h"
 
 using namespace moesq::format;
@@ -164,7 +165,7 @@ TEST(FormatCodecs, SaturatesBeyondTheRangeAndNeverProducesNaN) {
   }
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(e4m3_encode(nan), 0x00);
-  EXPECT_EQ(e2m1_encode(nan), 0x0);
+  EXPECT_THROW(e2m1_encode(nan), moesq::Error);  // E2M1 has no NaN code: never a silent +0 (issue 14)
   EXPECT_EQ(ue4m3_encode(nan), 0x00);
   // Fresh random bit patterns (every float class: NaN, inf, subnormal, huge): never a NaN code,
   // and finite inputs agree with the brute-force nearest reference.
@@ -177,6 +178,7 @@ TEST(FormatCodecs, SaturatesBeyondTheRangeAndNeverProducesNaN) {
     std::memcpy(&x, &u, 4);
     const uint8_t c = e4m3_encode(x);
     ASSERT_NE(c & 0x7f, 0x7f) << "NaN code for x=" << x;
+    if (std::isnan(x)) EXPECT_THROW(e2m1_encode(x), moesq::Error);
     ASSERT_NE(ue4m3_encode(x) & 0x7f, 0x7f);
     if (std::isfinite(x) && i % 20 == 0) {
       ASSERT_EQ(c, nearest_code_ref(x, 256, e4m3_decode)) << "x=" << x;

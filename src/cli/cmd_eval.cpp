@@ -31,6 +31,7 @@ struct EvalArgs {
   int threads = 0;
   std::string device = "cpu";     // cpu | cuda (the GPU engine, src/runtime)
   std::string experts = "auto";   // GPU expert backend
+  bool allow_mixed = false;
 };
 
 void run_eval(const EvalArgs& a) {
@@ -42,6 +43,7 @@ void run_eval(const EvalArgs& a) {
   opt.split = io::parse_split(a.split);
   opt.act_quant = model::parse_act_quant(a.act_quant);
   opt.threads = a.threads;
+  opt.allow_mixed = a.allow_mixed;
   std::string backend;
   model::EvalResult r;
   if (a.device == "cuda") {
@@ -122,6 +124,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--experts", args->experts,
                   "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16 (awq-w4a16, nvfp4-w4a16: not built)")
       ->capture_default_str();
+  cmd->add_flag("--allow-mixed", args->allow_mixed,
+                "load a half-compressed checkpoint (some routed-expert projections dense, the rest packed)");
   cmd->callback([args] { run_eval(*args); });
 }
 

@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/compressed_checkpoint.h"
 #include "io/tensor_names.h"
 
 namespace moesq::cli {
@@ -28,6 +29,7 @@ namespace {
 struct InspectOptions {
   std::string dir;
   bool json = false;
+  bool allow_mixed = false;
 };
 
 // Logical [N, K] of one routed-expert projection (PyTorch Linear layout: [out, in]).
@@ -44,9 +46,14 @@ bool is_plain_name(const std::string& s) {
   return true;
 }
 
-nlohmann::json inspect(const std::string& dir) {
+nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
   const io::Checkpoint ck(dir);
   const io::ModelSpec& s = ck.spec();
+  // What the config claims against what the tensors are: a half-compressed checkpoint is an error
+  // naming the first mismatching tensor unless --allow-mixed, and then reported as "mixed".
+  const io::QuantizationConfig q = io::read_quantization_config(ck);
+  io::check_expert_storage(ck, q, allow_mixed);
+  const io::ExpertStorageCensus census = io::census_expert_storage(ck, q);
 
   int64_t non_expert_params = 0, expert_params = 0;
   uint64_t non_expert_bytes = 0, expert_bytes = 0;
@@ -109,6 +116,9 @@ nlohmann::json inspect(const std::string& dir) {
   out["shards"] = ck.shard_files().size();
   out["expert_projections"] = expert_projections;
   out["expert_projections_expected"] = moe_layers * s.num_experts * 3;
+  out["expert_projections_packed"] = census.packed;
+  out["expert_projections_dense"] = census.dense;
+  if (census.mismatches) out["expert_projections_mismatched"] = census.mismatches;
   if (other_expert_tensors) out["other_expert_tensors"] = other_expert_tensors;
   out["parameters"] = {{"total", total},
                        {"routed_experts", expert_params},
@@ -123,6 +133,7 @@ nlohmann::json inspect(const std::string& dir) {
   const bool compressed = ck.config().contains("quantization_config") &&
                           !ck.config()["quantization_config"].is_null();
   out["compressed"] = compressed;
+  out["expert_storage"] = census.mismatches ? "mixed" : census.packed ? "packed" : "dense";
   if (compressed) out["quantization_config"] = ck.config()["quantization_config"];
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [name, cb] : dtypes) hist[name] = {{"tensors", cb.first}, {"bytes", cb.second}};
@@ -142,15 +153,20 @@ void print_text(const nlohmann::json& r) {
               r["vocab_size"].get<long long>());
   std::printf("attention       %lld heads, %lld KV heads, head_dim %lld\n", r["attention_heads"].get<long long>(),
               r["kv_heads"].get<long long>(), r["head_dim"].get<long long>());
-  std::printf("tensors         %lld in %lld shard(s); %lld of %lld expert projections\n",
+  std::printf("tensors         %lld in %lld shard(s); %lld of %lld expert projections (%lld packed, %lld dense)\n",
               r["tensors"].get<long long>(), r["shards"].get<long long>(), r["expert_projections"].get<long long>(),
-              r["expert_projections_expected"].get<long long>());
+              r["expert_projections_expected"].get<long long>(), r["expert_projections_packed"].get<long long>(),
+              r["expert_projections_dense"].get<long long>());
   std::printf("parameters      %lld total, %lld routed experts (%.2f %%), %lld active per token\n",
               p["total"].get<long long>(), p["routed_experts"].get<long long>(), 100.0 * p["expert_share"].get<double>(),
               p["active_per_token"].get<long long>());
   std::printf("expert storage  %.3f bits/weight (%llu bytes)\n", r["expert_bits_per_weight"].get<double>(),
               r["bytes"]["routed_experts"].get<unsigned long long>());
-  if (r["compressed"].get<bool>()) {
+  if (r["expert_storage"] == "mixed") {
+    std::printf("compressed      MIXED: %lld projections disagree with quantization_config %s\n",
+                r["expert_projections_mismatched"].get<long long>(),
+                r.contains("quantization_config") ? r["quantization_config"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str() : "(none)");
+  } else if (r["compressed"].get<bool>()) {
     std::printf("compressed      yes: %s\n", r["quantization_config"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("compressed      no\n");
@@ -171,8 +187,10 @@ void register_inspect(CLI::App& app) {
       "inspect", "Show a checkpoint's architecture, tensor counts and routed-expert parameter share");
   cmd->add_option("dir", opt->dir, "Checkpoint directory (config.json + safetensors)")->required();
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of text");
+  cmd->add_flag("--allow-mixed", opt->allow_mixed,
+                "Report a half-compressed checkpoint (some expert projections dense, the rest packed) instead of failing");
   cmd->callback([opt] {
-    const nlohmann::json r = inspect(opt->dir);
+    const nlohmann::json r = inspect(opt->dir, opt->allow_mixed);
     if (opt->json) {
       std::cout << r.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     } else {

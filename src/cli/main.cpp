@@ -1,4 +1,6 @@
 // moesq — compress MoE experts to paired 4:8 NVFP4 and run them reproducibly.
+#include <signal.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -6,6 +8,9 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) must surface as write() failing with EFBIG — an Error naming the
+  // output, temporaries removed — not as SIGXFSZ killing the process mid-write (docs/RELIABILITY.md).
+  ::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "moesq: compress the routed experts of Mixture-of-Experts models into paired 4:8 sparse NVFP4\n"
       "(2.75 bits/weight), evaluate them, and run them with reproducible grouped GEMMs.\n"

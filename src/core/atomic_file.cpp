@@ -1,9 +1,12 @@
 #include "core/atomic_file.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
@@ -11,19 +14,79 @@ namespace fs = std::filesystem;
 
 namespace moesq {
 
+namespace {
+
+// A temporary `<final>.tmp.<pid>` / `<final>.old.<pid>` left by a run that died (kill -9, power
+// loss): its pid no longer exists. kill(pid, 0) fails with ESRCH exactly then (EPERM: alive).
+bool pid_is_dead(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  const long pid = std::stol(digits);
+  return pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+// Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>`). With a
+// `marker` (AtomicDir), a `<name>.old.<dead pid>` holding it is the previous output moved aside by
+// a commit killed before its second rename: put back when `final_path` is missing, removed
+// otherwise; an `.old.` sibling without the marker is someone else's and is left alone.
+void clean_orphans(const fs::path& final_path, const std::string& marker) {
+  std::error_code ec;
+  const fs::path parent = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  const std::string name = final_path.filename().string();
+  for (const char* kind : {".tmp.", ".old."}) {
+    if (std::string(kind) == ".old." && marker.empty()) continue;
+    const std::string prefix = name + kind;
+    for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string fn = it->path().filename().string();
+      if (fn.size() <= prefix.size() || fn.compare(0, prefix.size(), prefix) != 0) continue;
+      if (!pid_is_dead(fn.substr(prefix.size()))) continue;
+      std::error_code rm;
+      if (std::string(kind) == ".old." && !fs::exists(it->path() / marker, rm)) continue;
+      if (std::string(kind) == ".old." && !fs::exists(final_path, rm)) {
+        fs::rename(it->path(), final_path, rm);
+      } else {
+        fs::remove_all(it->path(), rm);
+      }
+    }
+  }
+}
+
+// write(2) all of `bytes` to a new file `tmp`; false with errno set on any failure (EFBIG, ENOSPC,
+// EIO ...). fsync so that a rename after it publishes complete data.
+bool write_all(const std::string& tmp, const std::string& bytes) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return false;
+  }
+  return ::close(fd) == 0;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MOESQ_CHECK(out, "cannot write ", path, " (cannot create ", tmp, ")");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      MOESQ_FAIL("short write to ", path, " (disk full?)");
-    }
+  clean_orphans(fs::path(path), "");
+  if (!write_all(tmp, bytes)) {
+    const int err = errno;
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    MOESQ_FAIL("cannot write ", path, " (", bytes.size(), " bytes via ", tmp, "): ", std::strerror(err));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
@@ -63,6 +126,7 @@ AtomicDir::AtomicDir(const std::string& final_dir, const std::string& flag, cons
                 " exists and is not an earlier output (no ", marker.empty() ? "marker" : marker,
                 "): refusing to replace it; choose a new directory or remove it yourself");
   }
+  clean_orphans(p, marker);
   tmp_ = final_ + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp_, ec);

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/error.h"
+
 namespace moesq::format {
 
 namespace {
@@ -21,6 +23,10 @@ constexpr uint32_t kE4M3Bias = 7;
 constexpr float kE4M3MinNormal = 0x1p-6f;  // smallest normal; subnormal step 2^-9
 
 }  // namespace
+
+void throw_e2m1_nan() {
+  MOESQ_FAIL("E2M1 encoder: NaN input (a NaN weight or activation reached the quantizer unchecked)");
+}
 
 uint8_t e4m3_encode(float x) {
   if (std::isnan(x)) return 0;  // NaN → +0: the encoder never emits 0x7f / 0xff

@@ -3,8 +3,9 @@
 //   E4M3  (8 bits, "fn": no infinities, max 448, codes 0x7f/0xff are NaN), the block-scale grid;
 //   UE4M3 (E4M3 restricted to non-negative values) for block scales.
 // Encoders round to nearest, ties to even code, and SATURATE at the largest finite magnitude
-// (6 / 448); they never produce a NaN code (a NaN input encodes as +0). Oracle: tests/fixtures/
-// codec_vectors.json (ml_dtypes 0.6.0).
+// (6 / 448); they never produce a NaN code. E2M1 has no NaN: a NaN input is an Error (callers check
+// their rows first and name the tensor or activation; the throw here is the last line of defence so
+// no NaN ever becomes a finite +0). Oracle: tests/fixtures/codec_vectors.json (ml_dtypes 0.6.0).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -14,10 +15,12 @@ namespace moesq::format {
 constexpr float kE2M1Max = 6.0f;
 constexpr float kE4M3Max = 448.0f;
 
+[[noreturn]] void throw_e2m1_nan();  // cold path of e2m1_encode (fp_codecs.cpp)
+
 // E2M1 is inline: it runs once per value on the hot paths (activation quantization of every
 // expert row, fake quant in the refinement forward).
 inline uint8_t e2m1_encode(float x) {  // → code in [0, 15]
-  if (std::isnan(x)) return 0;  // NaN → +0
+  if (std::isnan(x)) [[unlikely]] throw_e2m1_nan();  // never a silent +0
   const uint8_t sign = std::signbit(x) ? 0x8 : 0x0;
   const float a = std::fabs(x);
   // The code is the number of midpoints |x| lies beyond; at an exact midpoint the EVEN code wins

@@ -55,6 +55,14 @@ inline float max_abs(const float* x, int64_t n) {
   return a;
 }
 
+// Index of the first non-finite entry of x [n], or -1. A separate pass: max_abs skips NaN (std::max
+// keeps its first argument), so the amax alone cannot tell.
+inline int64_t first_non_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
 // Nibble → pattern id, −1 for the 10 nibbles that are not ordered metadata of a kept pair set.
 struct NibbleTable {
   int8_t id[16];
@@ -338,6 +346,8 @@ std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K) {
 
 void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale) {
   MOESQ_CHECK(block > 0 && n % block == 0, "nvfp4_fake_quant_blocks: n=", n, " is not a multiple of block=", block);
+  const int64_t bad = first_non_finite(x, n);
+  MOESQ_CHECK(bad < 0, "NVFP4 quantization: non-finite value ", x[bad], " at index ", bad, " of ", n);
   const float gamma = global_scale > 0.0f ? global_scale : nvfp4_tensor_scale(max_abs(x, n));
   check_gamma(gamma, "nvfp4_fake_quant_blocks");
   for (int64_t b = 0; b < n; b += block) {
@@ -350,6 +360,8 @@ void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale)
 void quantize_activation_row(float* x, int64_t K, int block) {
   MOESQ_CHECK(block > 0 && K % block == 0, "activation quantization: K=", K, " is not a multiple of the block size ",
               block);
+  const int64_t bad = first_non_finite(x, K);
+  MOESQ_CHECK(bad < 0, "activation quantization: non-finite activation ", x[bad], " at column ", bad, " of K=", K);
   nvfp4_fake_quant_blocks(x, K, block, nvfp4_tensor_scale(max_abs(x, K)));
 }
 

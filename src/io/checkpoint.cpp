@@ -103,7 +103,7 @@ std::vector<float> Checkpoint::get_f32(const std::string& name, const std::vecto
     want.shape = shape;
     MOESQ_FAIL(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
   }
-  return to_f32(t);
+  return to_f32_finite(t);
 }
 
 std::vector<std::string> Checkpoint::shard_files() const {

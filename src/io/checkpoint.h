@@ -24,7 +24,8 @@ class Checkpoint {
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   const TensorView& get(const std::string& name) const;  // Error: "tensor X not found in DIR"
   std::vector<std::string> names() const;                // sorted
-  std::vector<float> get_f32(const std::string& name) const { return to_f32(get(name)); }
+  // Both get_f32: Error for a NaN/inf entry naming file, tensor and index (to_f32_finite).
+  std::vector<float> get_f32(const std::string& name) const { return to_f32_finite(get(name)); }
   // Checks shape; Error names the tensor, the expected and the actual shape.
   std::vector<float> get_f32(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> shard_files() const;  // absolute paths

@@ -48,14 +48,16 @@ QuantizationConfig read_quantization_config(const Checkpoint& ckpt) {
   if (!cfg.contains("quantization_config")) return q;
   const auto& qc = cfg["quantization_config"];
   const std::string where = ckpt.dir() + "/config.json quantization_config";
-  if (qc.is_object() && qc.contains("quant_method")) {
+  MOESQ_CHECK(qc.is_object(), where, " is not an object");
+  // moesq's own quantization_config, or compressed-tensors (NVFP4 / pack-quantized INT4); any other
+  // quant_method (fp8, gptq, awq, ...) quantizes tensors moesq would otherwise read as plain weights.
+  if (qc.contains("quant_method")) {
     const auto& m = qc["quant_method"];
     if (m == "compressed-tensors") return read_compressed_tensors_config(qc, where);
     MOESQ_CHECK(m == "moesq", where, ": quant_method ", m.dump(), " is not supported (expected \"moesq\" or "
-                "\"compressed-tensors\")");
+                "\"compressed-tensors\"; moesq also reads bf16/f16/f32 checkpoints)");
   }
-  MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), where,
-              ": missing string key \"format\"");
+  MOESQ_CHECK(qc.contains("format") && qc["format"].is_string(), where, ": missing string key \"format\"");
   q.format_name = qc["format"].get<std::string>();
   if (q.format_name == "paired-4:8-nvfp4") {
     q.storage = ExpertStorage::Sparse48;
@@ -64,7 +66,7 @@ QuantizationConfig read_quantization_config(const Checkpoint& ckpt) {
     q.storage = ExpertStorage::Nvfp4;
     q.act_block = format::kDenseScaleBlock;
   } else {
-    MOESQ_FAIL(where, ": unknown format \"", q.format_name, "\" (expected \"paired-4:8-nvfp4\" or \"nvfp4\")");
+    MOESQ_FAIL(where, ".format = \"", q.format_name, "\" is not supported (expected \"paired-4:8-nvfp4\" or \"nvfp4\")");
   }
   if (qc.contains("input_activations") && qc["input_activations"].is_object() &&
       qc["input_activations"].contains("block_size")) {
@@ -162,8 +164,41 @@ void copy_side_files(const Checkpoint& src, const std::string& dir) {
     if (!entry.is_regular_file() || fn == "config.json" || fn == "model.safetensors.index.json" ||
         entry.path().extension() == ".safetensors")
       continue;
-    fs::copy_file(entry.path(), fs::path(dir) / fn, fs::copy_options::overwrite_existing);
+    std::error_code ec;
+    fs::copy_file(entry.path(), fs::path(dir) / fn, fs::copy_options::overwrite_existing, ec);
+    MOESQ_CHECK(!ec, "cannot copy ", entry.path().string(), " to ", dir, ": ", ec.message());
   }
+}
+
+ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q) {
+  const ModelSpec& s = ckpt.spec();
+  ExpertStorageCensus c;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (!s.is_moe_layer(l)) continue;
+    for (int64_t e = 0; e < s.num_experts; ++e)
+      for (const char* proj : kExpertProjNames) {
+        const std::string prefix = expert_tensor_prefix(l, e, proj);
+        const bool packed = ckpt.has(prefix + kWeightPacked) || ckpt.has(prefix + kWeightSparsePacked),
+                   dense = ckpt.has(prefix + kWeight);
+        c.packed += packed;
+        c.dense += dense;
+        // Dense config: any packed tensor disagrees; packed config: a dense .weight does.
+        const bool bad = q.storage == ExpertStorage::Dense ? packed : dense;
+        if (!bad) continue;
+        if (c.first_mismatch.empty()) c.first_mismatch = prefix + (packed ? kWeightPacked : kWeight);
+        ++c.mismatches;
+      }
+  }
+  return c;
+}
+
+void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, bool allow_mixed) {
+  const ExpertStorageCensus c = census_expert_storage(ckpt, q);
+  if (c.mismatches == 0 || allow_mixed) return;
+  MOESQ_FAIL(ckpt.dir(), ": tensor ", c.first_mismatch, " does not match config.json's quantization_config (",
+             q.storage == ExpertStorage::Dense ? "none: dense experts" : "format \"" + q.format_name + "\"", "): ",
+             c.packed, " expert projections are packed, ", c.dense, " dense, ", c.mismatches,
+             " disagree with the config (a half-compressed checkpoint); pass --allow-mixed to load it anyway");
 }
 
 int64_t expert_tensor_bytes(const Checkpoint& ckpt) {

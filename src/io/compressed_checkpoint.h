@@ -55,6 +55,19 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
 // report.json, …) into `dir`.
 void copy_side_files(const Checkpoint& src, const std::string& dir);
 
+// Storage of every routed-expert projection of `ckpt`, against what its quantization_config says.
+// A "half-compressed" checkpoint (some projections still dense `.weight`, the rest packed, or packed
+// tensors with no quantization_config) loads only with --allow-mixed.
+struct ExpertStorageCensus {
+  int64_t packed = 0;          // projections stored as .weight_packed (+ scales)
+  int64_t dense = 0;           // projections stored as a dense .weight
+  std::string first_mismatch;  // first tensor (layer, expert, proj order) disagreeing with q; "" if none
+  int64_t mismatches = 0;
+};
+ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q);
+// Error naming the first mismatching tensor, the counts and DIR, unless allow_mixed.
+void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, bool allow_mixed);
+
 // Bytes of all routed-expert tensors of a checkpoint (to measure bits/weight from what was written).
 int64_t expert_tensor_bytes(const Checkpoint& ckpt);
 

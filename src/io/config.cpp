@@ -2,8 +2,9 @@
 // Non-obvious decision: keys that define tensor shapes or arithmetic (sizes, heads, experts, top-k,
 // RoPE θ) are REQUIRED — a missing one is an error naming it — while keys that transformers'
 // Qwen3MoeConfig documents with a harmless default (norm_topk_prob=false, rms_norm_eps=1e-6,
-// tie_word_embeddings=false, decoder_sparse_step=1, mlp_only_layers=[]) take that default, as
-// transformers itself would. Where both spellings of a key are present they must agree.
+// tie_word_embeddings=false, attention_bias=false, decoder_sparse_step=1, mlp_only_layers=[]) take
+// that default, as transformers itself would; every one of them that changes the forward is
+// implemented (attention_bias, tie_word_embeddings) — none is read and then ignored. Where both spellings of a key are present they must agree.
 #include "io/config.h"
 
 #include <algorithm>
@@ -146,6 +147,7 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   if (const json* v = find(j, "tie_word_embeddings")) {
     s.tie_word_embeddings = get_bool(*v, "tie_word_embeddings", source);
   }
+  if (const json* v = find(j, "attention_bias")) s.attention_bias = get_bool(*v, "attention_bias", source);
   if (const json* v = find(j, "decoder_sparse_step")) {
     s.decoder_sparse_step = get_int(*v, "decoder_sparse_step", source);
   }

@@ -26,7 +26,8 @@ struct ModelSpec {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 0;  // longest trained context; 0 = not given (no check)
-  bool tie_word_embeddings = false;
+  bool tie_word_embeddings = false;   // true: lm_head IS embed_tokens (an lm_head.weight is ignored)
+  bool attention_bias = false;        // true: q/k/v/o_proj carry a .bias [N]: y = x Wᵀ + b
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
 

@@ -3,8 +3,22 @@
 // sorted by element size (descending) then name, packed with no gaps — so every tensor lands on its
 // natural alignment (the data section starts 8-aligned because the header is space-padded to a
 // multiple of 8) AND the file passes the reference reader, which rejects any hole between ranges.
-// The header's JSON keys are in name order. The reader itself accepts holes (only overlaps are
-// an error), so files from any conforming writer load.
+// The header's JSON keys are in name order.
+//
+// What the reader enforces (the format's rules, as the reference `safetensors` reader checks them;
+// each is an Error naming the file and the tensor, tests/io/test_safetensors_strict.cpp):
+//   1. u64 little-endian header length N with 8 + N <= file size, and N <= 100 MB (reference limit).
+//   2. The header is exactly one JSON object: its first byte is '{', and after the object only
+//      whitespace (the writer's space padding) may follow.
+//   3. Keys are unique at every level: a name listed twice is an error (nlohmann keeps the last
+//      one silently, so duplicates are caught by a parser callback while parsing).
+//   4. Each entry is {dtype, shape, data_offsets: [begin, end]}, dtype known, shape entries
+//      non-negative integers, numel × element size == end − begin (no overflow).
+//   5. Ranges lie inside the data section, do not overlap, and the non-empty ones tile it exactly:
+//      sorted by begin, the first starts at 0, each starts where the previous ended, the last ends
+//      at the end of the file (no holes, no trailing bytes). Empty tensors take no bytes and may sit
+//      at any offset inside the section.
+//   6. `__metadata__`, when present, is an object of string → string.
 #include "io/safetensors.h"
 
 #include <fcntl.h>
@@ -17,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string_view>
 
@@ -166,6 +181,24 @@ std::vector<float> to_f32(const TensorView& t) {
   return out;
 }
 
+std::vector<float> to_f32_finite(const TensorView& t) {
+  std::vector<float> v = to_f32(t);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i])) [[likely]] continue;
+    std::ostringstream idx;  // [i0, i1, ...] of element i
+    size_t rest = i;
+    std::vector<int64_t> at(t.shape.size());
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
+      rest /= static_cast<size_t>(t.shape[d]);
+    }
+    for (size_t d = 0; d < at.size(); ++d) idx << (d ? ", " : "") << at[d];
+    MOESQ_FAIL(t.file, ": tensor ", t.name, " ", t.shape_str(), " ", dtype_name(t.dtype), " holds a non-finite value (",
+               v[i], ") at [", idx.str(), "]");
+  }
+  return v;
+}
+
 // ---- reader --------------------------------------------------------------------------------
 
 namespace {
@@ -200,12 +233,32 @@ nlohmann::json parse_header(const std::string& path, const uint8_t* base, uint64
   MOESQ_CHECK(*header_len <= kMaxHeaderBytes, path, ": header length ", *header_len, " exceeds the ",
               kMaxHeaderBytes, "-byte limit");
   const std::string_view text(reinterpret_cast<const char*>(base + 8), *header_len);
+  MOESQ_CHECK(!text.empty() && text.front() == '{', path, ": JSON header is not an object (it must start with '{')");
+  // Rule 3: one set of keys per open object; a repeated key is remembered (the callback must not
+  // throw through the parser) and reported after the parse.
+  std::vector<std::set<std::string>> open_keys;
+  std::string duplicate;
+  int duplicate_depth = 0;
+  const nlohmann::json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
+                                                           nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) open_keys.emplace_back();
+    if (event == E::object_end && !open_keys.empty()) open_keys.pop_back();
+    if (event == E::key && !open_keys.empty() && duplicate.empty() &&
+        !open_keys.back().insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+      duplicate_depth = depth;
+    }
+    return true;
+  };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(text, on_event);  // strict: trailing non-whitespace is an error
   } catch (const nlohmann::json::exception& e) {
     MOESQ_FAIL(path, ": malformed JSON header: ", e.what());
   }
+  MOESQ_CHECK(duplicate.empty(), path, ": JSON header lists key \"", duplicate, "\" twice",
+              duplicate_depth <= 1 ? " (tensor names must be unique)" : " inside one entry");
   MOESQ_CHECK(header.is_object(), path, ": JSON header is not an object");
   return header;
 }
@@ -268,8 +321,9 @@ struct ByteRange {
   const std::string* name;
 };
 
-// Pairwise non-overlap of the tensors' byte ranges: sort by begin; empty ranges overlap nothing.
-void check_no_overlap(const std::string& path, std::vector<ByteRange> ranges) {
+// Rule 5: the non-empty ranges, sorted by begin, tile [0, data_size) exactly — no overlap, no hole,
+// no trailing bytes. Empty ranges occupy nothing (their bounds were checked by parse_entry).
+void check_ranges_tile_data(const std::string& path, std::vector<ByteRange> ranges, uint64_t data_size) {
   std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -279,9 +333,18 @@ void check_no_overlap(const std::string& path, std::vector<ByteRange> ranges) {
     if (prev) {
       MOESQ_CHECK(r.begin >= prev->end, path, ": tensors ", *prev->name, " [", prev->begin, ", ", prev->end,
                   ") and ", *r.name, " [", r.begin, ", ", r.end, ") overlap");
+      MOESQ_CHECK(r.begin == prev->end, path, ": hole of ", r.begin - prev->end, " bytes in the data section between ",
+                  *prev->name, " (ends at ", prev->end, ") and ", *r.name, " (begins at ", r.begin, ")");
+    } else {
+      MOESQ_CHECK(r.begin == 0, path, ": the data section does not start with a tensor: the first one, ", *r.name,
+                  ", begins at ", r.begin);
     }
     prev = &r;
   }
+  const uint64_t covered = prev ? prev->end : 0;
+  MOESQ_CHECK(covered == data_size, path, ": ", data_size - covered, " bytes after the last tensor",
+              prev ? " (" + *prev->name + ")" : std::string(), ": the data section is ", data_size,
+              " bytes, the tensors cover ", covered);
 }
 
 }  // namespace
@@ -306,10 +369,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       int64_t begin = 0, end = 0;
       TensorView t = parse_entry(path, it.key(), it.value(), data, data_size, &begin, &end);
       auto [pos, inserted] = tensors_.emplace(it.key(), std::move(t));
-      (void)inserted;  // JSON object keys are unique after parsing
+      (void)inserted;  // keys are unique: parse_header rejects a repeated one
       ranges.push_back({static_cast<uint64_t>(begin), static_cast<uint64_t>(end), &pos->first});
     }
-    check_no_overlap(path, std::move(ranges));
+    check_ranges_tile_data(path, std::move(ranges), data_size);
   } catch (...) {
     ::munmap(map_, map_size_);
     map_ = nullptr;

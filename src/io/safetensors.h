@@ -1,9 +1,11 @@
 // safetensors: a memory-mapped, bounds-checked reader and an atomic writer.
 // File layout: u64 little-endian header length N, N bytes of JSON
 // {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {str: str}}, then the data.
-// The reader validates every field before any tensor is touched: header length inside the file,
-// valid JSON, known dtype, shape × dtype size == byte range, ranges inside the data section and
-// pairwise non-overlapping. Every error names the file (and the tensor).
+// The reader validates every field before any tensor is touched (the rules are listed beside the
+// reader in safetensors.cpp): header length inside the file and <= 100 MB, exactly one JSON object
+// with unique keys, known dtype, shape × dtype size == byte range, ranges that tile the data
+// section exactly (no overlap, hole or trailing bytes), __metadata__ string → string. Every error
+// names the file (and the tensor).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +37,10 @@ struct TensorView {
 
 // Converts any floating or integer tensor to fp32 (bf16/f16/e4m3 decoded exactly).
 std::vector<float> to_f32(const TensorView& t);
+// to_f32 for model weights: a NaN or ±inf entry (float dtypes) is an Error naming the file, the
+// tensor and the element's index. The model loaders read every weight through it, so a non-finite
+// weight is caught where it enters, never turned finite by a quantizer downstream.
+std::vector<float> to_f32_finite(const TensorView& t);
 
 class SafetensorsFile {
  public:

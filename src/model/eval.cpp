@@ -130,7 +130,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::st
                                const EvalOptions& opt) {
   progress("eval", "loading " + dir);
   const io::Checkpoint ckpt(dir);
-  const Qwen3Moe model(ckpt);
+  const Qwen3Moe model(ckpt, LoadOptions{.allow_mixed = opt.allow_mixed});
   EvalResult r = evaluate_model(model, files, opt);
   r.model = dir;
   return r;

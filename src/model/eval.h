@@ -24,6 +24,7 @@ struct EvalOptions {
   io::TextSplit split = io::TextSplit::All;
   ActQuant act_quant = ActQuant::Auto;
   int threads = 0;                      // windows evaluated at once; 0 = moesq::num_threads()
+  bool allow_mixed = false;             // --allow-mixed: load a half-compressed checkpoint (LoadOptions)
 };
 
 struct FileEval {

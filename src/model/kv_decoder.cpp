@@ -46,6 +46,9 @@ std::vector<float> KvDecoder::step(int32_t token) {
     matvec(w.q_proj, x.data(), q.data(), nh * hd, H);
     matvec(w.k_proj, x.data(), kc, nkv * hd, H);
     matvec(w.v_proj, x.data(), vc, nkv * hd, H);
+    add_bias_rows(q.data(), 1, nh * hd, w.q_bias);
+    add_bias_rows(kc, 1, nkv * hd, w.k_bias);
+    add_bias_rows(vc, 1, nkv * hd, w.v_bias);
     for (int64_t a = 0; a < nh; ++a) {
       rmsnorm_rows(q.data() + a * hd, 1, hd, w.q_norm.data(), s.rms_norm_eps, q.data() + a * hd);
       apply_rope(q.data() + a * hd, hd, cos_.data() + pos_ * (hd / 2), sin_.data() + pos_ * (hd / 2));
@@ -76,6 +79,7 @@ std::vector<float> KvDecoder::step(int32_t token) {
       }
     }
     matvec(w.o_proj, attn.data(), o.data(), H, nh * hd);
+    add_bias_rows(o.data(), 1, H, w.o_bias);
     for (int64_t i = 0; i < H; ++i) h[i] += o[i];
     const std::vector<float> xm = m_.moe_input(l, h, 1);
     const Routes r = m_.route(l, xm, 1);

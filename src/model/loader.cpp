@@ -20,6 +20,17 @@ namespace moesq::model {
 
 namespace {
 
+// A dense weight as fp32. F8_E4M3 weights are block-quantized FP8 (DeepSeek style, with a
+// `weight_scale_inv` beside them): their raw codes are not the weights, and moesq does not apply the
+// scales, so such a tensor is refused by name rather than read as if it were bf16.
+std::vector<float> dense_weight(const io::Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape) {
+  const io::TensorView& t = ckpt.get(name);
+  MOESQ_CHECK(t.dtype != io::DType::F8_E4M3, t.file, ": tensor ", name,
+              " is F8_E4M3 (an FP8 block-quantized checkpoint): moesq reads bf16/f16/f32 weights; "
+              "dequantize it with its weight_scale_inv first");
+  return ckpt.get_f32(name, shape);
+}
+
 // One expert projection W [N, K] → fp32, from whichever representation the checkpoint holds
 // (io/import_checkpoint.h: HF .weight, moesq or compressed-tensors NVFP4, INT4). Counts paired 4:8
 // and dense NVFP4 tensors: a compressed-tensors checkpoint says which it is only through its data.
@@ -28,8 +39,18 @@ struct PackedCount {
 };
 std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
                                    const std::string& prefix, int64_t N, int64_t K, PackedCount& count) {
+  if (ckpt.has(prefix + io::kWeight)) return dense_weight(ckpt, prefix + io::kWeight, {N, K});
   io::ExpertStorage st = io::ExpertStorage::Dense;
-  std::vector<float> w = io::read_expert_weight_f32(ckpt, q, prefix, N, K, &st);
+  std::vector<float> w;
+  // Format-level errors (a NaN block-scale code, a bad metadata nibble) know no names: add the
+  // projection and its file here, at the io boundary.
+  try {
+    w = io::read_expert_weight_f32(ckpt, q, prefix, N, K, &st);
+  } catch (const Error& e) {
+    const std::string file =
+        ckpt.has(prefix + io::kWeightPacked) ? ckpt.get(prefix + io::kWeightPacked).file : ckpt.dir();
+    MOESQ_FAIL(file, ": tensor ", prefix, io::kWeightPacked, " (with ", prefix, io::kWeightScale, "): ", e.what());
+  }
   count.sparse48 += st == io::ExpertStorage::Sparse48;
   count.nvfp4 += st == io::ExpertStorage::Nvfp4;
   return w;
@@ -39,35 +60,44 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::Quantiz
 
 class ModelLoader {
  public:
-  static void load(Qwen3Moe& m, const io::Checkpoint& ckpt) {
+  static void load(Qwen3Moe& m, const io::Checkpoint& ckpt, const LoadOptions& lo) {
     const io::ModelSpec& s = m.spec_;
     MOESQ_CHECK(s.model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", s.model_type,
                 "\" is not qwen3_moe");
     const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts,
                   I = s.moe_intermediate_size;
     const io::QuantizationConfig q = io::read_quantization_config(ckpt);
+    io::check_expert_storage(ckpt, q, lo.allow_mixed);
 
-    m.embed_ = ckpt.get_f32(io::kEmbedTokens, {V, H});
-    m.final_norm_ = ckpt.get_f32(io::kFinalNorm, {H});
-    if (ckpt.has(io::kLmHead)) {
-      m.lm_head_ = ckpt.get_f32(io::kLmHead, {V, H});
-    } else {
-      MOESQ_CHECK(s.tie_word_embeddings, "tensor lm_head.weight not found in ", ckpt.dir(),
-                  " and tie_word_embeddings is false");
+    m.embed_ = dense_weight(ckpt, io::kEmbedTokens, {V, H});
+    m.final_norm_ = dense_weight(ckpt, io::kFinalNorm, {H});
+    // tie_word_embeddings: true ties the head to the embedding as transformers does (tie_weights runs
+    // after loading, so an lm_head.weight in the files is overwritten, i.e. ignored).
+    if (s.tie_word_embeddings) {
       m.lm_head_ = m.embed_;
+    } else {
+      MOESQ_CHECK(ckpt.has(io::kLmHead), "tensor lm_head.weight not found in ", ckpt.dir(),
+                  " and tie_word_embeddings is false");
+      m.lm_head_ = dense_weight(ckpt, io::kLmHead, {V, H});
     }
     bool any_packed = false;
     PackedCount count;
     for (int64_t l = 0; l < s.num_layers; ++l) {
       LayerWeights& L = m.layers_[l];
       auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
-        return ckpt.get_f32(io::layer_tensor(l, rest), shape);
+        return dense_weight(ckpt, io::layer_tensor(l, rest), shape);
       };
       L.input_norm = get("input_layernorm.weight", {H});
       L.q_proj = get("self_attn.q_proj.weight", {s.num_heads * hd, H});
       L.k_proj = get("self_attn.k_proj.weight", {s.num_kv_heads * hd, H});
       L.v_proj = get("self_attn.v_proj.weight", {s.num_kv_heads * hd, H});
       L.o_proj = get("self_attn.o_proj.weight", {H, s.num_heads * hd});
+      if (s.attention_bias) {  // Qwen3MoeAttention: bias=config.attention_bias on all four
+        L.q_bias = get("self_attn.q_proj.bias", {s.num_heads * hd});
+        L.k_bias = get("self_attn.k_proj.bias", {s.num_kv_heads * hd});
+        L.v_bias = get("self_attn.v_proj.bias", {s.num_kv_heads * hd});
+        L.o_bias = get("self_attn.o_proj.bias", {H});
+      }
       L.q_norm = get("self_attn.q_norm.weight", {hd});
       L.k_norm = get("self_attn.k_norm.weight", {hd});
       L.post_norm = get("post_attention_layernorm.weight", {H});
@@ -106,6 +136,8 @@ class ModelLoader {
   }
 };
 
-Qwen3Moe::Qwen3Moe(const io::Checkpoint& ckpt) : Qwen3Moe(ckpt.spec()) { ModelLoader::load(*this, ckpt); }
+Qwen3Moe::Qwen3Moe(const io::Checkpoint& ckpt, const LoadOptions& lo) : Qwen3Moe(ckpt.spec()) {
+  ModelLoader::load(*this, ckpt, lo);
+}
 
 }  // namespace moesq::model

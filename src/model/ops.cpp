@@ -50,4 +50,10 @@ void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row
   }
 }
 
+void add_bias_rows(float* y, int64_t n, int64_t N, const std::vector<float>& b) {
+  if (b.empty()) return;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < N; ++j) y[r * N + j] += b[j];
+}
+
 }  // namespace moesq::model

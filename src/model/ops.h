@@ -9,6 +9,9 @@ namespace moesq::model {
 // RMSNorm of n rows of width D (Qwen3RMSNorm): y = w · x / sqrt(mean(x²) + eps). x, y: [n, D].
 void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double eps, float* y);
 
+// y [n, N] += b [N] on every row (attention_bias); an empty b (no bias) does nothing.
+void add_bias_rows(float* y, int64_t n, int64_t N, const std::vector<float>& b);
+
 // RoPE tables for positions 0..T-1 (HF default rope); cos/sin: [T, hd/2].
 void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t, std::vector<float>& sin_t);
 

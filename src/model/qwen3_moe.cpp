@@ -87,6 +87,12 @@ Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
     L.k_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.v_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.o_proj.assign(H * s.num_heads * hd, 0.0f);
+    if (s.attention_bias) {
+      L.q_bias.assign(s.num_heads * hd, 0.0f);
+      L.k_bias.assign(s.num_kv_heads * hd, 0.0f);
+      L.v_bias.assign(s.num_kv_heads * hd, 0.0f);
+      L.o_bias.assign(H, 0.0f);
+    }
     L.q_norm.assign(hd, 0.0f);
     L.k_norm.assign(hd, 0.0f);
     L.post_norm.assign(H, 0.0f);
@@ -135,6 +141,9 @@ void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T, cons
   linear(x.data(), T, H, L.q_proj.data(), qw, q.data());
   linear(x.data(), T, H, L.k_proj.data(), kw, k.data());
   linear(x.data(), T, H, L.v_proj.data(), kw, v.data());
+  add_bias_rows(q.data(), T, qw, L.q_bias);
+  add_bias_rows(k.data(), T, kw, L.k_bias);
+  add_bias_rows(v.data(), T, kw, L.v_bias);
   rmsnorm_rows(q.data(), T * nh, hd, L.q_norm.data(), s.rms_norm_eps, q.data());
   rmsnorm_rows(k.data(), T * nkv, hd, L.k_norm.data(), s.rms_norm_eps, k.data());
   std::vector<float> cos_t, sin_t;  // [T, hd/2]
@@ -169,6 +178,7 @@ void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T, cons
       std::min<int>(intra_threads(fo.threads), static_cast<int>(nh)));
   std::vector<float> o(T * H);  // [T, H]
   linear(attn.data(), T, qw, L.o_proj.data(), H, o.data());
+  add_bias_rows(o.data(), T, H, L.o_bias);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 
@@ -184,6 +194,9 @@ void Qwen3Moe::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) 
   linear_ref(x.data(), T, H, L.q_proj.data(), qw, q.data());
   linear_ref(x.data(), T, H, L.k_proj.data(), kw, k.data());
   linear_ref(x.data(), T, H, L.v_proj.data(), kw, v.data());
+  add_bias_rows(q.data(), T, qw, L.q_bias);
+  add_bias_rows(k.data(), T, kw, L.k_bias);
+  add_bias_rows(v.data(), T, kw, L.v_bias);
   rmsnorm_rows(q.data(), T * nh, hd, L.q_norm.data(), s.rms_norm_eps, q.data());
   rmsnorm_rows(k.data(), T * nkv, hd, L.k_norm.data(), s.rms_norm_eps, k.data());
   std::vector<float> cos_t, sin_t;
@@ -209,6 +222,7 @@ void Qwen3Moe::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) 
   }
   std::vector<float> o(T * H);
   linear_ref(attn.data(), T, qw, L.o_proj.data(), H, o.data());
+  add_bias_rows(o.data(), T, H, L.o_bias);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 
@@ -262,6 +276,20 @@ Routes Qwen3Moe::route(int64_t l, const std::vector<float>& x, int64_t n) const 
 // SwiGLU expert: y = down(silu(gate x) ⊙ up x). With act_quant (W4A4), the expert input rows and
 // the SwiGLU output rows are NVFP4-fake-quantized (dynamic, act_block elements per UE4M3 scale)
 // before the GEMMs that consume them (paper Eq. 4, Q_a).
+namespace {
+// Q_a over the rows x [n, K]; a non-finite activation is an Error naming the row and the projection
+// whose input it is (the caller adds layer and expert).
+void quantize_activation_rows(float* x, int64_t n, int64_t K, int block, const char* what) {
+  for (int64_t r = 0; r < n; ++r) {
+    try {
+      format::quantize_activation_row(&x[r * K], K, block);
+    } catch (const Error& e) {
+      MOESQ_FAIL(what, " row ", r, ": ", e.what());
+    }
+  }
+}
+}  // namespace
+
 std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
                                   const float* x, int64_t n, int act_block, std::vector<float>* inter) {
   std::vector<float> y(n * H);  // [n, H]
@@ -270,15 +298,14 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
   std::vector<float> xq;  // [n, H] quantized copy of x (act_block > 0 only)
   if (act_block > 0) {
     xq.assign(x, x + n * H);
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xq[r * H], H, act_block);
+    quantize_activation_rows(xq.data(), n, H, act_block, "gate_proj/up_proj input");
     x = xq.data();
   }
   std::vector<float> g(n * I), u(n * I);  // [n, I]
   linear(x, n, H, gate, I, g.data());
   linear(x, n, H, up, I, u.data());
   for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
-  if (act_block > 0)
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, act_block);
+  if (act_block > 0) quantize_activation_rows(g.data(), n, I, act_block, "down_proj input");
   linear(g.data(), n, I, down, H, y.data());
   if (inter) *inter = std::move(g);
   return y;
@@ -287,8 +314,12 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
 std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
                                             const ForwardOptions& fo) const {
   const ExpertWeights& W = layers_.at(l).experts.at(e);
-  return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size, x,
-                        n, fo.expert_act_block(), nullptr);
+  try {
+    return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size,
+                          x, n, fo.expert_act_block(), nullptr);
+  } catch (const Error& err) {
+    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+  }
 }
 
 std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
@@ -296,13 +327,12 @@ std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const floa
   const int64_t H = spec_.hidden_size, I = spec_.moe_intermediate_size;
   const ExpertWeights& W = layers_.at(l).experts.at(e);
   std::vector<float> xin(x, x + n * H), g(n * I), u(n * I), y(n * H);
-  if (fo.act_quant)
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&xin[r * H], H, fo.act_block);
+  const std::string where = "layer " + std::to_string(l) + " expert " + std::to_string(e) + " ";
+  if (fo.act_quant) quantize_activation_rows(xin.data(), n, H, fo.act_block, (where + "gate_proj/up_proj input").c_str());
   linear_ref(xin.data(), n, H, W.gate.data(), I, g.data());
   linear_ref(xin.data(), n, H, W.up.data(), I, u.data());
   for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
-  if (fo.act_quant)
-    for (int64_t r = 0; r < n; ++r) format::quantize_activation_row(&g[r * I], I, fo.act_block);
+  if (fo.act_quant) quantize_activation_rows(g.data(), n, I, fo.act_block, (where + "down_proj input").c_str());
   linear_ref(g.data(), n, I, W.down.data(), H, y.data());
   return y;
 }

@@ -27,6 +27,8 @@ struct LayerWeights {
   std::vector<float> k_proj;         // [nkv·hd, H]
   std::vector<float> v_proj;         // [nkv·hd, H]
   std::vector<float> o_proj;         // [H, nh·hd]
+  // attention_bias: true → [nh·hd], [nkv·hd], [nkv·hd], [H]; empty otherwise (y = x Wᵀ + b).
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;
   std::vector<float> q_norm;         // [hd]
   std::vector<float> k_norm;         // [hd]
   std::vector<float> post_norm;      // [H]
@@ -64,11 +66,19 @@ struct Trace {
   std::vector<Routes> routes;                     // [L]
 };
 
+// How a checkpoint is loaded (per call, not global state).
+struct LoadOptions {
+  // Accept a half-compressed checkpoint (some routed-expert projections dense .weight, the rest
+  // packed): each projection is read as stored. Without it that is an Error naming the first
+  // mismatching tensor (io::check_expert_storage).
+  bool allow_mixed = false;
+};
+
 class Qwen3Moe {
  public:
   // Loads a qwen3_moe checkpoint (bf16/f32 experts, or a moesq compressed checkpoint whose experts
   // are decoded to their exact dequantized values). Errors name the tensor and the directory.
-  explicit Qwen3Moe(const io::Checkpoint& ckpt);
+  explicit Qwen3Moe(const io::Checkpoint& ckpt, const LoadOptions& lo = {});
   // All weights allocated with their shapes and set to zero (tests and synthetic models fill them).
   Qwen3Moe(io::ModelSpec spec);
 
