@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/config_deepseek_v3.h"
 
 namespace moesq::io {
 
@@ -82,8 +83,10 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   MOESQ_CHECK(model_type, source, ": missing key \"model_type\"");
   MOESQ_CHECK(model_type->is_string(), source, ": key \"model_type\" must be a string");
   s.model_type = model_type->get<std::string>();
+  // Other families parse their own keys (io/config_<family>.h) and give back the common view.
+  if (is_deepseek_v3_model_type(s.model_type)) return to_model_spec(parse_deepseek_v3_config(j, source));
   MOESQ_CHECK(s.model_type == "qwen3_moe", source, ": unsupported architecture model_type \"",
-              s.model_type, "\" (moesq supports qwen3_moe)");
+              s.model_type, "\" (moesq supports qwen3_moe, deepseek_v3 / kimi_k2)");
 
   s.vocab_size = require_positive(j, "vocab_size", source);
   s.hidden_size = require_positive(j, "hidden_size", source);

@@ -1,0 +1,62 @@
+// Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek-V3 §2.1.1; transformers'
+// DeepseekV3Attention), CPU, fp32, one causal sequence, the naive (non-absorbed) form:
+//
+//   q   = q_b(RMSNorm(q_a(x)))            or q_proj(x) without a q LoRA      [T, nh, nope + rope]
+//   c, k_pe = split(kv_a_proj_with_mqa(x), [r_kv, rope])                    [T, r_kv], [T, rope]
+//   k_nope, v = split(kv_b(RMSNorm(c)), [nope, v]) per head                 [T, nh, nope], [T, nh, v]
+//   q_rot, k_pe = RoPE(q[..., nope:]), RoPE(k_pe)   (k_pe shared by all heads)
+//   o   = o_proj(softmax_causal(cat(q_nope, q_rot) · cat(k_nope, k_pe)ᵀ · scale) · v)
+//
+// x is the layer's input AFTER input_layernorm; the result is the mixer output (before the residual).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/mixers/rope.h"
+
+namespace moesq::model {
+
+// transformers builds q_a_layernorm and kv_a_layernorm without the config's eps: always 1e-6.
+inline constexpr double kMlaLatentNormEps = 1e-6;
+
+struct MlaDims {
+  int64_t hidden = 0;        // H
+  int64_t num_heads = 0;     // nh
+  int64_t q_lora_rank = 0;   // r_q; 0 = no q LoRA (q_proj)
+  int64_t kv_lora_rank = 0;  // r_kv
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // rope dims stored as interleaved pairs
+  float softmax_scale = 1.0f;   // d_qk^-½ (× YaRN mscale²)
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
+struct MlaWeights {
+  std::vector<float> q_proj;     // [nh·d_qk, H]      (q_lora_rank == 0 only)
+  std::vector<float> q_a_proj;   // [r_q, H]          (q_lora_rank > 0 only)
+  std::vector<float> q_a_norm;   // [r_q]
+  std::vector<float> q_b_proj;   // [nh·d_qk, r_q]
+  std::vector<float> kv_a_proj;  // [r_kv + rope, H]  kv_a_proj_with_mqa
+  std::vector<float> kv_a_norm;  // [r_kv]
+  std::vector<float> kv_b_proj;  // [nh·(nope + v), r_kv]
+  std::vector<float> o_proj;     // [H, nh·v]
+  // attention_bias: q_a_proj [r_q], kv_a_proj [r_kv + rope], o_proj [H]; empty = none.
+  std::vector<float> q_a_bias, kv_a_bias, o_bias;
+};
+
+// Zero weights with the shapes of `d` (tests and synthetic models fill them); biases only if asked.
+MlaWeights mla_zero_weights(const MlaDims& d, bool attention_bias);
+
+// cos/sin tables for the rope dims at positions 0..T-1: [T, rope/2] each (model/mixers/rope.h).
+struct RopeTables {
+  std::vector<float> cos, sin;
+};
+
+// x [T, H] → out [T, H]. Errors name the mismatching weight or table. threads: heads in parallel
+// (0 = moesq::num_threads()).
+void mla_forward(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, float* out,
+                 int threads = 0);
+// Plain-loop twin (linear_ref, causal_attention_ref).
+void mla_forward_ref(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T,
+                     float* out);
+
+}  // namespace moesq::model
