@@ -27,6 +27,8 @@ inline constexpr const char* kRouter = "mlp.gate.weight";                      /
 inline constexpr const char* kRouterBias = "mlp.gate.e_score_correction_bias";  // [E] (selection only)
 inline constexpr const char* kSharedExperts = "mlp.shared_experts";            // .{gate,up,down}_proj
 inline constexpr const char* kDenseMlp = "mlp";                                // .{gate,up,down}_proj
+// attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj also carry "{module}.bias".
+inline constexpr const char* kBias = ".bias";
 
 // "model.layers.{l}.{module}.{proj}.weight" for a SwiGLU block (`module` = kSharedExperts or
 // kDenseMlp; proj one of kExpertProjNames).

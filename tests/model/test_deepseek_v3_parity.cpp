@@ -12,15 +12,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/families/deepseek_v3.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -207,6 +210,28 @@ TEST_F(DeepseekV3Parity, FullForwardLogitsAndCrossEntropy) {
   EXPECT_LE(lg.err, kLogitsAtol) << "logits flat index " << lg.where;
   EXPECT_GT(lg.ref_absmax, 0.1) << "reference logits are (nearly) all zero";
   EXPECT_LE(std::fabs(ce - ref_->ce), kCeAtol);
+}
+
+// A checkpoint whose tensors do not fit its config: the error names the tensor, its shape and the
+// expected one. (kv_lora_rank 16 in the config, 32 in the files.)
+TEST(DeepseekV3Load, ShapeMismatchNamesTheTensor) {
+  moesq::test::TempDir dir("moesq_dsv3");
+  namespace fs = std::filesystem;
+  for (const auto& f : fs::directory_iterator(kModelDir)) fs::copy_file(f.path(), dir.path / f.path().filename());
+  std::ifstream in(kModelDir + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["kv_lora_rank"] = 16;
+  fs::remove(dir.file("config.json"));
+  dir.write("config.json", cfg.dump());
+  const moesq::io::Checkpoint ckpt(dir.path.string());
+  try {
+    DeepseekV3 m(ckpt);
+    ADD_FAILURE() << "no error";
+  } catch (const moesq::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[48, 128]"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

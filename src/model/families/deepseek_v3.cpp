@@ -93,79 +93,73 @@ GroupedTopkParams DeepseekV3::router_params() const {
 
 void DeepseekV3::load(const io::Checkpoint& ckpt) {
   const auto& s = spec_;
-  auto read = [&](const std::string& name, std::vector<float>& dst) {
-    MOESQ_CHECK(ckpt.has(name) || !ckpt.has(name.substr(0, name.rfind('.')) + io::kWeightPacked), ckpt.dir(),
-                ": tensor ", name, " is stored compressed (.weight_packed); loading compressed deepseek_v3 "
-                "checkpoints is not implemented yet");
+  // One weight with its expected shape; compressed or FP8 storage is refused by name.
+  auto read = [&](const std::string& name, std::vector<float>& dst, const std::vector<int64_t>& shape) {
+    const std::string stem = name.substr(0, name.rfind('.'));
+    MOESQ_CHECK(ckpt.has(name) || !ckpt.has(stem + io::kWeightPacked), ckpt.dir(), ": tensor ", name,
+                " is stored compressed (", stem, io::kWeightPacked,
+                "); loading compressed deepseek_v3 checkpoints is not implemented yet");
     const io::TensorView& t = ckpt.get(name);
     MOESQ_CHECK(t.dtype != io::DType::F8_E4M3, t.file, ": tensor ", name,
                 " is F8_E4M3 (an FP8 block-quantized checkpoint): moesq reads bf16/f16/f32 weights; dequantize it "
                 "with its weight_scale_inv first");
-    // Expected shape = the zero-initialized size, as a 1-D or 2-D check by element count and rank.
-    const int64_t n = static_cast<int64_t>(dst.size());
-    MOESQ_CHECK(t.numel() == n, t.file, ": tensor ", name, " has shape ", t.shape_str(), " (", t.numel(),
-                " values), expected ", n, " values");
-    dst = ckpt.get_f32(name, t.shape);
-  };
-  auto read2 = [&](const std::string& name, std::vector<float>& dst, int64_t rows, int64_t cols) {
-    read(name, dst);
-    MOESQ_CHECK(ckpt.get(name).shape == (std::vector<int64_t>{rows, cols}), ckpt.get(name).file, ": tensor ", name,
-                " has shape ", ckpt.get(name).shape_str(), ", expected [", rows, ", ", cols, "]");
+    dst = ckpt.get_f32(name, shape);
   };
   const int64_t H = s.hidden_size, V = s.vocab_size, nh = s.num_heads, E = s.n_routed_experts;
-  read2(io::kEmbedTokens, embed_, V, H);
-  read(io::kFinalNorm, final_norm_);
+  read(io::kEmbedTokens, embed_, {V, H});
+  read(io::kFinalNorm, final_norm_, {H});
   if (s.tie_word_embeddings) {
     lm_head_ = embed_;  // transformers ties after loading: a stored lm_head.weight is ignored
   } else {
     MOESQ_CHECK(ckpt.has(io::kLmHead), "tensor lm_head.weight not found in ", ckpt.dir(),
                 " and tie_word_embeddings is false");
-    read2(io::kLmHead, lm_head_, V, H);
+    read(io::kLmHead, lm_head_, {V, H});
   }
   const MlaDims d = mla_dims();
   const int64_t dqk = d.qk_head_dim();
   for (int64_t l = 0; l < s.num_layers; ++l) {
     DeepseekV3Layer& L = layers_[l];
     auto w = [&](const char* module) { return io::layer_tensor(l, std::string(module) + io::kWeight); };
-    auto b = [&](const char* module) { return io::layer_tensor(l, std::string(module) + ".bias"); };
-    read(io::layer_tensor(l, names::kInputNorm), L.input_norm);
-    read(io::layer_tensor(l, names::kPostAttnNorm), L.post_norm);
+    auto b = [&](const char* module) { return io::layer_tensor(l, std::string(module) + names::kBias); };
+    read(io::layer_tensor(l, names::kInputNorm), L.input_norm, {H});
+    read(io::layer_tensor(l, names::kPostAttnNorm), L.post_norm, {H});
     MlaWeights& A = L.attn;
     if (s.q_lora_rank > 0) {
-      read2(w(names::kQAProj), A.q_a_proj, s.q_lora_rank, H);
-      read(io::layer_tensor(l, names::kQANorm), A.q_a_norm);
-      read2(w(names::kQBProj), A.q_b_proj, nh * dqk, s.q_lora_rank);
-      if (s.attention_bias) read(b(names::kQAProj), A.q_a_bias);
+      read(w(names::kQAProj), A.q_a_proj, {s.q_lora_rank, H});
+      read(io::layer_tensor(l, names::kQANorm), A.q_a_norm, {s.q_lora_rank});
+      read(w(names::kQBProj), A.q_b_proj, {nh * dqk, s.q_lora_rank});
+      if (s.attention_bias) read(b(names::kQAProj), A.q_a_bias, {s.q_lora_rank});
     } else {
-      read2(w(names::kQProj), A.q_proj, nh * dqk, H);
+      read(w(names::kQProj), A.q_proj, {nh * dqk, H});
     }
-    read2(w(names::kKvAProj), A.kv_a_proj, s.kv_lora_rank + s.qk_rope_head_dim, H);
-    read(io::layer_tensor(l, names::kKvANorm), A.kv_a_norm);
-    read2(w(names::kKvBProj), A.kv_b_proj, nh * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
-    read2(w(names::kOProj), A.o_proj, H, nh * s.v_head_dim);
+    read(w(names::kKvAProj), A.kv_a_proj, {s.kv_lora_rank + s.qk_rope_head_dim, H});
+    read(io::layer_tensor(l, names::kKvANorm), A.kv_a_norm, {s.kv_lora_rank});
+    read(w(names::kKvBProj), A.kv_b_proj, {nh * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank});
+    read(w(names::kOProj), A.o_proj, {H, nh * s.v_head_dim});
     if (s.attention_bias) {
-      read(b(names::kKvAProj), A.kv_a_bias);
-      read(b(names::kOProj), A.o_bias);
+      read(b(names::kKvAProj), A.kv_a_bias, {s.kv_lora_rank + s.qk_rope_head_dim});
+      read(b(names::kOProj), A.o_bias, {H});
     }
     auto read_swiglu = [&](const char* module, ExpertWeights& W, int64_t I) {
-      read2(names::swiglu_weight(l, module, io::ExpertProj::Gate), W.gate, I, H);
-      read2(names::swiglu_weight(l, module, io::ExpertProj::Up), W.up, I, H);
-      read2(names::swiglu_weight(l, module, io::ExpertProj::Down), W.down, H, I);
+      read(names::swiglu_weight(l, module, io::ExpertProj::Gate), W.gate, {I, H});
+      read(names::swiglu_weight(l, module, io::ExpertProj::Up), W.up, {I, H});
+      read(names::swiglu_weight(l, module, io::ExpertProj::Down), W.down, {H, I});
     };
     if (!s.is_moe_layer(l)) {
       read_swiglu(names::kDenseMlp, L.dense_mlp, s.intermediate_size);
       continue;
     }
-    read2(io::layer_tensor(l, names::kRouter), L.router, E, H);
+    read(io::layer_tensor(l, names::kRouter), L.router, {E, H});
     // transformers registers the bias as a buffer initialised to zeros: a checkpoint without it
     // routes on the plain sigmoid scores.
-    if (ckpt.has(io::layer_tensor(l, names::kRouterBias))) read(io::layer_tensor(l, names::kRouterBias), L.correction_bias);
+    const std::string bias = io::layer_tensor(l, names::kRouterBias);
+    if (ckpt.has(bias)) read(bias, L.correction_bias, {E});
     for (int64_t e = 0; e < E; ++e) {
       ExpertWeights& W = L.experts[e];
       const int64_t I = s.moe_intermediate_size;
-      read2(io::expert_tensor_prefix(l, e, io::ExpertProj::Gate) + io::kWeight, W.gate, I, H);
-      read2(io::expert_tensor_prefix(l, e, io::ExpertProj::Up) + io::kWeight, W.up, I, H);
-      read2(io::expert_tensor_prefix(l, e, io::ExpertProj::Down) + io::kWeight, W.down, H, I);
+      read(io::expert_tensor_prefix(l, e, io::ExpertProj::Gate) + io::kWeight, W.gate, {I, H});
+      read(io::expert_tensor_prefix(l, e, io::ExpertProj::Up) + io::kWeight, W.up, {I, H});
+      read(io::expert_tensor_prefix(l, e, io::ExpertProj::Down) + io::kWeight, W.down, {H, I});
     }
     if (s.n_shared_experts > 0) read_swiglu(names::kSharedExperts, L.shared, s.moe_intermediate_size * s.n_shared_experts);
   }
