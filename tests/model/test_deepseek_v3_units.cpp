@@ -175,6 +175,38 @@ TEST(DeepseekV3Config, YarnSoftmaxScaleUsesMscaleAllDim) {
   EXPECT_NEAR(s.softmax_scale() * std::sqrt(48.0), 1.873854, 1e-6);  // (1 + 0.1·ln 40)²
 }
 
+// A Kimi-K2-shaped config (model_type kimi_k2, hub key spellings: rope_theta + rope_scaling, no
+// head_dim, ungrouped routing n_group = topk_group = 1, YaRN factor 32 with beta_fast 1).
+TEST(DeepseekV3Config, KimiK2StyleConfig) {
+  const json j = {{"model_type", "kimi_k2"}, {"vocab_size", 163840}, {"hidden_size", 7168},
+                  {"intermediate_size", 18432}, {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61},
+                  {"num_attention_heads", 64}, {"num_key_value_heads", 64}, {"q_lora_rank", 1536},
+                  {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128},
+                  {"n_routed_experts", 384}, {"n_shared_experts", 1}, {"num_experts_per_tok", 8}, {"n_group", 1},
+                  {"topk_group", 1}, {"routed_scaling_factor", 2.827}, {"first_k_dense_replace", 1},
+                  {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}, {"moe_layer_freq", 1},
+                  {"rope_theta", 50000.0}, {"max_position_embeddings", 131072},
+                  {"rope_scaling", {{"type", "yarn"}, {"factor", 32.0}, {"beta_fast", 1.0}, {"beta_slow", 1.0},
+                                    {"mscale", 1.0}, {"mscale_all_dim", 1.0},
+                                    {"original_max_position_embeddings", 4096}}}};
+  const auto s = io::parse_deepseek_v3_config(j, "kimi.json");
+  EXPECT_EQ(s.model_type, "kimi_k2");
+  EXPECT_EQ(s.qk_head_dim(), 192);
+  EXPECT_EQ(s.n_routed_experts, 384);
+  EXPECT_TRUE(s.rope_interleave);  // transformers' default when the key is absent
+  EXPECT_EQ(s.rope.type, "yarn");
+  EXPECT_EQ(s.rope.beta_fast, 1.0);
+  const double m = 0.1 * std::log(32.0) + 1.0;
+  EXPECT_NEAR(s.softmax_scale(), m * m / std::sqrt(192.0), 1e-12);
+  const io::ModelSpec ms = io::parse_config(j, "kimi.json");
+  EXPECT_EQ(ms.num_experts, 384);
+  EXPECT_EQ(ms.head_dim, 192);
+  // YaRN tables over the 64 rope dims: finite, attention_factor 1 (mscale == mscale_all_dim).
+  const auto f = model::rope_frequencies(s.rope, 64, s.max_position_embeddings);
+  EXPECT_EQ(f.attention_factor, 1.0f);
+  for (float v : f.inv_freq) EXPECT_TRUE(std::isfinite(v) && v > 0);
+}
+
 // ---- RoPE -----------------------------------------------------------------------------------
 
 TEST(DeepseekV3Rope, DefaultMatchesTheQwenTables) {
