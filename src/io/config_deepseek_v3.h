@@ -72,8 +72,9 @@ struct DeepseekV3Spec {
 DeepseekV3Spec parse_deepseek_v3_config(const nlohmann::json& j, const std::string& source);
 bool is_deepseek_v3_model_type(const std::string& model_type);
 
-// The family-independent view (ModelSpec) of a DeepseekV3Spec: num_experts = n_routed_experts,
-// head_dim = qk_head_dim, mlp_only_layers = [0, first_k_dense_replace).
-ModelSpec to_model_spec(const DeepseekV3Spec& s);
+// Fills the family-independent view (ModelSpec, what the generic decoder reads) from d:
+// num_experts = n_routed_experts, head_dim = qk_head_dim, sigmoid router with correction bias,
+// grouped top-k, shared experts of width I · n_shared_experts, first_k_dense_replace dense layers.
+void fill_model_spec(const DeepseekV3Spec& d, ModelSpec& s);
 
 }  // namespace moesq::io

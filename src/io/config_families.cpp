@@ -5,6 +5,7 @@
 #include "io/config_families.h"
 
 #include "core/error.h"
+#include "io/config_deepseek_v3.h"
 #include "io/config_keys.h"
 
 namespace moesq::io {
@@ -58,11 +59,19 @@ void parse_olmoe(const json& j, const std::string& source, ModelSpec& s) {
   s.qk_norm = QkNorm::Whole;
 }
 
+// DeepseekV3Config (DeepSeek-V3, Kimi-K2 as kimi_k2): MLA, sigmoid grouped router and shared experts;
+// its keys are read by io/config_deepseek_v3.h, which also keeps the MLA dims the mixer needs.
+void parse_deepseek_v3(const json& j, const std::string& source, ModelSpec& s) {
+  fill_model_spec(parse_deepseek_v3_config(j, source), s);
+}
+
 constexpr ConfigFamily kFamilies[] = {
     {"qwen3_moe", parse_qwen3_moe},
     {"qwen2_moe", parse_qwen2_moe},
     {"mixtral", parse_mixtral},
     {"olmoe", parse_olmoe},
+    {"deepseek_v3", parse_deepseek_v3},
+    {"kimi_k2", parse_deepseek_v3},
 };
 
 }  // namespace

@@ -47,11 +47,22 @@ LayerTensorNames mixtral_names() {
   return t;
 }
 
+// DeepSeek-V3 / Kimi-K2: shared experts (plural) and the router's selection bias; the MLA names are in
+// io/tensor_names_deepseek_v3.h.
+LayerTensorNames deepseek_v3_names(const char* model_type) {
+  LayerTensorNames t{model_type};
+  t.shared_expert = "mlp.shared_experts";
+  t.router_bias = "mlp.gate.e_score_correction_bias";
+  return t;
+}
+
 const LayerTensorNames kLayerNames[] = {
     LayerTensorNames{"qwen3_moe"},
     qwen2_moe_names(),
     mixtral_names(),
     LayerTensorNames{"olmoe"},
+    deepseek_v3_names("deepseek_v3"),
+    deepseek_v3_names("kimi_k2"),
 };
 
 }  // namespace

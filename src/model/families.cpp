@@ -1,5 +1,7 @@
 #include "model/families.h"
 
+#include "model/mixers/mla_mixer.h"
+
 namespace moesq::model {
 
 namespace {
@@ -11,6 +13,8 @@ constexpr ModelFamily kFamilies[] = {
     {"qwen2_moe", nullptr},
     {"mixtral", nullptr},
     {"olmoe", nullptr},
+    {"deepseek_v3", make_mla_mixer},  // multi-head latent attention (model/mixers/mla_mixer.h)
+    {"kimi_k2", make_mla_mixer},
 };
 
 }  // namespace

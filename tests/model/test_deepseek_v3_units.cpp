@@ -1,7 +1,7 @@
 // DeepSeek-V3 family parts on synthetic inputs: config parsing and its errors, RoPE (default and
-// YaRN), multi-head latent attention, the sigmoid grouped top-k router and the routed-expert stage —
-// each fast path against its `_ref` twin on fresh random inputs, plus properties that pin the
-// semantics independently of either twin (interleaved RoPE = permuted weights, group masking).
+// YaRN), multi-head latent attention (fast path vs `_ref` twin on fresh random inputs, plus a property
+// that pins the interleaved-RoPE convention independently of either twin), and the framework's
+// router on DeepSeek-V3 semantics against an independent transcription of transformers' routing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,13 +17,11 @@
 #include "core/splitmix64.h"
 #include "io/config.h"
 #include "io/config_deepseek_v3.h"
-#include "model/families/deepseek_v3.h"
 #include "model/mixers/causal_attention.h"
 #include "model/mixers/mla.h"
 #include "model/mixers/rope.h"
 #include "model/ops.h"
-#include "model/routed_experts.h"
-#include "model/routers/sigmoid_grouped_topk.h"
+#include "model/router.h"
 
 namespace {
 
@@ -72,7 +70,7 @@ struct Compare {
 };
 
 json fixture_config() {
-  std::ifstream in(std::string(MOESQ_FIXTURES) + "/tiny-deepseek-v3/config.json");
+  std::ifstream in(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3/config.json");
   return json::parse(in);
 }
 
@@ -100,7 +98,15 @@ TEST(DeepseekV3Config, ParsesTheFixture) {
   // The common view, through io::parse_config (what io::Checkpoint reads).
   const io::ModelSpec m = io::parse_config(fixture_config(), "config.json");
   EXPECT_EQ(m.num_experts, 16);
-  EXPECT_EQ(m.mlp_only_layers, (std::vector<int64_t>{0}));
+  EXPECT_EQ(m.first_k_dense_replace, 1);
+  EXPECT_EQ(m.router_scoring, io::RouterScoring::Sigmoid);
+  EXPECT_TRUE(m.router_correction_bias);
+  EXPECT_EQ(m.n_group, 4);
+  EXPECT_EQ(m.topk_group, 2);
+  EXPECT_DOUBLE_EQ(m.routed_scaling_factor, 2.5);
+  EXPECT_EQ(m.num_shared_experts, 1);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 64);
+  EXPECT_FALSE(m.shared_expert_gate);
   EXPECT_FALSE(m.is_moe_layer(0));
   EXPECT_TRUE(m.is_moe_layer(2));
 }
@@ -377,130 +383,117 @@ TEST(DeepseekV3Mla, WrongWeightShapeIsAnError) {
   }
 }
 
-// ---- router ---------------------------------------------------------------------------------
+// ---- router (model/router.h, the framework's) on DeepSeek-V3 semantics -----------------------
+// An independent transcription of transformers' DeepseekV3 route_tokens_to_experts: full sorts and
+// an explicit score mask (dropped groups → 0.0, as transformers' masked_fill), checked against the
+// framework's select_routes on random logits and negative biases.
+struct OracleRoutes {
+  std::vector<int32_t> expert;  // [n, k] sorted ascending per row (a set: torch.topk is unsorted)
+  std::vector<float> weight;    // [n, k] in the same order
+};
+OracleRoutes transformers_deepseek_routes(const model::RouterSpec& p, const std::vector<float>& logits, int64_t n,
+                                          const std::vector<float>& bias) {
+  const int64_t E = p.num_experts, G = p.n_group, per = E / G, K = p.top_k;
+  OracleRoutes r;
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> s(E), choice(E);
+    for (int64_t e = 0; e < E; ++e) {
+      s[e] = 1.0f / (1.0f + std::exp(-logits[t * E + e]));
+      choice[e] = s[e] + bias[e];
+    }
+    std::vector<std::pair<float, int64_t>> gs;  // (top-2 sum, group)
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<float> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(v.begin(), v.end(), std::greater<float>());
+      gs.emplace_back(v[0] + v[1], g);
+    }
+    std::stable_sort(gs.begin(), gs.end(), [](const auto& a, const auto& c) { return a.first > c.first; });
+    std::vector<std::pair<float, int32_t>> masked;  // (masked choice score, expert)
+    for (int32_t e = 0; e < E; ++e) {
+      bool kept = false;
+      for (int64_t j = 0; j < p.topk_group; ++j) kept |= gs[j].second == e / per;
+      masked.emplace_back(kept ? choice[e] : 0.0f, e);
+    }
+    std::stable_sort(masked.begin(), masked.end(), [](const auto& a, const auto& c) { return a.first > c.first; });
+    std::vector<int32_t> ids;
+    for (int64_t j = 0; j < K; ++j) ids.push_back(masked[j].second);
+    std::sort(ids.begin(), ids.end());
+    float sum = 0.0f;
+    for (int32_t e : ids) sum += s[e];
+    for (int32_t e : ids) {
+      r.expert.push_back(e);
+      const float w = p.norm_topk_prob ? s[e] / (sum + 1e-20f) : s[e];
+      r.weight.push_back(w * static_cast<float>(p.routed_scaling_factor));
+    }
+  }
+  return r;
+}
 
-model::GroupedTopkParams router16() {
-  model::GroupedTopkParams p;
+model::RouterSpec deepseek_router(int64_t G, int64_t kg, int64_t k, bool norm) {
+  model::RouterSpec p;
   p.num_experts = 16;
-  p.top_k = 4;
-  p.n_group = 4;
-  p.topk_group = 2;
-  p.routed_scaling_factor = 2.5f;
+  p.top_k = k;
+  p.scoring = io::RouterScoring::Sigmoid;
+  p.correction_bias = true;
+  p.n_group = G;
+  p.topk_group = kg;
+  p.norm_topk_prob = norm;
+  p.routed_scaling_factor = 2.5;
   return p;
 }
 
-TEST(DeepseekV3Router, FastMatchesRefOnRandomLogits) {
+TEST(DeepseekV3Router, SelectRoutesMatchesTheTransformersTranscription) {
   for (bool norm : {true, false})
     for (auto [G, kg, k] : {std::tuple{4, 2, 4}, std::tuple{1, 1, 6}, std::tuple{8, 3, 5}, std::tuple{2, 2, 16}}) {
-      model::GroupedTopkParams p = router16();
-      p.n_group = G;
-      p.topk_group = kg;
-      p.top_k = k;
-      p.norm_topk_prob = norm;
-      const int64_t n = 200;
+      const model::RouterSpec p = deepseek_router(G, kg, k, norm);
+      const int64_t n = 300;
       const auto z = random_vec(n * 16, 31 + G + k, 4.0f);
-      const auto bias = random_vec(16, 41, 0.6f);  // negative biased scores occur
-      const auto a = model::sigmoid_grouped_topk(p, z.data(), n, bias);
-      const auto b = model::sigmoid_grouped_topk_ref(p, z.data(), n, bias);
-      EXPECT_EQ(a.expert, b.expert) << "G=" << G << " kg=" << kg << " k=" << k;
-      EXPECT_EQ(a.weight, b.weight);
-      EXPECT_EQ(a.logits, z);
-      double wsum = 0;
-      for (int64_t j = 0; j < k; ++j) wsum += a.weight[j];
-      if (norm) EXPECT_NEAR(wsum, 2.5, 1e-5);  // renormalized, then × routed_scaling_factor
+      const auto bias = random_vec(16, 41, 0.6f);  // biased scores are negative for some experts
+      const model::Routes r = model::select_routes(p, z, n, bias.data());
+      const OracleRoutes o = transformers_deepseek_routes(p, z, n, bias);
+      int64_t mismatched = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<std::pair<int32_t, float>> mine;
+        for (int64_t j = 0; j < k; ++j) mine.emplace_back(r.expert[t * k + j], r.weight[t * k + j]);
+        std::sort(mine.begin(), mine.end());
+        for (int64_t j = 0; j < k; ++j) {
+          mismatched += mine[j].first != o.expert[t * k + j];
+          EXPECT_NEAR(mine[j].second, o.weight[t * k + j], 1e-6) << "row " << t;
+        }
+      }
+      EXPECT_EQ(mismatched, 0) << "G=" << G << " topk_group=" << kg << " k=" << k;
+      if (norm) {
+        double wsum = 0;
+        for (int64_t j = 0; j < k; ++j) wsum += r.weight[j];
+        EXPECT_NEAR(wsum, 2.5, 1e-5);  // renormalized, then × routed_scaling_factor
+      }
     }
 }
 
-// A hand-made row where grouped top-k and plain top-k disagree, with exact (integer-valued in
-// 1/8ths) expected ids and weights.
+// Hand-made rows with exact expected ids and weights (binary fractions): the group gate, the bias
+// used for the choice only, and transformers' 0.0 mask for dropped groups.
 TEST(DeepseekV3Router, GroupsGateTheChoiceAndBiasOnlySelects) {
-  model::GroupedTopkParams p = router16();
-  p.top_k = 2;
-  p.topk_group = 1;
-  p.n_group = 4;
-  p.routed_scaling_factor = 1.0f;
-  p.norm_topk_prob = false;
-  // Scores via logits: sigmoid(0) = 0.5 everywhere, then the bias decides. Group 0 holds the single
-  // best expert (bias 0.5), group 2 the best pair (0.375 + 0.375 > 0.5 + 0).
+  model::RouterSpec p = deepseek_router(4, 1, 2, false);
+  p.routed_scaling_factor = 1.0;
+  // sigmoid(0) = 0.5 everywhere; the bias decides. Group 0 holds the single best expert (bias 0.5),
+  // group 2 the best pair (0.375 + 0.375).
   std::vector<float> z(16, 0.0f), bias(16, 0.0f);
   bias[1] = 0.5f;
   bias[9] = 0.375f;
   bias[10] = 0.375f;
-  const auto r = model::sigmoid_grouped_topk(p, z.data(), 1, bias);
-  EXPECT_EQ(r.expert, (std::vector<int32_t>{9, 10}));  // expert 1 is the best score but its group loses
+  const auto r = model::select_routes(p, z, 1, bias.data());
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{9, 10}));     // expert 1 scores best but its group loses
   EXPECT_EQ(r.weight, (std::vector<float>{0.5f, 0.5f}));  // weights from sigmoid, not sigmoid + bias
-  // Negative biased scores in the kept group still beat every expert of a dropped group.
+  // Negative biased scores: experts 4, 5 → 0.125, all others → −0.25, so group 1 is kept. The third
+  // expert then comes from a DROPPED group (masked to 0.0 > −0.25): transformers' behaviour, which
+  // DeepSeek's reference code (−inf mask) does not share — it would pick expert 6 or 7.
   std::fill(bias.begin(), bias.end(), -0.75f);
-  bias[4] = bias[5] = -0.5f;  // biased scores: experts 4, 5 → 0.0, all others → −0.25; group 1 wins
-  const auto r2 = model::sigmoid_grouped_topk_ref(p, z.data(), 1, bias);
+  bias[4] = bias[5] = -0.375f;
   p.top_k = 3;
-  const auto r3 = model::sigmoid_grouped_topk(p, z.data(), 1, bias);
-  EXPECT_EQ(r2.expert, (std::vector<int32_t>{4, 5}));
-  EXPECT_EQ(r3.expert, (std::vector<int32_t>{4, 5, 6}));  // 6 (in group 1, −0.25) over 0.0-masked others
-}
-
-// ---- routed experts -------------------------------------------------------------------------
-
-TEST(DeepseekV3Experts, FastMatchesRefWithRaggedAndEmptyExperts) {
-  const int64_t H = 64, I = 32, E = 6, n = 37;
-  std::vector<model::ExpertWeights> ex(E);
-  uint64_t s = 900;
-  for (auto& w : ex) {
-    w.gate = random_vec(I * H, ++s, 0.2f);
-    w.up = random_vec(I * H, ++s, 0.2f);
-    w.down = random_vec(H * I, ++s, 0.2f);
-  }
-  model::Routes r;
-  r.n = n;
-  r.k = 2;
-  SplitMix64 g(3);
-  for (int64_t t = 0; t < n; ++t) {  // experts 0..4 only (expert 5 empty), skewed to expert 0
-    const int32_t a = g.below(3) == 0 ? static_cast<int32_t>(1 + g.below(4)) : 0;
-    const int32_t b = static_cast<int32_t>(a == 4 ? 3 : a + 1);
-    r.expert.insert(r.expert.end(), {b, a});
-    r.weight.insert(r.weight.end(), {0.25f + g.uniform(), 0.5f * g.uniform()});
-  }
-  const auto x = random_vec(n * H, 5);
-  for (bool act_quant : {false, true}) {
-    model::ForwardOptions fo;
-    fo.act_quant = act_quant;
-    fo.threads = 3;
-    const auto a = model::routed_experts_forward(ex, H, I, x, r, fo, 0);
-    const auto b = model::routed_experts_forward_ref(ex, H, I, x, r, fo, 0);
-    Compare c;
-    c.add(a, b);
-    c.expect(std::string("routed experts act_quant=") + (act_quant ? "1" : "0"));
-    fo.threads = 1;  // bitwise independent of the thread count
-    EXPECT_EQ(model::routed_experts_forward(ex, H, I, x, r, fo, 0), a);
-  }
-}
-
-// The family's MoE block = routed combine + shared experts, unweighted; dense layers have no router.
-TEST(DeepseekV3Family, SharedExpertIsAddedUnweighted) {
-  auto spec = io::parse_deepseek_v3_config(fixture_config(), "c");
-  spec.vocab_size = 8;
-  model::DeepseekV3 m(spec);
-  const int64_t H = spec.hidden_size, n = 5;
-  auto& L = m.layer(1);
-  randomize(L.shared.gate, 1, 0.1f);
-  randomize(L.shared.up, 2, 0.1f);
-  randomize(L.shared.down, 3, 0.1f);
-  const auto x = random_vec(n * H, 4);
-  model::Routes r;
-  r.n = n;
-  r.k = 4;
-  for (int64_t t = 0; t < n; ++t)
-    for (int32_t j = 0; j < 4; ++j) {
-      r.expert.push_back(j);
-      r.weight.push_back(7.0f);  // routed experts are zero: the weights must not touch the shared part
-    }
-  const auto y = m.moe_block(1, x, r, {});
-  const auto s = m.shared_experts(1, x, n);
-  EXPECT_EQ(y, s);
-  double mx = 0;
-  for (float v : s) mx = std::max(mx, static_cast<double>(std::fabs(v)));
-  EXPECT_GT(mx, 1e-4);
-  EXPECT_THROW(m.route(0, x, n), Error);
+  const auto r3 = model::select_routes(p, z, 1, bias.data());
+  EXPECT_EQ(r3.expert[0], 4);
+  EXPECT_EQ(r3.expert[1], 5);
+  EXPECT_TRUE(r3.expert[2] < 4 || r3.expert[2] > 7) << "third expert " << r3.expert[2];
 }
 
 }  // namespace

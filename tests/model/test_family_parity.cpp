@@ -61,7 +61,9 @@ Reference load_reference(const std::string& arch, const moesq::io::ModelSpec& s)
     r.hidden.push_back(moesq::io::to_f32(f.get("hidden_states." + std::to_string(l))));
   int64_t moe = 0;
   for (int64_t l = 0; l < s.num_layers; ++l) moe += s.is_moe_layer(l);
-  for (int64_t i = 0; i < moe; ++i) r.router.push_back(moesq::io::to_f32(f.get("router_logits." + std::to_string(i))));
+  // Router logits where the reference reports them (tiny-deepseek-v3's does not).
+  for (int64_t i = 0; i < moe && f.has("router_logits." + std::to_string(i)); ++i)
+    r.router.push_back(moesq::io::to_f32(f.get("router_logits." + std::to_string(i))));
   std::ifstream js(dir + "/summary.json");
   r.ce = nlohmann::json::parse(js).at("ce").get<double>();
   return r;
@@ -121,6 +123,7 @@ TEST_P(FamilyParity, FullForwardMatchesTransformers) {
         EXPECT_TRUE(tr.router_logits[l].empty()) << "dense layer " << l << " reported router logits";
         continue;
       }
+      if (ref.router.empty()) continue;  // nothing to compare the routes with
       const std::vector<float>& zr_all = ref.router[moe_idx++];
       rl[l] = std::max(rl[l], max_abs_err(tr.router_logits[l].data(), &zr_all[b * T * E], T * E));
       for (int64_t t = 0; t < T; ++t) {
@@ -146,7 +149,7 @@ TEST_P(FamilyParity, FullForwardMatchesTransformers) {
     EXPECT_LE(hid[l], kHiddenAtol) << arch << " hidden_states." << l;
   }
   for (int64_t l = 0; l < L; ++l) {
-    if (!s.is_moe_layer(l)) continue;
+    if (!s.is_moe_layer(l) || ref.router.empty()) continue;
     std::printf("%s router_logits (layer %lld) max abs err %.3g\n", arch.c_str(), static_cast<long long>(l), rl[l]);
     EXPECT_LE(rl[l], kRouterLogitsAtol) << arch << " router logits of layer " << l;
   }
@@ -154,7 +157,7 @@ TEST_P(FamilyParity, FullForwardMatchesTransformers) {
               arch.c_str(), lg, static_cast<long long>(mismatched), static_cast<long long>(separable), ce, ref.ce);
   EXPECT_LE(lg, kLogitsAtol) << arch << " logits";
   EXPECT_GT(logits_absmax, 0.1) << arch << ": logits are (nearly) all zero";
-  EXPECT_GT(separable, 0);
+  EXPECT_TRUE(separable > 0 || ref.router.empty()) << arch << ": no separable top-k set was compared";
   EXPECT_EQ(mismatched, 0) << arch << ": top-k sets differ where the reference separates them";
   EXPECT_NEAR(ce, ref.ce, kCeAtol) << arch << " cross-entropy";
 }
@@ -189,6 +192,8 @@ TEST_P(FamilyParity, AttentionMatchesItsRef) {
   const std::string arch = GetParam();
   const moesq::io::Checkpoint ck(fixture("tiny-" + arch));
   const DecoderModel m(ck);
+  if (m.layer(0).mixer) GTEST_SKIP() << arch << ": layer 0 has its own mixer (" << m.layer(0).mixer->name()
+                                      << "), whose twins its own test compares";
   const Reference ref = load_reference(arch, m.spec());
   const int64_t T = ref.T, H = m.spec().hidden_size;
   std::vector<float> a(ref.hidden[0].begin(), ref.hidden[0].begin() + T * H), b = a;
@@ -199,7 +204,7 @@ TEST_P(FamilyParity, AttentionMatchesItsRef) {
   EXPECT_GT(max_abs_err(a.data(), ref.hidden[0].data(), T * H), 1e-3) << arch << ": attention added nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyParity, ::testing::Values("qwen2-moe", "mixtral", "olmoe"),
+INSTANTIATE_TEST_SUITE_P(Families, FamilyParity, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "model/mixers/causal_attention.h"
-#include "model/mixers/linear.h"
 #include "model/ops.h"
 
 namespace moesq::model {
@@ -36,6 +35,9 @@ void check(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, int64_
   check_size(w.kv_a_norm, d.kv_lora_rank, "kv_a_layernorm");
   check_size(w.kv_b_proj, nh * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank, "kv_b_proj");
   check_size(w.o_proj, H * nh * d.v_head_dim, "o_proj");
+  if (!w.q_a_bias.empty()) check_size(w.q_a_bias, d.q_lora_rank, "q_a_proj.bias");
+  if (!w.kv_a_bias.empty()) check_size(w.kv_a_bias, d.kv_lora_rank + rope_d, "kv_a_proj_with_mqa.bias");
+  if (!w.o_bias.empty()) check_size(w.o_bias, H, "o_proj.bias");
   MOESQ_CHECK(static_cast<int64_t>(rope.cos.size()) >= T * rope_d / 2 && rope.sin.size() == rope.cos.size(),
               "mla: RoPE tables hold ", rope.cos.size() / (rope_d / 2), " positions, need ", T);
 }
@@ -47,9 +49,15 @@ void rotate(const MlaDims& d, float* v, const RopeTables& rope, int64_t t) {
   apply_rope(v, d.qk_rope_head_dim, &rope.cos[t * half], &rope.sin[t * half]);
 }
 
-using LinearFn = void (*)(const float*, int64_t, int64_t, const std::vector<float>&, int64_t, float*,
-                          const std::vector<float>&);
+using LinearFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*);
 using AttentionFn = void (*)(const CausalAttentionDesc&, const float*, const float*, const float*, float*);
+
+// y [M, N] = x [M, K] · W [N, K]ᵀ + b (b empty = none) with the given linear kernel.
+void affine(LinearFn lin, const float* x, int64_t M, int64_t K, const std::vector<float>& W, int64_t N, float* y,
+            const std::vector<float>& b) {
+  lin(x, M, K, W.data(), N, y);
+  add_bias_rows(y, M, N, b);
+}
 
 void mla_body(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, float* out,
               int threads, LinearFn lin, AttentionFn attend) {
@@ -60,21 +68,21 @@ void mla_body(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, con
   std::vector<float> q(T * nh * dqk);  // [T, nh, d_qk]
   if (d.q_lora_rank > 0) {
     std::vector<float> qa(T * d.q_lora_rank);  // [T, r_q]
-    lin(x, T, H, w.q_a_proj, d.q_lora_rank, qa.data(), w.q_a_bias);
+    affine(lin, x, T, H, w.q_a_proj, d.q_lora_rank, qa.data(), w.q_a_bias);
     rmsnorm_rows(qa.data(), T, d.q_lora_rank, w.q_a_norm.data(), kMlaLatentNormEps, qa.data());
-    lin(qa.data(), T, d.q_lora_rank, w.q_b_proj, nh * dqk, q.data(), {});
+    lin(qa.data(), T, d.q_lora_rank, w.q_b_proj.data(), nh * dqk, q.data());
   } else {
-    lin(x, T, H, w.q_proj, nh * dqk, q.data(), {});
+    lin(x, T, H, w.q_proj.data(), nh * dqk, q.data());
   }
   const int64_t ckv_w = r_kv + rope_d;
   std::vector<float> ckv(T * ckv_w);  // [T, r_kv + rope]: latent c, then the shared k_pe
-  lin(x, T, H, w.kv_a_proj, ckv_w, ckv.data(), w.kv_a_bias);
+  affine(lin, x, T, H, w.kv_a_proj, ckv_w, ckv.data(), w.kv_a_bias);
   std::vector<float> c(T * r_kv);  // [T, r_kv] normalized latent
   for (int64_t t = 0; t < T; ++t) std::memcpy(&c[t * r_kv], &ckv[t * ckv_w], r_kv * sizeof(float));
   rmsnorm_rows(c.data(), T, r_kv, w.kv_a_norm.data(), kMlaLatentNormEps, c.data());
   const int64_t kv_w = nope + dv;
   std::vector<float> kv(T * nh * kv_w);  // [T, nh, nope + v]
-  lin(c.data(), T, r_kv, w.kv_b_proj, nh * kv_w, kv.data(), {});
+  lin(c.data(), T, r_kv, w.kv_b_proj.data(), nh * kv_w, kv.data());
 
   std::vector<float> k(T * nh * dqk), v(T * nh * dv);  // [T, nh, d_qk], [T, nh, v]
   for (int64_t t = 0; t < T; ++t) {
@@ -100,7 +108,7 @@ void mla_body(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, con
   ad.threads = threads;
   std::vector<float> attn(T * nh * dv);  // [T, nh·v]
   attend(ad, q.data(), k.data(), v.data(), attn.data());
-  lin(attn.data(), T, nh * dv, w.o_proj, H, out, w.o_bias);
+  affine(lin, attn.data(), T, nh * dv, w.o_proj, H, out, w.o_bias);
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// The DeepSeek-V3 / Kimi-K2 token mixer for the generic decoder: multi-head latent attention
+// (model/mixers/mla.h) behind the model::Mixer interface, with its weights read from a checkpoint
+// through io/tensor_names_deepseek_v3.h. Registered for deepseek_v3 and kimi_k2 in model/families.cpp.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "model/mixer.h"
+#include "model/mixers/mla.h"
+
+namespace moesq::model {
+
+class MlaMixer final : public Mixer {
+ public:
+  // rope: the frequencies of the qk_rope_head_dim rotated dims (default RoPE or YaRN).
+  MlaMixer(MlaDims dims, MlaWeights weights, RopeFrequencies rope);
+
+  std::string name() const override { return "mla"; }
+  // x [T, H] = input_layernorm(h) → o_proj(MLA(x)) [T, H] (positions 0..T-1).
+  std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override;
+  // Plain-loop twin of forward (mla_forward_ref).
+  std::vector<float> forward_ref(const float* x, int64_t T) const;
+
+  const MlaDims& dims() const { return dims_; }
+  const MlaWeights& weights() const { return weights_; }
+
+ private:
+  MlaDims dims_;
+  MlaWeights weights_;
+  RopeFrequencies rope_;
+  RopeTables tables(int64_t T) const;
+};
+
+// Reads layer `layer`'s MLA weights (shapes from the checkpoint's deepseek_v3 config; errors name
+// the tensor, its shape and the expected one; F8_E4M3 weights are refused by name).
+std::unique_ptr<MlaMixer> load_mla_mixer(const io::Checkpoint& ckpt, int64_t layer);
+// The MixerFactory of the family registry (model/families.cpp).
+std::unique_ptr<Mixer> make_mla_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& spec, int64_t layer);
+
+}  // namespace moesq::model
