@@ -14,22 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/config.h"
+#include "io/rope_config.h"
 
 namespace moesq::io {
-
-// RoPE frequencies: "default" (θ only) or "yarn" (transformers' _compute_yarn_parameters; paper
-// arXiv:2309.00071). Read from rope_parameters (transformers ≥ 5) or rope_scaling (hub configs).
-struct RopeSpec {
-  std::string type = "default";  // "default" | "yarn"
-  double theta = 10000.0;
-  // yarn only:
-  double factor = 1.0;
-  int64_t original_max_position_embeddings = 0;  // 0 = not given (then max_position_embeddings)
-  double beta_fast = 32.0, beta_slow = 1.0;
-  double mscale = 0.0, mscale_all_dim = 0.0;  // 0 = not given
-  double attention_factor = -1.0;             // < 0 = inferred (from factor, mscale, mscale_all_dim)
-  bool truncate = true;
-};
 
 struct DeepseekV3Spec {
   std::string model_type;  // "deepseek_v3" | "kimi_k2"

@@ -13,8 +13,6 @@ namespace moesq::model {
 
 namespace {
 
-double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
-
 // The dim index whose wavelength fits `num_rotations` turns in `max_pos` positions (YaRN Eq. 17).
 double correction_dim(double num_rotations, int64_t dim, double base, double max_pos) {
   return static_cast<double>(dim) * std::log(max_pos / (num_rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
@@ -46,8 +44,8 @@ RopeFrequencies rope_frequencies(const io::RopeSpec& rope, int64_t dim, int64_t 
   double attention_factor = rope.attention_factor;
   if (attention_factor < 0) {
     attention_factor = (rope.mscale != 0 && rope.mscale_all_dim != 0)
-                           ? yarn_get_mscale(factor, rope.mscale) / yarn_get_mscale(factor, rope.mscale_all_dim)
-                           : yarn_get_mscale(factor, 1.0);
+                           ? io::yarn_get_mscale(factor, rope.mscale) / io::yarn_get_mscale(factor, rope.mscale_all_dim)
+                           : io::yarn_get_mscale(factor, 1.0);
   }
   f.attention_factor = static_cast<float>(attention_factor);
   double low = correction_dim(rope.beta_fast, dim, rope.theta, original_max);

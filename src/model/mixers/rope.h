@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/config_deepseek_v3.h"
+#include "io/rope_config.h"
 
 namespace moesq::model {
 
