@@ -18,11 +18,6 @@ namespace {
 using nlohmann::json;
 using namespace config_keys;
 
-std::string get_string(const json& v, const std::string& key, const std::string& src) {
-  MOESQ_CHECK(v.is_string(), src, ": key \"", key, "\" must be a string, got ", v.dump());
-  return v.get<std::string>();
-}
-
 int64_t require_at_least(const json& j, const char* key, const std::string& src, int64_t min_value) {
   const int64_t x = require_int(j, key, src);
   MOESQ_CHECK(x >= min_value, src, ": key \"", key, "\" must be >= ", min_value, ", got ", x);

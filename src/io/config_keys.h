@@ -46,6 +46,11 @@ inline bool get_bool(const json& v, const std::string& key, const std::string& s
   return v.get<bool>();
 }
 
+inline std::string get_string(const json& v, const std::string& key, const std::string& source) {
+  MOESQ_CHECK(v.is_string(), source, ": key \"", key, "\" must be a string, got ", v.dump());
+  return v.get<std::string>();
+}
+
 // `key` if present (a bool), else `fallback`.
 inline bool bool_or(const json& j, const char* key, bool fallback, const std::string& source) {
   const json* v = find(j, key);

@@ -11,17 +11,8 @@
 
 namespace moesq::io {
 
-namespace {
-
 using nlohmann::json;
 using namespace config_keys;
-
-std::string get_string(const json& v, const std::string& key, const std::string& src) {
-  MOESQ_CHECK(v.is_string(), src, ": key \"", key, "\" must be a string, got ", v.dump());
-  return v.get<std::string>();
-}
-
-}  // namespace
 
 double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 

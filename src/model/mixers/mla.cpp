@@ -1,7 +1,7 @@
 // The non-obvious decision: the attention runs on the expanded per-head keys and values (the
 // "naive" MLA of transformers), not the absorbed form (q·W_UK against the latent c): the absorbed
 // form changes the summation order and only pays off for a KV-cached decode. Both twins share one
-// body templated on the linear and attention kernels, so they differ only in those kernels.
+// body that takes the linear and attention kernels as function pointers, so they differ only there.
 #include "model/mixers/mla.h"
 
 #include <cstring>
