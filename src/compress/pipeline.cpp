@@ -279,8 +279,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
   const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
-  for (int64_t l = 0; l < L; ++l)
-    MOESQ_CHECK(spec.is_moe_layer(l), "layer ", l, " is a dense MLP layer; moesq compresses MoE layers only");
   // The propagation through a compressed layer runs W4A4 as deployed (activation block = the weights').
   model::ForwardOptions deployed;
   deployed.act_quant = true;
@@ -294,6 +292,12 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens");
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
+    if (!spec.is_moe_layer(l)) {  // a dense MLP layer is kept as stored: propagate through it
+      const std::vector<float> y = m.dense_mlp(l, X, st.n_total());
+      for (size_t i = 0; i < st.h.size(); ++i)
+        for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+      continue;
+    }
     const model::Routes routes = m.route(l, X, st.n_total());
     std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
     // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
@@ -304,7 +308,8 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
                                   std::max<int64_t>(c.n - 1, 0)));
     for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
     compress_layer(m, l, cal, opt, act_block, res);
-    // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4.
+    // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
+    // any, runs as stored inside moe_block).
     const std::vector<float> y = m.moe_block(l, X, routes, deployed);
     for (size_t i = 0; i < st.h.size(); ++i)
       for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];

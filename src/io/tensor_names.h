@@ -55,6 +55,12 @@ std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t e
 // "model.layers.{l}.{moe_block}.gate.weight": the router of the family.
 std::string router_tensor(const ModelSpec& spec, int64_t layer);
 
+// What a tensor of a `spec` checkpoint is, from the family's table: compression replaces only
+// RoutedExpert tensors; every other role is kept byte-identical (and listed as not compressed).
+enum class TensorRole { RoutedExpert, Router, RouterBias, SharedExpert, SharedExpertGate, DenseMlp, Other };
+TensorRole tensor_role(const ModelSpec& spec, const std::string& name);
+const char* tensor_role_name(TensorRole r);  // "routed_expert", "router", ...
+
 // "model.layers.{layer}.{rest}", e.g. layer_tensor(0, "self_attn.q_proj.weight").
 std::string layer_tensor(int64_t layer, const std::string& rest);
 // Qwen3-MoE names: "model.layers.{layer}.mlp.experts.{expert}.{proj}" (append a suffix above).
