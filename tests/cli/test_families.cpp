@@ -107,6 +107,12 @@ TEST_P(CliFamilies, InspectListsWhatIsNotCompressed) {
     EXPECT_EQ(nc["shared_expert_gate"].get<int64_t>(), moe_layers);
     EXPECT_EQ(nc["dense_mlp_layers"], json::array({1}));
     EXPECT_EQ(nc["dense_mlp"].get<int64_t>(), 3);
+  } else if (arch == "deepseek-v3") {  // ungated shared experts, e_score_correction_bias, layer 0 dense
+    EXPECT_EQ(nc["shared_expert"].get<int64_t>(), 3 * moe_layers);
+    EXPECT_EQ(nc["shared_expert_gate"].get<int64_t>(), 0);
+    EXPECT_EQ(nc["router_bias"].get<int64_t>(), moe_layers);
+    EXPECT_EQ(nc["dense_mlp_layers"], json::array({0}));  // first_k_dense_replace = 1
+    EXPECT_EQ(nc["dense_mlp"].get<int64_t>(), 3);
   } else {
     EXPECT_EQ(nc["shared_expert"].get<int64_t>(), 0);
     EXPECT_TRUE(nc["dense_mlp_layers"].empty());
