@@ -81,13 +81,15 @@ struct ExpertCalib {
 
 // Compresses one expert with `opt.method`. `w` holds the original weights, y_ref [c.n, H] their
 // outputs on the expert's calibration rows (the refinement's targets).
-PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
-                             const std::vector<float>& y_ref, const CompressOptions& opt, ExpertReport& rep) {
+PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
+                             const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
+                             ExpertReport& rep) {
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
   std::string names[3];
-  for (int p = 0; p < 3; ++p) names[p] = io::expert_tensor_prefix(rep.layer, rep.expert, io::kExpertProjNames[p]) + io::kWeight;
+  for (int p = 0; p < 3; ++p)
+    names[p] = io::expert_tensor_prefix(spec, rep.layer, rep.expert, static_cast<io::ExpertProj>(p)) + io::kWeight;
   PackedExpert pe;
   switch (opt.method) {
     case Method::RtnNvfp4: {
@@ -215,13 +217,13 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const mo
 
 // Lines 5–16 for one expert: compress, measure the W4A4 reconstruction error, install the
 // dequantized weights in place of the original ones (no other task reads this expert).
-PackedExpert compress_and_install(model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
-                                  const CompressOptions& opt, int act_block, ExpertReport& rep) {
+PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeights& w, int64_t H, int64_t I,
+                                  const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep) {
   // The original expert runs once: its outputs are the refinement targets and the reference of
   // the reconstruction error.
   const std::vector<float> y_ref =
       model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
-  PackedExpert pe = compress_expert(w, H, I, c, y_ref, opt, rep);
+  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep);
   // Dequantized once: measured here, then installed.
   std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
                                            pe.proj[2].dequantize()};
@@ -253,7 +255,7 @@ void compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib
     rep.expert = e;
     rep.tokens = c.n;
     res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] =
-        compress_and_install(m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
+        compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
     const int64_t d = ++done;
     if (d % 8 == 0 || d == E)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +

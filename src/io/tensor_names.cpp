@@ -136,6 +136,7 @@ std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name) {
   for (const char* block : kMoeBlocks)
     if (read_literal(name, pos, block)) {
       container = true;
+      t.block = block;
       break;
     }
   if (!container || !read_literal(name, pos, ".experts.") || !read_index(name, pos, &t.expert) ||
@@ -156,7 +157,11 @@ std::optional<ExpertProj> expert_proj_of(const std::string& proj) {
 
 bool is_expert_tensor(const std::string& name) {
   const auto t = parse_expert_tensor(name);
-  return t && expert_proj_of(t->proj).has_value();
+  if (!t) return false;
+  const auto& projs = t->block == "block_sparse_moe" ? kMixtralProjNames : kExpertProjNames;
+  for (const char* p : projs)
+    if (t->proj == p) return true;
+  return false;
 }
 
 bool in_expert_container(const std::string& name) {

@@ -71,11 +71,12 @@ std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj)
 // up to the next '.', suffix everything after it. nullopt when the name does not have that form.
 struct ExpertTensorName {
   int64_t layer = 0, expert = 0;
+  std::string block;  // the MoE block: "mlp" or "block_sparse_moe"
   std::string proj, suffix;
 };
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
 // A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj
-// (or Mixtral's w1|w3|w2). Shared experts ("mlp.shared_expert.…") are not routed experts.
+// under "mlp", or Mixtral's w1|w3|w2 under "block_sparse_moe". Shared experts ("mlp.shared_expert.…") are not routed experts.
 bool is_expert_tensor(const std::string& name);
 // Which projection `proj` is (gate_proj / w1 → Gate, up_proj / w3 → Up, down_proj / w2 → Down), if any.
 std::optional<ExpertProj> expert_proj_of(const std::string& proj);
