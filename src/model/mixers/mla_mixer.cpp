@@ -4,6 +4,7 @@
 #include "model/mixers/mla_mixer.h"
 
 #include "core/error.h"
+#include "core/half.h"
 #include "io/config_deepseek_v3.h"
 #include "io/tensor_names.h"
 #include "io/tensor_names_deepseek_v3.h"
@@ -18,21 +19,27 @@ MlaMixer::MlaMixer(MlaDims dims, MlaWeights weights, RopeFrequencies rope)
               rope_.inv_freq.size(), " RoPE frequencies for ", dims_.qk_rope_head_dim, " rotated dims");
 }
 
-RopeTables MlaMixer::tables(int64_t T) const {
+RopeTables MlaMixer::tables(int64_t T, bool bf16_inv_freq) const {
   RopeTables t;
-  rope_tables(T, rope_, t.cos, t.sin);
+  if (!bf16_inv_freq) {
+    rope_tables(T, rope_, t.cos, t.sin);
+    return t;
+  }
+  RopeFrequencies f = rope_;
+  for (float& v : f.inv_freq) v = round_bf16(v);
+  rope_tables(T, f, t.cos, t.sin);
   return t;
 }
 
 std::vector<float> MlaMixer::forward(const float* x, int64_t T, const ForwardOptions& fo) const {
   std::vector<float> out(T * dims_.hidden);  // [T, H]
-  mla_forward(dims_, weights_, tables(T), x, T, out.data(), fo.threads);
+  mla_forward(dims_, weights_, tables(T, fo.rope_bf16_inv_freq), x, T, out.data(), fo.threads);
   return out;
 }
 
-std::vector<float> MlaMixer::forward_ref(const float* x, int64_t T) const {
+std::vector<float> MlaMixer::forward_ref(const float* x, int64_t T, const ForwardOptions& fo) const {
   std::vector<float> out(T * dims_.hidden);
-  mla_forward_ref(dims_, weights_, tables(T), x, T, out.data());
+  mla_forward_ref(dims_, weights_, tables(T, fo.rope_bf16_inv_freq), x, T, out.data());
   return out;
 }
 

@@ -22,8 +22,8 @@ class MlaMixer final : public Mixer {
   std::string name() const override { return "mla"; }
   // x [T, H] = input_layernorm(h) → o_proj(MLA(x)) [T, H] (positions 0..T-1).
   std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override;
-  // Plain-loop twin of forward (mla_forward_ref).
-  std::vector<float> forward_ref(const float* x, int64_t T) const;
+  // Plain-loop twin of forward (mla_forward_ref); honours fo.rope_bf16_inv_freq like forward.
+  std::vector<float> forward_ref(const float* x, int64_t T, const ForwardOptions& fo = {}) const;
 
   const MlaDims& dims() const { return dims_; }
   const MlaWeights& weights() const { return weights_; }
@@ -32,7 +32,8 @@ class MlaMixer final : public Mixer {
   MlaDims dims_;
   MlaWeights weights_;
   RopeFrequencies rope_;
-  RopeTables tables(int64_t T) const;
+  // bf16_inv_freq: ForwardOptions::rope_bf16_inv_freq (frequencies rounded to bf16 first).
+  RopeTables tables(int64_t T, bool bf16_inv_freq) const;
 };
 
 // Reads layer `layer`'s MLA weights (shapes from the checkpoint's deepseek_v3 config; errors name
