@@ -117,11 +117,13 @@ struct Engine::Impl {
   Dev<uint16_t> embed, lm_head;
   Dev<float> final_norm, rope_cos, rope_sin;
   // activations, [max_tokens, ·] unless noted
-  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids;
+  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids, attn_tiles;
+  Dev<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
   Dev<float> h, qkv, q, logits_r, topk_w, logits;
   Dev<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   Dev<int32_t> topk_ids, slot_of_route;
-  Dev<uint16_t> xd, hbuf, ad, ybuf;     // [E, cap, H_pad], [E, cap, 2I], [E, cap, I_pad], [E, cap, H]
+  Dev<uint16_t> xd, ad, ybuf;           // [E, cap, H_pad], [E, cap, I_pad], [E, cap, H]
+  Dev<float> hbuf;                      // [E, cap, 2I] fp32 gate|up: SwiGLU (+ requant) reads fp32
   Dev<float> xs, as;                    // [E, cap]
   Dev<int32_t> counts, route_of_slot;   // [E], [E, cap]
   std::vector<int64_t> lengths;         // [slots]
@@ -135,7 +137,9 @@ struct Engine::Impl {
   void sizes(const EngineOptions& opt);
   void activations();
   void synthesize(uint64_t seed);
-  void run(int64_t T, int64_t n_out);  // all kernels of one forward on tok_* (device), logits of out_rows
+  // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
+  // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
+  void run(int64_t T, int64_t n_out, int64_t n_tiles);
   void experts(const DevLayer& L, int64_t T);
   ~Impl() {
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
@@ -207,7 +211,8 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
 
 void Engine::Impl::activations() {
   const size_t T = max_tokens, cap = max_tokens;
-  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T);
+  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T), attn_tiles.alloc(2 * T);
+  attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
   h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
   topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
@@ -281,39 +286,40 @@ void Engine::Impl::experts(const DevLayer& L, int64_t T) {
   d.num_experts = static_cast<int>(E), d.capacity = cap, d.out = xd.p, d.inv_scale = xs.p, d.counts = counts.p;
   d.route_of_slot = route_of_slot.p;
   cuda::SwigluQuantArgs sw;
-  sw.h = hbuf.p, sw.counts = counts.p, sw.num_experts = static_cast<int>(E), sw.capacity = cap, sw.I = I;
+  sw.h_f32 = hbuf.p, sw.counts = counts.p, sw.num_experts = static_cast<int>(E), sw.capacity = cap, sw.I = I;
   sw.I_pad = I_pad, sw.out = ad.p, sw.inv_scale = as.p;
   if (host.backend == ExpertBackend::kBf16) {
     d.quantize = false, d.layout = moe::ActLayout::kKMajor;
     cuda::act_dispatch(d, stream);
     ops::GemmBf16Args g;
-    g.x = xd.p, g.w = L.gu_dense.p, g.y_bf16 = hbuf.p, g.counts = counts.p, g.groups = static_cast<int>(E);
+    g.x = xd.p, g.w = L.gu_dense.p, g.y_f32 = hbuf.p, g.counts = counts.p, g.groups = static_cast<int>(E);
     g.M = cap, g.N = 2 * I, g.K = H_pad, g.ldy = 2 * I;
     ops::gemm_bf16(g, stream);
     sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
     cuda::swiglu_quant(sw, stream);
-    g.x = ad.p, g.w = L.down_dense.p, g.y_bf16 = ybuf.p, g.N = H, g.K = I_pad, g.ldy = H;
+    g.x = ad.p, g.w = L.down_dense.p, g.y_f32 = nullptr, g.y_bf16 = ybuf.p, g.N = H, g.K = I_pad, g.ldy = H;
     ops::gemm_bf16(g, stream);
     return;
   }
   const bool quant = host.backend == ExpertBackend::kSparseW4A4;
   const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(static_cast<int>(E), 2 * I, H_pad, max_tok);
   d.quantize = quant, d.layout = cuda::sparse_gemm_act_layout(c1);
+  d.x_lo = quant ? xb_lo.p : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
   cuda::act_dispatch(d, stream);
   cuda::SparseGemmArgs g;
   g.w = L.gu_sparse.p, g.w_inv_gamma = L.gu_inv_gamma.p, g.x = xd.p, g.x_layout = d.layout;
-  g.x_inv_scale = quant ? xs.p : nullptr, g.counts = counts.p, g.y = hbuf.p, g.num_experts = static_cast<int>(E);
+  g.x_inv_scale = quant ? xs.p : nullptr, g.counts = counts.p, g.y = nullptr, g.y_f32 = hbuf.p, g.num_experts = static_cast<int>(E);
   g.capacity = cap, g.M = 2 * I, g.M_pad = L.gu_M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
   cuda::sparse_gemm(g, max_tok, stream, &c1);
   const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(static_cast<int>(E), H, I_pad, max_tok);
   sw.quantize = quant, sw.layout = cuda::sparse_gemm_act_layout(c2);
   cuda::swiglu_quant(sw, stream);
   g.w = L.down_sparse.p, g.w_inv_gamma = L.down_inv_gamma.p, g.x = ad.p, g.x_layout = sw.layout;
-  g.x_inv_scale = quant ? as.p : nullptr, g.y = ybuf.p, g.M = H, g.M_pad = L.down_M_pad, g.K_pad = I_pad, g.ldy = H;
+  g.x_inv_scale = quant ? as.p : nullptr, g.y = ybuf.p, g.y_f32 = nullptr, g.M = H, g.M_pad = L.down_M_pad, g.K_pad = I_pad, g.ldy = H;
   cuda::sparse_gemm(g, max_tok, stream, &c2);
 }
 
-void Engine::Impl::run(int64_t T, int64_t n_out) {
+void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tok_ids.p, embed.p, h.p, H);
   MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
   ops::RmsNormArgs rn;
@@ -336,6 +342,10 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
     at.q = q.p, at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
     at.out = attn.p, at.out_lo = attn_lo.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
     at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    if (n_tiles > 0)
+      at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
+    else
+      at.partial = attn_partial.p;
     ops::attention(at, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
     g = ops::GemmBf16Args{};
@@ -437,7 +447,10 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, ids), h2d(m.tok_slot, slot), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
-  m.run(T, static_cast<int64_t>(rows.size()));
+  const std::vector<int32_t> tiles =
+      ops::attention_tiles(slot.data(), pos.data(), T, static_cast<int>(m.nh), static_cast<int>(m.nkv));
+  h2d(m.attn_tiles, tiles);
+  m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2));
   std::vector<float> out(rows.size() * m.V);
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -487,11 +500,11 @@ void Engine::decode_step(const std::vector<int32_t>& tokens, std::vector<float>*
     // eager step's KV writes are redone identically by the replay below (same positions).
     const bool timing = m.timing;
     m.timing = false;
-    m.run(B, B);
+    m.run(B, B, 0);
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     cudaGraph_t graph;
     MOESQ_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-    m.run(B, B);
+    m.run(B, B, 0);
     MOESQ_CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
     cudaGraphExec_t exec;
     MOESQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -6,10 +6,12 @@
 // → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
 // (+ NVFP4 act quant) → gate|up grouped GEMM → SwiGLU (+ requant) → down grouped GEMM → combine in
 // ascending expert order (+= residual). Residual stream fp32; non-expert GEMM inputs bf16 hi + lo
-// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4); KV cache bf16.
+// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4, quantized from the hi + lo
+// row); gate|up output fp32 into SwiGLU (+ requant from fp32); KV cache bf16.
 //
 // Deterministic (always, in this version): every GEMM outside the experts is ops::gemm_bf16 (one
-// tile config, no split-K), attention has no split-KV, the combine has a fixed order and the sparse
+// tile config, no split-K), attention splits keys only into fixed 64-key chunks by absolute index
+// (ops/attention: prefill and split-KV decode give a row the same bits), the combine has a fixed order and the sparse
 // expert GEMM has no split-K, so a sequence's logits do not depend on what else is in the batch.
 #pragma once
 #include <cstdint>
