@@ -4,6 +4,7 @@
 // inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA.
 #include "runtime/engine.h"
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -113,6 +114,9 @@ struct Engine::Impl {
   int64_t max_len = 0, max_tokens = 0;
   int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, I = 0, V = 0, k = 0, H_pad = 0, I_pad = 0, qkv_w = 0;
   cudaStream_t stream = nullptr;
+  bool deterministic = true;
+  cublasHandle_t cublas = nullptr;  // deterministic == false only
+  Dev<uint8_t> cublas_ws;           // fixed cuBLAS workspace (graph capture allocates nothing)
   std::vector<DevLayer> layers;
   Dev<uint16_t> embed, lm_head;
   Dev<float> final_norm, rope_cos, rope_sin;
@@ -141,7 +145,9 @@ struct Engine::Impl {
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
   void experts(const DevLayer& L, int64_t T);
+  void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   ~Impl() {
+    if (cublas) cublasDestroy(cublas);
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
     for (auto e : events) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -158,6 +164,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   max_tokens = opt.max_tokens > 0 ? opt.max_tokens : max_seqs * max_len;
   MOESQ_CHECK(max_tokens <= (int64_t(1) << 20), "engine: max_tokens ", max_tokens, " too large");
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  deterministic = opt.deterministic;
   std::vector<float> c, sn;
   model::rope_tables(max_len, hd, s.rope_theta, c, sn);
   rope_cos.upload(c);
@@ -319,6 +326,34 @@ void Engine::Impl::experts(const DevLayer& L, int64_t T) {
   cuda::sparse_gemm(g, max_tok, stream, &c2);
 }
 
+void Engine::Impl::linear(const ops::GemmBf16Args& g) {
+  if (deterministic || g.groups != 1 || !g.y_f32 || g.counts) {
+    ops::gemm_bf16(g, stream);
+    return;
+  }
+  ops::gemm_bf16_check(g);
+  if (g.M == 0) return;
+  if (!cublas) {
+    MOESQ_CHECK(cublasCreate(&cublas) == CUBLAS_STATUS_SUCCESS, "engine: cublasCreate failed");
+    cublas_ws.alloc(size_t(32) << 20);
+    MOESQ_CHECK(cublasSetWorkspace(cublas, cublas_ws.p, cublas_ws.bytes()) == CUBLAS_STATUS_SUCCESS,
+                "engine: cublasSetWorkspace failed");
+  }
+  MOESQ_CHECK(cublasSetStream(cublas, stream) == CUBLAS_STATUS_SUCCESS, "engine: cublasSetStream failed");
+  // Column-major view: y^T [N, M] (ld ldy) = W [N, K] (row-major = col-major K×N, transposed) · x^T.
+  const float one = 1.0f, zero = 0.0f;
+  const int N = static_cast<int>(g.N), M = static_cast<int>(g.M), K = static_cast<int>(g.K), ldy = static_cast<int>(g.ldy);
+  auto gemm = [&](const uint16_t* x, const float* beta) {
+    const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, g.w, CUDA_R_16BF, K, x,
+                                           CUDA_R_16BF, K, beta, g.y_f32, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT);
+    MOESQ_CHECK(st == CUBLAS_STATUS_SUCCESS, "engine: cublasGemmEx failed (", static_cast<int>(st), ") M=", M, " N=", N,
+                " K=", K);
+  };
+  gemm(g.x, g.accumulate ? &one : &zero);
+  if (g.x_lo) gemm(g.x_lo, &one);  // hi + lo input as in gemm_bf16 (same precision, other order)
+}
+
 void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tok_ids.p, embed.p, h.p, H);
   MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
@@ -330,7 +365,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     ops::rmsnorm(rn, stream);
     ops::GemmBf16Args g;
     g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
-    ops::gemm_bf16(g, stream);
+    linear(g);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l], stream));
     ops::QkRopeArgs qr;
     qr.qkv = qkv.p, qr.q_norm = L.q_norm.p, qr.k_norm = L.k_norm.p, qr.cos = rope_cos.p, qr.sin = rope_sin.p;
@@ -350,13 +385,13 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
     g = ops::GemmBf16Args{};
     g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
-    ops::gemm_bf16(g, stream);
+    linear(g);
     rn.w = L.post_norm.p;
     ops::rmsnorm(rn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     g = ops::GemmBf16Args{};
     g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
-    ops::gemm_bf16(g, stream);
+    linear(g);
     ops::RouterTopkArgs rt;
     rt.logits = logits_r.p, rt.topk_ids = topk_ids.p, rt.topk_w = topk_w.p, rt.T = T;
     rt.num_experts = static_cast<int>(E), rt.topk = static_cast<int>(k), rt.norm_topk_prob = s.norm_topk_prob;
@@ -376,7 +411,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
   ops::GemmBf16Args g;
   g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
-  ops::gemm_bf16(g, stream);
+  linear(g);
   argmax_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(logits.p, V, next_ids.p);
   MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
@@ -419,6 +454,15 @@ size_t Engine::kv_bytes() const { return impl_->kv_bytes; }
 void Engine::set_timing(bool on) { impl_->timing = on; }
 double Engine::last_attention_ms() const { return impl_->attn_ms; }
 double Engine::last_moe_ms() const { return impl_->moe_ms; }
+void Engine::set_deterministic(bool on) {
+  Impl& m = *impl_;
+  if (m.deterministic == on) return;
+  MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (auto& [b, g] : m.graphs) cudaGraphExecDestroy(g);
+  m.graphs.clear();
+  m.deterministic = on;
+}
+bool Engine::deterministic() const { return impl_->deterministic; }
 void Engine::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
 int64_t Engine::length(int slot) const { return impl_->lengths.at(slot); }
 
