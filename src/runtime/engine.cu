@@ -123,6 +123,7 @@ struct Engine::Impl {
   // activations, [max_tokens, ·] unless noted
   Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids, attn_tiles;
   Dev<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
+  Dev<float> gemm_split;    // K-sliced partials of the q|k|v, o_proj and router GEMMs (gemm_bf16 split_ws)
   Dev<float> h, qkv, q, logits_r, topk_w, logits;
   Dev<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   Dev<int32_t> topk_ids, slot_of_route;
@@ -220,6 +221,8 @@ void Engine::Impl::activations() {
   const size_t T = max_tokens, cap = max_tokens;
   tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T), attn_tiles.alloc(2 * T);
   attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
+  gemm_split.alloc(std::max({ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd),
+                             ops::gemm_bf16_split_floats(T, E, H)}));
   h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
   topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
@@ -364,7 +367,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     rn.w = L.input_norm.p;
     ops::rmsnorm(rn, stream);
     ops::GemmBf16Args g;
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.split_ws = gemm_split.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
     linear(g);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l], stream));
     ops::QkRopeArgs qr;
@@ -384,13 +387,13 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     ops::attention(at, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
     g = ops::GemmBf16Args{};
-    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
+    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.split_ws = gemm_split.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
     linear(g);
     rn.w = L.post_norm.p;
     ops::rmsnorm(rn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     g = ops::GemmBf16Args{};
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.split_ws = gemm_split.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
     linear(g);
     ops::RouterTopkArgs rt;
     rt.logits = logits_r.p, rt.topk_ids = topk_ids.p, rt.topk_w = topk_w.p, rt.T = T;

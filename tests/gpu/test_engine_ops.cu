@@ -145,6 +145,47 @@ TEST(EngineOps, GemmBf16BatchInvariant) {
   }
 }
 
+// Split-K by K-fixed slices: vs the twin (accumulate, hi + lo input), and row 0's bits the same at M = 1
+// and M = 130 (the slice count depends on K alone).
+TEST(EngineOps, GemmBf16SplitKMatchesRefAndIsBatchInvariant) {
+  const int64_t N = 136;
+  for (int64_t K : {200, 1280, 4096}) {
+    std::vector<float> row0;
+    for (int64_t M : {1, 130}) {
+      const std::vector<uint16_t> x = rand_bf16(M * K, 21 + K), w = rand_bf16(N * K, 22 + K);
+      const std::vector<uint16_t> xl = rand_bf16(M * K, 23 + K, 1.0f / 512);
+      const std::vector<float> y0 = rand_f32(M * (N + 5), 24);
+      DevBuf<uint16_t> dx(x), dw(w), dxl(xl);
+      DevBuf<float> dy(y0), dws(moesq::ops::gemm_bf16_split_floats(M, N, K));
+      moesq::ops::GemmBf16Args a;
+      a.x = dx.p, a.x_lo = dxl.p, a.w = dw.p, a.y_f32 = dy.p, a.accumulate = true, a.M = M, a.N = N, a.K = K;
+      a.ldy = N + 5, a.split_ws = dws.p;
+      moesq::ops::gemm_bf16(a, nullptr);
+      const std::vector<float> gy = dy.download();
+      std::vector<float> ry = y0;
+      a.x = x.data(), a.x_lo = xl.data(), a.w = w.data(), a.y_f32 = ry.data(), a.split_ws = nullptr;
+      moesq::ops::gemm_bf16_ref(a);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < a.ldy; ++n) {
+          const int64_t o = m * a.ldy + n;
+          if (n >= N) {
+            ASSERT_EQ(bits(gy[o]), bits(y0[o])) << "padding column changed K=" << K;
+            continue;
+          }
+          double mag = std::fabs(y0[o]);
+          for (int64_t k = 0; k < K; ++k)
+            mag += std::fabs((moesq::bf16_to_f32(x[m * K + k]) + moesq::bf16_to_f32(xl[m * K + k])) *
+                             moesq::bf16_to_f32(w[n * K + k]));
+          ASSERT_LE(std::fabs(gy[o] - ry[o]), kGemmRelTol * mag) << "K=" << K << " M=" << M << " m=" << m << " n=" << n;
+        }
+      // Row 0 with the same inputs at both M (x, w, y0 share seeds; row 0 of x is the same draw).
+      std::vector<float> r(gy.begin(), gy.begin() + N);
+      if (row0.empty()) row0 = r;
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(bits(r[n]), bits(row0[n])) << "K=" << K << " M=" << M << " n=" << n;
+    }
+  }
+}
+
 TEST(EngineOps, RmsNormBitwise) {
   for (int64_t D : {64, 256, 2048, 300}) {
     const int64_t n = 5;
