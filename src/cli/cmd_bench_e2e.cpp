@@ -32,7 +32,7 @@ namespace moesq::cli {
 namespace {
 
 struct E2eArgs {
-  std::string synthetic, experts = "bf16,sparse-w4a4", batches = "1,8,64";
+  std::string synthetic, experts = "bf16,sparse-w4a4", batches = "1,8,64", deterministic = "on";
   int64_t layers = 0, prompt_len = 2048, gen = 128, prefill_tokens = 16384;
   uint64_t seed = 1;
   bool json = false;
@@ -76,6 +76,12 @@ void run_e2e(const E2eArgs& a) {
   }
   std::vector<int> batches;
   for (const auto& b : split(a.batches)) batches.push_back(std::stoi(b));
+  std::vector<bool> modes;
+  for (const auto& m : split(a.deterministic)) {
+    MOESQ_CHECK(m == "on" || m == "off", "bench e2e: --deterministic takes on, off or on,off; got '", m, "'");
+    modes.push_back(m == "on");
+  }
+  MOESQ_CHECK(!modes.empty(), "bench e2e: --deterministic is empty");
   const int max_b = *std::max_element(batches.begin(), batches.end());
 #ifndef MOESQ_HAVE_CUDA
   (void)max_b;
@@ -92,7 +98,9 @@ void run_e2e(const E2eArgs& a) {
     std::mt19937_64 rng(a.seed);
     // Warm-up: one prefill (first-use costs: attributes, caches).
     eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
+    for (bool det : modes)
     for (int B : batches) {
+      eng.set_deterministic(det);
       eng.reset();
       std::vector<runtime::SeqChunk> all;
       for (int b = 0; b < B; ++b) {
@@ -133,6 +141,7 @@ void run_e2e(const E2eArgs& a) {
       nlohmann::json r;
       r["experts"] = runtime::expert_backend_name(backend);
       r["batch"] = B;
+      r["deterministic"] = det;
       r["ttft_ms"] = ttft * 1e3;
       r["tpot_ms"] = tpot * 1e3;
       r["output_tokens_per_s"] = B / tpot;
@@ -146,8 +155,8 @@ void run_e2e(const E2eArgs& a) {
       r["decode_floor_ms"] = floor_ms;
       r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
       rows.push_back(r);
-      std::fprintf(stderr, "[bench e2e] %-12s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
-                   runtime::expert_backend_name(backend), B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
+      std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
+                   runtime::expert_backend_name(backend), det ? "on" : "off", B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
                    eng.kv_bytes() / 1e9, 100 * eng.last_moe_ms() / eager_ms, 100 * eng.last_attention_ms() / eager_ms,
                    100 * pre_moe / (ttft * 1e3), 100 * pre_attn / (ttft * 1e3), floor_ms);
     }
@@ -157,7 +166,7 @@ void run_e2e(const E2eArgs& a) {
   j["layers"] = spec.num_layers;
   j["prompt_len"] = a.prompt_len;
   j["gen"] = a.gen;
-  j["deterministic"] = true;
+  j["deterministic"] = a.deterministic;
   j["hbm_bandwidth_assumed_tb_s"] = 4.25;
   j["results"] = rows;
   if (a.json) std::printf("%s\n", j.dump(2).c_str());
@@ -177,6 +186,10 @@ void register_bench_e2e(CLI::App* bench) {
   cmd->add_option("--gen", args->gen, "generated tokens per sequence")->capture_default_str();
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "most tokens per prefill forward")->capture_default_str();
   cmd->add_option("--seed", args->seed, "weight seed")->capture_default_str();
+  cmd->add_option("--deterministic", args->deterministic,
+                  "on: batch-invariant GEMMs (a sequence's logits bitwise equal alone or in any batch); off: cuBLAS "
+                  "for q|k|v, o_proj, router, lm_head; on,off: both, per backend")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_e2e(*args); });
 }

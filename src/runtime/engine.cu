@@ -4,6 +4,7 @@
 // inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA.
 #include "runtime/engine.h"
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -113,15 +114,21 @@ struct Engine::Impl {
   int64_t max_len = 0, max_tokens = 0;
   int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, I = 0, V = 0, k = 0, H_pad = 0, I_pad = 0, qkv_w = 0;
   cudaStream_t stream = nullptr;
+  bool deterministic = true;
+  cublasHandle_t cublas = nullptr;  // deterministic == false only
+  Dev<uint8_t> cublas_ws;           // fixed cuBLAS workspace (graph capture allocates nothing)
   std::vector<DevLayer> layers;
   Dev<uint16_t> embed, lm_head;
   Dev<float> final_norm, rope_cos, rope_sin;
   // activations, [max_tokens, ·] unless noted
-  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids;
+  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids, attn_tiles;
+  Dev<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
+  Dev<float> gemm_split;    // K-sliced partials of the q|k|v, o_proj and router GEMMs (gemm_bf16 split_ws)
   Dev<float> h, qkv, q, logits_r, topk_w, logits;
   Dev<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   Dev<int32_t> topk_ids, slot_of_route;
-  Dev<uint16_t> xd, hbuf, ad, ybuf;     // [E, cap, H_pad], [E, cap, 2I], [E, cap, I_pad], [E, cap, H]
+  Dev<uint16_t> xd, ad, ybuf;           // [E, cap, H_pad], [E, cap, I_pad], [E, cap, H]
+  Dev<float> hbuf;                      // [E, cap, 2I] fp32 gate|up: SwiGLU (+ requant) reads fp32
   Dev<float> xs, as;                    // [E, cap]
   Dev<int32_t> counts, route_of_slot;   // [E], [E, cap]
   std::vector<int64_t> lengths;         // [slots]
@@ -135,9 +142,13 @@ struct Engine::Impl {
   void sizes(const EngineOptions& opt);
   void activations();
   void synthesize(uint64_t seed);
-  void run(int64_t T, int64_t n_out);  // all kernels of one forward on tok_* (device), logits of out_rows
+  // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
+  // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
+  void run(int64_t T, int64_t n_out, int64_t n_tiles);
   void experts(const DevLayer& L, int64_t T);
+  void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   ~Impl() {
+    if (cublas) cublasDestroy(cublas);
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
     for (auto e : events) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -154,6 +165,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   max_tokens = opt.max_tokens > 0 ? opt.max_tokens : max_seqs * max_len;
   MOESQ_CHECK(max_tokens <= (int64_t(1) << 20), "engine: max_tokens ", max_tokens, " too large");
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  deterministic = opt.deterministic;
   std::vector<float> c, sn;
   model::rope_tables(max_len, hd, s.rope_theta, c, sn);
   rope_cos.upload(c);
@@ -207,7 +219,10 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
 
 void Engine::Impl::activations() {
   const size_t T = max_tokens, cap = max_tokens;
-  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T);
+  tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T), attn_tiles.alloc(2 * T);
+  attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
+  gemm_split.alloc(std::max({ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd),
+                             ops::gemm_bf16_split_floats(T, E, H)}));
   h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
   topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
@@ -281,39 +296,68 @@ void Engine::Impl::experts(const DevLayer& L, int64_t T) {
   d.num_experts = static_cast<int>(E), d.capacity = cap, d.out = xd.p, d.inv_scale = xs.p, d.counts = counts.p;
   d.route_of_slot = route_of_slot.p;
   cuda::SwigluQuantArgs sw;
-  sw.h = hbuf.p, sw.counts = counts.p, sw.num_experts = static_cast<int>(E), sw.capacity = cap, sw.I = I;
+  sw.h_f32 = hbuf.p, sw.counts = counts.p, sw.num_experts = static_cast<int>(E), sw.capacity = cap, sw.I = I;
   sw.I_pad = I_pad, sw.out = ad.p, sw.inv_scale = as.p;
   if (host.backend == ExpertBackend::kBf16) {
     d.quantize = false, d.layout = moe::ActLayout::kKMajor;
     cuda::act_dispatch(d, stream);
     ops::GemmBf16Args g;
-    g.x = xd.p, g.w = L.gu_dense.p, g.y_bf16 = hbuf.p, g.counts = counts.p, g.groups = static_cast<int>(E);
+    g.x = xd.p, g.w = L.gu_dense.p, g.y_f32 = hbuf.p, g.counts = counts.p, g.groups = static_cast<int>(E);
     g.M = cap, g.N = 2 * I, g.K = H_pad, g.ldy = 2 * I;
     ops::gemm_bf16(g, stream);
     sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
     cuda::swiglu_quant(sw, stream);
-    g.x = ad.p, g.w = L.down_dense.p, g.y_bf16 = ybuf.p, g.N = H, g.K = I_pad, g.ldy = H;
+    g.x = ad.p, g.w = L.down_dense.p, g.y_f32 = nullptr, g.y_bf16 = ybuf.p, g.N = H, g.K = I_pad, g.ldy = H;
     ops::gemm_bf16(g, stream);
     return;
   }
   const bool quant = host.backend == ExpertBackend::kSparseW4A4;
   const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(static_cast<int>(E), 2 * I, H_pad, max_tok);
   d.quantize = quant, d.layout = cuda::sparse_gemm_act_layout(c1);
+  d.x_lo = quant ? xb_lo.p : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
   cuda::act_dispatch(d, stream);
   cuda::SparseGemmArgs g;
   g.w = L.gu_sparse.p, g.w_inv_gamma = L.gu_inv_gamma.p, g.x = xd.p, g.x_layout = d.layout;
-  g.x_inv_scale = quant ? xs.p : nullptr, g.counts = counts.p, g.y = hbuf.p, g.num_experts = static_cast<int>(E);
+  g.x_inv_scale = quant ? xs.p : nullptr, g.counts = counts.p, g.y = nullptr, g.y_f32 = hbuf.p, g.num_experts = static_cast<int>(E);
   g.capacity = cap, g.M = 2 * I, g.M_pad = L.gu_M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
   cuda::sparse_gemm(g, max_tok, stream, &c1);
   const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(static_cast<int>(E), H, I_pad, max_tok);
   sw.quantize = quant, sw.layout = cuda::sparse_gemm_act_layout(c2);
   cuda::swiglu_quant(sw, stream);
   g.w = L.down_sparse.p, g.w_inv_gamma = L.down_inv_gamma.p, g.x = ad.p, g.x_layout = sw.layout;
-  g.x_inv_scale = quant ? as.p : nullptr, g.y = ybuf.p, g.M = H, g.M_pad = L.down_M_pad, g.K_pad = I_pad, g.ldy = H;
+  g.x_inv_scale = quant ? as.p : nullptr, g.y = ybuf.p, g.y_f32 = nullptr, g.M = H, g.M_pad = L.down_M_pad, g.K_pad = I_pad, g.ldy = H;
   cuda::sparse_gemm(g, max_tok, stream, &c2);
 }
 
-void Engine::Impl::run(int64_t T, int64_t n_out) {
+void Engine::Impl::linear(const ops::GemmBf16Args& g) {
+  if (deterministic || g.groups != 1 || !g.y_f32 || g.counts) {
+    ops::gemm_bf16(g, stream);
+    return;
+  }
+  ops::gemm_bf16_check(g);
+  if (g.M == 0) return;
+  if (!cublas) {
+    MOESQ_CHECK(cublasCreate(&cublas) == CUBLAS_STATUS_SUCCESS, "engine: cublasCreate failed");
+    cublas_ws.alloc(size_t(32) << 20);
+    MOESQ_CHECK(cublasSetWorkspace(cublas, cublas_ws.p, cublas_ws.bytes()) == CUBLAS_STATUS_SUCCESS,
+                "engine: cublasSetWorkspace failed");
+  }
+  MOESQ_CHECK(cublasSetStream(cublas, stream) == CUBLAS_STATUS_SUCCESS, "engine: cublasSetStream failed");
+  // Column-major view: y^T [N, M] (ld ldy) = W [N, K] (row-major = col-major K×N, transposed) · x^T.
+  const float one = 1.0f, zero = 0.0f;
+  const int N = static_cast<int>(g.N), M = static_cast<int>(g.M), K = static_cast<int>(g.K), ldy = static_cast<int>(g.ldy);
+  auto gemm = [&](const uint16_t* x, const float* beta) {
+    const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, g.w, CUDA_R_16BF, K, x,
+                                           CUDA_R_16BF, K, beta, g.y_f32, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT);
+    MOESQ_CHECK(st == CUBLAS_STATUS_SUCCESS, "engine: cublasGemmEx failed (", static_cast<int>(st), ") M=", M, " N=", N,
+                " K=", K);
+  };
+  gemm(g.x, g.accumulate ? &one : &zero);
+  if (g.x_lo) gemm(g.x_lo, &one);  // hi + lo input as in gemm_bf16 (same precision, other order)
+}
+
+void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tok_ids.p, embed.p, h.p, H);
   MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
   ops::RmsNormArgs rn;
@@ -323,8 +367,8 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
     rn.w = L.input_norm.p;
     ops::rmsnorm(rn, stream);
     ops::GemmBf16Args g;
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
-    ops::gemm_bf16(g, stream);
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.split_ws = gemm_split.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
+    linear(g);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l], stream));
     ops::QkRopeArgs qr;
     qr.qkv = qkv.p, qr.q_norm = L.q_norm.p, qr.k_norm = L.k_norm.p, qr.cos = rope_cos.p, qr.sin = rope_sin.p;
@@ -336,17 +380,21 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
     at.q = q.p, at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
     at.out = attn.p, at.out_lo = attn_lo.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
     at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    if (n_tiles > 0)
+      at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
+    else
+      at.partial = attn_partial.p;
     ops::attention(at, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
     g = ops::GemmBf16Args{};
-    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
-    ops::gemm_bf16(g, stream);
+    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.split_ws = gemm_split.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
+    linear(g);
     rn.w = L.post_norm.p;
     ops::rmsnorm(rn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     g = ops::GemmBf16Args{};
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
-    ops::gemm_bf16(g, stream);
+    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.split_ws = gemm_split.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
+    linear(g);
     ops::RouterTopkArgs rt;
     rt.logits = logits_r.p, rt.topk_ids = topk_ids.p, rt.topk_w = topk_w.p, rt.T = T;
     rt.num_experts = static_cast<int>(E), rt.topk = static_cast<int>(k), rt.norm_topk_prob = s.norm_topk_prob;
@@ -366,7 +414,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out) {
   MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
   ops::GemmBf16Args g;
   g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
-  ops::gemm_bf16(g, stream);
+  linear(g);
   argmax_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(logits.p, V, next_ids.p);
   MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
@@ -409,6 +457,15 @@ size_t Engine::kv_bytes() const { return impl_->kv_bytes; }
 void Engine::set_timing(bool on) { impl_->timing = on; }
 double Engine::last_attention_ms() const { return impl_->attn_ms; }
 double Engine::last_moe_ms() const { return impl_->moe_ms; }
+void Engine::set_deterministic(bool on) {
+  Impl& m = *impl_;
+  if (m.deterministic == on) return;
+  MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (auto& [b, g] : m.graphs) cudaGraphExecDestroy(g);
+  m.graphs.clear();
+  m.deterministic = on;
+}
+bool Engine::deterministic() const { return impl_->deterministic; }
 void Engine::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
 int64_t Engine::length(int slot) const { return impl_->lengths.at(slot); }
 
@@ -437,7 +494,10 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, ids), h2d(m.tok_slot, slot), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
-  m.run(T, static_cast<int64_t>(rows.size()));
+  const std::vector<int32_t> tiles =
+      ops::attention_tiles(slot.data(), pos.data(), T, static_cast<int>(m.nh), static_cast<int>(m.nkv));
+  h2d(m.attn_tiles, tiles);
+  m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2));
   std::vector<float> out(rows.size() * m.V);
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -487,11 +547,11 @@ void Engine::decode_step(const std::vector<int32_t>& tokens, std::vector<float>*
     // eager step's KV writes are redone identically by the replay below (same positions).
     const bool timing = m.timing;
     m.timing = false;
-    m.run(B, B);
+    m.run(B, B, 0);
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     cudaGraph_t graph;
     MOESQ_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-    m.run(B, B);
+    m.run(B, B, 0);
     MOESQ_CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
     cudaGraphExec_t exec;
     MOESQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

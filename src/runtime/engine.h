@@ -6,10 +6,12 @@
 // → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
 // (+ NVFP4 act quant) → gate|up grouped GEMM → SwiGLU (+ requant) → down grouped GEMM → combine in
 // ascending expert order (+= residual). Residual stream fp32; non-expert GEMM inputs bf16 hi + lo
-// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4); KV cache bf16.
+// pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4, quantized from the hi + lo
+// row); gate|up output fp32 into SwiGLU (+ requant from fp32); KV cache bf16.
 //
-// Deterministic (always, in this version): every GEMM outside the experts is ops::gemm_bf16 (one
-// tile config, no split-K), attention has no split-KV, the combine has a fixed order and the sparse
+// Deterministic (default; EngineOptions::deterministic): every GEMM outside the experts is ops::gemm_bf16 (one
+// tile config, no split-K), attention splits keys only into fixed 64-key chunks by absolute index
+// (ops/attention: prefill and split-KV decode give a row the same bits), the combine has a fixed order and the sparse
 // expert GEMM has no split-K, so a sequence's logits do not depend on what else is in the batch.
 #pragma once
 #include <cstdint>
@@ -28,6 +30,10 @@ struct EngineOptions {
   int max_seqs = 1;          // KV-cache slots
   int64_t max_len = 0;       // tokens per slot; 0: max_position_embeddings (or 4096 when not given)
   int64_t max_tokens = 0;    // tokens per forward call (activation buffers); 0: max_seqs · max_len
+  // true (default): batch-invariant GEMMs (ops::gemm_bf16). false: the q|k|v, o_proj, router and
+  // lm_head GEMMs go to cuBLAS (algorithm chosen by shape: a row's bits may depend on the batch), for
+  // measuring what determinism costs. Attention and the experts are batch-invariant either way.
+  bool deterministic = true;
 };
 
 // A run of new tokens for one slot, appended at the slot's current length.
@@ -65,6 +71,9 @@ class Engine {
   // The same step returning only the greedy next token of each slot (argmax on the GPU, lowest id on
   // ties), so a benchmark step does not copy B·V logits to the host.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& tokens);
+  // Switches the mode of EngineOptions::deterministic (drops the captured decode graphs).
+  void set_deterministic(bool on);
+  bool deterministic() const;
   void reset();                     // every slot empty (the KV cache is simply overwritten)
   int64_t length(int slot) const;   // tokens in the slot
 

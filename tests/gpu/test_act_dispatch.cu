@@ -38,12 +38,15 @@ TEST(ActStorageIndex, DeviceStepTableMatchesHost) {
 TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
   std::mt19937 rng(43);
   for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
-  for (bool quantize : {true, false}) {
+  for (bool quantize : {true, false})
+  for (bool with_lo : {false, true}) {  // x_lo: the fp32-row quantizer (x + x_lo), W4A4 engine path
     for (int64_t K : {96, 288, 2048}) {  // 288: K_pad = 512, padding columns written as zeros
       const int T = 41, topk = 4, E = 16, cap = 12;
       std::vector<uint16_t> x(T * K);
       std::normal_distribution<float> nd(0.0f, 1.5f);
       for (auto& v : x) v = f32_to_bf16(nd(rng));
+      std::vector<uint16_t> xl(T * K);
+      for (size_t i = 0; i < xl.size(); ++i) xl[i] = f32_to_bf16(bf16_to_f32(x[i]) * nd(rng) / 512.0f);
       for (int64_t k = 0; k < K; ++k) x[2 * K + k] = 0;  // a zero token: γ = 1, all codes 0
       std::vector<int32_t> ids(T * topk);
       std::uniform_int_distribution<int> ed(0, E - 1);
@@ -52,11 +55,12 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
       ASSERT_EQ(ref.layout, layout);
 
-      DevBuf<uint16_t> d_x(x), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
+      DevBuf<uint16_t> d_x(x), d_xl(xl), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
       DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
       DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
       cuda::DispatchArgs a;
       a.x = d_x.p;
+      a.x_lo = with_lo ? d_xl.p : nullptr;
       a.topk_ids = d_ids.p;
       a.T = T;
       a.topk = topk;
@@ -88,10 +92,17 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
           // slot with the ref row of its own route.
           std::vector<uint16_t> want(ref.K_pad);
           float want_inv = 0.0f;
-          act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, layout);
+          if (with_lo && quantize) {
+            std::vector<float> row(K);
+            for (int64_t k = 0; k < K; ++k)
+              row[k] = bf16_to_f32(x[(r / topk) * K + k]) + bf16_to_f32(xl[(r / topk) * K + k]);
+            act_quant_row_f32_ref(row.data(), K, want.data(), &want_inv, layout);
+          } else {
+            act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, layout);
+          }
           ASSERT_EQ(inv[gs], want_inv) << "route " << r;
           for (int64_t k = 0; k < ref.K_pad; ++k) {
-            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << act_layout_name(layout) << " quantize=" << quantize
+            ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << act_layout_name(layout) << " quantize=" << quantize << " x_lo=" << with_lo
                                                          << " K=" << K << " expert " << e
                                                          << " route " << r << " first bad storage index " << k;
             nonzero += (want[k] & 0x7FFF) != 0;

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "ops/attention/attention.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
@@ -28,8 +29,9 @@ namespace {
 // fp32 accumulation on tensor cores vs the twin's fp64 sum of the same exact bf16 products: the
 // difference is fp32 rounding of K partial sums, relative to Σ|x·w|.
 constexpr double kGemmRelTol = 1e-5;
-// Attention: __expf and fma vs std::exp, then a bf16 output rounding (2^-8 relative).
-constexpr double kAttnAtol = 2e-3, kAttnRtol = 1e-2;
+// Attention (hi + lo output compared): q and P enter the MMAs as bf16 hi + lo (≈ 2^-16 relative
+// each), __expf vs std::exp (≈ 2 ulp), fp32 sums in another order: ≈ 1e-6 relative on O(1) outputs.
+constexpr double kAttnTcAtol = 2e-5, kAttnTcRtol = 2e-5;
 // Router weights: expf (≤ 2 ulp) vs std::exp in the softmax.
 constexpr double kRouterAtol = 1e-6;
 
@@ -143,6 +145,47 @@ TEST(EngineOps, GemmBf16BatchInvariant) {
   }
 }
 
+// Split-K by K-fixed slices: vs the twin (accumulate, hi + lo input), and row 0's bits the same at M = 1
+// and M = 130 (the slice count depends on K alone).
+TEST(EngineOps, GemmBf16SplitKMatchesRefAndIsBatchInvariant) {
+  const int64_t N = 136;
+  for (int64_t K : {200, 1280, 4096}) {
+    std::vector<float> row0;
+    for (int64_t M : {1, 130}) {
+      const std::vector<uint16_t> x = rand_bf16(M * K, 21 + K), w = rand_bf16(N * K, 22 + K);
+      const std::vector<uint16_t> xl = rand_bf16(M * K, 23 + K, 1.0f / 512);
+      const std::vector<float> y0 = rand_f32(M * (N + 5), 24);
+      DevBuf<uint16_t> dx(x), dw(w), dxl(xl);
+      DevBuf<float> dy(y0), dws(moesq::ops::gemm_bf16_split_floats(M, N, K));
+      moesq::ops::GemmBf16Args a;
+      a.x = dx.p, a.x_lo = dxl.p, a.w = dw.p, a.y_f32 = dy.p, a.accumulate = true, a.M = M, a.N = N, a.K = K;
+      a.ldy = N + 5, a.split_ws = dws.p;
+      moesq::ops::gemm_bf16(a, nullptr);
+      const std::vector<float> gy = dy.download();
+      std::vector<float> ry = y0;
+      a.x = x.data(), a.x_lo = xl.data(), a.w = w.data(), a.y_f32 = ry.data(), a.split_ws = nullptr;
+      moesq::ops::gemm_bf16_ref(a);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < a.ldy; ++n) {
+          const int64_t o = m * a.ldy + n;
+          if (n >= N) {
+            ASSERT_EQ(bits(gy[o]), bits(y0[o])) << "padding column changed K=" << K;
+            continue;
+          }
+          double mag = std::fabs(y0[o]);
+          for (int64_t k = 0; k < K; ++k)
+            mag += std::fabs((moesq::bf16_to_f32(x[m * K + k]) + moesq::bf16_to_f32(xl[m * K + k])) *
+                             moesq::bf16_to_f32(w[n * K + k]));
+          ASSERT_LE(std::fabs(gy[o] - ry[o]), kGemmRelTol * mag) << "K=" << K << " M=" << M << " m=" << m << " n=" << n;
+        }
+      // Row 0 with the same inputs at both M (x, w, y0 share seeds; row 0 of x is the same draw).
+      std::vector<float> r(gy.begin(), gy.begin() + N);
+      if (row0.empty()) row0 = r;
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(bits(r[n]), bits(row0[n])) << "K=" << K << " M=" << M << " n=" << n;
+    }
+  }
+}
+
 TEST(EngineOps, RmsNormBitwise) {
   for (int64_t D : {64, 256, 2048, 300}) {
     const int64_t n = 5;
@@ -192,38 +235,81 @@ TEST(EngineOps, QkRopeBitwise) {
   }
 }
 
-TEST(EngineOps, AttentionMatchesRef) {
-  for (int hd : {64, 128}) {
-    const int nh = 8, nkv = 2, slots = 3;
-    const int64_t max_len = 70;
-    const std::vector<int32_t> slot = {0, 0, 1, 2, 2, 1}, pos = {0, 69, 33, 1, 2, 64};  // lengths 1 … 70
-    const int64_t T = slot.size();
-    const size_t cache_n = slots * max_len * nkv * hd;
-    const std::vector<float> q = rand_f32(T * nh * hd, hd, 0.5f);
-    const std::vector<uint16_t> kc = rand_bf16(cache_n, hd + 1), vc = rand_bf16(cache_n, hd + 2);
-    DevBuf<float> dq(q);
-    DevBuf<uint16_t> dk(kc), dv(vc), dout(T * nh * hd);
-    DevBuf<int32_t> dslot(slot), dpos(pos);
-    moesq::ops::AttentionArgs a;
-    a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p;
-    a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
-    moesq::ops::attention(a, nullptr);
-    std::vector<uint16_t> ro(T * nh * hd);
-    a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
-    a.out = ro.data();
-    moesq::ops::attention_ref(a);
-    const auto go = dout.download();
-    int nonzero = 0;
-    for (size_t i = 0; i < ro.size(); ++i) {
-      const float g = moesq::bf16_to_f32(go[i]), r = moesq::bf16_to_f32(ro[i]);
-      ASSERT_LE(std::fabs(g - r), kAttnAtol + kAttnRtol * std::fabs(r)) << "hd=" << hd << " token " << i / (nh * hd)
-                                                                         << " head " << (i / hd) % nh << " elem " << i % hd;
-      nonzero += g != 0.0f;
-    }
-    EXPECT_GT(nonzero, static_cast<int>(ro.size() / 2));
-    // Position 0 attends to exactly one key: the output is that key's v row (rounded to bf16).
-    for (int c = 0; c < hd; ++c) EXPECT_EQ(go[c], vc[c]) << "single-key case, elem " << c;
+// Runs the prefill path (tiles) and the split-KV path on the same tokens: both against the twin
+// (tolerance on hi + lo), and against each other BITWISE (the decode = prefill contract).
+void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint64_t seed) {
+  const int slots = static_cast<int>(lens.size());
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end()) + 3;
+  std::vector<int32_t> slot, pos;  // every slot's full causal prefill, slots interleaved in blocks
+  for (int s = 0; s < slots; ++s)
+    for (int p = 0; p < lens[s]; ++p) slot.push_back(s), pos.push_back(p);
+  const int64_t T = slot.size();
+  const size_t cache_n = slots * max_len * nkv * hd;
+  const std::vector<float> q = rand_f32(T * nh * hd, seed, 0.5f);
+  std::vector<uint16_t> kc = rand_bf16(cache_n, seed + 1), vc = rand_bf16(cache_n, seed + 2);
+  // Keys past a slot's length hold NaN: they must never be read into a result.
+  for (int s = 0; s < slots; ++s)
+    for (int64_t j = lens[s]; j < max_len; ++j)
+      for (int c = 0; c < nkv * hd; ++c) kc[(s * max_len + j) * nkv * hd + c] = vc[(s * max_len + j) * nkv * hd + c] = 0x7fc0;
+  const std::vector<int32_t> tiles = moesq::ops::attention_tiles(slot.data(), pos.data(), T, nh, nkv);
+  DevBuf<float> dq(q), dpart(moesq::ops::attention_partial_floats(T, nh, hd, max_len));
+  DevBuf<uint16_t> dk(kc), dv(vc), dout(T * nh * hd), dlo(T * nh * hd), dout2(T * nh * hd), dlo2(T * nh * hd);
+  DevBuf<int32_t> dslot(slot), dpos(pos), dtiles(tiles);
+  moesq::ops::AttentionArgs a;
+  a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p, a.out_lo = dlo.p;
+  a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
+  a.tiles = dtiles.p, a.n_tiles = static_cast<int64_t>(tiles.size() / 2);
+  moesq::ops::attention(a, nullptr);
+  a.tiles = nullptr, a.n_tiles = 0, a.partial = dpart.p, a.out = dout2.p, a.out_lo = dlo2.p;
+  moesq::ops::attention(a, nullptr);
+  // The last token alone through the split path: same bits as inside the batch.
+  moesq::ops::AttentionArgs one = a;
+  DevBuf<uint16_t> dout3(nh * hd), dlo3(nh * hd);
+  one.q = dq.p + (T - 1) * nh * hd, one.tok_slot = dslot.p + T - 1, one.tok_pos = dpos.p + T - 1, one.T = 1;
+  one.out = dout3.p, one.out_lo = dlo3.p;
+  moesq::ops::attention(one, nullptr);
+  std::vector<uint16_t> ro(T * nh * hd), rlo(T * nh * hd);
+  moesq::ops::AttentionArgs r = a;
+  r.q = q.data(), r.k_cache = kc.data(), r.v_cache = vc.data(), r.tok_slot = slot.data(), r.tok_pos = pos.data();
+  r.out = ro.data(), r.out_lo = rlo.data(), r.partial = nullptr;
+  moesq::ops::attention_ref(r);
+  const auto go = dout.download(), gl = dlo.download(), so = dout2.download(), sl = dlo2.download();
+  const auto oo = dout3.download(), ol = dlo3.download();
+  double worst = 0.0;
+  for (size_t i = 0; i < ro.size(); ++i) {
+    ASSERT_EQ(go[i], so[i]) << "prefill vs split-KV bits differ: hd=" << hd << " G=" << nh / nkv << " token " << i / (nh * hd)
+                            << " head " << (i / hd) % nh << " elem " << i % hd;
+    ASSERT_EQ(gl[i], sl[i]) << "prefill vs split-KV lo bits differ, hd=" << hd << " token " << i / (nh * hd);
+    const float g = moesq::bf16_to_f32(go[i]) + moesq::bf16_to_f32(gl[i]);
+    const float e = moesq::bf16_to_f32(ro[i]) + moesq::bf16_to_f32(rlo[i]);
+    ASSERT_TRUE(std::isfinite(g)) << "non-finite output (a NaN key past the length was read?) index " << i;
+    worst = std::max(worst, std::fabs(g - e) / (kAttnTcAtol + kAttnTcRtol * std::fabs(e)));
   }
+  for (int i = 0; i < nh * hd; ++i) {
+    ASSERT_EQ(oo[i], so[(T - 1) * nh * hd + i]) << "token alone vs in batch, elem " << i;
+    ASSERT_EQ(ol[i], sl[(T - 1) * nh * hd + i]) << "token alone vs in batch (lo), elem " << i;
+  }
+  EXPECT_LE(worst, 1.0) << "hd=" << hd << " nh=" << nh << " nkv=" << nkv << " (error / tolerance)";
+  // Position 0 attends to exactly one key: the output is that key's v row, exactly.
+  for (int h = 0; h < nh; ++h)
+    for (int c = 0; c < hd; ++c)
+      EXPECT_EQ(go[h * hd + c], vc[(h / (nh / nkv)) * hd + c]) << "single-key case, head " << h << " elem " << c;
+}
+
+TEST(EngineOps, AttentionPrefillSplitAndRef) {
+  // Lengths around the 64-key chunk edges; G = nh / nkv of the tiny fixture (2), Qwen3-30B (8), -235B (16).
+  check_attention(64, 4, 2, {1, 63, 64, 65, 130}, 11);
+  check_attention(128, 32, 4, {200, 1, 129, 64}, 12);
+  check_attention(128, 16, 1, {70, 3}, 13);
+  check_attention(64, 8, 8, {33, 97}, 14);
+}
+
+TEST(EngineOps, AttentionRefusesUnbuiltShapes) {
+  moesq::ops::AttentionArgs a;
+  a.T = 1, a.nh = 4, a.nkv = 4, a.hd = 96, a.max_len = 8;
+  EXPECT_THROW(moesq::ops::attention_check(a), moesq::Error);
+  a.hd = 64, a.nh = 12, a.nkv = 4;  // G = 3
+  EXPECT_THROW(moesq::ops::attention_check(a), moesq::Error);
 }
 
 TEST(EngineOps, RouterTopkMatchesRef) {

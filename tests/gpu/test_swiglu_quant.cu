@@ -136,6 +136,50 @@ TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
     }
 }
 
+// fp32 gate|up input (h_f32, the engine's path): with gates ≥ 17 silu(g)·u = g·u exactly, so the
+// quantized output must equal act_quant_row_f32_ref of the fp32 row (no bf16 rounding before the codes)
+// bitwise, and the W4A16 output the bf16 rounding of that row.
+TEST(SwigluQuant, Fp32InputMatchesFp32RowQuantizer) {
+  std::mt19937 rng(77);
+  const int E = 3, cap = 5;
+  const int64_t I = 768, I_pad = padded_k(I);
+  const std::vector<int32_t> counts = {5, 0, 2};
+  std::vector<float> h(static_cast<size_t>(E) * cap * 2 * I);
+  std::uniform_real_distribution<float> gd(17.0f, 40.0f);
+  std::normal_distribution<float> ud(0.0f, 1.0f);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = (i / I) % 2 == 0 ? gd(rng) : ud(rng);
+  for (bool quantize : {true, false})
+    for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor}) {
+      DevBuf<float> d_h(h), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+      DevBuf<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
+      DevBuf<int32_t> d_counts(counts);
+      cuda::SwigluQuantArgs a;
+      a.h_f32 = d_h.p, a.counts = d_counts.p, a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
+      a.quantize = quantize, a.layout = layout, a.out = d_out.p, a.inv_scale = d_inv.p;
+      cuda::swiglu_quant(a, nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = d_out.download();
+      const auto inv = d_inv.download();
+      for (int e = 0; e < E; ++e)
+        for (int s = 0; s < counts[e]; ++s) {
+          const size_t gs = static_cast<size_t>(e) * cap + s;
+          std::vector<float> row(I);
+          for (int64_t i = 0; i < I; ++i) row[i] = h[gs * 2 * I + i] * h[gs * 2 * I + I + i];
+          std::vector<uint16_t> want(I_pad, 0);
+          float want_inv = 1.0f;
+          if (quantize) {
+            act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv, layout);
+          } else {
+            for (int64_t i = 0; i < I; ++i) want[act_storage_index(i, layout)] = f32_to_bf16(row[i]);
+          }
+          ASSERT_EQ(inv[gs], want_inv) << "expert " << e << " slot " << s;
+          for (int64_t k = 0; k < I_pad; ++k)
+            ASSERT_EQ(out[gs * I_pad + k], want[k]) << "quantize=" << quantize << " " << act_layout_name(layout)
+                                                    << " expert " << e << " slot " << s << " storage index " << k;
+        }
+    }
+}
+
 TEST(SwigluQuant, RejectsUnknownLayout) {
   cuda::SwigluQuantArgs s;
   s.I = 64;

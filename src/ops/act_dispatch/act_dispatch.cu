@@ -15,7 +15,9 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) {
-  extern __shared__ uint16_t s_row[];  // [K] bf16 token row
+  extern __shared__ __align__(16) unsigned char s_raw[];  // [K] bf16 token row, or [K] fp32 (x_lo given)
+  uint16_t* s_row = reinterpret_cast<uint16_t*>(s_raw);
+  float* s_rowf = reinterpret_cast<float*>(s_raw);
   __shared__ float s_red[32];
   __shared__ int s_slot;
   const int64_t r = blockIdx.x;
@@ -23,13 +25,24 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
   if (e < 0 || e >= a.num_experts) return;  // invalid ids are the caller's bug; never write out of range
   if (threadIdx.x == 0) s_slot = atomicAdd(&a.counts[e], 1);
   const uint16_t* src = a.x + (r / a.topk) * a.K;
-  for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) s_row[k] = src[k];
+  const bool f32 = a.x_lo != nullptr && a.quantize;
+  if (f32) {
+    const uint16_t* lo = a.x_lo + (r / a.topk) * a.K;
+    for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x)
+      s_rowf[k] = __fadd_rn(detail::bf16_bits_to_f32(src[k]), detail::bf16_bits_to_f32(lo[k]));
+  } else {
+    for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) s_row[k] = src[k];
+  }
   __syncthreads();
   const int slot = s_slot;
   if (slot >= a.capacity) return;  // dropped route: counted, not stored
   const int64_t s = static_cast<int64_t>(e) * a.capacity + slot;
   if (threadIdx.x == 0) a.route_of_slot[s] = static_cast<int32_t>(r);
-  detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
+  if (f32)
+    detail::quantize_row_to_kernel_layout(s_rowf, static_cast<int>(a.K), static_cast<int>(a.K_pad), true,
+                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+  else
+    detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
                                         a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
 }
 
@@ -44,7 +57,7 @@ void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
               "act_dispatch: unknown ActLayout ", static_cast<int>(a.layout));
   MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
   if (a.T == 0) return;
-  const size_t smem = sizeof(uint16_t) * a.K;
+  const size_t smem = (a.x_lo && a.quantize ? sizeof(float) : sizeof(uint16_t)) * a.K;
   if (smem > 48 * 1024)
     MOESQ_CUDA_CHECK(cudaFuncSetAttribute(act_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));

@@ -22,6 +22,10 @@ namespace moesq::cuda {
 
 struct DispatchArgs {
   const uint16_t* x = nullptr;         // [T, K] bf16 token rows, logical K order
+  // [T, K] bf16 residues (x + x_lo ≈ the fp32 row, ~16 significant bits), or nullptr. With quantize,
+  // the row x + x_lo is quantized in fp32 (the CPU W4A4 forward quantizes fp32 rows: bf16 input
+  // rounding flips E2M1/UE4M3 codes, measured in bench/NOTES.md e2e v4).
+  const uint16_t* x_lo = nullptr;
   const int32_t* topk_ids = nullptr;   // [T, topk] expert ids in [0, E)
   int64_t T = 0;
   int topk = 0;

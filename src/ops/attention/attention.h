@@ -1,14 +1,21 @@
 // Launcher: causal GQA attention of query rows over the bf16 KV cache, prefill and decode alike:
 // token t (sequence slot s_t, position p_t) attends to keys 0..p_t of slot s_t, query head h reads
 // kv head h / (nh / nkv), scores · scale, fp32 softmax. Prefill appends all keys first (qk_rope),
-// so a causal prefill and a decode step are the same call with different (slot, position) lists.
-// CPU twin: attention_ref (same online-softmax order; expf differs by ulps, so a tolerance).
+// so a causal prefill and a decode step attend over the same cache. Tensor cores: mma.sync
+// m16n8k16 bf16 → fp32; the fp32 q and the fp32 probabilities enter as bf16 hi + lo pairs (two MMAs),
+// so scores and P·V keep ≈ 16 significant bits of their fp32 inputs. CPU twin: attention_ref.
 //
-// Non-obvious decision: one CTA per (token, head); its 16 warps take contiguous key chunks whose
-// bounds depend on the token's position alone, and merge in warp order: a row's arithmetic never
-// depends on the batch (deterministic mode), and a decode step equals the prefill at that position.
+// Non-obvious decision (batch invariance, decode = prefill bitwise): a row's keys are cut into
+// fixed chunks of kAttnChunk keys by ABSOLUTE key index (never by batch, T or other sequences).
+// Per chunk c the same device code computes the partial (m_c = max score, l_c = Σ exp(s − m_c),
+// o_c = Σ exp(s − m_c)·v) on one warp's 16-row tile, and the partials are merged in ascending c by
+// one merge function (attention.cu): the split-KV decode path writes the partials to `partial` and a
+// combine kernel merges them; the prefill path (FlashAttention-2 style, 4 warps share K/V chunks)
+// merges them in registers. Same operations in the same order, so a row's bits are the same in both
+// paths and in any batch (deterministic mode, DESIGN.md §6).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #ifdef __CUDACC__
 #include <cuda_runtime_api.h>
@@ -17,6 +24,9 @@ typedef struct CUstream_st* cudaStream_t;
 #endif
 
 namespace moesq::ops {
+
+constexpr int kAttnChunk = 64;  // keys per chunk (split-KV unit), fixed: the batch-invariance contract
+constexpr int kAttnTileRows = 64;  // query rows per prefill CTA (4 warps × 16)
 
 struct AttentionArgs {
   const float* q = nullptr;          // [T, nh, hd] fp32 (normalized, rotated)
@@ -27,13 +37,26 @@ struct AttentionArgs {
   uint16_t* out = nullptr;           // [T, nh·hd] bf16 (o_proj input)
   uint16_t* out_lo = nullptr;        // [T, nh·hd] bf16 rounding residue of out, or nullptr
   int64_t T = 0;
-  int nh = 0, nkv = 0, hd = 0;       // hd % 32 == 0, hd ≤ 256
+  int nh = 0, nkv = 0, hd = 0;       // hd ∈ {64, 128}; nh / nkv ∈ {1, 2, 4, 8, 16}
   int64_t max_len = 0;
   float scale = 1.0f;                // 1/sqrt(hd)
+  // Prefill path: tiles [n_tiles, 2] = (first token, token count) from attention_tiles (device copy).
+  const int32_t* tiles = nullptr;
+  int64_t n_tiles = 0;
+  // Split-KV (decode) path: fp32 workspace of attention_partial_floats(T, nh, hd, max_len) values.
+  float* partial = nullptr;
 };
 
+// Prefill (tiles given) or split-KV decode (partial given); exactly one of the two. Errors: shapes
+// not built (naming the built ones), bad sizes, neither/both paths.
 void attention(const AttentionArgs& args, cudaStream_t stream);
-void attention_ref(const AttentionArgs& args);  // host pointers
+// Plain loops over host pointers, the same chunks and merge order in fp32 with std::exp.
+void attention_ref(const AttentionArgs& args);
 void attention_check(const AttentionArgs& args);
+// Floats of the split-KV workspace for T tokens: T · nh · ⌈max_len / kAttnChunk⌉ · (hd + 2).
+size_t attention_partial_floats(int64_t T, int nh, int hd, int64_t max_len);
+// Host: tiles of consecutive tokens of one slot with consecutive positions, at most
+// kAttnTileRows / (nh / nkv) tokens each, as (first token, count) pairs. Errors: bad heads.
+std::vector<int32_t> attention_tiles(const int32_t* tok_slot, const int32_t* tok_pos, int64_t T, int nh, int nkv);
 
 }  // namespace moesq::ops

@@ -1,4 +1,6 @@
-// CPU twin of ops::attention: per (token, head) online softmax over the kernel's 16 key chunks, merged in order.
+// CPU twin of ops::attention (attention.h): per (token, head), chunks of kAttnChunk keys by absolute
+// key index, each chunk's (max, Σ exp, Σ exp·v) in fp32, merged in ascending chunk order with the
+// kernel's merge formula. fp32 q (the kernel: bf16 hi + lo), std::exp (the kernel: __expf).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -9,54 +11,82 @@
 
 namespace moesq::ops {
 
+namespace {
+int group_of(const AttentionArgs& a) { return a.nh / a.nkv; }
+}  // namespace
+
 void attention_check(const AttentionArgs& a) {
   MOESQ_CHECK(a.T >= 0 && a.nh > 0 && a.nkv > 0 && a.nh % a.nkv == 0, "attention: bad heads nh=", a.nh,
               " nkv=", a.nkv);
-  MOESQ_CHECK(a.hd > 0 && a.hd % 32 == 0 && a.hd <= 256, "attention: head_dim ", a.hd,
-              " not supported (a multiple of 32, at most 256)");
+  const int g = group_of(a);
+  MOESQ_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16, "attention: ", g,
+              " query heads per kv head not built (built: 1, 2, 4, 8, 16)");
+  MOESQ_CHECK(a.hd == 64 || a.hd == 128, "attention: head_dim ", a.hd, " not built (built: 64, 128)");
   MOESQ_CHECK(a.max_len > 0, "attention: max_len must be > 0");
+}
+
+size_t attention_partial_floats(int64_t T, int nh, int hd, int64_t max_len) {
+  const int64_t chunks = (max_len + kAttnChunk - 1) / kAttnChunk;
+  return static_cast<size_t>(std::max<int64_t>(T, 1)) * nh * chunks * (hd + 2);
+}
+
+std::vector<int32_t> attention_tiles(const int32_t* tok_slot, const int32_t* tok_pos, int64_t T, int nh, int nkv) {
+  MOESQ_CHECK(nh > 0 && nkv > 0 && nh % nkv == 0 && nh / nkv <= kAttnTileRows, "attention_tiles: bad heads nh=", nh,
+              " nkv=", nkv);
+  const int per_tile = kAttnTileRows / (nh / nkv);
+  std::vector<int32_t> tiles;
+  for (int64_t t = 0; t < T; ++t) {
+    const bool extend = !tiles.empty() && tiles.back() < per_tile && tok_slot[t] == tok_slot[t - 1] &&
+                        tok_pos[t] == tok_pos[t - 1] + 1;
+    if (extend) {
+      ++tiles.back();
+    } else {
+      tiles.push_back(static_cast<int32_t>(t));
+      tiles.push_back(1);
+    }
+  }
+  return tiles;
 }
 
 void attention_ref(const AttentionArgs& a) {
   attention_check(a);
-  const int group = a.nh / a.nkv;
+  const int group = group_of(a);
+  std::vector<float> s(kAttnChunk), oc(a.hd), O(a.hd);
   for (int64_t t = 0; t < a.T; ++t) {
     const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "attention: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
     for (int h = 0; h < a.nh; ++h) {
       const float* q = a.q + (t * a.nh + h) * a.hd;
       const int kv = h / group;
-      // The kernel's split: 16 contiguous chunks of ⌈(pos+1)/8⌉ keys, merged in chunk order.
-      constexpr int kChunks = 16;
-      const int64_t chunk = (pos + kChunks) / kChunks;
-      float cm[kChunks], cl[kChunks];
-      std::vector<std::vector<float>> co(kChunks, std::vector<float>(a.hd, 0.0f));
-      for (int w = 0; w < kChunks; ++w) {
-        float m = -INFINITY, l = 0.0f;
-        for (int64_t j = w * chunk; j < std::min(pos + 1, (w + 1) * chunk); ++j) {
-          const uint16_t* k = a.k_cache + ((slot * a.max_len + j) * a.nkv + kv) * a.hd;
-          const uint16_t* v = a.v_cache + ((slot * a.max_len + j) * a.nkv + kv) * a.hd;
+      float M = -INFINITY, L = 0.0f;
+      std::fill(O.begin(), O.end(), 0.0f);
+      for (int64_t c0 = 0; c0 <= pos; c0 += kAttnChunk) {
+        const int64_t n = std::min<int64_t>(kAttnChunk, pos + 1 - c0);
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const uint16_t* k = a.k_cache + ((slot * a.max_len + c0 + j) * a.nkv + kv) * a.hd;
           float d = 0.0f;
           for (int c = 0; c < a.hd; ++c) d += q[c] * bf16_to_f32(k[c]);
-          const float s = d * a.scale;
-          const float m_new = std::max(m, s);
-          const float corr = std::exp(m - m_new), p = std::exp(s - m_new);
-          l = l * corr + p;
-          for (int c = 0; c < a.hd; ++c) co[w][c] = co[w][c] * corr + p * bf16_to_f32(v[c]);
-          m = m_new;
+          s[j] = d * a.scale;
+          m = std::max(m, s[j]);
         }
-        cm[w] = m, cl[w] = l;
-      }
-      float M = cm[0], L = 0.0f, f[kChunks];
-      for (int w = 1; w < kChunks; ++w) M = std::max(M, cm[w]);
-      for (int w = 0; w < kChunks; ++w) {
-        f[w] = cl[w] > 0.0f ? std::exp(cm[w] - M) : 0.0f;
-        L += cl[w] * f[w];
+        float l = 0.0f;
+        std::fill(oc.begin(), oc.end(), 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = std::exp(s[j] - m);
+          l += p;
+          const uint16_t* v = a.v_cache + ((slot * a.max_len + c0 + j) * a.nkv + kv) * a.hd;
+          for (int c = 0; c < a.hd; ++c) oc[c] += p * bf16_to_f32(v[c]);
+        }
+        // The kernel's merge (attention.cu merge_weights): first chunk taken as is.
+        const float Mn = std::max(M, m);
+        const float wa = L == 0.0f ? 0.0f : std::exp(M - Mn), wb = std::exp(m - Mn);
+        L = L * wa + l * wb;
+        for (int c = 0; c < a.hd; ++c) O[c] = O[c] * wa + oc[c] * wb;
+        M = Mn;
       }
       for (int c = 0; c < a.hd; ++c) {
-        float acc = 0.0f;
-        for (int w = 0; w < kChunks; ++w) acc += co[w][c] * f[w];
-        const float o = acc / L;
+        const float o = O[c] / L;
         a.out[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o);
         if (a.out_lo) a.out_lo[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o - bf16_to_f32(f32_to_bf16(o)));
       }

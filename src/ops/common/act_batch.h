@@ -34,6 +34,10 @@ struct ActBatch {
 void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
                        ActLayout layout = ActLayout::kMmaFragment);
 
+// The same NVFP4 quantizer on an fp32 row (the fp32-input paths of act_dispatch / swiglu_quant).
+void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale,
+                           ActLayout layout = ActLayout::kMmaFragment);
+
 // An all-empty batch of E experts × capacity slots for rows of K values in `layout`: x zero, 1/γ_a = 1,
 // counts 0, no routes.
 ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, ActLayout layout);

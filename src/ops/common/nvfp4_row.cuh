@@ -80,11 +80,17 @@ __device__ __forceinline__ float block_max(float v, float* s_red) {
   return v;
 }
 
+// A row value as fp32: bf16 bits or fp32 (the fp32-input quantizer of the W4A4 engine path).
+__device__ __forceinline__ float row_value(const uint16_t* row, int k) { return bf16_bits_to_f32(row[k]); }
+__device__ __forceinline__ float row_value(const float* row, int k) { return row[k]; }
+__device__ __forceinline__ uint16_t row_bf16(const uint16_t* row, int k) { return row[k]; }
+__device__ __forceinline__ uint16_t row_bf16(const float* row, int k) { return __bfloat16_as_ushort(__float2bfloat16_rn(row[k])); }
+
 // One 32-wide k-step starting at logical column k0 of s_row → out[k0, k0+32) in layout kLayout, as
 // four 16-byte stores. The layout is a template value so that every index into v[] is a compile-time
 // constant and v stays in registers.
-template <int kLayout>
-__device__ __forceinline__ void quantize_step(const uint16_t* s_row, int k0, int K, bool quantize, float gamma,
+template <int kLayout, typename Row>
+__device__ __forceinline__ void quantize_step(const Row* s_row, int k0, int K, bool quantize, float gamma,
                                               uint16_t* out) {
   uint16_t v[kActBlock];
   if (k0 >= K) {
@@ -92,16 +98,16 @@ __device__ __forceinline__ void quantize_step(const uint16_t* s_row, int k0, int
     for (int j = 0; j < kActBlock; ++j) v[j] = 0;
   } else if (!quantize) {
 #pragma unroll
-    for (int j = 0; j < kActBlock; ++j) v[act_storage_in_step(j, kLayout)] = s_row[k0 + j];
+    for (int j = 0; j < kActBlock; ++j) v[act_storage_in_step(j, kLayout)] = row_bf16(s_row, k0 + j);
   } else {
     float bmax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kActBlock; ++j) bmax = fmaxf(bmax, fabsf(bf16_bits_to_f32(s_row[k0 + j])));
+    for (int j = 0; j < kActBlock; ++j) bmax = fmaxf(bmax, fabsf(row_value(s_row, k0 + j)));
     const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
     const float mult = s > 0.0f ? gamma / s : 0.0f;
 #pragma unroll
     for (int j = 0; j < kActBlock; ++j) {
-      const uint32_t q = s > 0.0f ? e2m1_encode(bf16_bits_to_f32(s_row[k0 + j]) * mult) : 0u;
+      const uint32_t q = s > 0.0f ? e2m1_encode(row_value(s_row, k0 + j) * mult) : 0u;
       // dec(q)·s has ≤ 6 significant bits: exact in bf16, so the truncating move below is exact.
       v[act_storage_in_step(j, kLayout)] = static_cast<uint16_t>(__float_as_uint(e2m1_decode(q) * s) >> 16);
     }
@@ -118,17 +124,19 @@ __device__ __forceinline__ void quantize_step(const uint16_t* s_row, int k0, int
   }
 }
 
-// Row s_row [K] (bf16 bits, logical order, shared memory) → out [K_pad] (global, 16-byte aligned) in
+// Row s_row [K] (bf16 bits or fp32, logical order, shared memory; fp32 rows are rounded to bf16
+// only on the !quantize path) → out [K_pad] (global, 16-byte aligned) in
 // the K order `layout` (kActLayoutMmaFragment or kActLayoutKMajor). Each thread owns whole 32-wide
 // k-steps and writes one 16-byte store per 8 values in either layout: both only permute inside a step.
 // quantize: NVFP4 decoded values dec(q)·dec(c) and *inv_scale = 1/γ_a; else the bf16 values and 1.
 // All threads of the block must call it. s_red: 32 floats of shared scratch.
-__device__ inline void quantize_row_to_kernel_layout(const uint16_t* s_row, int K, int K_pad, bool quantize,
+template <typename Row>
+__device__ inline void quantize_row_to_kernel_layout(const Row* s_row, int K, int K_pad, bool quantize,
                                                      uint16_t* out, float* inv_scale, float* s_red, int layout) {
   float gamma = 1.0f;
   if (quantize) {
     float amax = 0.0f;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(bf16_bits_to_f32(s_row[k])));
+    for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(row_value(s_row, k)));
     amax = block_max(amax, s_red);
     if (amax > 0.0f) {
       gamma = 2688.0f / amax;  // Eq. 5: 448·6 / amax

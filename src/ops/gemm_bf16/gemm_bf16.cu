@@ -1,6 +1,7 @@
 // Batch-invariant grouped bf16 GEMM (gemm_bf16.h). A CTA of 4 warps owns a 64×64 output tile of one
 // group; K advances in 64-wide tiles staged in shared memory (zero-filled past M, N and the group's
-// count); each warp holds 2×2 wmma m16n16k16 fp32 accumulators. No split-K: the reduction order of
+// count); each warp holds 2×2 wmma m16n16k16 fp32 accumulators. Optional split-K with slices fixed by K
+// alone (split_ws; gemm_bf16_split_reduce adds them in slice order). Without it: the reduction order of
 // an element is fixed by K alone (see the header).
 #include "ops/gemm_bf16/gemm_bf16.h"
 
@@ -20,13 +21,20 @@ constexpr int kVecPerThread = kGemmBlockM * kGemmBlockK / 8 / kThreads;  // 16-b
 static_assert(kGemmBlockM == kGemmBlockN && kVecPerThread * kThreads * 8 == kGemmBlockM * kGemmBlockK,
               "the tile loader assumes square M/N tiles split evenly over the threads");
 
-__global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
+// K range [k_begin, k_end) (the whole K without split). part != nullptr: raw fp32 tile sums to
+// part [M, N] (split slice), no epilogue.
+__global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a, int64_t k_begin, int64_t k_end, float* part) {
   using namespace nvcuda;
   __shared__ __align__(128) uint16_t s_x[kGemmBlockM * kLds];  // [BLOCK_M, BLOCK_K + pad]
   __shared__ __align__(128) uint16_t s_w[kGemmBlockN * kLds];  // [BLOCK_N, BLOCK_K + pad]
   __shared__ __align__(128) uint16_t s_xl[kGemmBlockM * kLds]; // [BLOCK_M, BLOCK_K + pad] x_lo tile
   __shared__ __align__(128) float s_y[kGemmBlockM * kGemmBlockN];  // [BLOCK_M, BLOCK_N] epilogue stage
-  const int g = blockIdx.z;
+  const int g = part ? 0 : blockIdx.z;
+  if (part) {  // split slice blockIdx.z: K range [z·kGemmSplitK, min(K, (z + 1)·kGemmSplitK))
+    part += static_cast<int64_t>(blockIdx.z) * a.M * a.N;
+    k_begin = static_cast<int64_t>(blockIdx.z) * kGemmSplitK;
+    k_end = min(a.K, k_begin + kGemmSplitK);
+  }
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGemmBlockM, n0 = static_cast<int64_t>(blockIdx.x) * kGemmBlockN;
   if (m0 >= rows) return;
@@ -37,14 +45,14 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  for (int64_t k0 = 0; k0 < a.K; k0 += kGemmBlockK) {
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kGemmBlockK) {
     // All global loads of the tile first (kVecPerThread × 3 in flight), then the shared stores.
     uint4 xv[kVecPerThread], wv[kVecPerThread], lv[kVecPerThread];
 #pragma unroll
     for (int i = 0; i < kVecPerThread; ++i) {
       const int v = threadIdx.x + i * kThreads;
       const int r = v / (kGemmBlockK / 8), c = (v % (kGemmBlockK / 8)) * 8;
-      const bool kin = k0 + c < a.K;
+      const bool kin = k0 + c < k_end;
       xv[i] = wv[i] = lv[i] = make_uint4(0, 0, 0, 0);
       if (m0 + r < rows && kin) xv[i] = *reinterpret_cast<const uint4*>(x + (m0 + r) * a.K + k0 + c);
       if (n0 + r < a.N && kin) wv[i] = *reinterpret_cast<const uint4*>(w + (n0 + r) * a.K + k0 + c);
@@ -88,11 +96,24 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a) {
     if (m0 + r >= rows || n0 + c >= a.N) continue;
     const int64_t o = (static_cast<int64_t>(g) * a.M + m0 + r) * a.ldy + n0 + c;
     const float val = s_y[v];
-    if (a.y_f32)
+    if (part)
+      part[(m0 + r) * a.N + n0 + c] = val;
+    else if (a.y_f32)
       a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
     else
       a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
   }
+}
+
+// y[m, n] = (accumulate ? y : 0) + Σ_s part[s, m, n], s ascending (fixed order).
+__global__ void gemm_bf16_split_reduce(GemmBf16Args a, const float* part, int slices) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.M * a.N) return;
+  const int64_t m = i / a.N, n = i % a.N;
+  float acc = part[i];
+  for (int s = 1; s < slices; ++s) acc = __fadd_rn(acc, part[s * a.M * a.N + i]);
+  float* y = a.y_f32 + m * a.ldy + n;
+  *y = a.accumulate ? __fadd_rn(*y, acc) : acc;
 }
 
 }  // namespace
@@ -103,7 +124,19 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.N + kGemmBlockN - 1) / kGemmBlockN),
                   static_cast<unsigned>((a.M + kGemmBlockM - 1) / kGemmBlockM), static_cast<unsigned>(a.groups));
   MOESQ_CHECK(grid.y <= 65535 && grid.z <= 65535, "gemm_bf16: M=", a.M, " or G=", a.groups, " too large for the grid");
-  gemm_bf16_kernel<<<grid, kThreads, 0, stream>>>(a);
+  if (a.split_ws) {
+    static_assert(kGemmSplitK % kGemmBlockK == 0, "split slices must hold whole K tiles");
+    const int slices = static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK);
+    MOESQ_CHECK(slices <= 65535, "gemm_bf16: K=", a.K, " too many split slices");
+    const dim3 sgrid(grid.x, grid.y, static_cast<unsigned>(slices));  // blockIdx.z = slice
+    gemm_bf16_kernel<<<sgrid, kThreads, 0, stream>>>(a, 0, 0, a.split_ws);
+    MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel (split)");
+    const int64_t n = a.M * a.N;
+    gemm_bf16_split_reduce<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(a, a.split_ws, slices);
+    MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_split_reduce");
+    return;
+  }
+  gemm_bf16_kernel<<<grid, kThreads, 0, stream>>>(a, 0, a.K, nullptr);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel");
 }
 

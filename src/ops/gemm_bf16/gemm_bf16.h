@@ -2,13 +2,14 @@
 // accumulation on the tensor cores. Used for the attention projections, the router, the lm_head and
 // the dense (bf16) expert backend. CPU twin: gemm_bf16_ref (same descriptor, host pointers).
 //
-// Non-obvious decision: ONE tile config (64×64×64, no split-K) for every shape, so an output row's
+// Non-obvious decision: ONE tile config (64×64×64; split-K only by the K-fixed slices of split_ws) for every shape, so an output row's
 // reduction order — one chain of k16 tensor-core MMAs in ascending K (hi then lo) — depends on K
 // alone, never on M, N or the other rows of the batch: a token's bits are independent of batch
 // composition (deterministic mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it.
 // With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
 // on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -30,9 +31,17 @@ struct GemmBf16Args {
   int groups = 1;
   int64_t M = 0, N = 0, K = 0;    // K % 8 == 0
   int64_t ldy = 0;                // ≥ N
+  // Fixed split-K (groups == 1, y_f32 only): K is cut into ⌈K / kGemmSplitK⌉ slices — a function of K
+  // alone — each slice's product goes to split_ws [slices, M, N] fp32 and a second kernel adds the
+  // slices in ascending order (then the old y when accumulate). Same bits for a row at any M, so the
+  // split stays batch-invariant; it multiplies the CTAs of a small-M, small-N GEMM by the slice count.
+  // Callers must use it for EVERY call of a given GEMM (prefill and decode) to keep one reduction order.
+  float* split_ws = nullptr;      // ≥ gemm_bf16_split_floats(M, N, K) floats, or nullptr (no split)
 };
 
 constexpr int kGemmBlockM = 64, kGemmBlockN = 64, kGemmBlockK = 64;
+constexpr int64_t kGemmSplitK = 512;  // K per split slice (a multiple of kGemmBlockK)
+size_t gemm_bf16_split_floats(int64_t M, int64_t N, int64_t K);
 
 // Errors: K not a multiple of 8, ldy < N, not exactly one output, bad sizes.
 void gemm_bf16(const GemmBf16Args& args, cudaStream_t stream);

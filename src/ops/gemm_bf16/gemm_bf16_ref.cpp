@@ -16,6 +16,11 @@ void gemm_bf16_check(const GemmBf16Args& a) {
   MOESQ_CHECK((a.y_f32 != nullptr) != (a.y_bf16 != nullptr), "gemm_bf16: give exactly one of y_f32, y_bf16");
   MOESQ_CHECK(!a.accumulate || a.y_f32, "gemm_bf16: accumulate needs the fp32 output");
   MOESQ_CHECK(a.x && a.w, "gemm_bf16: null input");
+  MOESQ_CHECK(!a.split_ws || (a.groups == 1 && a.y_f32 && !a.counts), "gemm_bf16: split_ws needs groups == 1, y_f32 and no counts");
+}
+
+size_t gemm_bf16_split_floats(int64_t M, int64_t N, int64_t K) {
+  return static_cast<size_t>((K + kGemmSplitK - 1) / kGemmSplitK) * std::max<int64_t>(M, 1) * N;
 }
 
 void gemm_bf16_ref(const GemmBf16Args& a) {

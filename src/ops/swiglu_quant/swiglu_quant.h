@@ -25,7 +25,10 @@ ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int c
 namespace moesq::cuda {
 
 struct SwigluQuantArgs {
-  const uint16_t* h = nullptr;       // [E, capacity, 2I] bf16 gate|up
+  const uint16_t* h = nullptr;       // [E, capacity, 2I] bf16 gate|up, or nullptr when h_f32 is given
+  // [E, capacity, 2I] fp32 gate|up (the GEMM's fp32 output), or nullptr. With quantize, silu(g)·u
+  // stays fp32 into the quantizer, as in the CPU W4A4 forward (no bf16 rounding before the codes).
+  const float* h_f32 = nullptr;
   const int32_t* counts = nullptr;   // [E] device token counts (clamped to capacity here)
   int num_experts = 0, capacity = 0;
   int64_t I = 0, I_pad = 0;          // I % 32 == 0; I_pad = moe::padded_k(I)

@@ -1,0 +1,85 @@
+// CPU tests of the attention twin (ops/attention): attention_ref's chunked softmax (64-key chunks
+// merged in order, the kernel's formula) against a plain two-pass fp64 softmax on fresh random inputs,
+// and the prefill tiling rule of attention_tiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/attention/attention.h"
+
+namespace {
+
+using namespace moesq;
+
+// fp32 chunk sums + merge vs fp64 two-pass: ~1e-6 relative on O(1) outputs; then bf16 hi + lo output.
+constexpr double kRefVsExactTol = 1e-5;
+
+TEST(AttentionRef, ChunkedMergeEqualsPlainSoftmax) {
+  const int nh = 4, nkv = 2, hd = 64;
+  const std::vector<int32_t> slot = {0, 0, 1, 1, 1}, pos = {0, 63, 64, 129, 200};
+  const int64_t T = slot.size(), max_len = 201;
+  std::mt19937_64 g(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> q(T * nh * hd);
+  for (auto& x : q) x = 0.7f * d(g);
+  std::vector<uint16_t> kc(2 * max_len * nkv * hd), vc(kc.size());
+  for (auto& x : kc) x = f32_to_bf16(d(g));
+  for (auto& x : vc) x = f32_to_bf16(d(g));
+  std::vector<uint16_t> out(T * nh * hd), lo(T * nh * hd);
+  ops::AttentionArgs a;
+  a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+  a.out = out.data(), a.out_lo = lo.data(), a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ops::attention_ref(a);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nh; ++h) {
+      const int kv = h / (nh / nkv);
+      std::vector<double> s(pos[t] + 1);
+      double mx = -1e300;
+      for (int j = 0; j <= pos[t]; ++j) {
+        double dot = 0.0;
+        for (int c = 0; c < hd; ++c)
+          dot += static_cast<double>(q[(t * nh + h) * hd + c]) *
+                 bf16_to_f32(kc[((slot[t] * max_len + j) * nkv + kv) * hd + c]);
+        s[j] = dot * a.scale;
+        mx = std::max(mx, s[j]);
+      }
+      double l = 0.0;
+      for (auto& x : s) l += (x = std::exp(x - mx));
+      for (int c = 0; c < hd; ++c) {
+        double o = 0.0;
+        for (int j = 0; j <= pos[t]; ++j) o += s[j] * bf16_to_f32(vc[((slot[t] * max_len + j) * nkv + kv) * hd + c]);
+        o /= l;
+        const size_t i = (t * nh + h) * hd + c;
+        const double got = static_cast<double>(bf16_to_f32(out[i])) + bf16_to_f32(lo[i]);
+        ASSERT_NEAR(got, o, kRefVsExactTol * (1.0 + std::fabs(o))) << "token " << t << " head " << h << " elem " << c;
+      }
+    }
+}
+
+TEST(AttentionTiles, SplitOnSlotGapAndSize) {
+  // G = 8 (32 / 4): at most 64 / 8 = 8 tokens per tile.
+  std::vector<int32_t> slot, pos;
+  for (int p = 0; p < 10; ++p) slot.push_back(0), pos.push_back(p);  // 10 → 8 + 2
+  slot.push_back(1), pos.push_back(5);                                // new slot
+  slot.push_back(1), pos.push_back(7);                                // position gap
+  slot.push_back(1), pos.push_back(8);
+  const std::vector<int32_t> t = ops::attention_tiles(slot.data(), pos.data(), slot.size(), 32, 4);
+  const std::vector<int32_t> want = {0, 8, 8, 2, 10, 1, 11, 2};
+  EXPECT_EQ(t, want);
+  EXPECT_THROW(ops::attention_tiles(slot.data(), pos.data(), slot.size(), 32, 5), Error);
+}
+
+TEST(AttentionRef, RefusesUnbuiltShapes) {
+  ops::AttentionArgs a;
+  a.T = 0, a.nh = 4, a.nkv = 4, a.hd = 96, a.max_len = 8;
+  EXPECT_THROW(ops::attention_ref(a), Error);
+  a.hd = 64, a.nh = 12, a.nkv = 4;
+  EXPECT_THROW(ops::attention_ref(a), Error);
+}
+
+}  // namespace
