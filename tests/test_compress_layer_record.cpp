@@ -11,6 +11,7 @@
 #include "compress/layer_record.h"
 #include "core/error.h"
 #include "format/nvfp4.h"
+#include "support/packed_weight_eq.h"
 
 namespace moesq::compress {
 namespace {
@@ -49,22 +50,6 @@ ExpertResult random_expert(int64_t layer, int64_t expert, bool sparse, std::mt19
   return x;
 }
 
-void expect_same(const format::PackedWeight& a, const format::PackedWeight& b, const std::string& what) {
-  ASSERT_EQ(a.is_sparse48(), b.is_sparse48()) << what;
-  EXPECT_EQ(a.N(), b.N()) << what;
-  EXPECT_EQ(a.K(), b.K()) << what;
-  const float ga = a.global_scale(), gb = b.global_scale();
-  EXPECT_EQ(std::memcmp(&ga, &gb, sizeof ga), 0) << what << ": global scale bits";
-  if (a.is_sparse48()) {
-    EXPECT_EQ(a.sparse48()->values, b.sparse48()->values) << what;
-    EXPECT_EQ(a.sparse48()->meta, b.sparse48()->meta) << what;
-    EXPECT_EQ(a.sparse48()->scales, b.sparse48()->scales) << what;
-  } else {
-    EXPECT_EQ(a.nvfp4()->values, b.nvfp4()->values) << what;
-    EXPECT_EQ(a.nvfp4()->scales, b.nvfp4()->scales) << what;
-  }
-}
-
 TEST(LayerRecord, RoundTripKeepsEveryBit) {
   std::mt19937 rng(11);
   for (bool sparse : {true, false}) {
@@ -90,7 +75,7 @@ TEST(LayerRecord, RoundTripKeepsEveryBit) {
       EXPECT_EQ(a.note, b.note) << what;
       // report.json is written from the decoded JSON: its text must be the original's.
       EXPECT_EQ(a.extra.dump(), b.extra.dump()) << what;
-      for (size_t p = 0; p < 3; ++p) expect_same(r.experts[i].packed.proj[p], d.experts[i].packed.proj[p], what);
+      for (size_t p = 0; p < 3; ++p) test::expect_same_bits(r.experts[i].packed.proj[p], d.experts[i].packed.proj[p], what);
     }
     EXPECT_EQ(encode_layer_record(d), bytes) << "re-encoding gives the same bytes";
   }

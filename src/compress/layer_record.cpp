@@ -75,46 +75,40 @@ class Reader {
 
 enum : uint8_t { kSparse48 = 1, kNvfp4 = 2 };
 
-void put_weight(Writer& w, const format::PackedWeight& p) {
-  if (const format::Sparse48Tensor* t = p.sparse48()) {
-    w.pod<uint8_t>(kSparse48);
-    w.pod<int64_t>(t->N);
-    w.pod<int64_t>(t->K);
-    w.pod<float>(t->global_scale);
-    w.bytes(t->values);
-    w.bytes(t->meta);
-    w.bytes(t->scales);
-  } else {
-    const format::Nvfp4Tensor* d = p.nvfp4();
-    w.pod<uint8_t>(kNvfp4);
-    w.pod<int64_t>(d->N);
-    w.pod<int64_t>(d->K);
-    w.pod<float>(d->global_scale);
-    w.bytes(d->values);
-    w.bytes(d->scales);
-  }
+// Both tensor kinds: kind, N, K, γ, values, [meta: 4:8 only], scales.
+template <typename Tensor>
+void put_tensor(Writer& w, uint8_t kind, const Tensor& t) {
+  w.pod<uint8_t>(kind);
+  w.pod<int64_t>(t.N);
+  w.pod<int64_t>(t.K);
+  w.pod<float>(t.global_scale);
+  w.bytes(t.values);
+  if constexpr (std::is_same_v<Tensor, format::Sparse48Tensor>) w.bytes(t.meta);
+  w.bytes(t.scales);
 }
 
-format::PackedWeight get_weight(Reader& r, const std::string& what) {
-  const uint8_t kind = r.pod<uint8_t>();
-  if (kind == kSparse48) {
-    format::Sparse48Tensor t;
-    t.N = r.pod<int64_t>();
-    t.K = r.pod<int64_t>();
-    t.global_scale = r.pod<float>();
-    t.values = r.vec();
-    t.meta = r.vec();
-    t.scales = r.vec();
-    return t;
-  }
-  MOESQ_CHECK(kind == kNvfp4, "layer record ", what, ": unknown weight kind ", int(kind));
-  format::Nvfp4Tensor t;
+template <typename Tensor>
+Tensor get_tensor(Reader& r) {
+  Tensor t;
   t.N = r.pod<int64_t>();
   t.K = r.pod<int64_t>();
   t.global_scale = r.pod<float>();
   t.values = r.vec();
+  if constexpr (std::is_same_v<Tensor, format::Sparse48Tensor>) t.meta = r.vec();
   t.scales = r.vec();
   return t;
+}
+
+void put_weight(Writer& w, const format::PackedWeight& p) {
+  if (const format::Sparse48Tensor* t = p.sparse48()) return put_tensor(w, kSparse48, *t);
+  put_tensor(w, kNvfp4, *p.nvfp4());
+}
+
+format::PackedWeight get_weight(Reader& r, const std::string& what) {
+  const uint8_t kind = r.pod<uint8_t>();
+  if (kind == kSparse48) return get_tensor<format::Sparse48Tensor>(r);
+  MOESQ_CHECK(kind == kNvfp4, "layer record ", what, ": unknown weight kind ", int(kind));
+  return get_tensor<format::Nvfp4Tensor>(r);
 }
 
 }  // namespace
