@@ -13,16 +13,18 @@
 
 namespace moesq::test {
 
-// "" when no mpirun is on PATH (the only reason an MPI test may skip).
+// False when no mpirun is on PATH (the only reason an MPI test may skip).
 inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 // The environment and mpirun flags every MPI test uses: CI runs as root (--allow-run-as-root), on 2
 // cores (--oversubscribe for more ranks than cores); no single-copy (CMA) transport, which needs
-// ptrace rights that containers often lack; the LeakSanitizer suppressions for Open MPI's own
-// allocations in the ASan build (they are not moesq's).
+// ptrace rights that containers often lack. For the ASan build: Open MPI's own allocations kept
+// until exit are suppressed (lsan_openmpi.supp); its plugins stay loaded (no dlclose) and stacks are
+// unwound fully so that LeakSanitizer can name the library an allocation came from.
 inline std::string mpirun(int ranks) {
   const std::string supp = std::string(MOESQ_FIXTURES) + "/../support/lsan_openmpi.supp";
-  return "OMPI_MCA_btl_vader_single_copy_mechanism=none LSAN_OPTIONS=suppressions=" + supp +
+  return "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_disable_dlclose=1 "
+         "LSAN_OPTIONS=suppressions=" + supp + ":fast_unwind_on_malloc=0"
          " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
