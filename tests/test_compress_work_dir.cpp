@@ -1,6 +1,6 @@
-// The resume work directory (compress/work_dir.h): commit/load round trip, an interrupted run is
-// never discarded without --resume, a resume with other settings is refused naming the field, a
-// second run on the same OUT is refused while the first holds the lock, damaged records are errors.
+// The resume work directory (compress/work_dir.h): commit/load round trip, a resume with other
+// settings is refused naming the field, a second run on the same OUT is refused while the first
+// holds the lock, a fresh run discards an earlier run's layers, damaged records are errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -61,7 +61,6 @@ TEST(WorkDir, CommitsAndResumes) {
     w.commit(record(1));
     EXPECT_THROW(w.commit(record(3)), Error) << "layers are committed in order";
   }
-  EXPECT_NE(error_of([&] { WorkDir w(f.out, f.manifest(), false); }).find("pass --resume"), std::string::npos);
   WorkDir w(f.out, f.manifest(), true);
   ASSERT_EQ(w.committed_layers(), 2);
   const LayerRecord r = w.load(1);
@@ -72,6 +71,17 @@ TEST(WorkDir, CommitsAndResumes) {
   EXPECT_EQ(r.experts[0].report.tokens, 18);
   w.remove();
   EXPECT_FALSE(fs::exists(f.out + ".work"));
+}
+
+TEST(WorkDir, FreshRunDiscardsAnEarlierRunsLayers) {
+  Fixture f;
+  { WorkDir(f.out, f.manifest(), false).commit(record(0)); }
+  f.opt.method = Method::Magnitude;  // a fresh run replaces OUT, whatever its settings
+  WorkDir w(f.out, f.manifest(), false);
+  EXPECT_EQ(w.committed_layers(), 0);
+  EXPECT_FALSE(fs::exists(f.out + ".work/layer_0000.rec"));
+  w.commit(record(0));
+  EXPECT_EQ(w.load(0).run_sha256, w.run_sha256()) << "the new run's manifest";
 }
 
 TEST(WorkDir, ResumeWithOtherSettingsNamesWhatDiffers) {

@@ -115,21 +115,26 @@ WorkDir::WorkDir(const std::string& out, const nlohmann::json& manifest, bool re
     MOESQ_FAIL("work directory ", dir_, " is in use by another moesq compress writing --out ", out);
   }
   try {
-    open_records(out, manifest, resume);
+    open_records(manifest, resume);
   } catch (...) {
     ::close(lock_fd_);
     throw;
   }
 }
 
-void WorkDir::open_records(const std::string& out, const nlohmann::json& manifest, bool resume) {
+void WorkDir::open_records(const nlohmann::json& manifest, bool resume) {
   const std::string manifest_path = (fs::path(dir_) / "manifest.json").string();
   const std::string text = manifest.dump();
   run_sha256_ = sha256_hex(text.data(), text.size());
   while (fs::exists(record_path(committed_))) ++committed_;
+  if (committed_ > 0 && !resume) {
+    // A fresh run replaces OUT, and so the work of an earlier run of OUT: said, not silent.
+    std::fprintf(stderr, "WARNING: discarding %lld committed layer(s) of an earlier interrupted run in %s "
+                         "(pass --resume to continue it instead)\n", static_cast<long long>(committed_), dir_.c_str());
+    for (int64_t l = 0; l < committed_; ++l) fs::remove(record_path(l));
+    committed_ = 0;
+  }
   if (committed_ > 0) {
-    MOESQ_CHECK(resume, "work directory ", dir_, " holds an interrupted run of --out ", out, " (", committed_,
-                " committed layer(s)): pass --resume to continue it, or delete it to start over");
     MOESQ_CHECK(fs::exists(manifest_path), "--resume: ", dir_, " has committed layers but no manifest.json; delete ",
                 dir_, " to start over");
     nlohmann::json committed;
@@ -142,7 +147,7 @@ void WorkDir::open_records(const std::string& out, const nlohmann::json& manifes
     MOESQ_CHECK(diff.empty(), "--resume: ", dir_, " was committed with different settings: ", diff,
                 ". Run with the committed settings, or delete ", dir_, " to start over");
   } else {
-    write_file_atomic(manifest_path, manifest.dump(2) + "\n");  // nothing committed: nothing to lose
+    write_file_atomic(manifest_path, manifest.dump(2) + "\n");  // nothing (left) committed
   }
 }
 

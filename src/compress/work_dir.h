@@ -31,12 +31,12 @@ std::string work_dir_path(const std::string& out);
 
 class WorkDir {
  public:
-  // Opens or creates work_dir_path(out) and locks it (Error when another run holds it). A directory
-  // with committed layers: without `resume` an Error (pass --resume, or delete it to start over: an
-  // interrupted run is never discarded silently); with `resume` its manifest must equal `manifest`,
-  // else an Error naming every field that differs with the committed and the current value.
-  // Without committed layers (none yet, or a missing directory) the run starts from layer 0, and a
-  // run that fails before its first commit removes the directory again.
+  // Opens or creates work_dir_path(out) and locks it (Error when another run holds it). With
+  // `resume`, committed layers are kept if the directory's manifest equals `manifest`, else an Error
+  // names every field that differs with the committed and the current value. Without `resume`, a
+  // fresh run replaces OUT and so discards committed layers of an earlier run (a WARNING on stderr
+  // says so). No committed layers (or no directory): the run starts from layer 0, and a run that
+  // fails before its first commit removes the directory again.
   WorkDir(const std::string& out, const nlohmann::json& manifest, bool resume);
   ~WorkDir();
   WorkDir(const WorkDir&) = delete;
@@ -55,7 +55,7 @@ class WorkDir {
   void remove();
 
  private:
-  void open_records(const std::string& out, const nlohmann::json& manifest, bool resume);
+  void open_records(const nlohmann::json& manifest, bool resume);
   std::string record_path(int64_t layer) const;
   std::string dir_, run_sha256_;
   int64_t committed_ = 0;
