@@ -1,7 +1,11 @@
 // `moesq compress DIR --method M --out OUT`: paper Algorithm 1 on a Hugging Face MoE checkpoint.
 // Writes OUT (the compressed checkpoint, docs/FORMAT.md) and OUT/report.json; nothing on failure.
+// Under mpirun / srun every rank runs this command; the experts are shared among the ranks and rank 0
+// alone writes the work dir (crash-safe resume), OUT and stdout (docs/PARALLEL.md).
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -9,9 +13,12 @@
 #include "cli/commands.h"
 #include "cli/compress_flags.h"
 #include "compress/report.h"
+#include "compress/work_dir.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/threads.h"
+#include "dist/communicator.h"
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "io/export_checkpoint.h"
@@ -19,19 +26,29 @@
 
 namespace moesq::cli {
 
+namespace {
+
+struct Args {
+  std::string dir, out, method, export_format = "moesq", device = "cpu";
+  bool json = false, resume = false;
+  CompressFlags flags;
+};
+
+void run_compress(const Args* args, dist::Communicator& comm);
+
+}  // namespace
+
 void register_compress(CLI::App& app) {
-  struct Args {
-    std::string dir, out, method, export_format = "moesq";
-    bool json = false;
-    CompressFlags flags;
-  };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
       "compress",
       "Compress the routed experts of a Qwen3-MoE checkpoint (paper Algorithm 1) and write a compressed\n"
       "checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
       "tokens and relative reconstruction error). Without --calib, calibration sequences are sampled\n"
-      "from the model itself (data-free).");
+      "from the model itself (data-free). Every finished layer is committed to OUT.work (removed at the\n"
+      "end): after a crash, the same command with --resume continues from the last committed layer.\n"
+      "Expert-parallel: `mpirun -np N moesq compress ...` shares each layer's experts among N ranks\n"
+      "(same output bits as one process; docs/PARALLEL.md).");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("DIR", args->dir, "Hugging Face checkpoint directory (config.json + safetensors)")
       ->required()
@@ -45,68 +62,90 @@ void register_compress(CLI::App& app) {
   cmd->add_option("--export-format", args->export_format,
                   "layout of OUT: moesq (docs/FORMAT.md §7) | compressed-tensors (nvfp4-pack-quantized, what\n"
                   "vLLM loads) | moesq-pair-bitmask (see `moesq export --help`)");
+  cmd->add_flag("--resume", args->resume,
+                "continue an interrupted run from the layers committed in OUT.work (refused, naming what\n"
+                "differs, if the options, calibration or source changed; no OUT.work: start from layer 1)");
+  cmd->add_option("--device", args->device, "where the experts are compressed: cpu (the GPU path is issue 11's next step)")
+      ->check(CLI::IsMember({"cpu"}));
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] {
-    if (args->flags.threads > 0) set_num_threads(args->flags.threads);
-    compress::CompressOptions opt = args->flags.options(args->method);
-    const io::ExportFormat fmt = io::parse_export_format(args->export_format, "--export-format");
-    std::vector<std::string> inputs = args->flags.calib;
-    inputs.push_back(args->dir);
-    { AtomicDir probe(args->out, "--out", "report.json", inputs); }  // fail now, not after minutes of work
-    io::Checkpoint ckpt(args->dir);
-    // A compressed-tensors INT4 checkpoint is a valid source (the loader dequantizes it, issue 13);
-    // anything else already quantized is not.
-    MOESQ_CHECK(!ckpt.config().contains("quantization_config") ||
-                    io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,
-                "checkpoint ", args->dir,
-                " is already quantized (config.json has quantization_config); compress the original");
-    model::Qwen3Moe m(ckpt);
-    const compress::CalibSet calib = args->flags.calibration(m);
-    const compress::CompressResult r = compress::compress_model(m, calib, opt);
-    // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
-    const std::string moesq_out =
-        fmt == io::ExportFormat::Moesq ? args->out : args->out + ".moesq.tmp." + std::to_string(::getpid());
-    struct RemoveTmp {
-      std::string dir;
-      ~RemoveTmp() {
-        std::error_code ec;
-        if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-      }
-    } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
-    const compress::ExportSummary s =
-        compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
-    nlohmann::json exported;
-    if (fmt != io::ExportFormat::Moesq) exported = io::export_checkpoint(moesq_out, fmt, args->out, "report.json");
-    // Per-layer reconstruction loss, before → after refinement (also OUT/loss_per_layer.csv): on
-    // stderr with --json (stdout is the JSON object), on stdout otherwise.
-    FILE* table = args->json ? stderr : stdout;
-    const bool refined = opt.method == compress::Method::Moesq;
-    std::fprintf(table, "loss per layer (mean over experts; %s):\n",
-                 refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
-    for (const compress::LayerLoss& x : s.layer_loss) {
-      if (refined)
-        std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
-                     x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
-                     x.rel_error);
-      else
-        std::fprintf(table, "  layer %lld: rel error %.6g\n", static_cast<long long>(x.layer), x.rel_error);
-    }
-    const std::string out_dir = std::filesystem::path(args->out).string();
-    std::fprintf(table, "  written: %s/loss_per_layer.csv%s\n", out_dir.c_str(),
-                 s.plot_note.empty() ? (", " + out_dir + "/loss_per_layer.png").c_str()
-                                     : ("; note: " + s.plot_note).c_str());
-    if (args->json) {
-      nlohmann::json j = s.report;
-      j.erase("layers");
-      j["out"] = args->out;
-      if (!exported.is_null()) j["export"] = exported;
-      std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    } else {
-      std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",
-                  compress::method_name(opt.method), s.bits_per_expert_weight, r.seconds,
-                  s.report["mean_rel_error"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), args->out.c_str());
-    }
+    const std::unique_ptr<dist::Communicator> comm = dist::communicator_from_environment();
+    dist::run_or_abort_all(*comm, [&] { run_compress(args.get(), *comm); });
   });
 }
+
+namespace {
+
+void run_compress(const Args* args, dist::Communicator& comm) {
+  const bool root = comm.rank() == 0;
+  if (!root) set_progress_enabled(false);  // rank 0 speaks for the run
+  if (args->flags.threads > 0) set_num_threads(args->flags.threads);
+  compress::CompressOptions opt = args->flags.options(args->method);
+  const io::ExportFormat fmt = io::parse_export_format(args->export_format, "--export-format");
+  std::vector<std::string> inputs = args->flags.calib;
+  inputs.push_back(args->dir);
+  if (root) { AtomicDir probe(args->out, "--out", "report.json", inputs); }  // fail now, not after minutes of work
+  io::Checkpoint ckpt(args->dir);
+  // A compressed-tensors INT4 checkpoint is a valid source (the loader dequantizes it, issue 13);
+  // anything else already quantized is not.
+  MOESQ_CHECK(!ckpt.config().contains("quantization_config") ||
+                  io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,
+              "checkpoint ", args->dir,
+              " is already quantized (config.json has quantization_config); compress the original");
+  model::Qwen3Moe m(ckpt);
+  const compress::CalibSet calib = args->flags.calibration(m);
+  std::optional<compress::WorkDir> work;
+  if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);
+  const compress::CompressResult r = compress::compress_model(m, calib, opt, {&comm, work ? &*work : nullptr});
+  if (!root) return;
+  // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
+  const std::string moesq_out =
+      fmt == io::ExportFormat::Moesq ? args->out : args->out + ".moesq.tmp." + std::to_string(::getpid());
+  struct RemoveTmp {
+    std::string dir;
+    ~RemoveTmp() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
+  const compress::ExportSummary s =
+      compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
+  nlohmann::json exported;
+  if (fmt != io::ExportFormat::Moesq) exported = io::export_checkpoint(moesq_out, fmt, args->out, "report.json");
+  work->remove();  // OUT is complete: nothing left to resume
+  // Per-layer reconstruction loss, before → after refinement (also OUT/loss_per_layer.csv): on
+  // stderr with --json (stdout is the JSON object), on stdout otherwise.
+  FILE* table = args->json ? stderr : stdout;
+  const bool refined = opt.method == compress::Method::Moesq;
+  std::fprintf(table, "loss per layer (mean over experts; %s):\n",
+               refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
+  for (const compress::LayerLoss& x : s.layer_loss) {
+    if (refined)
+      std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
+                   x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
+                   x.rel_error);
+    else
+      std::fprintf(table, "  layer %lld: rel error %.6g\n", static_cast<long long>(x.layer), x.rel_error);
+  }
+  const std::string out_dir = std::filesystem::path(args->out).string();
+  std::fprintf(table, "  written: %s/loss_per_layer.csv%s\n", out_dir.c_str(),
+               s.plot_note.empty() ? (", " + out_dir + "/loss_per_layer.png").c_str()
+                                   : ("; note: " + s.plot_note).c_str());
+  if (args->json) {
+    nlohmann::json j = s.report;
+    j.erase("layers");
+    j["out"] = args->out;
+    j["ranks"] = comm.size();
+    j["resumed_layers"] = r.resumed_layers;
+    if (!exported.is_null()) j["export"] = exported;
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",
+                compress::method_name(opt.method), s.bits_per_expert_weight, r.seconds,
+                s.report["mean_rel_error"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), args->out.c_str());
+  }
+}
+
+}  // namespace
 
 }  // namespace moesq::cli

@@ -6,12 +6,18 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 
+#include "compress/layer_record.h"
 #include "compress/refine/loop.h"
+#include "compress/work_dir.h"
 #include "core/blas_threads.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/progress.h"
 #include "core/threads.h"
+#include "dist/communicator.h"
+#include "dist/partition.h"
 #include "format/nvfp4.h"
 #include "io/tensor_names.h"
 
@@ -241,38 +247,134 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
   return pe;
 }
 
-// Every expert of layer l, in parallel, each single-threaded inside (BLAS included).
-void compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib>& cal, const CompressOptions& opt,
-                    int act_block, CompressResult& res) {
+// Installs the dequantized weights of an expert compressed elsewhere (another rank, or a committed
+// layer): the same PackedWeight::dequantize its owner installed, so every rank holds the same bits.
+void install_packed(model::ExpertWeights& w, const PackedExpert& pe) {
+  w.gate = pe.proj[0].dequantize();
+  w.up = pe.proj[1].dequantize();
+  w.down = pe.proj[2].dequantize();
+}
+
+// Every rank's share of layer l, exchanged (one allgather) and placed in expert order; the experts
+// of the other ranks are installed here. Errors name the rank whose share is wrong.
+std::vector<ExpertResult> exchange_layer(model::Qwen3Moe& m, int64_t l, std::vector<ExpertResult> own,
+                                         dist::Communicator& comm) {
+  const int64_t E = m.spec().num_experts;
+  LayerRecord share;
+  share.layer = l;
+  share.experts = std::move(own);
+  const std::vector<std::string> all = comm.allgather(encode_layer_record(share));
+  std::vector<ExpertResult> layer(static_cast<size_t>(E));
+  std::vector<char> seen(static_cast<size_t>(E), 0);
+  std::vector<int64_t> foreign;  // experts compressed by other ranks
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string who = "from rank " + std::to_string(r);
+    LayerRecord got = r == comm.rank() ? std::move(share) : decode_layer_record(all[static_cast<size_t>(r)], who);
+    MOESQ_CHECK(got.layer == l, "layer record ", who, ": layer ", got.layer, " while exchanging layer ", l);
+    for (ExpertResult& x : got.experts) {
+      const int64_t e = x.report.expert;
+      MOESQ_CHECK(e >= 0 && e < E && x.report.layer == l && dist::expert_owner(e, comm.size()) == r &&
+                      !seen[static_cast<size_t>(e)],
+                  "layer record ", who, ": expert ", x.report.layer, "/", e, " is not one of its experts of layer ", l);
+      seen[static_cast<size_t>(e)] = 1;
+      if (r != comm.rank()) foreign.push_back(e);
+      layer[static_cast<size_t>(e)] = std::move(x);
+    }
+  }
+  for (int64_t e = 0; e < E; ++e)
+    MOESQ_CHECK(seen[static_cast<size_t>(e)], "layer ", l, ": no rank returned expert ", e, " (rank ",
+                dist::expert_owner(e, comm.size()), " owns it)");
+  parallel_for(static_cast<int64_t>(foreign.size()), [&](int64_t i) {
+    const size_t e = static_cast<size_t>(foreign[static_cast<size_t>(i)]);
+    install_packed(m.layer(l).experts[e], layer[e].packed);
+  });
+  return layer;
+}
+
+// Places a whole layer (in expert order) into the result; warns about fallbacks.
+void place_layer(int64_t l, std::vector<ExpertResult> layer, CompressResult& res) {
+  for (ExpertResult& x : layer) {
+    if (x.report.fallback)
+      progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(x.report.expert) + ": " + x.report.note);
+    res.experts[static_cast<size_t>(l)][static_cast<size_t>(x.report.expert)] = std::move(x.packed);
+    res.reports.push_back(std::move(x.report));
+  }
+}
+
+// The experts of layer l this rank owns (dist::experts_of_rank; all of them on one rank), in
+// parallel, each single-threaded inside (BLAS included); then the ranks exchange their shares.
+// Returns the whole layer in expert order, every expert installed in `m`.
+std::vector<ExpertResult> compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib>& cal,
+                                         const CompressOptions& opt, int act_block, dist::Communicator& comm) {
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size, I = spec.moe_intermediate_size;
-  std::vector<ExpertReport> reps(static_cast<size_t>(E));
+  const std::vector<int64_t> mine = dist::experts_of_rank(E, comm.rank(), comm.size());
+  const auto n_mine = static_cast<int64_t>(mine.size());
+  const std::string share = comm.size() == 1 ? "" : " of rank " + std::to_string(comm.rank()) + " (" +
+                                                     std::to_string(E) + " in the layer, " +
+                                                     std::to_string(comm.size()) + " ranks)";
+  std::vector<ExpertResult> own(mine.size());
   std::atomic<int64_t> done{0};
-  parallel_for(E, [&](int64_t e) {
-    ExpertReport& rep = reps[static_cast<size_t>(e)];
+  parallel_for(n_mine, [&](int64_t i) {
+    const int64_t e = mine[static_cast<size_t>(i)];
+    ExpertReport& rep = own[static_cast<size_t>(i)].report;
     const ExpertCalib& c = cal[static_cast<size_t>(e)];
     rep.layer = l;
     rep.expert = e;
     rep.tokens = c.n;
-    res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] =
+    own[static_cast<size_t>(i)].packed =
         compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
     const int64_t d = ++done;
-    if (d % 8 == 0 || d == E)
+    if (d % 8 == 0 || d == n_mine)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
-                               "/" + std::to_string(E) + " experts (" + method_name(opt.method) + ")");
+                               "/" + std::to_string(n_mine) + " experts" + share + " (" + method_name(opt.method) + ")");
   }, opt.threads);
-  for (auto& r : reps) {
-    if (r.fallback)
-      progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(r.expert) + ": " + r.note);
-    res.reports.push_back(std::move(r));
+  if (comm.size() == 1) return own;
+  return exchange_layer(m, l, std::move(own), comm);
+}
+
+// A committed layer (--resume): rank 0 reads it from the work dir, every rank gets it (broadcast)
+// and installs its experts.
+std::vector<ExpertResult> committed_layer(model::Qwen3Moe& m, int64_t l, const WorkDir* work,
+                                          dist::Communicator& comm, std::string& next_inputs_sha256) {
+  LayerRecord rec;
+  if (comm.rank() == 0) rec = work->load(l);
+  if (comm.size() > 1) {
+    std::string bytes = comm.rank() == 0 ? encode_layer_record(rec) : std::string();
+    comm.broadcast(bytes, 0);
+    if (comm.rank() != 0) rec = decode_layer_record(bytes, "committed layer " + std::to_string(l) + " from rank 0");
   }
+  const int64_t E = m.spec().is_moe_layer(l) ? m.spec().num_experts : 0;  // a dense layer: no experts
+  MOESQ_CHECK(static_cast<int64_t>(rec.experts.size()) == E, "committed layer ", l, " holds ", rec.experts.size(),
+              " experts, the model's layer has ", E);
+  for (int64_t e = 0; e < E; ++e)
+    MOESQ_CHECK(rec.experts[static_cast<size_t>(e)].report.expert == e, "committed layer ", l, ": expert ", e,
+                " out of order");
+  parallel_for(E, [&](int64_t e) {
+    install_packed(m.layer(l).experts[static_cast<size_t>(e)], rec.experts[static_cast<size_t>(e)].packed);
+  });
+  next_inputs_sha256 = rec.next_inputs_sha256;
+  return std::move(rec.experts);
+}
+
+// SHA-256 of the calibration states H_l (the next layer's inputs): the SHA-256 of the concatenated
+// hex SHA-256s of every sequence's [T_i, H] fp32 rows.
+std::string states_sha256(const CalibStates& st) {
+  std::string per_sequence;
+  for (const std::vector<float>& h : st.h) per_sequence += sha256_hex(h.data(), h.size() * sizeof(float));
+  return sha256_hex(per_sequence.data(), per_sequence.size());
 }
 
 }  // namespace
 
-CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt) {
+CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt,
+                              const RunContext& run) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(opt);
+  std::unique_ptr<dist::Communicator> alone;
+  dist::Communicator* comm = run.comm;
+  if (!comm) comm = (alone = dist::local_communicator()).get();
+  MOESQ_CHECK(!run.work || comm->rank() == 0, "compress_model: the work dir belongs to rank 0, not rank ", comm->rank());
   // moesq parallelizes over sequences and experts itself; BLAS stays single-threaded throughout so
   // that the bits of the result do not depend on the thread count (OpenBLAS's threaded sgemm rounds
   // differently from its single-threaded one).
@@ -288,33 +390,64 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   deployed.threads = opt.threads;
   CompressResult res;
   res.experts.assign(static_cast<size_t>(L), std::vector<PackedExpert>(static_cast<size_t>(E)));
+  // How many layers a previous run committed (rank 0 knows; everyone learns it).
+  std::string committed = std::to_string(run.work ? run.work->committed_layers() : 0);
+  comm->broadcast(committed, 0);
+  res.resumed_layers = std::min<int64_t>(std::stoll(committed), L);
+  if (res.resumed_layers > 0 && run.work)
+    progress("resume", "layers 1-" + std::to_string(res.resumed_layers) + " of " + std::to_string(L) +
+                           " committed in " + run.work->path() + ": installing them, continuing at layer " +
+                           std::to_string(res.resumed_layers + 1));
 
   CalibStates st = embed_calibration(m, calib);
   for (int64_t l = 0; l < L; ++l) {
+    const bool resumed = l < res.resumed_layers;
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
-                             std::to_string(st.n_total()) + " calibration tokens");
+                             std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
-    if (!spec.is_moe_layer(l)) {  // a dense MLP layer is kept as stored: propagate through it
-      const std::vector<float> y = m.dense_mlp(l, X, st.n_total());
-      for (size_t i = 0; i < st.h.size(); ++i)
-        for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
-      continue;
+    const bool moe = spec.is_moe_layer(l);  // a dense MLP layer is kept as stored: only propagated
+    const size_t reports_before = res.reports.size();
+    std::string committed_next_sha256;
+    model::Routes routes;
+    if (moe) routes = m.route(l, X, st.n_total());
+    if (!moe) {
+      if (resumed) committed_layer(m, l, run.work, *comm, committed_next_sha256);
+    } else if (resumed) {
+      place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
+    } else {
+      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
+      // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
+      double train_sum = 0;
+      for (const ExpertCalib& c : cal)
+        train_sum += static_cast<double>(
+            c.n - std::min<int64_t>(static_cast<int64_t>(std::floor(opt.refine.heldout_fraction * c.n)),
+                                    std::max<int64_t>(c.n - 1, 0)));
+      for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
+      place_layer(l, compress_layer(m, l, cal, opt, act_block, *comm), res);
     }
-    const model::Routes routes = m.route(l, X, st.n_total());
-    std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
-    // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
-    double train_sum = 0;
-    for (const ExpertCalib& c : cal)
-      train_sum += static_cast<double>(
-          c.n - std::min<int64_t>(static_cast<int64_t>(std::floor(opt.refine.heldout_fraction * c.n)),
-                                  std::max<int64_t>(c.n - 1, 0)));
-    for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
-    compress_layer(m, l, cal, opt, act_block, res);
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
     // any, runs as stored inside moe_block).
-    const std::vector<float> y = m.moe_block(l, X, routes, deployed);
+    const std::vector<float> y = moe ? m.moe_block(l, X, routes, deployed) : m.dense_mlp(l, X, st.n_total());
     for (size_t i = 0; i < st.h.size(); ++i)
       for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+    if (resumed) {
+      const std::string sha = states_sha256(st);
+      MOESQ_CHECK(sha == committed_next_sha256, "--resume: the inputs of layer ", l + 2,
+                  " recomputed through the committed layers differ from the committed run (SHA-256 ", sha, " vs ",
+                  committed_next_sha256, "): this build or machine does not reproduce the committed bits; delete ",
+                  run.work ? run.work->path() : std::string("the work directory"), " to start over");
+    } else if (run.work) {
+      LayerRecord rec;
+      rec.layer = l;
+      rec.next_inputs_sha256 = states_sha256(st);
+      if (moe) {  // a dense layer commits a record of no experts (its next-inputs hash only)
+        rec.experts.reserve(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e)
+          rec.experts.push_back({res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)],
+                                 res.reports[reports_before + static_cast<size_t>(e)]});
+      }
+      run.work->commit(std::move(rec));
+    }
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

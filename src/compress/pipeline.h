@@ -2,6 +2,9 @@
 // X_e and router weights g_e (and the dense targets Y_e), compress the experts of the layer in
 // parallel, then propagate H_{l+1} = Block_l(H_l) through the COMPRESSED layer (W4A4 as deployed),
 // so later layers calibrate on the inputs they will really see.
+// Over several processes (docs/PARALLEL.md), each rank compresses its share of every layer's
+// experts (dist/partition.h); the shares are exchanged and placed in expert order, and every rank
+// computes the next layer's inputs itself, so the result is the same bits whatever the rank count.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -16,7 +19,13 @@
 #include "compress/sgptq.h"
 #include "model/qwen3_moe.h"
 
+namespace moesq::dist {
+class Communicator;
+}
+
 namespace moesq::compress {
+
+class WorkDir;
 
 enum class Method { RtnNvfp4, Magnitude, Sgptq, Moesq };
 Method parse_method(const std::string& s);  // Error naming --method for unknown names
@@ -44,6 +53,15 @@ struct CompressResult {
   std::vector<std::vector<PackedExpert>> experts;  // [L][E]
   std::vector<ExpertReport> reports;               // [L·E]
   double seconds = 0;
+  int64_t resumed_layers = 0;                      // layers taken from the work dir (--resume), not recomputed
+};
+
+// How compress_model runs: over which processes, and where finished layers are committed.
+struct RunContext {
+  dist::Communicator* comm = nullptr;  // the ranks sharing the experts (null: this process alone)
+  // Rank 0 only (null on the others, or for no commits): every finished layer is committed there,
+  // and the layers it already holds (--resume) are taken from it instead of being compressed again.
+  WorkDir* work = nullptr;
 };
 
 // Every option checked once (moesq::Error naming the option), before any work: the CLI calls it
@@ -52,7 +70,11 @@ void validate(const CompressOptions& opt);
 
 // Compresses every routed expert of `m` (which must be the ORIGINAL model; it is modified in place:
 // on return its experts hold the dequantized compressed weights; how it runs is never changed: every
-// forward gets its model::ForwardOptions per call).
-CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt);
+// forward gets its model::ForwardOptions per call). Collective over run.comm: every rank calls it
+// with the same model, calibration and options, and every rank returns the whole result.
+// Resumed layers are installed from their records and the next layer's inputs recomputed through
+// them; their SHA-256 must equal the committed one (Error otherwise: the run is not reproducible).
+CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt,
+                              const RunContext& run = {});
 
 }  // namespace moesq::compress

@@ -1,5 +1,7 @@
 #include "core/threads.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <exception>
 #include <mutex>
@@ -15,6 +17,10 @@ std::atomic<int> g_threads{0};
 int num_threads() {
   int t = g_threads.load();
   if (t > 0) return t;
+  // The CPUs this process may run on: under `mpirun` each rank is bound to its own cores, and one
+  // thread per machine core there would oversubscribe them.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   unsigned hc = std::thread::hardware_concurrency();
   return hc ? static_cast<int>(hc) : 1;
 }

@@ -7,7 +7,8 @@
 
 namespace moesq {
 
-// Number of worker threads used by parallel_for (default: hardware concurrency).
+// Number of worker threads used by parallel_for (default: the CPUs of this process's affinity mask,
+// i.e. hardware concurrency unless a launcher such as mpirun bound it to fewer).
 int num_threads();
 void set_num_threads(int n);  // n <= 0 restores the default
 

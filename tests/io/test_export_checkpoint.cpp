@@ -19,6 +19,7 @@
 #include "io/export_layouts.h"
 #include "io/import_checkpoint.h"
 #include "support/int4_checkpoint.h"
+#include "support/packed_weight_eq.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -67,20 +68,7 @@ std::string write_moesq(const Checkpoint& src, const std::map<std::string, forma
   return dir.string();
 }
 
-void expect_same_bits(const format::PackedWeight& a, const format::PackedWeight& b, const std::string& what) {
-  ASSERT_EQ(a.is_sparse48(), b.is_sparse48()) << what;
-  if (a.is_sparse48()) {
-    EXPECT_EQ(a.sparse48()->values, b.sparse48()->values) << what;
-    EXPECT_EQ(a.sparse48()->meta, b.sparse48()->meta) << what;
-    EXPECT_EQ(a.sparse48()->scales, b.sparse48()->scales) << what;
-  } else {
-    EXPECT_EQ(a.nvfp4()->values, b.nvfp4()->values) << what;
-    EXPECT_EQ(a.nvfp4()->scales, b.nvfp4()->scales) << what;
-  }
-  EXPECT_EQ(a.global_scale(), b.global_scale()) << what;
-  const std::vector<float> x = a.dequantize(), y = b.dequantize();
-  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << what;
-}
+using moesq::test::expect_same_bits;
 
 class ExportCheckpoint : public ::testing::Test {
  protected:

@@ -1,0 +1,64 @@
+// The expert → rank partition (dist/partition.h): every expert owned by exactly one rank, the
+// documented round-robin rule, balanced shares, ranks without experts when N > E, clear errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/partition.h"
+
+namespace moesq::dist {
+namespace {
+
+TEST(Partition, EveryExpertOnExactlyOneRankRoundRobin) {
+  for (int64_t E : {1, 2, 7, 32, 128, 384})
+    for (int N : {1, 2, 3, 4, 8, 33}) {
+      std::vector<int> count(static_cast<size_t>(E), 0);
+      size_t smallest = SIZE_MAX, largest = 0;
+      for (int r = 0; r < N; ++r) {
+        const std::vector<int64_t> mine = experts_of_rank(E, r, N);
+        EXPECT_TRUE(std::is_sorted(mine.begin(), mine.end())) << "E=" << E << " N=" << N << " rank " << r;
+        for (int64_t e : mine) {
+          ASSERT_TRUE(e >= 0 && e < E) << "E=" << E << " N=" << N << " rank " << r << " expert " << e;
+          ++count[static_cast<size_t>(e)];
+          EXPECT_EQ(expert_owner(e, N), r) << "E=" << E << " N=" << N << " expert " << e;
+          EXPECT_EQ(e % N, r) << "the documented rule: expert e on rank e mod N";
+        }
+        smallest = std::min(smallest, mine.size());
+        largest = std::max(largest, mine.size());
+      }
+      for (int64_t e = 0; e < E; ++e) EXPECT_EQ(count[static_cast<size_t>(e)], 1) << "E=" << E << " N=" << N << " e=" << e;
+      EXPECT_LE(largest - smallest, 1u) << "shares within one expert, E=" << E << " N=" << N;
+    }
+}
+
+TEST(Partition, MoreRanksThanExpertsLeavesEmptyRanks) {
+  EXPECT_TRUE(experts_of_rank(4, 5, 8).empty());
+  EXPECT_EQ(experts_of_rank(4, 3, 8), std::vector<int64_t>{3});
+}
+
+TEST(Partition, BadArgumentsAreErrors) {
+  EXPECT_THROW(expert_owner(3, 0), Error);
+  EXPECT_THROW(expert_owner(-1, 2), Error);
+  EXPECT_THROW(experts_of_rank(8, 2, 2), Error);
+  EXPECT_THROW(experts_of_rank(8, -1, 2), Error);
+}
+
+TEST(LocalCommunicator, IsRankZeroOfOne) {
+  const auto c = local_communicator();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->size(), 1);
+  const std::vector<std::string> all = c->allgather(std::string("\0ab", 3));
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0], std::string("\0ab", 3));
+  std::string b = "x";
+  c->broadcast(b, 0);
+  EXPECT_EQ(b, "x");
+  EXPECT_THROW(c->broadcast(b, 1), Error);
+  // One rank: an exception is not turned into an abort, the caller (the CLI) sees it.
+  EXPECT_THROW(run_or_abort_all(*c, [] { throw Error("boom"); }), Error);
+}
+
+}  // namespace
+}  // namespace moesq::dist
