@@ -61,7 +61,7 @@ void register_compress(CLI::App& app) {
                 "checkpoint ", args->dir,
                 " is already quantized (config.json has quantization_config); compress the original");
     model::Qwen3Moe m(ckpt);
-    const compress::CalibSet calib = args->flags.calibration(m);
+    const compress::CalibSet calib = args->flags.calibration(m, args->dir);
     const compress::CompressResult r = compress::compress_model(m, calib, opt);
     // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
     const std::string moesq_out =
