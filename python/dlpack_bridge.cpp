@@ -103,7 +103,7 @@ DlView::DlView(const pyb::object& obj, const Expect& e, intptr_t consumer_stream
     if (!PyCapsule_CheckExact(c.ptr())) fail(true, e, "returned a non-capsule from __dlpack__()");
     cap = pyb::reinterpret_borrow<pyb::capsule>(c);
   } else {
-    fail(true, e, std::string("is a ") + std::string(pyb::str(obj.get_type().attr("__name__"))) +
+    fail(true, e, std::string("is a ") + Py_TYPE(obj.ptr())->tp_name +
                       ", expected a DLPack tensor (an object with __dlpack__, e.g. a NumPy array or torch "
                       "tensor, or a 'dltensor' capsule)");
   }

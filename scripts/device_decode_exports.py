@@ -11,7 +11,8 @@ import os
 import sys
 
 import numpy as np
-from safetensors.numpy import load_file
+import torch
+from safetensors import safe_open
 
 import moesq
 
@@ -31,9 +32,16 @@ E4M3 = e4m3_table()
 
 
 def tensors(d):
+    """Routed-expert tensors of a checkpoint as numpy (F8_E4M3 scales as their uint8 codes). Read
+    through torch: safetensors' numpy loader has no bfloat16 / float8 (the other tensors)."""
     out = {}
     for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
-        out.update(load_file(f))
+        with safe_open(f, framework="pt") as st:
+            for k in st.keys():
+                if ".mlp.experts." not in k:
+                    continue
+                t = st.get_tensor(k)
+                out[k] = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).numpy()
     return out
 
 

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Device integration of the Python module (issue 13 item 4), NOT RUN in this session (see the branch
-# report): builds moesq with CUDA and the Python module on the H200 (PyTorch 2.11, transformers 5.17
+# Device integration of the Python module (issue 13 item 4). Ran ONCE (2026-12-01, one call, with
+# --method magnitude and the earlier versions of the two scripts): the CUDA + Python build took 34 s
+# wall on 16 cores and the module imported under the device's Python 3.12 / PyTorch 2.11; (a) failed
+# inside the script (safetensors.numpy cannot load bf16 tensors; now read through torch, not rerun);
+# (b) W4A4 gave nll 11.054523 vs `moesq eval` 11.026166 (|diff| 2.8e-2, above the 2e-3 tolerance;
+# max logit diff 2.79) and did not reach generate(); the script now also compares W4A16 first, not rerun.
+# It builds moesq with CUDA and the Python module on the H200 (PyTorch 2.11, transformers 5.17
 # there), then
 #  (a) decodes both export layouts with numpy + safetensors (scripts/device_decode_exports.py) and
 #      compares them bit for bit with moesq's own dequantized weights (moesq.load(...).expert_weights),

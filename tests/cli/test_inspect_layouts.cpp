@@ -21,6 +21,7 @@
 #include "io/checkpoint.h"
 #include "io/tensor_names.h"
 #include "support/int4_checkpoint.h"
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -28,17 +29,8 @@ using nlohmann::json;
 
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using moesq::test::CliRun;
+using moesq::test::slurp;
 
 class InspectLayouts : public ::testing::Test {
  protected:
@@ -46,10 +38,7 @@ class InspectLayouts : public ::testing::Test {
   static std::string dir(const std::string& name) { return tmp_->file(name); }
 
   static CliRun run(const std::string& args) {
-    const std::string out = tmp_->file("stdout.txt"), err = tmp_->file("stderr.txt");
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" + out + "' 2>'" + err + "'";
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    return moesq::test::run_moesq(args, tmp_->path.string());
   }
   static void must(const std::string& args) {
     const CliRun r = run(args);

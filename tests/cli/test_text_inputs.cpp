@@ -19,6 +19,7 @@
 
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 #include "support/tokenizer_checkpoint.h"
 
@@ -30,17 +31,8 @@ const std::string kQwen = std::string(MOESQ_FIXTURES) + "/tokenizers/bpe-bytelev
 const std::string kMistral = std::string(MOESQ_FIXTURES) + "/tokenizers/bpe-bytefallback-mistral-style/tokenizer.json";
 constexpr int64_t kVocab = 3000;  // both fixture tokenizers
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using moesq::test::CliRun;
+using moesq::test::slurp;
 
 // int32 .npy, 1-D (numpy's v1 header, padded to 64 bytes).
 void write_npy(const std::string& path, const std::vector<int32_t>& ids) {
@@ -84,10 +76,7 @@ class TextInputs : public ::testing::Test {
   }
 
   CliRun run(const std::string& args) {
-    const std::string out = tmp_.file("stdout.txt"), err = tmp_.file("stderr.txt");
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" + out + "' 2>'" + err + "'";
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    return moesq::test::run_moesq(args, tmp_.path.string());
   }
 };
 
