@@ -93,7 +93,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
               "checkpoint ", args->dir,
               " is already quantized (config.json has quantization_config); compress the original");
   model::Qwen3Moe m(ckpt);
-  const compress::CalibSet calib = args->flags.calibration(m);
+  const compress::CalibSet calib = args->flags.calibration(m, args->dir);
   std::optional<compress::WorkDir> work;
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);
   const compress::CompressResult r = compress::compress_model(m, calib, opt, {&comm, work ? &*work : nullptr});

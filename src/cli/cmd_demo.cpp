@@ -75,14 +75,16 @@ void run_demo(DemoArgs& a) {
   model::Qwen3Moe ref(ckpt);
   progress("demo", "data-free calibration: sampling " + std::to_string(a.flags.calib_samples) + " x " +
                        std::to_string(a.flags.seq_len) + " tokens from " + a.model);
-  const compress::CalibSet calib = a.flags.calibration(ref);
+  const compress::CalibSet calib = a.flags.calibration(ref, a.model);
 
   // Evaluation windows: the user's files, or sequences sampled from the reference (another seed).
   std::vector<std::vector<int32_t>> windows;
   std::string eval_source;
   if (!a.data.empty()) {
+    const std::optional<io::Tokenizer> tok = io::text_tokenizer_for(a.model, a.data);
     for (const auto& f : a.data) {
-      auto w = io::make_windows(io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split)), a.flags.seq_len);
+      auto w = io::make_windows(
+          io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split), tok ? &*tok : nullptr), a.flags.seq_len);
       windows.insert(windows.end(), w.begin(), w.end());
     }
     eval_source = "files (" + a.split + ")";

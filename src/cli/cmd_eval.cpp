@@ -106,7 +106,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("DIR", args->dir, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--data", args->data, "text (byte tokens) or .npy token-id files")->required();
+  cmd->add_option("--data", args->data, "text files (through DIR/tokenizer.json; bytes for a byte-level model) or .npy token-id files")->required();
   cmd->add_option("--seq-len", args->seq_len, "tokens per window")->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object instead of a table");
   cmd->add_option("--act-quant", args->act_quant,

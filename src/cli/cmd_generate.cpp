@@ -1,10 +1,15 @@
 // `moesq generate DIR (--prompt TEXT | --prompt-ids F) --max-new-tokens N [--temperature T --top-p P
-// --seed S] --device cpu|cuda [--experts B] [--json]`: continues a prompt. Greedy by default; text
-// out for a byte-level vocabulary (256 ids), token ids otherwise. CPU: the KV-cached model::KvDecoder;
+// --seed S] --device cpu|cuda [--experts B] [--json]`: continues a prompt. Greedy by default. Text in
+// and out through the checkpoint's tokenizer (DIR/tokenizer.json, the byte identity for a byte-level
+// model: io::load_tokenizer_for_checkpoint); token ids out when it has none. --prompt is encoded with
+// the post-processor (a prompt starts a sequence: BOS where the tokenizer adds one); the printed text
+// is the decode of the generated ids only, special tokens kept. CPU: the KV-cached model::KvDecoder;
 // CUDA: the GPU engine (runtime/engine.h), prefill then decode steps replayed from a CUDA graph.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +20,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "io/checkpoint.h"
+#include "io/tokenizer.h"
 #include "model/kv_decoder.h"
 #include "model/qwen3_moe.h"
 #include "runtime/backend.h"
@@ -50,12 +56,18 @@ void run_generate(const GenerateArgs& a) {
   MOESQ_CHECK(a.max_new >= 1, "--max-new-tokens: ", a.max_new, " must be >= 1");
   const io::Checkpoint ckpt(a.dir);
   const int64_t V = ckpt.spec().vocab_size;
-  const bool bytes = V == 256;
+  // The tokenizer, when the checkpoint has one (a --prompt needs it: the error names DIR).
+  std::optional<io::Tokenizer> tok;
+  std::error_code ec;
+  if (!a.prompt.empty() || V == 256 || std::filesystem::exists(std::filesystem::path(a.dir) / "tokenizer.json", ec))
+    tok = io::load_tokenizer_for_checkpoint(a.dir);
   std::vector<int32_t> prompt;
   if (!a.prompt.empty()) {
-    MOESQ_CHECK(bytes, "--prompt: ", a.dir, " has a vocabulary of ", V,
-                " ids, not bytes; give --prompt-ids (a tokenizer comes with the interop issue)");
-    for (unsigned char c : a.prompt) prompt.push_back(c);
+    try {
+      prompt = tok->encode(a.prompt, io::EncodeOptions{.add_special_tokens = true});
+    } catch (const Error& e) {
+      MOESQ_FAIL("--prompt: ", e.what());
+    }
   } else {
     prompt = read_ids(a.prompt_ids);
   }
@@ -103,8 +115,14 @@ void run_generate(const GenerateArgs& a) {
   }
   const double secs = seconds();
   std::string text;
-  if (bytes)
-    for (int32_t t : out) text.push_back(static_cast<char>(t));
+  if (tok) {
+    try {
+      text = tok->decode(out);
+    } catch (const Error& e) {  // an id of the model's padded vocabulary that the tokenizer lacks
+      std::fprintf(stderr, "WARNING: generate: cannot decode the output (%s); printing token ids\n", e.what());
+      tok.reset();
+    }
+  }
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.dir;
@@ -112,14 +130,14 @@ void run_generate(const GenerateArgs& a) {
     j["experts"] = backend;
     j["prompt_tokens"] = prompt.size();
     j["generated_ids"] = out;
-    if (bytes) j["text"] = text;
+    if (tok) j["text"] = text;
     j["ttft_s"] = ttft;
     j["seconds"] = secs;
     j["decode_tokens_per_s"] = out.size() > 1 ? (out.size() - 1) / std::max(secs - ttft, 1e-9) : 0.0;
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
-  if (bytes) {
+  if (tok) {
     std::printf("%s\n", text.c_str());
   } else {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
@@ -133,10 +151,10 @@ void run_generate(const GenerateArgs& a) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate",
-                                 "Continue a prompt with a checkpoint (greedy by default). Prints text for a\n"
-                                 "byte-level vocabulary, token ids otherwise.");
+                                 "Continue a prompt with a checkpoint (greedy by default). Text in and out through\n"
+                                 "DIR/tokenizer.json (bytes for a byte-level model); token ids out when DIR has none.");
   cmd->add_option("DIR", args->dir, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  cmd->add_option("--prompt", args->prompt, "prompt text (byte-level vocabularies)");
+  cmd->add_option("--prompt", args->prompt, "prompt text (encoded by DIR/tokenizer.json with its BOS / post-processor)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "file of whitespace-separated prompt token ids");
   cmd->add_option("--max-new-tokens", args->max_new, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();

@@ -6,7 +6,9 @@
 // (`P.weight_packed`, docs/FORMAT.md) counts the N×K of the dense weight it replaces, taken
 // from the config; its scales and sparsity metadata count as bytes, not parameters. The measured
 // bits per routed-expert weight (stored bytes × 8 / logical weights) then reads 16 for bf16 experts
-// and ~2.75 for paired 4:8 NVFP4.
+// and ~2.75 for paired 4:8 NVFP4. The per-projection section reports what each projection's tensors
+// HOLD (io::read_projection_storage reads and validates them: a compressed-tensors NVFP4 tensor is
+// called paired 4:8 only when its data is), not what the config claims.
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -20,6 +22,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
+#include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 
 namespace moesq::cli {
@@ -75,7 +78,7 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
     if (plain && m->suffix == "weight") {
       expert_params += t.numel();  // dense expert weight
       ++expert_projections;
-    } else if (plain && "." + m->suffix == io::kWeightPacked) {
+    } else if (plain && ("." + m->suffix == io::kWeightPacked || "." + m->suffix == io::kWeightSparsePacked)) {
       expert_params += expert_projection_numel(s, m->proj, name);
       ++expert_projections;
     } else if (!plain) {
@@ -86,6 +89,36 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
   }
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < s.num_layers; ++l) moe_layers += s.is_moe_layer(l);
+  // Per projection (gate_proj, up_proj, down_proj): storage found in the tensors, bytes, bits/weight.
+  nlohmann::json projections = nlohmann::json::object();
+  int64_t num_sparse48 = 0, num_nvfp4 = 0;
+  for (const char* proj : io::kExpertProjNames) {
+    const int64_t numel = expert_projection_numel(s, proj, proj);
+    const bool down = std::string(proj) == "down_proj";
+    const int64_t N = down ? s.hidden_size : s.moe_intermediate_size, K = down ? s.moe_intermediate_size : s.hidden_size;
+    std::map<std::string, int64_t> kinds;
+    uint64_t bytes = 0;
+    int64_t count = 0;
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      if (!s.is_moe_layer(l)) continue;
+      for (int64_t e = 0; e < s.num_experts; ++e) {
+        const std::string prefix = io::expert_tensor_prefix(l, e, proj);
+        if (!ck.has(prefix + io::kWeight) && !io::has_packed_projection(ck, prefix)) continue;  // other layout
+        const io::ProjectionStorage ps = io::read_projection_storage(ck, q, prefix, N, K);
+        ++kinds[io::expert_storage_name(ps.storage)];
+        num_sparse48 += ps.storage == io::ExpertStorage::Sparse48;
+        num_nvfp4 += ps.storage == io::ExpertStorage::Nvfp4;
+        bytes += ps.bytes;
+        ++count;
+      }
+    }
+    if (!count) continue;
+    projections[proj] = {{"count", count},
+                         {"shape", {N, K}},
+                         {"storage", kinds},
+                         {"bytes", bytes},
+                         {"bits_per_weight", 8.0 * static_cast<double>(bytes) / static_cast<double>(numel * count)}};
+  }
   const int64_t total = non_expert_params + expert_params;
   const double expert_share = total ? static_cast<double>(expert_params) / static_cast<double>(total) : 0.0;
   // Per token only top_k of num_experts routed experts run in each MoE layer.
@@ -133,7 +166,16 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
                           !ck.config()["quantization_config"].is_null();
   out["compressed"] = compressed;
   out["expert_storage"] = census.mismatches ? "mixed" : census.packed ? "packed" : "dense";
-  if (compressed) out["quantization_config"] = ck.config()["quantization_config"];
+  out["projections"] = projections;
+  if (compressed) {
+    out["layout"] = io::checkpoint_layout_name(q.layout);
+    // What eval / generate run with (the loader's rule, io::deployed_act_block).
+    out["activations"] = q.act_quant && q.storage != io::ExpertStorage::Int4
+                             ? "nvfp4 block " + std::to_string(io::deployed_act_block(q, num_sparse48, num_nvfp4))
+                             : "none (weight-only)";
+    if (q.layout == io::CheckpointLayout::CtInt4) out["weight_group"] = q.weight_group;
+    out["quantization_config"] = ck.config()["quantization_config"];
+  }
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [name, cb] : dtypes) hist[name] = {{"tensors", cb.first}, {"bytes", cb.second}};
   out["dtypes"] = hist;
@@ -168,9 +210,18 @@ void print_text(const nlohmann::json& r) {
                 r["expert_projections_mismatched"].get<long long>(),
                 r.contains("quantization_config") ? r["quantization_config"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str() : "(none)");
   } else if (r["compressed"].get<bool>()) {
-    std::printf("compressed      yes: %s\n", r["quantization_config"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("compressed      yes: layout %s, activations %s", r["layout"].get<std::string>().c_str(),
+                r["activations"].get<std::string>().c_str());
+    if (r.contains("weight_group")) std::printf(", weight group %lld", r["weight_group"].get<long long>());
+    std::printf(" (--json: the full quantization_config)\n");
   } else {
     std::printf("compressed      no\n");
+  }
+  for (const auto& [proj, v] : r["projections"].items()) {
+    std::printf("%-15s %lld x [%lld, %lld]:", proj.c_str(), v["count"].get<long long>(), v["shape"][0].get<long long>(),
+                v["shape"][1].get<long long>());
+    for (const auto& [kind, n] : v["storage"].items()) std::printf(" %lld %s", n.get<long long>(), kind.c_str());
+    std::printf(" (%.3f bits/weight)\n", v["bits_per_weight"].get<double>());
   }
   const auto& nc = r["not_compressed"];
   std::printf("not compressed  routers %lld (+%lld biases), shared experts %lld tensors (+%lld gates), dense MLP layers %s\n",

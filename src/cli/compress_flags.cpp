@@ -32,7 +32,8 @@ const CLI::Validator kNonNegative(
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) {
   if (with_calib_files) {
-    cmd->add_option("--calib", f.calib, "calibration data: text files (byte tokens) or token-id .npy (int32/uint32)")
+    cmd->add_option("--calib", f.calib, "calibration data: text files (through the checkpoint's tokenizer.json; bytes for a byte-level\n"
+                    "model) or token-id .npy (int32/uint32)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--calib-split", f.calib_split,
                     "part of each calibration text file to use: all | train (first 98 %) | heldout (last 2 %)")
@@ -96,11 +97,13 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   return o;
 }
 
-compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m) const {
+compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m, const std::string& dir) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
   const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
-  compress::CalibSet set = compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len);
+  const std::optional<io::Tokenizer> tok = io::text_tokenizer_for(dir, calib);
+  compress::CalibSet set =
+      compress::calib_from_files(calib, m.spec().vocab_size, split, calib_samples, seq_len, tok ? &*tok : nullptr);
   const auto got = static_cast<int64_t>(set.sequences.size());
   if (got < calib_samples) {
     const std::string msg = "the --calib files hold " + std::to_string(got) + " sequence(s) of --seq-len " +

@@ -33,7 +33,9 @@ struct CompressFlags {
   const CLI::Option *epochs_opt = nullptr, *batch_opt = nullptr, *lr_a_opt = nullptr, *lr_v_opt = nullptr;
 
   compress::CompressOptions options(const std::string& method) const;
-  compress::CalibSet calibration(const model::Qwen3Moe& m) const;
+  // --calib files (text through the tokenizer of checkpoint `dir`, io::text_tokenizer_for) or, without
+  // --calib, sequences sampled from `m`.
+  compress::CalibSet calibration(const model::Qwen3Moe& m, const std::string& dir) const;
 };
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files = true);

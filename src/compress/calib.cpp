@@ -20,14 +20,14 @@ int64_t CalibSet::tokens() const {
 }
 
 CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_size, io::TextSplit split,
-                          int64_t num_samples, int64_t seq_len) {
+                          int64_t num_samples, int64_t seq_len, const io::Tokenizer* text_tokenizer) {
   MOESQ_CHECK(num_samples > 0, "--calib-samples must be positive (got ", num_samples, ")");
   MOESQ_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
   MOESQ_CHECK(!files.empty(), "--calib: no files given");
   std::vector<std::vector<int32_t>> data;
   int64_t total_windows = 0;
   for (const auto& f : files) {
-    data.push_back(io::load_tokens(f, vocab_size, split));
+    data.push_back(io::load_tokens(f, vocab_size, split, text_tokenizer));
     const int64_t w = static_cast<int64_t>(data.back().size()) / seq_len;
     MOESQ_CHECK(w > 0, "calibration file ", f, " holds ", data.back().size(),
                 " tokens (after the split), fewer than one window of --seq-len ", seq_len);

@@ -18,9 +18,10 @@ struct CalibSet {
 
 // Takes `num_samples` windows of `seq_len` tokens spread evenly over the concatenated files (after
 // the split), so every file contributes in proportion to its size. Errors name the file (empty,
-// shorter than one window) or the flag (--calib-samples, --seq-len).
+// shorter than one window) or the flag (--calib-samples, --seq-len). Text files are encoded by
+// `text_tokenizer` (nullptr: bytes are tokens; see io::load_tokens).
 CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_size, io::TextSplit split,
-                          int64_t num_samples, int64_t seq_len);
+                          int64_t num_samples, int64_t seq_len, const io::Tokenizer* text_tokenizer = nullptr);
 
 // Samples `num_samples` sequences of `seq_len` tokens from the model (temperature 1, first token
 // uniform over the vocabulary), deterministically from `seed` (whatever the thread count). Uses the

@@ -77,16 +77,8 @@ nlohmann::json schedule_json(const RefineResult& rr) {
                       {"lr_A", src(rr.lr_A_from_rule)}, {"lr_V", src(rr.lr_V_from_rule)}}}};
 }
 
-// The calibration rows of one expert (gathered from the routed layer input).
-struct ExpertCalib {
-  std::vector<float> X;  // [n, H]
-  std::vector<float> g;  // [n] router combine weight of this expert for the row
-  int64_t n = 0;
-  int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
-};
+}  // namespace
 
-// Compresses one expert with `opt.method`. `w` holds the original weights, y_ref [c.n, H] their
-// outputs on the expert's calibration rows (the refinement's targets).
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
                              ExpertReport& rep) {
@@ -169,6 +161,8 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
   }
   return pe;
 }
+
+namespace {
 
 // Algorithm 1 line 2: H_1 = Embed(D), one [T, H] state per sequence, and where each sequence's rows
 // start in the concatenated [n_total, H] layer input.

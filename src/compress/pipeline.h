@@ -64,6 +64,23 @@ struct RunContext {
   WorkDir* work = nullptr;
 };
 
+// The calibration rows of one expert (gathered from the routed layer input).
+struct ExpertCalib {
+  std::vector<float> X;  // [n, H]
+  std::vector<float> g;  // [n] router combine weight of this expert for the row
+  int64_t n = 0;
+  int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
+};
+
+// Compresses one expert with `opt.method` (what compress_model runs per expert; also the Python
+// module's compress_expert). `w` holds the original weights (gate/up [I, H], down [H, I]), y_ref
+// [c.n, H] their outputs on the expert's calibration rows (the refinement's targets; unused by the
+// one-shot methods). rep.layer / rep.expert name the tensors in errors, in spec's family layout
+// (io::expert_tensor_prefix); fallbacks and notes go to rep.
+PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
+                             const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
+                             ExpertReport& rep);
+
 // Every option checked once (moesq::Error naming the option), before any work: the CLI calls it
 // when it builds the options, compress_model again at its top.
 void validate(const CompressOptions& opt);

@@ -111,6 +111,11 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
                  "\"nvfp4-pack-quantized\" and \"pack-quantized\")");
     }
   }
+  // The top-level format names the checkpoint's one format ("mixed-precision" when groups differ); a
+  // group format that contradicts it means the file is not what either says.
+  MOESQ_CHECK(top.empty() || top == fmt || top == "mixed-precision", where, ": format \"", top,
+              "\" contradicts config_groups' format \"", fmt, "\" (moesq reads \"nvfp4-pack-quantized\" and "
+              "\"pack-quantized\")");
   q.format_name = fmt;
   if (fmt == "pack-quantized") {
     q.storage = ExpertStorage::Int4;
@@ -209,6 +214,51 @@ std::vector<float> read_expert_weight_f32(const Checkpoint& ckpt, const Quantiza
   const format::PackedWeight p = read_packed_weight(ckpt, q, prefix, N, K);
   if (storage) *storage = p.is_sparse48() ? ExpertStorage::Sparse48 : ExpertStorage::Nvfp4;
   return p.dequantize();
+}
+
+ProjectionStorage read_projection_storage(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                          const std::string& prefix, int64_t N, int64_t K) {
+  ProjectionStorage r;
+  for (const char* suffix : {kWeight, kWeightPacked, kWeightMeta, kWeightScale, kWeightGlobalScale, kInputGlobalScale,
+                             kWeightSparsePacked, kWeightSparseMask, kWeightShape})
+    if (ckpt.has(prefix + suffix)) r.bytes += ckpt.get(prefix + suffix).nbytes;
+  if (ckpt.has(prefix + kWeight)) {
+    r.storage = ExpertStorage::Dense;
+  } else if (q.layout == CheckpointLayout::CtInt4) {
+    MOESQ_CHECK(has_packed_projection(ckpt, prefix), "tensor ", prefix, kWeightPacked, " not found in ", ckpt.dir());
+    (void)read_int4_weight(ckpt, q, prefix, N, K);  // validates dtypes, shapes and scales
+    r.storage = ExpertStorage::Int4;
+  } else {
+    MOESQ_CHECK(has_packed_projection(ckpt, prefix), "tensor ", prefix, ".weight (or ", prefix,
+                ".weight_packed) not found in ", ckpt.dir());
+    r.storage = read_packed_weight(ckpt, q, prefix, N, K).is_sparse48() ? ExpertStorage::Sparse48 : ExpertStorage::Nvfp4;
+  }
+  return r;
+}
+
+int deployed_act_block(const QuantizationConfig& q, int64_t num_sparse48, int64_t num_nvfp4) {
+  if (q.layout == CheckpointLayout::Moesq || q.storage == ExpertStorage::Int4) return q.act_block;
+  return num_nvfp4 == 0 && num_sparse48 > 0 ? format::kSparseScaleBlock : format::kDenseScaleBlock;
+}
+
+const char* expert_storage_name(ExpertStorage s) {
+  switch (s) {
+    case ExpertStorage::Dense: return "bf16";
+    case ExpertStorage::Sparse48: return "paired-4:8-nvfp4";
+    case ExpertStorage::Nvfp4: return "nvfp4";
+    case ExpertStorage::Int4: return "int4";
+  }
+  return "?";
+}
+
+const char* checkpoint_layout_name(CheckpointLayout l) {
+  switch (l) {
+    case CheckpointLayout::Moesq: return "moesq";
+    case CheckpointLayout::CtNvfp4: return "compressed-tensors/nvfp4-pack-quantized";
+    case CheckpointLayout::CtPairBitmask: return "compressed-tensors/nvfp4-pack-quantized+pair-bitmask";
+    case CheckpointLayout::CtInt4: return "compressed-tensors/pack-quantized";
+  }
+  return "?";
 }
 
 }  // namespace moesq::io

@@ -42,4 +42,26 @@ std::vector<float> read_expert_weight_f32(const Checkpoint& ckpt, const Quantiza
                                           const std::string& prefix, int64_t N, int64_t K,
                                           ExpertStorage* storage = nullptr);
 
+// What one routed-expert projection holds, read from its tensors and data (`moesq inspect`): Dense
+// (.weight), Sparse48 (moesq paired 4:8, pair-bitmask, or compressed-tensors NVFP4 that the detection
+// rule of export_layouts.h finds paired 4:8), Nvfp4 (dense NVFP4) or Int4, plus the bytes of all its
+// tensors. The packed tensors are read and validated as a load would (same Errors, naming the tensor).
+struct ProjectionStorage {
+  ExpertStorage storage = ExpertStorage::Dense;
+  uint64_t bytes = 0;  // Σ nbytes of the projection's tensors (values, metadata, scales, global scales)
+};
+ProjectionStorage read_projection_storage(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                          const std::string& prefix, int64_t N, int64_t K);
+
+// Activation block a compressed checkpoint runs with (W4A4), given how many of its projections hold
+// paired 4:8 / dense NVFP4: a compressed-tensors NVFP4 checkpoint whose projections are ALL paired 4:8
+// runs as moesq's deployment (block 32), otherwise with the dense block 16; other layouts: q.act_block.
+int deployed_act_block(const QuantizationConfig& q, int64_t num_sparse48, int64_t num_nvfp4);
+
+// Names for reports: "bf16" (dense), "paired-4:8-nvfp4", "nvfp4", "int4"; and the checkpoint layout:
+// "moesq", "compressed-tensors/nvfp4-pack-quantized", ".../nvfp4-pack-quantized+pair-bitmask",
+// "compressed-tensors/pack-quantized".
+const char* expert_storage_name(ExpertStorage s);
+const char* checkpoint_layout_name(CheckpointLayout l);
+
 }  // namespace moesq::io

@@ -201,7 +201,8 @@ std::vector<int32_t> parse_npy(const std::string& bytes, const std::string& path
 
 }  // namespace
 
-std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size, TextSplit split) {
+std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size, TextSplit split,
+                                 const Tokenizer* text_tokenizer) {
   MOESQ_CHECK(vocab_size > 0, "load_tokens(", path, "): vocab_size must be positive");
   const std::string bytes = read_all(path);
   MOESQ_CHECK(!bytes.empty(), "data file ", path, " is empty");
@@ -209,6 +210,17 @@ std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size, Te
   std::vector<int32_t> ids;
   if (ends_with_npy(path)) {
     ids = parse_npy(bytes, path, vocab_size);
+  } else if (text_tokenizer && !text_tokenizer->is_byte_identity()) {
+    try {
+      ids = text_tokenizer->encode(bytes, EncodeOptions{.add_special_tokens = false});
+    } catch (const Error& e) {
+      MOESQ_FAIL(path, ": cannot tokenize (", e.what(), ")");
+    }
+    MOESQ_CHECK(!ids.empty(), "data file ", path, " tokenizes to no tokens");
+    for (size_t i = 0; i < ids.size(); ++i)
+      MOESQ_CHECK(ids[i] >= 0 && ids[i] < vocab_size, path, ": token id ", ids[i], " at token ", i,
+                  " (from ", text_tokenizer->describe(), ") is outside the model vocabulary [0, ", vocab_size,
+                  ")");
   } else {
     ids.resize(bytes.size());
     for (size_t i = 0; i < bytes.size(); ++i) {
@@ -238,6 +250,12 @@ std::vector<std::vector<int32_t>> make_windows(const std::vector<int32_t>& token
     windows.emplace_back(tokens.begin() + start, tokens.begin() + end);
   }
   return windows;
+}
+
+std::optional<Tokenizer> text_tokenizer_for(const std::string& dir, const std::vector<std::string>& files) {
+  for (const auto& f : files)
+    if (!ends_with_npy(f)) return load_tokenizer_for_checkpoint(dir);
+  return std::nullopt;
 }
 
 TextSplit parse_split(const std::string& s, const char* flag) {

@@ -1,9 +1,13 @@
-// Token data for calibration and evaluation. Byte-level models: a text file's bytes are its tokens.
-// `.npy` files hold token ids (int32 or uint32, 1-D or 2-D, C order); every id must be < vocab.
+// Token data for calibration and evaluation. `.npy` files hold token ids (int32 or uint32, 1-D or
+// 2-D, C order); every id must be < vocab. Text files go through the checkpoint's tokenizer
+// (io/tokenizer.h); byte-level models (no tokenizer.json, vocab 256): a text file's bytes are its tokens.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "io/tokenizer.h"
 
 namespace moesq::io {
 
@@ -13,9 +17,17 @@ TextSplit parse_split(const std::string& s, const char* flag = "--split");
 const char* split_name(TextSplit s);
 
 // Loads tokens from `path` (.npy or text). Error names the file if it is empty, unreadable, or holds
-// ids >= vocab_size. A text file with bytes >= vocab_size is an error too.
+// ids >= vocab_size. Text: `text_tokenizer` encodes the whole file (UTF-8, no post-processor BOS —
+// the file is a stream cut into windows, not one sequence); nullptr or the byte identity: byte value
+// = token id, and a byte >= vocab_size is an error. The split cuts the token sequence (for bytes,
+// the byte count, as before).
 std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size,
-                                 TextSplit split = TextSplit::All);
+                                 TextSplit split = TextSplit::All, const Tokenizer* text_tokenizer = nullptr);
+
+// The tokenizer that text data files of checkpoint `dir` go through: load_tokenizer_for_checkpoint(dir)
+// when some file of `files` is text, nullopt when all are .npy (ids need no tokenizer, so a checkpoint
+// without tokenizer.json still reads them). Errors are load_tokenizer_for_checkpoint's (name `dir`).
+std::optional<Tokenizer> text_tokenizer_for(const std::string& dir, const std::vector<std::string>& files);
 
 // Cuts `tokens` into consecutive windows of `seq_len` (the last one may be shorter; windows of
 // fewer than 2 tokens are dropped).

@@ -90,7 +90,8 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
 
   std::vector<WindowJob> jobs;
   for (size_t f = 0; f < files.size(); ++f) {
-    const std::vector<int32_t> tokens = io::load_tokens(files[f], model.spec().vocab_size, opt.split);
+    const std::vector<int32_t> tokens = io::load_tokens(files[f], model.spec().vocab_size, opt.split,
+                                                       opt.text_tokenizer ? &*opt.text_tokenizer : nullptr);
     MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(),
                 " tokens (split ", io::split_name(opt.split), "): nothing to predict");
     FileEval fe;
@@ -131,7 +132,9 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::st
   progress("eval", "loading " + dir);
   const io::Checkpoint ckpt(dir);
   const Qwen3Moe model(ckpt, LoadOptions{.allow_mixed = opt.allow_mixed});
-  EvalResult r = evaluate_model(model, files, opt);
+  EvalOptions o = opt;
+  if (!o.text_tokenizer) o.text_tokenizer = io::text_tokenizer_for(dir, files);
+  EvalResult r = evaluate_model(model, files, o);
   r.model = dir;
   return r;
 }

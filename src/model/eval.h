@@ -6,6 +6,7 @@
 // bitwise independent of the thread count.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct EvalOptions {
   ActQuant act_quant = ActQuant::Auto;
   int threads = 0;                      // windows evaluated at once; 0 = moesq::num_threads()
   bool allow_mixed = false;             // --allow-mixed: load a half-compressed checkpoint (LoadOptions)
+  // Encodes text data files (io::load_tokens); nullopt: a text file's bytes are its tokens.
+  // evaluate_checkpoint / evaluate_checkpoint_cuda fill it from the checkpoint (io::text_tokenizer_for).
+  std::optional<io::Tokenizer> text_tokenizer;
 };
 
 struct FileEval {

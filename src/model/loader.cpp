@@ -160,7 +160,7 @@ class ModelLoader {
         // compressed-tensors NVFP4: all experts paired 4:8 → moesq's deployment (block 32); else dense.
         const bool sparse = count.nvfp4 == 0 && count.sparse48 > 0;
         m.expert_format_ = sparse ? "paired-4:8-nvfp4" : "nvfp4";
-        m.default_options_.act_block = sparse ? format::kSparseScaleBlock : format::kDenseScaleBlock;
+        m.default_options_.act_block = io::deployed_act_block(q, count.sparse48, count.nvfp4);
       } else if (q.storage == io::ExpertStorage::Int4) {
         m.expert_format_ = "int4-pack-quantized";
       }

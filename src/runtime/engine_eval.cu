@@ -43,10 +43,13 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
   res.expert_format = eng.expert_format();
   res.seq_len = opt.eval.seq_len;
   res.split = io::split_name(opt.eval.split);
+  const std::optional<io::Tokenizer> tok =
+      opt.eval.text_tokenizer ? opt.eval.text_tokenizer : io::text_tokenizer_for(dir, files);
   std::vector<std::vector<int32_t>> windows;
   std::vector<size_t> file_of;
   for (size_t f = 0; f < files.size(); ++f) {
-    const std::vector<int32_t> tokens = io::load_tokens(files[f], eng.spec().vocab_size, opt.eval.split);
+    const std::vector<int32_t> tokens = io::load_tokens(files[f], eng.spec().vocab_size, opt.eval.split,
+                                                       tok ? &*tok : nullptr);
     MOESQ_CHECK(tokens.size() >= 2, "data file ", files[f], " has ", tokens.size(), " tokens (split ", res.split,
                 "): nothing to predict");
     model::FileEval fe;

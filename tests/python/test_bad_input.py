@@ -1,0 +1,67 @@
+"""Bad tensors and arguments raise with a message naming the function, the argument and what was
+expected: wrong dtype (TypeError), wrong shape or non-contiguous (ValueError), CUDA memory on the
+CPU path (ValueError), a consumed capsule, a non-tensor, out-of-range ids / layers; the producer's
+deleter is called exactly once even when the check fails. Library errors arrive as moesq.Error with
+the library's message (naming the file)."""
+import unittest
+
+from support import KDL_CUDA, KDL_FLOAT, KDL_INT, MODEL, Capsule, bf16_values, moesq, np
+
+
+class BadInput(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.m = moesq.load(MODEL)
+
+    def test_wrong_dtype(self):
+        with self.assertRaisesRegex(TypeError, r"Model.logits: argument 'tokens' has dtype int16, expected int32 or int64"):
+            self.m.logits(np.zeros(4, dtype=np.int16))
+        with self.assertRaisesRegex(TypeError, "argument 'tokens' has dtype float64, expected int32 or int64"):
+            self.m.logits(np.zeros(4, dtype=np.float64))
+        with self.assertRaisesRegex(TypeError, "argument 'x' has dtype int32, expected float32"):
+            self.m.moe_layer(0, np.zeros((2, 256), dtype=np.int32))
+
+    def test_wrong_shape_and_layout(self):
+        with self.assertRaisesRegex(ValueError, r"Model.moe_layer: argument 'x' has shape \[2, 255\], expected \[\*, 256\]"):
+            self.m.moe_layer(0, np.zeros((2, 255), dtype=np.float32))
+        with self.assertRaisesRegex(ValueError, r"argument 'tokens' has shape \[2, 2\], expected \[\*\]"):
+            self.m.logits(np.zeros((2, 2), dtype=np.int32))
+        x, _ = bf16_values((256, 4), seed=0)
+        with self.assertRaisesRegex(ValueError, "is not C-contiguous"):
+            self.m.moe_layer(0, x.T)
+
+    def test_cuda_memory_on_the_cpu_path_and_the_deleter_runs_once(self):
+        x = np.zeros((2, 256), dtype=np.float32)
+        cap = Capsule(x, device_type=KDL_CUDA, code=KDL_FLOAT, bits=32)
+        with self.assertRaisesRegex(ValueError, r"argument 'x' is on cuda:0; this op needs CPU \(host\) memory"):
+            self.m.moe_layer(0, cap.capsule)
+        self.assertEqual(cap.deleted, 1)
+        with self.assertRaisesRegex(TypeError, "unused 'dltensor'"):  # consumed capsules cannot be reused
+            self.m.moe_layer(0, cap.capsule)
+        self.assertEqual(cap.deleted, 1)
+        ok = Capsule(np.arange(6, dtype=np.int32), code=KDL_INT, bits=32)
+        self.assertEqual(np.from_dlpack(self.m.logits(ok.capsule)).shape, (6, 256))
+        self.assertEqual(ok.deleted, 1)
+
+    def test_not_a_tensor_and_out_of_range(self):
+        with self.assertRaisesRegex(TypeError, "argument 'tokens' is a list, expected a DLPack tensor"):
+            self.m.logits([1, 2, 3])
+        with self.assertRaisesRegex(ValueError, r"token id 256 at position 1 outside the vocabulary \[0, 256\)"):
+            self.m.logits(np.array([1, 256], dtype=np.int32))
+        with self.assertRaisesRegex(IndexError, r"layer 4 outside \[0, 4\)"):
+            self.m.moe_input(4, np.zeros((1, 256), dtype=np.float32))
+        with self.assertRaisesRegex(ValueError, "stream must be None for a CPU tensor"):
+            self.m.embed(np.array([1], dtype=np.int32)).__dlpack__(stream=1)
+
+    def test_library_errors_name_the_file(self):
+        with self.assertRaisesRegex(moesq.Error, "/nonexistent/ckpt"):
+            moesq.load("/nonexistent/ckpt")
+        with self.assertRaisesRegex(moesq.Error, "dense NVFP4, not paired 4:8|quantization|weight_packed"):
+            moesq.kernel_weights(MODEL, 0, "gate_proj")
+        with self.assertRaisesRegex(moesq.Error, 'proj "gate" is not one of'):
+            moesq.kernel_weights(MODEL, 0, "gate")
+        self.assertFalse(moesq.cuda_available())
+
+
+if __name__ == "__main__":
+    unittest.main()
