@@ -16,6 +16,10 @@ const char* split_name(TextSplit s);
 // ids >= vocab_size. A text file with bytes >= vocab_size is an error too.
 std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size,
                                  TextSplit split = TextSplit::All);
+// The same on the file's bytes already read (`path` picks .npy or text by its extension and names the
+// file in errors); load_tokens = read the file + this. The fuzz target fuzz/fuzz_tokens.cpp drives it.
+std::vector<int32_t> parse_tokens(const std::string& bytes, const std::string& path, int64_t vocab_size,
+                                  TextSplit split = TextSplit::All);
 
 // Cuts `tokens` into consecutive windows of `seq_len` (the last one may be shorter; windows of
 // fewer than 2 tokens are dropped).
