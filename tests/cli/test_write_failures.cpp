@@ -8,6 +8,7 @@
 // The ENOSPC tests mount a tmpfs and so need root (CAP_SYS_ADMIN); elsewhere they are skipped with
 // the reason.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/mount.h>
@@ -19,37 +20,22 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/hash.h"
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::string> entries_with_prefix(const fs::path& dir, const std::string& prefix) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
-  return out;
-}
+using moesq::test::CliRun;
+using moesq::test::entries_with_prefix;
+using moesq::test::slurp;
 
 // File name → SHA-256 of its bytes, for every file of `dir`: "as it was" means this map is unchanged.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
@@ -84,17 +70,7 @@ class WriteFailures : public ::testing::Test {
 
   fs::path dir() const { return tmp_.path; }
 
-  CliRun run(const std::string& args) {
-    const fs::path out = dir() / "stdout.txt", err = dir() / "stderr.txt";
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" + out.string() +
-                            "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CliRun r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
+  CliRun run(const std::string& args) { return moesq::test::run_cli(MOESQ_BINARY, args, dir()); }
 
   std::string compress_args(const fs::path& out) {
     const fs::path calib = dir() / "calib.txt";
@@ -200,7 +176,10 @@ TEST_F(WriteFailures, ExportKilledMidwayLeavesOutAsItWasAndTheNextRunCleansUp) {
   const std::string tmp_name = "out.tmp." + std::to_string(child);
   bool seen = false;
   alignas(struct inotify_event) char buf[4096];
-  while (!seen) {
+  // Waits at most 120 s (an export that fails before making its temporary must not hang the test).
+  for (int waited_ms = 0; !seen && waited_ms < 120000; waited_ms += 100) {
+    struct pollfd pfd = {in, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) continue;
     const ssize_t n = ::read(in, buf, sizeof(buf));
     if (n <= 0) break;
     for (char* p = buf; p < buf + n;) {
