@@ -127,8 +127,8 @@ void validate_alignment(const RouteAlignment& a, const std::vector<int32_t>& top
   MOESQ_CHECK(a.num_experts > 0, "expert block: plan has ", a.num_experts, " experts");
   std::vector<int64_t> count(a.num_experts, 0), blocks(a.num_experts, 0);
   for (int64_t r = 0; r < R; ++r) {
-    // A plan claiming fewer experts than the top-k ids use (found by fuzz/fuzz_plan.cpp: it indexed
-    // past `count`).
+    // A plan claiming fewer experts than the top-k ids use wrote past `count` (found while writing
+    // fuzz/fuzz_plan.cpp; docs/RELIABILITY.md).
     MOESQ_CHECK(topk_ids[r] >= 0 && topk_ids[r] < a.num_experts, "expert block: route ", r, " is routed to expert ",
                 topk_ids[r], ", outside the plan's [0, ", a.num_experts, ")");
     ++count[topk_ids[r]];
