@@ -6,4 +6,5 @@ apt-get update -qq
 apt-get install -y -qq cmake g++ ninja-build nlohmann-json3-dev libcli11-dev libopenblas-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libopenmpi-dev openmpi-bin \
   pkg-config libpcre2-dev libicu-dev \
-  python3-dev pybind11-dev libdlpack-dev python3-numpy >/dev/null
+  python3-dev pybind11-dev libdlpack-dev python3-numpy \
+  clang libclang-rt-dev >/dev/null  # clang + compiler-rt (libFuzzer, ASan): scripts/fuzz.sh

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/atomic_file.h"
@@ -174,22 +177,37 @@ void copy_side_files(const Checkpoint& src, const std::string& dir) {
 
 ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q) {
   const ModelSpec& s = ckpt.spec();
+  // Walks the tensors the checkpoint holds, not the spec's layers × experts × 3: the work is bounded by
+  // the files, so a config.json claiming 10^9 experts costs nothing (it hung inspect / eval before).
+  // Projections are then taken in (layer, expert, proj) order, so first_mismatch is the same as a
+  // walk over the spec would find. Names follow the family's table (io::expert_tensor_prefix).
+  std::map<std::tuple<int64_t, int64_t, int>, std::pair<bool, bool>> seen;  // → (packed, dense)
+  for (const std::string& name : ckpt.names()) {
+    const auto t = parse_expert_tensor(name);
+    if (!t || t->layer >= s.num_layers || t->expert >= s.num_experts || !s.is_moe_layer(t->layer)) continue;
+    const std::optional<ExpertProj> proj = expert_proj_of(t->proj);
+    if (!proj) continue;
+    const std::string prefix = expert_tensor_prefix(s, t->layer, t->expert, *proj);
+    const bool packed = name == prefix + kWeightPacked || name == prefix + kWeightSparsePacked,
+               dense = name == prefix + kWeight;
+    if (!packed && !dense) continue;
+    auto& [has_packed, has_dense] = seen[{t->layer, t->expert, static_cast<int>(*proj)}];
+    has_packed |= packed;
+    has_dense |= dense;
+  }
   ExpertStorageCensus c;
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    if (!s.is_moe_layer(l)) continue;
-    for (int64_t e = 0; e < s.num_experts; ++e)
-      for (int p = 0; p < 3; ++p) {
-        const std::string prefix = expert_tensor_prefix(s, l, e, static_cast<ExpertProj>(p));
-        const bool packed = ckpt.has(prefix + kWeightPacked) || ckpt.has(prefix + kWeightSparsePacked),
-                   dense = ckpt.has(prefix + kWeight);
-        c.packed += packed;
-        c.dense += dense;
-        // Dense config: any packed tensor disagrees; packed config: a dense .weight does.
-        const bool bad = q.storage == ExpertStorage::Dense ? packed : dense;
-        if (!bad) continue;
-        if (c.first_mismatch.empty()) c.first_mismatch = prefix + (packed ? kWeightPacked : kWeight);
-        ++c.mismatches;
-      }
+  for (const auto& [key, state] : seen) {
+    const auto& [l, e, p] = key;
+    const auto [packed, dense] = state;
+    c.packed += packed;
+    c.dense += dense;
+    // Dense config: any packed tensor disagrees; packed config: a dense .weight does.
+    const bool bad = q.storage == ExpertStorage::Dense ? packed : dense;
+    if (!bad) continue;
+    if (c.first_mismatch.empty())
+      c.first_mismatch =
+          expert_tensor_prefix(s, l, e, static_cast<ExpertProj>(p)) + (packed ? kWeightPacked : kWeight);
+    ++c.mismatches;
   }
   return c;
 }

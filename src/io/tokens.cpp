@@ -204,7 +204,12 @@ std::vector<int32_t> parse_npy(const std::string& bytes, const std::string& path
 std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size, TextSplit split,
                                  const Tokenizer* text_tokenizer) {
   MOESQ_CHECK(vocab_size > 0, "load_tokens(", path, "): vocab_size must be positive");
-  const std::string bytes = read_all(path);
+  return parse_tokens(read_all(path), path, vocab_size, split, text_tokenizer);
+}
+
+std::vector<int32_t> parse_tokens(const std::string& bytes, const std::string& path, int64_t vocab_size,
+                                  TextSplit split, const Tokenizer* text_tokenizer) {
+  MOESQ_CHECK(vocab_size > 0, "load_tokens(", path, "): vocab_size must be positive");
   MOESQ_CHECK(!bytes.empty(), "data file ", path, " is empty");
 
   std::vector<int32_t> ids;

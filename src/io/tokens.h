@@ -23,6 +23,10 @@ const char* split_name(TextSplit s);
 // the byte count, as before).
 std::vector<int32_t> load_tokens(const std::string& path, int64_t vocab_size,
                                  TextSplit split = TextSplit::All, const Tokenizer* text_tokenizer = nullptr);
+// The same on the file's bytes already read (`path` picks .npy or text by its extension and names the
+// file in errors); load_tokens = read the file + this. The fuzz target fuzz/fuzz_tokens.cpp drives it.
+std::vector<int32_t> parse_tokens(const std::string& bytes, const std::string& path, int64_t vocab_size,
+                                  TextSplit split = TextSplit::All, const Tokenizer* text_tokenizer = nullptr);
 
 // The tokenizer that text data files of checkpoint `dir` go through: load_tokenizer_for_checkpoint(dir)
 // when some file of `files` is text, nullopt when all are .npy (ids need no tokenizer, so a checkpoint

@@ -124,8 +124,15 @@ void validate_alignment(const RouteAlignment& a, const std::vector<int32_t>& top
               topk_ids.size(), " entries");
   MOESQ_CHECK(a.block_size > 0 && a.padded_total() == a.num_blocks() * a.block_size, "expert block: ",
               a.num_blocks(), " blocks of ", a.block_size, " rows do not cover ", a.padded_total(), " rows");
+  MOESQ_CHECK(a.num_experts > 0, "expert block: plan has ", a.num_experts, " experts");
   std::vector<int64_t> count(a.num_experts, 0), blocks(a.num_experts, 0);
-  for (int64_t r = 0; r < R; ++r) ++count[topk_ids[r]];
+  for (int64_t r = 0; r < R; ++r) {
+    // A plan claiming fewer experts than the top-k ids use wrote past `count` (found while writing
+    // fuzz/fuzz_plan.cpp; docs/RELIABILITY.md).
+    MOESQ_CHECK(topk_ids[r] >= 0 && topk_ids[r] < a.num_experts, "expert block: route ", r, " is routed to expert ",
+                topk_ids[r], ", outside the plan's [0, ", a.num_experts, ")");
+    ++count[topk_ids[r]];
+  }
   for (int64_t p = 0; p < a.num_blocks(); ++p) {
     const int32_t e = a.block_expert[p];
     MOESQ_CHECK(e >= 0 && e < a.num_experts, "expert block: block ", p, " names expert ", e);
