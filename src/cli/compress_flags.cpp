@@ -67,7 +67,7 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   f.batch_opt = g->add_option("--batch", f.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
-  b->add_option("--jsq-rho", f.jsq_rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (Eq. 3-4)")
+  b->add_option("--jsq-rho", f.jsq_rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
       ->check(kNonNegative);
   b->add_option("--obr-alpha", f.obr_alpha,
                 "OBR: fraction of the columns rounded first; the rest absorbs their error, then GPTQ")
