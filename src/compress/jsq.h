@@ -7,9 +7,9 @@
 //      clamped: k = floor(clip_high · n·K), every |x| above the k-th largest |x| is clamped to it;
 //   2. score S = |W| · ‖X_j‖₂ (Wanda term) + ρ · ss, with the quantization-range salience
 //      ss[o, i] = max_t y'_{t,o} − min_t y'_{t,o},  y' = X Wᵀ with column i of W zeroed
-//      (JSQ's salience, its paper's Eq. 3 and the reference code's generate_ss: zeroing weight (o, i)
-//      changes the range of output o that per-token activation
-//      quantization must cover); an infinite ss becomes 100 (reference code);
+//      (JSQ's range salience, the reference code's generate_ss: zeroing weight (o, i) changes the
+//      range of output o that per-token activation quantization must cover); an infinite ss
+//      becomes 100 (reference code);
 //   3. support: per group of 8, keep the 2 pairs of largest summed score (compress/pair_scores.h);
 //   4. quantization: round-to-nearest paired 4:8 NVFP4 of the kept weights (format::sparse48_quantize).
 // Adaptation decisions (what paper 002 says it adapted, made concrete here):
