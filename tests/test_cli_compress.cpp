@@ -93,6 +93,35 @@ TEST_F(CliCompress, SgptqEndToEndThenEval) {
   EXPECT_LT(std::fabs(nats - ref), 1.0);
 }
 
+// The paper's joint sparse-quantization baselines (issue 12): same CLI and report, paired 4:8
+// checkpoints that eval, inspect and export read like any other.
+TEST_F(CliCompress, JsqAndObrWriteCheckpointsEveryCommandReads) {
+  for (const std::string m : {"jsq", "obr"}) {
+    const fs::path out = tmp_ / m;
+    CmdResult r = run("compress " + model_ + " --method " + m + " --out " + out.string() + " --calib " +
+                      (tmp_ / "text.txt").string() + " --calib-samples 8 --seq-len 64 --json");
+    ASSERT_EQ(r.code, 0) << m << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["method"], m);
+    EXPECT_EQ(j["format"], "paired-4:8-nvfp4");
+    EXPECT_NEAR(j["bits_per_expert_weight"].get<double>(), 2.75, 0.01);
+    EXPECT_TRUE(j.contains(m)) << m << " options missing from the report: " << r.out;
+    EXPECT_LT(j["mean_rel_error"].get<double>(), 2.0);
+    CmdResult e = run("eval " + out.string() + " --data " + (tmp_ / "text.txt").string() + " --seq-len 64 --json");
+    ASSERT_EQ(e.code, 0) << m << ": " << e.err;
+    EXPECT_TRUE(std::isfinite(nlohmann::json::parse(e.out)["nats_per_token"].get<double>()));
+    CmdResult i = run("inspect " + out.string() + " --json");
+    ASSERT_EQ(i.code, 0) << m << ": " << i.err;
+    EXPECT_EQ(nlohmann::json::parse(i.out)["expert_storage"], "packed");
+    CmdResult x = run("export " + out.string() + " --format compressed-tensors --out " + (tmp_ / (m + "_ct")).string());
+    EXPECT_EQ(x.code, 0) << m << ": " << x.err;
+  }
+  CmdResult bad = run("compress " + model_ + " --method obr --obr-alpha 1.5 --out " + (tmp_ / "bad").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--obr-alpha"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "bad"));
+}
+
 TEST_F(CliCompress, RtnIsDenseNvfp4AndDataFree) {
   const fs::path out = tmp_ / "rtn";
   CmdResult r = run("compress " + model_ + " --method rtn-nvfp4 --out " + out.string() + " --calib-samples 2 --seq-len 16 --json");

@@ -15,6 +15,7 @@
 #include "compress/sgptq.h"
 #include "core/error.h"
 #include "format/nvfp4.h"
+#include "support/correlated_layer.h"
 
 namespace mc = moesq::compress;
 namespace mf = moesq::format;
@@ -32,12 +33,6 @@ constexpr double kMinImprovement = 0.8;
 constexpr double kRefErrorRelTol = 0.01;
 constexpr double kRefMinSameCodes = 0.99;
 
-struct Layer {
-  int64_t N, K, n;
-  std::vector<float> W;  // [N, K]
-  std::vector<float> X;  // [n, K] calibration rows, correlated: X = Z · L
-};
-
 std::vector<float> gaussian(size_t count, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, stddev);
@@ -46,42 +41,10 @@ std::vector<float> gaussian(size_t count, uint32_t seed, float stddev = 1.0f) {
   return v;
 }
 
-// X = Z · L with a random mixing L [K, K] (entries N(0, 1/K)) plus a per-channel scale with a few
-// large channels, so input features are correlated and unevenly scaled, as in real MoE inputs.
-Layer make_layer(int64_t N, int64_t K, int64_t n, uint32_t seed) {
-  Layer l{N, K, n, gaussian(N * K, seed), {}};
-  const auto Z = gaussian(n * K, seed + 1);
-  const auto L = gaussian(K * K, seed + 2, 1.0f / std::sqrt(static_cast<float>(K)));
-  std::vector<float> chan(K);
-  std::mt19937 rng(seed + 3);
-  std::lognormal_distribution<float> ln(0.0f, 0.75f);
-  for (float& c : chan) c = ln(rng);
-  l.X.assign(n * K, 0.0f);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      double s = 0.0;
-      for (int64_t j = 0; j < K; ++j) s += static_cast<double>(Z[t * K + j]) * L[j * K + k];
-      l.X[t * K + k] = static_cast<float>(s) * chan[k];
-    }
-  return l;
-}
-
-// ‖(W − Ŵ) Xᵀ‖_F / ‖W Xᵀ‖_F over the calibration rows (fp64).
-double output_rel_error(const Layer& l, const std::vector<float>& What) {
-  double num = 0.0, den = 0.0;
-  for (int64_t r = 0; r < l.N; ++r)
-    for (int64_t t = 0; t < l.n; ++t) {
-      double y = 0.0, e = 0.0;
-      for (int64_t k = 0; k < l.K; ++k) {
-        const double x = l.X[t * l.K + k];
-        y += l.W[r * l.K + k] * x;
-        e += (l.W[r * l.K + k] - What[r * l.K + k]) * x;
-      }
-      num += e * e;
-      den += y * y;
-    }
-  return std::sqrt(num / den);
-}
+// The correlated synthetic layer and its output error (tests/support/correlated_layer.h, shared with
+// the JSQ/OBR tests; output_rel_error is found by argument-dependent lookup).
+using Layer = moesq::test::CorrelatedLayer;
+Layer make_layer(int64_t N, int64_t K, int64_t n, uint32_t seed) { return moesq::test::correlated_layer(N, K, n, seed); }
 
 std::vector<float> dequant(const mf::Sparse48Tensor& t) {
   std::vector<float> out(t.N * t.K);

@@ -55,7 +55,9 @@ void register_compress(CLI::App& app) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--method", args->method,
                   "rtn-nvfp4 (dense NVFP4, 4.5 bpw baseline) | magnitude (paired 4:8 by pair magnitude + RTN) |\n"
-                  "sgptq (SparseGPT pairs + GPTQ) | moesq (SGPTQ + Gumbel/STE/Lion refinement)")
+                  "sgptq (SparseGPT pairs + GPTQ) | moesq (SGPTQ + Gumbel/STE/Lion refinement) |\n"
+                  "jsq (Wanda + quantization-range salience pairs, RTN) | obr (Wanda pairs, OBS + group error\n"
+                  "compensation, GPTQ) -- the paper's joint sparse-quantization baselines, docs/RESULTS.md")
       ->required();
   cmd->add_option("--out", args->out, "output checkpoint directory (replaced atomically)")->required();
   cmd->add_flag("--json", args->json, "print the report summary as one JSON object on stdout");

@@ -67,6 +67,12 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(kPositive);
   f.batch_opt = g->add_option("--batch", f.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
+  auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
+  b->add_option("--jsq-rho", f.jsq_rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
+      ->check(kNonNegative);
+  b->add_option("--obr-alpha", f.obr_alpha,
+                "OBR: fraction of the columns rounded first; the rest absorbs their error, then GPTQ")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 compress::CompressOptions CompressFlags::options(const std::string& method) const {
@@ -74,6 +80,8 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   o.method = compress::parse_method(method);
   o.threads = threads;
   o.sgptq.percdamp = percdamp;
+  o.jsq.rho = jsq_rho;
+  o.obr.alpha = obr_alpha;
   compress::RefineOptions& r = o.refine;
   r.p = objective == "router" ? 2 : 0;
   r.update_A = update == "AV";

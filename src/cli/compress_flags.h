@@ -26,6 +26,8 @@ struct CompressFlags {
   int epochs = 10;
   double lr_a = 2.5e-4, lr_v = 5e-5, tau0 = 2.0, tau1 = 0.05, kappa0 = 100, kappa1 = 500;
   int64_t batch = 64, micro_batch = 64;
+  // baselines (methods jsq, obr): the reference implementations' defaults
+  double jsq_rho = 2.1, obr_alpha = 0.5;
   // true: epochs / batch / lr_a / lr_v above are used as they are (a command's own preset, e.g.
   // `moesq demo`), like flags the user gave.
   bool schedule_preset = false;

@@ -5,6 +5,7 @@
 // silently corrupt the up outputs.
 #pragma once
 #include <array>
+#include <string>
 
 #include "format/packed_weight.h"
 
@@ -12,6 +13,17 @@ namespace moesq::compress {
 
 struct PackedExpert {
   std::array<format::PackedWeight, 3> proj;  // gate [I, H], up [I, H], down [H, I]
+};
+
+}  // namespace moesq::compress
+
+namespace moesq::compress {
+
+// One expert as a one-shot baseline solver returns it (compress/jsq.h, compress/obr.h).
+struct SolvedExpert {
+  PackedExpert packed;
+  bool fallback = false;  // no usable calibration rows: the documented fallback was used
+  std::string note;       // why, when fallback
 };
 
 }  // namespace moesq::compress

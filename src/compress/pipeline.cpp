@@ -28,7 +28,9 @@ Method parse_method(const std::string& s) {
   if (s == "magnitude") return Method::Magnitude;
   if (s == "sgptq") return Method::Sgptq;
   if (s == "moesq") return Method::Moesq;
-  MOESQ_FAIL("--method: unknown method '", s, "' (expected rtn-nvfp4, magnitude, sgptq or moesq)");
+  if (s == "jsq") return Method::Jsq;
+  if (s == "obr") return Method::Obr;
+  MOESQ_FAIL("--method: unknown method '", s, "' (expected rtn-nvfp4, magnitude, sgptq, moesq, jsq or obr)");
 }
 
 const char* method_name(Method m) {
@@ -37,6 +39,8 @@ const char* method_name(Method m) {
     case Method::Magnitude: return "magnitude";
     case Method::Sgptq: return "sgptq";
     case Method::Moesq: return "moesq";
+    case Method::Jsq: return "jsq";
+    case Method::Obr: return "obr";
   }
   return "?";
 }
@@ -51,6 +55,10 @@ void validate(const CompressOptions& opt) {
               "sgptq: block_size=", opt.sgptq.block_size, " must be a positive multiple of ",
               format::kSparseScaleBlock);
   if (opt.method == Method::Moesq) validate(opt.refine);
+  MOESQ_CHECK(opt.jsq.rho >= 0 && std::isfinite(opt.jsq.rho), "--jsq-rho: ", opt.jsq.rho, " must be a finite value >= 0");
+  MOESQ_CHECK(opt.jsq.clip_high >= 0 && opt.jsq.clip_high < 1, "jsq: clip_high=", opt.jsq.clip_high, " must be in [0, 1)");
+  MOESQ_CHECK(opt.jsq.rows_per_mean > 0, "jsq: rows_per_mean=", opt.jsq.rows_per_mean, " must be > 0");
+  MOESQ_CHECK(opt.obr.alpha >= 0 && opt.obr.alpha <= 1, "--obr-alpha: ", opt.obr.alpha, " must be in [0, 1]");
 }
 
 namespace {
@@ -105,6 +113,16 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
         const std::vector<uint8_t> pat = format::magnitude_patterns(W[p]->data(), N, K);
         pe.proj[p] = format::sparse48_quantize(W[p]->data(), N, K, pat.data(), p < 2 ? gs_gu : gs_d, names[p]);
       }
+      break;
+    }
+    case Method::Jsq:
+    case Method::Obr: {
+      SolvedExpert s = opt.method == Method::Jsq
+                           ? jsq_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.jsq, names)
+                           : obr_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.obr, opt.sgptq, names);
+      rep.fallback = s.fallback;
+      rep.note = s.note;
+      pe = std::move(s.packed);
       break;
     }
     case Method::Sgptq:

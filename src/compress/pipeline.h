@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "compress/calib.h"
+#include "compress/jsq.h"
+#include "compress/obr.h"
 #include "compress/packed_expert.h"
 #include "compress/refine/options.h"
 #include "compress/sgptq.h"
@@ -27,7 +29,7 @@ namespace moesq::compress {
 
 class WorkDir;
 
-enum class Method { RtnNvfp4, Magnitude, Sgptq, Moesq };
+enum class Method { RtnNvfp4, Magnitude, Sgptq, Moesq, Jsq, Obr };
 Method parse_method(const std::string& s);  // Error naming --method for unknown names
 const char* method_name(Method m);
 bool method_is_sparse(Method m);
@@ -36,6 +38,8 @@ struct CompressOptions {
   Method method = Method::Sgptq;
   SgptqOptions sgptq;
   RefineOptions refine;   // refinement options (method moesq)
+  JsqOptions jsq;         // method jsq (compress/jsq.h)
+  ObrOptions obr;         // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
   int threads = 0;        // 0: all cores
 };
 

@@ -166,6 +166,11 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   };
   if (opt.method == Method::Moesq)
     sum.report["refine_options"] = refine_options_to_json(opt.refine);
+  if (opt.method == Method::Jsq)
+    sum.report["jsq"] = {{"rho", opt.jsq.rho}, {"clip_high", opt.jsq.clip_high}, {"rows_per_mean", opt.jsq.rows_per_mean},
+                         {"smoothing", false}};
+  if (opt.method == Method::Obr)
+    sum.report["obr"] = {{"alpha", opt.obr.alpha}, {"rtn", opt.obr.rtn}, {"rotation", false}};
   sum.layer_loss = loss_per_layer(r, spec.num_layers);
   nlohmann::json ll = nlohmann::json::array();
   for (const LayerLoss& x : sum.layer_loss)

@@ -166,12 +166,14 @@ struct Codes {
 
 // At a scale-block boundary i (i % 32 == 0): the patterns of the block's 4 groups (SparseGPT choice
 // on the updated weights), then the block's UE4M3 code; block_dec[r] = its decoded value.
+// With a given support (fixed_support), the patterns are kept as they are.
 void start_scale_block(const double* Wt, const double* U, int64_t N, int64_t K, int64_t i, float gamma,
-                       SgptqResult& res, Codes& codes, std::vector<float>& block_dec) {
+                       bool fixed_support, SgptqResult& res, Codes& codes, std::vector<float>& block_dec) {
   const int64_t G = K / kGroup, S = K / kSparseScaleBlock;
   for (int64_t r = 0; r < N; ++r) {
     uint8_t* rp = res.patterns.data() + r * G;
-    for (int g = 0; g < kGroupsPerScaleBlock; ++g) rp[i / kGroup + g] = choose_pattern(Wt, U, N, K, r, i + g * kGroup);
+    if (!fixed_support)
+      for (int g = 0; g < kGroupsPerScaleBlock; ++g) rp[i / kGroup + g] = choose_pattern(Wt, U, N, K, r, i + g * kGroup);
     const uint8_t c = block_scale_code(Wt, N, r, i, rp, gamma);
     codes.scale[r * S + i / kSparseScaleBlock] = c;
     block_dec[r] = format::e4m3_decode(c);
@@ -267,9 +269,11 @@ format::Sparse48Tensor pack_codes(int64_t N, int64_t K, float gamma, const std::
 }
 
 // Core column loop. block = lazy-update block; use_blas = LAPACK factorisation and BLAS updates.
-// block == K with no BLAS is the _ref twin.
+// block == K with no BLAS is the _ref twin. fixed: a given support [N, K/8] (null: SparseGPT choice);
+// columns before gptq_from are rounded without propagating their error (RTN).
 SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float gamma,
-                  const SgptqOptions& opt, const std::string& name, int64_t block, bool use_blas) {
+                  const SgptqOptions& opt, const std::string& name, int64_t block, bool use_blas,
+                  const uint8_t* fixed = nullptr, int64_t gptq_from = 0) {
   Prepared p = prepare(W, N, K, h, opt, name, use_blas);
   if (!(gamma > 0.0f)) gamma = format::nvfp4_tensor_scale(format::amax_abs(W, N * K));
   MOESQ_CHECK(std::isfinite(gamma), "sgptq: tensor ", name, " has a non-finite global scale");
@@ -280,6 +284,12 @@ SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float 
   res.fallback_reason = p.reason;
   res.dead_columns = p.dead;
   res.patterns.assign(static_cast<size_t>(N * G), 0);
+  if (fixed) {
+    for (int64_t idx = 0; idx < N * G; ++idx)
+      MOESQ_CHECK(fixed[idx] < kNumPatterns, "gptq: tensor ", name, " has pattern id ", int(fixed[idx]),
+                  " at [", idx / G, ", ", idx % G, "] (expected 0..5)");
+    std::copy(fixed, fixed + N * G, res.patterns.begin());
+  }
   res.dense_rounded.assign(static_cast<size_t>(N * K), 0.0f);
   Codes codes;
   codes.scale.assign(static_cast<size_t>(N * (K / kSparseScaleBlock)), 0);
@@ -295,13 +305,14 @@ SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float 
     err.assign(static_cast<size_t>((b1 - b0) * N), 0.0);
     for (int64_t i = b0; i < b1; ++i) {
       if (i % kSparseScaleBlock == 0) {
-        start_scale_block(Wt, U, N, K, i, gamma, res, codes, block_dec);
-      } else if (opt.pattern_at_group && i % kGroup == 0) {
+        start_scale_block(Wt, U, N, K, i, gamma, fixed != nullptr, res, codes, block_dec);
+      } else if (!fixed && opt.pattern_at_group && i % kGroup == 0) {
         // SparseGPT per-group choice on the updated weights; the block scale stays provisional.
         for (int64_t r = 0; r < N; ++r) res.patterns[r * G + i / kGroup] = choose_pattern(Wt, U, N, K, r, i);
       }
       double* ei = err.data() + (i - b0) * N;
       quantize_column(Wt + i * N, N, K, i, U[i * K + i], gamma, block_dec, res, codes, ei, loss);
+      if (i < gptq_from) std::fill(ei, ei + N, 0.0);  // RTN column: no error propagated
       update_in_block(U, N, K, i, b1, ei, Wt, use_blas);
     }
     if (b1 < K) update_after_block(U, N, K, b0, b1, err, Wt, use_blas);
@@ -321,6 +332,20 @@ SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float 
 SgptqResult sgptq_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                       const SgptqOptions& opt, const std::string& name) {
   return solve(W, N, K, H, global_scale, opt, name, K, /*use_blas=*/false);
+}
+
+SgptqResult gptq_fixed_support(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                               const uint8_t* patterns, int64_t gptq_from, const SgptqOptions& opt,
+                               const std::string& name) {
+  MOESQ_CHECK(gptq_from >= 0 && gptq_from <= K, "gptq: gptq_from=", gptq_from, " outside [0, K=", K, "]");
+  return solve(W, N, K, H, global_scale, opt, name, opt.block_size, /*use_blas=*/true, patterns, gptq_from);
+}
+
+SgptqResult gptq_fixed_support_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                                   const uint8_t* patterns, int64_t gptq_from, const SgptqOptions& opt,
+                                   const std::string& name) {
+  MOESQ_CHECK(gptq_from >= 0 && gptq_from <= K, "gptq: gptq_from=", gptq_from, " outside [0, K=", K, "]");
+  return solve(W, N, K, H, global_scale, opt, name, K, /*use_blas=*/false, patterns, gptq_from);
 }
 
 }  // namespace moesq::compress

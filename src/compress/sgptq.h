@@ -65,4 +65,17 @@ SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float 
 SgptqResult sgptq_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                       const SgptqOptions& opt = {}, const std::string& name = "weight");
 
+// GPTQ with the support GIVEN (patterns [N, K/8], ids in [0, 6)): the same column loop, scale
+// blocks and rounding as sgptq, no SparseGPT choice. Columns before gptq_from (0 <= gptq_from <= K)
+// are rounded to nearest without propagating their error; from gptq_from on, each column's error
+// updates the later columns (OBR's final step: RTN on the first α·K columns, GPTQ on the rest,
+// compress/obr.h). gptq_from = 0 is plain GPTQ on a fixed support.
+SgptqResult gptq_fixed_support(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                               const uint8_t* patterns, int64_t gptq_from, const SgptqOptions& opt = {},
+                               const std::string& name = "weight");
+// Plain-loop twin (no lazy blocks, no BLAS).
+SgptqResult gptq_fixed_support_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
+                                   const uint8_t* patterns, int64_t gptq_from, const SgptqOptions& opt = {},
+                                   const std::string& name = "weight");
+
 }  // namespace moesq::compress

@@ -81,6 +81,9 @@ nlohmann::json run_manifest(const io::Checkpoint& src, const CalibSet& calib, co
                               {"min_tokens", opt.sgptq.min_tokens},
                               {"pattern_at_group", opt.sgptq.pattern_at_group}}}};
   if (opt.method == Method::Moesq) options["refine"] = refine_options_to_json(opt.refine);
+  if (opt.method == Method::Jsq)
+    options["jsq"] = {{"rho", opt.jsq.rho}, {"clip_high", opt.jsq.clip_high}, {"rows_per_mean", opt.jsq.rows_per_mean}};
+  if (opt.method == Method::Obr) options["obr"] = {{"alpha", opt.obr.alpha}, {"rtn", opt.obr.rtn}};
   nlohmann::json files = nlohmann::json::object();
   std::vector<std::string> paths = src.shard_files();
   paths.push_back((fs::path(src.dir()) / "config.json").string());
