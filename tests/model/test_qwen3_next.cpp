@@ -1,0 +1,162 @@
+// Parity of the hybrid-family CPU forward (model/families/) with transformers' float32 forward of
+// the tiny-qwen3-next and tiny-qwen3.5-moe fixtures (../shared/models/README.md).
+//
+// Checked per fixture: each decoder layer TEACHER-FORCED on the reference input of that layer
+// (hidden_states.l → hidden_states.l+1; the last after the final norm) and its router logits and
+// top-k sets; the free-running logits; the cross-entropy of summary.json; every mixer's fast path
+// against its plain-loop twin; and token-by-token decode (GDN conv + SSM state, KV caches) against
+// the full-sequence forward at the same positions.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "model/families/family_model.h"
+#include "support/family_reference.h"
+
+namespace {
+
+using moesq::model::FamilyModel;
+using moesq::test::max_abs_diff;
+
+// Both sides compute in fp32 from the same bf16 weights; differences are summation orders
+// (OpenBLAS vs torch GEMMs, the recurrent vs the chunked delta rule), a few ulps per op.
+constexpr double kHiddenAtol = 1e-3;        // the bound, on hidden states and logits
+constexpr double kLogitsAtol = 1e-3;
+constexpr double kRouterLogitsAtol = 1e-4;  // O(1) values: a few ulps of the router GEMM
+constexpr double kTieGap = 1e-4;            // top-k may differ only where the reference gap is below this
+constexpr double kCeAtol = 1e-4;            // nats/token vs summary.json
+// Fast path vs plain-loop twin on the same inputs: only GEMM summation order differs.
+constexpr double kTwinAtol = 2e-5;
+// Decode (T = 1 steps through the states) vs the full-sequence forward: the recurrence is the
+// same code, attention reads the same keys; only GEMM shapes (M = 1 vs M = T) change rounding.
+constexpr double kDecodeAtol = 1e-4;
+
+class HybridParity : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = moesq::test::shared_models_dir() + "/" + GetParam();
+    if (!std::filesystem::is_directory(dir_)) GTEST_SKIP() << "fixture " << dir_ << " not present";
+    ckpt_ = std::make_unique<moesq::io::Checkpoint>(dir_);
+    // The references ran with bf16-rounded RoPE inverse frequencies (FamilyLoadOptions): match them.
+    moesq::model::FamilyLoadOptions lo;
+    lo.rope_inv_freq_bf16 = true;
+    model_ = std::make_unique<FamilyModel>(*ckpt_, lo);
+    ref_ = moesq::test::load_family_reference(GetParam(), model_->spec().num_layers);
+  }
+  std::string dir_;
+  std::unique_ptr<moesq::io::Checkpoint> ckpt_;
+  std::unique_ptr<FamilyModel> model_;
+  moesq::test::FamilyReference ref_;
+};
+
+TEST_P(HybridParity, ConfigAndLayout) {
+  const auto& f = model_->family();
+  EXPECT_EQ(f.base.model_type, std::string(GetParam()) == "tiny-qwen3-next" ? "qwen3_next" : "qwen3_5_moe_text");
+  ASSERT_EQ(f.layer_mixer.size(), 4u);
+  EXPECT_EQ(f.layer_mixer[0], moesq::io::MixerKind::GatedDeltaNet);
+  EXPECT_EQ(f.layer_mixer[3], moesq::io::MixerKind::FullAttention);
+  EXPECT_EQ(f.rope.rotary_dim, 8);  // head_dim 32 · partial_rotary_factor 0.25
+  EXPECT_TRUE(f.attn_output_gate);
+  EXPECT_EQ(f.shared_expert_intermediate_size, 64);
+  EXPECT_EQ(ckpt_->spec().model_type, f.base.model_type);  // io::parse_config accepts the family
+}
+
+TEST_P(HybridParity, LayersTeacherForced) {
+  const auto& s = model_->spec();
+  const int64_t T = ref_.T, H = s.hidden_size, E = s.num_experts, L = s.num_layers;
+  int64_t ties = 0;
+  double worst = 0.0, worst_router = 0.0;
+  for (int64_t b = 0; b < ref_.B; ++b)
+    for (int64_t l = 0; l < L; ++l) {
+      const float* in = &ref_.hidden[l][b * T * H];
+      std::vector<float> h(in, in + T * H);
+      const moesq::model::Routes r = model_->layer_forward(l, h, T);
+      const std::vector<float> out = l + 1 < L ? h : model_->final_norm(h, T);
+      const double err = max_abs_diff(out.data(), &ref_.hidden[l + 1][b * T * H], T * H);
+      EXPECT_LE(err, kHiddenAtol) << GetParam() << " layer " << l << " (" << moesq::io::mixer_kind_name(model_->family().layer_mixer[l])
+                                  << ") seq " << b;
+      ASSERT_FALSE(ref_.router[l].empty());
+      const double rerr = max_abs_diff(r.logits.data(), &ref_.router[l][b * T * E], T * E);
+      EXPECT_LE(rerr, kRouterLogitsAtol) << GetParam() << " router logits layer " << l << " seq " << b;
+      EXPECT_EQ(moesq::test::topk_mismatches(r.expert, r.k, &ref_.router[l][b * T * E], T, E, kTieGap, &ties), 0)
+          << GetParam() << " top-k layer " << l << " seq " << b;
+      EXPECT_GT(moesq::test::max_abs(out), 0.01);  // not all zeros
+      worst = std::max(worst, err);
+      worst_router = std::max(worst_router, rerr);
+    }
+  std::printf("[ parity ] %s teacher-forced: hidden max err %.3g, router logits %.3g, near-ties %ld\n", GetParam(),
+              worst, worst_router, static_cast<long>(ties));
+  EXPECT_LE(ties, 4) << "more near-ties than a random-weight router should produce";
+}
+
+TEST_P(HybridParity, LogitsAndCrossEntropy) {
+  const int64_t T = ref_.T, V = model_->spec().vocab_size;
+  double nll = 0.0, worst = 0.0;
+  for (int64_t b = 0; b < ref_.B; ++b) {
+    const std::vector<float> z = model_->forward(ref_.row(b));
+    const double err = max_abs_diff(z.data(), &ref_.logits[b * T * V], T * V);
+    EXPECT_LE(err, kLogitsAtol) << GetParam() << " seq " << b;
+    worst = std::max(worst, err);
+    nll += model_->window_nll(ref_.row(b));
+  }
+  const double ce = nll / static_cast<double>(ref_.B);  // equal-length windows: the token mean
+  EXPECT_NEAR(ce, ref_.ce, kCeAtol) << GetParam();
+  std::printf("[ parity ] %s: logits max err %.3g, CE %.6f vs reference %.6f\n", GetParam(), worst, ce, ref_.ce);
+}
+
+// Exact fp32 RoPE frequencies (the default load): the logits move by the RoPE difference, the
+// cross-entropy stays within the 1e-4.
+TEST_P(HybridParity, ExactRopeCrossEntropy) {
+  const FamilyModel exact(*ckpt_);
+  EXPECT_FALSE(exact.family().rope.inv_freq_bf16);
+  const int64_t T = ref_.T, V = exact.spec().vocab_size;
+  double nll = 0.0, err = 0.0;
+  for (int64_t b = 0; b < ref_.B; ++b) {
+    const std::vector<float> z = exact.forward(ref_.row(b));
+    err = std::max(err, max_abs_diff(z.data(), &ref_.logits[b * T * V], T * V));
+    nll += exact.window_nll(ref_.row(b));
+  }
+  EXPECT_NEAR(nll / static_cast<double>(ref_.B), ref_.ce, kCeAtol) << GetParam();
+  EXPECT_GT(err, 0.0);  // the rounding is visible: the option is not a no-op
+  std::printf("[ parity ] %s exact RoPE: CE %.6f vs %.6f, logits max err %.3g\n", GetParam(),
+              nll / static_cast<double>(ref_.B), ref_.ce, err);
+}
+
+TEST_P(HybridParity, MixersMatchPlainLoopTwins) {
+  const int64_t T = ref_.T, H = model_->spec().hidden_size;
+  for (int64_t l = 0; l < model_->spec().num_layers; ++l) {
+    std::vector<float> h(&ref_.hidden[l][0], &ref_.hidden[l][0] + T * H), h_ref = h;
+    model_->mixer_block(l, h, T);
+    model_->mixer_block_ref(l, h_ref, T);
+    EXPECT_LE(max_abs_diff(h.data(), h_ref.data(), T * H), kTwinAtol) << GetParam() << " mixer of layer " << l;
+  }
+}
+
+TEST_P(HybridParity, DecodeEqualsFullForward) {
+  const int64_t T = ref_.T, V = model_->spec().vocab_size;
+  const std::vector<int32_t> toks = ref_.row(1);
+  const std::vector<float> full = model_->forward(toks);
+  // Prefill 17 tokens (not a multiple of the conv kernel), then one token at a time.
+  moesq::model::DecodeState st = model_->new_decode_state();
+  const int64_t P = 17;
+  std::vector<float> z = model_->decode({toks.begin(), toks.begin() + P}, st);
+  ASSERT_EQ(static_cast<int64_t>(z.size()), P * V);
+  EXPECT_LE(max_abs_diff(z.data(), full.data(), P * V), kDecodeAtol) << "prefill";
+  for (int64_t t = P; t < T; ++t) {
+    z = model_->decode({toks[t]}, st);
+    ASSERT_LE(max_abs_diff(z.data(), &full[t * V], V), kDecodeAtol) << GetParam() << " decode position " << t;
+  }
+  EXPECT_EQ(st.pos, T);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HybridParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+}  // namespace
