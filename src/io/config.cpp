@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "io/config_families.h"
 
 namespace moesq::io {
 
@@ -83,8 +82,6 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   MOESQ_CHECK(model_type, source, ": missing key \"model_type\"");
   MOESQ_CHECK(model_type->is_string(), source, ": key \"model_type\" must be a string");
   s.model_type = model_type->get<std::string>();
-  // The hybrid / sink-attention families parse their own keys (io/config_families.h).
-  if (is_family_model_type(s.model_type)) return parse_family_config(j, source).base;
   MOESQ_CHECK(s.model_type == "qwen3_moe", source, ": unsupported architecture model_type \"",
               s.model_type, "\" (moesq supports qwen3_moe)");
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/experts/experts.h"
-#include "model/mixers/attention.h"
+#include "model/mixers/gated_attention.h"
 #include "model/mixers/gated_deltanet.h"
 #include "model/mixers/rope.h"
 #include "model/routers/routers.h"

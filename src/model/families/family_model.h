@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "io/config_families.h"
+#include "io/config_hybrid.h"
 #include "model/experts/experts.h"
-#include "model/mixers/attention.h"
+#include "model/mixers/gated_attention.h"
 #include "model/mixers/gated_deltanet.h"
 #include "model/qwen3_moe.h"
 

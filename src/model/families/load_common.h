@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "io/config_families.h"
+#include "io/config_hybrid.h"
 #include "model/families/family_model.h"
 
 namespace moesq::model::family_load {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/config_families.h"
+#include "io/config_hybrid.h"
 
 namespace moesq::model {
 

@@ -3,7 +3,7 @@
 // the optional sink are one fp32 pass per row. The non-obvious decision: the sink enters the
 // softmax as one more logit (max-subtracted with the rest, its probability dropped), exactly
 // transformers' eager gpt-oss attention — not as a bias on the denominator computed separately.
-#include "model/mixers/attention.h"
+#include "model/mixers/gated_attention.h"
 
 #include <cblas.h>
 

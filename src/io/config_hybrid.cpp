@@ -3,7 +3,7 @@
 // (Qwen3NextConfig: norm_topk_prob true…; Qwen3_5MoeTextConfig always renormalises the top-k;
 // GptOssConfig: swiglu_limit 7.0, alpha 1.702 fixed in GptOssExperts), so a hub config that omits a
 // key runs as transformers would run it.
-#include "io/config_families.h"
+#include "io/config_hybrid.h"
 
 #include <cmath>
 
