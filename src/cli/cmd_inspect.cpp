@@ -34,15 +34,14 @@ struct InspectOptions {
 
 // Logical [N, K] of one routed-expert projection (PyTorch Linear layout: [out, in]).
 int64_t expert_projection_numel(const io::ModelSpec& s, const std::string& proj, const std::string& tensor) {
-  if (proj == "gate_proj" || proj == "up_proj") return s.moe_intermediate_size * s.hidden_size;
-  if (proj == "down_proj") return s.hidden_size * s.moe_intermediate_size;
+  if (const std::optional<io::ExpertProj> p = io::expert_proj_of(proj)) return s.moe_intermediate_size * s.hidden_size;
   MOESQ_FAIL("tensor ", tensor, ": unknown expert projection \"", proj, "\"");
 }
 
 bool is_plain_name(const std::string& s) {
   if (s.empty()) return false;
   for (char c : s)
-    if (!((c >= 'a' && c <= 'z') || c == '_')) return false;
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;  // Mixtral: w1
   return true;
 }
 

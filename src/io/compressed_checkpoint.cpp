@@ -142,12 +142,14 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
     const TensorView& t = src.get(name);
     w.add(name, t.dtype, t.shape, t.data, t.nbytes);
   }
-  for (int64_t l = 0; l < spec.num_layers; ++l)
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (!spec.is_moe_layer(l)) continue;  // a dense MLP layer was copied above, as stored
     for (int64_t e = 0; e < spec.num_experts; ++e)
       for (int p = 0; p < 3; ++p) {
         const auto proj = static_cast<ExpertProj>(p);
-        add_packed_weight(w, expert_tensor_prefix(l, e, proj), packed(l, e, proj));
+        add_packed_weight(w, expert_tensor_prefix(spec, l, e, proj), packed(l, e, proj));
       }
+  }
   write_checkpoint_tensors(dir, w);
 
   nlohmann::json cfg = src.config();
@@ -176,8 +178,8 @@ ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const Quantiza
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (!s.is_moe_layer(l)) continue;
     for (int64_t e = 0; e < s.num_experts; ++e)
-      for (const char* proj : kExpertProjNames) {
-        const std::string prefix = expert_tensor_prefix(l, e, proj);
+      for (int p = 0; p < 3; ++p) {
+        const std::string prefix = expert_tensor_prefix(s, l, e, static_cast<ExpertProj>(p));
         const bool packed = ckpt.has(prefix + kWeightPacked) || ckpt.has(prefix + kWeightSparsePacked),
                    dense = ckpt.has(prefix + kWeight);
         c.packed += packed;

@@ -1,4 +1,5 @@
-// HF config.json → ModelSpec (qwen3_moe only).
+// HF config.json → ModelSpec: the keys every supported decoder shares (the per-family ones are in
+// io/config_families.cpp).
 // Non-obvious decision: keys that define tensor shapes or arithmetic (sizes, heads, experts, top-k,
 // RoPE θ) are REQUIRED — a missing one is an error naming it — while keys that transformers'
 // Qwen3MoeConfig documents with a harmless default (norm_topk_prob=false, rms_norm_eps=1e-6,
@@ -13,45 +14,15 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/config_families.h"
+#include "io/config_keys.h"
 
 namespace moesq::io {
 
 namespace {
 
 using nlohmann::json;
-
-const json* find(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-int64_t get_int(const json& v, const std::string& key, const std::string& source) {
-  MOESQ_CHECK(v.is_number_integer(), source, ": key \"", key, "\" must be an integer, got ", v.dump());
-  return v.get<int64_t>();
-}
-
-int64_t require_int(const json& j, const char* key, const std::string& source) {
-  const json* v = find(j, key);
-  MOESQ_CHECK(v, source, ": missing key \"", key, "\"");
-  return get_int(*v, key, source);
-}
-
-int64_t require_positive(const json& j, const char* key, const std::string& source) {
-  const int64_t v = require_int(j, key, source);
-  MOESQ_CHECK(v > 0, source, ": key \"", key, "\" must be positive, got ", v);
-  return v;
-}
-
-double get_double(const json& v, const std::string& key, const std::string& source) {
-  MOESQ_CHECK(v.is_number(), source, ": key \"", key, "\" must be a number, got ", v.dump());
-  return v.get<double>();
-}
-
-bool get_bool(const json& v, const std::string& key, const std::string& source) {
-  MOESQ_CHECK(v.is_boolean(), source, ": key \"", key, "\" must be true or false, got ", v.dump());
-  return v.get<bool>();
-}
+using namespace config_keys;
 
 // A rope_scaling / rope_parameters object must describe plain RoPE: the forward implements no other.
 void check_rope_type(const json& rope, const char* key, const std::string& source) {
@@ -69,7 +40,9 @@ void check_rope_type(const json& rope, const char* key, const std::string& sourc
 bool ModelSpec::is_moe_layer(int64_t layer) const {
   // transformers Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, every
   // decoder_sparse_step-th layer (1-based).
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
+  // DeepSeek-V3: the first first_k_dense_replace layers are dense.
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end() ||
+      layer < first_k_dense_replace) {
     return false;
   }
   return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0;
@@ -82,17 +55,28 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   MOESQ_CHECK(model_type, source, ": missing key \"model_type\"");
   MOESQ_CHECK(model_type->is_string(), source, ": key \"model_type\" must be a string");
   s.model_type = model_type->get<std::string>();
-  MOESQ_CHECK(s.model_type == "qwen3_moe", source, ": unsupported architecture model_type \"",
-              s.model_type, "\" (moesq supports qwen3_moe)");
+  const ConfigFamily* family = find_config_family(s.model_type);
+  MOESQ_CHECK(family, source, ": unsupported architecture model_type \"", s.model_type, "\" (moesq supports ",
+              supported_model_types(), ")");
+  family->parse(j, source, s);
+  return s;
+}
 
+void parse_common_config(const json& j, const std::string& source, const CommonConfigKeys& keys, ModelSpec& s) {
   s.vocab_size = require_positive(j, "vocab_size", source);
   s.hidden_size = require_positive(j, "hidden_size", source);
   s.intermediate_size = require_positive(j, "intermediate_size", source);
-  s.moe_intermediate_size = require_positive(j, "moe_intermediate_size", source);
+  s.moe_intermediate_size = require_positive(j, keys.expert_width, source);
   s.num_layers = require_positive(j, "num_hidden_layers", source);
   s.num_heads = require_positive(j, "num_attention_heads", source);
   s.num_kv_heads = require_positive(j, "num_key_value_heads", source);
-  s.head_dim = require_positive(j, "head_dim", source);
+  if (keys.head_dim_required || find(j, "head_dim")) {
+    s.head_dim = require_positive(j, "head_dim", source);
+  } else {  // transformers: hidden_size // num_attention_heads
+    MOESQ_CHECK(s.hidden_size % s.num_heads == 0, source, ": no head_dim and hidden_size = ", s.hidden_size,
+                " is not a multiple of num_attention_heads = ", s.num_heads);
+    s.head_dim = s.hidden_size / s.num_heads;
+  }
   s.top_k = require_positive(j, "num_experts_per_tok", source);
 
   // Experts: hub spelling num_experts, newer transformers num_local_experts.
@@ -134,12 +118,11 @@ ModelSpec parse_config(const json& j, const std::string& source) {
 
   if (const json* act = find(j, "hidden_act")) {
     MOESQ_CHECK(act->is_string() && act->get<std::string>() == "silu", source, ": hidden_act = ",
-                act->dump(), " is not supported (Qwen3-MoE experts are SwiGLU: silu)");
+                act->dump(), " is not supported (moesq's experts are SwiGLU: silu)");
   }
 
   // Keys with transformers defaults.
-  if (const json* v = find(j, "norm_topk_prob")) s.norm_topk_prob = get_bool(*v, "norm_topk_prob", source);
-  else s.norm_topk_prob = false;
+  s.norm_topk_prob = bool_or(j, "norm_topk_prob", keys.norm_topk_prob_default, source);
   if (const json* v = find(j, "rms_norm_eps")) s.rms_norm_eps = get_double(*v, "rms_norm_eps", source);
   if (const json* v = find(j, "max_position_embeddings"))
     s.max_position_embeddings = get_int(*v, "max_position_embeddings", source);
@@ -162,7 +145,6 @@ ModelSpec parse_config(const json& j, const std::string& source) {
       s.mlp_only_layers.push_back(layer);
     }
   }
-  return s;
 }
 
 ModelSpec load_config(const std::string& config_json_path) {

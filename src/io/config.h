@@ -1,4 +1,7 @@
-// HF config.json → ModelSpec for the qwen3_moe family.
+// HF config.json → ModelSpec, per architecture family (model_type): the registry of families whose
+// configs moesq reads is io/config_families.cpp. A ModelSpec describes a generic decoder of layers
+// (mixer, router + routed experts [+ gated shared expert], or a dense MLP); the per-family facts
+// (router scoring, q/k norm span, biases, shared experts) are DATA here, read by model/.
 // Accepts both key spellings found in the wild (DESIGN.md §7): `num_experts` (hub) or
 // `num_local_experts` (newer transformers), `rope_theta` or `rope_parameters.rope_theta`.
 #pragma once
@@ -10,8 +13,21 @@
 
 namespace moesq::io {
 
+// Where the attention's q/k RMSNorm acts (after the projections, before RoPE).
+enum class QkNorm {
+  None,     // no q/k norm (Qwen2-MoE, Mixtral)
+  PerHead,  // one [head_dim] weight shared by every head (Qwen3-MoE)
+  Whole,    // over the whole projection: q [nh·hd], k [nkv·hd] (OLMoE)
+};
+
+// How router logits become routing scores (before top-k).
+enum class RouterScoring {
+  Softmax,  // p = softmax(logits) in fp32 (Qwen, Mixtral, OLMoE)
+  Sigmoid,  // p = sigmoid(logits) (DeepSeek-V3); selection may add e_score_correction_bias
+};
+
 struct ModelSpec {
-  std::string model_type;  // "qwen3_moe"
+  std::string model_type;  // a family registered in io/config_families.cpp, e.g. "qwen3_moe"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;            // H
   int64_t intermediate_size = 0;      // dense MLP width (mlp_only_layers)
@@ -30,6 +46,22 @@ struct ModelSpec {
   bool attention_bias = false;        // true: q/k/v/o_proj carry a .bias [N]: y = x Wᵀ + b
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
+  int64_t first_k_dense_replace = 0;  // layers [0, k) are dense MLP layers (DeepSeek-V3)
+
+  // Attention details that differ between families (defaults = Qwen3-MoE).
+  QkNorm qk_norm = QkNorm::PerHead;
+  bool qkv_bias = false;  // q/k/v_proj (not o_proj) carry a .bias (Qwen2-MoE); attention_bias implies it
+
+  // Router (model/router.h implements these semantics).
+  RouterScoring router_scoring = RouterScoring::Softmax;
+  bool router_correction_bias = false;  // selection uses p + e_score_correction_bias [E]; weights use p
+  int64_t n_group = 1, topk_group = 1;  // grouped top-k: keep the topk_group best of n_group groups
+  double routed_scaling_factor = 1.0;   // routed weights × this (after any renormalisation)
+
+  // Shared experts: SwiGLU MLPs every token runs beside the routed ones (not compressed).
+  int64_t num_shared_experts = 0;               // 0 = none; > 1 = one MLP num_shared_experts× wider
+  int64_t shared_expert_intermediate_size = 0;  // width of the (merged) shared MLP
+  bool shared_expert_gate = false;              // output × sigmoid(x · w_gate), w_gate [1, H] (Qwen2-MoE)
 
   bool is_moe_layer(int64_t layer) const;
   // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE

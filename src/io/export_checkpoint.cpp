@@ -110,13 +110,15 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
   const int64_t H = spec.hidden_size, I = spec.moe_intermediate_size;
   auto read = [&](int64_t l, int64_t e, ExpertProj p) {
     const bool down = p == ExpertProj::Down;
-    return read_packed_weight(src, q, expert_tensor_prefix(l, e, p), down ? H : I, down ? I : H);
+    return read_packed_weight(src, q, expert_tensor_prefix(spec, l, e, p), down ? H : I, down ? I : H);
   };
 
   int64_t projections = 0, sparse = 0, calibrated = 0;
   if (f == ExportFormat::Moesq) {
     format::PackedWeight cur;
-    const format::PackedWeight first = read(0, 0, ExpertProj::Gate);
+    int64_t first_moe = 0;  // layer 0 may be dense (first_k_dense_replace, mlp_only_layers)
+    while (first_moe + 1 < spec.num_layers && !spec.is_moe_layer(first_moe)) ++first_moe;
+    const format::PackedWeight first = read(first_moe, 0, ExpertProj::Gate);
     std::string method = "imported";
     if (src.config()["quantization_config"].contains("method") && src.config()["quantization_config"]["method"].is_string())
       method = src.config()["quantization_config"]["method"].get<std::string>();
@@ -124,7 +126,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
         src,
         [&](int64_t l, int64_t e, ExpertProj p) -> const format::PackedWeight& {
           cur = read(l, e, p);
-          MOESQ_CHECK(cur.is_sparse48() == first.is_sparse48(), "tensor ", expert_tensor_prefix(l, e, p), " in ",
+          MOESQ_CHECK(cur.is_sparse48() == first.is_sparse48(), "tensor ", expert_tensor_prefix(spec, l, e, p), " in ",
                       src.dir(), " is ", cur.is_sparse48() ? "paired 4:8" : "dense NVFP4", " but the first expert "
                       "is not; the moesq layout holds one format per checkpoint");
           ++projections;
@@ -146,7 +148,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
         const json amax = report_input_amax(report, l, e);
         for (int pi = 0; pi < 3; ++pi) {
           const auto p = static_cast<ExpertProj>(pi);
-          const std::string prefix = expert_tensor_prefix(l, e, p);
+          const std::string prefix = expert_tensor_prefix(spec, l, e, p);
           const format::PackedWeight pw = read(l, e, p);
           const format::Nvfp4Tensor d = to_dense_nvfp4(pw);
           const int64_t N = d.N, K = d.K;

@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "core/error.h"
+
 namespace moesq::io {
 
 namespace {
@@ -25,7 +27,50 @@ bool read_literal(const std::string& name, size_t& pos, const char* lit) {
   return true;
 }
 
+// Routed-expert containers of the supported families (the part between "model.layers.{l}." and
+// ".experts.").
+constexpr const char* kMoeBlocks[] = {"mlp", "block_sparse_moe"};
+// Mixtral's names for gate, up, down.
+constexpr std::array<const char*, 3> kMixtralProjNames = {"w1", "w3", "w2"};
+
+LayerTensorNames qwen2_moe_names() {
+  LayerTensorNames t{"qwen2_moe"};
+  t.shared_expert = "mlp.shared_expert";
+  t.shared_expert_gate = "mlp.shared_expert_gate.weight";
+  return t;
+}
+
+LayerTensorNames mixtral_names() {
+  LayerTensorNames t{"mixtral"};
+  t.moe_block = "block_sparse_moe";
+  t.expert_proj = kMixtralProjNames;
+  return t;
+}
+
+const LayerTensorNames kLayerNames[] = {
+    LayerTensorNames{"qwen3_moe"},
+    qwen2_moe_names(),
+    mixtral_names(),
+    LayerTensorNames{"olmoe"},
+};
+
 }  // namespace
+
+const LayerTensorNames& layer_tensor_names(const std::string& model_type) {
+  for (const LayerTensorNames& t : kLayerNames)
+    if (model_type == t.model_type) return t;
+  MOESQ_FAIL("model_type \"", model_type, "\" has no tensor-name table (io/tensor_names.cpp)");
+}
+
+std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t expert, ExpertProj proj) {
+  const LayerTensorNames& t = layer_tensor_names(spec.model_type);
+  return layer_tensor(layer, std::string(t.moe_block) + ".experts." + std::to_string(expert) + "." +
+                                 t.expert_proj[static_cast<int>(proj)]);
+}
+
+std::string router_tensor(const ModelSpec& spec, int64_t layer) {
+  return layer_tensor(layer, std::string(layer_tensor_names(spec.model_type).moe_block) + ".gate.weight");
+}
 
 std::string layer_tensor(int64_t layer, const std::string& rest) {
   return "model.layers." + std::to_string(layer) + "." + rest;
@@ -43,7 +88,15 @@ std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name) {
   ExpertTensorName t;
   size_t pos = 0;
   if (!read_literal(name, pos, "model.layers.") || !read_index(name, pos, &t.layer) ||
-      !read_literal(name, pos, ".mlp.experts.") || !read_index(name, pos, &t.expert) ||
+      !read_literal(name, pos, "."))
+    return std::nullopt;
+  bool container = false;
+  for (const char* block : kMoeBlocks)
+    if (read_literal(name, pos, block)) {
+      container = true;
+      break;
+    }
+  if (!container || !read_literal(name, pos, ".experts.") || !read_index(name, pos, &t.expert) ||
       !read_literal(name, pos, "."))
     return std::nullopt;
   const size_t dot = name.find('.', pos);
@@ -53,14 +106,21 @@ std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name) {
   return t;
 }
 
-bool is_expert_tensor(const std::string& name) {
-  const auto t = parse_expert_tensor(name);
-  if (!t) return false;
-  for (const char* p : kExpertProjNames)
-    if (t->proj == p) return true;
-  return false;
+std::optional<ExpertProj> expert_proj_of(const std::string& proj) {
+  for (int p = 0; p < 3; ++p)
+    if (proj == kExpertProjNames[p] || proj == kMixtralProjNames[p]) return static_cast<ExpertProj>(p);
+  return std::nullopt;
 }
 
-bool in_expert_container(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+bool is_expert_tensor(const std::string& name) {
+  const auto t = parse_expert_tensor(name);
+  return t && expert_proj_of(t->proj).has_value();
+}
+
+bool in_expert_container(const std::string& name) {
+  for (const char* block : kMoeBlocks)
+    if (name.find("." + std::string(block) + ".experts.") != std::string::npos) return true;
+  return false;
+}
 
 }  // namespace moesq::io

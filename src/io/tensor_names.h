@@ -1,11 +1,13 @@
-// Every tensor name moesq reads or writes, in one place (Hugging Face Qwen3-MoE layout, plus the
-// compressed-tensors style suffixes of a compressed checkpoint, docs/FORMAT.md). The loader, the
-// exporter and `inspect` build and recognise names only through these functions.
+// Every tensor name moesq reads or writes, in one place (Hugging Face layouts of each supported family,
+// plus the compressed-tensors style suffixes of a compressed checkpoint, docs/FORMAT.md). The loader,
+// the exporter and `inspect` build and recognise names only through these functions and tables.
 #pragma once
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+
+#include "io/config.h"
 
 namespace moesq::io {
 
@@ -31,22 +33,48 @@ inline constexpr const char* kWeightSparsePacked = ".weight_sparse_packed"; // U
 inline constexpr const char* kWeightSparseMask = ".weight_sparse_mask";     // U8 chunk masks (pair-bitmask)
 inline constexpr const char* kWeightShape = ".weight_shape";                // I64/I32 [2] (pack-quantized INT4)
 
+// Per-family names inside one decoder layer (relative to "model.layers.{l}."): one row per family
+// in tensor_names.cpp. Attention is "self_attn.{q,k,v,o}_proj.{weight,bias}" and
+// "self_attn.{q,k}_norm.weight", norms "input_layernorm" / "post_attention_layernorm", a dense MLP
+// layer "mlp.{gate,up,down}_proj" in every family; what differs is below.
+struct LayerTensorNames {
+  const char* model_type;
+  // The sparse block: router "{moe_block}.gate.weight" [E, H], routed experts
+  // "{moe_block}.experts.{e}.{expert_proj[p]}" (p = gate, up, down).
+  const char* moe_block = "mlp";
+  std::array<const char*, 3> expert_proj = kExpertProjNames;
+  // Shared expert MLP "{shared_expert}.{gate,up,down}_proj.weight", or nullptr when the family has none.
+  const char* shared_expert = nullptr;
+  const char* shared_expert_gate = nullptr;  // [1, H] "….weight", or nullptr
+  const char* router_bias = nullptr;         // e_score_correction_bias [E], or nullptr
+};
+// The row of `model_type`; Error naming it when the family has no table.
+const LayerTensorNames& layer_tensor_names(const std::string& model_type);
+// "{moe_block}.experts.{e}.{proj}" of the family, under "model.layers.{l}." (append a suffix).
+std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t expert, ExpertProj proj);
+// "model.layers.{l}.{moe_block}.gate.weight": the router of the family.
+std::string router_tensor(const ModelSpec& spec, int64_t layer);
+
 // "model.layers.{layer}.{rest}", e.g. layer_tensor(0, "self_attn.q_proj.weight").
 std::string layer_tensor(int64_t layer, const std::string& rest);
-// "model.layers.{layer}.mlp.experts.{expert}.{proj}" (append a suffix above).
+// Qwen3-MoE names: "model.layers.{layer}.mlp.experts.{expert}.{proj}" (append a suffix above).
 std::string expert_tensor_prefix(int64_t layer, int64_t expert, const char* proj);
 std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj);
 
-// "model.layers.{l}.mlp.experts.{e}.{proj}.{suffix}" taken apart: proj is the text up to the next
-// '.', suffix everything after it. nullopt when the name does not have that form.
+// "model.layers.{l}.{mlp|block_sparse_moe}.experts.{e}.{proj}.{suffix}" taken apart: proj is the text
+// up to the next '.', suffix everything after it. nullopt when the name does not have that form.
 struct ExpertTensorName {
   int64_t layer = 0, expert = 0;
   std::string proj, suffix;
 };
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
-// A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj.
+// A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj
+// (or Mixtral's w1|w3|w2). Shared experts ("mlp.shared_expert.…") are not routed experts.
 bool is_expert_tensor(const std::string& name);
-// Any tensor under a routed-expert container (".mlp.experts." in the name), whatever its layout.
+// Which projection `proj` is (gate_proj / w1 → Gate, up_proj / w3 → Up, down_proj / w2 → Down), if any.
+std::optional<ExpertProj> expert_proj_of(const std::string& proj);
+// Any tensor under a routed-expert container (".mlp.experts." or ".block_sparse_moe.experts." in the
+// name), whatever its layout.
 bool in_expert_container(const std::string& name);
 
 }  // namespace moesq::io

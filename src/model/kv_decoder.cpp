@@ -24,6 +24,9 @@ void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows,
 KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo)
     : m_(m), fo_(fo), max_len_(max_len) {
   const auto& s = m.spec();
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    MOESQ_CHECK(!m.layer(l).mixer, "KV-cached decoding supports the built-in attention only; layer ", l, " has a ",
+                m.layer(l).mixer->name(), " mixer");
   k_cache_.assign(static_cast<size_t>(s.num_layers),
                   std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
   v_cache_ = k_cache_;
@@ -49,12 +52,17 @@ std::vector<float> KvDecoder::step(int32_t token) {
     add_bias_rows(q.data(), 1, nh * hd, w.q_bias);
     add_bias_rows(kc, 1, nkv * hd, w.k_bias);
     add_bias_rows(vc, 1, nkv * hd, w.v_bias);
+    if (s.qk_norm == io::QkNorm::Whole) {  // OLMoE: one RMSNorm over the whole projection
+      rmsnorm_rows(q.data(), 1, nh * hd, w.q_norm.data(), s.rms_norm_eps, q.data());
+      rmsnorm_rows(kc, 1, nkv * hd, w.k_norm.data(), s.rms_norm_eps, kc);
+    }
+    const bool per_head = s.qk_norm == io::QkNorm::PerHead;
     for (int64_t a = 0; a < nh; ++a) {
-      rmsnorm_rows(q.data() + a * hd, 1, hd, w.q_norm.data(), s.rms_norm_eps, q.data() + a * hd);
+      if (per_head) rmsnorm_rows(q.data() + a * hd, 1, hd, w.q_norm.data(), s.rms_norm_eps, q.data() + a * hd);
       apply_rope(q.data() + a * hd, hd, cos_.data() + pos_ * (hd / 2), sin_.data() + pos_ * (hd / 2));
     }
     for (int64_t a = 0; a < nkv; ++a) {
-      rmsnorm_rows(kc + a * hd, 1, hd, w.k_norm.data(), s.rms_norm_eps, kc + a * hd);
+      if (per_head) rmsnorm_rows(kc + a * hd, 1, hd, w.k_norm.data(), s.rms_norm_eps, kc + a * hd);
       apply_rope(kc + a * hd, hd, cos_.data() + pos_ * (hd / 2), sin_.data() + pos_ * (hd / 2));
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -82,8 +90,7 @@ std::vector<float> KvDecoder::step(int32_t token) {
     add_bias_rows(o.data(), 1, H, w.o_bias);
     for (int64_t i = 0; i < H; ++i) h[i] += o[i];
     const std::vector<float> xm = m_.moe_input(l, h, 1);
-    const Routes r = m_.route(l, xm, 1);
-    const std::vector<float> y = m_.moe_block(l, xm, r, fo_);
+    const std::vector<float> y = m_.ffn_block(l, xm, 1, fo_);
     for (int64_t i = 0; i < H; ++i) h[i] += y[i];
   }
   ++pos_;

@@ -1,5 +1,6 @@
-// Loads a qwen3_moe checkpoint into Qwen3Moe: HF tensor names (docs/FORMAT.md), every
-// shape checked against the spec with an error naming the tensor and the directory.
+// Loads a checkpoint of any family (model/families.h) into DecoderModel: HF tensor names from the
+// family's table (io/tensor_names.h), every shape checked against the spec with an error naming the
+// tensor and the directory.
 //
 // Routed experts come either as HF `.weight` tensors (bf16/f16/f32) or as a moesq compressed
 // checkpoint (read by io/compressed_checkpoint.h). Compressed experts are decoded once to their exact
@@ -14,7 +15,9 @@
 #include "core/error.h"
 #include "io/compressed_checkpoint.h"
 #include "io/import_checkpoint.h"
-#include "model/qwen3_moe.h"
+#include "io/tensor_names.h"
+#include "model/decoder.h"
+#include "model/families.h"
 
 namespace moesq::model {
 
@@ -60,10 +63,11 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::Quantiz
 
 class ModelLoader {
  public:
-  static void load(Qwen3Moe& m, const io::Checkpoint& ckpt, const LoadOptions& lo) {
+  static void load(DecoderModel& m, const io::Checkpoint& ckpt, const LoadOptions& lo) {
     const io::ModelSpec& s = m.spec_;
-    MOESQ_CHECK(s.model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", s.model_type,
-                "\" is not qwen3_moe");
+    const ModelFamily* family = find_model_family(s.model_type);
+    MOESQ_CHECK(family, ckpt.dir(), ": model_type \"", s.model_type, "\" has no CPU forward (model/families.cpp)");
+    const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
     const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts,
                   I = s.moe_intermediate_size;
     const io::QuantizationConfig q = io::read_quantization_config(ckpt);
@@ -88,18 +92,27 @@ class ModelLoader {
         return dense_weight(ckpt, io::layer_tensor(l, rest), shape);
       };
       L.input_norm = get("input_layernorm.weight", {H});
-      L.q_proj = get("self_attn.q_proj.weight", {s.num_heads * hd, H});
-      L.k_proj = get("self_attn.k_proj.weight", {s.num_kv_heads * hd, H});
-      L.v_proj = get("self_attn.v_proj.weight", {s.num_kv_heads * hd, H});
-      L.o_proj = get("self_attn.o_proj.weight", {H, s.num_heads * hd});
-      if (s.attention_bias) {  // Qwen3MoeAttention: bias=config.attention_bias on all four
-        L.q_bias = get("self_attn.q_proj.bias", {s.num_heads * hd});
-        L.k_bias = get("self_attn.k_proj.bias", {s.num_kv_heads * hd});
-        L.v_bias = get("self_attn.v_proj.bias", {s.num_kv_heads * hd});
-        L.o_bias = get("self_attn.o_proj.bias", {H});
+      if (family->make_mixer) {
+        L.mixer = family->make_mixer(ckpt, s, l);
+      } else {
+        L.q_proj = get("self_attn.q_proj.weight", {s.num_heads * hd, H});
+        L.k_proj = get("self_attn.k_proj.weight", {s.num_kv_heads * hd, H});
+        L.v_proj = get("self_attn.v_proj.weight", {s.num_kv_heads * hd, H});
+        L.o_proj = get("self_attn.o_proj.weight", {H, s.num_heads * hd});
+        if (s.attention_bias || s.qkv_bias) {  // attention_bias: all four; qkv_bias (Qwen2-MoE): q/k/v
+          L.q_bias = get("self_attn.q_proj.bias", {s.num_heads * hd});
+          L.k_bias = get("self_attn.k_proj.bias", {s.num_kv_heads * hd});
+          L.v_bias = get("self_attn.v_proj.bias", {s.num_kv_heads * hd});
+        }
+        if (s.attention_bias) L.o_bias = get("self_attn.o_proj.bias", {H});
+        if (s.qk_norm == io::QkNorm::PerHead) {
+          L.q_norm = get("self_attn.q_norm.weight", {hd});
+          L.k_norm = get("self_attn.k_norm.weight", {hd});
+        } else if (s.qk_norm == io::QkNorm::Whole) {
+          L.q_norm = get("self_attn.q_norm.weight", {s.num_heads * hd});
+          L.k_norm = get("self_attn.k_norm.weight", {s.num_kv_heads * hd});
+        }
       }
-      L.q_norm = get("self_attn.q_norm.weight", {hd});
-      L.k_norm = get("self_attn.k_norm.weight", {hd});
       L.post_norm = get("post_attention_layernorm.weight", {H});
       if (!s.is_moe_layer(l)) {
         const int64_t Id = s.intermediate_size;
@@ -108,14 +121,33 @@ class ModelLoader {
         L.dense_mlp.down = get("mlp.down_proj.weight", {H, Id});
         continue;
       }
-      L.router = get("mlp.gate.weight", {E, H});
+      L.router = dense_weight(ckpt, io::router_tensor(s, l), {E, H});
+      if (s.router_correction_bias) {
+        MOESQ_CHECK(names.router_bias, s.model_type, ": router_correction_bias without a tensor name");
+        L.router_bias = get(names.router_bias, {E});
+      }
+      if (s.num_shared_experts > 0) {
+        MOESQ_CHECK(names.shared_expert, s.model_type, ": shared experts without a tensor name");
+        const int64_t Is = s.shared_expert_intermediate_size;
+        const std::string se = names.shared_expert;
+        L.shared_expert.gate = get(se + ".gate_proj.weight", {Is, H});
+        L.shared_expert.up = get(se + ".up_proj.weight", {Is, H});
+        L.shared_expert.down = get(se + ".down_proj.weight", {H, Is});
+        if (s.shared_expert_gate) {
+          MOESQ_CHECK(names.shared_expert_gate, s.model_type, ": a shared-expert gate without a tensor name");
+          L.shared_expert_gate = get(names.shared_expert_gate, {1, H});
+        }
+      }
       for (int64_t e = 0; e < E; ++e) {
         ExpertWeights& W = L.experts[e];
-        for (const char* proj : io::kExpertProjNames)
-          if (io::has_packed_projection(ckpt, io::expert_tensor_prefix(l, e, proj))) any_packed = true;
-        W.gate = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Gate), I, H, count);
-        W.up = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Up), I, H, count);
-        W.down = load_projection(ckpt, q, io::expert_tensor_prefix(l, e, io::ExpertProj::Down), H, I, count);
+        std::string prefix[3];
+        for (int p = 0; p < 3; ++p) {
+          prefix[p] = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
+          if (io::has_packed_projection(ckpt, prefix[p])) any_packed = true;
+        }
+        W.gate = load_projection(ckpt, q, prefix[0], I, H, count);
+        W.up = load_projection(ckpt, q, prefix[1], I, H, count);
+        W.down = load_projection(ckpt, q, prefix[2], H, I, count);
       }
     }
     if (q.storage != io::ExpertStorage::Dense) {
@@ -136,7 +168,7 @@ class ModelLoader {
   }
 };
 
-Qwen3Moe::Qwen3Moe(const io::Checkpoint& ckpt, const LoadOptions& lo) : Qwen3Moe(ckpt.spec()) {
+DecoderModel::DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo) : DecoderModel(ckpt.spec()) {
   ModelLoader::load(*this, ckpt, lo);
 }
 

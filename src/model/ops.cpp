@@ -1,8 +1,30 @@
 #include "model/ops.h"
 
+#include <cblas.h>
+
 #include <cmath>
 
+#include "core/threads.h"
+
 namespace moesq::model {
+
+void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
+              static_cast<int>(K), 1.0f, x, static_cast<int>(K), W, static_cast<int>(K), 0.0f, y,
+              static_cast<int>(N));
+}
+
+void linear_ref(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * W[n * K + k];
+      y[m * N + n] = acc;
+    }
+}
+
+int intra_threads(int t) { return t > 0 ? t : num_threads(); }
 
 // RMSNorm of n rows of width D (Qwen3RMSNorm): y = w · x / sqrt(mean(x²) + eps).
 // The mean of squares is accumulated in double: torch sums fp32 pairwise, and a double sum is

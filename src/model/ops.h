@@ -1,10 +1,19 @@
-// Small row operations shared by the full forward (qwen3_moe.cpp) and the KV-cached decoder
-// (decode.cpp), so both compute RMSNorm and RoPE with the same arithmetic as transformers.
+// Small row operations shared by the full forward (decoder.cpp, mixers/, router.cpp) and the
+// KV-cached decoder (kv_decoder.cpp), so all compute linears, RMSNorm and RoPE with the same
+// arithmetic as transformers.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace moesq::model {
+
+// y [M, N] = x [M, K] · W [N, K]ᵀ  (PyTorch Linear, no bias): OpenBLAS sgemm.
+void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y);
+// Plain-loop twin of linear (fp32 accumulation in k order).
+void linear_ref(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y);
+
+// threads 0 → moesq::num_threads() (ForwardOptions::threads).
+int intra_threads(int threads);
 
 // RMSNorm of n rows of width D (Qwen3RMSNorm): y = w · x / sqrt(mean(x²) + eps). x, y: [n, D].
 void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double eps, float* y);

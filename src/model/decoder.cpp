@@ -1,5 +1,6 @@
-// Qwen3-MoE forward on the CPU, fp32 math (transformers' Qwen3MoeForCausalLM run in float32 on
-// weights upcast from bf16 is the reference; tests/test_model_parity.cpp checks it).
+// The generic MoE decoder on the CPU, fp32 math (transformers' *ForCausalLM of each family run in
+// float32 on weights upcast from bf16 is the reference; tests/test_model_parity.cpp (Qwen3-MoE) and
+// tests/model/test_family_parity.cpp check it). The mixer is model/mixers/, the router model/router.cpp.
 //
 // Linear layers are OpenBLAS sgemm calls in PyTorch layout (y = x Wᵀ, W [N, K]); each has a
 // plain-loop `_ref` twin. The non-obvious decision: the routed-expert combine adds expert outputs
@@ -10,7 +11,8 @@
 // Not batch-invariant: OpenBLAS rounds a row differently depending on the GEMM's M (row 0 of a
 // [M, 256] × [256, 128] sgemm changed bits for 197 of M = 1..200 on the CI machine), so a token's
 // expert output bits depend on how many tokens share its expert; results agree to fp32 noise.
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
+#include "model/mixers/attention.h"
 #include "model/ops.h"
 
 #include <cblas.h>
@@ -27,54 +29,14 @@
 
 namespace moesq::model {
 
-namespace {
-
-// y [M, N] = x [M, K] · W [N, K]ᵀ  (PyTorch Linear, no bias).
-void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
-  if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
-              static_cast<int>(K), 1.0f, x, static_cast<int>(K), W, static_cast<int>(K), 0.0f, y,
-              static_cast<int>(N));
-}
-
-void linear_ref(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * W[n * K + k];
-      y[m * N + n] = acc;
-    }
-}
-
-// Causal softmax of one score row s[0..t] in place (fp32, max-subtracted); entries > t set to 0.
-void causal_softmax_row(float* s, int64_t t, int64_t T) {
-  float mx = s[0];
-  for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, s[j]);
-  float sum = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
-    s[j] = std::exp(s[j] - mx);
-    sum += s[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
-  for (int64_t j = t + 1; j < T; ++j) s[j] = 0.0f;
-}
-
-// Query rows per causal attention block (a multiple of the sgemm micro-tile; 64 keeps S in L2).
-constexpr int64_t kAttnBlockM = 64;
-
-int intra_threads(int t) { return t > 0 ? t : num_threads(); }
-
-}  // namespace
-
-Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
+DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
   const auto& s = spec_;
   MOESQ_CHECK(s.hidden_size > 0 && s.num_layers > 0 && s.num_heads > 0 && s.num_kv_heads > 0 &&
                   s.head_dim > 0 && s.vocab_size > 0,
-              "qwen3_moe spec: hidden_size, num_layers, heads, head_dim and vocab_size must be > 0");
-  MOESQ_CHECK(s.num_heads % s.num_kv_heads == 0, "qwen3_moe spec: num_attention_heads (", s.num_heads,
+              "model spec: hidden_size, num_layers, heads, head_dim and vocab_size must be > 0");
+  MOESQ_CHECK(s.num_heads % s.num_kv_heads == 0, "model spec: num_attention_heads (", s.num_heads,
               ") is not a multiple of num_key_value_heads (", s.num_kv_heads, ")");
-  MOESQ_CHECK(s.head_dim % 2 == 0, "qwen3_moe spec: head_dim ", s.head_dim, " must be even (RoPE)");
+  MOESQ_CHECK(s.head_dim % 2 == 0, "model spec: head_dim ", s.head_dim, " must be even (RoPE)");
   const int64_t H = s.hidden_size, hd = s.head_dim, I = s.moe_intermediate_size;
   embed_.assign(s.vocab_size * H, 0.0f);
   final_norm_.assign(H, 0.0f);
@@ -87,17 +49,30 @@ Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
     L.k_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.v_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.o_proj.assign(H * s.num_heads * hd, 0.0f);
-    if (s.attention_bias) {
+    if (s.attention_bias || s.qkv_bias) {
       L.q_bias.assign(s.num_heads * hd, 0.0f);
       L.k_bias.assign(s.num_kv_heads * hd, 0.0f);
       L.v_bias.assign(s.num_kv_heads * hd, 0.0f);
-      L.o_bias.assign(H, 0.0f);
     }
-    L.q_norm.assign(hd, 0.0f);
-    L.k_norm.assign(hd, 0.0f);
+    if (s.attention_bias) L.o_bias.assign(H, 0.0f);
+    if (s.qk_norm == io::QkNorm::PerHead) {
+      L.q_norm.assign(hd, 0.0f);
+      L.k_norm.assign(hd, 0.0f);
+    } else if (s.qk_norm == io::QkNorm::Whole) {
+      L.q_norm.assign(s.num_heads * hd, 0.0f);
+      L.k_norm.assign(s.num_kv_heads * hd, 0.0f);
+    }
     L.post_norm.assign(H, 0.0f);
     if (s.is_moe_layer(l)) {
       L.router.assign(s.num_experts * H, 0.0f);
+      if (s.router_correction_bias) L.router_bias.assign(s.num_experts, 0.0f);
+      if (s.num_shared_experts > 0) {
+        const int64_t Is = s.shared_expert_intermediate_size;
+        L.shared_expert.gate.assign(Is * H, 0.0f);
+        L.shared_expert.up.assign(Is * H, 0.0f);
+        L.shared_expert.down.assign(H * Is, 0.0f);
+        if (s.shared_expert_gate) L.shared_expert_gate.assign(H, 0.0f);
+      }
       L.experts.resize(s.num_experts);
       for (auto& e : L.experts) {
         e.gate.assign(I * H, 0.0f);
@@ -113,7 +88,7 @@ Qwen3Moe::Qwen3Moe(io::ModelSpec spec) : spec_(std::move(spec)) {
   }
 }
 
-std::vector<float> Qwen3Moe::embed(const std::vector<int32_t>& tokens) const {
+std::vector<float> DecoderModel::embed(const std::vector<int32_t>& tokens) const {
   const int64_t H = spec_.hidden_size;
   std::vector<float> h(tokens.size() * H);
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -125,108 +100,36 @@ std::vector<float> Qwen3Moe::embed(const std::vector<int32_t>& tokens) const {
   return h;
 }
 
-// Qwen3MoeAttention on one causal sequence: q/k per-head RMSNorm BEFORE RoPE, GQA (query head h
-// reads kv head h / (nh / nkv)), scores · hd^-½, fp32 softmax, o_proj, residual add.
-void Qwen3Moe::attention_block(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const {
+void DecoderModel::attention_block(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const {
   const auto& s = spec_;
   const LayerWeights& L = layers_.at(l);
-  const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
-  const int64_t qw = nh * hd, kw = nkv * hd, half = hd / 2;
+  const int64_t H = s.hidden_size;
   MOESQ_CHECK(static_cast<int64_t>(h.size()) == T * H, "attention_block: h has ", h.size(),
               " values, expected T·H = ", T * H);
   if (T == 0) return;
   std::vector<float> x(T * H);  // [T, H]
   rmsnorm_rows(h.data(), T, H, L.input_norm.data(), s.rms_norm_eps, x.data());
-  std::vector<float> q(T * qw), k(T * kw), v(T * kw);  // [T, nh·hd], [T, nkv·hd] ×2
-  linear(x.data(), T, H, L.q_proj.data(), qw, q.data());
-  linear(x.data(), T, H, L.k_proj.data(), kw, k.data());
-  linear(x.data(), T, H, L.v_proj.data(), kw, v.data());
-  add_bias_rows(q.data(), T, qw, L.q_bias);
-  add_bias_rows(k.data(), T, kw, L.k_bias);
-  add_bias_rows(v.data(), T, kw, L.v_bias);
-  rmsnorm_rows(q.data(), T * nh, hd, L.q_norm.data(), s.rms_norm_eps, q.data());
-  rmsnorm_rows(k.data(), T * nkv, hd, L.k_norm.data(), s.rms_norm_eps, k.data());
-  std::vector<float> cos_t, sin_t;  // [T, hd/2]
-  rope_tables(T, hd, s.rope_theta, cos_t, sin_t);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < nh; ++i) apply_rope(&q[t * qw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
-    for (int64_t i = 0; i < nkv; ++i) apply_rope(&k[t * kw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t group = nh / nkv;
-  std::vector<float> attn(T * qw);  // [T, nh·hd]
-  parallel_for(
-      nh,
-      [&](int64_t i) {
-        const int64_t kv = i / group;
-        // Causal blocking: query rows [r0, r0 + m) only need keys [0, r0 + m), so scores and P·V
-        // are computed per block of kAttnBlockM rows over that prefix (≈ half the FLOPs of a full
-        // T × T product at T = 512). S: [m, r0 + m] scores → probabilities, per-thread scratch
-        // reused across calls (a fresh 1 MiB vector per head and layer cost ~10 % of an eval in
-        // page faults and memset).
-        thread_local std::vector<float> S;
-        if (S.size() < static_cast<size_t>(kAttnBlockM * T)) S.resize(kAttnBlockM * T);
-        for (int64_t r0 = 0; r0 < T; r0 += kAttnBlockM) {
-          const int64_t m = std::min<int64_t>(kAttnBlockM, T - r0), cols = r0 + m;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, cols, hd, scale,
-                      q.data() + r0 * qw + i * hd, qw, k.data() + kv * hd, kw, 0.0f, S.data(), cols);
-          for (int64_t rr = 0; rr < m; ++rr) causal_softmax_row(&S[rr * cols], r0 + rr, cols);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, cols, 1.0f, S.data(), cols,
-                      v.data() + kv * hd, kw, 0.0f, attn.data() + r0 * qw + i * hd, qw);
-        }
-      },
-      std::min<int>(intra_threads(fo.threads), static_cast<int>(nh)));
-  std::vector<float> o(T * H);  // [T, H]
-  linear(attn.data(), T, qw, L.o_proj.data(), H, o.data());
-  add_bias_rows(o.data(), T, H, L.o_bias);
+  const std::vector<float> o =
+      L.mixer ? L.mixer->forward(x.data(), T, fo) : gqa_attention(s, L, x.data(), T, fo.threads);  // [T, H]
+  MOESQ_CHECK(static_cast<int64_t>(o.size()) == T * H, "layer ", l, " mixer ", L.mixer ? L.mixer->name() : "attention",
+              " returned ", o.size(), " values, expected T·H = ", T * H);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 
-void Qwen3Moe::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const {
+void DecoderModel::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const {
   const auto& s = spec_;
   const LayerWeights& L = layers_.at(l);
-  const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
-  const int64_t qw = nh * hd, kw = nkv * hd, half = hd / 2;
+  const int64_t H = s.hidden_size;
+  MOESQ_CHECK(!L.mixer, "attention_block_ref: layer ", l, " has its own mixer (", L.mixer ? L.mixer->name() : "", ")");
   MOESQ_CHECK(static_cast<int64_t>(h.size()) == T * H, "attention_block_ref: h has ", h.size(),
               " values, expected T·H = ", T * H);
-  std::vector<float> x(T * H), q(T * qw), k(T * kw), v(T * kw);
+  std::vector<float> x(T * H);
   rmsnorm_rows(h.data(), T, H, L.input_norm.data(), s.rms_norm_eps, x.data());
-  linear_ref(x.data(), T, H, L.q_proj.data(), qw, q.data());
-  linear_ref(x.data(), T, H, L.k_proj.data(), kw, k.data());
-  linear_ref(x.data(), T, H, L.v_proj.data(), kw, v.data());
-  add_bias_rows(q.data(), T, qw, L.q_bias);
-  add_bias_rows(k.data(), T, kw, L.k_bias);
-  add_bias_rows(v.data(), T, kw, L.v_bias);
-  rmsnorm_rows(q.data(), T * nh, hd, L.q_norm.data(), s.rms_norm_eps, q.data());
-  rmsnorm_rows(k.data(), T * nkv, hd, L.k_norm.data(), s.rms_norm_eps, k.data());
-  std::vector<float> cos_t, sin_t;
-  rope_tables(T, hd, s.rope_theta, cos_t, sin_t);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < nh; ++i) apply_rope(&q[t * qw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
-    for (int64_t i = 0; i < nkv; ++i) apply_rope(&k[t * kw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> attn(T * qw, 0.0f), p(T);
-  for (int64_t i = 0; i < nh; ++i) {
-    const int64_t kv = i / (nh / nkv);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j <= t; ++j) {
-        float d = 0.0f;
-        for (int64_t c = 0; c < hd; ++c) d += q[t * qw + i * hd + c] * k[j * kw + kv * hd + c];
-        p[j] = d * scale;
-      }
-      causal_softmax_row(p.data(), t, T);
-      for (int64_t j = 0; j <= t; ++j)
-        for (int64_t c = 0; c < hd; ++c) attn[t * qw + i * hd + c] += p[j] * v[j * kw + kv * hd + c];
-    }
-  }
-  std::vector<float> o(T * H);
-  linear_ref(attn.data(), T, qw, L.o_proj.data(), H, o.data());
-  add_bias_rows(o.data(), T, H, L.o_bias);
+  const std::vector<float> o = gqa_attention_ref(s, L, x.data(), T);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 
-std::vector<float> Qwen3Moe::moe_input(int64_t l, const std::vector<float>& h, int64_t n) const {
+std::vector<float> DecoderModel::moe_input(int64_t l, const std::vector<float>& h, int64_t n) const {
   const int64_t H = spec_.hidden_size;
   MOESQ_CHECK(static_cast<int64_t>(h.size()) == n * H, "moe_input: h has ", h.size(),
               " values, expected n·H = ", n * H);
@@ -235,42 +138,17 @@ std::vector<float> Qwen3Moe::moe_input(int64_t l, const std::vector<float>& h, i
   return x;
 }
 
-// Qwen3MoeSparseMoeBlock router: logits = x · Wgᵀ, p = softmax(logits) in fp32, top-k of p
-// (descending; equal probabilities → lower expert id), then p_topk / Σ p_topk if norm_topk_prob.
-Routes Qwen3Moe::route(int64_t l, const std::vector<float>& x, int64_t n) const {
+// Router logits = x · Wgᵀ (fp32 GEMM), then the family's selection (model/router.h).
+Routes DecoderModel::route(int64_t l, const std::vector<float>& x, int64_t n) const {
   const auto& s = spec_;
-  const int64_t H = s.hidden_size, E = s.num_experts, K = s.top_k;
+  const int64_t H = s.hidden_size, E = s.num_experts;
   MOESQ_CHECK(s.is_moe_layer(l), "route: layer ", l, " is a dense MLP layer (mlp_only_layers)");
-  MOESQ_CHECK(K >= 1 && K <= E, "route: num_experts_per_tok ", K, " not in [1, ", E, "]");
   MOESQ_CHECK(static_cast<int64_t>(x.size()) == n * H, "route: x has ", x.size(),
               " values, expected n·H = ", n * H);
-  Routes r;
-  r.n = n;
-  r.k = K;
-  r.logits.resize(n * E);
-  r.expert.resize(n * K);
-  r.weight.resize(n * K);
-  linear(x.data(), n, H, layers_.at(l).router.data(), E, r.logits.data());
-  std::vector<float> p(E);
-  std::vector<int32_t> order(E);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* z = &r.logits[t * E];
-    const float mx = *std::max_element(z, z + E);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(z[e] - mx));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-      return p[a] > p[b] || (p[a] == p[b] && a < b);
-    });
-    float wsum = 0.0f;
-    for (int64_t j = 0; j < K; ++j) wsum += p[order[j]];
-    for (int64_t j = 0; j < K; ++j) {
-      r.expert[t * K + j] = order[j];
-      r.weight[t * K + j] = s.norm_topk_prob ? p[order[j]] / wsum : p[order[j]];
-    }
-  }
-  return r;
+  std::vector<float> logits(n * E);  // [n, E]
+  linear(x.data(), n, H, layers_.at(l).router.data(), E, logits.data());
+  const std::vector<float>& bias = layers_.at(l).router_bias;
+  return select_routes(router_spec(s), std::move(logits), n, bias.empty() ? nullptr : bias.data());
 }
 
 // SwiGLU expert: y = down(silu(gate x) ⊙ up x). With act_quant (W4A4), the expert input rows and
@@ -311,7 +189,7 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
   return y;
 }
 
-std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
+std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
                                             const ForwardOptions& fo) const {
   const ExpertWeights& W = layers_.at(l).experts.at(e);
   try {
@@ -322,7 +200,7 @@ std::vector<float> Qwen3Moe::expert_forward(int64_t l, int64_t e, const float* x
   }
 }
 
-std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
+std::vector<float> DecoderModel::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
                                                 const ForwardOptions& fo) const {
   const int64_t H = spec_.hidden_size, I = spec_.moe_intermediate_size;
   const ExpertWeights& W = layers_.at(l).experts.at(e);
@@ -337,22 +215,61 @@ std::vector<float> Qwen3Moe::expert_forward_ref(int64_t l, int64_t e, const floa
   return y;
 }
 
-std::vector<float> Qwen3Moe::dense_mlp(int64_t l, const std::vector<float>& x, int64_t n) const {
+namespace {
+// Unquantized SwiGLU MLP y [n, H] = down(silu(gate x) ⊙ up x) of width I (dense layers, shared experts).
+std::vector<float> plain_mlp(const ExpertWeights& W, int64_t H, int64_t I, const float* x, int64_t n) {
+  std::vector<float> g(n * I), u(n * I), y(n * H);
+  linear(x, n, H, W.gate.data(), I, g.data());
+  linear(x, n, H, W.up.data(), I, u.data());
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
+  linear(g.data(), n, I, W.down.data(), H, y.data());
+  return y;
+}
+}  // namespace
+
+std::vector<float> DecoderModel::dense_mlp(int64_t l, const std::vector<float>& x, int64_t n) const {
   const int64_t H = spec_.hidden_size, I = spec_.intermediate_size;
   const ExpertWeights& W = layers_.at(l).dense_mlp;
   MOESQ_CHECK(static_cast<int64_t>(W.gate.size()) == I * H, "dense_mlp: layer ", l,
               " has no dense MLP weights");
-  std::vector<float> g(n * I), u(n * I), y(n * H);
-  linear(x.data(), n, H, W.gate.data(), I, g.data());
-  linear(x.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
-  linear(g.data(), n, I, W.down.data(), H, y.data());
+  return plain_mlp(W, H, I, x.data(), n);
+}
+
+// Qwen2MoeSparseMoeBlock: shared = shared_expert(x) · sigmoid(x · w_gate) (the gate is [1, H]: one
+// scalar per token); DeepSeek-V3 has no gate (factor 1).
+std::vector<float> DecoderModel::shared_expert_forward(int64_t l, const std::vector<float>& x, int64_t n) const {
+  const int64_t H = spec_.hidden_size, I = spec_.shared_expert_intermediate_size;
+  const LayerWeights& L = layers_.at(l);
+  if (L.shared_expert.gate.empty()) return std::vector<float>(n * H, 0.0f);
+  MOESQ_CHECK(static_cast<int64_t>(x.size()) == n * H, "shared_expert_forward: x has ", x.size(),
+              " values, expected n·H = ", n * H);
+  std::vector<float> y = plain_mlp(L.shared_expert, H, I, x.data(), n);
+  if (!L.shared_expert_gate.empty()) {
+    std::vector<float> gz(n);  // [n, 1] gate logits
+    linear(x.data(), n, H, L.shared_expert_gate.data(), 1, gz.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float g = 1.0f / (1.0f + std::exp(-gz[t]));
+      for (int64_t c = 0; c < H; ++c) y[t * H + c] *= g;
+    }
+  }
+  return y;
+}
+
+std::vector<float> DecoderModel::ffn_block(int64_t l, const std::vector<float>& x, int64_t n,
+                                           const ForwardOptions& fo, Routes* routes) const {
+  if (!spec_.is_moe_layer(l)) {
+    if (routes) *routes = Routes{};
+    return dense_mlp(l, x, n);
+  }
+  Routes r = route(l, x, n);
+  std::vector<float> y = moe_block(l, x, r, fo);
+  if (routes) *routes = std::move(r);
   return y;
 }
 
 // Gather the rows routed to each expert, one GEMM per projection per expert (in parallel), then
 // combine y[t] = Σ_j w[t,j] · y_{e_j}(x_t) in ascending expert id order (see the file header).
-std::vector<float> Qwen3Moe::moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
+std::vector<float> DecoderModel::moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
                                        const ForwardOptions& fo) const {
   const int64_t H = spec_.hidden_size, E = spec_.num_experts, n = r.n, K = r.k;
   MOESQ_CHECK(static_cast<int64_t>(x.size()) == n * H, "moe_block: x has ", x.size(),
@@ -391,10 +308,14 @@ std::vector<float> Qwen3Moe::moe_block(int64_t l, const std::vector<float>& x, c
       for (int64_t c = 0; c < H; ++c) yt[c] += o[c] * w;
     }
   }
+  if (!layers_.at(l).shared_expert.gate.empty()) {  // routed + shared, as transformers adds them
+    const std::vector<float> ys = shared_expert_forward(l, x, n);
+    for (int64_t i = 0; i < n * H; ++i) y[i] += ys[i];
+  }
   return y;
 }
 
-std::vector<float> Qwen3Moe::logits(const std::vector<float>& h, int64_t T) const {
+std::vector<float> DecoderModel::logits(const std::vector<float>& h, int64_t T) const {
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
   std::vector<float> x(T * H), z(T * V);
   rmsnorm_rows(h.data(), T, H, final_norm_.data(), spec_.rms_norm_eps, x.data());
@@ -402,7 +323,7 @@ std::vector<float> Qwen3Moe::logits(const std::vector<float>& h, int64_t T) cons
   return z;
 }
 
-std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+std::vector<float> DecoderModel::forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
                                      Trace* trace) const {
   const int64_t T = static_cast<int64_t>(tokens.size()), H = spec_.hidden_size;
   std::vector<float> h = embed(tokens);  // [T, H]
@@ -413,20 +334,11 @@ std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, const F
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     attention_block(l, h, T, fo);
     const std::vector<float> x = moe_input(l, h, T);
-    std::vector<float> y;
-    if (spec_.is_moe_layer(l)) {
-      Routes r = route(l, x, T);
-      y = moe_block(l, x, r, fo);
-      if (trace) {
-        trace->router_logits.push_back(r.logits);
-        trace->routes.push_back(std::move(r));
-      }
-    } else {
-      y = dense_mlp(l, x, T);
-      if (trace) {
-        trace->router_logits.emplace_back();
-        trace->routes.emplace_back();
-      }
+    Routes r;
+    const std::vector<float> y = ffn_block(l, x, T, fo, trace ? &r : nullptr);
+    if (trace) {  // a dense layer leaves empty entries
+      trace->router_logits.push_back(r.logits);
+      trace->routes.push_back(std::move(r));
     }
     for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
     if (trace) {
@@ -442,7 +354,7 @@ std::vector<float> Qwen3Moe::forward(const std::vector<int32_t>& tokens, const F
   return logits(h, T);
 }
 
-double Qwen3Moe::window_nll(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+double DecoderModel::window_nll(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
                             int64_t* predicted) const {
   const int64_t T = static_cast<int64_t>(tokens.size()), V = spec_.vocab_size;
   MOESQ_CHECK(T >= 2, "window_nll: a window needs at least 2 tokens, got ", T);

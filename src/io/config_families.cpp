@@ -1,0 +1,82 @@
+// The families moesq reads, one parser each: which keys carry the shared fields (CommonConfigKeys)
+// and the family's own facts (router scoring, q/k norm span, biases, shared experts). The
+// non-obvious decision: a key that would change the forward in a way moesq does not implement
+// (sliding windows, qkv clipping) is an error naming it, never silently ignored.
+#include "io/config_families.h"
+
+#include "core/error.h"
+#include "io/config_keys.h"
+
+namespace moesq::io {
+
+namespace {
+
+using nlohmann::json;
+using namespace config_keys;
+
+// Qwen3MoeConfig: per-head q/k RMSNorm, softmax router, renormalised when norm_topk_prob.
+void parse_qwen3_moe(const json& j, const std::string& source, ModelSpec& s) {
+  parse_common_config(j, source, CommonConfigKeys{}, s);
+}
+
+// Qwen2MoeConfig: q/k/v biases (o_proj none), no q/k norm, one shared expert of
+// shared_expert_intermediate_size behind a sigmoid gate, norm_topk_prob default false.
+void parse_qwen2_moe(const json& j, const std::string& source, ModelSpec& s) {
+  CommonConfigKeys keys;
+  keys.head_dim_required = false;
+  parse_common_config(j, source, keys, s);
+  MOESQ_CHECK(!bool_or(j, "use_sliding_window", false, source), source,
+              ": use_sliding_window = true is not supported (moesq runs full causal attention)");
+  s.qk_norm = QkNorm::None;
+  s.qkv_bias = bool_or(j, "qkv_bias", true, source);  // transformers < 5 always had q/k/v biases
+  s.shared_expert_intermediate_size = require_positive(j, "shared_expert_intermediate_size", source);
+  s.num_shared_experts = 1;
+  s.shared_expert_gate = true;
+}
+
+// MixtralConfig: expert width is intermediate_size, no q/k norm, top-k always renormalised.
+void parse_mixtral(const json& j, const std::string& source, ModelSpec& s) {
+  CommonConfigKeys keys;
+  keys.expert_width = "intermediate_size";
+  keys.head_dim_required = false;
+  parse_common_config(j, source, keys, s);
+  MOESQ_CHECK(!find(j, "sliding_window"), source, ": sliding_window = ", j["sliding_window"].dump(),
+              " is not supported (moesq runs full causal attention; null disables it)");
+  s.qk_norm = QkNorm::None;
+  s.norm_topk_prob = true;  // MixtralSparseMoeBlock divides the top-k weights by their sum
+}
+
+// OlmoeConfig: expert width is intermediate_size, q/k RMSNorm over the whole projection,
+// norm_topk_prob default false.
+void parse_olmoe(const json& j, const std::string& source, ModelSpec& s) {
+  CommonConfigKeys keys;
+  keys.expert_width = "intermediate_size";
+  keys.head_dim_required = false;
+  parse_common_config(j, source, keys, s);
+  MOESQ_CHECK(!find(j, "clip_qkv"), source, ": clip_qkv = ", j["clip_qkv"].dump(),
+              " is not supported (null disables it)");
+  s.qk_norm = QkNorm::Whole;
+}
+
+constexpr ConfigFamily kFamilies[] = {
+    {"qwen3_moe", parse_qwen3_moe},
+    {"qwen2_moe", parse_qwen2_moe},
+    {"mixtral", parse_mixtral},
+    {"olmoe", parse_olmoe},
+};
+
+}  // namespace
+
+const ConfigFamily* find_config_family(const std::string& model_type) {
+  for (const ConfigFamily& f : kFamilies)
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
+
+std::string supported_model_types() {
+  std::string out;
+  for (const ConfigFamily& f : kFamilies) out += (out.empty() ? "" : ", ") + std::string(f.model_type);
+  return out;
+}
+
+}  // namespace moesq::io

@@ -1,0 +1,159 @@
+// The generic MoE decoder on the CPU: fp32 math on weights decoded from bf16 (or from a compressed
+// checkpoint's NVFP4 experts). Every supported family (model/families.h) is this model: a layer is a
+// token mixer (built-in GQA attention or a family's Mixer), then either a routed-expert block (router
+// → top-k → SwiGLU experts → weighted combine, plus an optional sigmoid-gated shared expert) or a
+// dense SwiGLU MLP; the family's differences are data in io::ModelSpec and io/tensor_names. The
+// layer-level entry points (embed, attention_block, route, moe_block, logits) are what the
+// compression pipeline (paper Algorithm 1) steps through.
+//
+// Conventions: hidden states are [T, H] row-major for ONE sequence of T tokens (attention is
+// per sequence, causal); routing and experts act on any [n, H] set of rows.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <memory>
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "model/forward_options.h"
+#include "model/mixer.h"
+#include "model/router.h"
+
+namespace moesq::model {
+
+// One SwiGLU expert: y = down(silu(gate x) * up x).
+struct ExpertWeights {
+  std::vector<float> gate;  // [I, H]
+  std::vector<float> up;    // [I, H]
+  std::vector<float> down;  // [H, I]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;     // [H]
+  std::vector<float> q_proj;         // [nh·hd, H]
+  std::vector<float> k_proj;         // [nkv·hd, H]
+  std::vector<float> v_proj;         // [nkv·hd, H]
+  std::vector<float> o_proj;         // [H, nh·hd]
+  // attention_bias: true → [nh·hd], [nkv·hd], [nkv·hd], [H]; empty otherwise (y = x Wᵀ + b).
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;
+  // spec.qk_norm PerHead: [hd] each; Whole: q_norm [nh·hd], k_norm [nkv·hd]; None: empty.
+  std::vector<float> q_norm;
+  std::vector<float> k_norm;
+  // A family's own token mixer (model/mixer.h); null = the built-in GQA attention over the fields above.
+  std::shared_ptr<const Mixer> mixer;
+  std::vector<float> post_norm;      // [H]
+  std::vector<float> router;         // [E, H]
+  std::vector<float> router_bias;    // [E] e_score_correction_bias (spec.router_correction_bias), else empty
+  std::vector<ExpertWeights> experts;  // [E]
+  // Shared expert of an MoE layer (spec.num_shared_experts > 0): gate/up [Is, H], down [H, Is], Is =
+  // shared_expert_intermediate_size; its gate [1, H] when spec.shared_expert_gate. Kept as stored
+  // (never compressed); empty otherwise.
+  ExpertWeights shared_expert;
+  std::vector<float> shared_expert_gate;
+  // Dense SwiGLU MLP of a layer listed in mlp_only_layers (or skipped by decoder_sparse_step):
+  // gate/up [intermediate_size, H], down [H, intermediate_size]; empty on MoE layers.
+  ExpertWeights dense_mlp;
+};
+
+// Optional outputs of a full forward, for parity tests.
+struct Trace {
+  std::vector<std::vector<float>> hidden;         // [L+1][T, H] (last one after final norm)
+  std::vector<std::vector<float>> router_logits;  // [L][T, E]
+  std::vector<Routes> routes;                     // [L]
+};
+
+// How a checkpoint is loaded (per call, not global state).
+struct LoadOptions {
+  // Accept a half-compressed checkpoint (some routed-expert projections dense .weight, the rest
+  // packed): each projection is read as stored. Without it that is an Error naming the first
+  // mismatching tensor (io::check_expert_storage).
+  bool allow_mixed = false;
+};
+
+class DecoderModel {
+ public:
+  // Loads a checkpoint of any family in model/families.h (bf16/f32 experts, or a moesq compressed
+  // checkpoint whose experts are decoded to their exact dequantized values). Errors name the tensor
+  // and the directory.
+  explicit DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo = {});
+  // All weights allocated with their shapes and set to zero (tests and synthetic models fill them).
+  DecoderModel(io::ModelSpec spec);
+
+  const io::ModelSpec& spec() const { return spec_; }
+  LayerWeights& layer(int64_t l) { return layers_[l]; }
+  const LayerWeights& layer(int64_t l) const { return layers_[l]; }
+
+  // How the checkpoint is meant to run: W4A4 (act_quant with the weights' block size, 32 for
+  // paired 4:8 experts, 16 for dense NVFP4) for a compressed checkpoint, W16A16 otherwise; threads 0.
+  // Read from quantization_config on load; callers copy it and change their copy per call.
+  const ForwardOptions& default_forward_options() const { return default_options_; }
+  // Weight format of the routed experts: "bf16" (or the source dtype), "paired-4:8-nvfp4", "nvfp4".
+  const std::string& expert_format() const { return expert_format_; }
+
+  std::vector<float>& embed_weight() { return embed_; }          // [V, H]
+  std::vector<float>& final_norm_weight() { return final_norm_; }  // [H]
+  std::vector<float>& lm_head_weight() { return lm_head_; }      // [V, H]
+  const std::vector<float>& embed_weight() const { return embed_; }
+  const std::vector<float>& final_norm_weight() const { return final_norm_; }
+  const std::vector<float>& lm_head_weight() const { return lm_head_; }
+
+  // tokens [T] → H [T, H]
+  std::vector<float> embed(const std::vector<int32_t>& tokens) const;
+  // h [T, H] in place: h += mixer(input_layernorm(h))  (one causal sequence; the built-in GQA
+  // attention or the layer's Mixer)
+  void attention_block(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const;
+  // x = post_attention_layernorm(h): [n, H] → [n, H]
+  std::vector<float> moe_input(int64_t l, const std::vector<float>& h, int64_t n) const;
+  Routes route(int64_t l, const std::vector<float>& x, int64_t n) const;
+  // Expert e on rows x [n, H] → y [n, H] (fo.act_quant applies).
+  std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n, const ForwardOptions& fo) const;
+  // Plain-loop twin of expert_forward (no BLAS): the oracle of the fast path.
+  std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
+                                        const ForwardOptions& fo) const;
+  // Plain-loop twin of attention_block (built-in attention only).
+  void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const;
+  // Dense SwiGLU MLP of a non-MoE layer: x [n, H] → y [n, H] (no activation quantization).
+  // ffn_block: the layer's whole feed-forward, moe_block(route(x)) on MoE layers, dense_mlp otherwise;
+  // `routes`, if given, receives the routes (left empty on a dense layer).
+  std::vector<float> ffn_block(int64_t l, const std::vector<float>& x, int64_t n, const ForwardOptions& fo,
+                               Routes* routes = nullptr) const;
+  // The shared expert's gated output on x [n, H] (zeros [n, H] when the layer has none).
+  std::vector<float> shared_expert_forward(int64_t l, const std::vector<float>& x, int64_t n) const;
+  std::vector<float> dense_mlp(int64_t l, const std::vector<float>& x, int64_t n) const;
+  // The MoE block's output y [n, H] (not added to h): the weighted combine of the routed experts,
+  // plus sigmoid(x · w_gate) ⊙ shared_expert(x) where the family has a shared expert (unquantized).
+  std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
+                               const ForwardOptions& fo) const;
+  // h [T, H] → logits [T, V] (applies the final norm).
+  std::vector<float> logits(const std::vector<float>& h, int64_t T) const;
+
+  // Full forward of one sequence: tokens [T] → logits [T, V].
+  std::vector<float> forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
+                             Trace* trace = nullptr) const;
+
+  // Mean negative log-likelihood (nats) over predicted tokens of one window; also returns count:
+  // mean over t in [0, T-1) of -log softmax(logits[t])[tokens[t+1]]. Windows of < 2 tokens: Error.
+  double window_nll(const std::vector<int32_t>& tokens, const ForwardOptions& fo, int64_t* predicted) const;
+
+ private:
+  io::ModelSpec spec_;
+  std::vector<float> embed_;       // [V, H]
+  std::vector<LayerWeights> layers_;
+  std::vector<float> final_norm_;  // [H]
+  std::vector<float> lm_head_;     // [V, H]
+  ForwardOptions default_options_;
+  std::string expert_format_ = "bf16";
+  friend class ModelLoader;
+};
+
+// One SwiGLU expert on explicit weights: y = down(Q_a(silu(gate Q_a(x)) ⊙ up Q_a(x))), fp32 (BLAS).
+// gate, up: [I, H]; down: [H, I]; x: [n, H] → y [n, H]. act_block > 0 applies NVFP4 activation
+// quantization with that block (Eq. 4's Q_a, W4A4 as deployed); 0 = none. `inter`, if given,
+// receives the down_proj input [n, I] (after Q_a). DecoderModel::expert_forward and the compression
+// pipeline (targets Y_e, down_proj inputs, reconstruction errors) share this one path.
+std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                  const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr);
+
+}  // namespace moesq::model
