@@ -63,6 +63,13 @@ struct ModelSpec {
   int64_t shared_expert_intermediate_size = 0;  // width of the (merged) shared MLP
   bool shared_expert_gate = false;              // output × sigmoid(x · w_gate), w_gate [1, H] (Qwen2-MoE)
 
+  // Zero-centred RMSNorms (Qwen3-Next / Qwen3.5): input, post-attention and final norm weights are
+  // stored as w and applied as (1 + w); the loader folds the 1 in.
+  bool rms_norm_unit_offset = false;
+  // Not a config key: RoPE inverse frequencies rounded to bf16, to reproduce transformers run after a
+  // bf16 round trip of the module (model::LoadOptions::rope_inv_freq_bf16; io/config_hybrid.h).
+  bool rope_inv_freq_bf16 = false;
+
   bool is_moe_layer(int64_t layer) const;
   // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE
   // positions the model never saw: the numbers would be meaningless).

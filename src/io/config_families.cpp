@@ -5,6 +5,7 @@
 #include "io/config_families.h"
 
 #include "core/error.h"
+#include "io/config_hybrid.h"
 #include "io/config_keys.h"
 
 namespace moesq::io {
@@ -58,11 +59,29 @@ void parse_olmoe(const json& j, const std::string& source, ModelSpec& s) {
   s.qk_norm = QkNorm::Whole;
 }
 
+// Qwen3NextConfig / Qwen3_5MoeTextConfig (and GptOssConfig for loading and inspection; its CPU
+// forward is model/families/family_model.h): the full key set is parsed by io/config_hybrid.cpp;
+// the decoder reads the shared fields, the mixer factory (model/mixers/hybrid_mixer.h) the rest.
+void parse_hybrid(const json& j, const std::string& source, ModelSpec& s) {
+  const FamilySpec f = parse_family_config(j, source);
+  s = f.base;
+  s.qk_norm = QkNorm::PerHead;  // inside the family mixer
+  s.rms_norm_unit_offset = f.zero_centered_norms;
+  if (f.shared_expert_intermediate_size > 0) {
+    s.num_shared_experts = 1;
+    s.shared_expert_intermediate_size = f.shared_expert_intermediate_size;
+    s.shared_expert_gate = true;
+  }
+}
+
 constexpr ConfigFamily kFamilies[] = {
     {"qwen3_moe", parse_qwen3_moe},
     {"qwen2_moe", parse_qwen2_moe},
     {"mixtral", parse_mixtral},
     {"olmoe", parse_olmoe},
+    {"qwen3_next", parse_hybrid},
+    {"qwen3_5_moe_text", parse_hybrid},
+    {"gpt_oss", parse_hybrid},
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "model/families.h"
 
+#include "model/mixers/hybrid_mixer.h"
+
 namespace moesq::model {
 
 namespace {
@@ -11,6 +13,9 @@ constexpr ModelFamily kFamilies[] = {
     {"qwen2_moe", nullptr},
     {"mixtral", nullptr},
     {"olmoe", nullptr},
+    // Gated DeltaNet / gated attention per layer_types (model/mixers/hybrid_mixer.h).
+    {"qwen3_next", make_hybrid_mixer},
+    {"qwen3_5_moe_text", make_hybrid_mixer},
 };
 
 }  // namespace

@@ -24,31 +24,34 @@ FamilyModel::FamilyModel(const io::Checkpoint& ckpt, const FamilyLoadOptions& lo
   else load_qwen3_next_family(ckpt, fam_, *this);
 }
 
-AttentionShape FamilyModel::attention_shape(int64_t l) const {
-  const io::ModelSpec& s = fam_.base;
+AttentionShape family_attention_shape(const io::FamilySpec& f, int64_t l) {
+  const io::ModelSpec& s = f.base;
   AttentionShape a;
   a.hidden = s.hidden_size;
   a.num_heads = s.num_heads;
   a.num_kv_heads = s.num_kv_heads;
   a.head_dim = s.head_dim;
-  a.output_gate = fam_.attn_output_gate;
-  a.window = fam_.layer_mixer.at(l) == io::MixerKind::SlidingAttention ? fam_.sliding_window : 0;
+  a.output_gate = f.attn_output_gate;
+  a.window = f.layer_mixer.at(l) == io::MixerKind::SlidingAttention ? f.sliding_window : 0;
   a.eps = s.rms_norm_eps;
-  a.rope = fam_.rope;
+  a.rope = f.rope;
   return a;
 }
 
-GdnShape FamilyModel::gdn_shape() const {
+GdnShape family_gdn_shape(const io::FamilySpec& f) {
   GdnShape g;
-  g.hidden = fam_.base.hidden_size;
-  g.num_k_heads = fam_.linear_num_key_heads;
-  g.head_k_dim = fam_.linear_key_head_dim;
-  g.num_v_heads = fam_.linear_num_value_heads;
-  g.head_v_dim = fam_.linear_value_head_dim;
-  g.conv_kernel = fam_.linear_conv_kernel;
-  g.eps = fam_.base.rms_norm_eps;
+  g.hidden = f.base.hidden_size;
+  g.num_k_heads = f.linear_num_key_heads;
+  g.head_k_dim = f.linear_key_head_dim;
+  g.num_v_heads = f.linear_num_value_heads;
+  g.head_v_dim = f.linear_value_head_dim;
+  g.conv_kernel = f.linear_conv_kernel;
+  g.eps = f.base.rms_norm_eps;
   return g;
 }
+
+AttentionShape FamilyModel::attention_shape(int64_t l) const { return family_attention_shape(fam_, l); }
+GdnShape FamilyModel::gdn_shape() const { return family_gdn_shape(fam_); }
 
 std::vector<float> FamilyModel::embed(const std::vector<int32_t>& tokens) const {
   const int64_t H = spec().hidden_size;

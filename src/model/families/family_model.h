@@ -103,6 +103,10 @@ class FamilyModel {
   std::vector<FamilyLayer> layers_;
 };
 
+// The mixer shapes of a family (shared by FamilyModel and the DecoderModel mixers, mixers/hybrid_mixer.h).
+AttentionShape family_attention_shape(const io::FamilySpec& f, int64_t layer);
+GdnShape family_gdn_shape(const io::FamilySpec& f);
+
 // The per-family loaders (families/qwen3_next.cpp, families/gpt_oss.cpp): fill every layer and
 // the whole-model tensors of `m` from `ckpt`.
 void load_qwen3_next_family(const io::Checkpoint& ckpt, const io::FamilySpec& f, FamilyModel& m);

@@ -52,4 +52,30 @@ void load_attention_projections(const io::Checkpoint& ckpt, const io::FamilySpec
   }
 }
 
+void load_gdn(const io::Checkpoint& ckpt, const io::FamilySpec& f, const GdnShape& g, int64_t l, GdnWeights& w) {
+  const int64_t H = g.hidden, C = g.conv_dim(), Vd = g.value_dim(), nv = g.num_v_heads;
+  if (f.fused_qkvz) {
+    const std::vector<float> qkvz = layer_f32(ckpt, l, names::kGdnQkvz, {C + Vd, H});
+    const std::vector<float> ba = layer_f32(ckpt, l, names::kGdnBa, {2 * nv, H});
+    unfuse_qkvz_ba(g, qkvz, ba, w);
+  } else {
+    w.in_proj_qkv = layer_f32(ckpt, l, names::kGdnQkv, {C, H});
+    w.in_proj_z = layer_f32(ckpt, l, names::kGdnZ, {Vd, H});
+    w.in_proj_b = layer_f32(ckpt, l, names::kGdnB, {nv, H});
+    w.in_proj_a = layer_f32(ckpt, l, names::kGdnA, {nv, H});
+  }
+  w.conv1d = layer_f32(ckpt, l, names::kGdnConv, {C, 1, g.conv_kernel});
+  w.dt_bias = layer_f32(ckpt, l, names::kGdnDtBias, {nv});
+  w.A_log = layer_f32(ckpt, l, names::kGdnALog, {nv});
+  w.norm = layer_f32(ckpt, l, names::kGdnNorm, {g.head_v_dim});  // gated norm: plain w
+  w.out_proj = layer_f32(ckpt, l, names::kGdnOut, {H, Vd});
+}
+
+void load_hybrid_attention(const io::Checkpoint& ckpt, const io::FamilySpec& f, int64_t l, AttentionWeights& w) {
+  load_attention_projections(ckpt, f, l, w);
+  const int64_t hd = f.base.head_dim;
+  w.q_norm = norm_multiplier(ckpt, l, names::kQNorm, hd, f.zero_centered_norms);
+  w.k_norm = norm_multiplier(ckpt, l, names::kKNorm, hd, f.zero_centered_norms);
+}
+
 }  // namespace moesq::model::family_load

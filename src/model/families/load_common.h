@@ -23,4 +23,9 @@ void load_whole_model(const io::Checkpoint& ckpt, const io::FamilySpec& f, Famil
 // q/k/v/o projections (+ biases when attention_bias) of layer l into w.
 void load_attention_projections(const io::Checkpoint& ckpt, const io::FamilySpec& f, int64_t l, AttentionWeights& w);
 
+// Gated DeltaNet weights of layer l (fused qwen3_next rows re-laid out by unfuse_qkvz_ba).
+void load_gdn(const io::Checkpoint& ckpt, const io::FamilySpec& f, const GdnShape& g, int64_t l, GdnWeights& w);
+// Gated attention of a Qwen3-Next / Qwen3.5 layer: projections + per-head q/k norm multipliers.
+void load_hybrid_attention(const io::Checkpoint& ckpt, const io::FamilySpec& f, int64_t l, AttentionWeights& w);
+
 }  // namespace moesq::model::family_load

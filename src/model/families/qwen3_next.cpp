@@ -17,43 +17,18 @@ namespace moesq::model {
 namespace names = io::family_names;
 using family_load::layer_f32;
 
-namespace {
-
-void load_gdn(const io::Checkpoint& ckpt, const io::FamilySpec& f, const GdnShape& g, int64_t l, GdnWeights& w) {
-  const int64_t H = g.hidden, C = g.conv_dim(), Vd = g.value_dim(), nv = g.num_v_heads;
-  if (f.fused_qkvz) {
-    const std::vector<float> qkvz = layer_f32(ckpt, l, names::kGdnQkvz, {C + Vd, H});
-    const std::vector<float> ba = layer_f32(ckpt, l, names::kGdnBa, {2 * nv, H});
-    unfuse_qkvz_ba(g, qkvz, ba, w);
-  } else {
-    w.in_proj_qkv = layer_f32(ckpt, l, names::kGdnQkv, {C, H});
-    w.in_proj_z = layer_f32(ckpt, l, names::kGdnZ, {Vd, H});
-    w.in_proj_b = layer_f32(ckpt, l, names::kGdnB, {nv, H});
-    w.in_proj_a = layer_f32(ckpt, l, names::kGdnA, {nv, H});
-  }
-  w.conv1d = layer_f32(ckpt, l, names::kGdnConv, {C, 1, g.conv_kernel});
-  w.dt_bias = layer_f32(ckpt, l, names::kGdnDtBias, {nv});
-  w.A_log = layer_f32(ckpt, l, names::kGdnALog, {nv});
-  w.norm = layer_f32(ckpt, l, names::kGdnNorm, {g.head_v_dim});  // gated norm: plain w
-  w.out_proj = layer_f32(ckpt, l, names::kGdnOut, {H, Vd});
-}
-
-}  // namespace
-
 void load_qwen3_next_family(const io::Checkpoint& ckpt, const io::FamilySpec& f, FamilyModel& m) {
   const io::ModelSpec& s = f.base;
-  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size, hd = s.head_dim;
+  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
   family_load::load_whole_model(ckpt, f, m);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     FamilyLayer& L = m.layer(l);
     L.input_norm = family_load::norm_multiplier(ckpt, l, names::kInputNorm, H, true);
     L.post_norm = family_load::norm_multiplier(ckpt, l, names::kPostNorm, H, true);
     if (f.layer_mixer[l] == io::MixerKind::GatedDeltaNet) {
-      load_gdn(ckpt, f, m.gdn_shape(), l, L.gdn);
+      family_load::load_gdn(ckpt, f, m.gdn_shape(), l, L.gdn);
     } else {
-      family_load::load_attention_projections(ckpt, f, l, L.attn);
-      L.attn.q_norm = family_load::norm_multiplier(ckpt, l, names::kQNorm, hd, true);
-      L.attn.k_norm = family_load::norm_multiplier(ckpt, l, names::kKNorm, hd, true);
+      family_load::load_hybrid_attention(ckpt, f, l, L.attn);
     }
     if (!s.is_moe_layer(l)) {
       L.dense_mlp = family_load::swiglu_triple(ckpt, l, names::kDenseMlp, s.intermediate_size, H);
