@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "model/decoder.h"
 #include "model/families/family_model.h"
 #include "support/family_reference.h"
 
@@ -153,6 +154,54 @@ TEST_P(HybridParity, DecodeEqualsFullForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+}  // namespace
+
+// The same fixtures through the generic DecoderModel of the family framework (model/decoder.h with
+// the hybrid Mixer of model/mixers/hybrid_mixer.h): what `moesq eval` and `compress` run.
+namespace {
+
+class HybridDecoderParity : public HybridParity {};
+
+TEST_P(HybridDecoderParity, LogitsHiddenRouterAndCrossEntropy) {
+  moesq::model::LoadOptions lo;
+  lo.rope_inv_freq_bf16 = true;
+  const moesq::model::DecoderModel dm(*ckpt_, lo);
+  const auto& s = dm.spec();
+  EXPECT_TRUE(s.rms_norm_unit_offset);
+  EXPECT_EQ(s.num_shared_experts, 1);
+  const int64_t T = ref_.T, V = s.vocab_size, H = s.hidden_size, E = s.num_experts;
+  moesq::model::ForwardOptions fo;
+  double nll = 0.0, worst = 0.0, worst_h = 0.0, worst_r = 0.0;
+  for (int64_t b = 0; b < ref_.B; ++b) {
+    moesq::model::Trace tr;
+    const std::vector<float> z = dm.forward(ref_.row(b), fo, &tr);
+    worst = std::max(worst, max_abs_diff(z.data(), &ref_.logits[b * T * V], T * V));
+    for (int64_t l = 0; l <= s.num_layers; ++l)
+      worst_h = std::max(worst_h, max_abs_diff(tr.hidden[l].data(), &ref_.hidden[l][b * T * H], T * H));
+    for (int64_t l = 0; l < s.num_layers; ++l)
+      worst_r = std::max(worst_r, max_abs_diff(tr.router_logits[l].data(), &ref_.router[l][b * T * E], T * E));
+    // DecoderModel and FamilyModel run the same mixers and expert math.
+    EXPECT_LE(max_abs_diff(z.data(), model_->forward(ref_.row(b)).data(), T * V), kTwinAtol) << "seq " << b;
+    int64_t pred = 0;
+    nll += dm.window_nll(ref_.row(b), fo, &pred);
+    EXPECT_EQ(pred, T - 1);
+  }
+  EXPECT_LE(worst, kLogitsAtol);
+  EXPECT_LE(worst_h, kHiddenAtol);
+  EXPECT_LE(worst_r, kHiddenAtol);
+  const double ce = nll / static_cast<double>(ref_.B);
+  EXPECT_NEAR(ce, ref_.ce, kCeAtol);
+  std::printf("[ parity ] %s DecoderModel: logits %.3g, hidden %.3g, router %.3g, CE %.6f vs %.6f\n", GetParam(),
+              worst, worst_h, worst_r, ce, ref_.ce);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecoderParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
