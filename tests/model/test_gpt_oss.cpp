@@ -15,7 +15,7 @@
 
 #include "io/checkpoint.h"
 #include "model/families/family_model.h"
-#include "support/family_reference.h"
+#include "support/family_checks.h"
 
 namespace {
 
@@ -64,30 +64,14 @@ TEST_F(GptOssParity, ConfigAndLayout) {
 }
 
 TEST_F(GptOssParity, LayersTeacherForced) {
-  const auto& s = model_->spec();
-  const int64_t T = ref_.T, H = s.hidden_size, E = s.num_experts, L = s.num_layers;
-  int64_t ties = 0;
-  double worst = 0.0, worst_router = 0.0;
-  for (int64_t b = 0; b < ref_.B; ++b)
-    for (int64_t l = 0; l < L; ++l) {
-      const float* in = &ref_.hidden[l][b * T * H];
-      std::vector<float> h(in, in + T * H);
-      const moesq::model::Routes r = model_->layer_forward(l, h, T);
-      const std::vector<float> out = l + 1 < L ? h : model_->final_norm(h, T);
-      const double err = max_abs_diff(out.data(), &ref_.hidden[l + 1][b * T * H], T * H);
-      EXPECT_LE(err, kHiddenAtol) << "layer " << l << " seq " << b;
-      ASSERT_FALSE(ref_.router[l].empty());
-      const double rerr = max_abs_diff(r.logits.data(), &ref_.router[l][b * T * E], T * E);
-      EXPECT_LE(rerr, kRouterLogitsAtol) << "router logits layer " << l << " seq " << b;
-      EXPECT_EQ(moesq::test::topk_mismatches(r.expert, r.k, &ref_.router[l][b * T * E], T, E, kTieGap, &ties), 0)
-          << "top-k layer " << l << " seq " << b;
-      EXPECT_GT(moesq::test::max_abs(out), 0.01);
-      worst = std::max(worst, err);
-      worst_router = std::max(worst_router, rerr);
-    }
-  EXPECT_LE(ties, 4);
+  const moesq::test::LayerParity p = moesq::test::teacher_forced_parity(*model_, ref_, kTieGap);
+  EXPECT_LE(p.hidden, kHiddenAtol);
+  EXPECT_LE(p.router, kRouterLogitsAtol);
+  EXPECT_EQ(p.topk_bad, 0);
+  EXPECT_LE(p.ties, 4);
+  EXPECT_GT(p.min_peak, 0.01);
   std::printf("[ parity ] %s teacher-forced: hidden max err %.3g, router logits %.3g, near-ties %ld\n", kFixture,
-              worst, worst_router, static_cast<long>(ties));
+              p.hidden, p.router, static_cast<long>(p.ties));
 }
 
 TEST_F(GptOssParity, LogitsAndCrossEntropy) {
@@ -111,26 +95,11 @@ TEST_F(GptOssParity, LogitsAndCrossEntropy) {
 }
 
 TEST_F(GptOssParity, MixersMatchPlainLoopTwins) {
-  const int64_t T = ref_.T, H = model_->spec().hidden_size;
-  for (int64_t l = 0; l < model_->spec().num_layers; ++l) {
-    std::vector<float> h(&ref_.hidden[l][0], &ref_.hidden[l][0] + T * H), h_ref = h;
-    model_->mixer_block(l, h, T);
-    model_->mixer_block_ref(l, h_ref, T);
-    EXPECT_LE(max_abs_diff(h.data(), h_ref.data(), T * H), kTwinAtol) << "mixer of layer " << l;
-  }
+  EXPECT_LE(moesq::test::mixer_twin_error(*model_, ref_), kTwinAtol);
 }
 
 TEST_F(GptOssParity, DecodeEqualsFullForward) {
-  const int64_t T = ref_.T, V = model_->spec().vocab_size;
-  const std::vector<int32_t> toks = ref_.row(0);
-  const std::vector<float> full = model_->forward(toks);
-  moesq::model::DecodeState st = model_->new_decode_state();
-  std::vector<float> z = model_->decode({toks.begin(), toks.begin() + 5}, st);
-  EXPECT_LE(max_abs_diff(z.data(), full.data(), 5 * V), kDecodeAtol);
-  for (int64_t t = 5; t < T; ++t) {
-    z = model_->decode({toks[t]}, st);
-    ASSERT_LE(max_abs_diff(z.data(), &full[t * V], V), kDecodeAtol) << "decode position " << t;
-  }
+  EXPECT_LE(moesq::test::decode_error(*model_, ref_.row(0), 5), kDecodeAtol);
 }
 
 }  // namespace

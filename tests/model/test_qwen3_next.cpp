@@ -15,7 +15,7 @@
 #include "io/checkpoint.h"
 #include "model/decoder.h"
 #include "model/families/family_model.h"
-#include "support/family_reference.h"
+#include "support/family_checks.h"
 
 namespace {
 
@@ -66,31 +66,14 @@ TEST_P(HybridParity, ConfigAndLayout) {
 }
 
 TEST_P(HybridParity, LayersTeacherForced) {
-  const auto& s = model_->spec();
-  const int64_t T = ref_.T, H = s.hidden_size, E = s.num_experts, L = s.num_layers;
-  int64_t ties = 0;
-  double worst = 0.0, worst_router = 0.0;
-  for (int64_t b = 0; b < ref_.B; ++b)
-    for (int64_t l = 0; l < L; ++l) {
-      const float* in = &ref_.hidden[l][b * T * H];
-      std::vector<float> h(in, in + T * H);
-      const moesq::model::Routes r = model_->layer_forward(l, h, T);
-      const std::vector<float> out = l + 1 < L ? h : model_->final_norm(h, T);
-      const double err = max_abs_diff(out.data(), &ref_.hidden[l + 1][b * T * H], T * H);
-      EXPECT_LE(err, kHiddenAtol) << GetParam() << " layer " << l << " (" << moesq::io::mixer_kind_name(model_->family().layer_mixer[l])
-                                  << ") seq " << b;
-      ASSERT_FALSE(ref_.router[l].empty());
-      const double rerr = max_abs_diff(r.logits.data(), &ref_.router[l][b * T * E], T * E);
-      EXPECT_LE(rerr, kRouterLogitsAtol) << GetParam() << " router logits layer " << l << " seq " << b;
-      EXPECT_EQ(moesq::test::topk_mismatches(r.expert, r.k, &ref_.router[l][b * T * E], T, E, kTieGap, &ties), 0)
-          << GetParam() << " top-k layer " << l << " seq " << b;
-      EXPECT_GT(moesq::test::max_abs(out), 0.01);  // not all zeros
-      worst = std::max(worst, err);
-      worst_router = std::max(worst_router, rerr);
-    }
+  const moesq::test::LayerParity p = moesq::test::teacher_forced_parity(*model_, ref_, kTieGap);
+  EXPECT_LE(p.hidden, kHiddenAtol) << GetParam();
+  EXPECT_LE(p.router, kRouterLogitsAtol) << GetParam();
+  EXPECT_EQ(p.topk_bad, 0) << GetParam();
+  EXPECT_LE(p.ties, 4) << "more near-ties than a random-weight router should produce";
+  EXPECT_GT(p.min_peak, 0.01);  // no layer output is all zeros
   std::printf("[ parity ] %s teacher-forced: hidden max err %.3g, router logits %.3g, near-ties %ld\n", GetParam(),
-              worst, worst_router, static_cast<long>(ties));
-  EXPECT_LE(ties, 4) << "more near-ties than a random-weight router should produce";
+              p.hidden, p.router, static_cast<long>(p.ties));
 }
 
 TEST_P(HybridParity, LogitsAndCrossEntropy) {
@@ -127,38 +110,16 @@ TEST_P(HybridParity, ExactRopeCrossEntropy) {
 }
 
 TEST_P(HybridParity, MixersMatchPlainLoopTwins) {
-  const int64_t T = ref_.T, H = model_->spec().hidden_size;
-  for (int64_t l = 0; l < model_->spec().num_layers; ++l) {
-    std::vector<float> h(&ref_.hidden[l][0], &ref_.hidden[l][0] + T * H), h_ref = h;
-    model_->mixer_block(l, h, T);
-    model_->mixer_block_ref(l, h_ref, T);
-    EXPECT_LE(max_abs_diff(h.data(), h_ref.data(), T * H), kTwinAtol) << GetParam() << " mixer of layer " << l;
-  }
+  EXPECT_LE(moesq::test::mixer_twin_error(*model_, ref_), kTwinAtol) << GetParam();
 }
 
+// Prefill 17 tokens (not a multiple of the conv kernel), then one token at a time.
 TEST_P(HybridParity, DecodeEqualsFullForward) {
-  const int64_t T = ref_.T, V = model_->spec().vocab_size;
-  const std::vector<int32_t> toks = ref_.row(1);
-  const std::vector<float> full = model_->forward(toks);
-  // Prefill 17 tokens (not a multiple of the conv kernel), then one token at a time.
-  moesq::model::DecodeState st = model_->new_decode_state();
-  const int64_t P = 17;
-  std::vector<float> z = model_->decode({toks.begin(), toks.begin() + P}, st);
-  ASSERT_EQ(static_cast<int64_t>(z.size()), P * V);
-  EXPECT_LE(max_abs_diff(z.data(), full.data(), P * V), kDecodeAtol) << "prefill";
-  for (int64_t t = P; t < T; ++t) {
-    z = model_->decode({toks[t]}, st);
-    ASSERT_LE(max_abs_diff(z.data(), &full[t * V], V), kDecodeAtol) << GetParam() << " decode position " << t;
-  }
-  EXPECT_EQ(st.pos, T);
+  EXPECT_LE(moesq::test::decode_error(*model_, ref_.row(1), 17), kDecodeAtol) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+                         moesq::test::FixtureName{});
 
 }  // namespace
 
@@ -202,10 +163,6 @@ TEST_P(HybridDecoderParity, LogitsHiddenRouterAndCrossEntropy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecoderParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+                         moesq::test::FixtureName{});
 
 }  // namespace
