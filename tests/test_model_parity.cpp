@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/qwen3_moe.h"
+#include "support/topk.h"
 
 namespace {
 
@@ -73,23 +74,8 @@ struct MaxErr {
   }
 };
 
-// Top-k ids of one row of router logits, as a sorted set (descending logit = descending prob).
-std::vector<int32_t> topk_set(const float* z, int64_t E, int64_t k) {
-  std::vector<int32_t> o(E);
-  std::iota(o.begin(), o.end(), 0);
-  std::partial_sort(o.begin(), o.begin() + k, o.end(),
-                    [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-  o.resize(k);
-  std::sort(o.begin(), o.end());
-  return o;
-}
-
-// Gap between the k-th and (k+1)-th largest logits of a row.
-double topk_gap(const float* z, int64_t E, int64_t k) {
-  std::vector<float> v(z, z + E);
-  std::sort(v.begin(), v.end(), std::greater<float>());
-  return static_cast<double>(v[k - 1]) - v[k];
-}
+using moesq::test::topk_gap;
+using moesq::test::topk_set;
 
 class Parity : public ::testing::Test {
  protected:

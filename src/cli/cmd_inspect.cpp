@@ -137,6 +137,8 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [name, cb] : dtypes) hist[name] = {{"tensors", cb.first}, {"bytes", cb.second}};
   out["dtypes"] = hist;
+  // Tensors compression never replaces (routers, shared experts, dense MLP layers, attention, ...).
+  out["not_compressed"] = io::not_compressed_summary(ck);
   return out;
 }
 
@@ -170,6 +172,10 @@ void print_text(const nlohmann::json& r) {
   } else {
     std::printf("compressed      no\n");
   }
+  const auto& nc = r["not_compressed"];
+  std::printf("not compressed  routers %lld (+%lld biases), shared experts %lld tensors (+%lld gates), dense MLP layers %s\n",
+              nc["router"].get<long long>(), nc["router_bias"].get<long long>(), nc["shared_expert"].get<long long>(),
+              nc["shared_expert_gate"].get<long long>(), nc["dense_mlp_layers"].dump().c_str());
   std::printf("dtypes         ");
   for (const auto& [name, v] : r["dtypes"].items()) {
     std::printf(" %s: %lld tensors (%llu bytes);", name.c_str(), v["tensors"].get<long long>(),

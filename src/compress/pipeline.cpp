@@ -81,13 +81,15 @@ struct ExpertCalib {
 
 // Compresses one expert with `opt.method`. `w` holds the original weights, y_ref [c.n, H] their
 // outputs on the expert's calibration rows (the refinement's targets).
-PackedExpert compress_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
-                             const std::vector<float>& y_ref, const CompressOptions& opt, ExpertReport& rep) {
+PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
+                             const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
+                             ExpertReport& rep) {
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
   std::string names[3];
-  for (int p = 0; p < 3; ++p) names[p] = io::expert_tensor_prefix(rep.layer, rep.expert, io::kExpertProjNames[p]) + io::kWeight;
+  for (int p = 0; p < 3; ++p)
+    names[p] = io::expert_tensor_prefix(spec, rep.layer, rep.expert, static_cast<io::ExpertProj>(p)) + io::kWeight;
   PackedExpert pe;
   switch (opt.method) {
     case Method::RtnNvfp4: {
@@ -215,13 +217,13 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const mo
 
 // Lines 5–16 for one expert: compress, measure the W4A4 reconstruction error, install the
 // dequantized weights in place of the original ones (no other task reads this expert).
-PackedExpert compress_and_install(model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c,
-                                  const CompressOptions& opt, int act_block, ExpertReport& rep) {
+PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeights& w, int64_t H, int64_t I,
+                                  const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep) {
   // The original expert runs once: its outputs are the refinement targets and the reference of
   // the reconstruction error.
   const std::vector<float> y_ref =
       model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
-  PackedExpert pe = compress_expert(w, H, I, c, y_ref, opt, rep);
+  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep);
   // Dequantized once: measured here, then installed.
   std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
                                            pe.proj[2].dequantize()};
@@ -253,7 +255,7 @@ void compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib
     rep.expert = e;
     rep.tokens = c.n;
     res.experts[static_cast<size_t>(l)][static_cast<size_t>(e)] =
-        compress_and_install(m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
+        compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
     const int64_t d = ++done;
     if (d % 8 == 0 || d == E)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
@@ -279,8 +281,6 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
   const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
-  for (int64_t l = 0; l < L; ++l)
-    MOESQ_CHECK(spec.is_moe_layer(l), "layer ", l, " is a dense MLP layer; moesq compresses MoE layers only");
   // The propagation through a compressed layer runs W4A4 as deployed (activation block = the weights').
   model::ForwardOptions deployed;
   deployed.act_quant = true;
@@ -294,6 +294,12 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens");
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
+    if (!spec.is_moe_layer(l)) {  // a dense MLP layer is kept as stored: propagate through it
+      const std::vector<float> y = m.dense_mlp(l, X, st.n_total());
+      for (size_t i = 0; i < st.h.size(); ++i)
+        for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+      continue;
+    }
     const model::Routes routes = m.route(l, X, st.n_total());
     std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
     // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
@@ -304,7 +310,8 @@ CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const C
                                   std::max<int64_t>(c.n - 1, 0)));
     for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
     compress_layer(m, l, cal, opt, act_block, res);
-    // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4.
+    // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
+    // any, runs as stored inside moe_block).
     const std::vector<float> y = m.moe_block(l, X, routes, deployed);
     for (size_t i = 0; i < st.h.size(); ++i)
       for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];

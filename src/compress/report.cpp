@@ -122,7 +122,9 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   // Measure bits/weight from the bytes actually written: reopen the files.
   ExportSummary sum;
   sum.expert_bytes = io::expert_tensor_bytes(io::Checkpoint(dir.path()));
-  sum.expert_weights = spec.num_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_intermediate_size;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) moe_layers += spec.is_moe_layer(l);
+  sum.expert_weights = moe_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_intermediate_size;
   sum.bits_per_expert_weight = 8.0 * static_cast<double>(sum.expert_bytes) / static_cast<double>(sum.expert_weights);
 
   nlohmann::json layers = nlohmann::json::array();
@@ -144,7 +146,9 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       }
       experts.push_back(std::move(j));
     }
-    layers.push_back({{"layer", l}, {"experts", std::move(experts)}});
+    nlohmann::json row = {{"layer", l}, {"experts", std::move(experts)}};
+    if (!spec.is_moe_layer(l)) row["dense_mlp"] = "kept as stored (not compressed)";
+    layers.push_back(std::move(row));
   }
   sum.report = {
       {"method", method_name(opt.method)},
@@ -158,6 +162,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"mean_rel_error", err_n ? nlohmann::json(err_sum / static_cast<double>(err_n)) : nlohmann::json(nullptr)},
       {"fallbacks", fallbacks},
       {"layers", layers},
+      {"not_compressed", io::not_compressed_summary(src)},
   };
   if (opt.method == Method::Moesq)
     sum.report["refine_options"] = refine_options_to_json(opt.refine);

@@ -203,6 +203,23 @@ void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, b
              " disagree with the config (a half-compressed checkpoint); pass --allow-mixed to load it anyway");
 }
 
+nlohmann::json not_compressed_summary(const Checkpoint& src) {
+  const ModelSpec& s = src.spec();
+  nlohmann::json j = nlohmann::json::object();
+  for (TensorRole r : {TensorRole::Router, TensorRole::RouterBias, TensorRole::SharedExpert,
+                       TensorRole::SharedExpertGate, TensorRole::DenseMlp, TensorRole::Other})
+    j[tensor_role_name(r)] = 0;
+  for (const std::string& name : src.names()) {
+    const TensorRole r = tensor_role(s, name);
+    if (r != TensorRole::RoutedExpert) j[tensor_role_name(r)] = j[tensor_role_name(r)].get<int64_t>() + 1;
+  }
+  nlohmann::json dense = nlohmann::json::array();
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (!s.is_moe_layer(l)) dense.push_back(l);
+  j["dense_mlp_layers"] = dense;
+  return j;
+}
+
 int64_t expert_tensor_bytes(const Checkpoint& ckpt) {
   int64_t bytes = 0;
   for (const std::string& name : ckpt.names())

@@ -81,6 +81,37 @@ std::string router_tensor(const ModelSpec& spec, int64_t layer) {
   return layer_tensor(layer, std::string(layer_tensor_names(spec.model_type).moe_block) + ".gate.weight");
 }
 
+TensorRole tensor_role(const ModelSpec& spec, const std::string& name) {
+  if (is_expert_tensor(name)) return TensorRole::RoutedExpert;
+  size_t pos = 0;
+  int64_t l = 0;
+  if (!read_literal(name, pos, "model.layers.") || !read_index(name, pos, &l) || !read_literal(name, pos, "."))
+    return TensorRole::Other;
+  const std::string rest = name.substr(pos);
+  const LayerTensorNames& t = layer_tensor_names(spec.model_type);
+  const std::string moe = t.moe_block;
+  auto starts = [&](const std::string& p) { return rest.compare(0, p.size(), p) == 0; };
+  if (rest == moe + ".gate.weight") return TensorRole::Router;
+  if (t.router_bias && rest == t.router_bias) return TensorRole::RouterBias;
+  if (t.shared_expert_gate && rest == t.shared_expert_gate) return TensorRole::SharedExpertGate;
+  if (t.shared_expert && starts(std::string(t.shared_expert) + ".")) return TensorRole::SharedExpert;
+  if (!spec.is_moe_layer(l) && starts("mlp.")) return TensorRole::DenseMlp;
+  return TensorRole::Other;
+}
+
+const char* tensor_role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::RoutedExpert: return "routed_expert";
+    case TensorRole::Router: return "router";
+    case TensorRole::RouterBias: return "router_bias";
+    case TensorRole::SharedExpert: return "shared_expert";
+    case TensorRole::SharedExpertGate: return "shared_expert_gate";
+    case TensorRole::DenseMlp: return "dense_mlp";
+    case TensorRole::Other: return "other";
+  }
+  return "other";
+}
+
 std::string layer_tensor(int64_t layer, const std::string& rest) {
   return "model.layers." + std::to_string(layer) + "." + rest;
 }
@@ -103,6 +134,7 @@ std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name) {
   for (const char* block : kMoeBlocks)
     if (read_literal(name, pos, block)) {
       container = true;
+      t.block = block;
       break;
     }
   if (!container || !read_literal(name, pos, ".experts.") || !read_index(name, pos, &t.expert) ||
@@ -123,7 +155,11 @@ std::optional<ExpertProj> expert_proj_of(const std::string& proj) {
 
 bool is_expert_tensor(const std::string& name) {
   const auto t = parse_expert_tensor(name);
-  return t && expert_proj_of(t->proj).has_value();
+  if (!t) return false;
+  const auto& projs = t->block == "block_sparse_moe" ? kMixtralProjNames : kExpertProjNames;
+  for (const char* p : projs)
+    if (t->proj == p) return true;
+  return false;
 }
 
 bool in_expert_container(const std::string& name) {

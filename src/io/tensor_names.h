@@ -55,6 +55,12 @@ std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t e
 // "model.layers.{l}.{moe_block}.gate.weight": the router of the family.
 std::string router_tensor(const ModelSpec& spec, int64_t layer);
 
+// What a tensor of a `spec` checkpoint is, from the family's table: compression replaces only
+// RoutedExpert tensors; every other role is kept byte-identical (and listed as not compressed).
+enum class TensorRole { RoutedExpert, Router, RouterBias, SharedExpert, SharedExpertGate, DenseMlp, Other };
+TensorRole tensor_role(const ModelSpec& spec, const std::string& name);
+const char* tensor_role_name(TensorRole r);  // "routed_expert", "router", ...
+
 // "model.layers.{layer}.{rest}", e.g. layer_tensor(0, "self_attn.q_proj.weight").
 std::string layer_tensor(int64_t layer, const std::string& rest);
 // Qwen3-MoE names: "model.layers.{layer}.mlp.experts.{expert}.{proj}" (append a suffix above).
@@ -65,11 +71,12 @@ std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj)
 // up to the next '.', suffix everything after it. nullopt when the name does not have that form.
 struct ExpertTensorName {
   int64_t layer = 0, expert = 0;
+  std::string block;  // the MoE block: "mlp" or "block_sparse_moe"
   std::string proj, suffix;
 };
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
 // A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj
-// (or Mixtral's w1|w3|w2). Shared experts ("mlp.shared_expert.…") are not routed experts.
+// under "mlp", or Mixtral's w1|w3|w2 under "block_sparse_moe". Shared experts ("mlp.shared_expert.…") are not routed experts.
 bool is_expert_tensor(const std::string& name);
 // Which projection `proj` is (gate_proj / w1 → Gate, up_proj / w3 → Up, down_proj / w2 → Down), if any.
 std::optional<ExpertProj> expert_proj_of(const std::string& proj);

@@ -110,13 +110,13 @@ void DecoderModel::attention_block(int64_t l, std::vector<float>& h, int64_t T, 
   std::vector<float> x(T * H);  // [T, H]
   rmsnorm_rows(h.data(), T, H, L.input_norm.data(), s.rms_norm_eps, x.data());
   const std::vector<float> o =
-      L.mixer ? L.mixer->forward(x.data(), T, fo) : gqa_attention(s, L, x.data(), T, fo.threads);  // [T, H]
+      L.mixer ? L.mixer->forward(x.data(), T, fo) : gqa_attention(s, L, x.data(), T, fo);  // [T, H]
   MOESQ_CHECK(static_cast<int64_t>(o.size()) == T * H, "layer ", l, " mixer ", L.mixer ? L.mixer->name() : "attention",
               " returned ", o.size(), " values, expected T·H = ", T * H);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 
-void DecoderModel::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const {
+void DecoderModel::attention_block_ref(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const {
   const auto& s = spec_;
   const LayerWeights& L = layers_.at(l);
   const int64_t H = s.hidden_size;
@@ -125,7 +125,7 @@ void DecoderModel::attention_block_ref(int64_t l, std::vector<float>& h, int64_t
               " values, expected T·H = ", T * H);
   std::vector<float> x(T * H);
   rmsnorm_rows(h.data(), T, H, L.input_norm.data(), s.rms_norm_eps, x.data());
-  const std::vector<float> o = gqa_attention_ref(s, L, x.data(), T);
+  const std::vector<float> o = gqa_attention_ref(s, L, x.data(), T, fo);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 

@@ -117,7 +117,7 @@ class DecoderModel {
   std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
                                         const ForwardOptions& fo) const;
   // Plain-loop twin of attention_block (built-in attention only).
-  void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T) const;
+  void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo = {}) const;
   // Dense SwiGLU MLP of a non-MoE layer: x [n, H] → y [n, H] (no activation quantization).
   // ffn_block: the layer's whole feed-forward, moe_block(route(x)) on MoE layers, dense_mlp otherwise;
   // `routes`, if given, receives the routes (left empty on a dense layer).

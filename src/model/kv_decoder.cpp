@@ -30,7 +30,7 @@ KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& f
   k_cache_.assign(static_cast<size_t>(s.num_layers),
                   std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
   v_cache_ = k_cache_;
-  rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_);
+  rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_, fo.rope_bf16_inv_freq);
 }
 
 std::vector<float> KvDecoder::step(int32_t token) {

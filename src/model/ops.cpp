@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/half.h"
 #include "core/threads.h"
 
 namespace moesq::model {
@@ -45,12 +46,13 @@ void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double e
 // = pos · inv_freq[i] rounded to fp32 (as torch's fp32 outer product), cos/sin of it.
 // cos/sin: [T, hd/2] (the second half of HF's cat(freqs, freqs) repeats the first).
 void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t,
-                 std::vector<float>& sin_t) {
+                 std::vector<float>& sin_t, bool bf16_inv_freq) {
   const int64_t half = hd / 2;
   std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
     inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta), expo);
+    if (bf16_inv_freq) inv_freq[i] = round_bf16(inv_freq[i]);
   }
   cos_t.resize(T * half);
   sin_t.resize(T * half);

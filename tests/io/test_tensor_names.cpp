@@ -35,6 +35,12 @@ TEST(TensorNames, ExpertTensorTest) {
                          "model.layers.0.mlp.experts..up_proj.weight", "model.layers.0.mlp.experts.0.up_proj",
                          "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj"})
     EXPECT_FALSE(is_expert_tensor(no)) << no;
+  // Mixtral's names live under block_sparse_moe only (and never the Qwen spellings there).
+  EXPECT_TRUE(is_expert_tensor("model.layers.1.block_sparse_moe.experts.7.w1.weight"));
+  EXPECT_TRUE(is_expert_tensor("model.layers.1.block_sparse_moe.experts.7.w2.weight_packed"));
+  EXPECT_FALSE(is_expert_tensor("model.layers.1.block_sparse_moe.experts.7.gate_proj.weight"));
+  EXPECT_FALSE(is_expert_tensor("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_FALSE(is_expert_tensor("model.layers.0.mlp.shared_expert.gate_proj.weight"));
   EXPECT_TRUE(in_expert_container("model.layers.0.mlp.experts.gate_up_proj"));
   EXPECT_FALSE(in_expert_container(kEmbedTokens));
 }

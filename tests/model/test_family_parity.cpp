@@ -20,7 +20,9 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "support/topk.h"
 #include "model/decoder.h"
+#include "model/kv_decoder.h"
 
 namespace {
 
@@ -35,6 +37,17 @@ constexpr double kRouterLogitsAtol = 1e-3;  // router logits
 constexpr double kTieGap = 1e-3;
 // `moesq eval`'s bar against summary.json's cross-entropy (nats/token).
 constexpr double kCeAtol = 1e-4;
+
+// How the references were made: transformers loaded each bf16 checkpoint in bf16 and upcast it with
+// .float(), so its RoPE inv_freq buffer holds bf16-rounded frequencies. The fixtures' forward runs the
+// same way (ForwardOptions::rope_bf16_inv_freq). Measured on tiny-olmoe layer 0 (q/k RMSNorm makes its
+// scores sensitive): router-logit error 6.6e-4 with fp32 frequencies, 4.5e-7 with bf16 ones (double-
+// precision check); qwen2-moe and mixtral pass either way.
+moesq::model::ForwardOptions reference_options() {
+  moesq::model::ForwardOptions fo;
+  fo.rope_bf16_inv_freq = true;
+  return fo;
+}
 
 std::string fixture(const std::string& name) { return std::string(MOESQ_FIXTURES) + "/families/" + name; }
 
@@ -76,21 +89,8 @@ double max_abs_err(const float* a, const float* b, int64_t n) {
   return e;
 }
 
-// Sorted top-k ids of one row and the reference's k-th/(k+1)-th gap.
-std::vector<int32_t> topk_set(const float* z, int64_t E, int64_t k) {
-  std::vector<int32_t> o(E);
-  std::iota(o.begin(), o.end(), 0);
-  std::partial_sort(o.begin(), o.begin() + k, o.end(),
-                    [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-  o.resize(k);
-  std::sort(o.begin(), o.end());
-  return o;
-}
-double topk_gap(const float* z, int64_t E, int64_t k) {
-  std::vector<float> v(z, z + E);
-  std::sort(v.begin(), v.end(), std::greater<float>());
-  return k < E ? static_cast<double>(v[k - 1]) - v[k] : INFINITY;
-}
+using moesq::test::topk_gap;
+using moesq::test::topk_set;
 
 class FamilyParity : public ::testing::TestWithParam<std::string> {};
 
@@ -109,7 +109,7 @@ TEST_P(FamilyParity, FullForwardMatchesTransformers) {
   for (int64_t b = 0; b < B; ++b) {
     const std::vector<int32_t> ids(ref.ids.begin() + b * T, ref.ids.begin() + (b + 1) * T);
     moesq::model::Trace tr;
-    const std::vector<float> z = m.forward(ids, m.default_forward_options(), &tr);
+    const std::vector<float> z = m.forward(ids, reference_options(), &tr);
     ASSERT_EQ(z.size(), static_cast<size_t>(T * V));
     for (float v : z) logits_absmax = std::max(logits_absmax, static_cast<double>(std::fabs(v)));
     lg = std::max(lg, max_abs_err(z.data(), &ref.logits[b * T * V], T * V));
@@ -172,9 +172,9 @@ TEST_P(FamilyParity, EachLayerTeacherForced) {
     double e = 0;
     for (int64_t b = 0; b < B; ++b) {
       std::vector<float> h(&ref.hidden[l][b * T * H], &ref.hidden[l][(b + 1) * T * H]);
-      m.attention_block(l, h, T, {});
+      m.attention_block(l, h, T, reference_options());
       const std::vector<float> x = m.moe_input(l, h, T);
-      const std::vector<float> y = m.ffn_block(l, x, T, {});
+      const std::vector<float> y = m.ffn_block(l, x, T, reference_options());
       for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
       e = std::max(e, max_abs_err(h.data(), &ref.hidden[l + 1][b * T * H], T * H));
     }
@@ -192,11 +192,31 @@ TEST_P(FamilyParity, AttentionMatchesItsRef) {
   const Reference ref = load_reference(arch, m.spec());
   const int64_t T = ref.T, H = m.spec().hidden_size;
   std::vector<float> a(ref.hidden[0].begin(), ref.hidden[0].begin() + T * H), b = a;
-  m.attention_block(0, a, T, {});
-  m.attention_block_ref(0, b, T);
+  m.attention_block(0, a, T, reference_options());
+  m.attention_block_ref(0, b, T, reference_options());
   constexpr double kRefAtol = 1e-5;  // same math, different summation order (sgemm blocking)
   EXPECT_LE(max_abs_err(a.data(), b.data(), T * H), kRefAtol) << arch;
   EXPECT_GT(max_abs_err(a.data(), ref.hidden[0].data(), T * H), 1e-3) << arch << ": attention added nothing";
+}
+
+// The KV-cached decoder (one token per step) against the full forward: covers the q/k norm span,
+// q/k/v biases, the shared expert and dense layers on the decode path.
+TEST_P(FamilyParity, KvDecoderMatchesFullForward) {
+  const std::string arch = GetParam();
+  const moesq::io::Checkpoint ck(fixture("tiny-" + arch));
+  const DecoderModel m(ck);
+  const Reference ref = load_reference(arch, m.spec());
+  const int64_t T = 24, V = m.spec().vocab_size;
+  const std::vector<int32_t> ids(ref.ids.begin(), ref.ids.begin() + T);
+  const std::vector<float> full = m.forward(ids, reference_options());
+  moesq::model::KvDecoder dec(m, T, reference_options());
+  double e = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<float> z = dec.step(ids[t]);
+    e = std::max(e, max_abs_err(z.data(), &full[t * V], V));
+  }
+  constexpr double kDecodeAtol = 1e-4;  // same math, matvec vs sgemm summation order
+  EXPECT_LE(e, kDecodeAtol) << arch;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyParity, ::testing::Values("qwen2-moe", "mixtral", "olmoe"),

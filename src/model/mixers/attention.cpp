@@ -35,8 +35,8 @@ void causal_softmax_row(float* s, int64_t t, int64_t T) {
 constexpr int64_t kAttnBlockM = 64;
 
 // q [T, nh·hd], k [T, nkv·hd] in place: biases, q/k RMSNorm (spec.qk_norm), RoPE.
-void qk_prologue(const io::ModelSpec& s, const LayerWeights& L, int64_t T, std::vector<float>& q,
-                 std::vector<float>& k, std::vector<float>& v) {
+void qk_prologue(const io::ModelSpec& s, const LayerWeights& L, int64_t T, bool bf16_inv_freq,
+                 std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
   const int64_t hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   const int64_t qw = nh * hd, kw = nkv * hd, half = hd / 2;
   add_bias_rows(q.data(), T, qw, L.q_bias);
@@ -50,7 +50,7 @@ void qk_prologue(const io::ModelSpec& s, const LayerWeights& L, int64_t T, std::
     rmsnorm_rows(k.data(), T, kw, L.k_norm.data(), s.rms_norm_eps, k.data());
   }
   std::vector<float> cos_t, sin_t;  // [T, hd/2]
-  rope_tables(T, hd, s.rope_theta, cos_t, sin_t);
+  rope_tables(T, hd, s.rope_theta, cos_t, sin_t, bf16_inv_freq);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < nh; ++i) apply_rope(&q[t * qw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
     for (int64_t i = 0; i < nkv; ++i) apply_rope(&k[t * kw + i * hd], hd, &cos_t[t * half], &sin_t[t * half]);
@@ -60,14 +60,14 @@ void qk_prologue(const io::ModelSpec& s, const LayerWeights& L, int64_t T, std::
 }  // namespace
 
 std::vector<float> gqa_attention(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T,
-                                 int threads) {
+                                 const ForwardOptions& fo) {
   const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   const int64_t qw = nh * hd, kw = nkv * hd;
   std::vector<float> q(T * qw), k(T * kw), v(T * kw);  // [T, nh·hd], [T, nkv·hd] ×2
   linear(x, T, H, L.q_proj.data(), qw, q.data());
   linear(x, T, H, L.k_proj.data(), kw, k.data());
   linear(x, T, H, L.v_proj.data(), kw, v.data());
-  qk_prologue(s, L, T, q, k, v);
+  qk_prologue(s, L, T, fo.rope_bf16_inv_freq, q, k, v);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t group = nh / nkv;
   std::vector<float> attn(T * qw);  // [T, nh·hd]
@@ -88,21 +88,22 @@ std::vector<float> gqa_attention(const io::ModelSpec& s, const LayerWeights& L, 
                       v.data() + kv * hd, kw, 0.0f, attn.data() + r0 * qw + i * hd, qw);
         }
       },
-      std::min<int>(intra_threads(threads), static_cast<int>(nh)));
+      std::min<int>(intra_threads(fo.threads), static_cast<int>(nh)));
   std::vector<float> o(T * H);  // [T, H]
   linear(attn.data(), T, qw, L.o_proj.data(), H, o.data());
   add_bias_rows(o.data(), T, H, L.o_bias);
   return o;
 }
 
-std::vector<float> gqa_attention_ref(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T) {
+std::vector<float> gqa_attention_ref(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T,
+                                     const ForwardOptions& fo) {
   const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   const int64_t qw = nh * hd, kw = nkv * hd;
   std::vector<float> q(T * qw), k(T * kw), v(T * kw);
   linear_ref(x, T, H, L.q_proj.data(), qw, q.data());
   linear_ref(x, T, H, L.k_proj.data(), kw, k.data());
   linear_ref(x, T, H, L.v_proj.data(), kw, v.data());
-  qk_prologue(s, L, T, q, k, v);
+  qk_prologue(s, L, T, fo.rope_bf16_inv_freq, q, k, v);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> attn(T * qw, 0.0f), p(T);
   for (int64_t i = 0; i < nh; ++i) {

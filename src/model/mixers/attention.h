@@ -13,10 +13,11 @@ namespace moesq::model {
 
 // x [T, H] = input_layernorm(h) of one causal sequence → o_proj(attention) [T, H]. GQA: query head i
 // reads kv head i / (nh / nkv); q/k norm before RoPE; scores · hd^-½; fp32 softmax. Parallel over heads
-// (at most `threads`, 0 = moesq::num_threads()).
+// (at most fo.threads, 0 = moesq::num_threads()); fo.rope_bf16_inv_freq selects the RoPE frequencies.
 std::vector<float> gqa_attention(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T,
-                                 int threads);
+                                 const ForwardOptions& fo);
 // Plain-loop twin (no BLAS, no blocking): the oracle of gqa_attention.
-std::vector<float> gqa_attention_ref(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T);
+std::vector<float> gqa_attention_ref(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T,
+                                     const ForwardOptions& fo);
 
 }  // namespace moesq::model
