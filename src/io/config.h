@@ -66,9 +66,6 @@ struct ModelSpec {
   // Zero-centred RMSNorms (Qwen3-Next / Qwen3.5): input, post-attention and final norm weights are
   // stored as w and applied as (1 + w); the loader folds the 1 in.
   bool rms_norm_unit_offset = false;
-  // Not a config key: RoPE inverse frequencies rounded to bf16, to reproduce transformers run after a
-  // bf16 round trip of the module (model::LoadOptions::rope_inv_freq_bf16; io/config_hybrid.h).
-  bool rope_inv_freq_bf16 = false;
 
   bool is_moe_layer(int64_t layer) const;
   // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE

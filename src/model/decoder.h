@@ -70,10 +70,6 @@ struct LoadOptions {
   // packed): each projection is read as stored. Without it that is an Error naming the first
   // mismatching tensor (io::check_expert_storage).
   bool allow_mixed = false;
-  // Family mixers with their own RoPE (model/mixers/hybrid_mixer.h): inverse frequencies rounded to
-  // bf16, as transformers computes them after a bf16 round trip of the module — how the fixtures'
-  // reference forwards ran (io/config_hybrid.h). Off = exact fp32.
-  bool rope_inv_freq_bf16 = false;
 };
 
 class DecoderModel {

@@ -75,7 +75,6 @@ class ModelLoader {
 
     m.embed_ = dense_weight(ckpt, io::kEmbedTokens, {V, H});
     m.final_norm_ = dense_weight(ckpt, io::kFinalNorm, {H});
-    m.spec_.rope_inv_freq_bf16 = lo.rope_inv_freq_bf16;
     // Zero-centred RMSNorms: (1 + w) once here, in fp32 as transformers computes it.
     auto unit_offset = [&](std::vector<float>& w) {
       if (s.rms_norm_unit_offset)

@@ -34,7 +34,9 @@ class GatedAttentionMixer final : public Mixer {
   std::string name() const override { return "gated_attention"; }
   std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override {
     std::vector<float> y(T * s_.hidden);
-    attention_forward(s_, w_, x, T, y.data(), nullptr, fo.threads);
+    AttentionShape s = s_;
+    s.rope.inv_freq_bf16 = fo.rope_bf16_inv_freq;  // per call, as the built-in attention
+    attention_forward(s, w_, x, T, y.data(), nullptr, fo.threads);
     return y;
   }
 
@@ -45,9 +47,8 @@ class GatedAttentionMixer final : public Mixer {
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& spec, int64_t layer) {
-  io::FamilySpec f = io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json");
-  f.rope.inv_freq_bf16 = spec.rope_inv_freq_bf16;
+std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& /*spec*/, int64_t layer) {
+  const io::FamilySpec f = io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json");
   if (f.layer_mixer.at(layer) == io::MixerKind::GatedDeltaNet) {
     const GdnShape s = family_gdn_shape(f);
     GdnWeights w;
