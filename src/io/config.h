@@ -63,6 +63,10 @@ struct ModelSpec {
   int64_t shared_expert_intermediate_size = 0;  // width of the (merged) shared MLP
   bool shared_expert_gate = false;              // output × sigmoid(x · w_gate), w_gate [1, H] (Qwen2-MoE)
 
+  // Zero-centred RMSNorms (Qwen3-Next / Qwen3.5): input, post-attention and final norm weights are
+  // stored as w and applied as (1 + w); the loader folds the 1 in.
+  bool rms_norm_unit_offset = false;
+
   bool is_moe_layer(int64_t layer) const;
   // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE
   // positions the model never saw: the numbers would be meaningless).

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/config_deepseek_v3.h"
+#include "io/config_hybrid.h"
 #include "io/config_keys.h"
 
 namespace moesq::io {
@@ -65,6 +66,21 @@ void parse_deepseek_v3(const json& j, const std::string& source, ModelSpec& s) {
   fill_model_spec(parse_deepseek_v3_config(j, source), s);
 }
 
+// Qwen3NextConfig / Qwen3_5MoeTextConfig (and GptOssConfig for loading and inspection; its CPU
+// forward is model/families/family_model.h): the full key set is parsed by io/config_hybrid.cpp;
+// the decoder reads the shared fields, the mixer factory (model/mixers/hybrid_mixer.h) the rest.
+void parse_hybrid(const json& j, const std::string& source, ModelSpec& s) {
+  const FamilySpec f = parse_family_config(j, source);
+  s = f.base;
+  s.qk_norm = QkNorm::PerHead;  // inside the family mixer
+  s.rms_norm_unit_offset = f.zero_centered_norms;
+  if (f.shared_expert_intermediate_size > 0) {
+    s.num_shared_experts = 1;
+    s.shared_expert_intermediate_size = f.shared_expert_intermediate_size;
+    s.shared_expert_gate = true;
+  }
+}
+
 constexpr ConfigFamily kFamilies[] = {
     {"qwen3_moe", parse_qwen3_moe},
     {"qwen2_moe", parse_qwen2_moe},
@@ -72,6 +88,9 @@ constexpr ConfigFamily kFamilies[] = {
     {"olmoe", parse_olmoe},
     {"deepseek_v3", parse_deepseek_v3},
     {"kimi_k2", parse_deepseek_v3},
+    {"qwen3_next", parse_hybrid},
+    {"qwen3_5_moe_text", parse_hybrid},
+    {"gpt_oss", parse_hybrid},
 };
 
 }  // namespace

@@ -40,6 +40,13 @@ LayerTensorNames qwen2_moe_names() {
   return t;
 }
 
+// Qwen3-Next / Qwen3.5 text: Qwen2-MoE's shared expert and gate under their own model_type.
+LayerTensorNames hybrid_names(const char* model_type) {
+  LayerTensorNames t = qwen2_moe_names();
+  t.model_type = model_type;
+  return t;
+}
+
 LayerTensorNames mixtral_names() {
   LayerTensorNames t{"mixtral"};
   t.moe_block = "block_sparse_moe";
@@ -63,6 +70,8 @@ const LayerTensorNames kLayerNames[] = {
     LayerTensorNames{"olmoe"},
     deepseek_v3_names("deepseek_v3"),
     deepseek_v3_names("kimi_k2"),
+    hybrid_names("qwen3_next"),
+    hybrid_names("qwen3_5_moe_text"),
 };
 
 }  // namespace

@@ -359,16 +359,8 @@ double DecoderModel::window_nll(const std::vector<int32_t>& tokens, const Forwar
   const int64_t T = static_cast<int64_t>(tokens.size()), V = spec_.vocab_size;
   MOESQ_CHECK(T >= 2, "window_nll: a window needs at least 2 tokens, got ", T);
   const std::vector<float> z = forward(tokens, fo);  // [T, V]
-  double total = 0.0;
-  for (int64_t t = 0; t + 1 < T; ++t) {
-    const float* zt = &z[t * V];
-    const double mx = *std::max_element(zt, zt + V);
-    double se = 0.0;
-    for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(zt[v]) - mx);
-    total += (mx + std::log(se)) - static_cast<double>(zt[tokens[t + 1]]);
-  }
   if (predicted) *predicted = T - 1;
-  return total / static_cast<double>(T - 1);
+  return next_token_nll(z.data(), tokens, V);
 }
 
 }  // namespace moesq::model

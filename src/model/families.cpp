@@ -1,6 +1,7 @@
 #include "model/families.h"
 
 #include "model/mixers/mla_mixer.h"
+#include "model/mixers/hybrid_mixer.h"
 
 namespace moesq::model {
 
@@ -15,6 +16,9 @@ constexpr ModelFamily kFamilies[] = {
     {"olmoe", nullptr},
     {"deepseek_v3", make_mla_mixer},  // multi-head latent attention (model/mixers/mla_mixer.h)
     {"kimi_k2", make_mla_mixer},
+    // Gated DeltaNet / gated attention per layer_types (model/mixers/hybrid_mixer.h).
+    {"qwen3_next", make_hybrid_mixer},
+    {"qwen3_5_moe_text", make_hybrid_mixer},
 };
 
 }  // namespace

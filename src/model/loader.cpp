@@ -75,6 +75,12 @@ class ModelLoader {
 
     m.embed_ = dense_weight(ckpt, io::kEmbedTokens, {V, H});
     m.final_norm_ = dense_weight(ckpt, io::kFinalNorm, {H});
+    // Zero-centred RMSNorms: (1 + w) once here, in fp32 as transformers computes it.
+    auto unit_offset = [&](std::vector<float>& w) {
+      if (s.rms_norm_unit_offset)
+        for (float& v : w) v += 1.0f;
+    };
+    unit_offset(m.final_norm_);
     // tie_word_embeddings: true ties the head to the embedding as transformers does (tie_weights runs
     // after loading, so an lm_head.weight in the files is overwritten, i.e. ignored).
     if (s.tie_word_embeddings) {
@@ -92,6 +98,7 @@ class ModelLoader {
         return dense_weight(ckpt, io::layer_tensor(l, rest), shape);
       };
       L.input_norm = get("input_layernorm.weight", {H});
+      unit_offset(L.input_norm);
       if (family->make_mixer) {
         L.mixer = family->make_mixer(ckpt, s, l);
       } else {
@@ -114,6 +121,7 @@ class ModelLoader {
         }
       }
       L.post_norm = get("post_attention_layernorm.weight", {H});
+      unit_offset(L.post_norm);
       if (!s.is_moe_layer(l)) {
         const int64_t Id = s.intermediate_size;
         L.dense_mlp.gate = get("mlp.gate_proj.weight", {Id, H});

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/half.h"
@@ -78,6 +79,19 @@ void add_bias_rows(float* y, int64_t n, int64_t N, const std::vector<float>& b) 
   if (b.empty()) return;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t j = 0; j < N; ++j) y[r * N + j] += b[j];
+}
+
+double next_token_nll(const float* logits, const std::vector<int32_t>& tokens, int64_t V) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  double total = 0.0;
+  for (int64_t t = 0; t + 1 < T; ++t) {
+    const float* zt = logits + t * V;
+    const double mx = *std::max_element(zt, zt + V);
+    double se = 0.0;
+    for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(zt[v]) - mx);
+    total += (mx + std::log(se)) - static_cast<double>(zt[tokens[t + 1]]);
+  }
+  return total / static_cast<double>(T - 1);
 }
 
 }  // namespace moesq::model

@@ -30,4 +30,8 @@ void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t,
 // In place on one head vector v [hd]: v·cos + rotate_half(v)·sin (cos_row/sin_row: [hd/2]).
 void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row);
 
+// Mean next-token NLL (nats) of one window: mean over t < T−1 of −log softmax(logits[t])[tokens[t+1]],
+// logits [T, V]; log-sum-exp in double. Shared by every model's window_nll.
+double next_token_nll(const float* logits, const std::vector<int32_t>& tokens, int64_t V);
+
 }  // namespace moesq::model

@@ -1,0 +1,16 @@
+// The token mixers of Qwen3-Next (qwen3_next) and Qwen3.5 text (qwen3_5_moe_text) as
+// model::Mixer for the generic decoder: Gated DeltaNet on linear_attention layers
+// (mixers/gated_deltanet.h), gated partial-RoPE attention with zero-centred per-head q/k norms on
+// full_attention layers (mixers/gated_attention.h). The factory reads layer `layer`'s weights.
+#pragma once
+#include <memory>
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "model/mixer.h"
+
+namespace moesq::model {
+
+std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& spec, int64_t layer);
+
+}  // namespace moesq::model
