@@ -35,7 +35,7 @@ constexpr const char* kFixture = "tiny-gpt-oss";
 class GptOssParity : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = moesq::test::shared_models_dir() + "/" + kFixture;
+    const std::string dir = moesq::test::shared_models_dir(kFixture) + "/" + kFixture;
     if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << "fixture " << dir << " not present";
     ckpt_ = std::make_unique<moesq::io::Checkpoint>(dir);
     moesq::model::FamilyLoadOptions lo;

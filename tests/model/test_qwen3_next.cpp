@@ -38,7 +38,7 @@ constexpr double kDecodeAtol = 1e-4;
 class HybridParity : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    dir_ = moesq::test::shared_models_dir() + "/" + GetParam();
+    dir_ = moesq::test::shared_models_dir(GetParam()) + "/" + GetParam();
     if (!std::filesystem::is_directory(dir_)) GTEST_SKIP() << "fixture " << dir_ << " not present";
     ckpt_ = std::make_unique<moesq::io::Checkpoint>(dir_);
     // The references ran with bf16-rounded RoPE inverse frequencies (FamilyLoadOptions): match them.

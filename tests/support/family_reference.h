@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -16,9 +18,13 @@
 
 namespace moesq::test {
 
-inline std::string shared_models_dir() {
-  const char* env = std::getenv("MOESQ_SHARED_MODELS");
-  return env ? env : std::string(MOESQ_FIXTURES) + "/../../../shared/models";
+// Where the family fixture `name` is: $MOESQ_SHARED_MODELS/name if set; else the copy in
+// tests/fixtures/families (most families: CI has no ../shared); else ../shared/models/name.
+inline std::string shared_models_dir(const std::string& name) {
+  if (const char* env = std::getenv("MOESQ_SHARED_MODELS")) return env;
+  const std::string copied = std::string(MOESQ_FIXTURES) + "/families";
+  if (std::filesystem::is_directory(copied + "/" + name)) return copied;
+  return std::string(MOESQ_FIXTURES) + "/../../../shared/models";
 }
 
 struct FamilyReference {
@@ -32,7 +38,7 @@ struct FamilyReference {
 };
 
 inline FamilyReference load_family_reference(const std::string& fixture, int64_t num_layers) {
-  const std::string dir = shared_models_dir() + "/" + fixture + "-reference";
+  const std::string dir = shared_models_dir(fixture) + "/" + fixture + "-reference";
   io::SafetensorsFile f(dir + "/reference.safetensors");
   FamilyReference r;
   const io::TensorView& ids = f.get("input_ids");
