@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -17,11 +18,19 @@ namespace moesq {
 namespace {
 
 // A temporary `<final>.tmp.<pid>` / `<final>.old.<pid>` left by a run that died (kill -9, power
-// loss): its pid no longer exists. kill(pid, 0) fails with ESRCH exactly then (EPERM: alive).
+// loss): its pid no longer exists (kill(pid, 0) fails with ESRCH; EPERM: alive), or it is a zombie
+// (state Z/X in /proc/<pid>/stat: dead, but not reaped — containers whose PID 1 does not reap keep
+// killed processes as zombies).
 bool pid_is_dead(const std::string& digits) {
   if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
   const long pid = std::stol(digits);
-  return pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+  if (pid <= 0 || pid == ::getpid()) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + digits + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
 }
 
 // Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>`). With a
