@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Device integration of the Python module (issue 13 item 4). Ran ONCE (2026-12-01, one call, with
-# --method magnitude and the earlier versions of the two scripts): the CUDA + Python build took 34 s
-# wall on 16 cores and the module imported under the device's Python 3.12 / PyTorch 2.11; (a) failed
-# inside the script (safetensors.numpy cannot load bf16 tensors; now read through torch, not rerun);
-# (b) W4A4 gave nll 11.054523 vs `moesq eval` 11.026166 (|diff| 2.8e-2, above the 2e-3 tolerance;
-# max logit diff 2.79) and did not reach generate(); the script now also compares W4A16 first, not rerun.
+# Device integration of the Python module (issue 13 item 4). Second run (2026-12-01, merged tree
+# b6dfbc3; the device has no libdlpack-dev, so first: mkdir -p /tmp/dl/dlpack; ln -s
+# <torch venv>/site-packages/cuda/core/_include/dlpack.h /tmp/dl/dlpack/; cmake -S . -B build-dev
+# -DDLPACK_INCLUDE_DIR=/tmp/dl -Dpybind11_DIR=$(python3 -c "import pybind11; print(pybind11.get_cmake_dir())")):
+#  (a) both export layouts decoded by the numpy/torch decoder bit-exact vs moesq's dequantized weights
+#      (384 projections);
+#  (b) HF Qwen3MoeForCausalLM with moesq's experts: W4A16 nll 11.597812 = moesq eval 11.597812
+#      (|diff| 1.2e-7, max logit diff 2.3e-5); W4A4 11.608379 vs 11.626924 (|diff| 1.85e-2 > 2e-3 tol,
+#      max logit diff 2.76 — cause NOT found: with W4A16 matching to 1e-7 the layer inputs agree, so
+#      the W4A4 path of the swapped layer (moe_layer with act quant) differs from moesq eval's; open);
+#      generate() ran; moesq.Engine (GPU, sparse-w4a4) vs CPU logits max diff 3.6.
 # It builds moesq with CUDA and the Python module on the H200 (PyTorch 2.11, transformers 5.17
 # there), then
 #  (a) decodes both export layouts with numpy + safetensors (scripts/device_decode_exports.py) and
