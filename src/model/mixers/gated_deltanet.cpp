@@ -129,7 +129,7 @@ void gated_deltanet_forward(const GdnShape& s, const GdnWeights& w, const float*
   std::vector<float> qkv(T * C);  // [T, C]
   std::vector<float> win(Kc - 1 + T);
   for (int64_t c = 0; c < C; ++c) {
-    float* st = &state->conv[c * (Kc - 1)];
+    float* st = state->conv.data() + c * (Kc - 1);  // Kc = 1: no state (empty vector, no element to reference)
     std::copy(st, st + Kc - 1, win.begin());
     for (int64_t t = 0; t < T; ++t) win[Kc - 1 + t] = pre[t * C + c];
     const float* wc = &w.conv1d[c * Kc];
