@@ -18,33 +18,19 @@
 #include "io/checkpoint.h"
 #include "model/kv_decoder.h"
 #include "model/qwen3_moe.h"
+#include "support/cli_run.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using moesq::test::CliRun;
+using moesq::test::slurp;
 
 CliRun run(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("moesq_test_cli_generate_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" +
-                          (dir / "o").string() + "' 2>'" + (dir / "e").string() + "'";
-  const int st = std::system(cmd.c_str());
-  CliRun r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(dir / "o");
-  r.err = slurp(dir / "e");
+  CliRun r = moesq::test::run_moesq(args, dir.string());
   fs::remove_all(dir);
   return r;
 }

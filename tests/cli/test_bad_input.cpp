@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -29,33 +30,14 @@ using nlohmann::json;
 
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using moesq::test::CliRun;
+using moesq::test::slurp;
 
 class BadInput : public ::testing::Test {
  protected:
   moesq::test::TempDir tmp_{"moesq_test_bad_input"};
 
-  CliRun run(const std::string& args) {
-    const fs::path out = tmp_.path / "stdout.txt", err = tmp_.path / "stderr.txt";
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" + out.string() +
-                            "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CliRun r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
+  CliRun run(const std::string& args) { return moesq::test::run_moesq(args, tmp_.path.string()); }
 
   // A private copy of the embedded model (files copied, so they can be damaged).
   fs::path copy_model(const std::string& name) {
