@@ -19,6 +19,7 @@
 #include <cblas.h>
 #include <nlohmann/json.hpp>
 
+#include "support/cli_run.h"
 #include "io/checkpoint.h"
 #include "io/tokens.h"
 #include "model/qwen3_moe.h"
@@ -33,17 +34,9 @@ namespace {
 // (double): a relative 1e-12 still catches a wrong window, token or predicted position.
 constexpr double kSameCodeRtol = 1e-12;
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
+using moesq::test::CliRun;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const fs::path& p) { return moesq::test::slurp(p); }
 
 class CliEval : public ::testing::Test {
  protected:
@@ -56,17 +49,7 @@ class CliEval : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  CliRun run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CliRun r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-  }
+  CliRun run(const std::string& args) { return moesq::test::run_moesq(args, dir_.string()); }
 
   // Pseudo-English text from a small word list, fixed seed (fresh per file via `seed`).
   fs::path write_text(const std::string& name, size_t bytes, unsigned seed) {

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -21,29 +22,14 @@ namespace {
 const std::string kMistral = std::string(MOESQ_FIXTURES) + "/tokenizers/bpe-bytefallback-mistral-style";
 const std::string kQwen = std::string(MOESQ_FIXTURES) + "/tokenizers/bpe-bytelevel-qwen-style";
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using moesq::test::CliRun;
+using moesq::test::slurp;
 
 class CliTokenize : public ::testing::Test {
  protected:
   moesq::test::TempDir dir_{"moesq_test_cli_tokenize"};
 
-  CliRun run(const std::string& args) {
-    const std::string out = dir_.file("stdout.txt"), err = dir_.file("stderr.txt");
-    const std::string cmd = "MOESQ_QUIET=1 '" + std::string(MOESQ_BINARY) + "' tokenize " + args + " >'" + out +
-                            "' 2>'" + err + "'";
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
-  }
+  CliRun run(const std::string& args) { return moesq::test::run_moesq("tokenize " + args, dir_.path.string()); }
 };
 
 std::string join(const std::vector<int32_t>& ids, const char* sep) {
