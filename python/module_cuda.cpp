@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cuda_runtime.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +30,16 @@ struct EnginePy {
 }  // namespace
 
 void register_cuda(pyb::module_& m) {
-  m.def("cuda_available", [] { return true; }, "True when this moesq module was built with CUDA");
+  m.def("built_with_cuda", [] { return true; }, "True: this moesq module was built with CUDA (moesq.Engine exists)");
+  m.def(
+      "cuda_available",
+      [] {
+        int n = 0;
+        const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+        (void)cudaGetLastError();  // a machine without a GPU leaves a sticky "no device" error: clear it
+        return ok;
+      },
+      "True when this module was built with CUDA and the CUDA runtime sees at least one GPU");
   pyb::class_<EnginePy>(m, "Engine", "The whole model on one GPU (runtime::Engine): weights uploaded once")
       .def(pyb::init([](const std::string& dir, const std::string& experts, int64_t max_len) {
              pyb::gil_scoped_release nogil;
