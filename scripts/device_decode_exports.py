@@ -91,6 +91,25 @@ def main(moesq_dir, ct_dir, pb_dir):
                         sys.exit("MISMATCH %s %s at %s: %r vs moesq %r" % (name, pre, bad, got[tuple(bad)], want[p][tuple(bad)]))
                 checked += 1
     print("decode_exports: %d projections, both layouts bit-exact vs moesq's dequantized weights" % checked)
+    for name, d in (("compressed-tensors", ct_dir), ("pair-bitmask", pb_dir)):
+        check_config(name, d)
+
+
+def check_config(name, d):
+    """The exported config.json through transformers' own config classes (issue 13, Checks)."""
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(d)
+    qc = cfg.quantization_config if isinstance(cfg.quantization_config, dict) else cfg.quantization_config.to_dict()
+    assert qc["quant_method"] == "compressed-tensors", (d, qc.get("quant_method"))
+    line = "config %s: AutoConfig -> %s, quant_method %s, format %s, %d ignored" % (
+        name, type(cfg).__name__, qc["quant_method"], qc.get("format"), len(qc.get("ignore", [])))
+    try:  # the library vLLM/llm-compressor use to read quantization_config, when installed
+        from compressed_tensors.quantization import QuantizationConfig
+        q = QuantizationConfig.model_validate({k: v for k, v in qc.items() if k != "paired48_sparse"})
+        line += ", compressed_tensors.QuantizationConfig ok (%s groups)" % len(q.config_groups)
+    except ImportError:
+        line += ", compressed_tensors package absent (not validated by it)"
+    print(line)
 
 
 if __name__ == "__main__":
