@@ -196,6 +196,12 @@ TEST_F(CliEval, BadFlagValuesFailNamingTheFlag) {
   const CliRun r3 = run("eval '" + (dir_ / "no-such-model").string() + "' --data '" + a.string() + "'");
   EXPECT_NE(r3.rc, 0);
   EXPECT_NE(r3.err.find("no-such-model"), std::string::npos) << r3.err;
+  const CliRun r4 = run(base + "--deterministic maybe");
+  EXPECT_NE(r4.rc, 0);
+  EXPECT_NE(r4.err.find("--deterministic"), std::string::npos) << r4.err;
+  const CliRun r5 = run(base + "--deterministic off");  // the CPU forward has no non-deterministic mode
+  EXPECT_NE(r5.rc, 0);
+  EXPECT_NE(r5.err.find("--deterministic off applies to --device cuda"), std::string::npos) << r5.err;
 }
 
 }  // namespace

@@ -75,4 +75,7 @@ TEST(CliGenerate, BadFlagsAreNamedErrors) {
   r = run("generate " + kModel + " --prompt x --max-new-tokens 4 --experts bf16");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--experts"), std::string::npos) << r.err;
+  r = run("generate " + kModel + " --prompt x --max-new-tokens 4 --deterministic off");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--deterministic off applies to --device cuda"), std::string::npos) << r.err;
 }

@@ -31,6 +31,7 @@ struct EvalArgs {
   int threads = 0;
   std::string device = "cpu";     // cpu | cuda (the GPU engine, src/runtime)
   std::string experts = "auto";   // GPU expert backend
+  std::string deterministic = "on";  // GPU engine: batch-invariant logits (on) or the faster cuBLAS path (off)
   bool allow_mixed = false;
 };
 
@@ -51,12 +52,15 @@ void run_eval(const EvalArgs& a) {
     runtime::CudaEvalOptions co;
     co.eval = opt;
     co.experts = runtime::parse_expert_backend(a.experts);
+    co.deterministic = a.deterministic == "on";
     r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend);
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
 #endif
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
+    MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only (the CPU forward is always "
+                "batch-invariant)");
     r = model::evaluate_checkpoint(a.dir, a.data, opt);
   }
 
@@ -71,7 +75,7 @@ void run_eval(const EvalArgs& a) {
     j["split"] = r.split;
     j["predicted_tokens"] = r.predicted;
     j["seconds"] = r.seconds;
-    if (!backend.empty()) j["device"] = "cuda", j["experts"] = backend;
+    if (!backend.empty()) j["device"] = "cuda", j["experts"] = backend, j["deterministic"] = a.deterministic == "on";
     j["files"] = nlohmann::json::array();
     for (const auto& f : r.files)
       j["files"].push_back({{"path", f.path},
@@ -123,6 +127,11 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--experts", args->experts,
                   "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16 (awq-w4a16, nvfp4-w4a16: not built)")
+      ->capture_default_str();
+  cmd->add_option("--deterministic", args->deterministic,
+                  "GPU engine: on = a window's logits are bitwise the same whatever else is in its batch (ops::gemm_bf16 "
+                  "outside the experts); off = cuBLAS there (faster, batch-dependent rounding)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--allow-mixed", args->allow_mixed,
                 "load a half-compressed checkpoint (some routed-expert projections dense, the rest packed)");

@@ -35,6 +35,7 @@ namespace {
 
 struct GenerateArgs {
   std::string dir, prompt, prompt_ids, device = "cpu", experts = "auto";
+  std::string deterministic = "on";  // GPU engine: batch-invariant (on) or the faster cuBLAS path (off)
   int64_t max_new = 32;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
@@ -87,6 +88,7 @@ void run_generate(const GenerateArgs& a) {
 #ifdef MOESQ_HAVE_CUDA
     runtime::EngineOptions eo;
     eo.experts = runtime::parse_expert_backend(a.experts);
+    eo.deterministic = a.deterministic == "on";
     eo.max_seqs = 1, eo.max_len = total, eo.max_tokens = total;
     runtime::Engine eng(ckpt, eo);
     backend = runtime::expert_backend_name(eng.backend());
@@ -102,6 +104,7 @@ void run_generate(const GenerateArgs& a) {
 #endif
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
+    MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
     const model::Qwen3Moe m(ckpt);
     model::KvDecoder dec(m, total, m.default_forward_options());
     std::vector<float> z;
@@ -128,6 +131,7 @@ void run_generate(const GenerateArgs& a) {
     j["model"] = a.dir;
     j["device"] = a.device;
     j["experts"] = backend;
+    if (a.device == "cuda") j["deterministic"] = a.deterministic == "on";
     j["prompt_tokens"] = prompt.size();
     j["generated_ids"] = out;
     if (tok) j["text"] = text;
@@ -162,6 +166,11 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
   cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--experts", args->experts, "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16")
+      ->capture_default_str();
+  cmd->add_option("--deterministic", args->deterministic,
+                  "GPU engine: on = batch-invariant arithmetic (the tokens do not depend on what else runs); off = cuBLAS "
+                  "outside the experts (faster)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_generate(*args); });

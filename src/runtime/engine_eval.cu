@@ -32,6 +32,7 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
               "--act-quant nvfp4 on the GPU needs the sparse-w4a4 backend (a paired-4:8 checkpoint)");
   EngineOptions eo;
   eo.max_seqs = opt.batch, eo.max_len = opt.eval.seq_len, eo.max_tokens = opt.batch * opt.eval.seq_len;
+  eo.deterministic = opt.deterministic;
   Engine eng(std::move(host), eo);
   if (backend_used) *backend_used = expert_backend_name(eng.backend());
 

@@ -14,6 +14,7 @@ struct CudaEvalOptions {
   model::EvalOptions eval;                        // seq_len, split, act_quant (threads unused)
   ExpertBackend experts = ExpertBackend::kAuto;   // act_quant none + auto on paired 4:8 → sparse-w4a16
   int batch = 8;                                  // windows per prefill
+  bool deterministic = true;                      // EngineOptions::deterministic (batch-invariant logits)
 };
 
 model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::vector<std::string>& files,
