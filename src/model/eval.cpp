@@ -64,6 +64,23 @@ std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std
   return sum;
 }
 
+void reduce_window_sums(EvalResult* res, const std::vector<size_t>& file_of, const std::vector<double>& sum,
+                        const std::vector<int64_t>& count, const char* who) {
+  std::vector<double> file_sum(res->files.size(), 0.0);
+  double total = 0.0;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    file_sum[file_of[i]] += sum[i];
+    res->files[file_of[i]].predicted += count[i];
+    total += sum[i];
+    res->predicted += count[i];
+  }
+  for (size_t f = 0; f < res->files.size(); ++f)
+    res->files[f].nats_per_token = file_sum[f] / static_cast<double>(res->files[f].predicted);
+  res->nats_per_token = total / static_cast<double>(res->predicted);
+  MOESQ_CHECK(std::isfinite(res->nats_per_token), "eval: non-finite nats/token (", res->nats_per_token, ") — ", who,
+              " produced NaN/Inf logits");
+}
+
 ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant) {
   ForwardOptions fo = model.default_forward_options();
   switch (act_quant) {
@@ -109,20 +126,10 @@ EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>&
   for (auto& j : jobs) windows.push_back(std::move(j.tokens));
   std::vector<int64_t> count;
   const std::vector<double> sum = window_nll_sums(model, windows, fo, opt.threads, &count);
-  // Reduce in window order (independent of the thread count).
-  std::vector<double> file_sum(files.size(), 0.0);
-  double total = 0.0;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    file_sum[jobs[i].file] += sum[i];
-    res.files[jobs[i].file].predicted += count[i];
-    total += sum[i];
-    res.predicted += count[i];
-  }
-  for (size_t f = 0; f < files.size(); ++f)
-    res.files[f].nats_per_token = file_sum[f] / static_cast<double>(res.files[f].predicted);
-  res.nats_per_token = total / static_cast<double>(res.predicted);
-  MOESQ_CHECK(std::isfinite(res.nats_per_token), "eval: non-finite nats/token (", res.nats_per_token,
-              ") — the model produced NaN/Inf logits");
+  std::vector<size_t> file_of;
+  file_of.reserve(jobs.size());
+  for (const auto& j : jobs) file_of.push_back(j.file);
+  reduce_window_sums(&res, file_of, sum, count, "the model");
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

@@ -58,6 +58,13 @@ struct EvalResult {
 std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
                                     const ForwardOptions& fo, int threads, std::vector<int64_t>* predicted);
 
+// Per-file and overall nats/token of `res` from per-window Σ nll `sum` and predicted-token `count`
+// (both [windows]) of windows belonging to files `file_of` [windows] (indices into res->files),
+// reduced in window order (so the result never depends on how windows were scheduled).
+// Error naming `who` if the overall value is not finite.
+void reduce_window_sums(EvalResult* res, const std::vector<size_t>& file_of, const std::vector<double>& sum,
+                        const std::vector<int64_t>& count, const char* who);
+
 // Forward options of an evaluation: Auto → the checkpoint's default (W4A4 if compressed), None →
 // no activation quantization, Nvfp4 → activation quantization with the checkpoint's block (32 on
 // a bf16 checkpoint).

@@ -8,6 +8,7 @@
 #include "core/progress.h"
 #include "io/checkpoint.h"
 #include "io/tokens.h"
+#include "model/ops.h"
 #include "runtime/engine.h"
 #include "runtime/eval_cuda.h"
 
@@ -80,35 +81,15 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
         row += T;
         continue;
       }
-      double total = 0.0;
-      for (int64_t t = 0; t + 1 < T; ++t) {
-        const float* zt = z.data() + (row + t) * V;
-        const double mx = *std::max_element(zt, zt + V);
-        double se = 0.0;
-        for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(zt[v]) - mx);
-        total += (mx + std::log(se)) - static_cast<double>(zt[tk[t + 1]]);
-      }
-      // Same rounding as window_nll_sums: the mean, times the count.
-      const double mean = total / static_cast<double>(T - 1);
+      // Same formula and rounding as window_nll_sums: the mean (model::next_token_nll), times the count.
+      const double mean = model::next_token_nll(z.data() + row * V, tk, V);
       sum[w] = mean * static_cast<double>(T - 1);
       count[w] = T - 1;
       row += T;
     }
     progress("eval", std::to_string(w1) + "/" + std::to_string(windows.size()) + " windows (cuda)");
   }
-  std::vector<double> file_sum(files.size(), 0.0);
-  double total = 0.0;
-  for (size_t i = 0; i < windows.size(); ++i) {
-    file_sum[file_of[i]] += sum[i];
-    res.files[file_of[i]].predicted += count[i];
-    total += sum[i];
-    res.predicted += count[i];
-  }
-  for (size_t f = 0; f < files.size(); ++f)
-    res.files[f].nats_per_token = file_sum[f] / static_cast<double>(res.files[f].predicted);
-  res.nats_per_token = total / static_cast<double>(res.predicted);
-  MOESQ_CHECK(std::isfinite(res.nats_per_token), "eval: non-finite nats/token (", res.nats_per_token,
-              ") — the GPU engine produced NaN/Inf logits");
+  model::reduce_window_sums(&res, file_of, sum, count, "the GPU engine");
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
