@@ -17,6 +17,7 @@
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
 #include "model/ops.h"
+#include "support/text_tokens.h"
 #include "model/qwen3_moe.h"
 using namespace moesq;
 enum { KV = 1, XIN = 2, GU = 4, ACT = 8, DOWN = 16, XINHL = 32, QB=64, ATTNO=128, ROUTERX=256 };
@@ -25,20 +26,8 @@ static void rhl(float* x, int64_t n) { for (int64_t i = 0; i < n; ++i) { float h
 static void lin(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
   for (int64_t m = 0; m < M; ++m) for (int64_t n = 0; n < N; ++n) { double a = 0; for (int64_t k = 0; k < K; ++k) a += (double)x[m*K+k]*W[n*K+k]; y[m*N+n] = (float)a; }
 }
-std::vector<int32_t> text_tokens(size_t n, uint64_t seed) {
-  static const char* words[] = {"the ", "expert ", "routes ", "a ", "token ", "to ", "sparse ", "cores, ", "and ",
-                                "Hopper ", "runs ", "it. ", "Moe ", "layers ", "decode ", "fast\n"};
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t;
-  while (t.size() < n)
-    for (const char* c = words[g() % 16]; *c && t.size() < n; ++c) t.push_back(static_cast<unsigned char>(*c));
-  return t;
-}
-double nll_of(const std::vector<float>& z, int64_t V, const std::vector<int32_t>& tok) {
-  double tot = 0; int64_t T = tok.size();
-  for (int64_t t = 0; t + 1 < T; ++t) { const float* r = &z[t*V]; double mx = *std::max_element(r, r+V), se = 0; for (int64_t v = 0; v < V; ++v) se += std::exp(r[v]-mx); tot += mx + std::log(se) - r[tok[t+1]]; }
-  return tot / (T - 1);
-}
+using moesq::test::text_tokens;
+double nll_of(const std::vector<float>& z, int64_t V, const std::vector<int32_t>& tok) { return model::next_token_nll(z.data(), tok, V); }
 std::vector<float> fwd(const model::Qwen3Moe& m, const std::vector<int32_t>& tok, int flags, bool aq) {
   const auto& s = m.spec();
   const int64_t T = tok.size(), H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts, I = s.moe_intermediate_size, K = s.top_k;

@@ -17,9 +17,11 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "model/ops.h"
 #include "model/qwen3_moe.h"
 #include "runtime/engine.h"
 #include "support/gpu_test_main.h"
+#include "support/text_tokens.h"
 
 using namespace moesq;
 
@@ -44,28 +46,11 @@ std::string compressed() {
   return p ? p : "";
 }
 
-// Varied ASCII text as byte tokens (the fixture's vocabulary is bytes).
-std::vector<int32_t> text_tokens(size_t n, uint64_t seed) {
-  static const char* words[] = {"the ", "expert ", "routes ", "a ", "token ", "to ", "sparse ", "cores, ", "and ",
-                                "Hopper ", "runs ", "it. ", "Moe ", "layers ", "decode ", "fast\n"};
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t;
-  while (t.size() < n)
-    for (const char* c = words[g() % 16]; *c && t.size() < n; ++c) t.push_back(static_cast<unsigned char>(*c));
-  return t;
-}
+using moesq::test::text_tokens;
 
-double nll(const float* logits, int64_t V, const std::vector<int32_t>& tokens) {  // as Qwen3Moe::window_nll
-  double total = 0.0;
-  const int64_t T = tokens.size();
-  for (int64_t t = 0; t + 1 < T; ++t) {
-    const float* z = logits + t * V;
-    const double mx = *std::max_element(z, z + V);
-    double se = 0.0;
-    for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(z[v]) - mx);
-    total += (mx + std::log(se)) - static_cast<double>(z[tokens[t + 1]]);
-  }
-  return total / static_cast<double>(T - 1);
+// As Qwen3Moe::window_nll: the mean next-token nll of logits [T, V].
+double nll(const float* logits, int64_t V, const std::vector<int32_t>& tokens) {
+  return model::next_token_nll(logits, tokens, V);
 }
 
 // Per-window nats of the engine (all windows in ONE batched prefill) vs the CPU forward.
