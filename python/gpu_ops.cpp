@@ -132,7 +132,7 @@ pyb::tuple act_quant(const pyb::object& x, const pyb::object& x_lo, bool quantiz
   c.d.layout = parse_act_layout(layout, c.fn);
   Views v(c);
   activation_rows(v, c.d, c.fn, x, x_lo, quantize);
-  check_range(c.fn, "x", c.d.T, 0, kMaxInt);  // one expert per token: E = T
+  if (c.d.T > kMaxInt) bad_value(c.fn, "x", "has T=" + std::to_string(c.d.T) + " rows, more than 2^31 - 1");
   std::vector<Tensor> out = launch_act_quant(c);
   return pyb::make_tuple(out[0], out[1]);
 }
@@ -149,7 +149,8 @@ pyb::dict dispatch(const pyb::object& x, const pyb::object& topk_ids, int64_t nu
   activation_rows(v, c.d, c.fn, x, x_lo, quantize);
   const DlView& ids = v.need(topk_ids, "topk_ids", {DType::I32}, {c.d.T, -1});
   if (ids.dim(1) < 1) bad_value(c.fn, "topk_ids", "has top_k=0 columns; expected [T, top_k] with top_k >= 1");
-  check_range(c.fn, "topk_ids", c.d.T * ids.dim(1), 0, kMaxInt);  // one CUDA block per route
+  if (c.d.T * ids.dim(1) > kMaxInt)  // one CUDA block per route
+    bad_value(c.fn, "topk_ids", "holds " + std::to_string(c.d.T * ids.dim(1)) + " routes, more than 2^31 - 1");
   c.d.topk_ids = ids.as<int32_t>();
   c.d.topk = static_cast<int>(ids.dim(1));
   c.d.num_experts = static_cast<int>(num_experts);
@@ -179,8 +180,9 @@ pyb::object sparse_gemm(const pyb::object& x, const pyb::object& counts, const p
   Views v(c);
   const DlView& xv = v.need(x, "x", kBf16, {-1, -1, -1});
   const int64_t E = xv.dim(0), cap = xv.dim(1), K_pad = xv.dim(2);
-  check_range(c.fn, "x", E, 1, 1024);  // the launcher's expert limit
-  check_range(c.fn, "x", cap, 0, kMaxInt);
+  if (E < 1 || E > 1024)  // the launcher's expert limit
+    bad_value(c.fn, "x", "has E=" + std::to_string(E) + " experts, outside [1, 1024]");
+  if (cap > kMaxInt) bad_value(c.fn, "x", "has capacity=" + std::to_string(cap) + ", more than 2^31 - 1");
   if (K_pad <= 0 || K_pad % moe::kChunkK != 0)
     bad_value(c.fn, "x", "has K_pad=" + std::to_string(K_pad) + " columns; the kernel layout needs a positive multiple "
                          "of 256 (moesq.act_quant / moesq.dispatch pad K so)");
@@ -258,7 +260,7 @@ pyb::object moe_forward(MoeLayerPy& L, const pyb::object& x, const pyb::object& 
   const DlView* lo = v.maybe(x_lo, "x_lo", kBf16, {xv.dim(0), H});
   const DlView* ov = v.maybe(out, "out", {DType::F32}, {xv.dim(0), H});
   c.T = xv.dim(0), c.H = H, c.top_k = L.spec.top_k;
-  check_range(c.fn, "x", c.T, 0, int64_t(1) << 20);
+  if (c.T > (int64_t(1) << 20)) bad_value(c.fn, "x", "has T=" + std::to_string(c.T) + " rows, more than 2^20");
   c.x = xv.as<uint16_t>();
   c.x_lo = lo ? lo->as<uint16_t>() : nullptr;
   c.h = ov ? static_cast<float*>(ov->data()) : nullptr;
