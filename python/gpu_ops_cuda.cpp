@@ -52,7 +52,9 @@ void check_pointers(const GpuCall& c) {
       (void)cudaGetLastError();
       continue;
     }
-    if (at.type == cudaMemoryTypeUnregistered || at.type == cudaMemoryTypeHost)
+    // Pageable host memory reads as unregistered with no device address; pinned host memory as host.
+    const bool host = at.type == cudaMemoryTypeHost || (at.type == cudaMemoryTypeUnregistered && !at.devicePointer);
+    if (host)
       throw pyb::value_error(c.fn + ": argument '" + a.name + "' claims CUDA memory (kDLCUDA) on cuda:" +
                              std::to_string(c.device) + " but its pointer is host memory");
     if (at.type == cudaMemoryTypeDevice && at.device != c.device)
