@@ -3,13 +3,14 @@
 # the Python module (the device's python3 holds PyTorch; pybind11 and a dlpack.h come from its
 # site-packages, since the image has no libdlpack-dev), then runs
 #   tests/python/gpu/test_gpu_ops.py  the GPU ops vs their CPU twins, the DLPack stream / zero-copy contract
+#   test_engine                       the engine over runtime/moe_block (when GoogleTest is there)
 #   tests/python/test_gpu_args.py     the shared argument checks, here with a GPU visible
 #   tests/python/test_*.py            the CPU Python tests (the module is the CUDA one here)
-#   test_engine                       the engine over runtime/moe_block (when GoogleTest is there)
 # and prints one PASS/FAIL line per step and a summary; exit status 0 only when every step passed.
 # OUT (default /tmp/moesq_device_python_gpu) gets at most 7 files: summary.txt, measured.txt (the
 # "[measured] ..." lines of test_gpu_ops.py), gpu_ops.log, gpu_args.log, python_cpu.log, test_engine.log,
-# build.log; scratch (the dlpack include dir, a compressed checkpoint, per-step logs) stays in W.
+# build.log (its warning / error lines; all of it when the build fails); scratch (the dlpack include
+# dir, a compressed checkpoint, per-step logs) stays in W.
 # Usage (repository root on the device): scripts/device_python_gpu.sh [OUT_DIR]
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/moesq_device_python_gpu}}
@@ -66,28 +67,29 @@ step() {
   local rc=$?
   local dt=$(( $(date +%s) - s ))
   if [ $rc -eq 0 ]; then RESULTS+=("PASS $name (${dt} s)"); else RESULTS+=("FAIL $name (rc $rc, ${dt} s)"); FAILED=1; fi
-  echo "${RESULTS[-1]}"
+  echo "${RESULTS[-1]}" | tee -a "$OUT/summary.txt"
+  case $name in gpu_ops|test_engine|gpu_args) cp "$W/$name.log" "$OUT/" ;; esac  # there even if a later step hangs
   [ $rc -eq 0 ] || tail -40 "$W/$name.log"
 }
+: > "$OUT/summary.txt"
 
 "$PY" -c "import moesq, torch; assert moesq.built_with_cuda() and moesq.cuda_available(), 'module without GPU'; print('moesq', moesq.__file__)" \
   || fail_now "the built module does not see the GPU"
 step gpu_ops 300 "$PY" tests/python/gpu/test_gpu_ops.py -v
-step gpu_args 120 "$PY" tests/python/test_gpu_args.py -v
-for t in tests/python/test_*.py; do
-  n=$(basename "$t" .py)
-  [ "$n" = test_gpu_args ] && continue
-  step "py_$n" 300 "$PY" "$t"
-done
-if [ -x "$B/test_engine" ]; then
+if [ -x "$B/test_engine" ]; then  # the engine over runtime/moe_block, which MoeLayer shares
   rm -rf "$W/tiny_sgptq"
   "$B/moesq" compress models/tiny-qwen3-moe --method sgptq --out "$W/tiny_sgptq" --calib-samples 16 --seq-len 128 \
     --threads 16 > "$W/compress.log" 2>&1 || { echo "note: compress for test_engine failed:"; tail -5 "$W/compress.log"; }
-  step test_engine 300 env MOESQ_TINY_COMPRESSED="$W/tiny_sgptq" "$B/test_engine"
+  step test_engine 240 env MOESQ_TINY_COMPRESSED="$W/tiny_sgptq" "$B/test_engine"
 fi
+step gpu_args 60 "$PY" tests/python/test_gpu_args.py -v
+for t in tests/python/test_*.py; do
+  n=$(basename "$t" .py)
+  [ "$n" = test_gpu_args ] && continue
+  step "py_$n" 120 "$PY" "$t"
+done
 
-cp "$W/gpu_ops.log" "$W/gpu_args.log" "$W/build.log" "$OUT/" 2>/dev/null
-[ -f "$W/test_engine.log" ] && cp "$W/test_engine.log" "$OUT/"
+grep -i -E "warning|error" "$W/build.log" | head -200 > "$OUT/build.log"
 cat "$W"/py_*.log > "$OUT/python_cpu.log" 2>/dev/null
 grep -h "^\[measured\]" "$W/gpu_ops.log" > "$OUT/measured.txt" 2>/dev/null || true
 {
