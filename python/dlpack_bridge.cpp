@@ -34,16 +34,6 @@ DLDataType from_dtype(DType d) {
   return {kDLFloat, 32, 1};
 }
 
-size_t dtype_bytes(DType d) {
-  switch (d) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
-    case DType::U16: case DType::BF16: return 2;
-  }
-  return 1;
-}
-
 std::string dl_type_str(const DLDataType& t) {
   const char* c = t.code == kDLFloat ? "float" : t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint"
                   : t.code == kDLBfloat ? "bfloat" : "code";
@@ -77,6 +67,16 @@ DLManagedTensor* take_capsule(const pyb::capsule& cap, const Expect& e) {
 }
 
 }  // namespace
+
+size_t dtype_bytes(DType d) {
+  switch (d) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+    case DType::U16: case DType::BF16: return 2;
+  }
+  return 1;
+}
 
 const char* dtype_name(DType d) {
   switch (d) {
@@ -153,6 +153,9 @@ DlView::~DlView() {
 void* DlView::data() const {
   return static_cast<uint8_t*>(mt_->dl_tensor.data) + mt_->dl_tensor.byte_offset;
 }
+
+int DlView::device_type() const { return mt_->dl_tensor.device.device_type; }
+int DlView::device_id() const { return mt_->dl_tensor.device.device_id; }
 
 int64_t DlView::numel() const {
   int64_t n = 1;

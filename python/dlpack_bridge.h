@@ -27,6 +27,7 @@ namespace pyb = pybind11;
 
 enum class DType { F32, I32, I64, U8, U16, BF16 };
 const char* dtype_name(DType d);
+size_t dtype_bytes(DType d);
 
 // What an argument must be. dims: -1 = any extent; rank = dims.size().
 struct Expect {
@@ -45,6 +46,8 @@ class DlView {
   DlView& operator=(const DlView&) = delete;
 
   void* data() const;
+  int device_type() const;  // kDLCPU or kDLCUDA (checked against Expect::cuda)
+  int device_id() const;
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[static_cast<size_t>(i)]; }
@@ -75,6 +78,7 @@ class Tensor {
                        std::function<void(intptr_t)> ready);
 
   pyb::capsule dlpack(const pyb::object& stream) const;  // __dlpack__(stream=None)
+  uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(data_); }
   pyb::tuple dlpack_device() const;                      // __dlpack_device__()
   std::vector<int64_t> shape() const { return shape_; }
   std::string dtype() const { return dtype_name(dtype_); }

@@ -6,8 +6,10 @@
 // CPU path (always): a checkpoint's model (logits of one sequence, one MoE layer, the layer steps
 // Algorithm 1 walks), the `_ref` ops of the expert pipeline (act_quant_row_ref, dispatch_ref,
 // sparse_gemm_ref on kernel-layout weights) and one expert's compression (SGPTQ / magnitude / RTN on the
-// CPU). GPU path (CUDA builds): python/module_cuda.cpp. Errors: moesq::Error → RuntimeError with the
-// library's message (it names the file / tensor / flag); bad tensors → TypeError / ValueError.
+// CPU). GPU path: python/module_cuda.cpp (moesq.Engine, CUDA builds) and python/gpu_ops.* (act_quant,
+// dispatch, sparse_gemm, MoeLayer on CUDA tensors, every build: refused by name without CUDA).
+// Errors: moesq::Error → RuntimeError with the library's message (it names the file / tensor / flag);
+// bad tensors → TypeError / ValueError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +21,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "dlpack_bridge.h"
+#include "gpu_ops.h"
 #include "format/kernel_layout.h"
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
@@ -81,11 +84,6 @@ std::vector<float> rows_f32(const pyb::object& obj, int64_t cols, const char* fn
 
 Tensor f32(std::vector<int64_t> shape, const std::vector<float>& v) { return Tensor::host_from(DType::F32, std::move(shape), v); }
 
-moe::ActLayout parse_layout(const std::string& s) {
-  if (s == "mma-fragment") return moe::ActLayout::kMmaFragment;
-  if (s == "k-major") return moe::ActLayout::kKMajor;
-  throw pyb::value_error("layout: \"" + s + "\" is not one of mma-fragment, k-major");
-}
 
 // All experts of projection `proj` of one layer in kernel layout (paired 4:8 checkpoints).
 struct KernelWeightsPy {
@@ -183,6 +181,8 @@ PYBIND11_MODULE(moesq, m) {
       .def_property_readonly("shape", [](const Tensor& t) { return pyb::tuple(pyb::cast(t.shape())); })
       .def_property_readonly("dtype", &Tensor::dtype)
       .def_property_readonly("device", &Tensor::device_str)
+      .def_property_readonly("data_ptr", &Tensor::data_ptr,
+                             "address of the first element (host or device): every DLPack view of this tensor starts there")
       .def("__repr__", [](const Tensor& t) {
         return "moesq.Tensor(shape=" + std::string(pyb::str(pyb::tuple(pyb::cast(t.shape())))) + ", dtype=" + t.dtype() +
                ", device=" + t.device_str() + ")";
@@ -306,6 +306,22 @@ PYBIND11_MODULE(moesq, m) {
       .def_property_readonly("M_pad", [](const KernelWeightsPy& k) { return k.w->M_pad; })
       .def_property_readonly("K_pad", [](const KernelWeightsPy& k) { return k.w->K_pad; })
       .def_property_readonly("gamma", [](const KernelWeightsPy& k) { return f32({k.w->num_experts}, k.w->gamma); })
+      .def_property_readonly(
+          "inv_gamma",
+          [](const KernelWeightsPy& k) {
+            std::vector<float> inv(k.w->gamma.size());
+            for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / k.w->gamma[e];
+            return f32({k.w->num_experts}, inv);
+          },
+          "float32 [E] 1/γ_w, the GEMM epilogue factor (moesq.sparse_gemm's w_inv_gamma, after .cuda())")
+      .def_property_readonly(
+          "packed",
+          [](const KernelWeightsPy& k) {
+            return Tensor::host_from(DType::U8, {k.w->num_experts, k.w->m_tiles(), k.w->k_chunks(), moe::kChunkBytes},
+                                     k.w->data);
+          },
+          "uint8 [E, M_pad/16, K_pad/256, 1408] the kernel-layout bytes (docs/KERNEL_LAYOUT.md; moesq.sparse_gemm's w, "
+          "after .cuda()) — a host copy")
       .def(
           "unpack_ref",
           [](const KernelWeightsPy& k, int e) {
@@ -322,18 +338,25 @@ PYBIND11_MODULE(moesq, m) {
   m.def(
       "act_quant_ref",
       [](const pyb::object& x, bool quantize, const std::string& layout) {
-        const DlView v(x, {"moesq.act_quant_ref", "x", {DType::U16, DType::BF16}, {-1, -1}});
+        const DlView v(x, {"moesq.act_quant_ref", "x", {DType::U16, DType::BF16, DType::F32}, {-1, -1}});
         const int64_t T = v.dim(0), K = v.dim(1), K_pad = moe::padded_k(K);
-        const moe::ActLayout lay = parse_layout(layout);
+        const moe::ActLayout lay = parse_act_layout(layout, "moesq.act_quant_ref");
+        if (v.dtype() == DType::F32 && !quantize)
+          throw pyb::value_error("moesq.act_quant_ref: argument 'x' is float32; quantize=False (W4A16) takes bf16 rows");
         std::vector<uint16_t> out(static_cast<size_t>(T * K_pad), 0);
         std::vector<float> inv(static_cast<size_t>(T));
-        for (int64_t t = 0; t < T; ++t)
-          moe::act_quant_row_ref(v.as<uint16_t>() + t * K, K, quantize, out.data() + t * K_pad, &inv[t], lay);
+        for (int64_t t = 0; t < T; ++t) {
+          if (v.dtype() == DType::F32)
+            moe::act_quant_row_f32_ref(v.as<float>() + t * K, K, out.data() + t * K_pad, &inv[t], lay);
+          else
+            moe::act_quant_row_ref(v.as<uint16_t>() + t * K, K, quantize, out.data() + t * K_pad, &inv[t], lay);
+        }
         return pyb::make_tuple(Tensor::host_from(DType::U16, {T, K_pad}, out), f32({T}, inv));
       },
       pyb::arg("x"), pyb::arg("quantize") = true, pyb::arg("layout") = "mma-fragment",
       "NVFP4 activation quantizer (ops/common/act_batch.h act_quant_row_ref): x bf16 [T, K] (bfloat16, or uint16 bf16 "
-      "bits) → (rows bf16 bits uint16 [T, K_pad] in kernel K order holding dec(q)·dec(scale), 1/γ_a float32 [T])");
+      "bits; or float32 rows, quantized in fp32 as act_quant_row_f32_ref — the GPU act_quant with x_lo reads x + x_lo so) → "
+      "(rows bf16 bits uint16 [T, K_pad] in kernel K order holding dec(q)·dec(scale), 1/γ_a float32 [T])");
 
   m.def(
       "dispatch_ref",
@@ -343,7 +366,7 @@ PYBIND11_MODULE(moesq, m) {
         const DlView ids(topk_ids, {"moesq.dispatch_ref", "topk_ids", {DType::I32}, {v.dim(0), -1}});
         const moe::ActBatch b = moe::dispatch_ref(v.as<uint16_t>(), v.dim(0), v.dim(1), ids.as<int32_t>(),
                                                   static_cast<int>(ids.dim(1)), num_experts, capacity, quantize,
-                                                  parse_layout(layout));
+                                                  parse_act_layout(layout, "moesq.dispatch_ref"));
         pyb::dict d;
         d["x"] = Tensor::host_from(DType::U16, {b.num_experts, b.capacity, b.K_pad}, b.x);
         d["inv_scale"] = f32({b.num_experts, b.capacity}, b.inv_scale);
@@ -374,7 +397,7 @@ PYBIND11_MODULE(moesq, m) {
         for (size_t e = 0; e < kw.gamma.size(); ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
         a.w_inv_gamma = inv_gamma.data();
         a.x = xv.as<uint16_t>();
-        a.x_layout = parse_layout(layout);
+        a.x_layout = parse_act_layout(layout, fn);
         a.x_inv_scale = sv ? sv->as<float>() : nullptr;
         a.counts = cv.as<int32_t>();
         a.y_f32 = y.data();
@@ -398,4 +421,5 @@ PYBIND11_MODULE(moesq, m) {
         "dequantized gate/up/down float32, their global scales, format, fallback, note");
 
   register_cuda(m);
+  register_gpu_ops(m);
 }

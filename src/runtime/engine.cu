@@ -3,6 +3,7 @@
 // dropped and the host never reads the device-side counts. The non-expert GEMMs take their bf16
 // inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA.
 #include "runtime/engine.h"
+#include "runtime/moe_block.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -13,17 +14,12 @@
 #include <map>
 
 #include "core/error.h"
-#include "ops/act_dispatch/act_dispatch.h"
 #include "core/cuda/check.cuh"
-#include "ops/sparse_gemm/sparse_gemm.h"
-#include "ops/swiglu_quant/swiglu_quant.h"
 #include "model/ops.h"
 #include "ops/attention/attention.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
-#include "ops/moe_combine/moe_combine.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
-#include "ops/router_topk/router_topk.h"
 #include "ops/synth_pack/synth_pack.h"
 
 namespace moesq::runtime {
@@ -113,6 +109,7 @@ struct Engine::Impl {
   int max_seqs = 1;
   int64_t max_len = 0, max_tokens = 0;
   int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, I = 0, V = 0, k = 0, H_pad = 0, I_pad = 0, qkv_w = 0;
+  MoeBlockDims moe_dims;
   cudaStream_t stream = nullptr;
   bool deterministic = true;
   cublasHandle_t cublas = nullptr;  // deterministic == false only
@@ -145,7 +142,8 @@ struct Engine::Impl {
   // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
-  void experts(const DevLayer& L, int64_t T);
+  MoeBlockWeights moe_weights(const DevLayer& L) const;
+  MoeBlockBuffers moe_buffers();
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
@@ -159,6 +157,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts;
   I = s.moe_intermediate_size, V = s.vocab_size, k = s.top_k;
   H_pad = moe::padded_k(H), I_pad = moe::padded_k(I), qkv_w = (nh + 2 * nkv) * hd;
+  moe_dims = moe_block_dims(s);
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
   max_seqs = opt.max_seqs;
   max_len = opt.max_len > 0 ? opt.max_len : (s.max_position_embeddings > 0 ? s.max_position_embeddings : 4096);
@@ -286,47 +285,23 @@ void Engine::Impl::synthesize(uint64_t seed) {
   activations();
 }
 
-void Engine::Impl::experts(const DevLayer& L, int64_t T) {
-  // capacity = T: an expert gets at most one route per token, and the [E, T, ·] batches fit in the
-  // [E, max_tokens, ·] buffers; small T (decode) then launches small grids.
-  const int cap = static_cast<int>(T);
-  const int max_tok = static_cast<int>(T);
-  cuda::DispatchArgs d;
-  d.x = xb.p, d.topk_ids = topk_ids.p, d.T = T, d.topk = static_cast<int>(k), d.K = H, d.K_pad = H_pad;
-  d.num_experts = static_cast<int>(E), d.capacity = cap, d.out = xd.p, d.inv_scale = xs.p, d.counts = counts.p;
-  d.route_of_slot = route_of_slot.p;
-  cuda::SwigluQuantArgs sw;
-  sw.h_f32 = hbuf.p, sw.counts = counts.p, sw.num_experts = static_cast<int>(E), sw.capacity = cap, sw.I = I;
-  sw.I_pad = I_pad, sw.out = ad.p, sw.inv_scale = as.p;
-  if (host.backend == ExpertBackend::kBf16) {
-    d.quantize = false, d.layout = moe::ActLayout::kKMajor;
-    cuda::act_dispatch(d, stream);
-    ops::GemmBf16Args g;
-    g.x = xd.p, g.w = L.gu_dense.p, g.y_f32 = hbuf.p, g.counts = counts.p, g.groups = static_cast<int>(E);
-    g.M = cap, g.N = 2 * I, g.K = H_pad, g.ldy = 2 * I;
-    ops::gemm_bf16(g, stream);
-    sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
-    cuda::swiglu_quant(sw, stream);
-    g.x = ad.p, g.w = L.down_dense.p, g.y_f32 = nullptr, g.y_bf16 = ybuf.p, g.N = H, g.K = I_pad, g.ldy = H;
-    ops::gemm_bf16(g, stream);
-    return;
-  }
-  const bool quant = host.backend == ExpertBackend::kSparseW4A4;
-  const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(static_cast<int>(E), 2 * I, H_pad, max_tok);
-  d.quantize = quant, d.layout = cuda::sparse_gemm_act_layout(c1);
-  d.x_lo = quant ? xb_lo.p : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
-  cuda::act_dispatch(d, stream);
-  cuda::SparseGemmArgs g;
-  g.w = L.gu_sparse.p, g.w_inv_gamma = L.gu_inv_gamma.p, g.x = xd.p, g.x_layout = d.layout;
-  g.x_inv_scale = quant ? xs.p : nullptr, g.counts = counts.p, g.y = nullptr, g.y_f32 = hbuf.p, g.num_experts = static_cast<int>(E);
-  g.capacity = cap, g.M = 2 * I, g.M_pad = L.gu_M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
-  cuda::sparse_gemm(g, max_tok, stream, &c1);
-  const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(static_cast<int>(E), H, I_pad, max_tok);
-  sw.quantize = quant, sw.layout = cuda::sparse_gemm_act_layout(c2);
-  cuda::swiglu_quant(sw, stream);
-  g.w = L.down_sparse.p, g.w_inv_gamma = L.down_inv_gamma.p, g.x = ad.p, g.x_layout = sw.layout;
-  g.x_inv_scale = quant ? as.p : nullptr, g.y = ybuf.p, g.y_f32 = nullptr, g.M = H, g.M_pad = L.down_M_pad, g.K_pad = I_pad, g.ldy = H;
-  cuda::sparse_gemm(g, max_tok, stream, &c2);
+MoeBlockWeights Engine::Impl::moe_weights(const DevLayer& L) const {
+  MoeBlockWeights w;
+  w.backend = host.backend;
+  w.router = L.router.p, w.gu_dense = L.gu_dense.p, w.down_dense = L.down_dense.p;
+  w.gu_sparse = L.gu_sparse.p, w.down_sparse = L.down_sparse.p;
+  w.gu_inv_gamma = L.gu_inv_gamma.p, w.down_inv_gamma = L.down_inv_gamma.p;
+  w.gu_M_pad = L.gu_M_pad, w.down_M_pad = L.down_M_pad;
+  return w;
+}
+
+// The [max_tokens]-sized activation buffers, used by moe_block with capacity T ≤ max_tokens.
+MoeBlockBuffers Engine::Impl::moe_buffers() {
+  MoeBlockBuffers b;
+  b.router_logits = logits_r.p, b.gemm_split = gemm_split.p, b.topk_ids = topk_ids.p, b.topk_w = topk_w.p;
+  b.slot_of_route = slot_of_route.p, b.xd = xd.p, b.hbuf = hbuf.p, b.ad = ad.p, b.ybuf = ybuf.p, b.xs = xs.p;
+  b.as = as.p, b.counts = counts.p, b.route_of_slot = route_of_slot.p;
+  return b;
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
@@ -392,19 +367,8 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     rn.w = L.post_norm.p;
     ops::rmsnorm(rn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
-    g = ops::GemmBf16Args{};
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.router.p, g.y_f32 = logits_r.p, g.split_ws = gemm_split.p, g.M = T, g.N = E, g.K = H, g.ldy = E;
-    linear(g);
-    ops::RouterTopkArgs rt;
-    rt.logits = logits_r.p, rt.topk_ids = topk_ids.p, rt.topk_w = topk_w.p, rt.T = T;
-    rt.num_experts = static_cast<int>(E), rt.topk = static_cast<int>(k), rt.norm_topk_prob = s.norm_topk_prob;
-    ops::router_topk(rt, stream);
-    experts(L, T);
-    ops::MoeCombineArgs mc;
-    mc.y = ybuf.p, mc.route_of_slot = route_of_slot.p, mc.counts = counts.p, mc.topk_ids = topk_ids.p;
-    mc.topk_w = topk_w.p, mc.slot_of_route = slot_of_route.p, mc.h = h.p, mc.T = T, mc.H = H, mc.ldy = H;
-    mc.topk = static_cast<int>(k), mc.num_experts = static_cast<int>(E), mc.capacity = static_cast<int>(T);
-    ops::moe_combine(mc, stream);
+    moe_block(moe_dims, moe_weights(L), moe_buffers(), xb.p, xb_lo.p, h.p, T, stream,
+              [this](const ops::GemmBf16Args& rg) { linear(rg); });
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
   }
   rn.w = final_norm.p;

@@ -83,6 +83,11 @@ std::vector<float> dense_projection(const io::Checkpoint& ckpt, const std::strin
   return w;
 }
 
+void check_model_type(const io::Checkpoint& ckpt) {
+  MOESQ_CHECK(ckpt.spec().model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", ckpt.spec().model_type,
+              "\" is not qwen3_moe (the GPU engine runs qwen3_moe)");
+}
+
 std::string checkpoint_format(const io::Checkpoint& ckpt) {
   const auto& cfg = ckpt.config();
   if (!cfg.contains("quantization_config")) return "bf16";
@@ -90,6 +95,39 @@ std::string checkpoint_format(const io::Checkpoint& ckpt) {
   MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), ckpt.dir(),
               "/config.json quantization_config: missing string key \"format\"");
   return qc["format"].get<std::string>();
+}
+
+// The router and routed experts of MoE layer l into L (router, gu_*/down_* per `backend`).
+void load_moe_weights(const io::Checkpoint& ckpt, const std::string& fmt, ExpertBackend backend, int64_t l,
+                      HostLayer& L) {
+  const io::ModelSpec& s = ckpt.spec();
+  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
+  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+  L.router = to_bf16(ckpt.get_f32(lname(l, "mlp.gate.weight"), {E, H}));
+  if (backend == ExpertBackend::kBf16) {
+    L.gu_dense.assign(E * 2 * I * H_pad, 0);
+    L.down_dense.assign(E * H * I_pad, 0);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> g = dense_projection(ckpt, fmt, ename(l, e, "gate_proj"), I, H);
+      const std::vector<float> u = dense_projection(ckpt, fmt, ename(l, e, "up_proj"), I, H);
+      const std::vector<float> d = dense_projection(ckpt, fmt, ename(l, e, "down_proj"), H, I);
+      permute_dense_rows(g.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I) * H_pad]);
+      permute_dense_rows(u.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I + I) * H_pad]);
+      permute_dense_rows(d.data(), H, I, I_pad, &L.down_dense[e * H * I_pad]);
+    }
+  } else {
+    std::vector<format::Sparse48Tensor> gu(E), down(E);
+    std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
+    for (int64_t e = 0; e < E; ++e) {
+      gu[e] = fuse_rows(read_sparse48(ckpt, ename(l, e, "gate_proj"), I, H),
+                        read_sparse48(ckpt, ename(l, e, "up_proj"), I, H), ename(l, e, "gate_proj|up_proj"));
+      down[e] = read_sparse48(ckpt, ename(l, e, "down_proj"), H, I);
+      pgu[e] = &gu[e];
+      pdown[e] = &down[e];
+    }
+    L.gu_sparse = moe::kernel_layout_from_sparse48(pgu, lname(l, "mlp.experts.gate_up"));
+    L.down_sparse = moe::kernel_layout_from_sparse48(pdown, lname(l, "mlp.experts.down"));
+  }
 }
 
 }  // namespace
@@ -140,13 +178,12 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
   HostModel m;
   m.spec = ckpt.spec();
   const io::ModelSpec& s = m.spec;
-  MOESQ_CHECK(s.model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", s.model_type,
-              "\" is not qwen3_moe (the GPU engine runs qwen3_moe)");
+  check_model_type(ckpt);
   m.expert_format = checkpoint_format(ckpt);
   m.backend = resolve_backend(requested, m.expert_format);
   m.act_quant = m.backend == ExpertBackend::kSparseW4A4;
   m.act_block = m.act_quant ? format::kSparseScaleBlock : 0;
-  const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
+  const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim;
   const int64_t nh = s.num_heads, nkv = s.num_kv_heads;
   m.embed = to_bf16(ckpt.get_f32("model.embed_tokens.weight", {V, H}));
   m.final_norm = ckpt.get_f32("model.norm.weight", {H});
@@ -157,7 +194,6 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
                 " and tie_word_embeddings is false");
     m.lm_head = m.embed;
   }
-  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
   m.layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     MOESQ_CHECK(s.is_moe_layer(l), ckpt.dir(), ": layer ", l,
@@ -174,32 +210,24 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
     append_bf16(L.qkv, get("self_attn.k_proj.weight", {nkv * hd, H}));
     append_bf16(L.qkv, get("self_attn.v_proj.weight", {nkv * hd, H}));
     L.o = to_bf16(get("self_attn.o_proj.weight", {H, nh * hd}));
-    L.router = to_bf16(get("mlp.gate.weight", {E, H}));
-    if (m.backend == ExpertBackend::kBf16) {
-      L.gu_dense.assign(E * 2 * I * H_pad, 0);
-      L.down_dense.assign(E * H * I_pad, 0);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::vector<float> g = dense_projection(ckpt, m.expert_format, ename(l, e, "gate_proj"), I, H);
-        const std::vector<float> u = dense_projection(ckpt, m.expert_format, ename(l, e, "up_proj"), I, H);
-        const std::vector<float> d = dense_projection(ckpt, m.expert_format, ename(l, e, "down_proj"), H, I);
-        permute_dense_rows(g.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I) * H_pad]);
-        permute_dense_rows(u.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I + I) * H_pad]);
-        permute_dense_rows(d.data(), H, I, I_pad, &L.down_dense[e * H * I_pad]);
-      }
-    } else {
-      std::vector<format::Sparse48Tensor> gu(E), down(E);
-      std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
-      for (int64_t e = 0; e < E; ++e) {
-        gu[e] = fuse_rows(read_sparse48(ckpt, ename(l, e, "gate_proj"), I, H),
-                          read_sparse48(ckpt, ename(l, e, "up_proj"), I, H), ename(l, e, "gate_proj|up_proj"));
-        down[e] = read_sparse48(ckpt, ename(l, e, "down_proj"), H, I);
-        pgu[e] = &gu[e];
-        pdown[e] = &down[e];
-      }
-      L.gu_sparse = moe::kernel_layout_from_sparse48(pgu, lname(l, "mlp.experts.gate_up"));
-      L.down_sparse = moe::kernel_layout_from_sparse48(pdown, lname(l, "mlp.experts.down"));
-    }
+    load_moe_weights(ckpt, m.expert_format, m.backend, l, L);
   }
+  return m;
+}
+
+HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested) {
+  HostMoeLayer m;
+  m.spec = ckpt.spec();
+  check_model_type(ckpt);
+  MOESQ_CHECK(layer >= 0 && layer < m.spec.num_layers, ckpt.dir(), ": layer ", layer, " outside [0, ",
+              m.spec.num_layers, ")");
+  MOESQ_CHECK(m.spec.is_moe_layer(layer), ckpt.dir(), ": layer ", layer,
+              " is a dense MLP layer (mlp_only_layers / decoder_sparse_step), not a MoE layer");
+  m.layer = layer;
+  m.expert_format = checkpoint_format(ckpt);
+  m.backend = resolve_backend(requested, m.expert_format);
+  m.act_quant = m.backend == ExpertBackend::kSparseW4A4;
+  load_moe_weights(ckpt, m.expert_format, m.backend, layer, m.weights);
   return m;
 }
 

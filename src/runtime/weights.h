@@ -43,6 +43,17 @@ struct HostModel {
   std::vector<HostLayer> layers;
 };
 
+// One MoE layer's router and routed experts (the HostLayer fields runtime::moe_block reads: router and
+// gu_*/down_* of `backend`; the others stay empty), for runtime::MoeLayerGpu (Python moesq.MoeLayer).
+struct HostMoeLayer {
+  io::ModelSpec spec;
+  int64_t layer = 0;
+  ExpertBackend backend = ExpertBackend::kBf16;  // resolved (never kAuto)
+  std::string expert_format = "bf16";
+  bool act_quant = false;                        // sparse-w4a4: NVFP4 activations
+  HostLayer weights;
+};
+
 // The backend a checkpoint of `expert_format` runs with when `requested` (kAuto → the format's own).
 // Errors: a backend that is not built (naming those that are), sparse on a dense checkpoint.
 ExpertBackend resolve_backend(ExpertBackend requested, const std::string& expert_format);
@@ -50,6 +61,10 @@ ExpertBackend resolve_backend(ExpertBackend requested, const std::string& expert
 // Reads and converts everything. Errors name the tensor and the directory (dense MLP layers and
 // non-qwen3_moe checkpoints are refused by name).
 HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
+
+// Reads layer `layer`'s router and experts as load_host_model does. Errors: as load_host_model, and a
+// layer out of range or a dense MLP layer (naming the directory and the layer).
+HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested);
 
 // The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b") with `layers` decoder layers
 // (0: all). Error names --synthetic and the known names.

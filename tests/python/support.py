@@ -89,17 +89,17 @@ KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT = 0, 1, 2, 4
 
 
 class Capsule:
-    """A 'dltensor' capsule over `array`'s memory claiming `device_type` and dtype (code, bits);
+    """A 'dltensor' capsule over `array`'s memory claiming `device_type`:`device_id` and dtype (code, bits);
     `deleted` counts deleter calls (the consumer must call it exactly once)."""
 
-    def __init__(self, array, device_type=KDL_CPU, code=None, bits=None):
+    def __init__(self, array, device_type=KDL_CPU, code=None, bits=None, device_id=0):
         self.array = array
         self.deleted = 0
         self._shape = (ctypes.c_int64 * array.ndim)(*array.shape)
         self._mt = _DLManagedTensor()
         t = self._mt.dl_tensor
         t.data = array.ctypes.data
-        t.device = _DLDevice(device_type, 0)
+        t.device = _DLDevice(device_type, device_id)
         t.ndim = array.ndim
         t.dtype = _DLDataType(code, bits, 1)
         t.shape = self._shape

@@ -49,6 +49,33 @@ TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
   EXPECT_EQ(L.qkv[(s.num_heads * s.head_dim + 2) * H + 9], f32_to_bf16(kp));
 }
 
+TEST(RuntimeWeights, OneMoeLayerEqualsTheWholeModelsLayer) {
+  const io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
+  const runtime::HostModel m = runtime::load_host_model(ckpt, runtime::ExpertBackend::kAuto);
+  for (int64_t l : {0, 3}) {
+    const runtime::HostMoeLayer one = runtime::load_host_moe_layer(ckpt, l, runtime::ExpertBackend::kAuto);
+    EXPECT_EQ(one.layer, l);
+    EXPECT_EQ(one.backend, m.backend);
+    EXPECT_EQ(one.expert_format, m.expert_format);
+    EXPECT_EQ(one.act_quant, m.act_quant);
+    EXPECT_EQ(one.weights.router, m.layers[l].router) << "layer " << l;
+    EXPECT_EQ(one.weights.gu_dense, m.layers[l].gu_dense) << "layer " << l;
+    EXPECT_EQ(one.weights.down_dense, m.layers[l].down_dense) << "layer " << l;
+    EXPECT_FALSE(one.weights.router.empty());
+    EXPECT_TRUE(one.weights.qkv.empty());  // only what the MoE block reads
+  }
+  for (int64_t bad : {-1, 4}) {
+    try {
+      runtime::load_host_moe_layer(ckpt, bad, runtime::ExpertBackend::kAuto);
+      ADD_FAILURE() << "no error for layer " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("layer " + std::to_string(bad) + " outside [0, 4)"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(runtime::load_host_moe_layer(ckpt, 0, runtime::ExpertBackend::kSparseW4A4), Error);
+}
+
 TEST(RuntimeWeights, BackendsResolveOrNameWhatIsBuilt) {
   using runtime::ExpertBackend;
   EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kAuto, "paired-4:8-nvfp4"), ExpertBackend::kSparseW4A4);
