@@ -30,7 +30,7 @@ namespace {
 
 // dispatch → gate|up GEMM → SwiGLU (+ requant) → down GEMM, capacity T (moe_block.h).
 void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBlockBuffers& b, const uint16_t* x,
-                 const uint16_t* x_lo, int64_t T, cudaStream_t stream) {
+                 const uint16_t* x_lo, int64_t T, cudaStream_t stream, unsigned stages) {
   const int E = static_cast<int>(dm.E), cap = static_cast<int>(T), max_tok = static_cast<int>(T);
   const int64_t H = dm.H, I = dm.I, H_pad = dm.H_pad, I_pad = dm.I_pad;
   cuda::DispatchArgs d;
@@ -42,15 +42,15 @@ void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBloc
   sw.I_pad = I_pad, sw.out = b.ad, sw.inv_scale = b.as;
   if (L.backend == ExpertBackend::kBf16) {
     d.quantize = false, d.layout = moe::ActLayout::kKMajor;
-    cuda::act_dispatch(d, stream);
+    if (stages & kMoeDispatch) cuda::act_dispatch(d, stream);
     ops::GemmBf16Args g;
     g.x = b.xd, g.w = L.gu_dense, g.y_f32 = b.hbuf, g.counts = b.counts, g.groups = E;
     g.M = cap, g.N = 2 * I, g.K = H_pad, g.ldy = 2 * I;
-    ops::gemm_bf16(g, stream);
+    if (stages & kMoeGateUp) ops::gemm_bf16(g, stream);
     sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
-    cuda::swiglu_quant(sw, stream);
+    if (stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
     g.x = b.ad, g.w = L.down_dense, g.y_f32 = nullptr, g.y_bf16 = b.ybuf, g.N = H, g.K = I_pad, g.ldy = H;
-    ops::gemm_bf16(g, stream);
+    if (stages & kMoeDown) ops::gemm_bf16(g, stream);
     return;
   }
   MOESQ_CHECK(L.backend == ExpertBackend::kSparseW4A4 || L.backend == ExpertBackend::kSparseW4A16,
@@ -60,43 +60,46 @@ void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBloc
   const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
   d.quantize = quant, d.layout = cuda::sparse_gemm_act_layout(c1);
   d.x_lo = quant ? x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
-  cuda::act_dispatch(d, stream);
+  if (stages & kMoeDispatch) cuda::act_dispatch(d, stream);
   cuda::SparseGemmArgs g;
   g.w = L.gu_sparse, g.w_inv_gamma = L.gu_inv_gamma, g.x = b.xd, g.x_layout = d.layout;
   g.x_inv_scale = quant ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
   g.capacity = cap, g.M = 2 * I, g.M_pad = L.gu_M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
-  cuda::sparse_gemm(g, max_tok, stream, &c1);
+  if (stages & kMoeGateUp) cuda::sparse_gemm(g, max_tok, stream, &c1);
   const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(E, H, I_pad, max_tok);
   sw.quantize = quant, sw.layout = cuda::sparse_gemm_act_layout(c2);
-  cuda::swiglu_quant(sw, stream);
+  if (stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
   g.w = L.down_sparse, g.w_inv_gamma = L.down_inv_gamma, g.x = b.ad, g.x_layout = sw.layout;
   g.x_inv_scale = quant ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = L.down_M_pad;
   g.K_pad = I_pad, g.ldy = H;
-  cuda::sparse_gemm(g, max_tok, stream, &c2);
+  if (stages & kMoeDown) cuda::sparse_gemm(g, max_tok, stream, &c2);
 }
 
 }  // namespace
 
 void moe_block(const MoeBlockDims& dm, const MoeBlockWeights& w, const MoeBlockBuffers& b, const uint16_t* x,
-               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear) {
+               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
+               unsigned stages) {
   if (T == 0) return;
   ops::GemmBf16Args g;
   g.x = x, g.x_lo = x_lo, g.w = w.router, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
   g.K = dm.H, g.ldy = dm.E;
-  if (router_linear)
-    router_linear(g);
-  else
-    ops::gemm_bf16(g, stream);
+  if (stages & kMoeRouterGemm) {
+    if (router_linear)
+      router_linear(g);
+    else
+      ops::gemm_bf16(g, stream);
+  }
   ops::RouterTopkArgs rt;
   rt.logits = b.router_logits, rt.topk_ids = b.topk_ids, rt.topk_w = b.topk_w, rt.T = T;
   rt.num_experts = static_cast<int>(dm.E), rt.topk = static_cast<int>(dm.top_k), rt.norm_topk_prob = dm.norm_topk_prob;
-  ops::router_topk(rt, stream);
-  run_experts(dm, w, b, x, x_lo, T, stream);
+  if (stages & kMoeTopk) ops::router_topk(rt, stream);
+  run_experts(dm, w, b, x, x_lo, T, stream, stages);
   ops::MoeCombineArgs mc;
   mc.y = b.ybuf, mc.route_of_slot = b.route_of_slot, mc.counts = b.counts, mc.topk_ids = b.topk_ids;
   mc.topk_w = b.topk_w, mc.slot_of_route = b.slot_of_route, mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
-  ops::moe_combine(mc, stream);
+  if (stages & kMoeCombine) ops::moe_combine(mc, stream);
 }
 
 // ---- one layer alone ------------------------------------------------------------------------

@@ -57,14 +57,27 @@ struct MoeBlockBuffers {
   int32_t* route_of_slot = nullptr;  // [E, T]
 };
 
+// The stages of moe_block in launch order, one bit each (bench_moe_layer times them one by one).
+enum MoeStage : unsigned {
+  kMoeRouterGemm = 1u << 0, kMoeTopk = 1u << 1, kMoeDispatch = 1u << 2, kMoeGateUp = 1u << 3,
+  kMoeSwiglu = 1u << 4, kMoeDown = 1u << 5, kMoeCombine = 1u << 6,
+};
+constexpr int kMoeStageCount = 7;
+constexpr unsigned kMoeAllStages = (1u << kMoeStageCount) - 1;
+inline constexpr const char* kMoeStageNames[kMoeStageCount] = {
+    "router GEMM", "top-k", "dispatch + act quant", "gate|up GEMM", "SwiGLU + requant", "down GEMM", "combine"};
+
 // The router GEMM's runner (runtime::Engine: cuBLAS when not deterministic); empty: ops::gemm_bf16.
 using LinearFn = std::function<void(const ops::GemmBf16Args&)>;
 
 // h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) for x = x + x_lo ([T, H] bf16 each;
 // x_lo may be nullptr). x_lo feeds the router GEMM (hi + lo) and, with W4A4, the activation quantizer
-// (the fp32 row), as the engine's rmsnorm output does. T == 0: nothing. Errors: the launchers' checks.
+// (the fp32 row), as the engine's rmsnorm output does. T == 0: nothing. `stages` (MoeStage bits): only
+// those launches — a stage alone re-runs on what the buffers hold from an earlier full block (for
+// timing; the result is the full block's only when every stage runs). Errors: the launchers' checks.
 void moe_block(const MoeBlockDims& d, const MoeBlockWeights& w, const MoeBlockBuffers& b, const uint16_t* x,
-               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear = {});
+               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear = {},
+               unsigned stages = kMoeAllStages);
 
 // One MoE layer of a checkpoint on one GPU: weights uploaded once (synchronously) to `device`, each
 // forward allocates its scratch stream-ordered (cudaMallocAsync / cudaFreeAsync on the caller's stream),

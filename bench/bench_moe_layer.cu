@@ -1,0 +1,303 @@
+// bench_moe_layer: one whole MoE layer of the GPU engine (router GEMM → top-k → dispatch + act
+// quant → gate|up grouped GEMM → SwiGLU + requant → down grouped GEMM → combine) at a real model's
+// shapes, replayed from CUDA graphs, with each stage's time (issue 15, goal 1). It runs exactly the
+// engine's launch sequence (runtime::moe_block; a stage mask picks one stage for the per-stage graphs,
+// each re-run on the buffers the whole block left). Weights are synthetic (ops/synth_pack: the same
+// bytes per weight as a real checkpoint); one replay runs the block of `--layers` layers, each with
+// its own weights, so the hit experts stream from HBM instead of sitting in L2 between replays; the
+// time printed is per layer. Input rows: bf16 uniform noise (std 1), routes from the synthetic router.
+// A program, not a test: the numbers go to bench/NOTES.md with the command that made them.
+//
+// Floors printed per row: bytes = router weight + the experts actually hit (expert bytes × hit / E,
+// all of gate|up and down) ÷ the HBM copy bandwidth given by --hbm-tbps (default 4.27 TB/s, the copy
+// rate measured on the H200, bench/NOTES.md); launches = the same number of dependent EMPTY kernels
+// replayed from a CUDA graph, measured in this run (what a chain of that many kernels cannot beat).
+// The peer (bench/peer_moe_layer.py, torch bf16 grouped MM in a CUDA graph) is merged with --peer-json.
+//
+// Usage: bench_moe_layer [--model qwen3-30b-a3b] [--experts sparse-w4a4,sparse-w4a16,bf16]
+//                        [--batch 1,64,512] [--layers 4] [--reps 200] [--peer-json P] [--out R.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.cuh"
+#include "core/error.h"
+#include "format/kernel_layout.h"
+#include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/synth_pack/synth_pack.h"
+#include "runtime/backend.h"
+#include "runtime/moe_block.h"
+#include "runtime/weights.h"
+
+using namespace moesq;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');)
+    if (!t.empty()) out.push_back(t);
+  return out;
+}
+
+struct Args {
+  std::string model = "qwen3-30b-a3b", experts = "sparse-w4a4,sparse-w4a16,bf16", batches = "1,64,512";
+  std::string peer_json, out;
+  int layers = 4, reps = 200;
+  double hbm_tbps = 4.27;
+};
+
+__global__ void empty_kernel() {}
+
+// µs per replay of a graph of `n` dependent empty kernels (the launch floor of an n-kernel chain).
+double empty_chain_us(int n, int reps) {
+  cudaStream_t st;
+  MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  MOESQ_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < n; ++i) empty_kernel<<<1, 32, 0, st>>>();
+  MOESQ_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t ex;
+  MOESQ_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
+  cudaEvent_t e0, e1;
+  MOESQ_CUDA_CHECK(cudaEventCreate(&e0));
+  MOESQ_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
+  MOESQ_CUDA_CHECK(cudaEventRecord(e0, st));
+  for (int i = 0; i < reps; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
+  MOESQ_CUDA_CHECK(cudaEventRecord(e1, st));
+  MOESQ_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaGraphExecDestroy(ex), cudaGraphDestroy(g), cudaStreamDestroy(st);
+  return 1e3 * ms / reps;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto val = [&]() -> std::string {
+      MOESQ_CHECK(i + 1 < argc, "bench_moe_layer: ", f, " needs a value");
+      return argv[++i];
+    };
+    if (f == "--model") a.model = val();
+    else if (f == "--experts") a.experts = val();
+    else if (f == "--batch") a.batches = val();
+    else if (f == "--layers") a.layers = std::stoi(val());
+    else if (f == "--reps") a.reps = std::stoi(val());
+    else if (f == "--peer-json") a.peer_json = val();
+    else if (f == "--out") a.out = val();
+    else if (f == "--hbm-tbps") a.hbm_tbps = std::stod(val());
+    else if (f == "--help" || f == "-h") {
+      std::printf("bench_moe_layer [--model qwen3-30b-a3b|qwen3-235b-a22b] [--experts LIST] [--batch LIST]\n"
+                  "                [--layers L] [--reps R] [--peer-json P] [--out R.json] [--hbm-tbps X]\n");
+      std::exit(0);
+    } else
+      MOESQ_FAIL("bench_moe_layer: unknown flag ", f, " (see --help)");
+  }
+  MOESQ_CHECK(a.layers >= 1, "bench_moe_layer: --layers ", a.layers, " must be >= 1");
+  MOESQ_CHECK(a.reps >= 1, "bench_moe_layer: --reps ", a.reps, " must be >= 1");
+  return a;
+}
+
+// Peer rows keyed by batch: {"rows": [{"T", "us", ...}]} from bench/peer_moe_layer.py.
+nlohmann::json peer_rows(const std::string& path) {
+  if (path.empty()) return nlohmann::json::array();
+  std::ifstream f(path);
+  MOESQ_CHECK(f.good(), "bench_moe_layer: cannot read --peer-json ", path);
+  return nlohmann::json::parse(f).at("rows");
+}
+
+
+// cudaMalloc'd memory freed at exit of main's scope.
+struct DevMem {
+  std::vector<void*> ptrs;
+  template <class T>
+  T* alloc(size_t count) {
+    void* p = nullptr;
+    MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    ptrs.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~DevMem() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+// One layer's router + experts drawn on the GPU (as runtime::Engine's synthetic model); bytes of the
+// expert weights added to *expert_bytes.
+runtime::MoeBlockWeights synth_layer(DevMem& mem, const runtime::MoeBlockDims& d, runtime::ExpertBackend be,
+                                     uint64_t seed, size_t* expert_bytes) {
+  constexpr float kScale = 0.02f;
+  uint64_t id = 0;
+  auto bf16 = [&](size_t n, float scale) {
+    uint16_t* p = mem.alloc<uint16_t>(n);
+    ops::SynthBf16Args a;
+    a.out = p, a.n = static_cast<int64_t>(n), a.seed = seed ^ (++id * 0xd1b54a32d192ed03ull), a.scale = scale;
+    ops::synth_bf16(a, nullptr);
+    return p;
+  };
+  runtime::MoeBlockWeights w;
+  w.backend = be;
+  w.router = bf16(d.E * d.H, kScale);
+  *expert_bytes = 0;
+  if (be == runtime::ExpertBackend::kBf16) {
+    w.gu_dense = bf16(d.E * 2 * d.I * d.H_pad, kScale);
+    w.down_dense = bf16(d.E * d.H * d.I_pad, kScale);
+    *expert_bytes = (d.E * 2 * d.I * d.H_pad + d.E * d.H * d.I_pad) * sizeof(uint16_t);
+    return w;
+  }
+  auto sparse = [&](int64_t M, int64_t K_pad, int64_t* M_pad, const float** inv_gamma) {
+    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
+    ops::SynthSparseArgs a;
+    a.num_chunks = d.E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
+    a.out = mem.alloc<uint8_t>(static_cast<size_t>(a.num_chunks) * moe::kChunkBytes);
+    a.seed = seed ^ (++id * 0xd1b54a32d192ed03ull);
+    ops::synth_sparse48_kl(a, nullptr);
+    // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ kScale.
+    const std::vector<float> g(d.E, kScale / (2.9f * 0.72f));
+    float* p = mem.alloc<float>(g.size());
+    MOESQ_CUDA_CHECK(cudaMemcpy(p, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
+    *inv_gamma = p;
+    *expert_bytes += static_cast<size_t>(a.num_chunks) * moe::kChunkBytes + g.size() * sizeof(float);
+    return a.out;
+  };
+  w.gu_sparse = sparse(2 * d.I, d.H_pad, &w.gu_M_pad, &w.gu_inv_gamma);
+  w.down_sparse = sparse(d.H, d.I_pad, &w.down_M_pad, &w.down_inv_gamma);
+  return w;
+}
+
+// Scratch of moe_block for T tokens (moe_block.h MoeBlockBuffers).
+runtime::MoeBlockBuffers alloc_buffers(DevMem& mem, const runtime::MoeBlockDims& d, int64_t T) {
+  runtime::MoeBlockBuffers b;
+  const size_t E = d.E, k = d.top_k, Tn = T;
+  b.router_logits = mem.alloc<float>(Tn * E);
+  b.gemm_split = mem.alloc<float>(ops::gemm_bf16_split_floats(T, d.E, d.H));
+  b.topk_ids = mem.alloc<int32_t>(Tn * k), b.topk_w = mem.alloc<float>(Tn * k), b.slot_of_route = mem.alloc<int32_t>(Tn * k);
+  b.xd = mem.alloc<uint16_t>(E * Tn * d.H_pad), b.hbuf = mem.alloc<float>(E * Tn * 2 * d.I);
+  b.ad = mem.alloc<uint16_t>(E * Tn * d.I_pad), b.ybuf = mem.alloc<uint16_t>(E * Tn * d.H);
+  b.xs = mem.alloc<float>(E * Tn), b.as = mem.alloc<float>(E * Tn);
+  b.counts = mem.alloc<int32_t>(E), b.route_of_slot = mem.alloc<int32_t>(E * Tn);
+  return b;
+}
+
+// µs per layer per replay of a graph holding the `stages` of every layer's block in turn.
+double time_blocks(const runtime::MoeBlockDims& d, const std::vector<runtime::MoeBlockWeights>& layers,
+                   const runtime::MoeBlockBuffers& b, const uint16_t* x, float* h, int64_t T, unsigned stages, int reps,
+                   cudaStream_t st) {
+  cudaGraph_t g;
+  MOESQ_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (const auto& w : layers) runtime::moe_block(d, w, b, x, nullptr, h, T, st, {}, stages);
+  MOESQ_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t ex;
+  MOESQ_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
+  cudaEvent_t e0, e1;
+  MOESQ_CUDA_CHECK(cudaEventCreate(&e0));
+  MOESQ_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
+  MOESQ_CUDA_CHECK(cudaEventRecord(e0, st));
+  for (int i = 0; i < reps; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
+  MOESQ_CUDA_CHECK(cudaEventRecord(e1, st));
+  MOESQ_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaGraphExecDestroy(ex), cudaGraphDestroy(g);
+  return 1e3 * ms / (static_cast<double>(reps) * layers.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Args a = parse(argc, argv);
+  const io::ModelSpec spec = runtime::synthetic_spec(a.model, a.layers);
+  const nlohmann::json peers = peer_rows(a.peer_json);
+  int64_t max_T = 1;  // buffers sized for the largest batch
+  for (const auto& b : split(a.batches)) max_T = std::max<int64_t>(max_T, std::stoll(b));
+  cudaDeviceProp prop{};
+  MOESQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  nlohmann::json out;
+  out["device"] = prop.name, out["model"] = a.model, out["layers"] = a.layers, out["reps"] = a.reps;
+  out["hbm_tbps"] = a.hbm_tbps, out["rows"] = nlohmann::json::array();
+  std::printf("%s, %s shapes (H %lld, I %lld, E %lld, top-%lld), %d layers per replay, %d replays\n", prop.name,
+              a.model.c_str(), static_cast<long long>(spec.hidden_size), static_cast<long long>(spec.moe_intermediate_size),
+              static_cast<long long>(spec.num_experts), static_cast<long long>(spec.top_k), a.layers, a.reps);
+  const runtime::MoeBlockDims d = runtime::moe_block_dims(spec);
+  cudaStream_t st;
+  MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (const auto& be_name : split(a.experts)) {
+    const runtime::ExpertBackend be = runtime::parse_expert_backend(be_name);
+    DevMem mem;
+    std::vector<runtime::MoeBlockWeights> layers;
+    size_t expert_bytes = 0;
+    for (int l = 0; l < a.layers; ++l) layers.push_back(synth_layer(mem, d, be, 1234 + 7919 * l, &expert_bytes));
+    const runtime::MoeBlockBuffers buf = alloc_buffers(mem, d, max_T);
+    uint16_t* x = mem.alloc<uint16_t>(static_cast<size_t>(max_T * d.H));
+    float* h = mem.alloc<float>(static_cast<size_t>(max_T * d.H));
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    for (const auto& bs : split(a.batches)) {
+      const int64_t T = std::stoll(bs);
+      MOESQ_CHECK(T >= 1, "bench_moe_layer: --batch ", T, " must be >= 1");
+      ops::SynthBf16Args in;
+      in.out = x, in.n = T * d.H, in.seed = 99 + T, in.scale = 1.0f;
+      ops::synth_bf16(in, st);
+      MOESQ_CUDA_CHECK(cudaMemsetAsync(h, 0, static_cast<size_t>(T * d.H) * sizeof(float), st));
+      // Eager once per layer (first-use work outside capture); count the experts each layer hits.
+      double hit = 0;
+      std::vector<int32_t> counts(d.E);
+      for (const auto& w : layers) {
+        runtime::moe_block(d, w, buf, x, nullptr, h, T, st);
+        MOESQ_CUDA_CHECK(cudaMemcpyAsync(counts.data(), buf.counts, counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+        MOESQ_CUDA_CHECK(cudaStreamSynchronize(st));
+        for (int32_t c : counts) hit += c > 0;
+      }
+      hit /= a.layers;
+      const double whole = time_blocks(d, layers, buf, x, h, T, runtime::kMoeAllStages, a.reps, st);
+      std::vector<std::pair<std::string, double>> stage;
+      double sum = 0;
+      for (int i = 0; i < runtime::kMoeStageCount; ++i) {
+        stage.emplace_back(runtime::kMoeStageNames[i], time_blocks(d, layers, buf, x, h, T, 1u << i, a.reps, st));
+        sum += stage.back().second;
+      }
+      const double bytes = static_cast<double>(d.E * d.H * sizeof(uint16_t)) + expert_bytes * hit / d.E;
+      const double bytes_floor_us = bytes / (a.hbm_tbps * 1e12) * 1e6;
+      const double launch_floor_us = empty_chain_us(runtime::kMoeStageCount, a.reps);
+      double peer_us = 0;
+      for (const auto& p : peers)
+        if (p.at("T").get<int64_t>() == T && p.contains("us")) peer_us = p.at("us").get<double>();
+      std::printf("\n%-12s T=%-4lld whole layer %8.2f us (sum of stages %8.2f)  experts hit %.1f/%lld\n",
+                  be_name.c_str(), static_cast<long long>(T), whole, sum, hit, static_cast<long long>(d.E));
+      for (const auto& [n, us] : stage) std::printf("    %-22s %8.2f us\n", n.c_str(), us);
+      std::printf("    floors: bytes %.1f MB -> %.2f us (ours x%.1f); %d dependent empty kernels -> %.2f us", bytes / 1e6,
+                  bytes_floor_us, whole / bytes_floor_us, runtime::kMoeStageCount, launch_floor_us);
+      if (peer_us > 0) std::printf("; torch bf16 peer %.2f us (ours %.2fx faster)", peer_us, peer_us / whole);
+      std::printf("\n");
+      nlohmann::json r;
+      r["experts"] = be_name, r["T"] = T, r["us"] = whole, r["sum_stages_us"] = sum, r["experts_hit_per_layer"] = hit;
+      r["bytes"] = bytes, r["bytes_floor_us"] = bytes_floor_us, r["launch_floor_us"] = launch_floor_us;
+      for (const auto& [n, us] : stage) r["stages_us"][n] = us;
+      if (peer_us > 0) r["peer_us"] = peer_us, r["speedup_vs_peer"] = peer_us / whole;
+      out["rows"].push_back(r);
+    }
+  }
+  cudaStreamDestroy(st);
+  if (!a.out.empty()) {
+    std::ofstream f(a.out + ".tmp");
+    f << out.dump(2) << "\n";
+    f.close();
+    MOESQ_CHECK(f.good() && std::rename((a.out + ".tmp").c_str(), a.out.c_str()) == 0, "bench_moe_layer: cannot write ",
+                a.out);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_moe_layer: %s\n", e.what());
+  return 1;
+}
