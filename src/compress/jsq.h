@@ -75,6 +75,7 @@ JsqResult jsq(const float* W, int64_t N, int64_t K, const float* X, int64_t n, f
 // from the dense intermediate; γ_gu shared by gate and up, γ_d for down (DESIGN.md §3).
 // names: the three tensor names for errors.
 SolvedExpert jsq_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const float* X, int64_t n, float gs_gu,
-                        float gs_d, const JsqOptions& opt, const std::string (&names)[3]);
+                        float gs_d, const JsqOptions& opt, const std::string (&names)[3],
+                        const model::ExpertVariant& variant = {});
 
 }  // namespace moesq::compress
