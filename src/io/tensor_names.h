@@ -53,7 +53,7 @@ struct LayerTensorNames {
   // Fused expert tensors of the source (gpt-oss): weights [E, H, 2I] (gate in the even, up in the odd
   // columns) and [E, I, H], biases [E, 2I] (interleaved likewise) and [E, H]; nullptr = per-expert tensors.
   // A compressed checkpoint stores the weights per expert ("{moe_block}.experts.{e}.{gate,up,down}_proj",
-  // Linear layout) and keeps the two bias tensors as stored (docs/FORMAT.md §11).
+  // Linear layout) and keeps the two bias tensors as stored (docs/FORMAT.md §7, fused-expert sources).
   const char* fused_gate_up = nullptr;
   const char* fused_gate_up_bias = nullptr;
   const char* fused_down = nullptr;
