@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "io/config_hybrid.h"
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
@@ -27,6 +29,7 @@
 #include "model/mixers/gated_attention.h"
 #include "model/ops.h"
 #include "support/family_reference.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -190,6 +193,39 @@ TEST_F(GptOssParity, MixerAndExpertsMatchPlainLoopTwins) {
       const std::vector<float> ye_ref = model_->expert_forward_ref(l, e, xm.data(), T, fo);
       EXPECT_LE(max_abs_diff(ye.data(), ye_ref.data(), T * H), kTwinAtol) << "layer " << l << " expert " << e;
       EXPECT_GT(moesq::test::max_abs(ye), 1e-3) << "layer " << l << " expert " << e;
+    }
+  }
+}
+
+// Bad input: a checkpoint missing a fused expert tensor (and its per-expert replacement), or with a
+// fused tensor of the wrong shape, is an Error naming the tensor, not a wrong forward.
+TEST_F(GptOssParity, MissingOrMisshapenFusedTensorsAreNamed) {
+  const std::string down = moesq::io::layer_tensor(1, "mlp.experts.down_proj");
+  const std::string gu_bias = moesq::io::layer_tensor(0, "mlp.experts.gate_up_proj_bias");
+  for (const std::string& broken : {down, gu_bias}) {
+    for (bool drop : {true, false}) {
+      moesq::test::TempDir dir("moesq_gpt_oss_bad");
+      moesq::io::SafetensorsWriter w;
+      std::vector<float> wrong;  // a [1, 2] f32 stand-in for the misshapen case
+      for (const std::string& n : ckpt_->names()) {
+        const moesq::io::TensorView& t = ckpt_->get(n);
+        if (n != broken) {
+          w.add(n, t.dtype, t.shape, t.data, t.nbytes);
+        } else if (!drop) {
+          wrong.assign(2, 1.0f);
+          w.add(n, moesq::io::DType::F32, {1, 2}, wrong.data(), wrong.size() * sizeof(float));
+        }
+      }
+      moesq::io::write_checkpoint_tensors(dir.path.string(), w);
+      std::filesystem::copy_file(dir_ + "/config.json", dir.file("config.json"));
+      const moesq::io::Checkpoint bad(dir.path.string());
+      try {
+        const DecoderModel m(bad);
+        ADD_FAILURE() << broken << (drop ? " missing" : " misshapen") << ": loaded without an error";
+      } catch (const moesq::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(broken), std::string::npos)
+            << (drop ? "missing: " : "misshapen: ") << e.what();
+      }
     }
   }
 }
