@@ -190,15 +190,15 @@ namespace {
 
 // The expert's elementwise step on g, u [n, I] (biases first): g ← act(g + b_g, u + b_u), in place.
 void expert_activation(float* g, const float* u, int64_t n, int64_t I, const ExpertVariant& v) {
+  if (!v.clamped && !v.gate_bias && !v.up_bias) {  // plain SwiGLU, in the order compressed bytes depend on
+    for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
+    return;
+  }
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < I; ++i) {
-      float& gi = g[t * I + i];
-      if (!v.clamped && !v.gate_bias && !v.up_bias) {
-        gi = silu_mul(gi, u[t * I + i]);
-        continue;
-      }
-      const float gb = gi + (v.gate_bias ? v.gate_bias[i] : 0.0f), ub = u[t * I + i] + (v.up_bias ? v.up_bias[i] : 0.0f);
-      gi = v.clamped ? clamped_swiglu(gb, ub, v.alpha, v.limit) : silu_mul(gb, ub);
+      const float gb = g[t * I + i] + (v.gate_bias ? v.gate_bias[i] : 0.0f);
+      const float ub = u[t * I + i] + (v.up_bias ? v.up_bias[i] : 0.0f);
+      g[t * I + i] = v.clamped ? clamped_swiglu(gb, ub, v.alpha, v.limit) : silu_mul(gb, ub);
     }
 }
 
