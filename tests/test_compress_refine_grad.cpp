@@ -10,6 +10,7 @@
 //    gradient there IS the straight-through gradient, so FD of it checks the kSte backward
 //    (quantized weights and activations inside all three GEMMs).
 // Then the fast float path (cblas, micro-batched) is compared with the reference on the same inputs.
+// Both checks also run on the gpt-oss expert variant (biases, clamped SwiGLU with an active clamp).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -46,13 +47,19 @@ struct Problem {
   std::array<std::vector<double>, 3> G;      // Gumbel noise
   std::array<std::vector<uint8_t>, 3> fixed; // patterns for the fixed-support variant
   double inv_norm;
+  // gpt-oss expert variant (ObjectiveInput::b_*, clamped): biases [I], [I], [H]; empty = plain SwiGLU.
+  std::vector<double> b_gate, b_up, b_down;
 };
 
-Problem make_problem(int64_t m, int64_t H, int64_t I, uint64_t seed) {
+// The clamp limit of the variant problems: small enough (activations are O(1)) that both clamps act
+// on some elements, so the zero-gradient branches are exercised.
+constexpr double kVariantLimit = 1.0;
+
+Problem make_problem(int64_t m, int64_t H, int64_t I, uint64_t seed, bool variant = false) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> ud(0.05, 1.0);
-  Problem p{m, H, I, {}, {}, {}, {}, {}, {}, 0.0};
+  Problem p{m, H, I, {}, {}, {}, {}, {}, {}, 0.0, {}, {}, {}};
   p.X.resize(m * H);
   p.Y.resize(m * H);
   p.w.resize(m);
@@ -83,6 +90,13 @@ Problem make_problem(int64_t m, int64_t H, int64_t I, uint64_t seed) {
     p.fixed[j].resize(R);
     for (auto& f : p.fixed[j]) f = static_cast<uint8_t>(rng() % 6);
   }
+  if (variant) {
+    p.b_gate.resize(I);
+    p.b_up.resize(I);
+    p.b_down.resize(H);
+    for (auto* b : {&p.b_gate, &p.b_up, &p.b_down})
+      for (auto& v : *b) v = 0.5 * nd(rng);
+  }
   return p;
 }
 
@@ -100,6 +114,13 @@ ObjectiveInput<double> input_of(const Problem& p, bool fixed_support) {
   for (int j = 0; j < 3; ++j) {
     in.G[j] = p.G[j].data();
     if (fixed_support) in.fixed[j] = p.fixed[j].data();
+  }
+  if (!p.b_gate.empty()) {
+    in.b_gate = p.b_gate.data();
+    in.b_up = p.b_up.data();
+    in.b_down = p.b_down.data();
+    in.clamped = true;
+    in.limit = kVariantLimit;
   }
   return in;
 }
@@ -177,6 +198,27 @@ TEST(RefineGrad, FiniteDifferencesFixedSupport) {  // the V-only ablation's grad
   check_fd(make_problem(4, 32, 32, 13), true, QuantMode::kFrozen);
 }
 
+// gpt-oss's expert (biases, clamped SwiGLU) in the objective: the same checks.
+TEST(RefineGrad, FiniteDifferencesClampedBiasedExpert) {
+  check_fd(make_problem(5, 32, 32, 15, true), false, QuantMode::kOff);
+}
+
+TEST(RefineGrad, FiniteDifferencesClampedBiasedExpertStraightThrough) {
+  check_fd(make_problem(5, 32, 32, 16, true), false, QuantMode::kFrozen);
+}
+
+TEST(RefineGrad, ClampAndBiasesAct) {
+  const Problem p = make_problem(5, 32, 32, 15, true);
+  ObjectiveInput<double> in = input_of(p, false);
+  const double clamped = objective_ref(in, p.P, QuantMode::kOff, nullptr, nullptr);
+  in.limit = 1e9;
+  const double open = objective_ref(in, p.P, QuantMode::kOff, nullptr, nullptr);
+  in.b_gate = in.b_up = in.b_down = nullptr;
+  const double unbiased = objective_ref(in, p.P, QuantMode::kOff, nullptr, nullptr);
+  EXPECT_GT(std::fabs(clamped - open), 1e-3 * clamped) << "the clamp must bite at limit " << kVariantLimit;
+  EXPECT_GT(std::fabs(open - unbiased), 1e-3 * open) << "the biases must matter";
+}
+
 TEST(RefineGrad, SteIsNotTheSmoothGradient) {
   // The quantizers must actually act: the STE loss differs from the smooth one (else the kFrozen
   // check above would not test anything beyond kOff).
@@ -189,8 +231,8 @@ TEST(RefineGrad, SteIsNotTheSmoothGradient) {
 
 namespace {
 // Fast float path vs the reference on one problem (ragged micro-batches: m = 37, micro-batch 16).
-void check_fast(bool quant, bool fixed_support, uint64_t seed) {
-  const Problem p = make_problem(37, 64, 32, seed);
+void check_fast(bool quant, bool fixed_support, uint64_t seed, bool variant = false) {
+  const Problem p = make_problem(37, 64, 32, seed, variant);
   const ObjectiveInput<double> ind = input_of(p, fixed_support);
   std::vector<float> Xf(p.X.begin(), p.X.end()), Yf(p.Y.begin(), p.Y.end()), wf(p.w.begin(), p.w.end());
   std::array<std::vector<float>, 3> Gf;
@@ -205,6 +247,15 @@ void check_fast(bool quant, bool fixed_support, uint64_t seed) {
   inf.inv_norm = p.inv_norm;
   inf.kappa = ind.kappa;
   inf.tau = ind.tau;
+  const std::vector<float> bg(p.b_gate.begin(), p.b_gate.end()), bu(p.b_up.begin(), p.b_up.end()),
+      bd(p.b_down.begin(), p.b_down.end());
+  if (variant) {
+    inf.b_gate = bg.data();
+    inf.b_up = bu.data();
+    inf.b_down = bd.data();
+    inf.clamped = true;
+    inf.limit = kVariantLimit;
+  }
   for (int j = 0; j < 3; ++j) {
     Gf[j].assign(p.G[j].begin(), p.G[j].end());
     inf.G[j] = Gf[j].data();
@@ -243,6 +294,8 @@ void check_fast(bool quant, bool fixed_support, uint64_t seed) {
 TEST(RefineGrad, FastMatchesReferenceSmooth) { check_fast(false, false, 21); }
 TEST(RefineGrad, FastMatchesReferenceQuantized) { check_fast(true, false, 22); }
 TEST(RefineGrad, FastMatchesReferenceFixedSupport) { check_fast(true, true, 23); }
+TEST(RefineGrad, FastMatchesReferenceClampedBiasedSmooth) { check_fast(false, false, 24, true); }
+TEST(RefineGrad, FastMatchesReferenceClampedBiasedQuantized) { check_fast(true, false, 25, true); }
 
 TEST(RefineGrad, SoftMaskIsAConvexCombinationOfPatterns) {
   // Eq. 2: every group's Z sums to 4 (each pattern keeps 4 of 8) and lies in [0, 1]; at τ → 0 it

@@ -72,6 +72,15 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
       continue;
     }
     expert_bytes += t.nbytes;
+    if (io::is_fused_expert_weight(name)) {  // all experts of a layer in one [E, ·, ·] tensor (gpt-oss)
+      expert_params += t.numel();
+      expert_projections += t.numel() / (s.moe_intermediate_size * s.hidden_size);  // gate_up: 2E, down: E
+      continue;
+    }
+    if (io::tensor_role(s, name) == io::TensorRole::ExpertBias) {  // expert biases: kept as stored
+      expert_params += t.numel();
+      continue;
+    }
     // model.layers.{l}.mlp.experts.{e}.{proj}.{suffix}, proj and suffix plain [a-z_]+ names
     const std::optional<io::ExpertTensorName> m = io::parse_expert_tensor(name);
     const bool plain = m && is_plain_name(m->proj) && is_plain_name(m->suffix);
@@ -99,8 +108,17 @@ nlohmann::json inspect(const std::string& dir, bool allow_mixed) {
     std::map<std::string, int64_t> kinds;
     uint64_t bytes = 0;
     int64_t count = 0;
+    const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
+    const char* fused = down ? names.fused_down : names.fused_gate_up;
     for (int64_t l = 0; l < s.num_layers; ++l) {
       if (!s.is_moe_layer(l)) continue;
+      if (fused && ck.has(io::layer_tensor(l, fused))) {  // one dense tensor for the layer (gate_up: half each)
+        const io::TensorView& t = ck.get(io::layer_tensor(l, fused));
+        kinds[io::expert_storage_name(io::ExpertStorage::Dense)] += s.num_experts;
+        bytes += down ? t.nbytes : t.nbytes / 2;
+        count += s.num_experts;
+        continue;
+      }
       for (int64_t e = 0; e < s.num_experts; ++e) {
         const std::string prefix = io::expert_tensor_prefix(l, e, proj);
         if (!ck.has(prefix + io::kWeight) && !io::has_packed_projection(ck, prefix)) continue;  // other layout

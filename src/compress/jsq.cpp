@@ -136,10 +136,11 @@ JsqResult jsq(const float* W, int64_t N, int64_t K, const float* X, int64_t n, f
 }
 
 SolvedExpert jsq_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const float* X, int64_t n, float gs_gu,
-                        float gs_d, const JsqOptions& opt, const std::string (&names)[3]) {
+                        float gs_d, const JsqOptions& opt, const std::string (&names)[3],
+                        const model::ExpertVariant& variant) {
   // One dense pass: down's input is the ORIGINAL expert's SwiGLU output (see jsq.h).
   std::vector<float> inter;
-  if (n > 0) model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, X, n, 0, &inter);
+  if (n > 0) model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, X, n, 0, &inter, variant);
   JsqResult rg = jsq(w.gate.data(), I, H, X, n, gs_gu, opt, names[0]);
   JsqResult ru = jsq(w.up.data(), I, H, X, n, gs_gu, opt, names[1]);
   JsqResult rd = jsq(w.down.data(), H, I, inter.data(), n, gs_d, opt, names[2]);

@@ -73,8 +73,10 @@ JsqResult jsq(const float* W, int64_t N, int64_t K, const float* X, int64_t n, f
 
 // One SwiGLU expert (gate/up [I, H], down [H, I]) on its rows X [n, H]: gate and up from X, down
 // from the dense intermediate; γ_gu shared by gate and up, γ_d for down (DESIGN.md §3).
-// names: the three tensor names for errors.
+// names: the three tensor names for errors. variant: the expert's biases and activation (gpt-oss;
+// model::expert_variant), so down's intermediate is the family's expert, not plain SwiGLU.
 SolvedExpert jsq_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const float* X, int64_t n, float gs_gu,
-                        float gs_d, const JsqOptions& opt, const std::string (&names)[3]);
+                        float gs_d, const JsqOptions& opt, const std::string (&names)[3],
+                        const model::ExpertVariant& variant = {});
 
 }  // namespace moesq::compress

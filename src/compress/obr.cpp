@@ -187,14 +187,15 @@ ObrResult obr_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float 
 }
 
 SolvedExpert obr_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const float* X, int64_t n, float gs_gu,
-                        float gs_d, const ObrOptions& opt, const SgptqOptions& sg, const std::string (&names)[3]) {
+                        float gs_d, const ObrOptions& opt, const SgptqOptions& sg, const std::string (&names)[3],
+                        const model::ExpertVariant& variant) {
   const Hessian Hx = accumulate_hessian(X, n, H);
   ObrResult rg = obr(w.gate.data(), I, H, Hx, gs_gu, opt, sg, names[0]);
   ObrResult ru = obr(w.up.data(), I, H, Hx, gs_gu, opt, sg, names[1]);
   std::vector<float> gq(static_cast<size_t>(I * H)), uq(static_cast<size_t>(I * H)), inter;
   format::sparse48_dequantize(rg.packed, gq.data());
   format::sparse48_dequantize(ru.packed, uq.data());
-  if (n > 0) model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, X, n, 0, &inter);
+  if (n > 0) model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, X, n, 0, &inter, variant);
   const Hessian Hz = accumulate_hessian(inter.data(), n, I);
   ObrResult rd = obr(w.down.data(), H, I, Hz, gs_d, opt, sg, names[2]);
   SolvedExpert s;

@@ -67,8 +67,10 @@ ObrResult obr_ref(const float* W, int64_t N, int64_t K, const Hessian& H, float 
 
 // One SwiGLU expert on its rows X [n, H] (gate/up [I, H], down [H, I]): gate and up from the Hessian
 // of X, down from the Hessian of ITS inputs as produced by the compressed gate/up (the reference
-// compresses [up, gate] and then re-runs the layer before down). γ_gu shared by gate and up.
+// compresses [up, gate] and then re-runs the layer before down). γ_gu shared by gate and up. variant:
+// the expert's biases and activation (gpt-oss; model::expert_variant) in that re-run.
 SolvedExpert obr_expert(const model::ExpertWeights& w, int64_t H, int64_t I, const float* X, int64_t n, float gs_gu,
-                        float gs_d, const ObrOptions& opt, const SgptqOptions& sg, const std::string (&names)[3]);
+                        float gs_d, const ObrOptions& opt, const SgptqOptions& sg, const std::string (&names)[3],
+                        const model::ExpertVariant& variant = {});
 
 }  // namespace moesq::compress

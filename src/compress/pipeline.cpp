@@ -90,6 +90,9 @@ nlohmann::json schedule_json(const RefineResult& rr) {
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
                              ExpertReport& rep) {
+  // Biases and the clamped activation where the family has them (gpt-oss): every forward of the
+  // expert below (down's Hessian inputs, the refinement) runs the family's expert, not plain SwiGLU.
+  const model::ExpertVariant variant = model::expert_variant(spec, w);
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
@@ -118,8 +121,8 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
     case Method::Jsq:
     case Method::Obr: {
       SolvedExpert s = opt.method == Method::Jsq
-                           ? jsq_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.jsq, names)
-                           : obr_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.obr, opt.sgptq, names);
+                           ? jsq_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.jsq, names, variant)
+                           : obr_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.obr, opt.sgptq, names, variant);
       rep.fallback = s.fallback;
       rep.note = s.note;
       pe = std::move(s.packed);
@@ -136,7 +139,7 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
       format::sparse48_dequantize(rg.packed, gq.data());
       format::sparse48_dequantize(ru.packed, uq.data());
       std::vector<float> inter;
-      model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, c.X.data(), c.n, 0, &inter);
+      model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, c.X.data(), c.n, 0, &inter, variant);
       const Hessian Hz = accumulate_hessian(inter.data(), c.n, I);
       SgptqResult rd = sgptq(w.down.data(), H, I, Hz, gs_d, opt.sgptq, names[2]);
       if (rg.fallback || ru.fallback || rd.fallback) {
@@ -155,6 +158,7 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
         data.Y_ref = y_ref.data();
         data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
         data.schedule_rows = c.schedule_rows;
+        data.variant = variant;
         const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
         const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
         const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
@@ -239,8 +243,9 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
                                   const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep) {
   // The original expert runs once: its outputs are the refinement targets and the reference of
   // the reconstruction error.
+  const model::ExpertVariant variant = model::expert_variant(spec, w);  // biases stay in w throughout
   const std::vector<float> y_ref =
-      model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0);
+      model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
   PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep);
   // Dequantized once: measured here, then installed.
   std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
@@ -250,7 +255,8 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
     if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
   } else {
     const std::vector<float> yq =
-        model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block);
+        model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
+                              variant);
     rep.rel_error = rel_sq_error(y_ref, yq);
   }
   w.gate = std::move(deq[0]);

@@ -1,5 +1,6 @@
 #include "io/compressed_checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -182,7 +183,17 @@ ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const Quantiza
   // Projections are then taken in (layer, expert, proj) order, so first_mismatch is the same as a
   // walk over the spec would find. Names follow the family's table (io::expert_tensor_prefix).
   std::map<std::tuple<int64_t, int64_t, int>, std::pair<bool, bool>> seen;  // → (packed, dense)
+  const LayerTensorNames& names = layer_tensor_names(s.model_type);
   for (const std::string& name : ckpt.names()) {
+    int64_t fl = 0;
+    if (is_fused_expert_weight(name, &fl) && fl < s.num_layers && s.is_moe_layer(fl)) {  // dense, every expert
+      const bool gate_up = names.fused_gate_up && name == layer_tensor(fl, names.fused_gate_up);
+      const std::vector<int64_t>& shape = ckpt.get(name).shape;  // bounded by the tensor, not the config
+      const int64_t n_e = std::min<int64_t>(s.num_experts, shape.empty() ? 0 : shape[0]);
+      for (int64_t e = 0; e < n_e; ++e)
+        for (int p = gate_up ? 0 : 2; p < (gate_up ? 2 : 3); ++p) seen[{fl, e, p}].second = true;
+      continue;
+    }
     const auto t = parse_expert_tensor(name);
     if (!t || t->layer >= s.num_layers || t->expert >= s.num_experts || !s.is_moe_layer(t->layer)) continue;
     const std::optional<ExpertProj> proj = expert_proj_of(t->proj);
@@ -225,7 +236,8 @@ nlohmann::json not_compressed_summary(const Checkpoint& src) {
   const ModelSpec& s = src.spec();
   nlohmann::json j = nlohmann::json::object();
   for (TensorRole r : {TensorRole::Router, TensorRole::RouterBias, TensorRole::SharedExpert,
-                       TensorRole::SharedExpertGate, TensorRole::DenseMlp, TensorRole::Other})
+                       TensorRole::SharedExpertGate, TensorRole::DenseMlp, TensorRole::ExpertBias,
+                       TensorRole::Other})
     j[tensor_role_name(r)] = 0;
   for (const std::string& name : src.names()) {
     const TensorRole r = tensor_role(s, name);

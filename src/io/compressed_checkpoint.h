@@ -70,8 +70,8 @@ void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, b
 
 // What a compressed checkpoint of `src` keeps as stored (not compressed), counted by role from the
 // family's tensor-name table: {"router": n, "router_bias": n, "shared_expert": n, "shared_expert_gate": n,
-// "dense_mlp": n, "other": n, "dense_mlp_layers": [l, ...]} (tensor counts; "other" = attention, norms,
-// embeddings, head).
+// "dense_mlp": n, "expert_bias": n, "other": n, "dense_mlp_layers": [l, ...]} (tensor counts; "expert_bias"
+// = gpt-oss's fused expert biases; "other" = attention, norms, embeddings, head).
 nlohmann::json not_compressed_summary(const Checkpoint& src);
 
 // Bytes of all routed-expert tensors of a checkpoint (to measure bits/weight from what was written).

@@ -24,6 +24,7 @@ enum class QkNorm {
 enum class RouterScoring {
   Softmax,  // p = softmax(logits) in fp32 (Qwen, Mixtral, OLMoE)
   Sigmoid,  // p = sigmoid(logits) (DeepSeek-V3); selection may add e_score_correction_bias
+  TopkSoftmax,  // top-k of the logits, weights = softmax over those k logits (gpt-oss GptOssTopKRouter)
 };
 
 struct ModelSpec {
@@ -57,6 +58,14 @@ struct ModelSpec {
   bool router_correction_bias = false;  // selection uses p + e_score_correction_bias [E]; weights use p
   int64_t n_group = 1, topk_group = 1;  // grouped top-k: keep the topk_group best of n_group groups
   double routed_scaling_factor = 1.0;   // routed weights × this (after any renormalisation)
+  bool router_logit_bias = false;       // router logits = x Wᵀ + b, b [E] (gpt-oss "mlp.router.bias")
+
+  // Routed experts beyond plain SwiGLU (gpt-oss GptOssExperts): gate/up/down carry biases and the
+  // activation is the clamped SwiGLU h = (clamp(u, ±limit) + 1) · g' · σ(alpha · g'), g' = min(g, limit)
+  // (core/swiglu.h clamped_swiglu). Stored fused in the source (io/tensor_names.h kFusedExperts).
+  bool expert_bias = false;
+  bool clamped_swiglu = false;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 
   // Shared experts: SwiGLU MLPs every token runs beside the routed ones (not compressed).
   int64_t num_shared_experts = 0;               // 0 = none; > 1 = one MLP num_shared_experts× wider

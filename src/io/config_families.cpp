@@ -66,8 +66,7 @@ void parse_deepseek_v3(const json& j, const std::string& source, ModelSpec& s) {
   fill_model_spec(parse_deepseek_v3_config(j, source), s);
 }
 
-// Qwen3NextConfig / Qwen3_5MoeTextConfig (and GptOssConfig for loading and inspection; its CPU
-// forward is model/families/family_model.h): the full key set is parsed by io/config_hybrid.cpp;
+// Qwen3NextConfig / Qwen3_5MoeTextConfig: the full key set is parsed by io/config_hybrid.cpp;
 // the decoder reads the shared fields, the mixer factory (model/mixers/hybrid_mixer.h) the rest.
 void parse_hybrid(const json& j, const std::string& source, ModelSpec& s) {
   const FamilySpec f = parse_family_config(j, source);
@@ -81,6 +80,21 @@ void parse_hybrid(const json& j, const std::string& source, ModelSpec& s) {
   }
 }
 
+// GptOssConfig (keys parsed by io/config_hybrid.cpp): the router adds a bias to its logits and
+// takes the softmax over the top-k logits; experts carry biases and run the clamped SwiGLU; the
+// sink / sliding-window attention with YaRN is the mixer's (model/mixers/sink_attention.h).
+void parse_gpt_oss(const json& j, const std::string& source, ModelSpec& s) {
+  const FamilySpec f = parse_family_config(j, source);
+  s = f.base;
+  s.qk_norm = QkNorm::None;  // inside the family mixer (gpt-oss has none)
+  s.router_scoring = RouterScoring::TopkSoftmax;
+  s.router_logit_bias = true;
+  s.expert_bias = true;
+  s.clamped_swiglu = true;
+  s.swiglu_alpha = f.swiglu_alpha;
+  s.swiglu_limit = f.swiglu_limit;
+}
+
 constexpr ConfigFamily kFamilies[] = {
     {"qwen3_moe", parse_qwen3_moe},
     {"qwen2_moe", parse_qwen2_moe},
@@ -90,7 +104,7 @@ constexpr ConfigFamily kFamilies[] = {
     {"kimi_k2", parse_deepseek_v3},
     {"qwen3_next", parse_hybrid},
     {"qwen3_5_moe_text", parse_hybrid},
-    {"gpt_oss", parse_hybrid},
+    {"gpt_oss", parse_gpt_oss},
 };
 
 }  // namespace

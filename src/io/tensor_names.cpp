@@ -63,6 +63,21 @@ LayerTensorNames deepseek_v3_names(const char* model_type) {
   return t;
 }
 
+// gpt-oss: router "mlp.router" with a logit bias; experts fused with biases.
+LayerTensorNames gpt_oss_names() {
+  LayerTensorNames t{"gpt_oss"};
+  t.router = "router";
+  t.router_logit_bias = "mlp.router.bias";
+  t.fused_gate_up = "mlp.experts.gate_up_proj";
+  t.fused_gate_up_bias = "mlp.experts.gate_up_proj_bias";
+  t.fused_down = "mlp.experts.down_proj";
+  t.fused_down_bias = "mlp.experts.down_proj_bias";
+  return t;
+}
+
+// The fused weights' names after "model.layers.{l}." (a fused layout shared by gpt-oss and hub Qwen3.5).
+constexpr const char* kFusedExpertWeights[] = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+
 const LayerTensorNames kLayerNames[] = {
     LayerTensorNames{"qwen3_moe"},
     qwen2_moe_names(),
@@ -72,6 +87,7 @@ const LayerTensorNames kLayerNames[] = {
     deepseek_v3_names("kimi_k2"),
     hybrid_names("qwen3_next"),
     hybrid_names("qwen3_5_moe_text"),
+    gpt_oss_names(),
 };
 
 }  // namespace
@@ -89,7 +105,13 @@ std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t e
 }
 
 std::string router_tensor(const ModelSpec& spec, int64_t layer) {
-  return layer_tensor(layer, std::string(layer_tensor_names(spec.model_type).moe_block) + ".gate.weight");
+  const LayerTensorNames& t = layer_tensor_names(spec.model_type);
+  return layer_tensor(layer, std::string(t.moe_block) + "." + t.router + ".weight");
+}
+
+std::string family_layer_tensor(const ModelSpec& spec, int64_t layer, const char* rest, const char* what) {
+  MOESQ_CHECK(rest, spec.model_type, ": the tensor-name table (io/tensor_names.cpp) has no ", what);
+  return layer_tensor(layer, rest);
 }
 
 TensorRole tensor_role(const ModelSpec& spec, const std::string& name) {
@@ -102,8 +124,11 @@ TensorRole tensor_role(const ModelSpec& spec, const std::string& name) {
   const LayerTensorNames& t = layer_tensor_names(spec.model_type);
   const std::string moe = t.moe_block;
   auto starts = [&](const std::string& p) { return rest.compare(0, p.size(), p) == 0; };
-  if (rest == moe + ".gate.weight") return TensorRole::Router;
+  if (rest == moe + "." + t.router + ".weight") return TensorRole::Router;
   if (t.router_bias && rest == t.router_bias) return TensorRole::RouterBias;
+  if (t.router_logit_bias && rest == t.router_logit_bias) return TensorRole::RouterBias;
+  if ((t.fused_gate_up_bias && rest == t.fused_gate_up_bias) || (t.fused_down_bias && rest == t.fused_down_bias))
+    return TensorRole::ExpertBias;
   if (t.shared_expert_gate && rest == t.shared_expert_gate) return TensorRole::SharedExpertGate;
   if (t.shared_expert && starts(std::string(t.shared_expert) + ".")) return TensorRole::SharedExpert;
   if (!spec.is_moe_layer(l) && starts("mlp.")) return TensorRole::DenseMlp;
@@ -118,6 +143,7 @@ const char* tensor_role_name(TensorRole r) {
     case TensorRole::SharedExpert: return "shared_expert";
     case TensorRole::SharedExpertGate: return "shared_expert_gate";
     case TensorRole::DenseMlp: return "dense_mlp";
+    case TensorRole::ExpertBias: return "expert_bias";
     case TensorRole::Other: return "other";
   }
   return "other";
@@ -164,7 +190,21 @@ std::optional<ExpertProj> expert_proj_of(const std::string& proj) {
   return std::nullopt;
 }
 
+bool is_fused_expert_weight(const std::string& name, int64_t* layer) {
+  size_t pos = 0;
+  int64_t l = 0;
+  if (!read_literal(name, pos, "model.layers.") || !read_index(name, pos, &l) || !read_literal(name, pos, "."))
+    return false;
+  for (const char* w : kFusedExpertWeights)
+    if (name.compare(pos, std::string::npos, w) == 0) {
+      if (layer) *layer = l;
+      return true;
+    }
+  return false;
+}
+
 bool is_expert_tensor(const std::string& name) {
+  if (is_fused_expert_weight(name)) return true;
   const auto t = parse_expert_tensor(name);
   if (!t) return false;
   const auto& projs = t->block == "block_sparse_moe" ? kMixtralProjNames : kExpertProjNames;

@@ -47,17 +47,32 @@ struct LayerTensorNames {
   const char* shared_expert = nullptr;
   const char* shared_expert_gate = nullptr;  // [1, H] "….weight", or nullptr
   const char* router_bias = nullptr;         // e_score_correction_bias [E], or nullptr
+  // The router module inside the MoE block: "{moe_block}.{router}.weight" [E, H] ("gate"; gpt-oss "router").
+  const char* router = "gate";
+  const char* router_logit_bias = nullptr;   // bias added to the router logits [E] (gpt-oss), or nullptr
+  // Fused expert tensors of the source (gpt-oss): weights [E, H, 2I] (gate in the even, up in the odd
+  // columns) and [E, I, H], biases [E, 2I] (interleaved likewise) and [E, H]; nullptr = per-expert tensors.
+  // A compressed checkpoint stores the weights per expert ("{moe_block}.experts.{e}.{gate,up,down}_proj",
+  // Linear layout) and keeps the two bias tensors as stored (docs/FORMAT.md §7, fused-expert sources).
+  const char* fused_gate_up = nullptr;
+  const char* fused_gate_up_bias = nullptr;
+  const char* fused_down = nullptr;
+  const char* fused_down_bias = nullptr;
 };
 // The row of `model_type`; Error naming it when the family has no table.
 const LayerTensorNames& layer_tensor_names(const std::string& model_type);
 // "{moe_block}.experts.{e}.{proj}" of the family, under "model.layers.{l}." (append a suffix).
 std::string expert_tensor_prefix(const ModelSpec& spec, int64_t layer, int64_t expert, ExpertProj proj);
-// "model.layers.{l}.{moe_block}.gate.weight": the router of the family.
+// "model.layers.{l}.{moe_block}.{router}.weight": the router of the family.
 std::string router_tensor(const ModelSpec& spec, int64_t layer);
+// "model.layers.{l}.{rest}" for a name of the family's table (e.g. t.fused_gate_up); Error naming the
+// family when the table has no such name (rest == nullptr).
+std::string family_layer_tensor(const ModelSpec& spec, int64_t layer, const char* rest, const char* what);
 
 // What a tensor of a `spec` checkpoint is, from the family's table: compression replaces only
 // RoutedExpert tensors; every other role is kept byte-identical (and listed as not compressed).
-enum class TensorRole { RoutedExpert, Router, RouterBias, SharedExpert, SharedExpertGate, DenseMlp, Other };
+// ExpertBias: the routed experts' biases (gpt-oss), kept bf16 as stored.
+enum class TensorRole { RoutedExpert, Router, RouterBias, SharedExpert, SharedExpertGate, DenseMlp, ExpertBias, Other };
 TensorRole tensor_role(const ModelSpec& spec, const std::string& name);
 const char* tensor_role_name(TensorRole r);  // "routed_expert", "router", ...
 
@@ -76,8 +91,12 @@ struct ExpertTensorName {
 };
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
 // A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj
-// under "mlp", or Mixtral's w1|w3|w2 under "block_sparse_moe". Shared experts ("mlp.shared_expert.…") are not routed experts.
+// under "mlp", or Mixtral's w1|w3|w2 under "block_sparse_moe", or a fused expert weight
+// (is_fused_expert_weight). Shared experts ("mlp.shared_expert.…") are not routed experts.
 bool is_expert_tensor(const std::string& name);
+// "model.layers.{l}.mlp.experts.gate_up_proj" or "….down_proj": all experts of a layer in one 3-D weight
+// (gpt-oss; hub Qwen3.5). Their biases ("…_bias") are not weights. Sets *layer when given.
+bool is_fused_expert_weight(const std::string& name, int64_t* layer = nullptr);
 // Which projection `proj` is (gate_proj / w1 → Gate, up_proj / w3 → Up, down_proj / w2 → Down), if any.
 std::optional<ExpertProj> expert_proj_of(const std::string& proj);
 // Any tensor under a routed-expert container (".mlp.experts." or ".block_sparse_moe.experts." in the

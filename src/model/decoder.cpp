@@ -66,6 +66,7 @@ DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
     if (s.is_moe_layer(l)) {
       L.router.assign(s.num_experts * H, 0.0f);
       if (s.router_correction_bias) L.router_bias.assign(s.num_experts, 0.0f);
+      if (s.router_logit_bias) L.router_logit_bias.assign(s.num_experts, 0.0f);
       if (s.num_shared_experts > 0) {
         const int64_t Is = s.shared_expert_intermediate_size;
         L.shared_expert.gate.assign(Is * H, 0.0f);
@@ -78,6 +79,11 @@ DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
         e.gate.assign(I * H, 0.0f);
         e.up.assign(I * H, 0.0f);
         e.down.assign(H * I, 0.0f);
+        if (s.expert_bias) {
+          e.gate_bias.assign(I, 0.0f);
+          e.up_bias.assign(I, 0.0f);
+          e.down_bias.assign(H, 0.0f);
+        }
       }
     } else {
       const int64_t Id = s.intermediate_size;
@@ -147,6 +153,7 @@ Routes DecoderModel::route(int64_t l, const std::vector<float>& x, int64_t n) co
               " values, expected n·H = ", n * H);
   std::vector<float> logits(n * E);  // [n, E]
   linear(x.data(), n, H, layers_.at(l).router.data(), E, logits.data());
+  add_bias_rows(logits.data(), n, E, layers_.at(l).router_logit_bias);  // gpt-oss: x Wᵀ + b
   const std::vector<float>& bias = layers_.at(l).router_bias;
   return select_routes(router_spec(s), std::move(logits), n, bias.empty() ? nullptr : bias.data());
 }
@@ -168,8 +175,45 @@ void quantize_activation_rows(float* x, int64_t n, int64_t K, int block, const c
 }
 }  // namespace
 
-std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
-                                  const float* x, int64_t n, int act_block, std::vector<float>* inter) {
+ExpertVariant expert_variant(const io::ModelSpec& spec, const ExpertWeights& w) {
+  ExpertVariant v;
+  v.gate_bias = w.gate_bias.empty() ? nullptr : w.gate_bias.data();
+  v.up_bias = w.up_bias.empty() ? nullptr : w.up_bias.data();
+  v.down_bias = w.down_bias.empty() ? nullptr : w.down_bias.data();
+  v.clamped = spec.clamped_swiglu;
+  v.alpha = static_cast<float>(spec.swiglu_alpha);
+  v.limit = static_cast<float>(spec.swiglu_limit);
+  return v;
+}
+
+namespace {
+
+// The expert's elementwise step on g, u [n, I] (biases first): g ← act(g + b_g, u + b_u), in place.
+void expert_activation(float* g, const float* u, int64_t n, int64_t I, const ExpertVariant& v) {
+  if (!v.clamped && !v.gate_bias && !v.up_bias) {  // plain SwiGLU, in the order compressed bytes depend on
+    for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      const float gb = g[t * I + i] + (v.gate_bias ? v.gate_bias[i] : 0.0f);
+      const float ub = u[t * I + i] + (v.up_bias ? v.up_bias[i] : 0.0f);
+      g[t * I + i] = v.clamped ? clamped_swiglu(gb, ub, v.alpha, v.limit) : silu_mul(gb, ub);
+    }
+}
+
+void add_down_bias(float* y, int64_t n, int64_t H, const ExpertVariant& v) {
+  if (!v.down_bias) return;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < H; ++c) y[t * H + c] += v.down_bias[c];
+}
+
+using LinearFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*);
+
+// swiglu_forward and its twin: one body, the linear passed in (BLAS or plain loops).
+std::vector<float> expert_mlp(LinearFn lin, const float* gate, const float* up, const float* down, int64_t H,
+                              int64_t I, const float* x, int64_t n, int act_block, std::vector<float>* inter,
+                              const ExpertVariant& v) {
   std::vector<float> y(n * H);  // [n, H]
   if (inter) inter->clear();
   if (n == 0) return y;
@@ -180,13 +224,28 @@ std::vector<float> swiglu_forward(const float* gate, const float* up, const floa
     x = xq.data();
   }
   std::vector<float> g(n * I), u(n * I);  // [n, I]
-  linear(x, n, H, gate, I, g.data());
-  linear(x, n, H, up, I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
+  lin(x, n, H, gate, I, g.data());
+  lin(x, n, H, up, I, u.data());
+  expert_activation(g.data(), u.data(), n, I, v);
   if (act_block > 0) quantize_activation_rows(g.data(), n, I, act_block, "down_proj input");
-  linear(g.data(), n, I, down, H, y.data());
+  lin(g.data(), n, I, down, H, y.data());
+  add_down_bias(y.data(), n, H, v);
   if (inter) *inter = std::move(g);
   return y;
+}
+
+}  // namespace
+
+std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                  const float* x, int64_t n, int act_block, std::vector<float>* inter,
+                                  const ExpertVariant& v) {
+  return expert_mlp(linear, gate, up, down, H, I, x, n, act_block, inter, v);
+}
+
+std::vector<float> swiglu_forward_ref(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                      const float* x, int64_t n, int act_block, std::vector<float>* inter,
+                                      const ExpertVariant& v) {
+  return expert_mlp(linear_ref, gate, up, down, H, I, x, n, act_block, inter, v);
 }
 
 std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
@@ -194,7 +253,7 @@ std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const floa
   const ExpertWeights& W = layers_.at(l).experts.at(e);
   try {
     return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size,
-                          x, n, fo.expert_act_block(), nullptr);
+                          x, n, fo.expert_act_block(), nullptr, expert_variant(spec_, W));
   } catch (const Error& err) {
     MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
   }
@@ -202,17 +261,14 @@ std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const floa
 
 std::vector<float> DecoderModel::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
                                                 const ForwardOptions& fo) const {
-  const int64_t H = spec_.hidden_size, I = spec_.moe_intermediate_size;
   const ExpertWeights& W = layers_.at(l).experts.at(e);
-  std::vector<float> xin(x, x + n * H), g(n * I), u(n * I), y(n * H);
-  const std::string where = "layer " + std::to_string(l) + " expert " + std::to_string(e) + " ";
-  if (fo.act_quant) quantize_activation_rows(xin.data(), n, H, fo.act_block, (where + "gate_proj/up_proj input").c_str());
-  linear_ref(xin.data(), n, H, W.gate.data(), I, g.data());
-  linear_ref(xin.data(), n, H, W.up.data(), I, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu_mul(g[i], u[i]);
-  if (fo.act_quant) quantize_activation_rows(g.data(), n, I, fo.act_block, (where + "down_proj input").c_str());
-  linear_ref(g.data(), n, I, W.down.data(), H, y.data());
-  return y;
+  try {
+    return swiglu_forward_ref(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size,
+                              spec_.moe_intermediate_size, x, n, fo.expert_act_block(), nullptr,
+                              expert_variant(spec_, W));
+  } catch (const Error& err) {
+    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+  }
 }
 
 namespace {

@@ -28,7 +28,23 @@ struct ExpertWeights {
   std::vector<float> gate;  // [I, H]
   std::vector<float> up;    // [I, H]
   std::vector<float> down;  // [H, I]
+  // Biases of a routed expert where the family has them (spec.expert_bias, gpt-oss): [I], [I], [H]
+  // (y = x Wᵀ + b); empty otherwise. Never compressed (kept bf16 as stored).
+  std::vector<float> gate_bias, up_bias, down_bias;
 };
+
+// What a routed expert computes beyond plain SwiGLU, as a view for swiglu_forward: biases after each
+// projection and gpt-oss's clamped activation (core/swiglu.h clamped_swiglu). The default is plain
+// SwiGLU without biases (every family but gpt-oss).
+struct ExpertVariant {
+  const float* gate_bias = nullptr;  // [I] or null
+  const float* up_bias = nullptr;    // [I] or null
+  const float* down_bias = nullptr;  // [H] or null
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.0f;
+};
+// The variant of expert `w` of a `spec` model (pointers into w's biases: w must outlive it).
+ExpertVariant expert_variant(const io::ModelSpec& spec, const ExpertWeights& w);
 
 struct LayerWeights {
   std::vector<float> input_norm;     // [H]
@@ -46,6 +62,7 @@ struct LayerWeights {
   std::vector<float> post_norm;      // [H]
   std::vector<float> router;         // [E, H]
   std::vector<float> router_bias;    // [E] e_score_correction_bias (spec.router_correction_bias), else empty
+  std::vector<float> router_logit_bias;  // [E] added to the router logits (spec.router_logit_bias, gpt-oss), else empty
   std::vector<ExpertWeights> experts;  // [E]
   // Shared expert of an MoE layer (spec.num_shared_experts > 0): gate/up [Is, H], down [H, Is], Is =
   // shared_expert_intermediate_size; its gate [1, H] when spec.shared_expert_gate. Kept as stored
@@ -152,8 +169,14 @@ class DecoderModel {
 // gate, up: [I, H]; down: [H, I]; x: [n, H] → y [n, H]. act_block > 0 applies NVFP4 activation
 // quantization with that block (Eq. 4's Q_a, W4A4 as deployed); 0 = none. `inter`, if given,
 // receives the down_proj input [n, I] (after Q_a). DecoderModel::expert_forward and the compression
-// pipeline (targets Y_e, down_proj inputs, reconstruction errors) share this one path.
+// pipeline (targets Y_e, down_proj inputs, reconstruction errors) share this one path. With a variant
+// (gpt-oss): g = gate Q_a(x) + b_g, u = up Q_a(x) + b_u, h = clamped_swiglu(g, u), y = down Q_a(h) + b_d.
 std::vector<float> swiglu_forward(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
-                                  const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr);
+                                  const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr,
+                                  const ExpertVariant& v = {});
+// Plain-loop twin of swiglu_forward (no BLAS), same arguments: the oracle of the fast path.
+std::vector<float> swiglu_forward_ref(const float* gate, const float* up, const float* down, int64_t H, int64_t I,
+                                      const float* x, int64_t n, int act_block, std::vector<float>* inter = nullptr,
+                                      const ExpertVariant& v = {});
 
 }  // namespace moesq::model

@@ -2,6 +2,7 @@
 
 #include "model/mixers/mla_mixer.h"
 #include "model/mixers/hybrid_mixer.h"
+#include "model/mixers/sink_attention.h"
 
 namespace moesq::model {
 
@@ -19,6 +20,9 @@ constexpr ModelFamily kFamilies[] = {
     // Gated DeltaNet / gated attention per layer_types (model/mixers/hybrid_mixer.h).
     {"qwen3_next", make_hybrid_mixer},
     {"qwen3_5_moe_text", make_hybrid_mixer},
+    // Sink attention with a sliding window per layer_types and YaRN (model/mixers/sink_attention.h); its
+    // biased top-k-softmax router and clamped, biased experts are data (io::ModelSpec).
+    {"gpt_oss", make_sink_attention_mixer},
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 #include "model/decoder.h"
+#include "model/experts/experts.h"
 #include "model/families.h"
 
 namespace moesq::model {
@@ -57,6 +58,41 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::Quantiz
   count.sparse48 += st == io::ExpertStorage::Sparse48;
   count.nvfp4 += st == io::ExpertStorage::Nvfp4;
   return w;
+}
+
+// The routed experts of MoE layer l of a fused-expert family (gpt-oss, io::LayerTensorNames::fused_*):
+// biases always from the fused bias tensors (a compressed checkpoint keeps them as stored); gate|up and
+// down each from its fused weight when the checkpoint has it (the source), else per expert in Linear
+// layout under io::expert_tensor_prefix (what compression writes).
+void load_fused_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, const io::ModelSpec& s,
+                        const io::LayerTensorNames& names, int64_t l, std::vector<ExpertWeights>& experts,
+                        PackedCount& count, bool& any_packed) {
+  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
+  const std::string gu = io::family_layer_tensor(s, l, names.fused_gate_up, "fused gate_up_proj");
+  const std::string dn = io::family_layer_tensor(s, l, names.fused_down, "fused down_proj");
+  const std::vector<float> gu_bias =  // [E, 2I]
+      dense_weight(ckpt, io::family_layer_tensor(s, l, names.fused_gate_up_bias, "gate_up_proj bias"), {E, 2 * I});
+  const std::vector<float> dn_bias =  // [E, H]
+      dense_weight(ckpt, io::family_layer_tensor(s, l, names.fused_down_bias, "down_proj bias"), {E, H});
+  std::vector<float> gu_w, dn_w;  // [E, H, 2I], [E, I, H] (empty: per-expert tensors)
+  if (ckpt.has(gu)) gu_w = dense_weight(ckpt, gu, {E, H, 2 * I});
+  if (ckpt.has(dn)) dn_w = dense_weight(ckpt, dn, {E, I, H});
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& W = experts[e];
+    unpack_fused_gate_up(gu_w.empty() ? nullptr : gu_w.data(), gu_bias.data(), E, H, I, e, W);
+    unpack_fused_down(dn_w.empty() ? nullptr : dn_w.data(), dn_bias.data(), E, H, I, e, W);
+    for (int p = 0; p < 3; ++p) {
+      const bool fused = p < 2 ? !gu_w.empty() : !dn_w.empty();
+      if (fused) continue;
+      const std::string prefix = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
+      if (io::has_packed_projection(ckpt, prefix)) any_packed = true;
+      MOESQ_CHECK(ckpt.has(prefix + io::kWeight) || io::has_packed_projection(ckpt, prefix), ckpt.dir(),
+                  ": layer ", l, " has neither the fused tensor ", p < 2 ? gu : dn, " nor the per-expert ", prefix,
+                  io::kWeightPacked);
+      std::vector<float>& dst = p == 0 ? W.gate : p == 1 ? W.up : W.down;
+      dst = load_projection(ckpt, q, prefix, p < 2 ? I : H, p < 2 ? H : I, count);
+    }
+  }
 }
 
 }  // namespace
@@ -145,6 +181,13 @@ class ModelLoader {
           MOESQ_CHECK(names.shared_expert_gate, s.model_type, ": a shared-expert gate without a tensor name");
           L.shared_expert_gate = get(names.shared_expert_gate, {1, H});
         }
+      }
+      if (s.router_logit_bias)
+        L.router_logit_bias =
+            dense_weight(ckpt, io::family_layer_tensor(s, l, names.router_logit_bias, "router logit bias"), {E});
+      if (names.fused_gate_up) {
+        load_fused_experts(ckpt, q, s, names, l, L.experts, count, any_packed);
+        continue;
       }
       for (int64_t e = 0; e < E; ++e) {
         ExpertWeights& W = L.experts[e];

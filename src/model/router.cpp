@@ -55,6 +55,21 @@ void grouped_choice(const RouterSpec& rs, const float* p, const float* bias, flo
     if (!keep[e / per]) c[e] = 0.0f;  // transformers: masked_fill(~mask, 0.0)
 }
 
+// GptOssTopKRouter: top-k of the logits z (ties to the lower id), weights = softmax over those k
+// logits in fp32 (max-subtracted). Every weight set sums to one, so there is no renormalisation step.
+void topk_softmax_row(const float* z, int64_t E, int64_t K, std::vector<int32_t>& order, int32_t* ids, float* w) {
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                    [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+  const float mx = z[order[0]];
+  float sum = 0.0f;
+  for (int64_t j = 0; j < K; ++j) sum += (w[j] = std::exp(z[order[j]] - mx));
+  for (int64_t j = 0; j < K; ++j) {
+    ids[j] = order[j];
+    w[j] /= sum;
+  }
+}
+
 }  // namespace
 
 Routes select_routes(const RouterSpec& rs, std::vector<float> logits, int64_t n, const float* bias) {
@@ -78,6 +93,10 @@ Routes select_routes(const RouterSpec& rs, std::vector<float> logits, int64_t n,
   const bool sigmoid = rs.scoring == io::RouterScoring::Sigmoid;
   for (int64_t t = 0; t < n; ++t) {
     const float* z = &r.logits[t * E];
+    if (rs.scoring == io::RouterScoring::TopkSoftmax) {
+      topk_softmax_row(z, E, K, order, &r.expert[t * K], &r.weight[t * K]);
+      continue;
+    }
     if (sigmoid) {
       for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
       grouped_choice(rs, p.data(), rs.correction_bias ? bias : nullptr, c.data());

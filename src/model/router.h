@@ -1,7 +1,9 @@
 // The routers of the supported families as DATA (RouterSpec, read from io::ModelSpec), one function
 // that turns router logits into routes. Covers softmax routers (Qwen, Mixtral, OLMoE: softmax → top-k
 // → optional renormalisation) and sigmoid routers with a selection bias and grouped top-k
-// (DeepSeek-V3: transformers DeepseekV3TopkRouter / DeepseekV3MoE.route_tokens_to_experts).
+// (DeepSeek-V3: transformers DeepseekV3TopkRouter / DeepseekV3MoE.route_tokens_to_experts), and
+// top-k-then-softmax routers over biased logits (gpt-oss: GptOssTopKRouter; the logit bias is added by
+// the caller, DecoderModel::route).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -32,7 +34,8 @@ RouterSpec router_spec(const io::ModelSpec& s);
 // (equal scores → lower expert id), p_topk / Σ p_topk when norm_topk_prob. Sigmoid: p = σ(z),
 // choice c = p + bias (bias [E] or nullptr), groups of E/n_group experts scored by the sum of their two
 // best c, experts outside the topk_group best groups get c = 0, top-k of c, weights p of the chosen,
-// renormalised when norm_topk_prob. Weights × routed_scaling_factor last. Errors: k ∉ [1, E], groups
+// renormalised when norm_topk_prob. TopkSoftmax: top-k of z itself, weights = softmax over those k
+// logits (norm_topk_prob and routed_scaling_factor do not apply). Weights × routed_scaling_factor last. Errors: k ∉ [1, E], groups
 // that do not divide E, a bias required but missing.
 Routes select_routes(const RouterSpec& rs, std::vector<float> logits, int64_t n, const float* bias);
 

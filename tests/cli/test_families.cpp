@@ -1,5 +1,6 @@
 // End-to-end CLI runs on the non-Qwen3 family fixtures (tests/fixtures/families: qwen2_moe with a shared
-// expert + gate and a dense layer, mixtral with w1/w2/w3 names, olmoe): `inspect`, `eval` against
+// expert + gate and a dense layer, mixtral with w1/w2/w3 names, olmoe, deepseek_v3, gpt_oss with fused
+// biased experts written back per expert): `inspect`, `eval` against
 // transformers' cross-entropy, `compress --method sgptq` and `--method moesq --epochs 1`, and the
 // compressed round trip. The contract checked: compression replaces ROUTED-expert projections only —
 // routers, shared experts and their gates, dense MLP layers, attention, norms and embeddings come out
@@ -113,8 +114,14 @@ TEST_P(CliFamilies, InspectListsWhatIsNotCompressed) {
     EXPECT_EQ(nc["router_bias"].get<int64_t>(), moe_layers);
     EXPECT_EQ(nc["dense_mlp_layers"], json::array({0}));  // first_k_dense_replace = 1
     EXPECT_EQ(nc["dense_mlp"].get<int64_t>(), 3);
+  } else if (arch == "gpt-oss") {  // router logit bias; fused experts' gate_up / down biases, kept as stored
+    EXPECT_EQ(nc["router_bias"].get<int64_t>(), moe_layers);
+    EXPECT_EQ(nc["expert_bias"].get<int64_t>(), 2 * moe_layers);
+    EXPECT_EQ(nc["shared_expert"].get<int64_t>(), 0);
+    EXPECT_TRUE(nc["dense_mlp_layers"].empty());
   } else {
     EXPECT_EQ(nc["shared_expert"].get<int64_t>(), 0);
+    EXPECT_EQ(nc["expert_bias"].get<int64_t>(), 0);
     EXPECT_TRUE(nc["dense_mlp_layers"].empty());
   }
 }
@@ -149,6 +156,10 @@ TEST_P(CliFamilies, CompressKeepsNonRoutedTensorsAndRoundTrips) {
       kept_dst.insert(n);
     }
     EXPECT_EQ(kept_src, kept_dst) << arch << " " << method << ": non-routed tensor set changed";
+    if (arch == "gpt-oss")  // the byte-identical check below covers the biases and the biased router
+      for (const char* rest : {"mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias", "mlp.router.bias",
+                               "mlp.router.weight"})
+        EXPECT_TRUE(kept_src.count(moesq::io::layer_tensor(1, rest))) << rest;
     for (const std::string& n : kept_src) {
       if (!dst.has(n)) continue;
       const moesq::io::TensorView &a = src.get(n), &b = dst.get(n);
@@ -174,7 +185,7 @@ TEST_P(CliFamilies, CompressKeepsNonRoutedTensorsAndRoundTrips) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CliFamilies, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3"),
+INSTANTIATE_TEST_SUITE_P(Families, CliFamilies, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3", "gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -24,17 +24,25 @@ TEST(TensorNames, ParsesWhatItBuilds) {
   EXPECT_EQ(t->suffix, "weight_packed");
 }
 
-// The exporter's test (was a regex): the three projections with any suffix, nothing else.
+// The exporter's test (was a regex): the three projections with any suffix, and the two fused expert
+// weights of a layer (gpt-oss; exact names, their biases excluded), nothing else.
 TEST(TensorNames, ExpertTensorTest) {
   for (const char* ok : {"model.layers.0.mlp.experts.0.gate_proj.weight",
                          "model.layers.10.mlp.experts.127.down_proj.weight_scale",
-                         "model.layers.2.mlp.experts.3.up_proj.weight.extra"})
+                         "model.layers.2.mlp.experts.3.up_proj.weight.extra", "model.layers.0.mlp.experts.gate_up_proj",
+                         "model.layers.23.mlp.experts.down_proj"})
     EXPECT_TRUE(is_expert_tensor(ok)) << ok;
   for (const char* no : {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.gate_proj.weight",
                          "model.layers.0.mlp.experts.0.w1.weight", "model.layers.x.mlp.experts.0.up_proj.weight",
                          "model.layers.0.mlp.experts..up_proj.weight", "model.layers.0.mlp.experts.0.up_proj",
-                         "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj"})
+                         "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj_bias",
+                         "model.layers.0.mlp.experts.down_proj_bias", "model.layers.0.mlp.experts.gate_up_proj.weight",
+                         "model.layers.x.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up",
+                         "model.layers.0.mlp.router.weight"})
     EXPECT_FALSE(is_expert_tensor(no)) << no;
+  int64_t layer = -1;
+  EXPECT_TRUE(is_fused_expert_weight("model.layers.17.mlp.experts.down_proj", &layer));
+  EXPECT_EQ(layer, 17);
   // Mixtral's names live under block_sparse_moe only (and never the Qwen spellings there).
   EXPECT_TRUE(is_expert_tensor("model.layers.1.block_sparse_moe.experts.7.w1.weight"));
   EXPECT_TRUE(is_expert_tensor("model.layers.1.block_sparse_moe.experts.7.w2.weight_packed"));

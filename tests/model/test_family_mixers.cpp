@@ -1,18 +1,23 @@
 // The family mixers, routers and experts on fresh random inputs (fixed seeds, never zeros), fast
 // path vs plain-loop twin, over awkward shapes: Gated DeltaNet (incl. state continuation and
 // Qwen3-Next's fused layout), attention (gate, sinks, window, biases, partial RoPE, KV-cache
-// decode), YaRN frequencies against an independent double-precision formula, both routers and the
-// clamped SwiGLU expert with its fused-tensor unpacking.
+// decode), YaRN frequencies against an independent double-precision formula, the softmax router,
+// gpt-oss's top-k-softmax router and clamped, biased SwiGLU expert (model::swiglu_forward with an
+// ExpertVariant, against its twin and a double-precision definition) with its fused-tensor unpacking.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "model/decoder.h"
 #include "model/experts/experts.h"
 #include "model/mixers/gated_attention.h"
 #include "model/mixers/gated_deltanet.h"
 #include "model/mixers/rope_hybrid.h"
+#include "model/ops.h"
+#include "model/router.h"
 #include "model/routers/routers.h"
 #include "support/family_reference.h"
 
@@ -248,29 +253,75 @@ TEST(Routers, TwinsAndSelectionRules) {
     const Routes a_ref = softmax_topk_route_ref(W, E, H, x.data(), n, k, true);
     EXPECT_LE(max_abs_diff(a.logits.data(), a_ref.logits.data(), a.logits.size()), kTwinAtol);
     EXPECT_EQ(a.expert, a_ref.expert) << "k " << k;
-    const Routes c = topk_softmax_route(W, b, E, H, x.data(), n, k);
-    const Routes c_ref = topk_softmax_route_ref(W, b, E, H, x.data(), n, k);
-    EXPECT_EQ(c.expert, c_ref.expert) << "k " << k;
+    // gpt-oss's router (model/router.h TopkSoftmax) on biased logits z = x Wᵀ + b, against its
+    // definition in double: the k largest logits, weights = softmax over them.
+    std::vector<float> z(n * E);
+    linear_ref(x.data(), n, H, W.data(), E, z.data());
+    add_bias_rows(z.data(), n, E, b);
+    RouterSpec rs;
+    rs.num_experts = E;
+    rs.top_k = k;
+    rs.scoring = moesq::io::RouterScoring::TopkSoftmax;
+    const Routes c = select_routes(rs, z, n, nullptr);
+    EXPECT_EQ(c.logits, z);
     for (int64_t t = 0; t < n; ++t) {
-      double sa = 0, sc = 0;
+      double sa = 0, sc = 0, den = 0;
+      const float* zt = &z[t * E];
+      const float zmax = *std::max_element(zt, zt + E);
+      for (int64_t j = 0; j < k; ++j) den += std::exp(static_cast<double>(zt[c.expert[t * k + j]]) - zmax);
       for (int64_t j = 0; j < k; ++j) {
         sa += a.weight[t * k + j];
         sc += c.weight[t * k + j];
-        if (j > 0) EXPECT_GE(c.logits[t * E + c.expert[t * k + j - 1]], c.logits[t * E + c.expert[t * k + j]]);
+        const int32_t e = c.expert[t * k + j];
+        EXPECT_NEAR(c.weight[t * k + j], std::exp(static_cast<double>(zt[e]) - zmax) / den, 1e-6);
+        if (j > 0) EXPECT_GE(zt[c.expert[t * k + j - 1]], zt[e]);
       }
+      // No expert outside the top-k has a larger logit than the smallest chosen one.
+      const float kth = zt[c.expert[t * k + k - 1]];
+      for (int64_t e = 0; e < E; ++e)
+        if (std::find(&c.expert[t * k], &c.expert[t * k] + k, e) == &c.expert[t * k] + k) EXPECT_LE(zt[e], kth);
       EXPECT_NEAR(sa, 1.0, 1e-6);
       EXPECT_NEAR(sc, 1.0, 1e-6);
     }
   }
   // Integer case: with W = 0 the bias alone decides; equal logits go to the lower id.
-  const std::vector<float> W0(E * H, 0.0f), x1 = rnd(H, g);
   std::vector<float> bias(E, 0.0f);
   bias[7] = 3.0f;
   bias[2] = 1.0f;
   bias[9] = 1.0f;
-  const Routes t = topk_softmax_route_ref(W0, bias, E, H, x1.data(), 1, 3);
+  RouterSpec rs;
+  rs.num_experts = E;
+  rs.top_k = 3;
+  rs.scoring = moesq::io::RouterScoring::TopkSoftmax;
+  std::vector<float> z1(E, 0.0f);
+  add_bias_rows(z1.data(), 1, E, bias);
+  const Routes t = select_routes(rs, z1, 1, nullptr);
   EXPECT_EQ(t.expert, (std::vector<int32_t>{7, 2, 9}));
   EXPECT_NEAR(t.weight[0], std::exp(3.0) / (std::exp(3.0) + 2 * std::exp(1.0)), 1e-6);
+}
+
+// gpt-oss's expert in double from its definition (transformers GptOssExperts) on Linear-layout weights.
+std::vector<double> gpt_oss_expert_def(const ExpertWeights& w, int64_t H, int64_t I, const float* x, int64_t n,
+                                       double alpha, double limit) {
+  std::vector<double> y(n * H), h(I);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < I; ++i) {
+      double gg = w.gate_bias[i], uu = w.up_bias[i];
+      for (int64_t c = 0; c < H; ++c) {
+        gg += static_cast<double>(x[t * H + c]) * w.gate[i * H + c];
+        uu += static_cast<double>(x[t * H + c]) * w.up[i * H + c];
+      }
+      gg = std::min(gg, limit);
+      uu = std::clamp(uu, -limit, limit);
+      h[i] = (uu + 1.0) * gg / (1.0 + std::exp(-alpha * gg));
+    }
+    for (int64_t c = 0; c < H; ++c) {
+      double acc = w.down_bias[c];
+      for (int64_t i = 0; i < I; ++i) acc += h[i] * w.down[c * I + i];
+      y[t * H + c] = acc;
+    }
+  }
+  return y;
 }
 
 TEST(Experts, ClampedSwigluTwinsAndFusedUnpack) {
@@ -279,24 +330,48 @@ TEST(Experts, ClampedSwigluTwinsAndFusedUnpack) {
   // Large scale so that both clamps (gate ≤ 7, |up| ≤ 7) are active on some elements.
   const std::vector<float> gate_up = rnd(E * H * 2 * I, g, 1.5f), gub = rnd(E * 2 * I, g, 1.0f);
   const std::vector<float> down = rnd(E * I * H, g, 0.3f), db = rnd(E * H, g, 0.2f);
+  moesq::io::ModelSpec spec;
+  spec.clamped_swiglu = true;
+  spec.expert_bias = true;
   for (int64_t e = 0; e < E; ++e) {
-    const BiasedExpertWeights w = unpack_gpt_oss_expert(gate_up, gub, down, db, E, H, I, e);
+    ExpertWeights w;
+    unpack_fused_gate_up(gate_up.data(), gub.data(), E, H, I, e, w);
+    unpack_fused_down(down.data(), db.data(), E, H, I, e, w);
     for (int64_t c = 0; c < H; ++c)
       for (int64_t i = 0; i < I; ++i) {
         ASSERT_EQ(w.gate[i * H + c], gate_up[(e * H + c) * 2 * I + 2 * i]);
         ASSERT_EQ(w.up[i * H + c], gate_up[(e * H + c) * 2 * I + 2 * i + 1]);
         ASSERT_EQ(w.down[c * I + i], down[(e * I + i) * H + c]);
       }
+    for (int64_t i = 0; i < I; ++i) {
+      ASSERT_EQ(w.gate_bias[i], gub[e * 2 * I + 2 * i]);
+      ASSERT_EQ(w.up_bias[i], gub[e * 2 * I + 2 * i + 1]);
+    }
+    for (int64_t c = 0; c < H; ++c) ASSERT_EQ(w.down_bias[c], db[e * H + c]);
+    const ExpertVariant v = expert_variant(spec, w);
     for (int64_t n : {1, 3, 9}) {
       const std::vector<float> x = rnd(n * H, g, 2.0f);
-      const std::vector<float> y = clamped_swiglu_forward(w, H, I, x.data(), n, 1.702, 7.0);
-      const std::vector<float> y_ref = clamped_swiglu_forward_ref(w, H, I, x.data(), n, 1.702, 7.0);
+      const auto run = [&](bool ref, const ExpertVariant& var) {
+        return (ref ? swiglu_forward_ref : swiglu_forward)(w.gate.data(), w.up.data(), w.down.data(), H, I, x.data(),
+                                                           n, 0, nullptr, var);
+      };
+      const std::vector<float> y = run(false, v), y_ref = run(true, v);
+      const std::vector<double> y_def = gpt_oss_expert_def(w, H, I, x.data(), n, 1.702, 7.0);
       // Outputs here reach O(10) (clamps active): the twin budget scales with the output magnitude.
-      EXPECT_LE(max_abs_diff(y.data(), y_ref.data(), y.size()), kTwinAtol * std::max(1.0, max_abs(y_ref)))
-          << "expert " << e << " n " << n;
+      const double scale = std::max(1.0, max_abs(y_ref));
+      EXPECT_LE(max_abs_diff(y.data(), y_ref.data(), y.size()), kTwinAtol * scale) << "expert " << e << " n " << n;
+      double def_err = 0;
+      for (size_t i = 0; i < y.size(); ++i) def_err = std::max(def_err, std::fabs(y_ref[i] - y_def[i]));
+      EXPECT_LE(def_err, kTwinAtol * scale) << "expert " << e << " n " << n << ": not GptOssExperts' expert";
       EXPECT_GT(max_abs(y), 1e-3);
-      const std::vector<float> y_open = clamped_swiglu_forward_ref(w, H, I, x.data(), n, 1.702, 1e9);
+      ExpertVariant open = v;
+      open.limit = 1e9f;
+      const std::vector<float> y_open = run(true, open);
       if (n == 9) EXPECT_GT(max_abs_diff(y_open.data(), y_ref.data(), y.size()), 1e-3) << "the clamp must bite";
+      ExpertVariant plain = v;
+      plain.clamped = false;
+      plain.gate_bias = plain.up_bias = plain.down_bias = nullptr;
+      EXPECT_GT(max_abs_diff(run(false, plain).data(), y.data(), y.size()), 1e-3) << "the variant must matter";
     }
   }
 }

@@ -226,7 +226,7 @@ TEST_P(FamilyParity, KvDecoderMatchesFullForward) {
   EXPECT_LE(e, kDecodeAtol) << arch;
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyParity, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3"),
+INSTANTIATE_TEST_SUITE_P(Families, FamilyParity, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3", "gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

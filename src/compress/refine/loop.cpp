@@ -68,7 +68,7 @@ void gather(const std::vector<float>& Xq, const float* Y_ref, const std::vector<
   out.inv_norm = sum_w > 0 ? 1.0 / (sum_w * static_cast<double>(H)) : 0.0;
 }
 
-ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_block) {
+ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_block, const model::ExpertVariant& v) {
   ObjectiveInput<float> in;
   in.m = r.m;
   in.H = H;
@@ -78,6 +78,12 @@ ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_bloc
   in.w = r.w.data();
   in.inv_norm = r.inv_norm;
   in.act_block = act_block;
+  in.b_gate = v.gate_bias;
+  in.b_up = v.up_bias;
+  in.b_down = v.down_bias;
+  in.clamped = v.clamped;
+  in.alpha = v.alpha;
+  in.limit = v.limit;
   return in;
 }
 
@@ -109,12 +115,12 @@ void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector
 
 double packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
                    const format::Sparse48Tensor& d, const Rows& rows, int64_t H, int64_t I,
-                   const RefineOptions& o, ObjectiveWorkspace& ws) {
+                   const RefineOptions& o, const model::ExpertVariant& v, ObjectiveWorkspace& ws) {
   std::vector<float> Wg(I * H), Wu(I * H), Wd(H * I);
   format::sparse48_dequantize(g, Wg.data());
   format::sparse48_dequantize(u, Wu.data());
   format::sparse48_dequantize(d, Wd.data());
-  return expert_loss(input_of(rows, H, I, o.act_block), Wg.data(), Wu.data(), Wd.data(), true,
+  return expert_loss(input_of(rows, H, I, o.act_block, v), Wg.data(), Wu.data(), Wd.data(), true,
                      o.micro_batch, ws);
 }
 
@@ -235,7 +241,7 @@ class ExpertRefinement {
     }
     if (all_packed_) {
       res.init_hard_loss = packed_loss(*init_[0]->packed, *init_[1]->packed, *init_[2]->packed, eval_rows_, H_, I_,
-                                       o_, ws_);
+                                       o_, data_.variant, ws_);
     } else {
       res.init_hard_loss = eval_loss(true, o_.kappa0, o_.tau0);
     }
@@ -262,7 +268,7 @@ class ExpertRefinement {
         gather(Xq_, data_.Y_ref, w_, &idx[b0], std::min(o_.batch, n_train - b0), H_, batch);
         kappa = linear_schedule(o_.kappa0, o_.kappa1, t, num_steps);
         tau = linear_schedule(o_.tau0, o_.tau1, t, num_steps);
-        ObjectiveInput<float> in = input_of(batch, H_, I_, o_.act_block);
+        ObjectiveInput<float> in = input_of(batch, H_, I_, o_.act_block, data_.variant);
         in.kappa = kappa;
         in.tau = tau;
         in.fixed = fixed_;
@@ -299,7 +305,7 @@ class ExpertRefinement {
       for (size_t r = 0; r < pat[j].size(); ++r, ++total) changed += pat[j][r] != prior_[j][r];
     res.pattern_change = total ? static_cast<double>(changed) / static_cast<double>(total) : 0.0;
     pack(P_, pat, res);
-    res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, ws_);
+    res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, data_.variant, ws_);
     if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
       return_init("refined expert worse on held-out rows than SGPTQ: kept the SGPTQ solution", res);
       res.final_hard_loss = res.init_hard_loss;
@@ -333,7 +339,7 @@ class ExpertRefinement {
   }
 
   double eval_loss(bool hard, double kappa, double tau) {
-    ObjectiveInput<float> in = input_of(eval_rows_, H_, I_, o_.act_block);
+    ObjectiveInput<float> in = input_of(eval_rows_, H_, I_, o_.act_block, data_.variant);
     in.kappa = kappa;
     in.tau = tau;
     std::array<std::vector<uint8_t>, 3> pat;

@@ -21,6 +21,7 @@
 
 #include "compress/refine/options.h"
 #include "format/nvfp4.h"
+#include "model/decoder.h"
 
 namespace moesq::compress {
 
@@ -34,6 +35,9 @@ struct ExpertData {
   // Training rows the schedule rule is applied to when RefineOptions::rule_per_expert is false
   // (the layer's mean per expert); 0: this expert's own training rows.
   int64_t schedule_rows = 0;
+  // The expert's biases and activation beyond plain SwiGLU (gpt-oss; model::expert_variant): the
+  // biases stay constant, the loss and its gradient run through them.
+  model::ExpertVariant variant;
 };
 
 // Initial solution of one projection W [N, K] (gate/up [I, H], down [H, I]).

@@ -71,6 +71,15 @@ void support_backward(const ObjectiveInput<T>& in, const ProjState<T>& p, int j,
                      in.kappa, in.tau, relaxed ? g.A.data() : nullptr, g.V.data());
 }
 
+// a|b [2I] of one row += b_gate|b_up (gpt-oss); nothing without biases.
+template <typename T>
+void add_biases(const ObjectiveInput<T>& in, T* ab, int64_t I) {
+  if (in.b_gate)
+    for (int64_t c = 0; c < I; ++c) ab[c] += in.b_gate[c];
+  if (in.b_up)
+    for (int64_t c = 0; c < I; ++c) ab[I + c] += in.b_up[c];
+}
+
 // One micro-batch of rows through the expert: returns its loss, accumulates dW when asked.
 double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, bool quant,
                     ObjectiveWorkspace& ws, bool want_grad) {
@@ -84,15 +93,23 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
   // a|b = X · W_guᵀ   [mm, 2I]
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mm, I2, H, 1.0f, X, H, ws.W_gu.data(), H,
               0.0f, ws.gu.data(), I2);
+  const float alpha = static_cast<float>(in.alpha), limit = static_cast<float>(in.limit);
   for (int64_t i = 0; i < mm; ++i) {
-    const float* a = &ws.gu[i * I2];
+    float* a = &ws.gu[i * I2];
     float* h = &ws.h[i * I];
-    for (int64_t c = 0; c < I; ++c) h[c] = silu_mul_with_sigmoid(a[c], sigmoid(a[c]), a[I + c]);
+    add_biases(in, a, I);
+    if (in.clamped)
+      for (int64_t c = 0; c < I; ++c) h[c] = clamped_swiglu(a[c], a[I + c], alpha, limit);
+    else
+      for (int64_t c = 0; c < I; ++c) h[c] = silu_mul_with_sigmoid(a[c], sigmoid(a[c]), a[I + c]);
     if (quant) format::quantize_activation_row(h, I, in.act_block);  // Q_a(h), STE below
   }
-  // Ŷ = Q_a(h) · W_downᵀ   [mm, H]
+  // Ŷ = Q_a(h) · W_downᵀ (+ b_down)   [mm, H]
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mm, H, I, 1.0f, ws.h.data(), I,
               ws.W_down.data(), I, 0.0f, ws.y.data(), H);
+  if (in.b_down)
+    for (int64_t i = 0; i < mm; ++i)
+      for (int64_t o = 0; o < H; ++o) ws.y[i * H + o] += in.b_down[o];
   double loss = 0.0;
   if (want_grad) ws.dy.resize(mm * H);
   for (int64_t i = 0; i < mm; ++i) {
@@ -119,6 +136,15 @@ double expert_chunk(const ObjectiveInput<float>& in, int64_t r0, int64_t mm, boo
     const float* a = &ws.gu[i * I2];
     const float* dh = &ws.dh[i * I];
     float* d = &ws.dgu[i * I2];
+    if (in.clamped) {
+      for (int64_t c = 0; c < I; ++c) {
+        float dga = 0.0f, dgb = 0.0f;
+        clamped_swiglu_grad(a[c], a[I + c], alpha, limit, &dga, &dgb);
+        d[c] = dh[c] * dga;
+        d[I + c] = dh[c] * dgb;
+      }
+      continue;
+    }
     for (int64_t c = 0; c < I; ++c) {
       const float s = sigmoid(a[c]), silu = a[c] * s;
       d[c] = dh[c] * a[I + c] * s * (1.0f + a[c] * (1.0f - s));  // silu'(a) = σ(1 + a(1 − σ))
@@ -221,6 +247,7 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
   }
   // Expert forward.
   std::vector<T> a(m * I), b(m * I), hq(m * I), y(m * H);
+  const T alpha = static_cast<T>(in.alpha), limit = static_cast<T>(in.limit);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t c = 0; c < I; ++c) {
       T sa = 0, sb = 0;
@@ -228,9 +255,11 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
         sa += in.X[i * H + k] * W[kGate][c * H + k];
         sb += in.X[i * H + k] * W[kUp][c * H + k];
       }
+      if (in.b_gate) sa += in.b_gate[c];
+      if (in.b_up) sb += in.b_up[c];
       a[i * I + c] = sa;
       b[i * I + c] = sb;
-      hq[i * I + c] = silu_mul_with_sigmoid(sa, sigmoid(sa), sb);
+      hq[i * I + c] = in.clamped ? clamped_swiglu(sa, sb, alpha, limit) : silu_mul_with_sigmoid(sa, sigmoid(sa), sb);
     }
   if (mode == QuantMode::kSte) {
     if (res) res->h.resize(m * I);
@@ -250,7 +279,7 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
     for (int64_t o = 0; o < H; ++o) {
       T s = 0;
       for (int64_t c = 0; c < I; ++c) s += hq[i * I + c] * W[kDown][o * I + c];
-      y[i * H + o] = s;
+      y[i * H + o] = in.b_down ? s + in.b_down[o] : s;
     }
   double loss = 0.0;
   for (int64_t i = 0; i < m; ++i) {
@@ -278,8 +307,14 @@ double objective_ref_impl(const ObjectiveInput<T>& in, const std::array<ProjStat
   for (int64_t i = 0; i < m; ++i)
     for (int64_t c = 0; c < I; ++c) {
       const T av = a[i * I + c], s = sigmoid(av);
-      const T da = dh[i * I + c] * b[i * I + c] * s * (T(1) + av * (T(1) - s));
-      const T db = dh[i * I + c] * av * s;
+      T da = dh[i * I + c] * b[i * I + c] * s * (T(1) + av * (T(1) - s));
+      T db = dh[i * I + c] * av * s;
+      if (in.clamped) {
+        T dga = 0, dgb = 0;
+        clamped_swiglu_grad(av, b[i * I + c], alpha, limit, &dga, &dgb);
+        da = dh[i * I + c] * dga;
+        db = dh[i * I + c] * dgb;
+      }
       for (int64_t k = 0; k < H; ++k) {
         dW_gate[c * H + k] += da * in.X[i * H + k];
         dW_up[c * H + k] += db * in.X[i * H + k];

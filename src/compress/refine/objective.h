@@ -3,6 +3,7 @@
 //   per projection j ∈ {gate, up, down}:  π = softmax((κA + G)/τ), Z = Σ π_p ρ_p, Y = Z ⊙ V,
 //                                         W̃ = Q_w(Y)   (Eq. 3 with the NVFP4 scales of Eq. 5)
 //   expert:  a|b = Xq·[W̃_gate; W̃_up]ᵀ,  h = silu(a) ⊙ b,  Ŷ = Q_a(h)·W̃_downᵀ
+//            (gpt-oss: a|b += b_gate|b_up, h = clamped_swiglu(a, b), Ŷ += b_down; ObjectiveInput)
 //   loss:    L = Σ_i w_i ‖Y_ref,i − Ŷ_i‖² · inv_norm,   w_i = g_i^p,  inv_norm = 1/(Σ_batch w · H)
 //
 // Backward, written out (no autograd): dŶ = 2 w ⊙ (Ŷ − Y_ref)·inv_norm; dW̃_down = dŶᵀ·Q_a(h);
@@ -49,6 +50,14 @@ struct ObjectiveInput {
                                           // the hard argmax evaluation); overrides A and G
   double kappa = 100.0, tau = 2.0;        // logit scale κ and temperature τ of Eq. 2
   int act_block = 32;                     // Q_a block along H and along I
+  // The expert's variant (gpt-oss; model::ExpertVariant): constant biases after gate / up / down
+  // ([I], [I], [H]; null = none), and with `clamped` h = clamped_swiglu(a, b) (core/swiglu.h) instead
+  // of silu(a) ⊙ b, its gradient zero where a clamp is active.
+  const T* b_gate = nullptr;
+  const T* b_up = nullptr;
+  const T* b_down = nullptr;
+  bool clamped = false;
+  double alpha = 1.702, limit = 7.0;
 };
 
 // Quantizer treatment in objective_ref.

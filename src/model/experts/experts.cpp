@@ -1,8 +1,6 @@
-// Expert pieces (see the header). The clamped SwiGLU follows GptOssExperts' fp32 order exactly:
-// clamp, then glu = g · σ(g · alpha), then (u + 1) · glu.
+// Expert pieces (see the header). The fused-layout unpacking is a pure re-indexing: every value is
+// copied, none is rounded, so a compressed gpt-oss checkpoint starts from exactly the source weights.
 #include "model/experts/experts.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstring>
@@ -52,95 +50,37 @@ std::vector<float> routed_combine(const Routes& r, int64_t E, int64_t H, const f
   return y;
 }
 
-namespace {
-
-float clamped_glu(float g, float u, float alpha, float limit) {
-  g = std::min(g, limit);
-  u = std::clamp(u, -limit, limit);
-  return (u + 1.0f) * (g * sigmoid(g * alpha));
-}
-
-void check_biased(const BiasedExpertWeights& w, int64_t H, int64_t I) {
-  MOESQ_CHECK(static_cast<int64_t>(w.gate.size()) == I * H && static_cast<int64_t>(w.up.size()) == I * H &&
-                  static_cast<int64_t>(w.down.size()) == H * I && static_cast<int64_t>(w.gate_bias.size()) == I &&
-                  static_cast<int64_t>(w.up_bias.size()) == I && static_cast<int64_t>(w.down_bias.size()) == H,
-              "clamped_swiglu: weights do not match H = ", H, ", I = ", I);
-}
-
-void gemm_nt(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
-  if (M == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-              1.0f, x, static_cast<int>(K), W, static_cast<int>(K), 0.0f, y, static_cast<int>(N));
-}
-
-}  // namespace
-
-std::vector<float> clamped_swiglu_forward(const BiasedExpertWeights& w, int64_t H, int64_t I, const float* x,
-                                          int64_t n, double alpha, double limit) {
-  check_biased(w, H, I);
-  std::vector<float> g(n * I), u(n * I), y(n * H);
-  gemm_nt(x, n, H, w.gate.data(), I, g.data());
-  gemm_nt(x, n, H, w.up.data(), I, u.data());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < I; ++i)
-      g[t * I + i] = clamped_glu(g[t * I + i] + w.gate_bias[i], u[t * I + i] + w.up_bias[i], static_cast<float>(alpha),
-                                 static_cast<float>(limit));
-  gemm_nt(g.data(), n, I, w.down.data(), H, y.data());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t c = 0; c < H; ++c) y[t * H + c] += w.down_bias[c];
-  return y;
-}
-
-std::vector<float> clamped_swiglu_forward_ref(const BiasedExpertWeights& w, int64_t H, int64_t I, const float* x,
-                                              int64_t n, double alpha, double limit) {
-  check_biased(w, H, I);
-  std::vector<float> h(I), y(n * H);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < I; ++i) {
-      float g = 0.0f, u = 0.0f;
-      for (int64_t c = 0; c < H; ++c) {
-        g += x[t * H + c] * w.gate[i * H + c];
-        u += x[t * H + c] * w.up[i * H + c];
+void unpack_fused_gate_up(const float* gate_up, const float* gate_up_bias, int64_t E, int64_t H, int64_t I, int64_t e,
+                          ExpertWeights& w) {
+  MOESQ_CHECK(e >= 0 && e < E, "gpt-oss experts: expert ", e, " of ", E);
+  if (gate_up) {
+    const float* gu = &gate_up[e * H * 2 * I];  // [H, 2I]
+    w.gate.resize(I * H);
+    w.up.resize(I * H);
+    for (int64_t c = 0; c < H; ++c)
+      for (int64_t i = 0; i < I; ++i) {
+        w.gate[i * H + c] = gu[c * 2 * I + 2 * i];
+        w.up[i * H + c] = gu[c * 2 * I + 2 * i + 1];
       }
-      h[i] = clamped_glu(g + w.gate_bias[i], u + w.up_bias[i], static_cast<float>(alpha), static_cast<float>(limit));
-    }
-    for (int64_t c = 0; c < H; ++c) {
-      float acc = 0.0f;
-      for (int64_t i = 0; i < I; ++i) acc += h[i] * w.down[c * I + i];
-      y[t * H + c] = acc + w.down_bias[c];
-    }
   }
-  return y;
-}
-
-BiasedExpertWeights unpack_gpt_oss_expert(const std::vector<float>& gate_up, const std::vector<float>& gate_up_bias,
-                                          const std::vector<float>& down, const std::vector<float>& down_bias,
-                                          int64_t E, int64_t H, int64_t I, int64_t e) {
-  MOESQ_CHECK(static_cast<int64_t>(gate_up.size()) == E * H * 2 * I &&
-                  static_cast<int64_t>(gate_up_bias.size()) == E * 2 * I &&
-                  static_cast<int64_t>(down.size()) == E * I * H && static_cast<int64_t>(down_bias.size()) == E * H,
-              "gpt-oss experts: fused tensors do not match E = ", E, ", H = ", H, ", I = ", I);
-  BiasedExpertWeights w;
-  w.gate.resize(I * H);
-  w.up.resize(I * H);
-  w.down.resize(H * I);
   w.gate_bias.resize(I);
   w.up_bias.resize(I);
-  const float* gu = &gate_up[e * H * 2 * I];  // [H, 2I]
-  for (int64_t c = 0; c < H; ++c)
-    for (int64_t i = 0; i < I; ++i) {
-      w.gate[i * H + c] = gu[c * 2 * I + 2 * i];
-      w.up[i * H + c] = gu[c * 2 * I + 2 * i + 1];
-    }
   for (int64_t i = 0; i < I; ++i) {
     w.gate_bias[i] = gate_up_bias[e * 2 * I + 2 * i];
     w.up_bias[i] = gate_up_bias[e * 2 * I + 2 * i + 1];
   }
-  const float* d = &down[e * I * H];  // [I, H]
-  for (int64_t i = 0; i < I; ++i)
-    for (int64_t c = 0; c < H; ++c) w.down[c * I + i] = d[i * H + c];
-  w.down_bias.assign(down_bias.begin() + e * H, down_bias.begin() + (e + 1) * H);
-  return w;
+}
+
+void unpack_fused_down(const float* down, const float* down_bias, int64_t E, int64_t H, int64_t I, int64_t e,
+                       ExpertWeights& w) {
+  MOESQ_CHECK(e >= 0 && e < E, "gpt-oss experts: expert ", e, " of ", E);
+  if (down) {
+    const float* d = &down[e * I * H];  // [I, H]
+    w.down.resize(H * I);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t c = 0; c < H; ++c) w.down[c * I + i] = d[i * H + c];
+  }
+  w.down_bias.assign(down_bias + e * H, down_bias + (e + 1) * H);
 }
 
 std::vector<float> gated_shared_expert(const ExpertWeights& w, const std::vector<float>& gate_w, int64_t H, int64_t I,

@@ -19,9 +19,10 @@ namespace moesq::model {
 FamilyModel::FamilyModel(const io::Checkpoint& ckpt, const FamilyLoadOptions& lo)
     : fam_(io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json")) {
   fam_.rope.inv_freq_bf16 = lo.rope_inv_freq_bf16;
+  MOESQ_CHECK(fam_.base.model_type != "gpt_oss", ckpt.dir(),
+              ": gpt_oss runs in model::DecoderModel (model/mixers/sink_attention.h), not FamilyModel");
   layers_.resize(fam_.base.num_layers);
-  if (fam_.base.model_type == "gpt_oss") load_gpt_oss_family(ckpt, fam_, *this);
-  else load_qwen3_next_family(ckpt, fam_, *this);
+  load_qwen3_next_family(ckpt, fam_, *this);
 }
 
 AttentionShape family_attention_shape(const io::FamilySpec& f, int64_t l) {
@@ -102,15 +103,12 @@ Routes FamilyModel::route(int64_t l, const float* x, int64_t n) const {
   const FamilyLayer& L = layers_.at(l);
   MOESQ_CHECK(!L.router.empty(), "route: layer ", l, " is a dense MLP layer");
   const io::ModelSpec& s = spec();
-  if (fam_.router_bias) return topk_softmax_route(L.router, L.router_bias, s.num_experts, s.hidden_size, x, n, s.top_k);
   return softmax_topk_route(L.router, s.num_experts, s.hidden_size, x, n, s.top_k, s.norm_topk_prob);
 }
 
 std::vector<float> FamilyModel::expert_forward(int64_t l, int64_t e, const float* x, int64_t n) const {
   const FamilyLayer& L = layers_.at(l);
   const int64_t H = spec().hidden_size, I = spec().moe_intermediate_size;
-  if (fam_.clamped_swiglu)
-    return clamped_swiglu_forward(L.biased_experts.at(e), H, I, x, n, fam_.swiglu_alpha, fam_.swiglu_limit);
   const ExpertWeights& W = L.experts.at(e);
   return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), H, I, x, n, 0);
 }

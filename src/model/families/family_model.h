@@ -1,9 +1,8 @@
-// CPU forward of the hybrid (qwen3_next, qwen3_5_moe_text) and sink-attention (gpt_oss) families,
-// fp32 on weights decoded from bf16. One decoder skeleton — h += mixer(norm(h)); h += mlp(norm(h))
+// CPU forward of the hybrid families (qwen3_next, qwen3_5_moe_text), fp32 on weights decoded from
+// bf16 (gpt_oss runs in the generic DecoderModel: model/mixers/sink_attention.h). One decoder skeleton — h += mixer(norm(h)); h += mlp(norm(h))
 // — whose mixer is attention (mixers/attention.h) or Gated DeltaNet (mixers/gated_deltanet.h) per
 // layer_types, and whose MLP is routed experts (routers/, experts/) plus an optional gated shared
-// expert, or a dense SwiGLU. The per-family tensor layouts are read by the loaders in
-// families/qwen3_next.cpp and families/gpt_oss.cpp.
+// expert, or a dense SwiGLU. The tensor layouts are read by the loader in families/qwen3_next.cpp.
 //
 // Conventions as model/qwen3_moe.h: hidden states [T, H] of ONE sequence; routing on [n, H] rows.
 #pragma once
@@ -24,9 +23,7 @@ struct FamilyLayer {
   AttentionWeights attn;                     // full / sliding attention layers
   GdnWeights gdn;                            // linear_attention layers
   std::vector<float> router;                 // [E, H] (empty on dense layers)
-  std::vector<float> router_bias;            // [E] (gpt_oss) or empty
-  std::vector<ExpertWeights> experts;        // [E] SwiGLU experts (Qwen families)
-  std::vector<BiasedExpertWeights> biased_experts;  // [E] clamped SwiGLU experts (gpt_oss)
+  std::vector<ExpertWeights> experts;        // [E] SwiGLU experts
   ExpertWeights shared_expert;               // [Is, H] ×2, [H, Is]; empty = none
   std::vector<float> shared_expert_gate;     // [H]
   ExpertWeights dense_mlp;                   // non-MoE layers: [intermediate_size, H] ×2, [H, ·]
@@ -57,8 +54,8 @@ struct FamilyLoadOptions {
 
 class FamilyModel {
  public:
-  // Loads a qwen3_next / qwen3_5_moe_text / gpt_oss checkpoint; Error naming the tensor and the
-  // directory on any missing tensor or wrong shape, or naming model_type for other families.
+  // Loads a qwen3_next / qwen3_5_moe_text checkpoint; Error naming the tensor and the directory on
+  // any missing tensor or wrong shape, or naming model_type for other families.
   explicit FamilyModel(const io::Checkpoint& ckpt, const FamilyLoadOptions& lo = {});
 
   const io::FamilySpec& family() const { return fam_; }
@@ -107,9 +104,7 @@ class FamilyModel {
 AttentionShape family_attention_shape(const io::FamilySpec& f, int64_t layer);
 GdnShape family_gdn_shape(const io::FamilySpec& f);
 
-// The per-family loaders (families/qwen3_next.cpp, families/gpt_oss.cpp): fill every layer and
-// the whole-model tensors of `m` from `ckpt`.
+// The loader (families/qwen3_next.cpp): fills every layer and the whole-model tensors of `m` from `ckpt`.
 void load_qwen3_next_family(const io::Checkpoint& ckpt, const io::FamilySpec& f, FamilyModel& m);
-void load_gpt_oss_family(const io::Checkpoint& ckpt, const io::FamilySpec& f, FamilyModel& m);
 
 }  // namespace moesq::model

@@ -1,4 +1,4 @@
-// Loader helpers shared by families/qwen3_next.cpp and families/gpt_oss.cpp: one tensor of layer
+// Loader helpers of families/qwen3_next.cpp and the family mixers (mixers/): one tensor of layer
 // l with its shape checked (Error names tensor, shapes and directory), RMSNorm multipliers, a
 // SwiGLU triple, and the whole-model tensors (embeddings, final norm, lm_head or tied).
 #pragma once

@@ -30,8 +30,9 @@ class GdnMixer final : public Mixer {
 
 class GatedAttentionMixer final : public Mixer {
  public:
-  GatedAttentionMixer(AttentionShape s, AttentionWeights w) : s_(std::move(s)), w_(std::move(w)) {}
-  std::string name() const override { return "gated_attention"; }
+  GatedAttentionMixer(AttentionShape s, AttentionWeights w, std::string name)
+      : s_(std::move(s)), w_(std::move(w)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override {
     std::vector<float> y(T * s_.hidden);
     AttentionShape s = s_;
@@ -43,9 +44,14 @@ class GatedAttentionMixer final : public Mixer {
  private:
   AttentionShape s_;
   AttentionWeights w_;
+  std::string name_;
 };
 
 }  // namespace
+
+std::unique_ptr<Mixer> make_attention_mixer(AttentionShape s, AttentionWeights w, std::string name) {
+  return std::make_unique<GatedAttentionMixer>(std::move(s), std::move(w), std::move(name));
+}
 
 std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& /*spec*/, int64_t layer) {
   const io::FamilySpec f = io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json");
@@ -57,7 +63,7 @@ std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::M
   }
   AttentionWeights w;
   family_load::load_hybrid_attention(ckpt, f, layer, w);
-  return std::make_unique<GatedAttentionMixer>(family_attention_shape(f, layer), std::move(w));
+  return make_attention_mixer(family_attention_shape(f, layer), std::move(w), "gated_attention");
 }
 
 }  // namespace moesq::model

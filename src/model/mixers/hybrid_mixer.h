@@ -8,8 +8,13 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "model/mixer.h"
+#include "model/mixers/gated_attention.h"
 
 namespace moesq::model {
+
+// The family attention of mixers/gated_attention.h (output gate, q/k norms, sinks, sliding window,
+// YaRN as `s` and `w` say) as a Mixer named `name`; RoPE frequencies follow fo.rope_bf16_inv_freq.
+std::unique_ptr<Mixer> make_attention_mixer(AttentionShape s, AttentionWeights w, std::string name);
 
 std::unique_ptr<Mixer> make_hybrid_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& spec, int64_t layer);
 

@@ -1,4 +1,4 @@
-// Routers (see the header). Selection is one function for both routers and both twins: a stable
+// Router (see the header). Selection is one function for both twins: a stable
 // partial sort by (score desc, id asc), which is torch.topk's order on distinct scores.
 #include "model/routers/routers.h"
 
@@ -76,21 +76,6 @@ void softmax_topk_select(Routes& r, int64_t E, bool renormalize) {
   }
 }
 
-void topk_softmax_select(Routes& r, int64_t E) {
-  std::vector<int32_t> order;
-  for (int64_t t = 0; t < r.n; ++t) {
-    const float* z = &r.logits[t * E];
-    top_k(z, E, r.k, order);
-    const float mx = z[order[0]];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < r.k; ++j) sum += (r.weight[t * r.k + j] = std::exp(z[order[j]] - mx));
-    for (int64_t j = 0; j < r.k; ++j) {
-      r.expert[t * r.k + j] = order[j];
-      r.weight[t * r.k + j] /= sum;
-    }
-  }
-}
-
 }  // namespace
 
 Routes softmax_topk_route(const std::vector<float>& W, int64_t E, int64_t H, const float* x, int64_t n, int64_t k,
@@ -106,22 +91,6 @@ Routes softmax_topk_route_ref(const std::vector<float>& W, int64_t E, int64_t H,
   Routes r = make_routes(n, k, E);
   logits_loops(W, {}, E, H, x, n, r.logits.data());
   softmax_topk_select(r, E, renormalize);
-  return r;
-}
-
-Routes topk_softmax_route(const std::vector<float>& W, const std::vector<float>& bias, int64_t E, int64_t H,
-                          const float* x, int64_t n, int64_t k) {
-  Routes r = make_routes(n, k, E);
-  logits_blas(W, bias, E, H, x, n, r.logits.data());
-  topk_softmax_select(r, E);
-  return r;
-}
-
-Routes topk_softmax_route_ref(const std::vector<float>& W, const std::vector<float>& bias, int64_t E, int64_t H,
-                              const float* x, int64_t n, int64_t k) {
-  Routes r = make_routes(n, k, E);
-  logits_loops(W, bias, E, H, x, n, r.logits.data());
-  topk_softmax_select(r, E);
   return r;
 }
 
