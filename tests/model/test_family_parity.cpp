@@ -219,7 +219,8 @@ TEST_P(FamilyParity, KvDecoderMatchesFullForward) {
   const Reference ref = load_reference(arch, m.spec());
   const int64_t T = ref.T, V = m.spec().vocab_size;
   // Same math, matvec vs sgemm summation order (MLA: the absorbed association order too). Measured
-  // max |Δ logit| over both reference sequences: see docs or the printed line.
+  // max |Δ logit| over both 64-token reference sequences: qwen2-moe 4.0e-7, mixtral 5.4e-7, olmoe
+  // 4.8e-7, deepseek-v3 5.4e-7, qwen3.5-moe 3.6e-6 (|logit| ≤ 1.8).
   constexpr double kDecodeAtol = 1e-4;
   double e = 0, absmax = 0;
   for (int64_t b = 0; b < ref.B; ++b) {
