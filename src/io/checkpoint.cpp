@@ -89,6 +89,12 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
 
 void Checkpoint::index_flat_names() {
   const bool fused = has_fused_qwen_experts(spec_);
+  // A wrapper config over tensors saved without the prefix (a text model re-saved with the wrapper's
+  // config): read them as they are, and write new tensors the same way.
+  if (layout_.nested() && std::none_of(where_.begin(), where_.end(), [&](const auto& kv) {
+        return kv.first.rfind(layout_.text_prefix, 0) == 0;
+      }))
+    layout_.text_prefix.clear();
   auto claim = [&](const std::string& flat, const std::string& stored) {
     MOESQ_CHECK(!stored_.count(flat) && !views_.count(flat), dir_, ": tensor ", stored, " and tensor ",
                 stored_.count(flat) ? stored_.at(flat) : views_.at(flat).file, " both stand for ", flat,

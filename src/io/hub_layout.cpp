@@ -79,12 +79,12 @@ json wrap_text_config(const json& raw, const json& text, const HubLayout& layout
 }
 
 std::string flat_tensor_name(const HubLayout& layout, const std::string& stored) {
-  if (!layout.nested() || !starts_with(stored, layout.text_prefix)) return stored;
+  if (layout.text_prefix.empty() || !starts_with(stored, layout.text_prefix)) return stored;
   return "model." + stored.substr(layout.text_prefix.size());
 }
 
 std::string hub_tensor_name(const HubLayout& layout, const std::string& flat) {
-  if (!layout.nested() || !starts_with(flat, "model.")) return flat;
+  if (layout.text_prefix.empty() || !starts_with(flat, "model.")) return flat;
   return layout.text_prefix + flat.substr(6);
 }
 

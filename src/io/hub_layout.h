@@ -25,7 +25,7 @@ namespace moesq::io {
 
 struct HubLayout {
   std::string wrapper_model_type;         // "" = a flat checkpoint (nothing nested)
-  std::string text_prefix;                // "model.language_model." when nested, else ""
+  std::string text_prefix;                // "model.language_model." when nested (and the tensors use it), else ""
   std::vector<std::string> lifted_keys;   // wrapper keys copied into the text config (not its own)
   bool nested() const { return !wrapper_model_type.empty(); }
 };

@@ -80,6 +80,25 @@ TEST(HubLayout, FlatViewIsTheFixtureTensorForTensor) {
   EXPECT_EQ(flat.stored_config(flat.config()), flat.config());
 }
 
+// A wrapper config over tensors stored without the nesting prefix: read as they are, and new
+// tensors are named the same way.
+TEST(HubLayout, WrapperWithoutPrefixKeepsItsNames) {
+  const Checkpoint flat(fixture());
+  moesq::test::TempDir tmp("moesq_hub_noprefix");
+  moesq::test::HubEdits ed;
+  ed.no_prefix = true;
+  moesq::test::write_hub_checkpoint(flat, tmp.path.string(), ed);
+  const Checkpoint hub(tmp.path.string());
+  EXPECT_TRUE(hub.layout().nested());
+  EXPECT_EQ(hub.layout().text_prefix, "");
+  for (const std::string& n : flat.names()) {
+    ASSERT_TRUE(hub.has(n)) << n;
+    EXPECT_EQ(std::memcmp(hub.get(n).data, flat.get(n).data, flat.get(n).nbytes), 0) << n;
+  }
+  EXPECT_EQ(hub.stored_name("model.layers.1.mlp.experts.7.down_proj.weight_packed"),
+            "model.layers.1.mlp.experts.7.down_proj.weight_packed");
+}
+
 TEST(HubLayout, FusedTensorOfTheWrongShapeNamesIt) {
   const Checkpoint flat(fixture());
   moesq::test::TempDir tmp("moesq_hub_bad");

@@ -32,6 +32,8 @@ struct HubEdits {
   int64_t extra_gate_up_rows = 0;
   // Also store layer 0 expert 0's gate_proj per expert (a duplicate of the fused slice).
   bool duplicate_expert = false;
+  // Store the text model's tensors under "model." (no "model.language_model." nesting).
+  bool no_prefix = false;
 };
 
 inline void write_hub_checkpoint(const io::Checkpoint& src, const std::string& dir, const HubEdits& edits = {},
@@ -39,7 +41,8 @@ inline void write_hub_checkpoint(const io::Checkpoint& src, const std::string& d
   const io::ModelSpec& s = src.spec();
   const int64_t E = s.num_experts, H = s.hidden_size, I = s.moe_intermediate_size;
   io::SafetensorsWriter w;
-  auto hub = [](const std::string& n) { return n.rfind("model.", 0) == 0 ? "model.language_model." + n.substr(6) : n; };
+  const std::string text_prefix = edits.no_prefix ? "model." : "model.language_model.";
+  auto hub = [&](const std::string& n) { return n.rfind("model.", 0) == 0 ? text_prefix + n.substr(6) : n; };
   for (const std::string& n : src.names()) {
     if (io::is_expert_tensor(n)) continue;
     const io::TensorView& t = src.get(n);
@@ -60,7 +63,7 @@ inline void write_hub_checkpoint(const io::Checkpoint& src, const std::string& d
       const io::TensorView& d = src.get(io::expert_tensor_prefix(s, l, e, io::ExpertProj::Down) + io::kWeight);
       down.insert(down.end(), d.data, d.data + blk);
     }
-    const std::string base = "model.language_model.layers." + std::to_string(l) + ".mlp.experts.";
+    const std::string base = text_prefix + "layers." + std::to_string(l) + ".mlp.experts.";
     w.add(base + "gate_up_proj", g0.dtype, {E, 2 * I + extra, H}, gate_up.data(), gate_up.size());
     w.add(base + "down_proj", g0.dtype, {E, H, I}, down.data(), down.size());
     if (l == 0 && edits.duplicate_expert) w.add(base + "0.gate_proj.weight", g0.dtype, {I, H}, g0.data, g0.nbytes);
