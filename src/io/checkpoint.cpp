@@ -5,6 +5,7 @@
 // is the order transformers looks for them in.
 #include "io/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -44,14 +45,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   MOESQ_CHECK(fs::is_directory(root), "checkpoint directory ", dir, " does not exist or is not a directory");
   const fs::path config_path = root / "config.json";
   MOESQ_CHECK(fs::is_regular_file(config_path), "checkpoint ", dir, " has no config.json");
-  config_ = read_json(config_path);
-  spec_ = parse_config(config_, config_path.string());
+  raw_config_ = read_json(config_path);
+  config_ = unwrap_text_config(raw_config_, config_path.string(), &layout_);
+  spec_ = parse_config(config_, config_path.string() + (layout_.nested() ? " text_config" : ""));
 
   const fs::path single = root / kSingleFile;
   const fs::path index_path = root / kIndexFile;
   if (fs::is_regular_file(single)) {
     shards_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const std::string& name : shards_.back()->names()) where_[name] = shards_.back().get();
+    index_flat_names();
     return;
   }
   MOESQ_CHECK(fs::is_regular_file(index_path), "checkpoint ", dir, " has neither ", kSingleFile,
@@ -81,19 +84,57 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                 " but missing from shard ", shard);
     where_[tensor] = found->second;
   }
+  index_flat_names();
+}
+
+void Checkpoint::index_flat_names() {
+  const bool fused = has_fused_qwen_experts(spec_);
+  // A wrapper config over tensors saved without the prefix (a text model re-saved with the wrapper's
+  // config): read them as they are, and write new tensors the same way.
+  if (layout_.nested() && std::none_of(where_.begin(), where_.end(), [&](const auto& kv) {
+        return kv.first.rfind(layout_.text_prefix, 0) == 0;
+      }))
+    layout_.text_prefix.clear();
+  auto claim = [&](const std::string& flat, const std::string& stored) {
+    MOESQ_CHECK(!stored_.count(flat) && !views_.count(flat), dir_, ": tensor ", stored, " and tensor ",
+                stored_.count(flat) ? stored_.at(flat) : views_.at(flat).file, " both stand for ", flat,
+                " (a checkpoint holds each tensor once, fused or per expert)");
+  };
+  for (const auto& [stored, file] : where_) {
+    const std::string flat = flat_tensor_name(layout_, stored);
+    if (fused) {
+      std::vector<TensorView> parts = split_fused_experts(spec_, flat, file->get(stored));
+      for (TensorView& v : parts) {
+        claim(v.name, stored);
+        views_.emplace(v.name, std::move(v));
+      }
+      if (!parts.empty()) continue;
+    }
+    claim(flat, stored);
+    stored_.emplace(flat, stored);
+  }
 }
 
 const TensorView& Checkpoint::get(const std::string& name) const {
-  auto it = where_.find(name);
-  MOESQ_CHECK(it != where_.end(), "tensor ", name, " not found in ", dir_);
-  return it->second->get(name);
+  if (auto v = views_.find(name); v != views_.end()) return v->second;
+  auto it = stored_.find(name);
+  MOESQ_CHECK(it != stored_.end(), "tensor ", name, " not found in ", dir_,
+              layout_.nested() ? " (stored as " + hub_tensor_name(layout_, name) + ")" : std::string());
+  return where_.at(it->second)->get(it->second);
 }
 
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
-  out.reserve(where_.size());
-  for (const auto& [name, file] : where_) out.push_back(name);
+  out.reserve(stored_.size() + views_.size());
+  for (const auto& [name, stored] : stored_) out.push_back(name);
+  for (const auto& [name, view] : views_) out.push_back(name);
+  std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string Checkpoint::stored_name(const std::string& name) const {
+  if (auto it = stored_.find(name); it != stored_.end()) return it->second;
+  return hub_tensor_name(layout_, name);
 }
 
 std::vector<float> Checkpoint::get_f32(const std::string& name, const std::vector<int64_t>& shape) const {

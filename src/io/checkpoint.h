@@ -1,6 +1,10 @@
 // A Hugging Face checkpoint directory: config.json plus one `model.safetensors` or shards listed in
 // `model.safetensors.index.json` (weight_map: tensor → shard). Tensors are looked up by name across
 // shards; an index entry whose shard lacks the tensor is an error naming both.
+// A hub layout that nests the text model (io/hub_layout.h: Qwen3.5-MoE's wrapper config, the
+// "model.language_model." prefix, fused experts) is presented FLAT: config() is the text model's
+// config, names() / get() use the flat per-expert names; stored_name() and stored_config() map back
+// for writers.
 #pragma once
 #include <map>
 #include <memory>
@@ -10,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/config.h"
+#include "io/hub_layout.h"
 #include "io/safetensors.h"
 
 namespace moesq::io {
@@ -20,10 +25,18 @@ class Checkpoint {
 
   const std::string& dir() const { return dir_; }
   const ModelSpec& spec() const { return spec_; }
-  const nlohmann::json& config() const { return config_; }  // raw config.json
-  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  // config.json (a nested layout: its text model's config, see io/hub_layout.h unwrap_text_config).
+  const nlohmann::json& config() const { return config_; }
+  const HubLayout& layout() const { return layout_; }
+  // Flat names (the same as stored ones unless nested or fused).
+  bool has(const std::string& name) const { return stored_.count(name) != 0 || views_.count(name) != 0; }
   const TensorView& get(const std::string& name) const;  // Error: "tensor X not found in DIR"
   std::vector<std::string> names() const;                // sorted
+  // The name a writer stores flat tensor `name` under: the source's own name for a tensor it holds,
+  // else the layout's rule (hub_tensor_name) for a new one (e.g. a packed expert projection).
+  std::string stored_name(const std::string& name) const;
+  // config.json to write for a text config `text` derived from config() (wrap_text_config).
+  nlohmann::json stored_config(const nlohmann::json& text) const { return wrap_text_config(raw_config_, text, layout_); }
   // Both get_f32: Error for a NaN/inf entry naming file, tensor and index (to_f32_finite).
   std::vector<float> get_f32(const std::string& name) const { return to_f32_finite(get(name)); }
   // Checks shape; Error names the tensor, the expected and the actual shape.
@@ -31,11 +44,17 @@ class Checkpoint {
   std::vector<std::string> shard_files() const;  // absolute paths
 
  private:
+  // Flat names of where_'s tensors: stored_ (flat → stored name), fused experts split into views_.
+  void index_flat_names();
+
   std::string dir_;
-  nlohmann::json config_;
+  nlohmann::json raw_config_, config_;
+  HubLayout layout_;
   ModelSpec spec_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
-  std::map<std::string, const SafetensorsFile*> where_;
+  std::map<std::string, const SafetensorsFile*> where_;  // stored name → shard
+  std::map<std::string, std::string> stored_;            // flat name → stored name
+  std::map<std::string, TensorView> views_;              // flat name → per-expert view of a fused tensor
 };
 
 // Writes a sharded or single-file checkpoint: shards of at most `max_shard_bytes`, plus the index

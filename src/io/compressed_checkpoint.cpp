@@ -141,17 +141,19 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
                                  const std::string& method, const std::string& dir) {
   const ModelSpec& spec = src.spec();
   SafetensorsWriter w;
+  // Names as the source stores them (a nested hub layout keeps its prefix, io/hub_layout.h); routed
+  // experts always per expert, also when the source fused them.
   for (const std::string& name : src.names()) {
     if (is_expert_tensor(name)) continue;
     const TensorView& t = src.get(name);
-    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+    w.add(src.stored_name(name), t.dtype, t.shape, t.data, t.nbytes);
   }
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (!spec.is_moe_layer(l)) continue;  // a dense MLP layer was copied above, as stored
     for (int64_t e = 0; e < spec.num_experts; ++e)
       for (int p = 0; p < 3; ++p) {
         const auto proj = static_cast<ExpertProj>(p);
-        add_packed_weight(w, expert_tensor_prefix(spec, l, e, proj), packed(l, e, proj));
+        add_packed_weight(w, src.stored_name(expert_tensor_prefix(spec, l, e, proj)), packed(l, e, proj));
       }
   }
   write_checkpoint_tensors(dir, w);
@@ -159,7 +161,7 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
   nlohmann::json cfg = src.config();
   cfg["quantization_config"] = quantization_config_json(sparse48, method);
   write_file_atomic((fs::path(dir) / "config.json").string(),
-                    cfg.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+                    src.stored_config(cfg).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
   copy_side_files(src, dir);
 }

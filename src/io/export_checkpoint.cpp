@@ -73,8 +73,9 @@ std::vector<std::string> unquantized_modules(const Checkpoint& src) {
   std::set<std::string> mods = {"lm_head"};
   for (const std::string& name : src.names()) {
     if (is_expert_tensor(name)) continue;
-    const size_t dot = name.rfind('.');
-    mods.insert(dot == std::string::npos ? name : name.substr(0, dot));
+    const std::string stored = src.stored_name(name);  // module names as a server sees them
+    const size_t dot = stored.rfind('.');
+    mods.insert(dot == std::string::npos ? stored : stored.substr(0, dot));
   }
   return {mods.begin(), mods.end()};
 }
@@ -140,7 +141,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
     for (const std::string& name : src.names()) {
       if (is_expert_tensor(name)) continue;
       const TensorView& t = src.get(name);
-      w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+      w.add(src.stored_name(name), t.dtype, t.shape, t.data, t.nbytes);
     }
     for (int64_t l = 0; l < spec.num_layers; ++l) {
       if (!spec.is_moe_layer(l)) continue;
@@ -148,7 +149,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
         const json amax = report_input_amax(report, l, e);
         for (int pi = 0; pi < 3; ++pi) {
           const auto p = static_cast<ExpertProj>(pi);
-          const std::string prefix = expert_tensor_prefix(spec, l, e, p);
+          const std::string prefix = src.stored_name(expert_tensor_prefix(spec, l, e, p));
           const format::PackedWeight pw = read(l, e, p);
           const format::Nvfp4Tensor d = to_dense_nvfp4(pw);
           const int64_t N = d.N, K = d.K;
@@ -175,7 +176,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
     write_checkpoint_tensors(dir, w);
     json cfg = src.config();
     cfg["quantization_config"] = compressed_tensors_config_json(src, pb);
-    write_file_atomic((fs::path(dir) / "config.json").string(), dump(cfg));
+    write_file_atomic((fs::path(dir) / "config.json").string(), dump(src.stored_config(cfg)));
     copy_side_files(src, dir);
   }
 

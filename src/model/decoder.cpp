@@ -126,12 +126,13 @@ void DecoderModel::attention_block_ref(int64_t l, std::vector<float>& h, int64_t
   const auto& s = spec_;
   const LayerWeights& L = layers_.at(l);
   const int64_t H = s.hidden_size;
-  MOESQ_CHECK(!L.mixer, "attention_block_ref: layer ", l, " has its own mixer (", L.mixer ? L.mixer->name() : "", ")");
+  MOESQ_CHECK(!L.mixer || L.mixer->has_forward_ref(), "attention_block_ref: layer ", l, "'s ",
+              L.mixer ? L.mixer->name() : "", " mixer has no plain-loop twin");
   MOESQ_CHECK(static_cast<int64_t>(h.size()) == T * H, "attention_block_ref: h has ", h.size(),
               " values, expected T·H = ", T * H);
   std::vector<float> x(T * H);
   rmsnorm_rows(h.data(), T, H, L.input_norm.data(), s.rms_norm_eps, x.data());
-  const std::vector<float> o = gqa_attention_ref(s, L, x.data(), T, fo);
+  const std::vector<float> o = L.mixer ? L.mixer->forward_ref(x.data(), T, fo) : gqa_attention_ref(s, L, x.data(), T, fo);
   for (int64_t i = 0; i < T * H; ++i) h[i] += o[i];
 }
 

@@ -129,7 +129,8 @@ class DecoderModel {
   // Plain-loop twin of expert_forward (no BLAS): the oracle of the fast path.
   std::vector<float> expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
                                         const ForwardOptions& fo) const;
-  // Plain-loop twin of attention_block (built-in attention only).
+  // Plain-loop twin of attention_block (the built-in attention's, or the layer mixer's forward_ref;
+  // Error when the mixer has none).
   void attention_block_ref(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo = {}) const;
   // Dense SwiGLU MLP of a non-MoE layer: x [n, H] → y [n, H] (no activation quantization).
   // ffn_block: the layer's whole feed-forward, moe_block(route(x)) on MoE layers, dense_mlp otherwise;

@@ -24,13 +24,26 @@ void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows,
 KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo)
     : m_(m), fo_(fo), max_len_(max_len) {
   const auto& s = m.spec();
-  for (int64_t l = 0; l < s.num_layers; ++l)
-    MOESQ_CHECK(!m.layer(l).mixer, "KV-cached decoding supports the built-in attention only; layer ", l, " has a ",
-                m.layer(l).mixer->name(), " mixer");
-  k_cache_.assign(static_cast<size_t>(s.num_layers),
-                  std::vector<float>(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim)));
-  v_cache_ = k_cache_;
+  k_cache_.resize(static_cast<size_t>(s.num_layers));
+  v_cache_.resize(static_cast<size_t>(s.num_layers));
+  mixer_state_.resize(static_cast<size_t>(s.num_layers));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (const Mixer* mx = m.layer(l).mixer.get()) {
+      mixer_state_[l] = mx->new_decode_state(max_len, fo);
+      MOESQ_CHECK(mixer_state_[l], "KV-cached decoding: layer ", l, " has a ", mx->name(),
+                  " mixer, which has no decode path");
+      continue;
+    }
+    k_cache_[l].assign(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim), 0.0f);
+    v_cache_[l].assign(static_cast<size_t>(max_len * s.num_kv_heads * s.head_dim), 0.0f);
+  }
   rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_, fo.rope_bf16_inv_freq);
+}
+
+void KvDecoder::ffn_step(int64_t l, std::vector<float>& h) const {
+  const std::vector<float> xm = m_.moe_input(l, h, 1);
+  const std::vector<float> y = m_.ffn_block(l, xm, 1, fo_);
+  for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
 }
 
 std::vector<float> KvDecoder::step(int32_t token) {
@@ -44,6 +57,12 @@ std::vector<float> KvDecoder::step(int32_t token) {
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const LayerWeights& w = m_.layer(l);
     rmsnorm_rows(h.data(), 1, H, w.input_norm.data(), s.rms_norm_eps, x.data());
+    if (w.mixer) {
+      const std::vector<float> y = w.mixer->decode(x.data(), 1, *mixer_state_[l], fo_);  // [1, H]
+      for (int64_t i = 0; i < H; ++i) h[i] += y[i];
+      ffn_step(l, h);
+      continue;
+    }
     float* kc = k_cache_[l].data() + pos_ * nkv * hd;
     float* vc = v_cache_[l].data() + pos_ * nkv * hd;
     matvec(w.q_proj, x.data(), q.data(), nh * hd, H);
@@ -89,9 +108,7 @@ std::vector<float> KvDecoder::step(int32_t token) {
     matvec(w.o_proj, attn.data(), o.data(), H, nh * hd);
     add_bias_rows(o.data(), 1, H, w.o_bias);
     for (int64_t i = 0; i < H; ++i) h[i] += o[i];
-    const std::vector<float> xm = m_.moe_input(l, h, 1);
-    const std::vector<float> y = m_.ffn_block(l, xm, 1, fo_);
-    for (int64_t i = 0; i < H; ++i) h[i] += y[i];
+    ffn_step(l, h);
   }
   ++pos_;
   return m_.logits(h, 1);

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
 #include "model/decoder.h"
+#include "support/npy.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -59,15 +60,8 @@ std::string write_reference_ids(const moesq::test::TempDir& dir, const std::stri
   moesq::io::SafetensorsFile f(fixture("tiny-" + arch + "-reference") + "/reference.safetensors");
   const moesq::io::TensorView& ids = f.get("input_ids");
   *T = ids.shape.at(1);
-  std::string hdr = "{'descr': '<i4', 'fortran_order': False, 'shape': (" + std::to_string(ids.numel()) + ",), }";
-  while ((10 + hdr.size() + 1) % 64 != 0) hdr += ' ';  // magic + version + length + header + '\n' aligned to 64
-  hdr += '\n';
-  std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
-  bytes += static_cast<char>(hdr.size() & 0xff);
-  bytes += static_cast<char>(hdr.size() >> 8);
-  bytes += hdr;
-  bytes.append(reinterpret_cast<const char*>(ids.data), ids.nbytes);
-  return dir.write("ids.npy", bytes);
+  const std::vector<float> idf = moesq::io::to_f32(ids);  // [B, T] token ids, exact in fp32
+  return dir.write("ids.npy", moesq::test::npy_int32(std::vector<int32_t>(idf.begin(), idf.end())));
 }
 
 double reference_ce(const std::string& arch) {

@@ -335,6 +335,41 @@ TEST(DeepseekV3Mla, FastMatchesRef) {
         }
 }
 
+// The latent-cache decode (absorbed form) against the naive full forward of the whole sequence:
+// a prefill chunk, a 3-token chunk, then single tokens, each row vs the same row of mla_forward_ref.
+// Same sums in another association order (W_UK folded into q, W_UV after the weighted latent sum).
+TEST(DeepseekV3Mla, LatentCacheDecodeMatchesForward) {
+  for (int64_t q_lora : {0, 16})
+    for (bool bias : {false, true})
+      for (bool interleave : {false, true}) {
+        model::MlaDims d = small_dims(q_lora);
+        d.rope_interleave = interleave;
+        const int64_t T = 19, H = d.hidden;
+        const auto w = random_mla(d, bias, 300 + q_lora + bias + 2 * interleave);
+        const auto x = random_vec(T * H, 41 + q_lora);
+        const auto rope = tables(T, d.qk_rope_head_dim);
+        std::vector<float> full(T * H), dec(T * H);
+        model::mla_forward_ref(d, w, rope, x.data(), T, full.data());
+        model::MlaLatentCache cache = model::mla_latent_cache(d, T);
+        // What the cache holds: r_kv + rope floats per position, not nh·(d_qk + d_v).
+        EXPECT_EQ(cache.latent.size() + cache.k_pe.size(),
+                  static_cast<size_t>(T * (d.kv_lora_rank + d.qk_rope_head_dim)));
+        int64_t p = 0;
+        for (int64_t chunk : {7, 3}) {
+          model::mla_decode(d, w, rope, &x[p * H], chunk, cache, &dec[p * H]);
+          p += chunk;
+        }
+        for (; p < T; ++p) model::mla_decode(d, w, rope, &x[p * H], 1, cache, &dec[p * H]);
+        EXPECT_EQ(cache.len, T);
+        Compare c;
+        c.add(dec, full);
+        c.expect("MLA decode q_lora=" + std::to_string(q_lora) + " bias=" + std::to_string(bias) +
+                 " interleave=" + std::to_string(interleave));
+        std::vector<float> extra(H);
+        EXPECT_THROW(model::mla_decode(d, w, rope, x.data(), 1, cache, extra.data()), Error) << "past max_len";
+      }
+}
+
 // Interleaved storage is only a layout: rope_interleave = true on weights whose rope output rows
 // are in pair order equals rope_interleave = false on the same rows de-interleaved (q_b_proj rows of
 // every head, kv_a_proj_with_mqa's k_pe rows). Pins the pairing convention independently of the twins.

@@ -14,6 +14,7 @@
 
 #include "io/checkpoint.h"
 #include "model/decoder.h"
+#include "model/kv_decoder.h"
 #include "model/families/family_model.h"
 #include "support/family_checks.h"
 
@@ -159,6 +160,27 @@ TEST_P(HybridDecoderParity, LogitsHiddenRouterAndCrossEntropy) {
   EXPECT_NEAR(ce, ref_.ce, kCeAtol);
   std::printf("[ parity ] %s DecoderModel: logits %.3g, hidden %.3g, router %.3g, CE %.6f vs %.6f\n", GetParam(),
               worst, worst_h, worst_r, ce, ref_.ce);
+}
+
+// model::KvDecoder over the generic decoder (what data-free calibration and `generate` run): one
+// token per step through each layer mixer's decode state — Gated DeltaNet's conv window + recurrent
+// S, the gated attention's K/V cache — against DecoderModel::forward of the whole sequence.
+TEST_P(HybridDecoderParity, KvDecoderMatchesFullForward) {
+  const moesq::model::DecoderModel dm(*ckpt_);
+  moesq::model::ForwardOptions fo;
+  fo.rope_bf16_inv_freq = true;
+  const int64_t T = ref_.T, V = dm.spec().vocab_size;
+  double worst = 0.0;
+  for (int64_t b = 0; b < ref_.B; ++b) {
+    const std::vector<float> full = dm.forward(ref_.row(b), fo);
+    moesq::model::KvDecoder dec(dm, T, fo);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> z = dec.step(ref_.row(b)[t]);
+      worst = std::max(worst, max_abs_diff(z.data(), &full[t * V], V));
+    }
+  }
+  EXPECT_LE(worst, kDecodeAtol) << GetParam();
+  std::printf("[ parity ] %s KvDecoder vs DecoderModel::forward: max abs logit err %.3g\n", GetParam(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecoderParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),

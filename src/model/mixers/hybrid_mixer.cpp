@@ -13,6 +13,24 @@ namespace moesq::model {
 
 namespace {
 
+// Decode state of a linear_attention layer: the conv window and the recurrent S (GdnState).
+struct GdnDecodeState final : MixerState {
+  GdnState gdn;
+  int64_t max_len = 0;
+};
+
+// Decode state of a full_attention layer: the keys (after norm and RoPE) and values so far.
+struct AttentionDecodeState final : MixerState {
+  KvCache kv;
+  int64_t max_len = 0;
+  bool rope_bf16 = false;  // fixed at creation: the cached keys were rotated with it
+};
+
+void check_room(const MixerState& st, int64_t T, int64_t max_len, const std::string& mixer) {
+  MOESQ_CHECK(st.pos + T <= max_len, mixer, " decode: position ", st.pos + T, " passes the state's max length ",
+              max_len);
+}
+
 class GdnMixer final : public Mixer {
  public:
   GdnMixer(GdnShape s, GdnWeights w) : s_(s), w_(std::move(w)) {}
@@ -20,6 +38,27 @@ class GdnMixer final : public Mixer {
   std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override {
     std::vector<float> y(T * s_.hidden);
     gated_deltanet_forward(s_, w_, x, T, y.data(), nullptr, fo.threads);
+    return y;
+  }
+  bool has_forward_ref() const override { return true; }
+  std::vector<float> forward_ref(const float* x, int64_t T, const ForwardOptions& /*fo*/) const override {
+    std::vector<float> y(T * s_.hidden);
+    gated_deltanet_forward_ref(s_, w_, x, T, y.data());
+    return y;
+  }
+  std::unique_ptr<MixerState> new_decode_state(int64_t max_len, const ForwardOptions& /*fo*/) const override {
+    auto st = std::make_unique<GdnDecodeState>();
+    st->gdn = gdn_initial_state(s_);
+    st->max_len = max_len;
+    return st;
+  }
+  // The recurrent form is the forward's own: a step is gated_deltanet_forward continuing the state.
+  std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
+    GdnDecodeState& st = mixer_state_as<GdnDecodeState>(state, name());
+    check_room(st, T, st.max_len, name());
+    std::vector<float> y(T * s_.hidden);
+    gated_deltanet_forward(s_, w_, x, T, y.data(), &st.gdn, fo.threads);
+    st.pos = st.gdn.tokens;
     return y;
   }
 
@@ -38,6 +77,30 @@ class GatedAttentionMixer final : public Mixer {
     AttentionShape s = s_;
     s.rope.inv_freq_bf16 = fo.rope_bf16_inv_freq;  // per call, as the built-in attention
     attention_forward(s, w_, x, T, y.data(), nullptr, fo.threads);
+    return y;
+  }
+  bool has_forward_ref() const override { return true; }
+  std::vector<float> forward_ref(const float* x, int64_t T, const ForwardOptions& fo) const override {
+    std::vector<float> y(T * s_.hidden);
+    AttentionShape s = s_;
+    s.rope.inv_freq_bf16 = fo.rope_bf16_inv_freq;
+    attention_forward_ref(s, w_, x, T, y.data());
+    return y;
+  }
+  std::unique_ptr<MixerState> new_decode_state(int64_t max_len, const ForwardOptions& fo) const override {
+    auto st = std::make_unique<AttentionDecodeState>();
+    st->max_len = max_len;
+    st->rope_bf16 = fo.rope_bf16_inv_freq;
+    return st;
+  }
+  std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
+    AttentionDecodeState& st = mixer_state_as<AttentionDecodeState>(state, name());
+    check_room(st, T, st.max_len, name());
+    std::vector<float> y(T * s_.hidden);
+    AttentionShape s = s_;
+    s.rope.inv_freq_bf16 = st.rope_bf16;
+    attention_forward(s, w_, x, T, y.data(), &st.kv, fo.threads);
+    st.pos = st.kv.len;
     return y;
   }
 

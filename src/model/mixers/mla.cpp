@@ -59,37 +59,47 @@ void affine(LinearFn lin, const float* x, int64_t M, int64_t K, const std::vecto
   add_bias_rows(y, M, N, b);
 }
 
+void project(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, int64_t p0,
+             LinearFn lin, float* q, float* latent, float* k_pe) {
+  const int64_t H = d.hidden, nh = d.num_heads, nope = d.qk_nope_head_dim, rope_d = d.qk_rope_head_dim;
+  const int64_t dqk = d.qk_head_dim(), r_kv = d.kv_lora_rank;
+  if (d.q_lora_rank > 0) {
+    std::vector<float> qa(T * d.q_lora_rank);  // [T, r_q]
+    affine(lin, x, T, H, w.q_a_proj, d.q_lora_rank, qa.data(), w.q_a_bias);
+    rmsnorm_rows(qa.data(), T, d.q_lora_rank, w.q_a_norm.data(), kMlaLatentNormEps, qa.data());
+    lin(qa.data(), T, d.q_lora_rank, w.q_b_proj.data(), nh * dqk, q);
+  } else {
+    lin(x, T, H, w.q_proj.data(), nh * dqk, q);
+  }
+  const int64_t ckv_w = r_kv + rope_d;
+  std::vector<float> ckv(T * ckv_w);  // [T, r_kv + rope]: latent c, then the shared k_pe
+  affine(lin, x, T, H, w.kv_a_proj, ckv_w, ckv.data(), w.kv_a_bias);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(&latent[t * r_kv], &ckv[t * ckv_w], r_kv * sizeof(float));
+    std::memcpy(&k_pe[t * rope_d], &ckv[t * ckv_w + r_kv], rope_d * sizeof(float));
+    rotate(d, &k_pe[t * rope_d], rope, p0 + t);
+    for (int64_t h = 0; h < nh; ++h) rotate(d, &q[(t * nh + h) * dqk + nope], rope, p0 + t);
+  }
+  rmsnorm_rows(latent, T, r_kv, w.kv_a_norm.data(), kMlaLatentNormEps, latent);
+}
+
 void mla_body(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, float* out,
               int threads, LinearFn lin, AttentionFn attend) {
   check(d, w, rope, T);
   if (T == 0) return;
   const int64_t H = d.hidden, nh = d.num_heads, nope = d.qk_nope_head_dim, rope_d = d.qk_rope_head_dim;
   const int64_t dqk = d.qk_head_dim(), dv = d.v_head_dim, r_kv = d.kv_lora_rank;
-  std::vector<float> q(T * nh * dqk);  // [T, nh, d_qk]
-  if (d.q_lora_rank > 0) {
-    std::vector<float> qa(T * d.q_lora_rank);  // [T, r_q]
-    affine(lin, x, T, H, w.q_a_proj, d.q_lora_rank, qa.data(), w.q_a_bias);
-    rmsnorm_rows(qa.data(), T, d.q_lora_rank, w.q_a_norm.data(), kMlaLatentNormEps, qa.data());
-    lin(qa.data(), T, d.q_lora_rank, w.q_b_proj.data(), nh * dqk, q.data());
-  } else {
-    lin(x, T, H, w.q_proj.data(), nh * dqk, q.data());
-  }
-  const int64_t ckv_w = r_kv + rope_d;
-  std::vector<float> ckv(T * ckv_w);  // [T, r_kv + rope]: latent c, then the shared k_pe
-  affine(lin, x, T, H, w.kv_a_proj, ckv_w, ckv.data(), w.kv_a_bias);
-  std::vector<float> c(T * r_kv);  // [T, r_kv] normalized latent
-  for (int64_t t = 0; t < T; ++t) std::memcpy(&c[t * r_kv], &ckv[t * ckv_w], r_kv * sizeof(float));
-  rmsnorm_rows(c.data(), T, r_kv, w.kv_a_norm.data(), kMlaLatentNormEps, c.data());
+  std::vector<float> q(T * nh * dqk);                      // [T, nh, d_qk]
+  std::vector<float> c(T * r_kv), k_pe_all(T * rope_d);    // [T, r_kv] normalized latent, [T, rope] k_pe
+  project(d, w, rope, x, T, 0, lin, q.data(), c.data(), k_pe_all.data());
   const int64_t kv_w = nope + dv;
   std::vector<float> kv(T * nh * kv_w);  // [T, nh, nope + v]
   lin(c.data(), T, r_kv, w.kv_b_proj.data(), nh * kv_w, kv.data());
 
   std::vector<float> k(T * nh * dqk), v(T * nh * dv);  // [T, nh, d_qk], [T, nh, v]
   for (int64_t t = 0; t < T; ++t) {
-    float* k_pe = &ckv[t * ckv_w + r_kv];
-    rotate(d, k_pe, rope, t);
+    const float* k_pe = &k_pe_all[t * rope_d];
     for (int64_t h = 0; h < nh; ++h) {
-      rotate(d, &q[(t * nh + h) * dqk + nope], rope, t);
       const float* kvh = &kv[(t * nh + h) * kv_w];
       float* kh = &k[(t * nh + h) * dqk];
       std::memcpy(kh, kvh, nope * sizeof(float));
@@ -143,6 +153,12 @@ void mla_forward(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, 
 void mla_forward_ref(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T,
                      float* out) {
   mla_body(d, w, rope, x, T, out, 1, linear_ref, causal_attention_ref);
+}
+
+void mla_project(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, int64_t p0,
+                 float* q, float* latent, float* k_pe) {
+  check(d, w, rope, p0 + T);
+  if (T > 0) project(d, w, rope, x, T, p0, linear, q, latent, k_pe);
 }
 
 }  // namespace moesq::model

@@ -8,6 +8,13 @@
 //   o   = o_proj(softmax_causal(cat(q_nope, q_rot) · cat(k_nope, k_pe)ᵀ · scale) · v)
 //
 // x is the layer's input AFTER input_layernorm; the result is the mixer output (before the residual).
+//
+// Decode (mla_decode, model/mixers/mla_decode.cpp) caches per position only the normalised latent
+// ĉ_t = kv_a_layernorm(c_t) [r_kv] and the rotated shared key k_pe_t [rope] — r_kv + rope floats per
+// token instead of nh·(d_qk + d_v) — and attends in the absorbed form (DeepSeek-V2 §2.1.2): with
+// W_UK[h] [nope, r_kv] and W_UV[h] [v, r_kv] the rows of kv_b_proj of head h,
+//   score_t = ((W_UK[h]ᵀ q_nope) · ĉ_t + q_rot · k_pe_t) · scale,   o[h] = W_UV[h] (Σ_t p_t ĉ_t),
+// the same sums as the naive form in another association order.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -58,5 +65,25 @@ void mla_forward(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, 
 // Plain-loop twin (linear_ref, causal_attention_ref).
 void mla_forward_ref(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T,
                      float* out);
+
+// The per-token part the forward and the decode share, for rows at positions p0 .. p0+T−1 (BLAS
+// linears): q [T, nh, d_qk] with its rope dims rotated, the normalised latent ĉ [T, r_kv] and the
+// rotated shared key k_pe [T, rope]. `rope` must cover p0 + T positions.
+void mla_project(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T, int64_t p0,
+                 float* q, float* latent, float* k_pe);
+
+// The latent KV cache of one sequence: positions 0 .. len−1 of at most max_len.
+struct MlaLatentCache {
+  int64_t len = 0, max_len = 0;
+  std::vector<float> latent;  // [max_len, r_kv] ĉ_t
+  std::vector<float> k_pe;    // [max_len, rope] rotated k_pe_t
+};
+MlaLatentCache mla_latent_cache(const MlaDims& d, int64_t max_len);
+
+// x [T, H] (input-normed rows of positions cache.len .. cache.len+T−1) → out [T, H], appending the
+// T positions to the cache first (each row attends to itself and every earlier position). `rope`
+// must cover cache.len + T positions. Errors: the cache would pass max_len; shapes as mla_forward.
+void mla_decode(const MlaDims& d, const MlaWeights& w, const RopeTables& rope, const float* x, int64_t T,
+                MlaLatentCache& cache, float* out);
 
 }  // namespace moesq::model

@@ -43,6 +43,28 @@ std::vector<float> MlaMixer::forward_ref(const float* x, int64_t T, const Forwar
   return out;
 }
 
+namespace {
+struct MlaDecodeState final : MixerState {
+  MlaLatentCache cache;
+  RopeTables rope;  // [max_len, rope/2]
+};
+}  // namespace
+
+std::unique_ptr<MixerState> MlaMixer::new_decode_state(int64_t max_len, const ForwardOptions& fo) const {
+  auto st = std::make_unique<MlaDecodeState>();
+  st->cache = mla_latent_cache(dims_, max_len);
+  st->rope = tables(max_len, fo.rope_bf16_inv_freq);
+  return st;
+}
+
+std::vector<float> MlaMixer::decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& /*fo*/) const {
+  MlaDecodeState& st = mixer_state_as<MlaDecodeState>(state, name());
+  std::vector<float> out(T * dims_.hidden);  // [T, H]
+  mla_decode(dims_, weights_, st.rope, x, T, st.cache, out.data());
+  st.pos = st.cache.len;
+  return out;
+}
+
 std::unique_ptr<MlaMixer> load_mla_mixer(const io::Checkpoint& ckpt, int64_t layer) {
   const io::DeepseekV3Spec s = io::parse_deepseek_v3_config(ckpt.config(), ckpt.dir() + "/config.json");
   MlaDims d;

@@ -23,7 +23,13 @@ class MlaMixer final : public Mixer {
   // x [T, H] = input_layernorm(h) → o_proj(MLA(x)) [T, H] (positions 0..T-1).
   std::vector<float> forward(const float* x, int64_t T, const ForwardOptions& fo) const override;
   // Plain-loop twin of forward (mla_forward_ref); honours fo.rope_bf16_inv_freq like forward.
-  std::vector<float> forward_ref(const float* x, int64_t T, const ForwardOptions& fo = {}) const;
+  bool has_forward_ref() const override { return true; }
+  std::vector<float> forward_ref(const float* x, int64_t T, const ForwardOptions& fo) const override;
+  std::vector<float> forward_ref(const float* x, int64_t T) const { return forward_ref(x, T, ForwardOptions{}); }
+  // Decode through the latent KV cache (mla_decode): the state holds the cache and the RoPE tables
+  // of max_len positions (fo.rope_bf16_inv_freq fixed at creation).
+  std::unique_ptr<MixerState> new_decode_state(int64_t max_len, const ForwardOptions& fo) const override;
+  std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override;
 
   const MlaDims& dims() const { return dims_; }
   const MlaWeights& weights() const { return weights_; }
