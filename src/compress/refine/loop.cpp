@@ -328,6 +328,10 @@ class ExpertRefinement {
     for (int j = 0; j < 3; ++j)
       for (size_t r = 0; r < pat[j].size(); ++r, ++total) changed += pat[j][r] != prior_[j][r];
     res.pattern_change = total ? static_cast<double>(changed) / static_cast<double>(total) : 0.0;
+    // With selection, pack exactly what the held-out curve measured: the objective's Q_w takes its
+    // tensor scale γ over the KEPT values (Z ⊙ V), pack over all of V, so a large latent value at a
+    // pruned position would give the packed expert a coarser γ than the one that was selected.
+    if (select_best_) zero_pruned(pat);
     pack(P_, pat, res);
     res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, ws_);
     if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
@@ -348,6 +352,16 @@ class ExpertRefinement {
       pack(P_, prior_, res);
     }
     res.note = why;
+  }
+
+  // V = 0 where the patterns prune (Y = Z ⊙ V for hard Z; the packed values are unchanged).
+  void zero_pruned(const std::array<std::vector<uint8_t>, 3>& pat) {
+    for (int j = 0; j < 3; ++j)
+      for (int64_t r = 0; r < P_[j].groups(); ++r) {
+        const uint8_t mask = format::pattern_mask8(pat[j][r]);
+        for (int q = 0; q < 8; ++q)
+          if (!((mask >> q) & 1)) P_[j].V[r * 8 + q] = 0.0f;
+      }
   }
 
   std::array<std::vector<uint8_t>, 3> current_patterns() const {
