@@ -377,7 +377,9 @@ TEST_F(CliCompress, SelectEpochBestRecordsTheChosenEpochs) {
       }
       ++want[std::to_string(sel)];
     }
-    EXPECT_EQ(rep["loss_per_layer"][l]["selected_epochs"].get<std::map<std::string, int64_t>>(), want) << "layer " << l;
+    using Counts = std::map<std::string, int64_t>;
+    const Counts got = rep["loss_per_layer"][l]["selected_epochs"].get<Counts>();
+    EXPECT_EQ(got, want) << "layer " << l;
   }
 }
 
