@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -345,6 +346,41 @@ TEST_F(CliCompress, MoesqRecordsScheduleAndLossPerLayer) {
   char magic[4] = {};
   pf.read(magic, 4);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST_F(CliCompress, SelectEpochBestRecordsTheChosenEpochs) {
+  const fs::path out = tmp_ / "best";
+  const std::string base = "compress " + model_ + " --method moesq --calib " + (tmp_ / "text.txt").string() +
+                           " --calib-samples 4 --seq-len 32 --epochs 2 --select-epoch ";
+  CmdResult bad = run(base + "first --out " + (tmp_ / "bad").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--select-epoch"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "bad"));
+  CmdResult r = run(base + "best --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream rf(out / "report.json");
+  const auto rep = nlohmann::json::parse(rf);
+  EXPECT_TRUE(rep["refine_options"]["restore_best"].get<bool>());
+  for (size_t l = 0; l < rep["layers"].size(); ++l) {
+    std::map<std::string, int64_t> want;
+    for (const auto& e : rep["layers"][l]["experts"]) {
+      const auto& f = e["refine"];
+      if (f["skipped"].get<bool>()) continue;
+      const int sel = f["selected_epoch"].get<int>();
+      EXPECT_GE(sel, 0);
+      EXPECT_LE(sel, 2);
+      if (f["heldout_rows"].get<int64_t>() > 0) {  // never worse than SGPTQ on its held-out rows
+        EXPECT_LE(f["final_hard_loss"].get<double>(), f["init_hard_loss"].get<double>());
+        // The packed bits are the selected state: their loss is the curve's value at that epoch.
+        const double curve = sel == 0 ? f["init_hard_loss"].get<double>() : f["hard_loss"][sel - 1].get<double>();
+        EXPECT_NEAR(f["final_hard_loss"].get<double>(), curve, 1e-12 * curve) << "layer " << l << " epoch " << sel;
+      }
+      ++want[std::to_string(sel)];
+    }
+    using Counts = std::map<std::string, int64_t>;
+    const Counts got = rep["loss_per_layer"][l]["selected_epochs"].get<Counts>();
+    EXPECT_EQ(got, want) << "layer " << l;
+  }
 }
 
 TEST_F(CliCompress, LossPerLayerWithoutGnuplotIsANote) {

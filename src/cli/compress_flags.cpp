@@ -61,6 +61,10 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--schedule-scope", f.schedule_scope,
                 "rows the schedule rule uses: expert (each expert's own) | layer (the layer's mean per expert)")
       ->check(CLI::IsMember({"expert", "layer"}));
+  g->add_option("--select-epoch", f.select_epoch,
+                "state packed per expert: last (after the final epoch, paper) | best (lowest held-out Eq. 4 loss\n"
+                "among the SGPTQ start and every epoch's end: early stopping on the 10 % held-out rows)")
+      ->check(CLI::IsMember({"last", "best"}));
   g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
   g->add_option("--tau1", f.tau1, "temperature at the last step")->check(kPositive);
   g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(kPositive);
@@ -101,6 +105,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_lr_A = by_rule(lr_a_opt);
   r.rule_lr_V = by_rule(lr_v_opt);
   r.rule_per_expert = schedule_scope == "expert";
+  r.restore_best = select_epoch == "best";
   compress::validate(o);  // once, at the boundary: a bad value fails before the model is loaded
   return o;
 }

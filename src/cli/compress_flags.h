@@ -21,6 +21,7 @@ struct CompressFlags {
   bool strict = false;  // calibration shortfalls are errors, not warnings
   // refinement (method moesq)
   std::string objective = "router", update = "AV", schedule_scope = "expert";
+  std::string select_epoch = "last";  // which refinement state is packed (RefineOptions::restore_best)
   // Shown defaults = the paper's Table 4; a flag NOT given is set per expert by the schedule rule
   // (compress/refine/schedule.h), which returns these values at Table-4 scale.
   int epochs = 10;

@@ -168,6 +168,7 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
                      {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
                      {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
                      {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped},
+                     {"selected_epoch", rr.selected_epoch},
                      {"schedule", schedule_json(rr)}};
         if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
         pe.proj[0] = std::move(rr.gate);

@@ -59,13 +59,17 @@ std::vector<LayerLoss> loss_per_layer(const CompressResult& r, int64_t num_layer
   std::vector<LayerLoss> rows;
   for (int64_t l = 0; l < num_layers; ++l) {
     Mean init, fin, rel;
+    std::map<std::string, int64_t> sel;
     for (const ExpertReport& rep : r.reports) {
       if (rep.layer != l) continue;
       rel.add(rep.rel_error);
       init.add(json_number_or_nan(rep.extra, "init_hard_loss"));
       fin.add(json_number_or_nan(rep.extra, "final_hard_loss"));
+      const double e = json_number_or_nan(rep.extra, "selected_epoch");
+      const bool skipped = rep.extra.is_object() && rep.extra.value("skipped", false);
+      if (std::isfinite(e) && !skipped) ++sel[std::to_string(static_cast<int64_t>(e))];
     }
-    rows.push_back({l, rel.n, init.get(), fin.get(), rel.get()});
+    rows.push_back({l, rel.n, init.get(), fin.get(), rel.get(), std::move(sel)});
   }
   return rows;
 }
@@ -175,7 +179,8 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   nlohmann::json ll = nlohmann::json::array();
   for (const LayerLoss& x : sum.layer_loss)
     ll.push_back({{"layer", x.layer}, {"experts", x.experts}, {"init_hard_loss", finite_or_null(x.init_hard_loss)},
-                  {"final_hard_loss", finite_or_null(x.final_hard_loss)}, {"rel_error", finite_or_null(x.rel_error)}});
+                  {"final_hard_loss", finite_or_null(x.final_hard_loss)}, {"rel_error", finite_or_null(x.rel_error)},
+                  {"selected_epochs", x.selected_epochs}});
   sum.report["loss_per_layer"] = ll;
   const std::string csv = (fs::path(dir.path()) / "loss_per_layer.csv").string();
   write_file_atomic(csv, loss_per_layer_csv(sum.layer_loss));

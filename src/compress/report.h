@@ -3,6 +3,7 @@
 // per-expert tokens, errors and refinement curves). Everything is built in a temporary sibling
 // directory and renamed into place at the end (AtomicDir).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ namespace moesq::compress {
 struct LayerLoss {
   int64_t layer = 0, experts = 0;  // experts = how many contributed to rel_error
   double init_hard_loss = 0, final_hard_loss = 0, rel_error = 0;
+  // moesq: how many refined experts packed each epoch's state ("0" = the initial solution;
+  // RefineOptions::restore_best), keyed by the epoch as a string; empty for other methods.
+  std::map<std::string, int64_t> selected_epochs;
 };
 std::vector<LayerLoss> loss_per_layer(const CompressResult& r, int64_t num_layers);
 // CSV: layer,experts,init_hard_loss,final_hard_loss,rel_error (empty field for NaN).

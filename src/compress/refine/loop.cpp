@@ -245,6 +245,22 @@ class ExpertRefinement {
     } else {
       res.init_hard_loss = eval_loss(true, o_.kappa0, o_.tau0);
     }
+    // Best-epoch restore: the candidate so far is the initial solution (epoch 0).
+    select_best_ = o_.restore_best && n_held_ > 0;
+    if (select_best_) {
+      best_loss_ = res.init_hard_loss;
+      for (int j = 0; j < 3; ++j) best_V_[j].assign(init_[j]->V0, init_[j]->V0 + P_[j].V.size());
+      best_pat_ = prior_;
+    }
+  }
+
+  // After epoch `epoch` (1-based) with held-out hard loss `hard`: keep the state if it is the best.
+  void remember_if_best(int epoch, double hard) {
+    if (!select_best_ || !(hard < best_loss_)) return;
+    best_loss_ = hard;
+    best_epoch_ = epoch;
+    for (int j = 0; j < 3; ++j) best_V_[j] = P_[j].V;
+    best_pat_ = current_patterns();
   }
 
   // Algorithm 1 lines 7–16: epochs of shuffled batches, Gumbel noise, annealed κ and τ, Lion; the
@@ -292,6 +308,7 @@ class ExpertRefinement {
       res.curves.epoch_seconds.push_back(seconds_since(t_epoch));
       res.curves.soft_loss.push_back(eval_loss(false, kappa, tau));
       res.curves.hard_loss.push_back(eval_loss(true, kappa, tau));
+      remember_if_best(epoch + 1, res.curves.hard_loss.back());
     }
     res.steps = t;
   }
@@ -299,17 +316,35 @@ class ExpertRefinement {
   // Algorithm 1 lines 17–18: argmax patterns, recompute scales, pack; optionally keep the initial
   // solution when it is better on the held-out rows.
   void finish(RefineResult& res) {
-    const std::array<std::vector<uint8_t>, 3> pat = current_patterns();
+    res.selected_epoch = o_.epochs;
+    if (select_best_ && best_epoch_ < o_.epochs) {
+      // Restore the best state: its values V and argmax patterns (the epoch's hard loss is
+      // measured on exactly these, with the scales recomputed as pack does).
+      res.selected_epoch = best_epoch_;
+      if (best_epoch_ == 0 && all_packed_) {
+        return_init("no epoch beat the initial solution on the held-out rows: kept the SGPTQ solution", res);
+        res.final_hard_loss = res.init_hard_loss;
+        res.pattern_change = 0.0;
+        return;
+      }
+      for (int j = 0; j < 3; ++j) P_[j].V = best_V_[j];
+    }
+    const std::array<std::vector<uint8_t>, 3> pat = res.selected_epoch < o_.epochs ? best_pat_ : current_patterns();
     int64_t changed = 0, total = 0;
     for (int j = 0; j < 3; ++j)
       for (size_t r = 0; r < pat[j].size(); ++r, ++total) changed += pat[j][r] != prior_[j][r];
     res.pattern_change = total ? static_cast<double>(changed) / static_cast<double>(total) : 0.0;
+    // With selection, pack exactly what the held-out curve measured: the objective's Q_w takes its
+    // tensor scale γ over the KEPT values (Z ⊙ V), pack over all of V, so a large latent value at a
+    // pruned position would give the packed expert a coarser γ than the one that was selected.
+    if (select_best_) zero_pruned(pat);
     pack(P_, pat, res);
     res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, data_.variant, ws_);
     if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
       return_init("refined expert worse on held-out rows than SGPTQ: kept the SGPTQ solution", res);
       res.final_hard_loss = res.init_hard_loss;
       res.pattern_change = 0.0;
+      res.selected_epoch = 0;
     }
   }
 
@@ -323,6 +358,16 @@ class ExpertRefinement {
       pack(P_, prior_, res);
     }
     res.note = why;
+  }
+
+  // V = 0 where the patterns prune (Y = Z ⊙ V for hard Z; the packed values are unchanged).
+  void zero_pruned(const std::array<std::vector<uint8_t>, 3>& pat) {
+    for (int j = 0; j < 3; ++j)
+      for (int64_t r = 0; r < P_[j].groups(); ++r) {
+        const uint8_t mask = format::pattern_mask8(pat[j][r]);
+        for (int q = 0; q < 8; ++q)
+          if (!((mask >> q) & 1)) P_[j].V[r * 8 + q] = 0.0f;
+      }
   }
 
   std::array<std::vector<uint8_t>, 3> current_patterns() const {
@@ -365,6 +410,13 @@ class ExpertRefinement {
   std::vector<int64_t> train_;                    // training row ids
   int64_t n_held_ = 0;
   Rows eval_rows_;                                // held-out rows (or training rows if none)
+  // Best-epoch restore (RefineOptions::restore_best): the lowest held-out hard loss so far, its
+  // epoch (0 = initial solution) and its state.
+  bool select_best_ = false;
+  double best_loss_ = 0.0;
+  int best_epoch_ = 0;
+  std::array<std::vector<float>, 3> best_V_;
+  std::array<std::vector<uint8_t>, 3> best_pat_;
   ObjectiveWorkspace ws_;
 };
 

@@ -70,6 +70,9 @@ struct RefineResult {
   double lr_A = 0.0, lr_V = 0.0;
   int64_t schedule_rows = 0;  // rows the rule was applied to (0 when the rule set nothing)
   bool batch_from_rule = false, epochs_from_rule = false, lr_A_from_rule = false, lr_V_from_rule = false;
+  // The packed state: 0 = the initial solution, e = the end of epoch e (1-based); the last epoch
+  // unless RefineOptions::restore_best picked another one.
+  int selected_epoch = 0;
   double pattern_change = 0.0;   // fraction of groups whose pattern differs from the prior
   double seconds = 0.0;          // wall time of refine_expert
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned

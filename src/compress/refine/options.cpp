@@ -48,6 +48,7 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("seed", o.seed);
   fn("act_block", o.act_block);
   fn("keep_init_if_worse", o.keep_init_if_worse);
+  fn("restore_best", o.restore_best);
   fn("min_rows", o.min_rows);
   fn("rule_batch", o.rule_batch);
   fn("rule_epochs", o.rule_epochs);

@@ -39,6 +39,12 @@ struct RefineOptions {
   // When the refined expert is worse on the held-out rows than the initial packed tensors (if the
   // caller gave them), return the initial ones (note says so). Off by default: the paper does not.
   bool keep_init_if_worse = false;
+  // Which state is packed (early stopping on the held-out split, docs/RESULTS.md "best-epoch
+  // restore"): false = the last epoch's (paper Algorithm 1 line 17); true = the state, among the
+  // initial solution (epoch 0) and the end of every epoch, with the lowest held-out hard Eq. 4 loss
+  // (RefineCurves::hard_loss), so the packed expert is never worse on the held-out rows than the
+  // initial one. Needs held-out rows (heldout_fraction > 0 and n >= 2); without them: the last epoch.
+  bool restore_best = false;
   // Experts with fewer calibration rows than this are not refined (treated like an expert without
   // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
   int64_t min_rows = 0;
