@@ -3,8 +3,9 @@
 // the head go through the model's own layer API, so routing and experts are the same code as the
 // full forward; only the mixer keeps state: the built-in GQA attention a K/V cache here, a family
 // mixer its own (Mixer::new_decode_state: MLA's latent cache, Gated DeltaNet's conv + recurrent
-// state, gated attention's K/V cache). Tests check step logits against DecoderModel::forward for
-// every family (tests/model/test_family_parity.cpp, tests/model/test_qwen3_next.cpp).
+// state, the gated and the sink attention's K/V cache, window-trimmed on sliding layers). Tests
+// check step logits against DecoderModel::forward for every family (tests/model/test_family_parity.cpp,
+// tests/model/test_qwen3_next.cpp; past gpt-oss's sliding window: tests/model/test_gpt_oss.cpp).
 #pragma once
 #include <cstdint>
 #include <memory>

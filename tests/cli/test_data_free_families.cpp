@@ -1,9 +1,9 @@
 // Data-free calibration (`moesq compress` without --calib: the model samples its own calibration
 // text through model::KvDecoder) on the families whose mixer is not the built-in attention:
 // deepseek_v3 (MLA, latent-cache decode), qwen3_5_moe_text and qwen3_next (Gated DeltaNet recurrent
-// state + gated attention K/V cache). Checked: compress --method sgptq exits 0, report.json says the
-// calibration was sampled (sequence and token counts as asked), and the output evaluates near the
-// source on the fixture's reference sequences. tiny-qwen3-next is read from ../shared (skipped when
+// state + gated attention K/V cache), gpt_oss (sink / sliding-window attention K/V cache). Checked:
+// compress --method sgptq exits 0, report.json says the calibration was sampled (sequence and token
+// counts as asked), and the output evaluates near the source on the fixture's reference sequences. tiny-qwen3-next is read from ../shared (skipped when
 // absent, as in CI); the others are the copies in tests/fixtures/families.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,7 @@ using nlohmann::json;
 
 // An untrained fixture sits near ln 256, so this bound checks that the compressed output loads and
 // runs, not its quality. Measured |Δ nats| vs the source: deepseek-v3 0.0044, qwen3-next 0.0086,
-// qwen3.5-moe 0.055 — and 0.061 for qwen3.5-moe calibrated on 2 × 32 held-out uniform random tokens
+// gpt-oss 0.0003, qwen3.5-moe 0.055 — and 0.061 for qwen3.5-moe calibrated on 2 × 32 held-out uniform random tokens
 // instead, so data-free sampling is not what costs (test_families' 0.05 was measured calibrating on
 // the evaluation sequences themselves: 0.002 on qwen3.5-moe).
 constexpr double kCompressedNatsAtol = 0.1;
@@ -72,7 +72,7 @@ TEST_P(DataFreeFamilies, CompressWithoutCalibSamplesTheModelAndEvaluates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DataFreeFamilies,
-                         ::testing::Values("tiny-deepseek-v3", "tiny-qwen3.5-moe", "tiny-qwen3-next"),
+                         ::testing::Values("tiny-deepseek-v3", "tiny-qwen3.5-moe", "tiny-qwen3-next", "tiny-gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

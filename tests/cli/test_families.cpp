@@ -1,7 +1,7 @@
 // End-to-end CLI runs on the non-Qwen3 family fixtures (tests/fixtures/families: qwen2_moe with a shared
 // expert + gate and a dense layer, mixtral with w1/w2/w3 names, olmoe, deepseek_v3, gpt_oss with fused
 // biased experts written back per expert): `inspect`, `eval` against
-// transformers' cross-entropy, `compress --method sgptq` and `--method moesq --epochs 1`, and the
+// transformers' cross-entropy, greedy `generate` against the full forward's argmax, `compress --method sgptq` and `--method moesq --epochs 1`, and the
 // compressed round trip. The contract checked: compression replaces ROUTED-expert projections only —
 // routers, shared experts and their gates, dense MLP layers, attention, norms and embeddings come out
 // byte-identical to the source, and report.json / inspect list them as not compressed.
@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -177,6 +178,48 @@ TEST_P(CliFamilies, CompressKeepsNonRoutedTensorsAndRoundTrips) {
     EXPECT_NE(nats, src_nats) << arch << ": compression changed nothing";
     EXPECT_NEAR(nats, src_nats, kCompressedNatsAtol) << arch << " " << method;
   }
+}
+
+// `generate --device cpu` (model::KvDecoder, one token per step) against the full forward: each greedy
+// id must be the argmax of DecoderModel::forward over the prompt + the ids before it (teacher-forced on
+// the generated ids, so a near-tie — top-1/top-2 gap ≤ kTieGap, skipped — does not derail the rest).
+// 8 prompt + 72 new tokens pass gpt-oss's sliding_window of 64, so the window acts on the decode path.
+TEST_P(CliFamilies, GenerateGreedyFollowsTheFullForward) {
+  const std::string arch = GetParam();
+  moesq::test::TempDir dir("moesq_fam_generate");
+  const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35, 89, 79};
+  std::string text;
+  for (int32_t id : prompt) text += std::to_string(id) + " ";
+  const std::string ids_file = dir.write("prompt.txt", text);
+  constexpr int64_t kNew = 72;
+  constexpr double kTieGap = 1e-4;  // > the decode-vs-forward logit error (≤ 4e-6, test_family_parity.cpp)
+  const CmdResult r = run(dir, "generate " + fixture("tiny-" + arch) + " --prompt-ids " + ids_file +
+                                   " --device cpu --max-new-tokens " + std::to_string(kNew) + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<int32_t> gen = json::parse(r.out).at("generated_ids").get<std::vector<int32_t>>();
+  ASSERT_EQ(static_cast<int64_t>(gen.size()), kNew) << r.out;
+  const moesq::io::Checkpoint ck(fixture("tiny-" + arch));
+  const moesq::model::DecoderModel m(ck);
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+  const std::vector<float> z = m.forward(seq, m.default_forward_options());  // [seq, V]
+  const int64_t V = m.spec().vocab_size, P = static_cast<int64_t>(prompt.size());
+  int64_t checked = 0;
+  for (int64_t i = 0; i < kNew; ++i) {
+    const float* row = &z[(P - 1 + i) * V];
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = v;
+    float second = -INFINITY;
+    for (int64_t v = 0; v < V; ++v)
+      if (v != best) second = std::max(second, row[v]);
+    if (row[best] - second <= kTieGap) continue;
+    ++checked;
+    EXPECT_EQ(gen[i], best) << arch << ": generated token " << i;
+  }
+  std::printf("%s: generate matches the full forward's argmax on %lld of %lld tokens (rest near-ties)\n",
+              arch.c_str(), static_cast<long long>(checked), static_cast<long long>(kNew));
+  EXPECT_GE(checked, kNew / 2) << arch << ": too many near-ties to check anything";
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CliFamilies, ::testing::Values("qwen2-moe", "mixtral", "olmoe", "deepseek-v3", "gpt-oss"),

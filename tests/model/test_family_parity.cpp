@@ -208,7 +208,7 @@ TEST_P(FamilyParity, AttentionMatchesItsRef) {
 // The KV-cached decoder (one token per step) against the full forward: covers the q/k norm span,
 // q/k/v biases, the shared expert and dense layers on the decode path, and each family mixer's decode
 // state (MLA's latent cache in the absorbed form; Gated DeltaNet's conv + recurrent state and the
-// gated attention's K/V cache).
+// gated attention's and gpt-oss's sink attention's K/V cache).
 TEST_P(FamilyParity, KvDecoderMatchesFullForward) {
   const std::string arch = GetParam();
   const moesq::io::Checkpoint ck(fixture("tiny-" + arch));
@@ -220,7 +220,7 @@ TEST_P(FamilyParity, KvDecoderMatchesFullForward) {
   const int64_t T = ref.T, V = m.spec().vocab_size;
   // Same math, matvec vs sgemm summation order (MLA: the absorbed association order too). Measured
   // max |Δ logit| over both 64-token reference sequences: qwen2-moe 4.0e-7, mixtral 5.4e-7, olmoe
-  // 4.8e-7, deepseek-v3 5.4e-7, qwen3.5-moe 3.6e-6 (|logit| ≤ 1.8).
+  // 4.8e-7, deepseek-v3 5.4e-7, qwen3.5-moe 3.6e-6, gpt-oss 4.2e-7 (|logit| ≤ 1.8).
   constexpr double kDecodeAtol = 1e-4;
   double e = 0, absmax = 0;
   for (int64_t b = 0; b < ref.B; ++b) {

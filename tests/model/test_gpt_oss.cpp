@@ -9,11 +9,13 @@
 // their plain-loop twins on the fixture's weights. tests/model/test_family_parity.cpp and
 // tests/cli/test_families.cpp run the generic family checks (and eval / compress) on it too.
 // The fixture's 64-token windows never exceed its sliding_window of 64, so the window itself is
-// checked in test_family_mixers.cpp on longer sequences.
+// checked in test_family_mixers.cpp on longer sequences, and KvDecoderAppliesTheSlidingWindow runs
+// the KV-cached decoder past the window on the fixture's own weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@
 #include "model/decoder.h"
 #include "model/families/family_model.h"
 #include "model/families/load_common.h"
+#include "model/kv_decoder.h"
 #include "model/mixers/gated_attention.h"
 #include "model/ops.h"
 #include "support/family_reference.h"
@@ -195,6 +198,88 @@ TEST_F(GptOssParity, MixerAndExpertsMatchPlainLoopTwins) {
       EXPECT_GT(moesq::test::max_abs(ye), 1e-3) << "layer " << l << " expert " << e;
     }
   }
+}
+
+// KV-cached decode (model::KvDecoder: the sink attention's K/V cache, one token per step) against the
+// full forward on sequences LONGER than sliding_window, so the window layers drop keys on both paths
+// (the reference's 64 tokens never reach the window of 64): window + 20 tokens, and 2·window + 20,
+// past the point where the decode state drops the keys no later query sees (drop_invisible_keys).
+// That the window really acts is checked on layer 0's mixer: its output equals the same attention
+// without a window on the first sliding_window rows and differs after them; its own decode steps
+// give the forward's rows; a cache missing a visible key is refused.
+TEST_F(GptOssParity, KvDecoderAppliesTheSlidingWindow) {
+  const auto& s = model_->spec();
+  const moesq::io::FamilySpec f = moesq::io::parse_family_config(ckpt_->config(), dir_);
+  const int64_t W = f.sliding_window, H = s.hidden_size, V = s.vocab_size;
+  ASSERT_GT(W, 0);
+  ASSERT_EQ(f.layer_mixer.at(0), moesq::io::MixerKind::SlidingAttention) << "the fixture's layer 0 has no window";
+  std::mt19937 rng(20261201);
+  const moesq::model::ForwardOptions fo = reference_options(/*bf16_rope=*/false);
+
+  // Same math, matvec vs sgemm summation order: the family parity bound (measured: see the printout).
+  constexpr double kDecodeAtol = 1e-4;
+  for (const int64_t T : {W + 20, 2 * W + 20}) {
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+    std::vector<int32_t> ids(T);
+    for (int32_t& id : ids) id = tok(rng);
+    const std::vector<float> full = model_->forward(ids, fo);
+    moesq::model::KvDecoder dec(*model_, T, fo);
+    double e = 0, e_past = 0;  // all steps; steps at positions >= W (where the window drops keys)
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> z = dec.step(ids[t]);
+      const double d = max_abs_diff(z.data(), &full[t * V], V);
+      e = std::max(e, d);
+      if (t >= W) e_past = std::max(e_past, d);
+    }
+    std::printf("gpt-oss decode vs full forward, T = %lld (window %lld): max abs logit err %.3g (positions >= window: %.3g)\n",
+                static_cast<long long>(T), static_cast<long long>(W), e, e_past);
+    EXPECT_LE(e, kDecodeAtol) << "T = " << T;
+    EXPECT_GT(moesq::test::max_abs(full), 0.1) << "logits are (nearly) all zero";
+  }
+
+  // Layer 0's mixer on random unit-scale rows: windowed vs unwindowed, forward vs its decode steps.
+  const int64_t T = 2 * W + 20;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(T * H);
+  for (float& v : x) v = nd(rng);
+  const moesq::model::Mixer& mx = *model_->layer(0).mixer;
+  const std::vector<float> y_win = mx.forward(x.data(), T, fo);
+  moesq::model::AttentionWeights w;
+  moesq::model::family_load::load_attention_projections(*ckpt_, f, 0, w);
+  w.sinks = moesq::model::family_load::layer_f32(*ckpt_, 0, moesq::io::family_names::kSinks, {s.num_heads});
+  const moesq::model::AttentionShape a = moesq::model::family_attention_shape(f, 0);
+  ASSERT_EQ(a.window, W);
+  moesq::model::AttentionShape no_window = a;
+  no_window.window = 0;
+  std::vector<float> y_full(T * H);
+  moesq::model::attention_forward(no_window, w, x.data(), T, y_full.data());
+  EXPECT_LE(max_abs_diff(y_win.data(), y_full.data(), W * H), kTwinAtol) << "rows inside the window";
+  EXPECT_GT(max_abs_diff(&y_win[W * H], &y_full[W * H], (T - W) * H), 1e-3) << "the window dropped no key";
+  std::unique_ptr<moesq::model::MixerState> st = mx.new_decode_state(T, fo);
+  ASSERT_TRUE(st) << mx.name() << " has no decode state";
+  double e_mix = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<float> y = mx.decode(&x[t * H], 1, *st, fo);
+    e_mix = std::max(e_mix, max_abs_diff(y.data(), &y_win[t * H], H));
+  }
+  std::printf("gpt-oss layer 0 (%s) decode vs forward, T = %lld: max abs err %.3g\n", mx.name().c_str(),
+              static_cast<long long>(T), e_mix);
+  EXPECT_LE(e_mix, kTwinAtol);
+  EXPECT_EQ(st->pos, T);
+  EXPECT_THROW(mx.decode(x.data(), 1, *st, fo), moesq::Error) << "a step past max_len must be refused";
+
+  // The cache after T steps holds < 2·W rows; one dropped row too many is refused, not misread.
+  moesq::model::KvCache kv;
+  std::vector<float> y(T * H);
+  moesq::model::attention_forward(a, w, x.data(), T, y.data(), &kv);
+  moesq::model::drop_invisible_keys(a, kv);
+  const int64_t kw = s.num_kv_heads * s.head_dim;
+  EXPECT_EQ(kv.first, T - W + 1);
+  EXPECT_EQ(static_cast<int64_t>(kv.k.size()), (W - 1) * kw);
+  kv.k.erase(kv.k.begin(), kv.k.begin() + kw);
+  kv.v.erase(kv.v.begin(), kv.v.begin() + kw);
+  ++kv.first;
+  EXPECT_THROW(moesq::model::attention_forward(a, w, x.data(), 1, y.data(), &kv), moesq::Error);
 }
 
 // Bad input: a checkpoint missing a fused expert tensor (and its per-expert replacement), or with a

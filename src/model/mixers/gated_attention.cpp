@@ -121,9 +121,12 @@ void attention_forward(const AttentionShape& s, const AttentionWeights& w, const
   kv.k.insert(kv.k.end(), k.begin(), k.end());
   kv.v.insert(kv.v.end(), v.begin(), v.end());
   kv.len += T;
-  const int64_t L = kv.len;  // keys 0..L−1; query t sits at position p0 + t
-  MOESQ_CHECK(static_cast<int64_t>(kv.k.size()) == L * kw, "attention: KV cache holds ", kv.k.size(),
-              " key values, expected ", L, "·", kw);
+  const int64_t L = kv.len;  // keys kv.first..L−1 stored; query t sits at position p0 + t
+  MOESQ_CHECK(static_cast<int64_t>(kv.k.size()) == (L - kv.first) * kw &&
+                  kv.v.size() == kv.k.size(),
+              "attention: KV cache holds ", kv.k.size(), " key values, expected ", L - kv.first, "·", kw);
+  MOESQ_CHECK(first_key(s, p0) >= kv.first, "attention: position ", p0, " sees key ", first_key(s, p0),
+              " but the KV cache starts at ", kv.first);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t group = nh / s.num_kv_heads;
   std::vector<float> attn(T * qw);
@@ -132,9 +135,10 @@ void attention_forward(const AttentionShape& s, const AttentionWeights& w, const
       [&](int64_t h) {
         const int64_t g = h / group;
         const int64_t j0 = first_key(s, p0), cols = L - j0;  // keys any query of this call can see
+        const int64_t r0 = j0 - kv.first;                     // their first stored row
         std::vector<float> S(T * cols);                       // [T, cols] scores → probabilities
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, cols, hd, scale, q.data() + h * hd, qw,
-                    kv.k.data() + j0 * kw + g * hd, kw, 0.0f, S.data(), cols);
+                    kv.k.data() + r0 * kw + g * hd, kw, 0.0f, S.data(), cols);
         const float* sink = w.sinks.empty() ? nullptr : &w.sinks[h];
         for (int64_t t = 0; t < T; ++t) {
           const int64_t P = p0 + t, lo = first_key(s, P) - j0, hi = P - j0;  // visible [lo, hi]
@@ -144,10 +148,20 @@ void attention_forward(const AttentionShape& s, const AttentionWeights& w, const
           std::fill(row + hi + 1, row + cols, 0.0f);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, cols, 1.0f, S.data(), cols,
-                    kv.v.data() + j0 * kw + g * hd, kw, 0.0f, attn.data() + h * hd, qw);
+                    kv.v.data() + r0 * kw + g * hd, kw, 0.0f, attn.data() + h * hd, qw);
       },
       std::min<int>(threads > 0 ? threads : num_threads(), static_cast<int>(nh)));
   gate_and_project(s, w, attn, gate, T, y, /*ref=*/false);
+}
+
+void drop_invisible_keys(const AttentionShape& s, KvCache& cache) {
+  if (s.window <= 0) return;
+  const int64_t keep = first_key(s, cache.len);  // first key the next query sees
+  if (keep - cache.first < s.window) return;
+  const int64_t kw = s.num_kv_heads * s.head_dim, drop = (keep - cache.first) * kw;
+  cache.k.erase(cache.k.begin(), cache.k.begin() + drop);
+  cache.v.erase(cache.v.begin(), cache.v.begin() + drop);
+  cache.first = keep;
 }
 
 void attention_forward_ref(const AttentionShape& s, const AttentionWeights& w, const float* x, int64_t T, float* y) {

@@ -34,15 +34,23 @@ struct AttentionWeights {
   std::vector<float> sinks;                           // [nh] sink logits; empty = no sinks
 };
 
-// Keys (after norm and RoPE) and values of the positions seen so far: [len, nkv·hd] each.
+// Keys (after norm and RoPE) and values of positions first .. len−1: [len − first, nkv·hd] each.
+// len counts every position seen; a sliding-window layer may drop the rows no later query can see
+// (drop_invisible_keys), so its decode cache stays under 2·window rows however long the sequence.
 struct KvCache {
   int64_t len = 0;
+  int64_t first = 0;  // absolute position of the first stored row
   std::vector<float> k, v;
 };
 
+// Drops the cached rows before the first key that position `len` (the next query) can see under
+// s.window, once at least s.window of them have accumulated (amortised: one move per window steps).
+// No-op without a window (s.window = 0).
+void drop_invisible_keys(const AttentionShape& s, KvCache& cache);
+
 // x [T, H]: the input-normed rows of positions p0 .. p0+T−1 (p0 = cache->len, or 0 without cache)
 // → y [T, H] = o_proj(attention) (+ o_bias), no residual. With a cache, the new keys/values are
-// appended to it. Errors: shape mismatches (named).
+// appended to it. Errors: shape mismatches (named); a cache missing a row a query can see.
 void attention_forward(const AttentionShape& s, const AttentionWeights& w, const float* x, int64_t T, float* y,
                        KvCache* cache = nullptr, int threads = 0);
 

@@ -19,7 +19,8 @@ struct GdnDecodeState final : MixerState {
   int64_t max_len = 0;
 };
 
-// Decode state of a full_attention layer: the keys (after norm and RoPE) and values so far.
+// Decode state of an attention layer: the keys (after norm and RoPE) and values so far — on a
+// sliding-window layer (gpt-oss) only the last < 2·window of them (drop_invisible_keys).
 struct AttentionDecodeState final : MixerState {
   KvCache kv;
   int64_t max_len = 0;
@@ -100,6 +101,7 @@ class GatedAttentionMixer final : public Mixer {
     AttentionShape s = s_;
     s.rope.inv_freq_bf16 = st.rope_bf16;
     attention_forward(s, w_, x, T, y.data(), &st.kv, fo.threads);
+    drop_invisible_keys(s, st.kv);
     st.pos = st.kv.len;
     return y;
   }

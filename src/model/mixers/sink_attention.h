@@ -1,7 +1,9 @@
 // The token mixer of gpt-oss (gpt_oss) as model::Mixer for the generic decoder: GQA attention with
 // q/k/v/o biases, one learned sink logit per head in every softmax (its probability dropped), a
 // sliding window on the sliding_attention layers of layer_types and full causal attention on the
-// others, YaRN RoPE (transformers GptOssAttention; the math is mixers/gated_attention.h's).
+// others, YaRN RoPE (transformers GptOssAttention; the math is mixers/gated_attention.h's). Its
+// decode state (model::KvDecoder) is the attention mixer's K/V cache (mixers/hybrid_mixer.cpp), the
+// RoPE taken at each step's position and, on window layers, the keys no later query sees dropped.
 #pragma once
 #include <memory>
 
