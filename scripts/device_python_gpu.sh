@@ -39,7 +39,15 @@ echo "python3 $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "
 echo "dlpack.h $DL; pybind11 $PB"
 
 # ---- configure (with GoogleTest for test_engine when it is there) and build -----------------------
+# The module must be compiled by the GCC whose libstdc++ the python3 process loads (the system one): the
+# device image points CMake at /opt/gcc/bin/g++, and a module built by it crashed inside iostream number
+# formatting (segfault in std::ostream::operator<<(long) under moesq::detail::concat, measured
+# 2026-12-01 with a SIGSEGV backtrace). Every object of the module (static moesq libraries, nvcc's host
+# side) is built by /usr/bin/g++ here.
+SYSCXX=/usr/bin/g++
+[ -x "$SYSCXX" ] || SYSCXX=$(command -v g++)
 CFG=(-S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_BENCH=OFF -DMOESQ_PYTHON=ON
+     -DCMAKE_CXX_COMPILER="$SYSCXX" -DCMAKE_CUDA_HOST_COMPILER="$SYSCXX"
      -DPython_EXECUTABLE="$PY" -DDLPACK_INCLUDE_DIR="$W/dlpack_include" -Dpybind11_DIR="$PB")
 TARGETS=(moesq moesq_python)
 if cmake "${CFG[@]}" -DMOESQ_TESTS=ON > "$W/cmake.log" 2>&1; then
@@ -78,7 +86,7 @@ step() {
 step gpu_ops 300 "$PY" tests/python/gpu/test_gpu_ops.py -v
 if [ -x "$B/test_engine" ]; then  # the engine over runtime/moe_block, which MoeLayer shares
   rm -rf "$W/tiny_sgptq"
-  "$B/moesq" compress models/tiny-qwen3-moe --method sgptq --out "$W/tiny_sgptq" --calib-samples 16 --seq-len 128 \
+  "$B/moesq" compress models/tiny-qwen3-moe --method sgptq --out "$W/tiny_sgptq" --calib-samples 32 \
     --threads 16 > "$W/compress.log" 2>&1 || { echo "note: compress for test_engine failed:"; tail -5 "$W/compress.log"; }
   step test_engine 240 env MOESQ_TINY_COMPRESSED="$W/tiny_sgptq" "$B/test_engine"
 fi

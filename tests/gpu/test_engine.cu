@@ -38,6 +38,10 @@ namespace {
 constexpr double kBf16NatsTol = 2e-2;        // W16A16: floor 9.8e-3 (bf16 K/V alone)
 constexpr double kW4A4NatsTol = 5e-2;        // W4A4: floors 3.0e-2 (bf16 K/V), 1.4e-2 (summation order)
 constexpr double kCompressedNatsTol = 5e-3;  // W4A16 / bf16 experts of the compressed checkpoint (as issued)
+// The compressed bounds hold for MOESQ_TINY_COMPRESSED = `moesq compress models/tiny-qwen3-moe --method
+// sgptq --calib-samples 32` (the checkpoint they were measured on). A weaker one is more sensitive:
+// with --calib-samples 16 --seq-len 128 (held-out nats 3.74 vs 2.95 on window 0) the W4A4 windows moved
+// up to 0.105 and the W4A16 ones 0.015 (device run 2026-12-01), the same engine passing on the 32-sample one.
 constexpr double kDecodeLogitTol = 1e-4;     // decode vs prefill logits (expected bitwise, see below)
 
 std::string tiny() { return MOESQ_DEFAULT_MODEL; }
