@@ -3,8 +3,9 @@
 // deepseek_v3 (MLA, latent-cache decode), qwen3_5_moe_text and qwen3_next (Gated DeltaNet recurrent
 // state + gated attention K/V cache), gpt_oss (sink / sliding-window attention K/V cache). Checked:
 // compress --method sgptq exits 0, report.json says the calibration was sampled (sequence and token
-// counts as asked), and the output evaluates near the source on the fixture's reference sequences. tiny-qwen3-next is read from ../shared (skipped when
-// absent, as in CI); the others are the copies in tests/fixtures/families.
+// counts as asked), and the output evaluates near the source on the fixture's reference sequences.
+// tiny-qwen3-next is read from ../shared (skipped when absent, as in CI); the others are the copies
+// in tests/fixtures/families.
 #include <gtest/gtest.h>
 
 #include <cmath>

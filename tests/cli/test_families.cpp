@@ -1,8 +1,8 @@
 // End-to-end CLI runs on the non-Qwen3 family fixtures (tests/fixtures/families: qwen2_moe with a shared
 // expert + gate and a dense layer, mixtral with w1/w2/w3 names, olmoe, deepseek_v3, gpt_oss with fused
-// biased experts written back per expert): `inspect`, `eval` against
-// transformers' cross-entropy, greedy `generate` against the full forward's argmax, `compress --method sgptq` and `--method moesq --epochs 1`, and the
-// compressed round trip. The contract checked: compression replaces ROUTED-expert projections only —
+// biased experts written back per expert): `inspect`, `eval` against transformers' cross-entropy,
+// greedy `generate` against the full forward's argmax, `compress --method sgptq` and `--method moesq
+// --epochs 1`, and the compressed round trip. The contract checked: compression replaces ROUTED-expert projections only —
 // routers, shared experts and their gates, dense MLP layers, attention, norms and embeddings come out
 // byte-identical to the source, and report.json / inspect list them as not compressed.
 #include <gtest/gtest.h>

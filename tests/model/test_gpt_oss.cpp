@@ -231,7 +231,8 @@ TEST_F(GptOssParity, KvDecoderAppliesTheSlidingWindow) {
       e = std::max(e, d);
       if (t >= W) e_past = std::max(e_past, d);
     }
-    std::printf("gpt-oss decode vs full forward, T = %lld (window %lld): max abs logit err %.3g (positions >= window: %.3g)\n",
+    std::printf("gpt-oss decode vs full forward, T = %lld (window %lld): max abs logit err %.3g "
+                "(positions >= window: %.3g)\n",
                 static_cast<long long>(T), static_cast<long long>(W), e, e_past);
     EXPECT_LE(e, kDecodeAtol) << "T = " << T;
     EXPECT_GT(moesq::test::max_abs(full), 0.1) << "logits are (nearly) all zero";
