@@ -502,12 +502,14 @@ TEST(Refine, OptionsJsonRoundTripAndErrors) {
   o.lr_A = 1e-3;
   o.seed = 12345678901ull;
   o.min_rows = 17;
+  o.restore_best = true;
   const nlohmann::json j = compress::refine_options_to_json(o);
-  EXPECT_EQ(j.size(), 27u);
+  EXPECT_EQ(j.size(), 28u);
   const RefineOptions back = compress::refine_options_from_json(j);
   EXPECT_EQ(compress::refine_options_to_json(back), j);
   EXPECT_EQ(back.seed, o.seed);
   EXPECT_FALSE(back.update_A);
+  EXPECT_TRUE(back.restore_best);
   // Missing keys keep their defaults.
   EXPECT_EQ(compress::refine_options_from_json({{"epochs", 4}}).lr_V, RefineOptions{}.lr_V);
   EXPECT_EQ(compress::refine_options_from_json(nullptr).epochs, RefineOptions{}.epochs);
