@@ -57,13 +57,13 @@ struct Args {
 
 __global__ void empty_kernel() {}
 
-// µs per replay of a graph of `n` dependent empty kernels (the launch floor of an n-kernel chain).
-double empty_chain_us(int n, int reps) {
-  cudaStream_t st;
-  MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+// Captures what `enqueue` launches on `st` into a CUDA graph and returns the mean µs per replay over
+// `reps` replays, after 3 warm-up replays (CUDA events on `st`).
+template <class Enqueue>
+double graph_replay_us(cudaStream_t st, int reps, Enqueue enqueue) {
   cudaGraph_t g;
   MOESQ_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < n; ++i) empty_kernel<<<1, 32, 0, st>>>();
+  enqueue();
   MOESQ_CUDA_CHECK(cudaStreamEndCapture(st, &g));
   cudaGraphExec_t ex;
   MOESQ_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
@@ -77,8 +77,19 @@ double empty_chain_us(int n, int reps) {
   MOESQ_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0;
   MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaGraphExecDestroy(ex), cudaGraphDestroy(g), cudaStreamDestroy(st);
+  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaGraphExecDestroy(ex), cudaGraphDestroy(g);
   return 1e3 * ms / reps;
+}
+
+// µs per replay of a graph of `n` dependent empty kernels (the launch floor of an n-kernel chain).
+double empty_chain_us(int n, int reps) {
+  cudaStream_t st;
+  MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const double us = graph_replay_us(st, reps, [&] {
+    for (int i = 0; i < n; ++i) empty_kernel<<<1, 32, 0, st>>>();
+  });
+  cudaStreamDestroy(st);
+  return us;
 }
 
 Args parse(int argc, char** argv) {
@@ -194,24 +205,10 @@ runtime::MoeBlockBuffers alloc_buffers(DevMem& mem, const runtime::MoeBlockDims&
 double time_blocks(const runtime::MoeBlockDims& d, const std::vector<runtime::MoeBlockWeights>& layers,
                    const runtime::MoeBlockBuffers& b, const uint16_t* x, float* h, int64_t T, unsigned stages, int reps,
                    cudaStream_t st) {
-  cudaGraph_t g;
-  MOESQ_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (const auto& w : layers) runtime::moe_block(d, w, b, x, nullptr, h, T, st, {}, stages);
-  MOESQ_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  cudaGraphExec_t ex;
-  MOESQ_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
-  cudaEvent_t e0, e1;
-  MOESQ_CUDA_CHECK(cudaEventCreate(&e0));
-  MOESQ_CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
-  MOESQ_CUDA_CHECK(cudaEventRecord(e0, st));
-  for (int i = 0; i < reps; ++i) MOESQ_CUDA_CHECK(cudaGraphLaunch(ex, st));
-  MOESQ_CUDA_CHECK(cudaEventRecord(e1, st));
-  MOESQ_CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaGraphExecDestroy(ex), cudaGraphDestroy(g);
-  return 1e3 * ms / (static_cast<double>(reps) * layers.size());
+  const double us = graph_replay_us(st, reps, [&] {
+    for (const auto& w : layers) runtime::moe_block(d, w, b, x, nullptr, h, T, st, {}, stages);
+  });
+  return us / static_cast<double>(layers.size());
 }
 
 }  // namespace
