@@ -64,7 +64,7 @@ TEST(Tokens, TextBytesAndSplit) {
   std::mt19937 rng(17);
   for (size_t size : {1000u, 4099u, 51u}) {
     std::string text(size, '\0');
-    for (auto& c : text) c = static_cast<char>(rng());
+    for (auto& c : text) c = static_cast<char>(1 + rng() % 255);  // every byte but NUL (not text: refused)
     const std::string path = dir.write("t" + std::to_string(size) + ".txt", text);
     const auto all = load_tokens(path, 256);
     ASSERT_EQ(all.size(), size);
@@ -87,6 +87,17 @@ TEST(Tokens, TextBytesOutsideVocab) {
   const std::string msg = error_of([&] { load_tokens(path, 128); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("255"), std::string::npos) << msg;
+}
+
+TEST(Tokens, BinaryFileReadAsTextIsRefused) {
+  TempDir dir;
+  // the first bytes of a .safetensors file: an 8-byte little-endian header length, then JSON
+  const std::string path = dir.write("model.safetensors", std::string("\x10\0\0\0\0\0\0\0{\"a\":1}", 16));
+  const std::string msg = error_of([&] { load_tokens(path, 256); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is not text: NUL byte at offset 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(".npy"), std::string::npos) << msg;
+  EXPECT_EQ(load_tokens(dir.write("ok.txt", "no nul here"), 256).size(), 11u);
 }
 
 TEST(Tokens, NpyInt32AndUint32) {

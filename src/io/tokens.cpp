@@ -215,6 +215,11 @@ std::vector<int32_t> parse_tokens(const std::string& bytes, const std::string& p
   std::vector<int32_t> ids;
   if (ends_with_npy(path)) {
     ids = parse_npy(bytes, path, vocab_size);
+    // A text file never holds a NUL byte; a binary one (a .safetensors, a .bin of ids) nearly always does
+    // within its first bytes, and read as text it would be evaluated as garbage without a word.
+  } else if (const size_t nul = bytes.find('\0'); nul != std::string::npos) {
+    MOESQ_FAIL("data file ", path, " is not text: NUL byte at offset ", nul,
+               " (token ids go in a .npy file of int32/uint32; text files are read through the tokenizer)");
   } else if (text_tokenizer && !text_tokenizer->is_byte_identity()) {
     try {
       ids = text_tokenizer->encode(bytes, EncodeOptions{.add_special_tokens = false});

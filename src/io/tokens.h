@@ -16,7 +16,8 @@ enum class TextSplit { All, Train, Heldout };  // Train: first 98 %; Heldout: la
 TextSplit parse_split(const std::string& s, const char* flag = "--split");
 const char* split_name(TextSplit s);
 
-// Loads tokens from `path` (.npy or text). Error names the file if it is empty, unreadable, or holds
+// Loads tokens from `path` (.npy or text). Error names the file if it is empty, unreadable, text with a
+// NUL byte (a binary file such as a .safetensors: refused, not read as bytes), or holds
 // ids >= vocab_size. Text: `text_tokenizer` encodes the whole file (UTF-8, no post-processor BOS —
 // the file is a stream cut into windows, not one sequence); nullptr or the byte identity: byte value
 // = token id, and a byte >= vocab_size is an error. The split cuts the token sequence (for bytes,
