@@ -186,8 +186,8 @@ TEST(EngineOps, GemmBf16SplitKMatchesRefAndIsBatchInvariant) {
   }
 }
 
-// The small-M path (M ≤ 16: one chain per warp, cp.async ring, slices added in the kernel) gives every
-// row the bits of the 64×64 tile kernel (M = 40): grouped with counts, bf16 output, hi + lo input,
+// The small-M path (M ≤ 64: one chain per warp, cp.async ring, slices added in the kernel) gives every
+// row the bits of the 64×64 tile kernel (M = 80): grouped with counts, bf16 output, hi + lo input,
 // accumulate, split-K, N and K off the tile sizes.
 TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
   struct Case {
@@ -199,9 +199,9 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
                         {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
   for (const Case& c : cases)
-    for (int64_t m : {1, 5, 16}) {
+    for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
-      const int64_t Mbig = 40, ldy = c.N + 3;
+      const int64_t Mbig = 80, ldy = c.N + 3;
       const std::vector<uint16_t> w = rand_bf16(c.G * c.N * c.K, 31 + c.K);
       const std::vector<uint16_t> xb = rand_bf16(c.G * Mbig * c.K, 32 + c.K), lb = rand_bf16(c.G * Mbig * c.K, 33, 1.0f / 512);
       const std::vector<float> yb = rand_f32(c.G * Mbig * ldy, 34);

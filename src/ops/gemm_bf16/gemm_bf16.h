@@ -7,7 +7,7 @@
 // ascending K (hi then lo) per slice, slices added in order — depends on K alone, never on M, N or
 // the other rows of the batch: a token's bits are independent of batch composition (deterministic
 // mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it. Two kernels run that
-// order: the 64×64 tile kernel, and for M ≤ 16 (decode) one with a chain per warp and 4 K tiles in
+// order: the 64×64 tile kernel, and for M ≤ 64 (decode) one with a chain per warp and 4 K tiles in
 // flight that adds the slices itself (gemm_bf16_small_m.cu); tests compare their bits.
 // With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
 // on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.

@@ -1,7 +1,7 @@
-// Small-M path of gemm_bf16 (gemm_bf16_small_m.h): M ≤ 16, one wmma row tile. Each warp owns one
-// chain — 16 output columns over one K range (the whole K, or one kGemmSplitK slice) — and streams its
-// W rows (and the ≤ 16 x rows, zero-filled past the group's rows) through a private 4-stage cp.async
-// ring, so a warp keeps 4 K tiles in flight instead of one. With split_ws the 4 warps of a CTA share
+// Small-M path of gemm_bf16 (gemm_bf16_small_m.h): M ≤ kGemmSmallM, 16-row tiles (grid y). Each warp
+// owns one chain — 16 rows × 16 output columns over one K range (the whole K, or one kGemmSplitK
+// slice) — and streams its W rows and x rows (zero-filled past the group's rows) through a private
+// 4-stage cp.async ring, so a warp keeps 4 K tiles in flight instead of one. With split_ws the 4 warps of a CTA share
 // one 16-column group and take its slices in turn; the CTA adds the slice sums in ascending order
 // itself (no partials in global memory, no second kernel).
 //
@@ -47,7 +47,7 @@ size_t smem_bytes(const GemmBf16Args& a) {
   return ring + parts;
 }
 
-// grid (column groups, 1, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
+// grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
 // else a CTA = 4 column groups, one chain per warp over the whole K.
 __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a) {
   using namespace nvcuda;
@@ -61,10 +61,11 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
                                                       sizeof(uint16_t));
   const int g = blockIdx.z;
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
-  if (rows == 0) return;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
+  if (m0 >= rows) return;
   const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
-  const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
-  const uint16_t* xl = a.x_lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
+  const uint16_t* x = a.x + (static_cast<int64_t>(g) * a.M + m0) * a.K;
+  const uint16_t* xl = a.x_lo ? a.x_lo + (static_cast<int64_t>(g) * a.M + m0) * a.K : nullptr;
   const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
   for (int sl = split ? warp : 0; sl < slices && n0 < a.N; sl += split ? kWarps : slices) {
     const int64_t k_begin = split ? static_cast<int64_t>(sl) * kGemmSplitK : 0;
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
         for (int i = 0; i < 4; ++i) {
           const int v = lane + 32 * i, r = v / 8, c = (v % 8) * 8;
           const bool kin = k0 + c < k_end;
-          const bool wv = kin && n0 + r < a.N, xv = kin && r < rows;
+          const bool wv = kin && n0 + r < a.N, xv = kin && m0 + r < rows;
           cp_async16(st + r * kLds + c, wv ? w + (n0 + r) * a.K + k0 + c : w, wv);
           cp_async16(st + kTileElems + r * kLds + c, xv ? x + r * a.K + k0 + c : x, xv);
           if (xl) cp_async16(st + 2 * kTileElems + r * kLds + c, xv ? xl + r * a.K + k0 + c : xl, xv);
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
   for (int v = threadIdx.x; v < groups_in_cta * kFrag; v += kThreads) {
     const int cg = v / kFrag, e = v % kFrag, r = e / 16, c = e % 16;
     const int64_t n = (split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + cg) * 16) + c;
-    if (r >= rows || n >= a.N) continue;
-    const int64_t o = (static_cast<int64_t>(g) * a.M + r) * a.ldy + n;
+    if (m0 + r >= rows || n >= a.N) continue;
+    const int64_t o = (static_cast<int64_t>(g) * a.M + m0 + r) * a.ldy + n;
     float val = s_part[(split ? 0 : cg) * kFrag + e];
     if (split)
       for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[s * kFrag + e]);  // slice order, as split_reduce
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
 
 }  // namespace
 
-bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= 16 && smem_bytes(a) <= kMaxSmem; }
+bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= kGemmSmallM && smem_bytes(a) <= kMaxSmem; }
 
 void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const size_t smem = smem_bytes(a);
@@ -144,8 +145,9 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const int64_t col_groups = (a.N + 15) / 16;
   const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
-  gemm_bf16_small_m_kernel<<<dim3(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(a.groups)), kThreads, smem,
-                             stream>>>(a);
+  const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
+  gemm_bf16_small_m_kernel<<<dim3(static_cast<unsigned>(ctas), row_tiles, static_cast<unsigned>(a.groups)), kThreads,
+                             smem, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_small_m_kernel");
 }
 
