@@ -3,7 +3,8 @@
 # (gemm_bf16 small-M path, moe_combine, act_dispatch, swiglu_quant), test_engine's batch-invariance
 # tests (bf16 on the tiny model; sparse W4A4 / W4A16 on a compressed one), compute-sanitizer memcheck on
 # the combine and small-M GEMM tests, then bench_moe_layer and its torch peer (the NOTES command).
-# Binaries: BIN (default build-devbin/, built elsewhere for sm_90a) when every one loads, else a fresh build.
+# Binaries: BIN (default build-devbin/, built elsewhere for sm_90a; BUILD=1 builds them here when they do
+# not load). The binaries find the tiny model at their build checkout's path: a link to this one is made.
 # Writes to OUT: summary.txt and logs.tgz.
 # Usage (repository root on the device): bench/device_moe_small_stages.sh [OUT]
 set -uo pipefail
@@ -14,7 +15,7 @@ export PATH="/usr/local/cuda/bin:$PATH" MOESQ_QUIET=1
 export MOESQ_DEFAULT_MODEL="$PWD/models/tiny-qwen3-moe" MOESQ_FIXTURES="$PWD/tests/fixtures"
 S="$OUT/summary.txt"
 # Binaries built in another checkout look for the tiny model and fixtures at that checkout's path.
-for src in /work/w15s; do [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; }; done
+for src in ${SRC_CHECKOUT:-/work/w15s}; do [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; }; done
 : > "$S"
 BIN=${BIN:-build-devbin}
 TARGETS=(test_engine_ops test_act_dispatch test_swiglu_quant test_engine bench_moe_layer moesq)
@@ -22,13 +23,18 @@ ok=1
 for t in "${TARGETS[@]}"; do
   [ -x "$BIN/$t" ] && ! ldd "$BIN/$t" | grep -q "not found" || ok=0
 done
-if [ $ok -eq 0 ]; then
-  echo "carried binaries unusable: building" | tee -a "$S"
-  BIN=build-dev
-  t0=$(date +%s)
-  { cmake -S . -B $BIN -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF &&
-    cmake --build $BIN -j16 --target "${TARGETS[@]}"; } > "$W/build.log" 2>&1 || { tail -40 "$W/build.log" | tee -a "$S"; }
-  echo "build $(( $(date +%s) - t0 )) s" | tee -a "$S"
+if [ $ok -eq 0 ]; then  # build here instead (BUILD=1), or report what does not load
+  if [ "${BUILD:-0}" = 1 ]; then
+    BIN=build-dev
+    t0=$(date +%s)
+    { cmake -S . -B $BIN -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF &&
+      cmake --build $BIN -j16 --target "${TARGETS[@]}"; } > "$W/build.log" 2>&1 || { tail -40 "$W/build.log" | tee -a "$S"; }
+    echo "build $(( $(date +%s) - t0 )) s" | tee -a "$S"
+  else
+    for t in "${TARGETS[@]}"; do ldd "$BIN/$t" 2>&1 | grep "not found" | sed "s|^|$t: |"; done | tee -a "$S"
+    echo "SUMMARY: the binaries in $BIN do not load (BUILD=1 builds them here)" | tee -a "$S"
+    exit 1
+  fi
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader >> "$S" 2>&1
 
