@@ -36,10 +36,11 @@ void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBloc
   cuda::DispatchArgs d;
   d.x = x, d.topk_ids = b.topk_ids, d.T = T, d.topk = static_cast<int>(dm.top_k), d.K = H, d.K_pad = H_pad;
   d.num_experts = E, d.capacity = cap, d.out = b.xd, d.inv_scale = b.xs, d.counts = b.counts;
-  d.route_of_slot = b.route_of_slot;
-  cuda::SwigluQuantArgs sw;
+  d.route_of_slot = b.route_of_slot, d.slot_of_route = b.slot_of_route;
+  cuda::SwigluQuantArgs sw;  // route grid: T·k CTAs, not E × capacity
   sw.h_f32 = b.hbuf, sw.counts = b.counts, sw.num_experts = E, sw.capacity = cap, sw.I = I;
   sw.I_pad = I_pad, sw.out = b.ad, sw.inv_scale = b.as;
+  sw.topk_ids = b.topk_ids, sw.slot_of_route = b.slot_of_route, sw.routes = T * dm.top_k;
   if (L.backend == ExpertBackend::kBf16) {
     d.quantize = false, d.layout = moe::ActLayout::kKMajor;
     if (stages & kMoeDispatch) cuda::act_dispatch(d, stream);
@@ -96,8 +97,8 @@ void moe_block(const MoeBlockDims& dm, const MoeBlockWeights& w, const MoeBlockB
   if (stages & kMoeTopk) ops::router_topk(rt, stream);
   run_experts(dm, w, b, x, x_lo, T, stream, stages);
   ops::MoeCombineArgs mc;
-  mc.y = b.ybuf, mc.route_of_slot = b.route_of_slot, mc.counts = b.counts, mc.topk_ids = b.topk_ids;
-  mc.topk_w = b.topk_w, mc.slot_of_route = b.slot_of_route, mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
+  mc.y = b.ybuf, mc.topk_ids = b.topk_ids, mc.topk_w = b.topk_w, mc.slot_of_route = b.slot_of_route;
+  mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
   if (stages & kMoeCombine) ops::moe_combine(mc, stream);
 }

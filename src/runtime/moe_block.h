@@ -46,7 +46,7 @@ struct MoeBlockBuffers {
   float* gemm_split = nullptr;       // ≥ gemm_bf16_split_floats(T, E, H): the router GEMM's fixed split-K, or nullptr
   int32_t* topk_ids = nullptr;       // [T, k] expert ids, descending probability
   float* topk_w = nullptr;           // [T, k] combine weights
-  int32_t* slot_of_route = nullptr;  // [T, k]
+  int32_t* slot_of_route = nullptr;  // [T, k] slot of each route in its expert (dispatch → SwiGLU, combine)
   uint16_t* xd = nullptr;            // [E, T, H_pad] bf16 dispatched rows
   float* hbuf = nullptr;             // [E, T, 2I] fp32 gate|up output
   uint16_t* ad = nullptr;            // [E, T, I_pad] bf16 SwiGLU output (down GEMM input)

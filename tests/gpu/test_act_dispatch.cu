@@ -15,6 +15,7 @@
 #include "format/kernel_layout.h"
 #include "ops/act_dispatch/act_dispatch.h"
 #include "ops/common/nvfp4_row.cuh"
+#include "ops/moe_combine/moe_combine.h"
 #include "support/gpu_test_main.h"
 #include "support/ops_fixtures.h"
 
@@ -57,6 +58,7 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
 
       DevBuf<uint16_t> d_x(x), d_xl(xl), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
       DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
+      DevBuf<int32_t> d_sor(std::vector<int32_t>(static_cast<size_t>(T) * topk, -7));  // -7: never written
       DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
       cuda::DispatchArgs a;
       a.x = d_x.p;
@@ -74,13 +76,22 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       a.inv_scale = d_inv.p;
       a.counts = d_counts.p;
       a.route_of_slot = d_ros.p;
+      a.slot_of_route = d_sor.p;
       cuda::act_dispatch(a, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out = d_out.download();
       const auto inv = d_inv.download();
       const auto counts = d_counts.download();
       const auto ros = d_ros.download();
+      const auto sor = d_sor.download();
       ASSERT_GT(ref.counts[7], cap) << "the test must exercise dropped routes";
+      // slot_of_route is route_of_slot inverted: every route's slot, −1 exactly for the dropped ones.
+      std::vector<int32_t> want_sor(static_cast<size_t>(T) * topk);
+      ops::invert_route_of_slot(ros.data(), counts.data(), E, cap, T * topk, want_sor.data());
+      ASSERT_EQ(sor, want_sor);
+      int64_t dropped = 0;
+      for (int e = 0; e < E; ++e) dropped += std::max(ref.counts[e] - cap, 0);
+      EXPECT_EQ(std::count(sor.begin(), sor.end(), -1), dropped);
       int64_t checked = 0, nonzero = 0;
       for (int e = 0; e < E; ++e) {
         ASSERT_EQ(counts[e], ref.counts[e]) << "expert " << e;

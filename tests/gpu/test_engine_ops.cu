@@ -186,6 +186,60 @@ TEST(EngineOps, GemmBf16SplitKMatchesRefAndIsBatchInvariant) {
   }
 }
 
+// The small-M path (M ≤ 64: one chain per warp, cp.async ring, slices added in the kernel) gives every
+// row the bits of the 64×64 tile kernel (M = 80): grouped with counts, bf16 output, hi + lo input,
+// accumulate, split-K, N and K off the tile sizes.
+TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
+  struct Case {
+    int G;
+    int64_t N, K;
+    bool lo, split, bf16, accumulate, counts;
+  };
+  const Case cases[] = {{1, 128, 2048, false, true, false, false, false}, {1, 136, 2048, true, true, false, true, false},
+                        {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
+                        {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
+  for (const Case& c : cases)
+    for (int64_t m : {1, 5, 16, 33, 64}) {
+      if (c.split && c.G != 1) continue;
+      const int64_t Mbig = 80, ldy = c.N + 3;
+      const std::vector<uint16_t> w = rand_bf16(c.G * c.N * c.K, 31 + c.K);
+      const std::vector<uint16_t> xb = rand_bf16(c.G * Mbig * c.K, 32 + c.K), lb = rand_bf16(c.G * Mbig * c.K, 33, 1.0f / 512);
+      const std::vector<float> yb = rand_f32(c.G * Mbig * ldy, 34);
+      // The small run's operands: the first m rows of every group of the big run.
+      std::vector<uint16_t> xs(c.G * m * c.K), ls(c.G * m * c.K);
+      std::vector<float> ys(c.G * m * ldy);
+      for (int g = 0; g < c.G; ++g) {
+        std::copy_n(xb.begin() + g * Mbig * c.K, m * c.K, xs.begin() + g * m * c.K);
+        std::copy_n(lb.begin() + g * Mbig * c.K, m * c.K, ls.begin() + g * m * c.K);
+        std::copy_n(yb.begin() + g * Mbig * ldy, m * ldy, ys.begin() + g * m * ldy);
+      }
+      std::vector<int32_t> cnt_big(c.G), cnt_small(c.G);
+      for (int g = 0; g < c.G; ++g) cnt_small[g] = static_cast<int32_t>(std::max<int64_t>(m - g, 0)), cnt_big[g] = cnt_small[g];
+      auto run = [&](int64_t M, const std::vector<uint16_t>& x, const std::vector<uint16_t>& l, const std::vector<float>& y0,
+                     const std::vector<int32_t>& cnt) {
+        DevBuf<uint16_t> dx(x), dl(l), dw(w), dyb(std::vector<uint16_t>(y0.size(), 0x7fc1));
+        DevBuf<float> dy(y0), dws(c.split ? moesq::ops::gemm_bf16_split_floats(M, c.N, c.K) : 1);
+        DevBuf<int32_t> dc(cnt);
+        moesq::ops::GemmBf16Args a;
+        a.x = dx.p, a.x_lo = c.lo ? dl.p : nullptr, a.w = dw.p, a.groups = c.G, a.M = M, a.N = c.N, a.K = c.K, a.ldy = ldy;
+        a.accumulate = c.accumulate, a.counts = c.counts ? dc.p : nullptr, a.split_ws = c.split ? dws.p : nullptr;
+        if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
+        moesq::ops::gemm_bf16(a, nullptr);
+        std::vector<uint32_t> out;
+        if (c.bf16) for (uint16_t v : dyb.download()) out.push_back(v);
+        else for (float v : dy.download()) out.push_back(bits(v));
+        return out;
+      };
+      const std::vector<uint32_t> big = run(Mbig, xb, lb, yb, cnt_big), small = run(m, xs, ls, ys, cnt_small);
+      for (int g = 0; g < c.G; ++g)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t n = 0; n < ldy; ++n)
+            ASSERT_EQ(small[(g * m + r) * ldy + n], big[(g * Mbig + r) * ldy + n])
+                << "N=" << c.N << " K=" << c.K << " lo=" << c.lo << " split=" << c.split << " bf16=" << c.bf16
+                << " M=" << m << " g=" << g << " row " << r << " col " << n;
+    }
+}
+
 TEST(EngineOps, RmsNormBitwise) {
   for (int64_t D : {64, 256, 2048, 300}) {
     const int64_t n = 5;
@@ -346,43 +400,49 @@ TEST(EngineOps, RouterTopkMatchesRef) {
   for (float w : dw.download()) EXPECT_EQ(w, 0.25f);
 }
 
-TEST(EngineOps, MoeCombineBitwiseAnyslotOrder) {
+// Slots in a shuffled (atomic-like) order inside every expert and some routes dropped: the combine
+// equals its twin bitwise, on the 8-column vector path (H, ldy multiples of 8) and the scalar one.
+TEST(EngineOps, MoeCombineBitwiseAnySlotOrder) {
   const int E = 16, k = 4, cap = 40;
-  const int64_t T = 33, H = 96, ldy = 100;
-  std::mt19937_64 g(5);
-  std::vector<int32_t> ids(T * k);
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<int32_t> perm(E);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), g);
-    std::copy(perm.begin(), perm.begin() + k, ids.begin() + t * k);
+  for (const auto& [H, ldy] : {std::pair<int64_t, int64_t>{96, 100}, {2048, 2056}, {104, 104}}) {
+    const int64_t T = 33;
+    std::mt19937_64 g(5 + H);
+    std::vector<int32_t> ids(T * k);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> perm(E);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      std::copy(perm.begin(), perm.begin() + k, ids.begin() + t * k);
+    }
+    const std::vector<float> w = rand_f32(T * k, 6, 0.3f, 0.25f), h0 = rand_f32(T * H, 7);
+    const std::vector<uint16_t> y = rand_bf16(E * cap * ldy, 8);
+    std::vector<int32_t> counts(E, 0), ros(E * cap, -1);
+    std::vector<std::vector<int32_t>> per(E);
+    for (int64_t r = 0; r < T * k; ++r) per[ids[r]].push_back(static_cast<int32_t>(r));
+    for (int e = 0; e < E; ++e) {
+      std::shuffle(per[e].begin(), per[e].end(), g);
+      if (e == 3) per[e].resize(per[e].size() / 2);  // expert 3 dropped half its routes
+      counts[e] = static_cast<int32_t>(per[e].size());
+      std::copy(per[e].begin(), per[e].end(), ros.begin() + e * cap);
+    }
+    std::vector<int32_t> sor(T * k);
+    moesq::ops::invert_route_of_slot(ros.data(), counts.data(), E, cap, T * k, sor.data());
+    ASSERT_GT(std::count(sor.begin(), sor.end(), -1), 0);
+    DevBuf<uint16_t> dy(y);
+    DevBuf<int32_t> di(ids), dsor(sor);
+    DevBuf<float> dw(w), dh(h0);
+    moesq::ops::MoeCombineArgs a;
+    a.y = dy.p, a.topk_ids = di.p, a.topk_w = dw.p, a.slot_of_route = dsor.p;
+    a.h = dh.p, a.T = T, a.H = H, a.ldy = ldy, a.topk = k, a.num_experts = E, a.capacity = cap;
+    moesq::ops::moe_combine(a, nullptr);
+    std::vector<float> rh = h0;
+    a.y = y.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.slot_of_route = sor.data(), a.h = rh.data();
+    moesq::ops::moe_combine_ref(a);
+    const auto gh = dh.download();
+    for (size_t i = 0; i < rh.size(); ++i)
+      ASSERT_EQ(bits(gh[i]), bits(rh[i])) << "H=" << H << " token " << i / H << " col " << i % H;
+    EXPECT_NE(gh, h0);
   }
-  const std::vector<float> w = rand_f32(T * k, 6, 0.3f, 0.25f), h0 = rand_f32(T * H, 7);
-  const std::vector<uint16_t> y = rand_bf16(E * cap * ldy, 8);
-  // Slots in a shuffled (atomic-like) order inside every expert.
-  std::vector<int32_t> counts(E, 0), ros(E * cap, -1);
-  std::vector<std::vector<int32_t>> per(E);
-  for (int64_t r = 0; r < T * k; ++r) per[ids[r]].push_back(static_cast<int32_t>(r));
-  for (int e = 0; e < E; ++e) {
-    std::shuffle(per[e].begin(), per[e].end(), g);
-    counts[e] = static_cast<int32_t>(per[e].size());
-    std::copy(per[e].begin(), per[e].end(), ros.begin() + e * cap);
-  }
-  DevBuf<uint16_t> dy(y);
-  DevBuf<int32_t> dros(ros), dc(counts), di(ids), dsor(T * k);
-  DevBuf<float> dw(w), dh(h0);
-  moesq::ops::MoeCombineArgs a;
-  a.y = dy.p, a.route_of_slot = dros.p, a.counts = dc.p, a.topk_ids = di.p, a.topk_w = dw.p, a.slot_of_route = dsor.p;
-  a.h = dh.p, a.T = T, a.H = H, a.ldy = ldy, a.topk = k, a.num_experts = E, a.capacity = cap;
-  moesq::ops::moe_combine(a, nullptr);
-  std::vector<float> rh = h0;
-  std::vector<int32_t> rsor(T * k);
-  a.y = y.data(), a.route_of_slot = ros.data(), a.counts = counts.data(), a.topk_ids = ids.data(), a.topk_w = w.data();
-  a.slot_of_route = rsor.data(), a.h = rh.data();
-  moesq::ops::moe_combine_ref(a);
-  const auto gh = dh.download();
-  for (size_t i = 0; i < rh.size(); ++i) ASSERT_EQ(bits(gh[i]), bits(rh[i])) << "token " << i / H << " col " << i % H;
-  EXPECT_NE(gh, h0);
 }
 
 TEST(EngineOps, SynthPackBitwise) {

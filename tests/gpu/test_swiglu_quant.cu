@@ -35,8 +35,30 @@ struct SwigluRun {
   std::vector<float> inv;     // [E, capacity], −1 where not written
 };
 
+// The route grid's inputs (SwigluQuantArgs::topk_ids / slot_of_route) for `counts`: one route per filled
+// slot in a shuffled order, plus dropped routes (slot −1) and routes past an expert's count.
+struct Routes {
+  std::vector<int32_t> ids, slots;
+};
+Routes shuffled_routes(const std::vector<int32_t>& counts, int cap, uint64_t seed) {
+  Routes r;
+  for (int e = 0; e < static_cast<int>(counts.size()); ++e) {
+    for (int s = 0; s < std::min(counts[e], cap); ++s) r.ids.push_back(e), r.slots.push_back(s);
+    r.ids.push_back(e), r.slots.push_back(-1);   // dropped
+    r.ids.push_back(e), r.slots.push_back(cap);  // past the capacity: never written
+  }
+  std::mt19937_64 g(seed);
+  std::vector<size_t> perm(r.ids.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), g);
+  Routes out;
+  for (size_t i : perm) out.ids.push_back(r.ids[i]), out.slots.push_back(r.slots[i]);
+  return out;
+}
+
 SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>& counts, int E, int cap, int64_t I,
-                     int64_t I_pad, bool quantize, ActLayout layout) {
+                     int64_t I_pad, bool quantize, ActLayout layout, const Routes* routes = nullptr) {
+  DevBuf<int32_t> d_ids(routes ? routes->ids : std::vector<int32_t>(1)), d_slots(routes ? routes->slots : std::vector<int32_t>(1));
   DevBuf<uint16_t> d_h(h), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
   DevBuf<int32_t> d_counts(counts);
   DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
@@ -51,6 +73,7 @@ SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>&
   a.layout = layout;
   a.out = d_out.p;
   a.inv_scale = d_inv.p;
+  if (routes) a.topk_ids = d_ids.p, a.slot_of_route = d_slots.p, a.routes = static_cast<int64_t>(routes->ids.size());
   cuda::swiglu_quant(a, nullptr);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   return {d_out.download(), d_inv.download()};
@@ -177,6 +200,27 @@ TEST(SwigluQuant, Fp32InputMatchesFp32RowQuantizer) {
             ASSERT_EQ(out[gs * I_pad + k], want[k]) << "quantize=" << quantize << " " << act_layout_name(layout)
                                                     << " expert " << e << " slot " << s << " storage index " << k;
         }
+    }
+}
+
+// The route grid (moe_block's launch: one CTA per route, slots from slot_of_route) writes exactly
+// what the (capacity, E) grid writes — same values, same untouched slots — in both layouts.
+TEST(SwigluQuant, RouteGridEqualsSlotGrid) {
+  std::mt19937 rng(31);
+  for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
+    for (bool quantize : {true, false}) {
+      const int E = 4, cap = 6;
+      const int64_t I = 768, I_pad = padded_k(I);
+      const std::vector<int32_t> counts = {6, 0, 3, 9};
+      std::vector<uint16_t> h(static_cast<size_t>(E) * cap * 2 * I);
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      for (auto& v : h) v = f32_to_bf16(nd(rng));
+      const Routes routes = shuffled_routes(counts, cap, 5);
+      const SwigluRun slots = run_swiglu(h, counts, E, cap, I, I_pad, quantize, layout);
+      const SwigluRun by_route = run_swiglu(h, counts, E, cap, I, I_pad, quantize, layout, &routes);
+      EXPECT_EQ(by_route.inv, slots.inv) << act_layout_name(layout) << " quantize=" << quantize;
+      ASSERT_EQ(by_route.out, slots.out) << act_layout_name(layout) << " quantize=" << quantize;
+      EXPECT_EQ(std::count(slots.inv.begin(), slots.inv.end(), -1.0f), 2 * cap - 3) << "untouched slots";
     }
 }
 

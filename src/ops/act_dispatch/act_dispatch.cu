@@ -1,5 +1,6 @@
-// Activation dispatch + NVFP4 quantization kernel (act_dispatch.cuh). One CTA per route: claim a
-// slot with one atomic, stage the token row in shared memory, quantize it into the kernel layout.
+// Activation dispatch + NVFP4 quantization kernel (act_dispatch.h). One CTA per route: claim a slot
+// with one atomic, stage the token row in shared memory (16-byte loads), quantize it into the kernel
+// layout (8 columns per thread, ops/common/nvfp4_row.cuh).
 //
 // Non-obvious decision: one CTA per ROUTE (not per token) re-reads a token row topk times, but keeps
 // the per-token arithmetic independent of where its routes land; the row is tiny next to the
@@ -12,7 +13,7 @@ namespace moesq::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;  // 8 columns per thread: K = 2048 in one pass
 
 __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) {
   extern __shared__ __align__(16) unsigned char s_raw[];  // [K] bf16 token row, or [K] fp32 (x_lo given)
@@ -22,28 +23,44 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
   __shared__ int s_slot;
   const int64_t r = blockIdx.x;
   const int e = a.topk_ids[r];
-  if (e < 0 || e >= a.num_experts) return;  // invalid ids are the caller's bug; never write out of range
+  if (e < 0 || e >= a.num_experts) {  // invalid ids are the caller's bug; never write out of range
+    if (threadIdx.x == 0 && a.slot_of_route) a.slot_of_route[r] = -1;
+    return;
+  }
   if (threadIdx.x == 0) s_slot = atomicAdd(&a.counts[e], 1);
   const uint16_t* src = a.x + (r / a.topk) * a.K;
   const bool f32 = a.x_lo != nullptr && a.quantize;
-  if (f32) {
-    const uint16_t* lo = a.x_lo + (r / a.topk) * a.K;
-    for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x)
-      s_rowf[k] = __fadd_rn(detail::bf16_bits_to_f32(src[k]), detail::bf16_bits_to_f32(lo[k]));
-  } else {
-    for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) s_row[k] = src[k];
+  const uint16_t* lo = f32 ? a.x_lo + (r / a.topk) * a.K : nullptr;
+  for (int64_t k = 8 * threadIdx.x; k < a.K; k += 8 * kThreads) {  // 16-byte loads (K % 32 == 0)
+    const uint4 p = *reinterpret_cast<const uint4*>(src + k);
+    if (!f32) {
+      *reinterpret_cast<uint4*>(s_row + k) = p;
+      continue;
+    }
+    const uint4 q = *reinterpret_cast<const uint4*>(lo + k);
+    const uint32_t hp[4] = {p.x, p.y, p.z, p.w}, lp[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      s_rowf[k + j] = __fadd_rn(detail::bf16_bits_to_f32(static_cast<uint16_t>(hp[j / 2] >> (16 * (j % 2)))),
+                                detail::bf16_bits_to_f32(static_cast<uint16_t>(lp[j / 2] >> (16 * (j % 2)))));
   }
   __syncthreads();
   const int slot = s_slot;
-  if (slot >= a.capacity) return;  // dropped route: counted, not stored
+  if (slot >= a.capacity) {  // dropped route: counted, not stored
+    if (threadIdx.x == 0 && a.slot_of_route) a.slot_of_route[r] = -1;
+    return;
+  }
   const int64_t s = static_cast<int64_t>(e) * a.capacity + slot;
-  if (threadIdx.x == 0) a.route_of_slot[s] = static_cast<int32_t>(r);
+  if (threadIdx.x == 0) {
+    a.route_of_slot[s] = static_cast<int32_t>(r);
+    if (a.slot_of_route) a.slot_of_route[r] = slot;
+  }
   if (f32)
     detail::quantize_row_to_kernel_layout(s_rowf, static_cast<int>(a.K), static_cast<int>(a.K_pad), true,
                                           a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
   else
     detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
-                                        a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ struct DispatchArgs {
   float* inv_scale = nullptr;          // [E, capacity] 1/γ_a per slot
   int32_t* counts = nullptr;           // [E] routes per expert (zeroed by the launcher; may exceed capacity)
   int32_t* route_of_slot = nullptr;    // [E, capacity] route id r = token·topk + j of each filled slot
+  // [T, topk] slot of each route inside its expert (route_of_slot inverted), −1 when dropped; or
+  // nullptr. What moe_combine and the route-indexed swiglu_quant read.
+  int32_t* slot_of_route = nullptr;
 };
 
 // Slot order inside an expert is the atomic (native) order; a route's values do not depend on it.

@@ -80,73 +80,94 @@ __device__ __forceinline__ float block_max(float v, float* s_red) {
   return v;
 }
 
-// A row value as fp32: bf16 bits or fp32 (the fp32-input quantizer of the W4A4 engine path).
-__device__ __forceinline__ float row_value(const uint16_t* row, int k) { return bf16_bits_to_f32(row[k]); }
-__device__ __forceinline__ float row_value(const float* row, int k) { return row[k]; }
-__device__ __forceinline__ uint16_t row_bf16(const uint16_t* row, int k) { return row[k]; }
-__device__ __forceinline__ uint16_t row_bf16(const float* row, int k) { return __bfloat16_as_ushort(__float2bfloat16_rn(row[k])); }
+// The 8 values of logical columns [k0, k0 + 8) of a shared-memory row as fp32 (b: their bf16 bits,
+// exact for bf16 rows, RNE-rounded for fp32 rows). 16-byte aligned vector reads.
+__device__ __forceinline__ void load8(const uint16_t* row, int k0, float (&f)[8], uint16_t (&b)[8]) {
+  const uint4 p = *reinterpret_cast<const uint4*>(row + k0);
+  const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    b[j] = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
+    f[j] = bf16_bits_to_f32(b[j]);
+  }
+}
+__device__ __forceinline__ void load8(const float* row, int k0, float (&f)[8], uint16_t (&b)[8]) {
+  const float4 p = *reinterpret_cast<const float4*>(row + k0), q = *reinterpret_cast<const float4*>(row + k0 + 4);
+  f[0] = p.x, f[1] = p.y, f[2] = p.z, f[3] = p.w, f[4] = q.x, f[5] = q.y, f[6] = q.z, f[7] = q.w;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) b[j] = __bfloat16_as_ushort(__float2bfloat16_rn(f[j]));
+}
 
-// One 32-wide k-step starting at logical column k0 of s_row → out[k0, k0+32) in layout kLayout, as
-// four 16-byte stores. The layout is a template value so that every index into v[] is a compile-time
-// constant and v stays in registers.
-template <int kLayout, typename Row>
-__device__ __forceinline__ void quantize_step(const Row* s_row, int k0, int K, bool quantize, float gamma,
-                                              uint16_t* out) {
-  uint16_t v[kActBlock];
-  if (k0 >= K) {
-#pragma unroll
-    for (int j = 0; j < kActBlock; ++j) v[j] = 0;
-  } else if (!quantize) {
-#pragma unroll
-    for (int j = 0; j < kActBlock; ++j) v[act_storage_in_step(j, kLayout)] = row_bf16(s_row, k0 + j);
-  } else {
-    float bmax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kActBlock; ++j) bmax = fmaxf(bmax, fabsf(row_value(s_row, k0 + j)));
-    const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
-    const float mult = s > 0.0f ? gamma / s : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kActBlock; ++j) {
-      const uint32_t q = s > 0.0f ? e2m1_encode(row_value(s_row, k0 + j) * mult) : 0u;
-      // dec(q)·s has ≤ 6 significant bits: exact in bf16, so the truncating move below is exact.
-      v[act_storage_in_step(j, kLayout)] = static_cast<uint16_t>(__float_as_uint(e2m1_decode(q) * s) >> 16);
-    }
-  }
-  uint4* dst = reinterpret_cast<uint4*>(out + k0);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint4 p;
-    p.x = v[8 * j + 0] | (static_cast<uint32_t>(v[8 * j + 1]) << 16);
-    p.y = v[8 * j + 2] | (static_cast<uint32_t>(v[8 * j + 3]) << 16);
-    p.z = v[8 * j + 4] | (static_cast<uint32_t>(v[8 * j + 5]) << 16);
-    p.w = v[8 * j + 6] | (static_cast<uint32_t>(v[8 * j + 7]) << 16);
-    dst[j] = p;
-  }
+// w[i] of i = sel (0..3) without dynamic register indexing.
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int sel) {
+  return sel == 0 ? w[0] : sel == 1 ? w[1] : sel == 2 ? w[2] : w[3];
 }
 
 // Row s_row [K] (bf16 bits or fp32, logical order, shared memory; fp32 rows are rounded to bf16
-// only on the !quantize path) → out [K_pad] (global, 16-byte aligned) in
-// the K order `layout` (kActLayoutMmaFragment or kActLayoutKMajor). Each thread owns whole 32-wide
-// k-steps and writes one 16-byte store per 8 values in either layout: both only permute inside a step.
-// quantize: NVFP4 decoded values dec(q)·dec(c) and *inv_scale = 1/γ_a; else the bf16 values and 1.
-// All threads of the block must call it. s_red: 32 floats of shared scratch.
+// only on the !quantize path) → out [K_pad] (global, 16-byte aligned) in the K order `layout`
+// (kActLayoutMmaFragment or kActLayoutKMajor). quantize: NVFP4 decoded values dec(q)·dec(c) and
+// *inv_scale = 1/γ_a; else the bf16 values and 1. All threads of the block must call it (blockDim.x a
+// multiple of 32); K % 32 == 0, K_pad % 256 == 0. s_red: 32 floats of shared scratch.
+//
+// Each thread owns 8 consecutive logical columns (a quarter of a 32-wide scale block: the four
+// quarters sit in 4 adjacent lanes, whose block max is two shuffles). Within a quarter, the 4:8 → 2:4
+// step pairs columns (0,2) (4,6) (1,3) (5,7) into 32-bit words w0..w3; kKMajor stores the quarter's
+// own words, kMmaFragment stores, for quarter g, word g of each of the 4 quarters (a 4×4 word
+// transpose over the 4 lanes) — act_storage_in_step for every column, one 16-byte store per thread.
 template <typename Row>
 __device__ inline void quantize_row_to_kernel_layout(const Row* s_row, int K, int K_pad, bool quantize,
                                                      uint16_t* out, float* inv_scale, float* s_red, int layout) {
   float gamma = 1.0f;
   if (quantize) {
     float amax = 0.0f;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(row_value(s_row, k)));
+    for (int k0 = 8 * static_cast<int>(threadIdx.x); k0 < K; k0 += 8 * static_cast<int>(blockDim.x)) {
+      float f[8];
+      uint16_t b[8];
+      load8(s_row, k0, f, b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+    }
     amax = block_max(amax, s_red);
     if (amax > 0.0f) {
       gamma = 2688.0f / amax;  // Eq. 5: 448·6 / amax
       if (!isfinite(gamma)) gamma = 1.0f;
     }
   }
-  for (int step = threadIdx.x; step < K_pad / kActBlock; step += blockDim.x) {
-    const int k0 = step * kActBlock;
-    if (layout == kActLayoutKMajor) quantize_step<kActLayoutKMajor>(s_row, k0, K, quantize, gamma, out);
-    else quantize_step<kActLayoutMmaFragment>(s_row, k0, K, quantize, gamma, out);
+  const int lane = threadIdx.x % 32, quarter = lane % 4, base = lane - quarter;
+  // K_pad / 8 is a multiple of 32: every pass of the loop runs whole warps (the shuffles need them).
+  for (int k0 = 8 * static_cast<int>(threadIdx.x); k0 < K_pad; k0 += 8 * static_cast<int>(blockDim.x)) {
+    const bool in = k0 < K;  // K % 32 == 0: the 4 quarters of a block agree
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (in) load8(s_row, k0, f, v);
+    if (quantize) {
+      float bmax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) bmax = fmaxf(bmax, fabsf(f[j]));
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
+      const float mult = s > 0.0f ? gamma / s : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t q = s > 0.0f ? e2m1_encode(f[j] * mult) : 0u;
+        // dec(q)·s has ≤ 6 significant bits: exact in bf16, so the truncating move below is exact.
+        v[j] = in ? static_cast<uint16_t>(__float_as_uint(e2m1_decode(q) * s) >> 16) : 0;
+      }
+    }
+    const uint32_t w[4] = {v[0] | (static_cast<uint32_t>(v[2]) << 16), v[4] | (static_cast<uint32_t>(v[6]) << 16),
+                           v[1] | (static_cast<uint32_t>(v[3]) << 16), v[5] | (static_cast<uint32_t>(v[7]) << 16)};
+    uint4 p;
+    if (layout == kActLayoutKMajor) {
+      p = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {  // out word i = word `quarter` of quarter i; the lane of quarter ^ d sends its word[quarter]
+      uint32_t got[4];  // got[d]: from quarter ^ d
+      got[0] = pick4(w, quarter);
+#pragma unroll
+      for (int d = 1; d < 4; ++d) got[d] = __shfl_sync(0xffffffffu, pick4(w, quarter ^ d), base + (quarter ^ d));
+      p = make_uint4(pick4(got, quarter), pick4(got, 1 ^ quarter), pick4(got, 2 ^ quarter), pick4(got, 3 ^ quarter));
+    }
+    *reinterpret_cast<uint4*>(out + k0) = p;
   }
   if (threadIdx.x == 0) *inv_scale = quantize ? 1.0f / gamma : 1.0f;
 }

@@ -9,6 +9,7 @@
 #include <mma.h>
 
 #include "core/cuda/check.cuh"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
 
 namespace moesq::ops {
 
@@ -121,6 +122,7 @@ __global__ void gemm_bf16_split_reduce(GemmBf16Args a, const float* part, int sl
 void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   gemm_bf16_check(a);
   if (a.M == 0) return;
+  if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
   const dim3 grid(static_cast<unsigned>((a.N + kGemmBlockN - 1) / kGemmBlockN),
                   static_cast<unsigned>((a.M + kGemmBlockM - 1) / kGemmBlockM), static_cast<unsigned>(a.groups));
   MOESQ_CHECK(grid.y <= 65535 && grid.z <= 65535, "gemm_bf16: M=", a.M, " or G=", a.groups, " too large for the grid");

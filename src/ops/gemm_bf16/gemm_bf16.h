@@ -2,10 +2,13 @@
 // accumulation on the tensor cores. Used for the attention projections, the router, the lm_head and
 // the dense (bf16) expert backend. CPU twin: gemm_bf16_ref (same descriptor, host pointers).
 //
-// Non-obvious decision: ONE tile config (64×64×64; split-K only by the K-fixed slices of split_ws) for every shape, so an output row's
-// reduction order — one chain of k16 tensor-core MMAs in ascending K (hi then lo) — depends on K
-// alone, never on M, N or the other rows of the batch: a token's bits are independent of batch
-// composition (deterministic mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it.
+// Non-obvious decision: ONE reduction order (64-wide K tiles, split-K only by the K-fixed slices of
+// split_ws) for every shape, so an output row's value — one chain of k16 tensor-core MMAs in
+// ascending K (hi then lo) per slice, slices added in order — depends on K alone, never on M, N or
+// the other rows of the batch: a token's bits are independent of batch composition (deterministic
+// mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it. Two kernels run that
+// order: the 64×64 tile kernel, and for M ≤ 64 (decode) one with a chain per warp and 4 K tiles in
+// flight that adds the slices itself (gemm_bf16_small_m.cu); tests compare their bits.
 // With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
 // on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.
 #pragma once

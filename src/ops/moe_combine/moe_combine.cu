@@ -1,5 +1,7 @@
-// Combine kernels (moe_combine.h): invert route_of_slot, then one CTA per token sums its k routes
-// in ascending expert id (a k-element insertion sort per thread) into the residual.
+// Combine kernel (moe_combine.h): one CTA per token. The k routes' (row pointer, weight) go to shared
+// memory in ascending expert id (rank of each route among the token's ids, ties by route index, as
+// the twin's stable sort); then every thread sums its columns over them in that order, loading all
+// the routes' values of a column chunk before the first add.
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
@@ -11,44 +13,57 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxTopk = 32;
+constexpr int kBatch = 8;  // routes whose loads are in flight together
 
-__global__ void fill_kernel(int32_t* p, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) p[i] = -1;
-}
-
-__global__ void invert_kernel(MoeCombineArgs a) {  // grid: E blocks
-  const int e = blockIdx.x;
-  const int n = min(max(a.counts[e], 0), a.capacity);
-  for (int s = threadIdx.x; s < n; s += blockDim.x)
-    a.slot_of_route[a.route_of_slot[static_cast<int64_t>(e) * a.capacity + s]] = s;
-}
-
+// V columns per thread: 8 (16-byte loads; H and ldy multiples of 8) or 1.
+template <int V>
 __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
-  __shared__ int s_order[kMaxTopk];
+  __shared__ int s_id[kMaxTopk];
+  __shared__ const uint16_t* s_row[kMaxTopk];  // y row of the q-th route in expert order, nullptr: dropped
+  __shared__ float s_w[kMaxTopk];
   const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < a.topk; ++j) {
-      int i = j;
-      while (i > 0 && a.topk_ids[t * a.topk + s_order[i - 1]] > a.topk_ids[t * a.topk + j]) {
-        s_order[i] = s_order[i - 1];
-        --i;
-      }
-      s_order[i] = j;
-    }
+  const int k = a.topk;
+  if (threadIdx.x < k) s_id[threadIdx.x] = a.topk_ids[t * k + threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x < k) {
+    const int j = threadIdx.x, id = s_id[j];
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += s_id[i] < id || (s_id[i] == id && i < j);
+    const int s = a.slot_of_route[t * k + j];
+    const bool ok = s >= 0 && s < a.capacity && id >= 0 && id < a.num_experts;
+    s_row[rank] = ok ? a.y + (static_cast<int64_t>(id) * a.capacity + s) * a.ldy : nullptr;
+    s_w[rank] = a.topk_w[t * k + j];
   }
   __syncthreads();
-  for (int64_t c = threadIdx.x; c < a.H; c += kThreads) {
-    float acc = 0.0f;
-    for (int q = 0; q < a.topk; ++q) {
-      const int64_t r = t * a.topk + s_order[q];
-      const int s = a.slot_of_route[r];
-      if (s < 0) continue;
-      const int64_t e = a.topk_ids[r];
-      const float o = __bfloat162float(__ushort_as_bfloat16(a.y[(e * a.capacity + s) * a.ldy + c]));
-      acc = __fadd_rn(acc, __fmul_rn(o, a.topk_w[r]));
+  float* h = a.h + t * a.H;
+  for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * V; c0 < a.H; c0 += static_cast<int64_t>(kThreads) * V) {
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+    for (int q0 = 0; q0 < k; q0 += kBatch) {
+      uint16_t o[kBatch][V];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const uint16_t* row = q0 + b < k ? s_row[q0 + b] : nullptr;
+        if constexpr (V == 8) {
+          const uint4 p = row ? *reinterpret_cast<const uint4*>(row + c0) : make_uint4(0, 0, 0, 0);
+          const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[b][i] = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
+        } else {
+          o[b][0] = row ? row[c0] : 0;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (q0 + b >= k || !s_row[q0 + b]) continue;
+        const float wq = s_w[q0 + b];
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(__bfloat162float(__ushort_as_bfloat16(o[b][i])), wq));
+      }
     }
-    a.h[t * a.H + c] = __fadd_rn(a.h[t * a.H + c], acc);
+#pragma unroll
+    for (int i = 0; i < V; ++i) h[c0 + i] = __fadd_rn(h[c0 + i], acc[i]);
   }
 }
 
@@ -57,10 +72,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
 void moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
   moe_combine_check(a);
   if (a.T == 0) return;
-  const int64_t routes = a.T * a.topk;
-  fill_kernel<<<static_cast<unsigned>((routes + 255) / 256), 256, 0, stream>>>(a.slot_of_route, routes);
-  invert_kernel<<<a.num_experts, 256, 0, stream>>>(a);
-  combine_kernel<<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a);
+  MOESQ_CHECK(a.T <= 0x7fffffff, "moe_combine: T=", a.T, " too large for the grid");
+  const bool vec = a.H % 8 == 0 && a.ldy % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  if (vec)
+    combine_kernel<8><<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a);
+  else
+    combine_kernel<1><<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("moe_combine");
 }
 

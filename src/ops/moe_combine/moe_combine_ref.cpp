@@ -16,25 +16,34 @@ void moe_combine_check(const MoeCombineArgs& a) {
               " capacity=", a.capacity);
 }
 
+void invert_route_of_slot(const int32_t* route_of_slot, const int32_t* counts, int num_experts, int capacity,
+                          int64_t routes, int32_t* slot_of_route) {
+  std::fill(slot_of_route, slot_of_route + routes, -1);
+  for (int e = 0; e < num_experts; ++e) {
+    const int n = std::clamp(counts[e], 0, capacity);
+    for (int s = 0; s < n; ++s) {
+      const int32_t r = route_of_slot[static_cast<int64_t>(e) * capacity + s];
+      MOESQ_CHECK(r >= 0 && r < routes, "invert_route_of_slot: expert ", e, " slot ", s, " holds route ", r,
+                  " outside [0, ", routes, ")");
+      slot_of_route[r] = s;
+    }
+  }
+}
+
 void moe_combine_ref(const MoeCombineArgs& a) {
   moe_combine_check(a);
-  std::fill(a.slot_of_route, a.slot_of_route + a.T * a.topk, -1);
-  for (int e = 0; e < a.num_experts; ++e) {
-    const int n = std::clamp(a.counts[e], 0, a.capacity);
-    for (int s = 0; s < n; ++s) a.slot_of_route[a.route_of_slot[static_cast<int64_t>(e) * a.capacity + s]] = s;
-  }
   std::vector<int> order(a.topk);
   for (int64_t t = 0; t < a.T; ++t) {
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(),
-              [&](int x, int y) { return a.topk_ids[t * a.topk + x] < a.topk_ids[t * a.topk + y]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int x, int y) { return a.topk_ids[t * a.topk + x] < a.topk_ids[t * a.topk + y]; });
     for (int64_t c = 0; c < a.H; ++c) {
       float acc = 0.0f;
       for (int j : order) {
         const int64_t r = t * a.topk + j;
         const int s = a.slot_of_route[r];
-        if (s < 0) continue;
         const int64_t e = a.topk_ids[r];
+        if (s < 0 || s >= a.capacity || e < 0 || e >= a.num_experts) continue;
         acc += bf16_to_f32(a.y[(e * a.capacity + s) * a.ldy + c]) * a.topk_w[r];
       }
       a.h[t * a.H + c] += acc;

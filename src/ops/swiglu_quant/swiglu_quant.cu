@@ -1,5 +1,6 @@
-// SwiGLU + requant kernel (swiglu_quant.cuh). One CTA per (expert, slot); CTAs past the expert's
-// device-side count exit at once, so the grid can be sized from the capacity on the host.
+// SwiGLU + requant kernel (swiglu_quant.h). One CTA per route (route grid) or per (expert, slot),
+// where CTAs past the expert's device-side count exit at once; vector loads of the gate|up row, the
+// quantizer of ops/common/nvfp4_row.cuh.
 //
 // Non-obvious decision: silu(g)·u is rounded to bf16 BEFORE quantization, exactly like the CPU
 // reference and like an unfused bf16 pipeline would, so fusing changes no value; only expf's last
@@ -19,32 +20,46 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
   uint16_t* s_row = reinterpret_cast<uint16_t*>(s_raw);
   float* s_rowf = reinterpret_cast<float*>(s_raw);
   __shared__ float s_red[32];
-  const int e = blockIdx.y, slot = blockIdx.x;
-  const int count = min(a.counts[e], a.capacity);
-  if (slot >= count) return;
+  int e, slot;
+  if (a.slot_of_route) {  // grid: routes
+    e = a.topk_ids[blockIdx.x], slot = a.slot_of_route[blockIdx.x];
+    if (e < 0 || e >= a.num_experts || slot < 0 || slot >= min(a.counts[e], a.capacity)) return;
+  } else {  // grid: (capacity, E)
+    e = blockIdx.y, slot = blockIdx.x;
+    if (slot >= min(a.counts[e], a.capacity)) return;
+  }
   const int64_t s = static_cast<int64_t>(e) * a.capacity + slot;
-  if (a.h_f32) {
-    const float* h = a.h_f32 + s * 2 * a.I;
-    for (int64_t i = threadIdx.x; i < a.I; i += blockDim.x) {
-      const float g = h[i], u = h[a.I + i];
-      const float y = g / (1.0f + expf(-g)) * u;
-      if (a.quantize) s_rowf[i] = y;
-      else s_row[i] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  const bool f32_row = a.h_f32 && a.quantize;
+  for (int64_t i = 4 * threadIdx.x; i < a.I; i += 4 * kThreads) {  // 4 columns per thread (I % 32 == 0)
+    float g[4], u[4];
+    if (a.h_f32) {
+      const float* h = a.h_f32 + s * 2 * a.I;
+      const float4 gv = *reinterpret_cast<const float4*>(h + i), uv = *reinterpret_cast<const float4*>(h + a.I + i);
+      g[0] = gv.x, g[1] = gv.y, g[2] = gv.z, g[3] = gv.w, u[0] = uv.x, u[1] = uv.y, u[2] = uv.z, u[3] = uv.w;
+    } else {
+      const uint16_t* h = a.h + s * 2 * a.I;
+      const uint2 gv = *reinterpret_cast<const uint2*>(h + i), uv = *reinterpret_cast<const uint2*>(h + a.I + i);
+      const uint32_t gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        g[j] = detail::bf16_bits_to_f32(static_cast<uint16_t>(gw[j / 2] >> (16 * (j % 2))));
+        u[j] = detail::bf16_bits_to_f32(static_cast<uint16_t>(uw[j / 2] >> (16 * (j % 2))));
+      }
     }
-  } else {
-    const uint16_t* h = a.h + s * 2 * a.I;
-    for (int64_t i = threadIdx.x; i < a.I; i += blockDim.x) {
-      const float g = detail::bf16_bits_to_f32(h[i]), u = detail::bf16_bits_to_f32(h[a.I + i]);
-      s_row[i] = __bfloat16_as_ushort(__float2bfloat16_rn(g / (1.0f + expf(-g)) * u));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float y = g[j] / (1.0f + expf(-g[j])) * u[j];
+      if (f32_row) s_rowf[i + j] = y;
+      else s_row[i + j] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }
   }
   __syncthreads();
-  if (a.h_f32 && a.quantize)
+  if (f32_row)
     detail::quantize_row_to_kernel_layout(s_rowf, static_cast<int>(a.I), static_cast<int>(a.I_pad), true,
                                           a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
   else
     detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.I), static_cast<int>(a.I_pad), a.quantize,
-                                        a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
 }
 
 }  // namespace
@@ -62,7 +77,14 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
   if (smem > 48 * 1024)
     MOESQ_CUDA_CHECK(cudaFuncSetAttribute(swiglu_quant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-  swiglu_quant_kernel<<<dim3(a.capacity, a.num_experts), kThreads, smem, stream>>>(a);
+  if (a.slot_of_route) {
+    MOESQ_CHECK(a.topk_ids && a.routes >= 0 && a.routes <= 0x7fffffff, "swiglu_quant: route grid needs topk_ids and ",
+                "0 <= routes < 2^31 (routes=", a.routes, ")");
+    if (a.routes == 0) return;
+    swiglu_quant_kernel<<<static_cast<unsigned>(a.routes), kThreads, smem, stream>>>(a);
+  } else {
+    swiglu_quant_kernel<<<dim3(a.capacity, a.num_experts), kThreads, smem, stream>>>(a);
+  }
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_quant_kernel");
 }
 

@@ -36,6 +36,12 @@ struct SwigluQuantArgs {
   moe::ActLayout layout = moe::ActLayout::kMmaFragment;  // K order of out: the GEMM kernel that reads it
   uint16_t* out = nullptr;           // [E, capacity, I_pad] bf16, act_storage_index(·, layout) order
   float* inv_scale = nullptr;        // [E, capacity] 1/γ_a
+  // Route-indexed grid (what moe_block uses): one CTA per route r < routes, on the slot
+  // (topk_ids[r], slot_of_route[r]) (act_dispatch's output; −1: dropped, skipped) instead of one CTA
+  // per (expert, slot) of the E × capacity grid. Same values in the same slots; nullptr: that grid.
+  const int32_t* topk_ids = nullptr;       // [routes]
+  const int32_t* slot_of_route = nullptr;  // [routes]
+  int64_t routes = 0;
 };
 
 // Errors: I not a multiple of 32, I_pad not a multiple of 256 or < I, bad sizes, unknown layout.

@@ -1,0 +1,154 @@
+// Small-M path of gemm_bf16 (gemm_bf16_small_m.h): M ≤ kGemmSmallM, 16-row tiles (grid y). Each warp
+// owns one chain — 16 rows × 16 output columns over one K range (the whole K, or one kGemmSplitK
+// slice) — and streams its W rows and x rows (zero-filled past the group's rows) through a private
+// 4-stage cp.async ring, so a warp keeps 4 K tiles in flight instead of one. With split_ws the 4 warps of a CTA share
+// one 16-column group and take its slices in turn; the CTA adds the slice sums in ascending order
+// itself (no partials in global memory, no second kernel).
+//
+// Non-obvious decision: the MMA sequence of every chain is the tile kernel's exactly — 64-wide K
+// tiles from the range start, zero-filled in 8-element vectors past the range, k16 steps in order,
+// hi then lo per step, accumulators from zero — and an element of an m16n16k16 MMA depends only on its
+// own row of A and column of B, so a row gets the same bits here as in the 64×64 tile kernel at any
+// M (the batch invariance of gemm_bf16.h; tests/gpu/test_engine_ops.cu compares the two bitwise).
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include "core/cuda/check.cuh"
+
+namespace moesq::ops::detail {
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kStages = 4;                       // K tiles in flight per warp
+constexpr int kLds = kGemmBlockK + 8;            // bf16 row stride of a staged tile (16 B pad)
+constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of one stage
+constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
+constexpr int kMaxSmem = 227 * 1024;
+
+__device__ __forceinline__ void cp_async16(uint16_t* smem, const uint16_t* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
+
+// Slices of a chain set: split → ⌈K / kGemmSplitK⌉, else 1 (the whole K).
+__host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
+  return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+}
+
+size_t smem_bytes(const GemmBf16Args& a) {
+  const int operands = a.x_lo ? 3 : 2;
+  const size_t ring = static_cast<size_t>(kWarps) * kStages * operands * kTileElems * sizeof(uint16_t);
+  const size_t parts = static_cast<size_t>(a.split_ws ? chain_slices(a) : kWarps) * kFrag * sizeof(float);
+  return ring + parts;
+}
+
+// grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
+// else a CTA = 4 column groups, one chain per warp over the whole K.
+__global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char s_raw[];
+  const int operands = a.x_lo ? 3 : 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool split = a.split_ws != nullptr;
+  const int slices = chain_slices(a);
+  uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw) + warp * kStages * operands * kTileElems;
+  float* s_part = reinterpret_cast<float*>(s_raw + static_cast<size_t>(kWarps) * kStages * operands * kTileElems *
+                                                      sizeof(uint16_t));
+  const int g = blockIdx.z;
+  const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
+  if (m0 >= rows) return;
+  const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
+  const uint16_t* x = a.x + (static_cast<int64_t>(g) * a.M + m0) * a.K;
+  const uint16_t* xl = a.x_lo ? a.x_lo + (static_cast<int64_t>(g) * a.M + m0) * a.K : nullptr;
+  const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  for (int sl = split ? warp : 0; sl < slices && n0 < a.N; sl += split ? kWarps : slices) {
+    const int64_t k_begin = split ? static_cast<int64_t>(sl) * kGemmSplitK : 0;
+    const int64_t k_end = split ? min(a.K, k_begin + kGemmSplitK) : a.K;
+    const int tiles = static_cast<int>((k_end - k_begin + kGemmBlockK - 1) / kGemmBlockK);
+    // Stage tile t of this chain into ring slot t % kStages: 16 rows × 8 vectors per operand, 4 per lane.
+    auto issue = [&](int t) {
+      if (t < tiles) {
+        uint16_t* st = ring + (t % kStages) * operands * kTileElems;
+        const int64_t k0 = k_begin + static_cast<int64_t>(t) * kGemmBlockK;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int v = lane + 32 * i, r = v / 8, c = (v % 8) * 8;
+          const bool kin = k0 + c < k_end;
+          const bool wv = kin && n0 + r < a.N, xv = kin && m0 + r < rows;
+          cp_async16(st + r * kLds + c, wv ? w + (n0 + r) * a.K + k0 + c : w, wv);
+          cp_async16(st + kTileElems + r * kLds + c, xv ? x + r * a.K + k0 + c : x, xv);
+          if (xl) cp_async16(st + 2 * kTileElems + r * kLds + c, xv ? xl + r * a.K + k0 + c : xl, xv);
+        }
+      }
+      cp_async_commit();  // an empty group past the end keeps the wait count uniform
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int t = 0; t < kStages - 1; ++t) issue(t);
+    for (int t = 0; t < tiles; ++t) {
+      issue(t + kStages - 1);
+      cp_async_wait_stages();
+      __syncwarp();
+      const uint16_t* st = ring + (t % kStages) * operands * kTileElems;
+#pragma unroll
+      for (int kk = 0; kk < kGemmBlockK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+        wmma::load_matrix_sync(fb, reinterpret_cast<const __nv_bfloat16*>(st + kk), kLds);
+        wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + kTileElems + kk), kLds);
+        wmma::mma_sync(acc, fa, fb, acc);
+        if (xl) {
+          wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + 2 * kTileElems + kk), kLds);
+          wmma::mma_sync(acc, fa, fb, acc);
+        }
+      }
+      __syncwarp();  // the slot is refilled by the next iteration's issue
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    wmma::store_matrix_sync(s_part + (split ? sl : warp) * kFrag, acc, 16, wmma::mem_row_major);
+  }
+  __syncthreads();
+  const int groups_in_cta = split ? 1 : kWarps;
+  for (int v = threadIdx.x; v < groups_in_cta * kFrag; v += kThreads) {
+    const int cg = v / kFrag, e = v % kFrag, r = e / 16, c = e % 16;
+    const int64_t n = (split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + cg) * 16) + c;
+    if (m0 + r >= rows || n >= a.N) continue;
+    const int64_t o = (static_cast<int64_t>(g) * a.M + m0 + r) * a.ldy + n;
+    float val = s_part[(split ? 0 : cg) * kFrag + e];
+    if (split)
+      for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[s * kFrag + e]);  // slice order, as split_reduce
+    if (a.y_f32)
+      a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
+    else
+      a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+  }
+}
+
+}  // namespace
+
+bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= kGemmSmallM && smem_bytes(a) <= kMaxSmem; }
+
+void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
+  const size_t smem = smem_bytes(a);
+  static const bool configured = [] {  // once: not a stream operation, so capture-safe
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kMaxSmem));
+    return true;
+  }();
+  (void)configured;
+  const int64_t col_groups = (a.N + 15) / 16;
+  const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
+  MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
+  const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
+  gemm_bf16_small_m_kernel<<<dim3(static_cast<unsigned>(ctas), row_tiles, static_cast<unsigned>(a.groups)), kThreads,
+                             smem, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_small_m_kernel");
+}
+
+}  // namespace moesq::ops::detail

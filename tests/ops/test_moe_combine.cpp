@@ -1,0 +1,148 @@
+// CPU tests of the combine's twin (ops::moe_combine_ref) and of invert_route_of_slot, the logic the
+// GPU kernel is compared against bitwise (tests/gpu/test_engine_ops.cu): the fixed order makes the
+// result independent of where the dispatch put a route inside its expert, dropped routes add nothing,
+// and the value is Σ_j w_j · y_j within fp32 rounding of an fp64 sum.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/moe_combine/moe_combine.h"
+
+namespace {
+
+using moesq::ops::MoeCombineArgs;
+
+// k fp32 products summed in fp32 vs fp64: k roundings of magnitude ≤ Σ|w·y|.
+constexpr double kCombineRelTol = 1e-6;
+
+struct Routing {
+  int E = 12, k = 4, cap = 0;
+  int64_t T = 0, H = 0, ldy = 0;
+  std::vector<int32_t> ids, counts, ros, sor;  // [T, k], [E], [E, cap], [T, k]
+  std::vector<float> w;                        // [T, k]
+  std::vector<uint16_t> y;                     // [E, cap, ldy]
+};
+
+// Random distinct top-k ids per token; each expert's routes in a shuffled slot order; the routes of
+// expert `drop_expert` past `keep` are dropped (not in any slot).
+Routing make_routing(int64_t T, int64_t H, uint64_t seed, int drop_expert, int keep) {
+  Routing r;
+  r.T = T, r.H = H, r.ldy = H + 4, r.cap = static_cast<int>(T);
+  std::mt19937_64 g(seed);
+  r.ids.resize(T * r.k);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(r.E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    std::copy(perm.begin(), perm.begin() + r.k, r.ids.begin() + t * r.k);
+  }
+  std::vector<std::vector<int32_t>> per(r.E);
+  for (int64_t q = 0; q < T * r.k; ++q) per[r.ids[q]].push_back(static_cast<int32_t>(q));
+  r.counts.assign(r.E, 0);
+  r.ros.assign(static_cast<size_t>(r.E) * r.cap, -1);
+  for (int e = 0; e < r.E; ++e) {
+    std::shuffle(per[e].begin(), per[e].end(), g);
+    if (e == drop_expert && static_cast<int>(per[e].size()) > keep) per[e].resize(keep);
+    r.counts[e] = static_cast<int32_t>(per[e].size());
+    std::copy(per[e].begin(), per[e].end(), r.ros.begin() + static_cast<int64_t>(e) * r.cap);
+  }
+  r.sor.resize(T * r.k);
+  moesq::ops::invert_route_of_slot(r.ros.data(), r.counts.data(), r.E, r.cap, T * r.k, r.sor.data());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.05f, 0.5f);
+  r.w.resize(T * r.k);
+  for (auto& v : r.w) v = ud(g);
+  r.y.resize(static_cast<size_t>(r.E) * r.cap * r.ldy);
+  for (auto& v : r.y) v = moesq::f32_to_bf16(nd(g));
+  return r;
+}
+
+std::vector<float> combine(const Routing& r, const std::vector<uint16_t>& y, const std::vector<int32_t>& sor,
+                           const std::vector<float>& h0) {
+  std::vector<float> h = h0;
+  MoeCombineArgs a;
+  a.y = y.data(), a.topk_ids = r.ids.data(), a.topk_w = r.w.data(), a.slot_of_route = sor.data(), a.h = h.data();
+  a.T = r.T, a.H = r.H, a.ldy = r.ldy, a.topk = r.k, a.num_experts = r.E, a.capacity = r.cap;
+  moesq::ops::moe_combine_ref(a);
+  return h;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+}  // namespace
+
+TEST(MoeCombineRef, InvertRouteOfSlotIsTheInverse) {
+  const Routing r = make_routing(9, 16, 1, 5, 1);
+  int64_t dropped = 0;
+  for (int64_t q = 0; q < r.T * r.k; ++q) {
+    const int s = r.sor[q];
+    if (s < 0) {
+      ++dropped;
+      EXPECT_EQ(r.ids[q], 5) << "only expert 5 drops routes";
+      continue;
+    }
+    ASSERT_LT(s, r.counts[r.ids[q]]);
+    EXPECT_EQ(r.ros[static_cast<int64_t>(r.ids[q]) * r.cap + s], q) << "route " << q;
+  }
+  EXPECT_GT(dropped, 0);
+}
+
+TEST(MoeCombineRef, InvertRejectsARouteOutOfRange) {
+  const std::vector<int32_t> ros = {0, 7}, counts = {2};
+  std::vector<int32_t> sor(4);
+  EXPECT_THROW(moesq::ops::invert_route_of_slot(ros.data(), counts.data(), 1, 2, 4, sor.data()), moesq::Error);
+}
+
+// Moving routes to other slots (the dispatch's atomic order) changes no bit of h.
+TEST(MoeCombineRef, BitsDoNotDependOnSlotOrder) {
+  const Routing r = make_routing(21, 40, 2, -1, 0);
+  std::vector<float> h0(r.T * r.H);
+  std::mt19937_64 g(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : h0) v = nd(g);
+  const std::vector<float> h1 = combine(r, r.y, r.sor, h0);
+  // Reverse every expert's slots, moving the y rows with them.
+  std::vector<uint16_t> y2(r.y.size());
+  std::vector<int32_t> sor2 = r.sor;
+  for (int e = 0; e < r.E; ++e)
+    for (int s = 0; s < r.counts[e]; ++s) {
+      const int s2 = r.counts[e] - 1 - s;
+      std::copy_n(r.y.begin() + (static_cast<int64_t>(e) * r.cap + s) * r.ldy, r.ldy,
+                  y2.begin() + (static_cast<int64_t>(e) * r.cap + s2) * r.ldy);
+      sor2[r.ros[static_cast<int64_t>(e) * r.cap + s]] = s2;
+    }
+  const std::vector<float> h2 = combine(r, y2, sor2, h0);
+  for (size_t i = 0; i < h1.size(); ++i) ASSERT_EQ(bits(h1[i]), bits(h2[i])) << "element " << i;
+  EXPECT_NE(h1, h0);
+}
+
+// h += Σ over the kept routes of w · y (fp64 reference), dropped routes contribute nothing.
+TEST(MoeCombineRef, SumsTheKeptRoutes) {
+  const Routing r = make_routing(17, 24, 4, 2, 2);
+  const std::vector<float> h0(r.T * r.H, 0.5f);
+  const std::vector<float> h = combine(r, r.y, r.sor, h0);
+  for (int64_t t = 0; t < r.T; ++t)
+    for (int64_t c = 0; c < r.H; ++c) {
+      double want = 0.0, mag = 0.0;
+      for (int j = 0; j < r.k; ++j) {
+        const int64_t q = t * r.k + j;
+        if (r.sor[q] < 0) continue;
+        const double v = static_cast<double>(r.w[q]) *
+                         moesq::bf16_to_f32(r.y[(static_cast<int64_t>(r.ids[q]) * r.cap + r.sor[q]) * r.ldy + c]);
+        want += v, mag += std::fabs(v);
+      }
+      const double got = static_cast<double>(h[t * r.H + c]) - 0.5;
+      ASSERT_NEAR(got, want, kCombineRelTol * (mag + 0.5)) << "token " << t << " col " << c;
+    }
+}
