@@ -69,13 +69,25 @@ const char* export_format_name(ExportFormat f) {
   return "?";
 }
 
+// The modules of every stored tensor that is not a routed-expert projection — except a module that
+// CONTAINS compressed projections: gpt-oss keeps its fused expert biases in `mlp.experts`
+// (`mlp.experts.gate_up_proj_bias`), and an ignored `mlp.experts` would tell a server (vLLM's
+// compressed-tensors MoE method) that the whole expert block is unquantized.
 std::vector<std::string> unquantized_modules(const Checkpoint& src) {
+  std::set<std::string> compressed_ancestors;  // every dotted prefix of a routed-expert tensor's stored name
+  for (const std::string& name : src.names()) {
+    if (!is_expert_tensor(name)) continue;
+    const std::string stored = src.stored_name(name);
+    for (size_t dot = stored.find('.'); dot != std::string::npos; dot = stored.find('.', dot + 1))
+      compressed_ancestors.insert(stored.substr(0, dot));
+  }
   std::set<std::string> mods = {"lm_head"};
   for (const std::string& name : src.names()) {
     if (is_expert_tensor(name)) continue;
     const std::string stored = src.stored_name(name);  // module names as a server sees them
     const size_t dot = stored.rfind('.');
-    mods.insert(dot == std::string::npos ? stored : stored.substr(0, dot));
+    std::string mod = dot == std::string::npos ? stored : stored.substr(0, dot);
+    if (!compressed_ancestors.count(mod)) mods.insert(std::move(mod));
   }
   return {mods.begin(), mods.end()};
 }

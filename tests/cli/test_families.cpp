@@ -167,6 +167,28 @@ TEST_P(CliFamilies, CompressKeepsNonRoutedTensorsAndRoundTrips) {
     std::ifstream rf(out + "/report.json");
     const json rep = json::parse(rf);
     EXPECT_EQ(rep["not_compressed"], ins["not_compressed"]) << arch << ": report and inspect disagree";
+    if (method == "sgptq") {  // the compressed-tensors export's ignore list never covers a compressed projection
+      const std::string ct = dir.file("ct_" + arch);
+      const CmdResult x = run(dir, "export " + out + " --format compressed-tensors --out " + ct);
+      ASSERT_EQ(x.code, 0) << arch << ": " << x.err;
+      std::ifstream cf(ct + "/config.json");
+      const json ignore = json::parse(cf)["quantization_config"]["ignore"];
+      const moesq::io::Checkpoint exported(ct);
+      int64_t projections = 0;
+      std::set<std::string> covering;  // ignore entries that are a module of (or above) a compressed tensor
+      for (const std::string& n : exported.names()) {
+        if (!moesq::io::is_expert_tensor(n)) continue;
+        ++projections;
+        for (const auto& m : ignore)
+          if (exported.stored_name(n).rfind(m.get<std::string>() + ".", 0) == 0) covering.insert(m.get<std::string>());
+      }
+      EXPECT_GT(projections, 0) << arch;
+      EXPECT_TRUE(covering.empty()) << arch << ": ignore covers compressed tensors under " << *covering.begin();
+      if (arch == "gpt-oss")  // the biased router stays ignored; the expert block with its fused biases does not
+        for (const char* m : {"model.layers.1.mlp.router", "model.layers.1.mlp.experts"})
+          EXPECT_EQ(std::count(ignore.begin(), ignore.end(), json(m)), m == std::string("model.layers.1.mlp.router"))
+              << m;
+    }
     const moesq::model::DecoderModel m(dst);
     EXPECT_EQ(m.expert_format(), "paired-4:8-nvfp4");
     EXPECT_TRUE(m.default_forward_options().act_quant) << "a compressed checkpoint evaluates W4A4";
