@@ -1,6 +1,6 @@
 // The default refinement schedule rule (compress/refine/schedule.h): the paper's Table-4 values at
-// Table-4 scale, the documented values on small data, the large-batch regime of the default
-// calibration, monotone rates, explicit batch/epochs kept.
+// Table-4 scale, the documented values on small data, monotone rates, the layer batch of the
+// large-batch regime, explicit batch/epochs kept.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,58 +49,63 @@ TEST(RefineSchedule, SmallDataGivesTheDocumentedValues) {
   EXPECT_DOUBLE_EQ(none.lr_A, 2.5e-4);
 }
 
-TEST(RefineSchedule, LargeBatchRegimeKeepsTheMeasuredSteps) {
-  // 65,536 calibration tokens (≈ 7,372 rows): batch 128 and 580 steps, as measured with --batch 128.
-  const RefineSchedule s64k = refine_schedule(7372);
-  EXPECT_EQ(s64k.batch, 128);  // ceil(7372/64) = 116 >= 64 -> 128: ceil(7372/128) = 58
-  EXPECT_EQ(s64k.steps, 580);
-  // The default 131,072 tokens (≈ 14,746 rows): batch 256, 580 steps, the rates of the 16k row.
-  const RefineSchedule s128k = refine_schedule(14746);
-  EXPECT_EQ(s128k.batch, 256);
-  EXPECT_EQ(s128k.steps, 580);
-  EXPECT_DOUBLE_EQ(s128k.lr_A, refine_schedule(1843).lr_A);
-  EXPECT_DOUBLE_EQ(s128k.lr_V, refine_schedule(1843).lr_V);
-  // Past 16,384 rows the batch stays at the cap 256 and the steps grow with the rows.
-  EXPECT_EQ(refine_schedule(20000).batch, 256);
-  EXPECT_EQ(refine_schedule(20000).steps, 790);  // 10 · ceil(20000/256)
-  // The cap 64 · sqrt(943,718 / R): 256 up to R_ref/16 = 58,982 rows, 128 up to R_ref/4, then 64.
-  EXPECT_EQ(refine_schedule(58000).batch, 256);
-  EXPECT_EQ(refine_schedule(60000).batch, 128);
-  EXPECT_EQ(refine_schedule(235000).batch, 128);
-  EXPECT_EQ(refine_schedule(240000).batch, 64);
-  // An epoch of 32..63 steps from 2,048 rows (batch 64) to 256 · 63 rows (batch 256, the cap).
-  for (int64_t rows = 2048; rows <= 256 * 63; rows += 97) {
-    const RefineSchedule s = refine_schedule(rows);
-    const int64_t per_epoch = (rows + s.batch - 1) / s.batch;
-    EXPECT_GE(per_epoch, 32) << rows;
-    EXPECT_LT(per_epoch, 64) << rows;
-  }
-}
-
 TEST(RefineSchedule, RatesFallAsStepsGrow) {
   // The rates are a non-increasing function of the steps. (The steps themselves jump down by up
   // to 2× where the batch doubles, e.g. 991 -> 993 rows: batch 16 -> 32, so rows -> rates is not
-  // monotone at those boundaries; at batch 64 past the cap's last step, >= 235,930 rows, it is.)
+  // monotone at those boundaries; at batch 64, >= 1,985 rows, it is.)
   RefineSchedule prev = refine_schedule(1);
-  for (int64_t rows = 2; rows <= 2000000; rows = rows * 5 / 4 + 1) {
+  for (int64_t rows = 2; rows <= 200000; rows = rows * 5 / 4 + 1) {
     const RefineSchedule s = refine_schedule(rows);
     EXPECT_GE(s.batch, 8);
-    EXPECT_LE(s.batch, 256);
-    // Above 64 only within the cap (so never above 64 at Table-4 scale).
-    if (s.batch > 64) EXPECT_LE(static_cast<double>(s.batch), 64.0 * std::sqrt(943718.0 / static_cast<double>(rows))) << rows;
+    EXPECT_LE(s.batch, 64);
     EXPECT_GE(s.lr_A, 2.5e-4);
     EXPECT_GE(s.lr_V, 5e-5);
     if (s.steps >= prev.steps) {
       EXPECT_LE(s.lr_A, prev.lr_A) << rows;
       EXPECT_LE(s.lr_V, prev.lr_V) << rows;
     }
-    if (rows >= 235930) {  // batch 64 from here on: steps grow with the rows
+    if (rows >= 1985) {  // batch 64 from here on: steps grow with the rows
       EXPECT_EQ(s.batch, 64) << rows;
       if (prev.batch == 64) EXPECT_GE(s.steps, prev.steps) << rows;
     }
     // lr_V is scaled more than lr_A (exponent 0.30 vs 0.15).
     EXPECT_GE(s.lr_V / 5e-5, s.lr_A / 2.5e-4 - 1e-12);
     prev = s;
+  }
+}
+
+TEST(RefineSchedule, LayerBatchOfTheLargeBatchRegime) {
+  using moesq::compress::layer_batch;
+  // Table-4 scale and above: no layer batch (the cap 64 · sqrt(R_ref / R̄) is <= 64).
+  EXPECT_EQ(layer_batch(943718), 0);
+  EXPECT_EQ(layer_batch(10'000'000), 0);
+  // The 16,384-token default of before (R̄ ≈ 1,843) and anything with an epoch of < 64 steps at batch 64.
+  EXPECT_EQ(layer_batch(1843), 0);
+  EXPECT_EQ(layer_batch(64 * 63), 0);
+  EXPECT_EQ(layer_batch(0), 0);
+  // 65,536 tokens (R̄ ≈ 7,372): 128, as measured with --batch 128 (580 steps for the mean expert).
+  EXPECT_EQ(layer_batch(64 * 63 + 1), 128);
+  EXPECT_EQ(layer_batch(7372), 128);
+  EXPECT_EQ(refine_schedule(7372, layer_batch(7372)).steps, 580);
+  EXPECT_EQ(layer_batch(128 * 63), 128);
+  // The default 131,072 tokens (R̄ ≈ 14,746): 256, 580 steps and the rates of the 16k mean expert.
+  EXPECT_EQ(layer_batch(128 * 63 + 1), 256);
+  EXPECT_EQ(layer_batch(14746), 256);
+  const RefineSchedule s = refine_schedule(14746, layer_batch(14746));
+  EXPECT_EQ(s.steps, 580);
+  EXPECT_DOUBLE_EQ(s.lr_A, refine_schedule(1843).lr_A);
+  EXPECT_DOUBLE_EQ(s.lr_V, refine_schedule(1843).lr_V);
+  // The cap: 256 up to R_ref/16 = 58,982 rows, 128 up to R_ref/4 = 235,929, then none.
+  EXPECT_EQ(layer_batch(58982), 256);
+  EXPECT_EQ(layer_batch(60000), 128);
+  EXPECT_EQ(layer_batch(235929), 128);
+  EXPECT_EQ(layer_batch(240000), 0);
+  // Never above the cap, never a value other than 0, 128, 256.
+  for (int64_t rows = 1; rows <= 2000000; rows = rows * 9 / 8 + 1) {
+    const int64_t b = layer_batch(rows);
+    EXPECT_TRUE(b == 0 || b == 128 || b == 256) << rows;
+    if (b > 0) EXPECT_LE(static_cast<double>(b), 64.0 * std::sqrt(943718.0 / static_cast<double>(rows))) << rows;
+    if (b > 0) EXPECT_GE((rows + b / 2 - 1) / (b / 2), 64) << rows;  // the last doubling had an epoch of >= 64 steps
   }
 }
 
