@@ -434,6 +434,18 @@ TEST(Refine, ScheduleRuleSetsOnlyWhatIsLeftToIt) {
   EXPECT_EQ(rl.schedule_rows, 3000);
   EXPECT_EQ(rl.batch, 64);  // ceil(3000/64) = 47 >= 32
   EXPECT_DOUBLE_EQ(rl.lr_A, compress::refine_schedule(3000, 0, 2).lr_A);
+  // Per-expert scope in a layer of the large-batch regime (mean 14,746 rows: layer batch 256): the
+  // expert takes the layer's batch, its steps and rates from its own 36 rows.
+  o.rule_per_expert = true;
+  d.schedule_rows = 14746;
+  const auto rb = compress::refine_expert(d, init.proj(0), init.proj(1), init.proj(2), o);
+  const compress::RefineSchedule want_b = compress::refine_schedule(36, 256, 2);
+  EXPECT_EQ(rb.batch, 256);
+  EXPECT_TRUE(rb.batch_from_rule);
+  EXPECT_EQ(rb.schedule_rows, 36);
+  EXPECT_EQ(rb.steps, 2);  // 2 epochs · ceil(36/256)
+  EXPECT_DOUBLE_EQ(rb.lr_A, want_b.lr_A);
+  EXPECT_DOUBLE_EQ(rb.lr_V, want_b.lr_V);
   // Nothing left to the rule: the options as given.
   RefineOptions g = tuned_options();
   g.epochs = 1;

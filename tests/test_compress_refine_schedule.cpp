@@ -1,5 +1,6 @@
 // The default refinement schedule rule (compress/refine/schedule.h): the paper's Table-4 values at
-// Table-4 scale, the documented values on small data, monotone rates, explicit batch/epochs kept.
+// Table-4 scale, the documented values on small data, monotone rates, the layer batch of the
+// large-batch regime, explicit batch/epochs kept.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,6 +71,41 @@ TEST(RefineSchedule, RatesFallAsStepsGrow) {
     // lr_V is scaled more than lr_A (exponent 0.30 vs 0.15).
     EXPECT_GE(s.lr_V / 5e-5, s.lr_A / 2.5e-4 - 1e-12);
     prev = s;
+  }
+}
+
+TEST(RefineSchedule, LayerBatchOfTheLargeBatchRegime) {
+  using moesq::compress::layer_batch;
+  // Table-4 scale and above: no layer batch (the cap 64 · sqrt(R_ref / R̄) is <= 64).
+  EXPECT_EQ(layer_batch(943718), 0);
+  EXPECT_EQ(layer_batch(10'000'000), 0);
+  // The 16,384-token default of before (R̄ ≈ 1,843) and anything with an epoch of < 64 steps at batch 64.
+  EXPECT_EQ(layer_batch(1843), 0);
+  EXPECT_EQ(layer_batch(64 * 63), 0);
+  EXPECT_EQ(layer_batch(0), 0);
+  // 65,536 tokens (R̄ ≈ 7,372): 128, as measured with --batch 128 (580 steps for the mean expert).
+  EXPECT_EQ(layer_batch(64 * 63 + 1), 128);
+  EXPECT_EQ(layer_batch(7372), 128);
+  EXPECT_EQ(refine_schedule(7372, layer_batch(7372)).steps, 580);
+  EXPECT_EQ(layer_batch(128 * 63), 128);
+  // The default 131,072 tokens (R̄ ≈ 14,746): 256, 580 steps and the rates of the 16k mean expert.
+  EXPECT_EQ(layer_batch(128 * 63 + 1), 256);
+  EXPECT_EQ(layer_batch(14746), 256);
+  const RefineSchedule s = refine_schedule(14746, layer_batch(14746));
+  EXPECT_EQ(s.steps, 580);
+  EXPECT_DOUBLE_EQ(s.lr_A, refine_schedule(1843).lr_A);
+  EXPECT_DOUBLE_EQ(s.lr_V, refine_schedule(1843).lr_V);
+  // The cap: 256 up to R_ref/16 = 58,982 rows, 128 up to R_ref/4 = 235,929, then none.
+  EXPECT_EQ(layer_batch(58982), 256);
+  EXPECT_EQ(layer_batch(60000), 128);
+  EXPECT_EQ(layer_batch(235929), 128);
+  EXPECT_EQ(layer_batch(240000), 0);
+  // Never above the cap, never a value other than 0, 128, 256.
+  for (int64_t rows = 1; rows <= 2000000; rows = rows * 9 / 8 + 1) {
+    const int64_t b = layer_batch(rows);
+    EXPECT_TRUE(b == 0 || b == 128 || b == 256) << rows;
+    if (b > 0) EXPECT_LE(static_cast<double>(b), 64.0 * std::sqrt(943718.0 / static_cast<double>(rows))) << rows;
+    if (b > 0) EXPECT_GE((rows + b / 2 - 1) / (b / 2), 64) << rows;  // the last doubling had an epoch of >= 64 steps
   }
 }
 

@@ -133,10 +133,11 @@ void run_demo(DemoArgs& a) {
                 r.rel_error, r.seconds);
   std::printf("compressed checkpoints in %s/<method>; total %.1f s\n", a.out.c_str(), total);
   std::printf("note: the demo's own short settings (%lld x %lld calibration tokens, moesq %d epochs, batch %lld, "
-              "lr_A %g, lr_V %g unless given) keep it fast; `moesq compress` defaults to 128 x 128 tokens and the "
+              "lr_A %g, lr_V %g unless given) keep it fast; `moesq compress` defaults to %lld x %lld tokens and the "
               "schedule rule (docs/RESULTS.md)\n",
               static_cast<long long>(a.flags.calib_samples), static_cast<long long>(a.flags.seq_len), a.flags.epochs,
-              static_cast<long long>(a.flags.batch), a.flags.lr_a, a.flags.lr_v);
+              static_cast<long long>(a.flags.batch), a.flags.lr_a, a.flags.lr_v,
+              static_cast<long long>(CompressFlags{}.calib_samples), static_cast<long long>(CompressFlags{}.seq_len));
 }
 
 }  // namespace
@@ -147,7 +148,7 @@ void register_demo(CLI::App& app) {
   // learning rates tuned for so few Lion steps (the paper's Table-4 rates, the compress defaults, are
   // for thousands of steps per expert; issue 3's note has the sweep).
   // Its calibration (64 × 128 data-free tokens) is also smaller than `moesq compress`'s default
-  // (128 × 128), and the schedule rule is off (these presets count as given): the rule's ~600 Lion
+  // (1024 × 128), and the schedule rule is off (these presets count as given): the rule's ~600 Lion
   // steps per expert would make the demo several times slower. Its output says so.
   args->flags.calib_samples = 64;
   args->flags.epochs = 5;

@@ -204,7 +204,10 @@ class ExpertRefinement {
     if (any) {
       const int64_t rows =
           !o_.rule_per_expert && data_.schedule_rows > 0 ? data_.schedule_rows : static_cast<int64_t>(train_.size());
-      const RefineSchedule s = refine_schedule(rows, o_.rule_batch ? 0 : o_.batch, o_.rule_epochs ? 0 : o_.epochs);
+      // Large-batch regime: one batch for the whole layer, from its mean rows (refine/schedule.h).
+      const int64_t lb = o_.rule_batch ? layer_batch(data_.schedule_rows) : 0;
+      const int64_t fixed_batch = o_.rule_batch ? lb : o_.batch;
+      const RefineSchedule s = refine_schedule(rows, fixed_batch, o_.rule_epochs ? 0 : o_.epochs);
       if (o_.rule_batch) o_.batch = s.batch;
       if (o_.rule_epochs) o_.epochs = s.epochs;
       if (o_.rule_lr_A) o_.lr_A = s.lr_A;

@@ -21,4 +21,14 @@ RefineSchedule refine_schedule(int64_t train_rows, int64_t fixed_batch, int fixe
   return s;
 }
 
+int64_t layer_batch(int64_t mean_train_rows) {
+  namespace r = schedule_rule;
+  if (mean_train_rows <= 0) return 0;
+  const double cap = std::min(static_cast<double>(r::kMaxBatch),
+                              r::kBatchRef * std::sqrt(r::kRowsRef / static_cast<double>(mean_train_rows)));
+  int64_t b = r::kBatchRef;
+  while (static_cast<double>(2 * b) <= cap && (mean_train_rows + b - 1) / b >= r::kMaxStepsPerEpoch) b *= 2;
+  return b > r::kBatchRef ? b : 0;
+}
+
 }  // namespace moesq::compress
