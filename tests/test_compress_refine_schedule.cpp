@@ -76,7 +76,7 @@ TEST(RefineSchedule, RatesFallAsStepsGrow) {
 
 TEST(RefineSchedule, LayerBatchOfTheLargeBatchRegime) {
   using moesq::compress::layer_batch;
-  // Table-4 scale and above: no layer batch (the cap 64 · sqrt(R_ref / R̄) is <= 64).
+  // Table-4 scale and above: no layer batch (the cap 64 · (R_ref / R̄)^(2/3) is <= 64).
   EXPECT_EQ(layer_batch(943718), 0);
   EXPECT_EQ(layer_batch(10'000'000), 0);
   // The 16,384-token default of before (R̄ ≈ 1,843) and anything with an epoch of < 64 steps at batch 64.
@@ -88,23 +88,34 @@ TEST(RefineSchedule, LayerBatchOfTheLargeBatchRegime) {
   EXPECT_EQ(layer_batch(7372), 128);
   EXPECT_EQ(refine_schedule(7372, layer_batch(7372)).steps, 580);
   EXPECT_EQ(layer_batch(128 * 63), 128);
-  // The default 131,072 tokens (R̄ ≈ 14,746): 256, 580 steps and the rates of the 16k mean expert.
+  // 131,072 tokens (R̄ ≈ 14,746): 256, as measured with --batch 256: 580 steps, the 16k mean expert's rates.
   EXPECT_EQ(layer_batch(128 * 63 + 1), 256);
   EXPECT_EQ(layer_batch(14746), 256);
   const RefineSchedule s = refine_schedule(14746, layer_batch(14746));
   EXPECT_EQ(s.steps, 580);
   EXPECT_DOUBLE_EQ(s.lr_A, refine_schedule(1843).lr_A);
   EXPECT_DOUBLE_EQ(s.lr_V, refine_schedule(1843).lr_V);
-  // The cap: 256 up to R_ref/16 = 58,982 rows, 128 up to R_ref/4 = 235,929, then none.
-  EXPECT_EQ(layer_batch(58982), 256);
-  EXPECT_EQ(layer_batch(60000), 128);
-  EXPECT_EQ(layer_batch(235929), 128);
-  EXPECT_EQ(layer_batch(240000), 0);
-  // Never above the cap, never a value other than 0, 128, 256.
+  EXPECT_EQ(layer_batch(256 * 63), 256);
+  // The default 262,144 tokens (R̄ ≈ 29,491): 512, as measured with --batch 512, 580 steps, same rates.
+  EXPECT_EQ(layer_batch(256 * 63 + 1), 512);
+  EXPECT_EQ(layer_batch(29491), 512);
+  const RefineSchedule d = refine_schedule(29491, layer_batch(29491));
+  EXPECT_EQ(d.steps, 580);
+  EXPECT_DOUBLE_EQ(d.lr_A, s.lr_A);
+  EXPECT_DOUBLE_EQ(d.lr_V, s.lr_V);
+  // The cap: 512 up to R_ref/8^1.5 = 41,706 rows, 256 up to R_ref/8 = 117,964, 128 up to R_ref/2^1.5 = 333,655, then none.
+  EXPECT_EQ(layer_batch(41700), 512);
+  EXPECT_EQ(layer_batch(41710), 256);
+  EXPECT_EQ(layer_batch(117900), 256);
+  EXPECT_EQ(layer_batch(118000), 128);
+  EXPECT_EQ(layer_batch(333000), 128);
+  EXPECT_EQ(layer_batch(334000), 0);
+  // Never above the cap, never a value other than 0, 128, 256, 512.
   for (int64_t rows = 1; rows <= 2000000; rows = rows * 9 / 8 + 1) {
     const int64_t b = layer_batch(rows);
-    EXPECT_TRUE(b == 0 || b == 128 || b == 256) << rows;
-    if (b > 0) EXPECT_LE(static_cast<double>(b), 64.0 * std::sqrt(943718.0 / static_cast<double>(rows))) << rows;
+    EXPECT_TRUE(b == 0 || b == 128 || b == 256 || b == 512) << rows;
+    if (b > 0)
+      EXPECT_LE(static_cast<double>(b), 64.0 * std::pow(943718.0 / static_cast<double>(rows), 2.0 / 3.0)) << rows;
     if (b > 0) EXPECT_GE((rows + b / 2 - 1) / (b / 2), 64) << rows;  // the last doubling had an epoch of >= 64 steps
   }
 }

@@ -41,7 +41,8 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   }
   cmd->add_option("--calib-samples", f.calib_samples,
                   "number of calibration sequences (fewer available in the --calib files: a WARNING, an error with --strict)")
-      ->check(kPositive);
+      ->check(kPositive)
+      ->capture_default_str();
   cmd->add_flag("--strict", f.strict, "treat calibration warnings (fewer sequences than --calib-samples) as errors");
   cmd->add_option("--seq-len", f.seq_len, "calibration sequence length in tokens")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise")->check(kNonNegative);

@@ -13,7 +13,7 @@ namespace moesq::cli {
 struct CompressFlags {
   std::vector<std::string> calib;
   std::string calib_split = "all";
-  int64_t calib_samples = 1024;  // 1024 × 128 = 131,072 tokens (issue 12; docs/RESULTS.md)
+  int64_t calib_samples = 2048;  // 2048 × 128 = 262,144 tokens (issue 12; docs/RESULTS.md)
   int64_t seq_len = 128;
   uint64_t seed = 0;
   int threads = 0;

@@ -25,7 +25,7 @@ int64_t layer_batch(int64_t mean_train_rows) {
   namespace r = schedule_rule;
   if (mean_train_rows <= 0) return 0;
   const double cap = std::min(static_cast<double>(r::kMaxBatch),
-                              r::kBatchRef * std::sqrt(r::kRowsRef / static_cast<double>(mean_train_rows)));
+                              r::kBatchRef * std::pow(r::kRowsRef / static_cast<double>(mean_train_rows), r::kCapExponent));
   int64_t b = r::kBatchRef;
   while (static_cast<double>(2 * b) <= cap && (mean_train_rows + b - 1) / b >= r::kMaxStepsPerEpoch) b *= 2;
   return b > r::kBatchRef ? b : 0;
