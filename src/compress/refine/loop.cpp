@@ -204,9 +204,8 @@ class ExpertRefinement {
     if (any) {
       const int64_t rows =
           !o_.rule_per_expert && data_.schedule_rows > 0 ? data_.schedule_rows : static_cast<int64_t>(train_.size());
-      // Large-batch regime: one batch for the whole layer, from its mean rows (refine/schedule.h).
-      const int64_t lb = o_.rule_batch ? layer_batch(data_.schedule_rows) : 0;
-      const int64_t fixed_batch = o_.rule_batch ? lb : o_.batch;
+      // By rule: the layer's batch in the large-batch regime (refine/schedule.h), else 0 (the expert's own).
+      const int64_t fixed_batch = o_.rule_batch ? layer_batch(data_.schedule_rows) : o_.batch;
       const RefineSchedule s = refine_schedule(rows, fixed_batch, o_.rule_epochs ? 0 : o_.epochs);
       if (o_.rule_batch) o_.batch = s.batch;
       if (o_.rule_epochs) o_.epochs = s.epochs;
