@@ -13,6 +13,7 @@
 #include "format/nvfp4.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -134,6 +135,12 @@ float nvfp4_tensor_scale(float amax) {
   return std::isfinite(gamma) ? gamma : 1.0f;
 }
 
+void check_stored_tensor_scale(float gamma, std::string_view name) {
+  MOESQ_CHECK(std::isfinite(gamma) && gamma > 0.0f && std::isfinite(kEq5Numerator / gamma), "tensor ", name,
+              ": global scale ", gamma, " is not a finite number >= ", kEq5Numerator / FLT_MAX,
+              " (the largest code would decode to 6 * 448 / global scale = ", kEq5Numerator / gamma, ")");
+}
+
 float amax_abs(const float* x, int64_t n) { return max_abs(x, n); }
 
 float gate_up_tensor_scale(const float* gate, const float* up, int64_t n) {
@@ -212,7 +219,7 @@ void nvfp4_dequantize(const Nvfp4Tensor& t, float* out) {
                   t.scales.size() == static_cast<size_t>(N * K / kDenseScaleBlock),
               "dense NVFP4 tensor [N=", N, ", K=", K, "]: values has ", t.values.size(), " bytes and scales ",
               t.scales.size(), ", expected ", N * K / 2, " and ", N * K / kDenseScaleBlock);
-  check_gamma(t.global_scale, "dense NVFP4 tensor");
+  check_stored_tensor_scale(t.global_scale, "dense NVFP4 tensor");
   check_scale_codes(t.scales, "dense NVFP4 tensor");
   const int64_t B = K / kDenseScaleBlock;
   for (int64_t n = 0; n < N; ++n) {
@@ -288,7 +295,7 @@ int checked_pattern(const uint8_t* meta, int64_t n, int64_t g) {
 
 void sparse48_dequantize(const Sparse48Tensor& t, float* out) {
   check_sparse48(t);
-  check_gamma(t.global_scale, "paired 4:8 NVFP4 tensor");
+  check_stored_tensor_scale(t.global_scale, "paired 4:8 NVFP4 tensor");
   check_scale_codes(t.scales, "paired 4:8 NVFP4 tensor");
   const int64_t N = t.N, K = t.K, G = K / kGroup;
   constexpr int kKeptPerBlock = kSparseScaleBlock / 2;

@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace moesq::format {
@@ -42,6 +43,11 @@ uint8_t pattern_mask8(int p);
 
 // Eq. 5. amax <= 0 (zero tensor) → 1; amax so small that γ overflows fp32 (< ~8e-36) → 1 as well.
 float nvfp4_tensor_scale(float amax);
+
+// A STORED tensor scale γ that decodes: finite, > 0, and large enough that the largest code,
+// 6 · 448 / γ (dequant_value), stays a finite fp32 — γ ≥ 2688 / FLT_MAX ≈ 7.9e-36, which Eq. 5 gives
+// for every finite tensor. Checkpoint readers and both dequantizers call it. Error naming `name`.
+void check_stored_tensor_scale(float gamma, std::string_view name);
 
 // max |x_i| over x [n] (NaN entries ignored).
 float amax_abs(const float* x, int64_t n);

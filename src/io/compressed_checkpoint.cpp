@@ -38,8 +38,7 @@ std::vector<uint8_t> get_bytes(const Checkpoint& ckpt, const std::string& name, 
 
 float get_global_scale(const Checkpoint& ckpt, const std::string& name) {
   const std::vector<float> g = ckpt.get_f32(name, {1});
-  MOESQ_CHECK(std::isfinite(g[0]) && g[0] > 0.0f, "tensor ", name, " in ", ckpt.dir(), " holds global scale ",
-              g[0], ", expected a finite value > 0");
+  format::check_stored_tensor_scale(g[0], name + " in " + ckpt.dir());
   return g[0];
 }
 

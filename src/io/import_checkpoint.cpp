@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "format/nvfp4.h"
 #include "io/export_layouts.h"
 
 namespace moesq::io {
@@ -51,8 +52,7 @@ float scalar_scale(const Checkpoint& ckpt, const std::string& name) {
   MOESQ_CHECK(t.numel() == 1, "tensor ", name, " in ", ckpt.dir(), " has shape ", t.shape_str(),
               ", expected one element");
   const float g = to_f32(t)[0];
-  MOESQ_CHECK(std::isfinite(g) && g > 0.0f, "tensor ", name, " in ", ckpt.dir(), " holds global scale ", g,
-              ", expected a finite value > 0");
+  format::check_stored_tensor_scale(g, name + " in " + ckpt.dir());
   return g;
 }
 
@@ -183,14 +183,18 @@ std::vector<float> read_int4_weight(const Checkpoint& ckpt, const QuantizationCo
   want.shape = {N, groups};
   MOESQ_CHECK(st.shape == want.shape, "tensor ", prefix, kWeightScale, " in ", ckpt.dir(), " has shape ",
               st.shape_str(), ", expected ", want.shape_str());
-  const std::vector<float> scale = to_f32(st);
+  const std::vector<float> scale = to_f32_finite(st);
   std::vector<float> out(static_cast<size_t>(N * K));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       uint32_t word;
       std::memcpy(&word, p.data + 4 * (n * words + k / 8), 4);
       const int v = static_cast<int>((word >> (4 * (k % 8))) & 0xfu) - 8;
-      out[n * K + k] = round_bf16(static_cast<float>(v) * scale[n * groups + k / G]);
+      const float s = scale[n * groups + k / G];
+      out[n * K + k] = round_bf16(static_cast<float>(v) * s);
+      // A finite scale near the bf16 maximum still overflows once multiplied by a code up to -8.
+      MOESQ_CHECK(std::isfinite(out[n * K + k]), "tensor ", prefix, kWeightScale, " in ", ckpt.dir(), ": scale ", s,
+                  " at [", n, ", ", k / G, "] times INT4 code ", v, " overflows bf16");
     }
   return out;
 }

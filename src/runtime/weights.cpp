@@ -45,8 +45,7 @@ format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const std::stri
   t.meta = bytes(ckpt, p + ".weight_meta", io::DType::U8, N, K / 16);
   t.scales = bytes(ckpt, p + ".weight_scale", io::DType::F8_E4M3, N, K / 32);
   t.global_scale = ckpt.get_f32(p + ".weight_global_scale", {1})[0];
-  MOESQ_CHECK(std::isfinite(t.global_scale) && t.global_scale > 0.0f, "tensor ", p, ".weight_global_scale in ",
-              ckpt.dir(), " is ", t.global_scale, ", expected a finite value > 0");
+  format::check_stored_tensor_scale(t.global_scale, p + ".weight_global_scale in " + ckpt.dir());
   return t;
 }
 

@@ -1,6 +1,7 @@
 // Non-finite values never become finite inside the NVFP4 quantizers (issue 14 class 1): the
 // activation quantizer and fake quant reject a NaN/inf row with an Error naming its column, and the
-// E2M1 encoder itself refuses NaN (it used to return +0).
+// E2M1 encoder itself refuses NaN (it used to return +0); a stored global scale so small that the
+// largest code decodes to inf is refused by both dequantizers (found by fuzz_compressed in CI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,6 +73,23 @@ TEST(NonFinite, PackRejectsNonFiniteWeightNamingTheTensor) {
   W[40] = std::numeric_limits<float>::infinity();
   const std::string msg = error_of([&] { fmt::nvfp4_quantize(W.data(), 2, 32, 0.0f, "layers.0.experts.1.up_proj"); });
   EXPECT_NE(msg.find("layers.0.experts.1.up_proj"), std::string::npos) << msg;
+}
+
+TEST(NonFinite, DequantizeRefusesAGlobalScaleWhoseLargestCodeOverflows) {
+  std::vector<float> W = random_row(2 * 32, 7);
+  fmt::Nvfp4Tensor t = fmt::nvfp4_quantize(W.data(), 2, 32, 0.0f, "w");
+  std::vector<float> out(W.size());
+  fmt::nvfp4_dequantize(t, out.data());  // the quantizer's own γ decodes
+  t.global_scale = 1e-37f;               // finite and > 0, but 2688 / 1e-37 = inf
+  const std::string msg = error_of([&] { fmt::nvfp4_dequantize(t, out.data()); });
+  EXPECT_NE(msg.find("global scale"), std::string::npos) << msg;
+  const std::vector<uint8_t> pat = fmt::magnitude_patterns(W.data(), 2, 32);
+  fmt::Sparse48Tensor s = fmt::sparse48_quantize(W.data(), 2, 32, pat.data(), 0.0f, "w");
+  s.global_scale = 1e-37f;
+  EXPECT_NE(error_of([&] { fmt::sparse48_dequantize(s, out.data()); }).find("global scale"), std::string::npos);
+  // The rule's boundary is Eq. 5's own range: γ of the largest finite amax decodes.
+  EXPECT_EQ(error_of([&] { fmt::check_stored_tensor_scale(fmt::nvfp4_tensor_scale(3.0e38f), "w"); }), "");
+  EXPECT_NE(error_of([&] { fmt::check_stored_tensor_scale(std::numeric_limits<float>::denorm_min(), "w"); }), "");
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // format) made from a dense checkpoint by round-to-nearest, written the way compressed-tensors packs
 // it (docs/FORMAT.md §10): weight_packed I32 [N, K/8] offset-8 nibbles (element k in bits 4·(k%8) of
 // word k/8), weight_scale BF16 [N, K/G], weight_shape I64 [2]. Returns each projection's expected
-// dequantized floats bf16(q · scale), by prefix.
+// dequantized floats bf16(q · scale), by prefix. `edit_scale`, when given, may rewrite each
+// projection's bf16 scale codes after packing (tests of bad scales).
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,7 +21,10 @@
 namespace moesq::test {
 
 inline std::map<std::string, std::vector<float>> write_int4_checkpoint(const io::Checkpoint& src, const std::string& dir,
-                                                                       int64_t G) {
+                                                                       int64_t G,
+                                                                       const std::function<void(const std::string& prefix,
+                                                                                                std::vector<uint16_t>& scale)>&
+                                                                           edit_scale = {}) {
   std::filesystem::create_directories(dir);
   io::SafetensorsWriter w;
   std::map<std::string, std::vector<float>> want;
@@ -49,6 +54,7 @@ inline std::map<std::string, std::vector<float>> write_int4_checkpoint(const io:
           ref[n * K + k] = round_bf16(static_cast<float>(v) * sc);
         }
       }
+    if (edit_scale) edit_scale(prefix, scale);
     const int64_t shape[2] = {N, K};
     w.add(prefix + io::kWeightPacked, io::DType::I32, {N, K / 8}, packed.data(), packed.size() * 4);
     w.add(prefix + io::kWeightScale, io::DType::BF16, {N, K / G}, scale.data(), scale.size() * 2);
