@@ -3,9 +3,11 @@
 // moves of export_layouts.h: no value is re-quantized, the dequantized weights stay bit-identical.
 #include "io/export_checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -70,8 +72,9 @@ const char* export_format_name(ExportFormat f) {
 }
 
 // The modules of every stored tensor that is not a routed-expert projection — except a module that
-// CONTAINS compressed projections: gpt-oss keeps its fused expert biases in `mlp.experts`
-// (`mlp.experts.gate_up_proj_bias`), and an ignored `mlp.experts` would tell a server (vLLM's
+// CONTAINS compressed projections: a gpt-oss source keeps its fused expert biases in `mlp.experts`
+// (`mlp.experts.gate_up_proj_bias`; the export splits them per expert, into the compressed
+// `experts.{e}.gate_proj` modules), and an ignored `mlp.experts` would tell a server (vLLM's
 // compressed-tensors MoE method) that the whole expert block is unquantized.
 std::vector<std::string> unquantized_modules(const Checkpoint& src) {
   std::set<std::string> compressed_ancestors;  // every dotted prefix of a routed-expert tensor's stored name
@@ -90,6 +93,34 @@ std::vector<std::string> unquantized_modules(const Checkpoint& src) {
     if (!compressed_ancestors.count(mod)) mods.insert(std::move(mod));
   }
   return {mods.begin(), mods.end()};
+}
+
+// gpt-oss's fused expert biases of MoE layer l (io::LayerTensorNames::fused_*_bias) → one bias per
+// expert Linear, as llm-compressor's per-expert gate/up/down modules hold them:
+// `experts.{e}.gate_proj.bias` [I] = gate_up_proj_bias[e, 0::2], `up_proj.bias` [I] = [e, 1::2] (the
+// interleave of FORMAT.md "Fused-expert sources"), `down_proj.bias` [H] = down_proj_bias[e]. Element
+// bytes are copied (dtype kept, no rounding). Error naming the tensor for a shape that is not [E, 2I] /
+// [E, H].
+void add_per_expert_biases(SafetensorsWriter& w, const Checkpoint& src, const LayerTensorNames& names, int64_t l) {
+  const ModelSpec& s = src.spec();
+  const int64_t E = s.num_experts, I = s.moe_intermediate_size, H = s.hidden_size;
+  const TensorView& gu = src.get(family_layer_tensor(s, l, names.fused_gate_up_bias, "gate_up_proj bias"));
+  const TensorView& dn = src.get(family_layer_tensor(s, l, names.fused_down_bias, "down_proj bias"));
+  MOESQ_CHECK(gu.shape == std::vector<int64_t>({E, 2 * I}) && dn.shape == std::vector<int64_t>({E, H}), src.dir(),
+              ": tensors ", gu.name, " ", gu.shape_str(), " and ", dn.name, " ", dn.shape_str(), " are not [E=", E,
+              ", 2I=", 2 * I, "] and [E, H=", H, "]");
+  const size_t es = dtype_size(gu.dtype), ed = dtype_size(dn.dtype);
+  std::vector<uint8_t> gate(I * es), up(I * es);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < I; ++i) {
+      std::memcpy(&gate[i * es], gu.data + (e * 2 * I + 2 * i) * es, es);
+      std::memcpy(&up[i * es], gu.data + (e * 2 * I + 2 * i + 1) * es, es);
+    }
+    auto name = [&](ExpertProj p) { return src.stored_name(expert_tensor_prefix(s, l, e, p)) + ".bias"; };
+    w.add(name(ExpertProj::Gate), gu.dtype, {I}, gate.data(), gate.size());
+    w.add(name(ExpertProj::Up), gu.dtype, {I}, up.data(), up.size());
+    w.add(name(ExpertProj::Down), dn.dtype, {H}, dn.data + e * H * ed, H * ed);
+  }
 }
 
 json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask) {
@@ -150,11 +181,22 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
   } else {
     const bool pb = f == ExportFormat::PairBitmask;
     SafetensorsWriter w;
+    // Fused expert biases (gpt-oss) are written per expert Linear instead (add_per_expert_biases).
+    const LayerTensorNames& names = layer_tensor_names(spec.model_type);
+    std::vector<int64_t> fused_bias_layers;
+    std::set<std::string> fused_bias;
+    for (int64_t l = 0; l < spec.num_layers && names.fused_gate_up_bias && names.fused_down_bias; ++l) {
+      const std::string gu = layer_tensor(l, names.fused_gate_up_bias), dn = layer_tensor(l, names.fused_down_bias);
+      if (!spec.is_moe_layer(l) || (!src.has(gu) && !src.has(dn))) continue;  // none: already per expert
+      fused_bias_layers.push_back(l);
+      fused_bias.insert({gu, dn});
+    }
     for (const std::string& name : src.names()) {
-      if (is_expert_tensor(name)) continue;
+      if (is_expert_tensor(name) || fused_bias.count(name)) continue;
       const TensorView& t = src.get(name);
       w.add(src.stored_name(name), t.dtype, t.shape, t.data, t.nbytes);
     }
+    for (int64_t l : fused_bias_layers) add_per_expert_biases(w, src, names, l);
     for (int64_t l = 0; l < spec.num_layers; ++l) {
       if (!spec.is_moe_layer(l)) continue;
       for (int64_t e = 0; e < spec.num_experts; ++e) {

@@ -116,6 +116,8 @@ std::string family_layer_tensor(const ModelSpec& spec, int64_t layer, const char
 
 TensorRole tensor_role(const ModelSpec& spec, const std::string& name) {
   if (is_expert_tensor(name)) return TensorRole::RoutedExpert;
+  if (const auto e = parse_expert_tensor(name); e && e->suffix == "bias" && expert_proj_of(e->proj))
+    return TensorRole::ExpertBias;  // gpt-oss biases split per expert (the compressed-tensors export)
   size_t pos = 0;
   int64_t l = 0;
   if (!read_literal(name, pos, "model.layers.") || !read_index(name, pos, &l) || !read_literal(name, pos, "."))
@@ -206,7 +208,7 @@ bool is_fused_expert_weight(const std::string& name, int64_t* layer) {
 bool is_expert_tensor(const std::string& name) {
   if (is_fused_expert_weight(name)) return true;
   const auto t = parse_expert_tensor(name);
-  if (!t) return false;
+  if (!t || t->suffix == "bias") return false;  // a per-expert Linear bias is kept as stored (ExpertBias)
   const auto& projs = t->block == "block_sparse_moe" ? kMixtralProjNames : kExpertProjNames;
   for (const char* p : projs)
     if (t->proj == p) return true;

@@ -92,7 +92,9 @@ struct ExpertTensorName {
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
 // A routed-expert projection tensor: parse_expert_tensor succeeds with proj gate_proj|up_proj|down_proj
 // under "mlp", or Mixtral's w1|w3|w2 under "block_sparse_moe", or a fused expert weight
-// (is_fused_expert_weight). Shared experts ("mlp.shared_expert.…") are not routed experts.
+// (is_fused_expert_weight). Shared experts ("mlp.shared_expert.…") are not routed experts, nor is a
+// per-expert `….{proj}.bias` (gpt-oss's biases as the compressed-tensors export writes them: role
+// ExpertBias, copied as stored like the fused bias tensors).
 bool is_expert_tensor(const std::string& name);
 // "model.layers.{l}.mlp.experts.gate_up_proj" or "….down_proj": all experts of a layer in one 3-D weight
 // (gpt-oss; hub Qwen3.5). Their biases ("…_bias") are not weights. Sets *layer when given.

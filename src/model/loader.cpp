@@ -8,6 +8,7 @@
 // for both; the decision that matters is that a compressed checkpoint's default_forward_options()
 // is W4A4 (act_quant with the format's block size): a W4A4 deployment quantizes activations too,
 // and evaluating it W4A16 would flatter it.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -60,20 +61,48 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::Quantiz
   return w;
 }
 
+// The expert biases of MoE layer l of a fused-expert family as the fused tensors lay them out
+// (gate_up [E, 2I] interleaved, down [E, H]): from the fused bias tensors when the checkpoint has them
+// (the source, moesq's own layout), else gathered from the per-expert Linear biases
+// `experts.{e}.{gate_proj|up_proj|down_proj}.bias` the compressed-tensors export writes (FORMAT.md).
+void load_fused_biases(const io::Checkpoint& ckpt, const io::ModelSpec& s, const io::LayerTensorNames& names,
+                       int64_t l, std::vector<float>& gu_bias, std::vector<float>& dn_bias) {
+  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
+  const std::string gu = io::family_layer_tensor(s, l, names.fused_gate_up_bias, "gate_up_proj bias");
+  const std::string dn = io::family_layer_tensor(s, l, names.fused_down_bias, "down_proj bias");
+  if (ckpt.has(gu) || ckpt.has(dn) || !ckpt.has(io::expert_tensor_prefix(s, l, 0, io::ExpertProj::Gate) + ".bias")) {
+    gu_bias = dense_weight(ckpt, gu, {E, 2 * I});
+    dn_bias = dense_weight(ckpt, dn, {E, H});
+    return;
+  }
+  gu_bias.assign(E * 2 * I, 0.0f);
+  dn_bias.assign(E * H, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    auto bias = [&](io::ExpertProj p, int64_t n) {
+      return dense_weight(ckpt, io::expert_tensor_prefix(s, l, e, p) + ".bias", {n});
+    };
+    const std::vector<float> g = bias(io::ExpertProj::Gate, I), u = bias(io::ExpertProj::Up, I),
+                             d = bias(io::ExpertProj::Down, H);
+    for (int64_t i = 0; i < I; ++i) {
+      gu_bias[e * 2 * I + 2 * i] = g[i];
+      gu_bias[e * 2 * I + 2 * i + 1] = u[i];
+    }
+    std::copy(d.begin(), d.end(), dn_bias.begin() + e * H);
+  }
+}
+
 // The routed experts of MoE layer l of a fused-expert family (gpt-oss, io::LayerTensorNames::fused_*):
-// biases always from the fused bias tensors (a compressed checkpoint keeps them as stored); gate|up and
-// down each from its fused weight when the checkpoint has it (the source), else per expert in Linear
-// layout under io::expert_tensor_prefix (what compression writes).
+// biases from load_fused_biases (a compressed checkpoint keeps them as stored or per expert); gate|up
+// and down each from its fused weight when the checkpoint has it (the source), else per expert in
+// Linear layout under io::expert_tensor_prefix (what compression writes).
 void load_fused_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, const io::ModelSpec& s,
                         const io::LayerTensorNames& names, int64_t l, std::vector<ExpertWeights>& experts,
                         PackedCount& count, bool& any_packed) {
   const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
   const std::string gu = io::family_layer_tensor(s, l, names.fused_gate_up, "fused gate_up_proj");
   const std::string dn = io::family_layer_tensor(s, l, names.fused_down, "fused down_proj");
-  const std::vector<float> gu_bias =  // [E, 2I]
-      dense_weight(ckpt, io::family_layer_tensor(s, l, names.fused_gate_up_bias, "gate_up_proj bias"), {E, 2 * I});
-  const std::vector<float> dn_bias =  // [E, H]
-      dense_weight(ckpt, io::family_layer_tensor(s, l, names.fused_down_bias, "down_proj bias"), {E, H});
+  std::vector<float> gu_bias, dn_bias;  // [E, 2I], [E, H]
+  load_fused_biases(ckpt, s, names, l, gu_bias, dn_bias);
   std::vector<float> gu_w, dn_w;  // [E, H, 2I], [E, I, H] (empty: per-expert tensors)
   if (ckpt.has(gu)) gu_w = dense_weight(ckpt, gu, {E, H, 2 * I});
   if (ckpt.has(dn)) dn_w = dense_weight(ckpt, dn, {E, I, H});

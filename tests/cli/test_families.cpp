@@ -184,10 +184,40 @@ TEST_P(CliFamilies, CompressKeepsNonRoutedTensorsAndRoundTrips) {
       }
       EXPECT_GT(projections, 0) << arch;
       EXPECT_TRUE(covering.empty()) << arch << ": ignore covers compressed tensors under " << *covering.begin();
-      if (arch == "gpt-oss")  // the biased router stays ignored; the expert block with its fused biases does not
+      if (arch == "gpt-oss") {  // the biased router stays ignored; the expert block with its biases does not
         for (const char* m : {"model.layers.1.mlp.router", "model.layers.1.mlp.experts"})
           EXPECT_EQ(std::count(ignore.begin(), ignore.end(), json(m)), m == std::string("model.layers.1.mlp.router"))
               << m;
+        // The fused biases are written per expert Linear (llm-compressor's layout): gate = even, up = odd
+        // columns of gate_up_proj_bias, down = its row; same bytes; the fused tensors are gone.
+        const moesq::io::ModelSpec& sp = src.spec();
+        const int64_t I = sp.moe_intermediate_size, H = sp.hidden_size;
+        const moesq::io::TensorView &gu = src.get(moesq::io::layer_tensor(1, "mlp.experts.gate_up_proj_bias")),
+                                    &dn = src.get(moesq::io::layer_tensor(1, "mlp.experts.down_proj_bias"));
+        EXPECT_FALSE(exported.has(moesq::io::layer_tensor(1, "mlp.experts.gate_up_proj_bias")));
+        EXPECT_FALSE(exported.has(moesq::io::layer_tensor(1, "mlp.experts.down_proj_bias")));
+        const size_t es = moesq::io::dtype_size(gu.dtype);
+        for (int64_t e = 0; e < sp.num_experts; ++e) {
+          const std::string p = moesq::io::layer_tensor(1, "mlp.experts." + std::to_string(e) + ".");
+          const moesq::io::TensorView &g = exported.get(p + "gate_proj.bias"), &u = exported.get(p + "up_proj.bias"),
+                                      &d = exported.get(p + "down_proj.bias");
+          ASSERT_TRUE(g.shape == std::vector<int64_t>{I} && u.shape == g.shape && d.shape == std::vector<int64_t>{H});
+          for (int64_t i = 0; i < I; ++i) {
+            EXPECT_EQ(std::memcmp(g.data + i * es, gu.data + (e * 2 * I + 2 * i) * es, es), 0) << p << " gate " << i;
+            EXPECT_EQ(std::memcmp(u.data + i * es, gu.data + (e * 2 * I + 2 * i + 1) * es, es), 0) << p << " up " << i;
+          }
+          EXPECT_EQ(std::memcmp(d.data, dn.data + e * H * es, H * es), 0) << p << " down";
+        }
+        // ... and read back to the same model: the export evaluates to the moesq checkpoint's nats, bitwise.
+        const std::string flags = " --data " + ids + " --seq-len " + std::to_string(T) + " --json";
+        const CmdResult a = run(dir, "eval " + out + flags), b = run(dir, "eval " + ct + flags);
+        ASSERT_EQ(b.code, 0) << b.err;
+        EXPECT_EQ(json::parse(a.out)["nats_per_token"].get<double>(), json::parse(b.out)["nats_per_token"].get<double>());
+        const json ct_ins = json::parse(run(dir, "inspect " + ct + " --json").out);
+        int64_t moe_layers = 0;
+        for (int64_t l = 0; l < sp.num_layers; ++l) moe_layers += sp.is_moe_layer(l);
+        EXPECT_EQ(ct_ins["not_compressed"]["expert_bias"].get<int64_t>(), 3 * sp.num_experts * moe_layers);
+      }
     }
     const moesq::model::DecoderModel m(dst);
     EXPECT_EQ(m.expert_format(), "paired-4:8-nvfp4");

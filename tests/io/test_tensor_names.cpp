@@ -1,6 +1,7 @@
 // io/tensor_names.h: the names the loader, the exporter and `inspect` share, built and parsed back.
 #include <gtest/gtest.h>
 
+#include "io/config.h"
 #include "io/tensor_names.h"
 
 namespace {
@@ -51,6 +52,22 @@ TEST(TensorNames, ExpertTensorTest) {
   EXPECT_FALSE(is_expert_tensor("model.layers.0.mlp.shared_expert.gate_proj.weight"));
   EXPECT_TRUE(in_expert_container("model.layers.0.mlp.experts.gate_up_proj"));
   EXPECT_FALSE(in_expert_container(kEmbedTokens));
+  // A per-expert Linear bias (gpt-oss as the compressed-tensors export writes it) is not a compressed
+  // projection: copied as stored, its role is ExpertBias like the fused bias tensors'.
+  EXPECT_FALSE(is_expert_tensor("model.layers.1.mlp.experts.3.gate_proj.bias"));
+  EXPECT_FALSE(is_expert_tensor("model.layers.1.mlp.experts.3.down_proj.bias"));
+}
+
+TEST(TensorNames, ExpertBiasRoleCoversFusedAndPerExpertBiases) {
+  ModelSpec s;
+  s.model_type = "gpt_oss";
+  s.num_layers = 2;
+  for (const char* b : {"model.layers.1.mlp.experts.gate_up_proj_bias", "model.layers.1.mlp.experts.down_proj_bias",
+                        "model.layers.1.mlp.experts.0.gate_proj.bias", "model.layers.1.mlp.experts.7.up_proj.bias",
+                        "model.layers.0.mlp.experts.2.down_proj.bias"})
+    EXPECT_EQ(tensor_role(s, b), TensorRole::ExpertBias) << b;
+  EXPECT_EQ(tensor_role(s, "model.layers.1.mlp.experts.0.gate_proj.weight"), TensorRole::RoutedExpert);
+  EXPECT_NE(tensor_role(s, "model.layers.1.mlp.experts.0.other_proj.bias"), TensorRole::ExpertBias);
 }
 
 }  // namespace
