@@ -6,6 +6,9 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "format/nvfp4.h"
+#include "format/packed_weight.h"
+#include "io/compressed_checkpoint.h"
+#include "io/import_checkpoint.h"
 
 namespace moesq::runtime {
 
@@ -26,25 +29,17 @@ void append_bf16(std::vector<uint16_t>& dst, const std::vector<float>& v) {
   for (float f : v) dst.push_back(f32_to_bf16(f));
 }
 
-std::vector<uint8_t> bytes(const io::Checkpoint& ckpt, const std::string& name, io::DType dtype, int64_t rows,
-                           int64_t cols) {
-  const io::TensorView& t = ckpt.get(name);
-  MOESQ_CHECK(t.dtype == dtype && t.shape == std::vector<int64_t>({rows, cols}), "tensor ", name, " in ", ckpt.dir(),
-              " has dtype ", io::dtype_name(t.dtype), " shape ", t.shape_str(), ", expected ", io::dtype_name(dtype),
-              " [", rows, ", ", cols, "]");
-  return std::vector<uint8_t>(t.data, t.data + t.nbytes);
-}
-
-format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const std::string& p, int64_t N, int64_t K) {
-  MOESQ_CHECK(ckpt.has(p + ".weight_packed"), "tensor ", p, ".weight_packed not found in ", ckpt.dir(),
+// One projection as paired 4:8 NVFP4, from any layout io reads (moesq, compressed-tensors NVFP4 whose
+// data is paired, pair-bitmask): io::read_packed_weight gives the canonical Sparse48Tensor, so every
+// layout uploads the same bytes. Error naming the tensor for a dense-NVFP4 projection.
+format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, const std::string& p,
+                                     int64_t N, int64_t K) {
+  MOESQ_CHECK(io::has_packed_projection(ckpt, p), "tensor ", p, ".weight_packed not found in ", ckpt.dir(),
               " (a paired-4:8 backend needs a paired-4:8-nvfp4 checkpoint)");
-  format::Sparse48Tensor t;
-  t.N = N;
-  t.K = K;
-  t.values = bytes(ckpt, p + ".weight_packed", io::DType::U8, N, K / 4);
-  t.meta = bytes(ckpt, p + ".weight_meta", io::DType::U8, N, K / 16);
-  t.scales = bytes(ckpt, p + ".weight_scale", io::DType::F8_E4M3, N, K / 32);
-  t.global_scale = ckpt.get_f32(p + ".weight_global_scale", {1})[0];
+  format::PackedWeight w = io::read_packed_weight(ckpt, q, p, N, K);
+  MOESQ_CHECK(w.is_sparse48(), "tensor ", p, " in ", ckpt.dir(), " is dense NVFP4, not paired 4:8: the paired-4:8 "
+              "backends need every projection paired (use --experts bf16)");
+  format::Sparse48Tensor t = *w.sparse48();
   format::check_stored_tensor_scale(t.global_scale, p + ".weight_global_scale in " + ckpt.dir());
   return t;
 }
@@ -62,42 +57,36 @@ format::Sparse48Tensor fuse_rows(const format::Sparse48Tensor& g, const format::
   return f;
 }
 
-// One expert projection as fp32 (bf16 backend): dense tensor, or a compressed one dequantized.
-std::vector<float> dense_projection(const io::Checkpoint& ckpt, const std::string& fmt, const std::string& p,
-                                    int64_t N, int64_t K) {
-  if (ckpt.has(p + ".weight")) return ckpt.get_f32(p + ".weight", {N, K});
-  std::vector<float> w(N * K);
-  if (fmt == "paired-4:8-nvfp4") {
-    format::sparse48_dequantize(read_sparse48(ckpt, p, N, K), w.data());
-    return w;
-  }
-  MOESQ_CHECK(fmt == "nvfp4" && ckpt.has(p + ".weight_packed"), "tensor ", p, ".weight not found in ", ckpt.dir());
-  format::Nvfp4Tensor t;
-  t.N = N;
-  t.K = K;
-  t.values = bytes(ckpt, p + ".weight_packed", io::DType::U8, N, K / 2);
-  t.scales = bytes(ckpt, p + ".weight_scale", io::DType::F8_E4M3, N, K / 16);
-  t.global_scale = ckpt.get_f32(p + ".weight_global_scale", {1})[0];
-  format::nvfp4_dequantize(t, w.data());
-  return w;
-}
-
 void check_model_type(const io::Checkpoint& ckpt) {
   MOESQ_CHECK(ckpt.spec().model_type == "qwen3_moe", ckpt.dir(), ": model_type \"", ckpt.spec().model_type,
               "\" is not qwen3_moe (the GPU engine runs qwen3_moe)");
 }
 
-std::string checkpoint_format(const io::Checkpoint& ckpt) {
-  const auto& cfg = ckpt.config();
-  if (!cfg.contains("quantization_config")) return "bf16";
-  const auto& qc = cfg["quantization_config"];
-  MOESQ_CHECK(qc.is_object() && qc.contains("format") && qc["format"].is_string(), ckpt.dir(),
-              "/config.json quantization_config: missing string key \"format\"");
-  return qc["format"].get<std::string>();
+// The engine's name for a checkpoint's expert format, from io::read_quantization_config (moesq,
+// compressed-tensors NVFP4 / pair-bitmask / pack-quantized INT4): "bf16", "paired-4:8-nvfp4", "nvfp4"
+// or "int4". A compressed-tensors NVFP4 file says whether it is paired only through its data: the first
+// MoE layer's expert 0 gate_proj decides, and read_sparse48 refuses any projection that disagrees.
+// A half-compressed checkpoint is refused as the CPU loader refuses it (io::check_expert_storage).
+std::string checkpoint_format(const io::Checkpoint& ckpt, const io::QuantizationConfig& q) {
+  io::check_expert_storage(ckpt, q, false);
+  switch (q.storage) {
+    case io::ExpertStorage::Dense: return "bf16";
+    case io::ExpertStorage::Int4: return "int4";
+    case io::ExpertStorage::Sparse48: return "paired-4:8-nvfp4";
+    case io::ExpertStorage::Nvfp4: break;
+  }
+  if (q.layout == io::CheckpointLayout::Moesq) return "nvfp4";
+  const io::ModelSpec& s = ckpt.spec();
+  int64_t l = 0;
+  while (l + 1 < s.num_layers && !s.is_moe_layer(l)) ++l;
+  const std::string p = ename(l, 0, "gate_proj");
+  if (!io::has_packed_projection(ckpt, p)) return "nvfp4";
+  return io::read_packed_weight(ckpt, q, p, s.moe_intermediate_size, s.hidden_size).is_sparse48() ? "paired-4:8-nvfp4"
+                                                                                                  : "nvfp4";
 }
 
 // The router and routed experts of MoE layer l into L (router, gu_*/down_* per `backend`).
-void load_moe_weights(const io::Checkpoint& ckpt, const std::string& fmt, ExpertBackend backend, int64_t l,
+void load_moe_weights(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, ExpertBackend backend, int64_t l,
                       HostLayer& L) {
   const io::ModelSpec& s = ckpt.spec();
   const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
@@ -107,9 +96,10 @@ void load_moe_weights(const io::Checkpoint& ckpt, const std::string& fmt, Expert
     L.gu_dense.assign(E * 2 * I * H_pad, 0);
     L.down_dense.assign(E * H * I_pad, 0);
     for (int64_t e = 0; e < E; ++e) {
-      const std::vector<float> g = dense_projection(ckpt, fmt, ename(l, e, "gate_proj"), I, H);
-      const std::vector<float> u = dense_projection(ckpt, fmt, ename(l, e, "up_proj"), I, H);
-      const std::vector<float> d = dense_projection(ckpt, fmt, ename(l, e, "down_proj"), H, I);
+      // Any layout io reads, dequantized exactly (io::read_expert_weight_f32: .weight, NVFP4, INT4).
+      const std::vector<float> g = io::read_expert_weight_f32(ckpt, q, ename(l, e, "gate_proj"), I, H);
+      const std::vector<float> u = io::read_expert_weight_f32(ckpt, q, ename(l, e, "up_proj"), I, H);
+      const std::vector<float> d = io::read_expert_weight_f32(ckpt, q, ename(l, e, "down_proj"), H, I);
       permute_dense_rows(g.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I) * H_pad]);
       permute_dense_rows(u.data(), I, H, H_pad, &L.gu_dense[(e * 2 * I + I) * H_pad]);
       permute_dense_rows(d.data(), H, I, I_pad, &L.down_dense[e * H * I_pad]);
@@ -118,9 +108,9 @@ void load_moe_weights(const io::Checkpoint& ckpt, const std::string& fmt, Expert
     std::vector<format::Sparse48Tensor> gu(E), down(E);
     std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
     for (int64_t e = 0; e < E; ++e) {
-      gu[e] = fuse_rows(read_sparse48(ckpt, ename(l, e, "gate_proj"), I, H),
-                        read_sparse48(ckpt, ename(l, e, "up_proj"), I, H), ename(l, e, "gate_proj|up_proj"));
-      down[e] = read_sparse48(ckpt, ename(l, e, "down_proj"), H, I);
+      gu[e] = fuse_rows(read_sparse48(ckpt, q, ename(l, e, "gate_proj"), I, H),
+                        read_sparse48(ckpt, q, ename(l, e, "up_proj"), I, H), ename(l, e, "gate_proj|up_proj"));
+      down[e] = read_sparse48(ckpt, q, ename(l, e, "down_proj"), H, I);
       pgu[e] = &gu[e];
       pdown[e] = &down[e];
     }
@@ -178,7 +168,8 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
   m.spec = ckpt.spec();
   const io::ModelSpec& s = m.spec;
   check_model_type(ckpt);
-  m.expert_format = checkpoint_format(ckpt);
+  const io::QuantizationConfig q = io::read_quantization_config(ckpt);
+  m.expert_format = checkpoint_format(ckpt, q);
   m.backend = resolve_backend(requested, m.expert_format);
   m.act_quant = m.backend == ExpertBackend::kSparseW4A4;
   m.act_block = m.act_quant ? format::kSparseScaleBlock : 0;
@@ -209,7 +200,7 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
     append_bf16(L.qkv, get("self_attn.k_proj.weight", {nkv * hd, H}));
     append_bf16(L.qkv, get("self_attn.v_proj.weight", {nkv * hd, H}));
     L.o = to_bf16(get("self_attn.o_proj.weight", {H, nh * hd}));
-    load_moe_weights(ckpt, m.expert_format, m.backend, l, L);
+    load_moe_weights(ckpt, q, m.backend, l, L);
   }
   return m;
 }
@@ -223,10 +214,11 @@ HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, Expe
   MOESQ_CHECK(m.spec.is_moe_layer(layer), ckpt.dir(), ": layer ", layer,
               " is a dense MLP layer (mlp_only_layers / decoder_sparse_step), not a MoE layer");
   m.layer = layer;
-  m.expert_format = checkpoint_format(ckpt);
+  const io::QuantizationConfig q = io::read_quantization_config(ckpt);
+  m.expert_format = checkpoint_format(ckpt, q);
   m.backend = resolve_backend(requested, m.expert_format);
   m.act_quant = m.backend == ExpertBackend::kSparseW4A4;
-  load_moe_weights(ckpt, m.expert_format, m.backend, layer, m.weights);
+  load_moe_weights(ckpt, q, m.backend, layer, m.weights);
   return m;
 }
 

@@ -1,6 +1,9 @@
-// Host side of the GPU engine's weights: a qwen3_moe checkpoint (bf16 original or a moesq paired 4:8
-// NVFP4 output, docs/FORMAT.md) read through io::Checkpoint and put into the layouts the engine's
-// kernels read, ONCE, before upload. No CUDA here, so it is tested on the CPU.
+// Host side of the GPU engine's weights: a qwen3_moe checkpoint in any layout the CPU loader reads
+// (bf16 original; moesq paired 4:8 or dense NVFP4; compressed-tensors NVFP4, pair-bitmask or
+// pack-quantized INT4: docs/FORMAT.md §7–§10), read through io (read_quantization_config,
+// read_packed_weight, read_expert_weight_f32) and put into the layouts the engine's kernels read, ONCE,
+// before upload. A paired export uploads the same bytes as its canonical moesq original
+// (tests/runtime/test_weights_layouts.cpp). No CUDA here, so it is tested on the CPU.
 //
 // Non-obvious decisions: q|k|v are fused into one [(nh + 2·nkv)·hd, H] projection (one GEMM, one
 // head-norm/RoPE pass); gate|up into one [2I, K] expert projection (gate rows first, as
@@ -34,7 +37,7 @@ struct HostLayer {
 struct HostModel {
   io::ModelSpec spec;
   ExpertBackend backend = ExpertBackend::kBf16;  // resolved (never kAuto)
-  std::string expert_format = "bf16";            // of the checkpoint: bf16 | paired-4:8-nvfp4 | nvfp4
+  std::string expert_format = "bf16";            // of the checkpoint: bf16 | paired-4:8-nvfp4 | nvfp4 | int4
   bool act_quant = false;                        // NVFP4 expert activations (sparse-w4a4)
   int act_block = 0;                             // 32 when act_quant
   std::vector<uint16_t> embed;                   // [V, H] bf16
@@ -54,7 +57,8 @@ struct HostMoeLayer {
   HostLayer weights;
 };
 
-// The backend a checkpoint of `expert_format` runs with when `requested` (kAuto → the format's own).
+// The backend a checkpoint of `expert_format` runs with when `requested` (kAuto → the format's own:
+// paired → sparse-w4a4, nvfp4 → nvfp4-w4a16, bf16 and int4 → bf16 on the exact bf16 products).
 // Errors: a backend that is not built (naming those that are), sparse on a dense checkpoint.
 ExpertBackend resolve_backend(ExpertBackend requested, const std::string& expert_format);
 

@@ -19,6 +19,7 @@
 #include "io/export_layouts.h"
 #include "io/import_checkpoint.h"
 #include "support/int4_checkpoint.h"
+#include "support/packed_checkpoint.h"
 #include "support/packed_weight_eq.h"
 #include "support/temp_dir.h"
 
@@ -32,40 +33,13 @@ using nlohmann::json;
 
 const std::string kModel = MOESQ_DEFAULT_MODEL;
 
-// Magnitude + RTN (paired 4:8) or RTN (dense) of every expert of the fixture, gate|up sharing γ.
 std::map<std::string, format::PackedWeight> pack_all(const Checkpoint& src, bool sparse) {
-  std::map<std::string, format::PackedWeight> out;
-  const ModelSpec& s = src.spec();
-  const int64_t H = s.hidden_size, I = s.moe_intermediate_size;
-  for (int64_t l = 0; l < s.num_layers; ++l)
-    for (int64_t e = 0; e < s.num_experts; ++e) {
-      std::vector<float> w[3];
-      for (int p = 0; p < 3; ++p) w[p] = src.get_f32(expert_tensor_prefix(l, e, static_cast<ExpertProj>(p)) + kWeight);
-      const float gu = format::gate_up_tensor_scale(w[0].data(), w[1].data(), I * H);
-      for (int p = 0; p < 3; ++p) {
-        const int64_t N = p == 2 ? H : I, K = p == 2 ? I : H;
-        const float g = p == 2 ? 0.0f : gu;
-        const std::string prefix = expert_tensor_prefix(l, e, static_cast<ExpertProj>(p));
-        if (sparse) {
-          const std::vector<uint8_t> pat = format::magnitude_patterns(w[p].data(), N, K);
-          out[prefix] = format::sparse48_quantize(w[p].data(), N, K, pat.data(), g, prefix);
-        } else {
-          out[prefix] = format::nvfp4_quantize(w[p].data(), N, K, g, prefix);
-        }
-      }
-    }
-  return out;
+  return test::pack_all_experts(src, sparse);
 }
 
 std::string write_moesq(const Checkpoint& src, const std::map<std::string, format::PackedWeight>& packed, bool sparse,
                         const fs::path& dir) {
-  fs::create_directories(dir);
-  write_compressed_checkpoint(
-      src, [&](int64_t l, int64_t e, ExpertProj p) -> const format::PackedWeight& {
-        return packed.at(expert_tensor_prefix(l, e, p));
-      },
-      sparse, sparse ? "magnitude" : "rtn-nvfp4", dir.string());
-  return dir.string();
+  return test::write_moesq_checkpoint(src, packed, sparse, dir);
 }
 
 using moesq::test::expect_same_bits;

@@ -1,0 +1,125 @@
+// The GPU engine's host loader (runtime/weights.h) reads every checkpoint layout the CPU loader reads,
+// through io: a paired 4:8 checkpoint as moesq writes it, exported to compressed-tensors NVFP4 and to
+// pair-bitmask, uploads the SAME kernel bytes (so `eval --device cuda` of an export computes what the
+// moesq original computes); a compressed-tensors INT4 (pack-quantized) checkpoint runs the bf16 backend
+// on its exact bf16 products; a dense NVFP4 export is refused by the paired backends naming the tensor.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "format/kernel_layout.h"
+#include "io/checkpoint.h"
+#include "io/export_checkpoint.h"
+#include "io/export_layouts.h"
+#include "io/tensor_names.h"
+#include "runtime/weights.h"
+#include "support/int4_checkpoint.h"
+#include "support/packed_checkpoint.h"
+#include "support/temp_dir.h"
+
+using namespace moesq;
+
+namespace {
+
+void expect_same_kernel_weights(const moe::KernelWeights& a, const moe::KernelWeights& b, const std::string& what) {
+  EXPECT_EQ(a.num_experts, b.num_experts) << what;
+  EXPECT_EQ(a.M, b.M) << what;
+  EXPECT_EQ(a.K, b.K) << what;
+  EXPECT_EQ(a.M_pad, b.M_pad) << what;
+  EXPECT_EQ(a.K_pad, b.K_pad) << what;
+  EXPECT_TRUE(a.data == b.data) << what << ": packed kernel bytes differ";
+  EXPECT_TRUE(a.gamma == b.gamma) << what << ": global scales differ";
+}
+
+class RuntimeWeightsLayouts : public ::testing::Test {
+ protected:
+  test::TempDir tmp_{"moesq_test_rt_layouts"};
+  io::Checkpoint src_{MOESQ_DEFAULT_MODEL};
+};
+
+// The moesq checkpoint is written in the canonical form an export → import round trip returns
+// (io::canonical_sparse48: a kept pair quantized to all-zero codes is re-assigned to the lowest zero
+// pairs; same dequantized values, tests/io/test_export_checkpoint.cpp), so the bytes can be compared.
+TEST_F(RuntimeWeightsLayouts, PairedExportsUploadTheMoesqCheckpointsBytes) {
+  std::map<std::string, format::PackedWeight> packed = test::pack_all_experts(src_, true);
+  int64_t changed = 0;
+  for (auto& [name, w] : packed) w = io::canonical_sparse48(*w.sparse48(), &changed);
+  const std::string moesq_dir = test::write_moesq_checkpoint(src_, packed, true, tmp_.path / "moesq");
+  io::export_checkpoint(moesq_dir, io::ExportFormat::CompressedTensors, (tmp_.path / "ct").string());
+  io::export_checkpoint(moesq_dir, io::ExportFormat::PairBitmask, (tmp_.path / "pb").string());
+  const io::Checkpoint ref_ck(moesq_dir);
+  for (int64_t l : {0, 3}) {
+    const runtime::HostMoeLayer ref = runtime::load_host_moe_layer(ref_ck, l, runtime::ExpertBackend::kAuto);
+    EXPECT_EQ(ref.expert_format, "paired-4:8-nvfp4");
+    EXPECT_EQ(ref.backend, runtime::ExpertBackend::kSparseW4A4);
+    EXPECT_FALSE(ref.weights.gu_sparse.data.empty());
+    for (const char* layout : {"ct", "pb"}) {
+      const io::Checkpoint ck((tmp_.path / layout).string());
+      const runtime::HostMoeLayer got = runtime::load_host_moe_layer(ck, l, runtime::ExpertBackend::kAuto);
+      const std::string what = std::string(layout) + " layer " + std::to_string(l);
+      EXPECT_EQ(got.expert_format, "paired-4:8-nvfp4") << what;
+      EXPECT_EQ(got.backend, ref.backend) << what;
+      EXPECT_EQ(got.act_quant, ref.act_quant) << what;
+      EXPECT_EQ(got.weights.router, ref.weights.router) << what;
+      expect_same_kernel_weights(got.weights.gu_sparse, ref.weights.gu_sparse, what + " gate|up");
+      expect_same_kernel_weights(got.weights.down_sparse, ref.weights.down_sparse, what + " down");
+    }
+  }
+  // The whole model too (attention weights are copied unchanged by the export).
+  const runtime::HostModel a = runtime::load_host_model(ref_ck, runtime::ExpertBackend::kSparseW4A4);
+  const runtime::HostModel b = runtime::load_host_model(io::Checkpoint((tmp_.path / "ct").string()),
+                                                        runtime::ExpertBackend::kSparseW4A4);
+  EXPECT_EQ(a.act_block, b.act_block);
+  EXPECT_EQ(a.lm_head, b.lm_head);
+  EXPECT_EQ(a.layers[2].qkv, b.layers[2].qkv);
+  expect_same_kernel_weights(a.layers[2].down_sparse, b.layers[2].down_sparse, "whole model, layer 2 down");
+}
+
+TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) {
+  const std::string dir = (tmp_.path / "int4").string();
+  const auto want = test::write_int4_checkpoint(src_, dir, 32);
+  const io::Checkpoint ck(dir);
+  const runtime::HostMoeLayer got = runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kAuto);
+  EXPECT_EQ(got.expert_format, "int4");
+  EXPECT_EQ(got.backend, runtime::ExpertBackend::kBf16);
+  const io::ModelSpec& s = src_.spec();
+  const int64_t H = s.hidden_size, I = s.moe_intermediate_size, H_pad = moe::padded_k(H);
+  const std::vector<float>& up = want.at(io::expert_tensor_prefix(1, 5, io::ExpertProj::Up));
+  for (int64_t n : {0L, I - 1})
+    for (int64_t k : {0L, 7L, H - 1})
+      EXPECT_EQ(got.weights.gu_dense[(5 * 2 * I + I + n) * H_pad + moe::act_storage_index(k, moe::ActLayout::kKMajor)],
+                f32_to_bf16(up[n * H + k]))
+          << "up row " << n << " col " << k;
+  EXPECT_THROW(runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kSparseW4A4), Error);
+}
+
+TEST_F(RuntimeWeightsLayouts, DenseNvfp4ExportIsRefusedByThePairedBackendsNamingTheTensor) {
+  const std::string moesq_dir = test::write_moesq_checkpoint(src_, test::pack_all_experts(src_, false), false,
+                                                             tmp_.path / "dense");
+  io::export_checkpoint(moesq_dir, io::ExportFormat::CompressedTensors, (tmp_.path / "ct").string());
+  for (const std::string dir : {moesq_dir, (tmp_.path / "ct").string()}) {
+    const io::Checkpoint ck(dir);
+    try {
+      runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kSparseW4A4);
+      ADD_FAILURE() << dir << ": dense NVFP4 accepted by sparse-w4a4";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("nvfp4"), std::string::npos) << e.what();
+    }
+    // auto picks nvfp4-w4a16, which is not built: the error names the built backends.
+    try {
+      runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kAuto);
+      ADD_FAILURE() << dir << ": auto on dense NVFP4 did not name the built backends";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("built: bf16, sparse-w4a4, sparse-w4a16"), std::string::npos) << e.what();
+    }
+    // bf16 runs it on the exact dequantized values.
+    const runtime::HostMoeLayer b = runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kBf16);
+    EXPECT_EQ(b.expert_format, "nvfp4");
+    EXPECT_FALSE(b.weights.gu_dense.empty());
+  }
+}
+
+}  // namespace
