@@ -122,6 +122,14 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   std::fprintf(table, "loss per layer (mean over experts; %s):\n",
                refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
   for (const compress::LayerLoss& x : s.layer_loss) {
+    // A layer without a loss to show (a dense-MLP layer, or one whose experts all lack calibration
+    // tokens) says so instead of printing "nan" (the CSV leaves those fields empty).
+    if (x.experts == 0) {
+      std::fprintf(table, "  layer %lld: %s\n", static_cast<long long>(x.layer),
+                   m.spec().is_moe_layer(x.layer) ? "no expert received calibration tokens (no loss measured)"
+                                                  : "dense MLP, kept as stored (no routed experts)");
+      continue;
+    }
     if (refined)
       std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
                    x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),

@@ -1,0 +1,115 @@
+// What a new user typing wrong values finds (the wu5 pass over the CLI): each case exited 0 with a
+// silently changed input, died with an uncaught exception, or printed a message that named the wrong
+// thing. Each must now exit non-zero naming the flag / file / expert, or print what is true, and
+// leave no output behind.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "support/cli_run.h"
+#include "support/family_reference.h"
+#include "support/temp_dir.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using moesq::test::CliRun;
+
+class NewUser : public ::testing::Test {
+ protected:
+  moesq::test::TempDir tmp_{"moesq_test_new_user"};
+  CliRun run(const std::string& args) { return moesq::test::run_moesq(args, tmp_.path.string()); }
+  std::string model() const { return std::string("'") + MOESQ_DEFAULT_MODEL + "'"; }
+  bool nothing_named(const std::string& prefix) const {
+    return moesq::test::entries_with_prefix(tmp_.path, prefix).empty();
+  }
+};
+
+// A --prompt-ids value past int32 was narrowed (4294967297 -> id 1) and the run went ahead.
+TEST_F(NewUser, PromptIdsPastInt32AreRefusedNotWrapped) {
+  for (const char* id : {"4294967297", "-4294967295"}) {
+    const std::string ids = tmp_.write("ids.txt", std::string("7 ") + id + "\n");
+    const CliRun r = run("generate " + model() + " --prompt-ids '" + ids + "' --max-new-tokens 2 --json");
+    EXPECT_EQ(r.rc, 1) << id << ": " << r.out;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_NE(r.err.find("--prompt-ids"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(id), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("(item 1)"), std::string::npos) << r.err;
+  }
+  // In range still runs.
+  const std::string ids = tmp_.write("ok.txt", "7 255\n");
+  const CliRun ok = run("generate " + model() + " --prompt-ids '" + ids + "' --max-new-tokens 2 --json");
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+}
+
+// CLI11 read `--seed -1` into the uint64 as 2^64 - 1; compress refuses a negative seed, generate did not.
+TEST_F(NewUser, GenerateRefusesANegativeSeed) {
+  const CliRun r = run("generate " + model() + " --prompt 'the ' --temperature 1 --seed -1 --max-new-tokens 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("--seed"), std::string::npos) << r.err;
+}
+
+// `--prompt ''` was told to "give exactly one of --prompt, --prompt-ids" although it gave one.
+TEST_F(NewUser, EmptyPromptIsCalledEmpty) {
+  CliRun r = run("generate " + model() + " --prompt '' --max-new-tokens 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("the prompt is empty"), std::string::npos) << r.err;
+  r = run("generate " + model() + " --max-new-tokens 2");  // none given: still the "exactly one" message
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("exactly one of --prompt, --prompt-ids"), std::string::npos) << r.err;
+}
+
+// Data-free calibration with a huge --calib-samples ended in "internal error: std::bad_alloc" (exit 2).
+TEST_F(NewUser, HugeCalibSamplesNamesTheFlags) {
+  const std::string out = (tmp_.path / "out").string();
+  const CliRun r = run("compress " + model() + " --method sgptq --out '" + out +
+                       "' --calib-samples 99999999999 --seq-len 16 --threads 1");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--calib-samples 99999999999"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--seq-len 16"), std::string::npos) << r.err;
+  EXPECT_TRUE(nothing_named("out")) << "no OUT, OUT.tmp.*, OUT.work";
+}
+
+// A refinement that diverges (absurd Lion rates) failed with "NVFP4 quantization: non-finite value
+// -nan at index 0 of 65536": no layer, no expert, no method.
+TEST_F(NewUser, DivergedRefinementNamesLayerAndExpert) {
+  const std::string out = (tmp_.path / "out").string();
+  const CliRun r = run("compress " + model() + " --method moesq --out '" + out +
+                       "' --calib-samples 4 --seq-len 16 --threads 1 --epochs 1 --lr-a 1e300 --lr-v 1e300");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("layer 0 expert "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--method moesq"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("non-finite"), std::string::npos) << r.err;
+  EXPECT_TRUE(nothing_named("out.tmp")) << "no OUT.tmp.* left";
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// A dense-MLP layer (deepseek_v3's first_k_dense_replace) printed "layer 0: rel error nan" in the
+// per-layer table, which reads as a failure of that layer.
+TEST_F(NewUser, DenseLayerInTheLossTableIsNotNan) {
+  const std::string fix = "tiny-deepseek-v3";
+  const std::string src = moesq::test::shared_models_dir(fix) + "/" + fix;
+  if (!fs::is_directory(src)) GTEST_SKIP() << "fixture " << src << " not present";
+  const std::string out = (tmp_.path / "out").string();
+  const CliRun r =
+      run("compress '" + src + "' --method sgptq --out '" + out + "' --calib-samples 2 --seq-len 16 --threads 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 0: dense MLP, kept as stored"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 1: rel error "), std::string::npos) << r.out;
+}
+
+// `tokenize --text-file DIR` said "no such file" about a directory that exists.
+TEST_F(NewUser, TextFileThatIsADirectoryIsCalledThat) {
+  const CliRun r = run("tokenize " + model() + " --text-file '" + tmp_.path.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--text-file: " + tmp_.path.string() + ": not a regular file"), std::string::npos) << r.err;
+  const CliRun missing = run("tokenize " + model() + " --text-file '" + tmp_.file("nope.txt") + "'");
+  EXPECT_NE(missing.err.find("no such file"), std::string::npos) << missing.err;
+}
+
+}  // namespace
