@@ -112,4 +112,40 @@ TEST_F(NewUser, TextFileThatIsADirectoryIsCalledThat) {
   EXPECT_NE(missing.err.find("no such file"), std::string::npos) << missing.err;
 }
 
+// `audit run --out R` a second time (and so `audit study --out S` a second time) was refused with
+// "R exists and is not an earlier output (no marker)": its AtomicDir had no marker file.
+TEST_F(NewUser, AuditRunReplacesItsOwnEarlierRun) {
+  const std::string r1 = (tmp_.path / "r1").string();
+  CliRun r = run("audit run --fixture small --out '" + r1 + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("audit run --fixture small --out '" + r1 + "'");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(fs::path(r1) / "manifest.json"));
+  // A directory of something else is still never replaced.
+  const fs::path other = tmp_.path / "other";
+  fs::create_directories(other);
+  tmp_.write("other/keep.txt", "x");
+  r = run("audit run --fixture small --out '" + other.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("no manifest.json"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(other / "keep.txt"));
+  // The injected plan is an input: an --out that holds it is refused, not deleted on commit.
+  r = run("audit run --fixture small --out '" + r1 + "' --plan '" + r1 + "/plan.json'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("is or contains the input"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(fs::path(r1) / "plan.json"));
+}
+
+// `audit run --plan RUN_DIR` (the run, not its plan.json) died with "internal error:
+// basic_filebuf::underflow error reading the file: Is a directory", exit 2.
+TEST_F(NewUser, AuditPlanThatIsADirectoryIsAnError) {
+  const std::string r1 = (tmp_.path / "r1").string();
+  ASSERT_EQ(run("audit run --fixture small --out '" + r1 + "'").rc, 0);
+  const CliRun r = run("audit run --fixture small --out '" + (tmp_.path / "r2").string() + "' --plan '" + r1 + "'");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(r1 + " is a directory"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_.path / "r2"));
+}
+
 }  // namespace
