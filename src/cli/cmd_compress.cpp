@@ -100,9 +100,15 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);
   const compress::CompressResult r = compress::compress_model(m, calib, opt, {&comm, work ? &*work : nullptr});
   if (!root) return;
-  // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
-  const std::string moesq_out =
-      fmt == io::ExportFormat::Moesq ? args->out : args->out + ".moesq.tmp." + std::to_string(::getpid());
+  // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT. Its
+  // name is one of OUT's temporaries (`OUT.tmp.<pid>.moesq`), so that after a kill -9 the next run
+  // writing OUT removes it (core/atomic_file.h); `OUT.moesq.tmp.<pid>` was never cleaned.
+  // `--out x/` names x: the sibling is x.tmp.<pid>.moesq, not x/.tmp... (which failed after all the work).
+  std::filesystem::path out_path = std::filesystem::path(args->out).lexically_normal();
+  if (out_path.filename().empty()) out_path = out_path.parent_path();
+  const std::string moesq_out = fmt == io::ExportFormat::Moesq
+                                    ? args->out
+                                    : out_path.string() + ".tmp." + std::to_string(::getpid()) + ".moesq";
   struct RemoveTmp {
     std::string dir;
     ~RemoveTmp() {

@@ -82,7 +82,10 @@ void run_generate(const GenerateArgs& a) {
   MOESQ_CHECK(!prompt.empty(), "generate: the prompt is empty");
   for (int32_t t : prompt) MOESQ_CHECK(t >= 0 && t < V, "generate: prompt id ", t, " outside [0, ", V, ")");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new;
-  ckpt.spec().check_seq_len(total, "--max-new-tokens");
+  // The sum, not "--max-new-tokens 2004" for a 4-token prompt and --max-new-tokens 2000.
+  const int64_t max_pos = ckpt.spec().max_position_embeddings;
+  MOESQ_CHECK(max_pos <= 0 || total <= max_pos, "prompt (", prompt.size(), " tokens) + --max-new-tokens ", a.max_new,
+              " = ", total, " exceeds the model's max_position_embeddings (", max_pos, ")");
   runtime::SamplerOptions so;
   so.temperature = a.temperature, so.top_p = a.top_p, so.seed = a.seed;
   runtime::Sampler sampler(so);

@@ -3,9 +3,13 @@
 // thing. Each must now exit non-zero naming the flag / file / expert, or print what is true, and
 // leave no output behind.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "support/cli_run.h"
 #include "support/family_reference.h"
@@ -146,6 +150,135 @@ TEST_F(NewUser, AuditPlanThatIsADirectoryIsAnError) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(r1 + " is a directory"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp_.path / "r2"));
+}
+
+// `demo --data F` with F of one token printed nats/token "-nan" for every row and exited 0; `eval`
+// refuses the same file.
+TEST_F(NewUser, DemoOnADataFileWithNothingToPredictFails) {
+  const std::string one = tmp_.write("one.txt", "a");
+  const std::string out = (tmp_.path / "demo").string();
+  const CliRun r = run("demo --methods rtn-nvfp4 --data '" + one + "' --out '" + out +
+                       "' --calib-samples 2 --seq-len 16 --threads 1 --json");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("--data: file " + one + " has 1 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing to predict"), std::string::npos) << r.err;
+}
+
+// `compress --export-format F` builds the moesq checkpoint in a sibling first. Named
+// OUT.moesq.tmp.<pid>, it survived a kill -9 for good: the next run writing OUT cleans only
+// OUT.tmp.<dead pid>*. Now it is OUT.tmp.<pid>.moesq and is cleaned like the others.
+TEST_F(NewUser, ExportFormatIntermediateOfAKilledRunIsCleaned) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);  // a dead pid
+  const fs::path out = tmp_.path / "out";
+  const std::string dead = std::to_string(child), live = std::to_string(::getpid());
+  const fs::path orphan = tmp_.path / ("out.tmp." + dead + ".moesq");
+  const fs::path orphan_tmp = tmp_.path / ("out.tmp." + dead + ".moesq.tmp." + dead);
+  const fs::path kept = tmp_.path / ("out.tmp." + live + ".moesq");  // a live run's
+  for (const fs::path& d : {orphan, orphan_tmp, kept}) fs::create_directories(d);
+  tmp_.write(orphan.filename().string() + "/model.safetensors", "partial");
+  const CliRun r = run("compress " + model() + " --method rtn-nvfp4 --export-format compressed-tensors --out '" +
+                       out.string() + "' --calib-samples 2 --seq-len 16 --threads 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out / "export.json"));
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_FALSE(fs::exists(orphan_tmp));
+  EXPECT_TRUE(fs::exists(kept));
+  fs::remove_all(kept);
+  // Only OUT and nothing else of this run is left.
+  EXPECT_EQ(moesq::test::entries_with_prefix(tmp_.path, "out").size(), 1u);
+}
+
+// `compress --out x/ --export-format F` put its intermediate at x/.moesq.tmp.<pid> and failed after
+// all the work ("--out x/.moesq.tmp.N: parent directory x does not exist"), leaving x.work behind.
+TEST_F(NewUser, TrailingSlashOutWithExportFormat) {
+  const std::string out = (tmp_.path / "x").string() + "/";
+  for (int i = 0; i < 2; ++i) {  // a fresh OUT, then replacing the earlier one
+    const CliRun r = run("compress " + model() + " --method rtn-nvfp4 --export-format compressed-tensors --out '" +
+                         out + "' --calib-samples 2 --seq-len 16 --threads 1");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_TRUE(fs::exists(tmp_.path / "x" / "export.json"));
+    EXPECT_EQ(moesq::test::entries_with_prefix(tmp_.path, "x").size(), 1u) << "x.work or a temporary left";
+  }
+}
+
+// A 4-token prompt with --max-new-tokens 2000 was told "--max-new-tokens 2004 exceeds ...".
+TEST_F(NewUser, TooLongGenerationNamesPromptAndFlagValues) {
+  const CliRun r = run("generate " + model() + " --prompt 'the ' --max-new-tokens 2000");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("prompt (4 tokens) + --max-new-tokens 2000 = 2004 exceeds the model's max_position_embeddings (1024)"),
+            std::string::npos)
+      << r.err;
+}
+
+// `bench e2e --batch abc` died with "internal error: stoi" (exit 2); "1.5" ran as batch 1, and an
+// empty list took max_element of nothing. Checked before the engine starts, so also without CUDA.
+TEST_F(NewUser, BenchE2eBatchListIsParsedStrictly) {
+  for (const char* b : {"abc", "1,,8", "0", "-3", "1.5", "99999999999"}) {
+    const CliRun r = run(std::string("bench e2e --synthetic qwen3-30b-a3b --experts bf16 --batch '") + b + "'");
+    EXPECT_EQ(r.rc, 1) << b << ": " << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--batch item '"), std::string::npos) << b << ": " << r.err;
+  }
+  const CliRun empty = run("bench e2e --synthetic qwen3-30b-a3b --experts bf16 --batch ''");
+  EXPECT_EQ(empty.rc, 1);
+  EXPECT_NE(empty.err.find("--batch is empty"), std::string::npos) << empty.err;
+}
+
+// `export` reads SRC/report.json for calibration amax (docs/FORMAT.md "input_global_scale"); a
+// report.json of another shape ({"layers": 5}) ended in "internal error: type_error.306", exit 2.
+// Entries it cannot use count as absent: the default scale, said so in export.json.
+TEST_F(NewUser, ExportIgnoresAReportJsonOfAnotherShape) {
+  const fs::path src = tmp_.path / "src";
+  CliRun r = run("compress " + model() + " --method rtn-nvfp4 --out '" + src.string() +
+                 "' --calib-samples 2 --seq-len 16 --threads 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  int i = 0;
+  for (const char* report : {R"({"layers": 5})", R"({"layers": [7, {"layer": "x", "experts": 3}]})",
+                             R"({"layers": [{"layer": 0, "experts": [null, {"expert": 0.5}, {"expert": 0, "input_amax": 4}]}]})"}) {
+    tmp_.write("src/report.json", report);
+    const std::string out = (tmp_.path / ("ct" + std::to_string(i++))).string();
+    r = run("export '" + src.string() + "' --format compressed-tensors --out '" + out + "' --json");
+    EXPECT_EQ(r.rc, 0) << report << ": " << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("default 1.0"), std::string::npos) << report << ": " << r.out;
+  }
+}
+
+// `moesq eval ... --json > result.json` on a full disk exited 0 with an empty result.json: stdout is
+// the result, so a failed write of it is an error.
+TEST_F(NewUser, AFailedWriteOfStdoutIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const std::string err = tmp_.file("err.txt");
+  for (const std::string& args :
+       std::vector<std::string>{"tokenize " + model() + " --text hi --json", "inspect " + model() + " --json",
+                                "audit schedule --blocks 50 --n 1536 --k 2048 --thread-k 64 --thread-n 128 --json"}) {
+    const std::string cmd = std::string("MOESQ_QUIET=1 '") + MOESQ_BINARY + "' " + args + " >/dev/full 2>'" + err + "'";
+    const int st = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(st)) << args;
+    EXPECT_EQ(WEXITSTATUS(st), 1) << args;
+    EXPECT_NE(moesq::test::slurp(err).find("moesq: error: cannot write standard output ("), std::string::npos)
+        << args << ": " << moesq::test::slurp(err);
+  }
+}
+
+// `audit score R R R R R` (one run, five spellings allowed) was ACCEPTED as five identical
+// replicates; a run counts once, so listing one twice is a rejection naming it.
+TEST_F(NewUser, AuditScoreCountsARunListedTwiceOnce) {
+  const std::string r1 = (tmp_.path / "r1").string();
+  ASSERT_EQ(run("audit run --fixture small --out '" + r1 + "'").rc, 0);
+  const CliRun once = run("audit score --replicates 1 '" + r1 + "'");
+  EXPECT_EQ(once.rc, 0) << once.out << once.err;  // the run itself is fine
+  const std::string q = "'" + r1 + "' ";
+  for (const std::string& again : std::vector<std::string>{r1, r1 + "/", r1 + "/.", (tmp_.path / "." / "r1").string()}) {
+    const CliRun r = run("audit score --replicates 2 " + q + "'" + again + "'");
+    EXPECT_EQ(r.rc, 1) << again << ": " << r.out;
+    EXPECT_NE(r.out.find("REJECTED (replicates): run " + again + " is listed twice (also as " + r1 + ")"),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 }  // namespace
