@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -116,7 +118,20 @@ void run_generate(const GenerateArgs& a) {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
     const model::Qwen3Moe m(ckpt);
-    model::KvDecoder dec(m, total, m.default_forward_options());
+    // A config without max_position_embeddings bounds nothing: a huge --max-new-tokens ended in
+    // "internal error: std::bad_alloc" here (the cache is allocated for `total` tokens up front).
+    std::optional<model::KvDecoder> cache;
+    auto too_large = [&](const std::exception& e) {
+      MOESQ_FAIL("--max-new-tokens ", a.max_new, ": cannot allocate the KV cache for ", total, " tokens (", e.what(), ")");
+    };
+    try {
+      cache.emplace(m, total, m.default_forward_options());
+    } catch (const std::bad_alloc& e) {
+      too_large(e);
+    } catch (const std::length_error& e) {  // past vector::max_size()
+      too_large(e);
+    }
+    model::KvDecoder& dec = *cache;
     std::vector<float> z;
     for (int32_t t : prompt) z = dec.step(t);
     ttft = seconds();

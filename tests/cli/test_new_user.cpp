@@ -281,4 +281,24 @@ TEST_F(NewUser, AuditScoreCountsARunListedTwiceOnce) {
   }
 }
 
+// A config without max_position_embeddings bounds nothing, and `generate --max-new-tokens 10^12`
+// died with "internal error: std::bad_alloc" (exit 2) allocating the KV cache.
+TEST_F(NewUser, UnallocatableGenerationNamesTheFlag) {
+  const fs::path m = tmp_.path / "m";
+  fs::create_directories(m);
+  for (const auto& e : fs::directory_iterator(MOESQ_DEFAULT_MODEL))
+    if (e.path().filename() != "config.json") fs::create_symlink(e.path(), m / e.path().filename());
+  std::string cfg = moesq::test::slurp(fs::path(MOESQ_DEFAULT_MODEL) / "config.json");
+  const size_t at = cfg.find("\"max_position_embeddings\": 1024,");
+  ASSERT_NE(at, std::string::npos);
+  cfg.erase(at, std::string("\"max_position_embeddings\": 1024,").size());
+  tmp_.write("m/config.json", cfg);
+  const CliRun r = run("generate '" + m.string() + "' --prompt hi --max-new-tokens 1000000000000");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--max-new-tokens 1000000000000: cannot allocate the KV cache for 1000000000002 tokens"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
