@@ -42,8 +42,9 @@ void register_compress(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
       "compress",
-      "Compress the routed experts of a Qwen3-MoE checkpoint (paper Algorithm 1) and write a compressed\n"
-      "checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
+      "Compress the routed experts of a Hugging Face MoE checkpoint (paper Algorithm 1; every model_type\n"
+      "of the README's table: qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, qwen3_next, gpt_oss, ...)\n"
+      "and write a compressed checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
       "tokens and relative reconstruction error). Without --calib, calibration sequences are sampled\n"
       "from the model itself (data-free). Every finished layer is committed to OUT.work (removed at the\n"
       "end): after a crash, the same command with --resume continues from the last committed layer.\n"
