@@ -91,7 +91,8 @@ struct AuditVerdict {
 };
 // Scores the run directories (each holding manifest.json). `scorer`: the scorer's build identity — every
 // run must carry its binary SHA-256, and all runs the same source commit (that of the first run).
-// `replicates`: identical outcomes required per (cell, history).
+// `replicates`: identical outcomes required per (cell, history); a directory listed twice (under any
+// spelling) is rejected with reason "replicates", since it is one replicate, not two.
 AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildIdentity& scorer,
                          int replicates = 5);
 // Applies the 7 mutations to copies of 5 clean replicate runs of `fixture`, and checks each is rejected

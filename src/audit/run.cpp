@@ -123,7 +123,10 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
       {"schedule", {{"w13", schedule_to_json(s13)}, {"w2", schedule_to_json(s2)}}},
       {"hashes", hashes},
       {"build", {{"git_commit", id.git_commit}, {"binary_sha256", id.binary_sha256}}}};
-  AtomicDir dir(out_dir);
+  // manifest.json marks an earlier run (re-running into it replaces it; `audit study` re-run into
+  // the same root did not work); an injected plan inside out_dir is an input and is refused.
+  AtomicDir dir(out_dir, "--out", "manifest.json",
+                cfg.plan_file.empty() ? std::vector<std::string>{} : std::vector<std::string>{cfg.plan_file});
   w.write(dir.path() + "/surfaces.safetensors");
   write_file_atomic(dir.path() + "/plan.json", json_text(alignment_to_json(plan), -1) + "\n");
   write_file_atomic(dir.path() + "/manifest.json", json_text(manifest, 2) + "\n");

@@ -3,6 +3,7 @@
 // exactly the check that names its reason.
 #include "audit/audit.h"
 
+#include <filesystem>
 #include <map>
 
 #include "audit/audit_files.h"
@@ -134,6 +135,20 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
     bool consistent = true;
   };
   std::map<std::string, std::map<std::string, Group>> cells;  // cell → history → group
+  // One directory is one replicate: `audit score R R R R R` (or R, ./R, R/.) accepted a single run
+  // as 5 identical replicates. Paths are compared resolved (symlinks, `.`, trailing `/`).
+  std::map<std::string, std::string> seen;  // resolved path → as given
+  for (const auto& dir : run_dirs) {
+    std::error_code ec;
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(dir, ec);
+    const auto [it, fresh] = seen.emplace(ec ? dir : resolved.string(), dir);
+    if (!fresh) {
+      v.ok = false;
+      v.reason = "replicates";
+      v.detail = "run " + dir + " is listed twice (also as " + it->second + "): a run counts as one replicate";
+      return v;
+    }
+  }
   for (const auto& dir : run_dirs) {
     nlohmann::json m;
     std::map<std::string, std::string> h;

@@ -74,8 +74,23 @@ void run_e2e(const E2eArgs& a) {
     backends.push_back(runtime::parse_expert_backend(e));
     runtime::require_built(backends.back());
   }
+  MOESQ_CHECK(!backends.empty(), "bench e2e: --experts is empty");
+  // Each item a whole number >= 1: std::stoi threw "internal error: stoi" on "abc", read "1.5" as 1,
+  // and an empty list reached max_element of nothing.
   std::vector<int> batches;
-  for (const auto& b : split(a.batches)) batches.push_back(std::stoi(b));
+  for (const auto& b : split(a.batches)) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(b, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MOESQ_CHECK(!b.empty() && used == b.size() && v >= 1 && v <= (1 << 20), "bench e2e: --batch item '", b,
+                "' is not a batch size (an integer in [1, 1048576])");
+    batches.push_back(static_cast<int>(v));
+  }
+  MOESQ_CHECK(!batches.empty(), "bench e2e: --batch is empty");
   std::vector<bool> modes;
   for (const auto& m : split(a.deterministic)) {
     MOESQ_CHECK(m == "on" || m == "off", "bench e2e: --deterministic takes on, off or on,off; got '", m, "'");

@@ -42,8 +42,9 @@ void register_compress(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
       "compress",
-      "Compress the routed experts of a Qwen3-MoE checkpoint (paper Algorithm 1) and write a compressed\n"
-      "checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
+      "Compress the routed experts of a Hugging Face MoE checkpoint (paper Algorithm 1; every model_type\n"
+      "of the README's table: qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, qwen3_next, gpt_oss, ...)\n"
+      "and write a compressed checkpoint plus OUT/report.json (method, measured bits/weight, seconds, per-expert calibration\n"
       "tokens and relative reconstruction error). Without --calib, calibration sequences are sampled\n"
       "from the model itself (data-free). Every finished layer is committed to OUT.work (removed at the\n"
       "end): after a crash, the same command with --resume continues from the last committed layer.\n"
@@ -100,9 +101,15 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);
   const compress::CompressResult r = compress::compress_model(m, calib, opt, {&comm, work ? &*work : nullptr});
   if (!root) return;
-  // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT.
-  const std::string moesq_out =
-      fmt == io::ExportFormat::Moesq ? args->out : args->out + ".moesq.tmp." + std::to_string(::getpid());
+  // Another layout: the moesq checkpoint goes to a temporary sibling, then is exported into OUT. Its
+  // name is one of OUT's temporaries (`OUT.tmp.<pid>.moesq`), so that after a kill -9 the next run
+  // writing OUT removes it (core/atomic_file.h); `OUT.moesq.tmp.<pid>` was never cleaned.
+  // `--out x/` names x: the sibling is x.tmp.<pid>.moesq, not x/.tmp... (which failed after all the work).
+  std::filesystem::path out_path = std::filesystem::path(args->out).lexically_normal();
+  if (out_path.filename().empty()) out_path = out_path.parent_path();
+  const std::string moesq_out = fmt == io::ExportFormat::Moesq
+                                    ? args->out
+                                    : out_path.string() + ".tmp." + std::to_string(::getpid()) + ".moesq";
   struct RemoveTmp {
     std::string dir;
     ~RemoveTmp() {
@@ -122,6 +129,14 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   std::fprintf(table, "loss per layer (mean over experts; %s):\n",
                refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
   for (const compress::LayerLoss& x : s.layer_loss) {
+    // A layer without a loss to show (a dense-MLP layer, or one whose experts all lack calibration
+    // tokens) says so instead of printing "nan" (the CSV leaves those fields empty).
+    if (x.experts == 0) {
+      std::fprintf(table, "  layer %lld: %s\n", static_cast<long long>(x.layer),
+                   m.spec().is_moe_layer(x.layer) ? "no expert received calibration tokens (no loss measured)"
+                                                  : "dense MLP, kept as stored (no routed experts)");
+      continue;
+    }
     if (refined)
       std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
                    x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),

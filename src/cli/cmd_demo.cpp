@@ -83,8 +83,12 @@ void run_demo(DemoArgs& a) {
   if (!a.data.empty()) {
     const std::optional<io::Tokenizer> tok = io::text_tokenizer_for(a.model, a.data);
     for (const auto& f : a.data) {
-      auto w = io::make_windows(
-          io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split), tok ? &*tok : nullptr), a.flags.seq_len);
+      const std::vector<int32_t> tokens =
+          io::load_tokens(f, ref.spec().vocab_size, io::parse_split(a.split), tok ? &*tok : nullptr);
+      // As `moesq eval` says it (a file of one token printed nats "-nan" and exited 0).
+      MOESQ_CHECK(tokens.size() >= 2, "--data: file ", f, " has ", tokens.size(), " tokens (split ", a.split,
+                  "): nothing to predict");
+      auto w = io::make_windows(tokens, a.flags.seq_len);
       windows.insert(windows.end(), w.begin(), w.end());
     }
     eval_source = "files (" + a.split + ")";

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,42 +42,52 @@ struct GenerateArgs {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool json = false;
+  int num_prompts = 0;    // how many of --prompt, --prompt-ids were given (an empty --prompt counts)
+  bool from_ids = false;  // --prompt-ids was given
 };
 
-std::vector<int32_t> read_ids(const std::string& path) {
+// The ids of a --prompt-ids file, each checked against the vocabulary [0, V) before it is narrowed
+// to int32 (4294967297 must not become id 1).
+std::vector<int32_t> read_ids(const std::string& path, int64_t V) {
   std::ifstream f(path);
   MOESQ_CHECK(f.good(), "--prompt-ids: cannot open ", path);
   std::vector<int32_t> ids;
   long long v;
-  while (f >> v) ids.push_back(static_cast<int32_t>(v));
+  while (f >> v) {
+    MOESQ_CHECK(v >= 0 && v < V, "--prompt-ids ", path, ": id ", v, " (item ", ids.size(), ") outside [0, ", V, ")");
+    ids.push_back(static_cast<int32_t>(v));
+  }
   MOESQ_CHECK(f.eof(), "--prompt-ids: ", path, " is not whitespace-separated integers");
   return ids;
 }
 
 void run_generate(const GenerateArgs& a) {
-  MOESQ_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "generate: give exactly one of --prompt, --prompt-ids");
+  MOESQ_CHECK(a.num_prompts == 1, "generate: give exactly one of --prompt, --prompt-ids");
   MOESQ_CHECK(a.max_new >= 1, "--max-new-tokens: ", a.max_new, " must be >= 1");
   const io::Checkpoint ckpt(a.dir);
   const int64_t V = ckpt.spec().vocab_size;
   // The tokenizer, when the checkpoint has one (a --prompt needs it: the error names DIR).
   std::optional<io::Tokenizer> tok;
   std::error_code ec;
-  if (!a.prompt.empty() || V == 256 || std::filesystem::exists(std::filesystem::path(a.dir) / "tokenizer.json", ec))
+  if (!a.from_ids || V == 256 || std::filesystem::exists(std::filesystem::path(a.dir) / "tokenizer.json", ec))
     tok = io::load_tokenizer_for_checkpoint(a.dir);
   std::vector<int32_t> prompt;
-  if (!a.prompt.empty()) {
+  if (!a.from_ids) {
     try {
       prompt = tok->encode(a.prompt, io::EncodeOptions{.add_special_tokens = true});
     } catch (const Error& e) {
       MOESQ_FAIL("--prompt: ", e.what());
     }
   } else {
-    prompt = read_ids(a.prompt_ids);
+    prompt = read_ids(a.prompt_ids, V);
   }
   MOESQ_CHECK(!prompt.empty(), "generate: the prompt is empty");
   for (int32_t t : prompt) MOESQ_CHECK(t >= 0 && t < V, "generate: prompt id ", t, " outside [0, ", V, ")");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new;
-  ckpt.spec().check_seq_len(total, "--max-new-tokens");
+  // The sum, not "--max-new-tokens 2004" for a 4-token prompt and --max-new-tokens 2000.
+  const int64_t max_pos = ckpt.spec().max_position_embeddings;
+  MOESQ_CHECK(max_pos <= 0 || total <= max_pos, "prompt (", prompt.size(), " tokens) + --max-new-tokens ", a.max_new,
+              " = ", total, " exceeds the model's max_position_embeddings (", max_pos, ")");
   runtime::SamplerOptions so;
   so.temperature = a.temperature, so.top_p = a.top_p, so.seed = a.seed;
   runtime::Sampler sampler(so);
@@ -106,7 +118,20 @@ void run_generate(const GenerateArgs& a) {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
     const model::Qwen3Moe m(ckpt);
-    model::KvDecoder dec(m, total, m.default_forward_options());
+    // A config without max_position_embeddings bounds nothing: a huge --max-new-tokens ended in
+    // "internal error: std::bad_alloc" here (the cache is allocated for `total` tokens up front).
+    std::optional<model::KvDecoder> cache;
+    auto too_large = [&](const std::exception& e) {
+      MOESQ_FAIL("--max-new-tokens ", a.max_new, ": cannot allocate the KV cache for ", total, " tokens (", e.what(), ")");
+    };
+    try {
+      cache.emplace(m, total, m.default_forward_options());
+    } catch (const std::bad_alloc& e) {
+      too_large(e);
+    } catch (const std::length_error& e) {  // past vector::max_size()
+      too_large(e);
+    }
+    model::KvDecoder& dec = *cache;
     std::vector<float> z;
     for (int32_t t : prompt) z = dec.step(t);
     ttft = seconds();
@@ -158,12 +183,20 @@ void register_generate(CLI::App& app) {
                                  "Continue a prompt with a checkpoint (greedy by default). Text in and out through\n"
                                  "DIR/tokenizer.json (bytes for a byte-level model); token ids out when DIR has none.");
   cmd->add_option("DIR", args->dir, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  cmd->add_option("--prompt", args->prompt, "prompt text (encoded by DIR/tokenizer.json with its BOS / post-processor)");
-  cmd->add_option("--prompt-ids", args->prompt_ids, "file of whitespace-separated prompt token ids");
+  auto count_prompt = [args](const std::string&) { ++args->num_prompts; };
+  cmd->add_option("--prompt", args->prompt, "prompt text (encoded by DIR/tokenizer.json with its BOS / post-processor)")
+      ->each(count_prompt);
+  cmd->add_option("--prompt-ids", args->prompt_ids, "file of whitespace-separated prompt token ids")
+      ->each([args](const std::string&) { ++args->num_prompts, args->from_ids = true; });
   cmd->add_option("--max-new-tokens", args->max_new, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-p", args->top_p, "nucleus mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  // CLI11 reads "-1" into a uint64 as 2^64 - 1: a negative seed is refused instead.
+  cmd->add_option("--seed", args->seed, "sampling seed (>= 0)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.find('-') == std::string::npos ? std::string() : "must be >= 0 (got " + s + ")"; },
+          ">= 0"))
+      ->capture_default_str();
   cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--experts", args->experts, "GPU expert backend: auto, bf16, sparse-w4a4, sparse-w4a16")
       ->capture_default_str();

@@ -34,7 +34,8 @@ struct TokenizeArgs {
 
 std::string read_file(const std::string& path, const char* flag) {
   std::error_code ec;
-  MOESQ_CHECK(std::filesystem::is_regular_file(path, ec), flag, ": ", path, ": no such file");
+  MOESQ_CHECK(std::filesystem::exists(path, ec), flag, ": ", path, ": no such file");
+  MOESQ_CHECK(std::filesystem::is_regular_file(path, ec), flag, ": ", path, ": not a regular file");
   std::ifstream f(path, std::ios::binary);
   MOESQ_CHECK(f, flag, ": ", path, ": cannot open");
   std::stringstream ss;

@@ -1,8 +1,11 @@
 // moesq — compress MoE experts to paired 4:8 NVFP4 and run them reproducibly.
 #include <signal.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -44,6 +47,15 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moesq: internal error: %s\n", e.what());
     return 2;
+  }
+  // The result on stdout is the output of inspect / eval / tokenize / --json: a write that failed
+  // (full disk, closed pipe reader, /dev/full) is an error, not exit 0 with a truncated result.
+  errno = 0;
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    const int err = errno;
+    std::fprintf(stderr, "moesq: error: cannot write standard output (%s)\n", err ? std::strerror(err) : "write error");
+    return 1;
   }
   return 0;
 }

@@ -55,6 +55,11 @@ CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_s
 CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed) {
   MOESQ_CHECK(num_samples > 0, "--calib-samples must be positive (got ", num_samples, ")");
   MOESQ_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
+  // Checked before anything is allocated (10^11 samples was an uncaught std::bad_alloc); the bound
+  // is 8192 x the default 2048 x 128 tokens.
+  constexpr int64_t kMaxTokens = int64_t{1} << 31;
+  MOESQ_CHECK(num_samples <= kMaxTokens / seq_len, "--calib-samples ", num_samples, " x --seq-len ", seq_len,
+              " is more than the ", kMaxTokens, " tokens data-free calibration samples at most");
   CalibSet set;
   set.source = "sampled from the model (data-free, seed " + std::to_string(seed) + ")";
   set.sequences.resize(static_cast<size_t>(num_samples));

@@ -25,7 +25,8 @@ CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_s
 
 // Samples `num_samples` sequences of `seq_len` tokens from the model (temperature 1, first token
 // uniform over the vocabulary), deterministically from `seed` (whatever the thread count). Uses the
-// incremental decoder; sequences are sampled in parallel, each forward single-threaded.
+// incremental decoder; sequences are sampled in parallel, each forward single-threaded. Errors name
+// --calib-samples / --seq-len when num_samples x seq_len exceeds 2^31 tokens.
 CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed);
 
 }  // namespace moesq::compress

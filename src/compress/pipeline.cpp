@@ -341,8 +341,12 @@ std::vector<ExpertResult> compress_layer(model::Qwen3Moe& m, int64_t l, const st
     rep.layer = l;
     rep.expert = e;
     rep.tokens = c.n;
-    own[static_cast<size_t>(i)].packed =
-        compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
+    try {
+      own[static_cast<size_t>(i)].packed =
+          compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
+    } catch (const Error& err) {  // which expert failed (e.g. a refinement that diverged to NaN)
+      MOESQ_FAIL("layer ", l, " expert ", e, " (--method ", method_name(opt.method), "): ", err.what());
+    }
     const int64_t d = ++done;
     if (d % 8 == 0 || d == n_mine)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +

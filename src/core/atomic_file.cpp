@@ -33,7 +33,8 @@ bool pid_is_dead(const std::string& digits) {
   return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
 }
 
-// Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>`). With a
+// Removes the orphaned temporaries of `final_path` (siblings named `<name>.tmp.<dead pid>` or
+// `<name>.tmp.<dead pid>.<suffix>`). With a
 // `marker` (AtomicDir), a `<name>.old.<dead pid>` holding it is the previous output moved aside by
 // a commit killed before its second rename: put back when `final_path` is missing, removed
 // otherwise; an `.old.` sibling without the marker is someone else's and is left alone.
@@ -47,7 +48,12 @@ void clean_orphans(const fs::path& final_path, const std::string& marker) {
     for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string fn = it->path().filename().string();
       if (fn.size() <= prefix.size() || fn.compare(0, prefix.size(), prefix) != 0) continue;
-      if (!pid_is_dead(fn.substr(prefix.size()))) continue;
+      // `.tmp.<pid>` may carry a suffix (`.tmp.<pid>.<what>`: a run's other temporaries of this
+      // output, e.g. compress --export-format's intermediate moesq checkpoint); the pid is the
+      // digits up to the next dot.
+      std::string pid = fn.substr(prefix.size());
+      if (std::string(kind) == ".tmp.") pid = pid.substr(0, pid.find('.'));
+      if (!pid_is_dead(pid)) continue;
       std::error_code rm;
       if (std::string(kind) == ".old." && !fs::exists(it->path() / marker, rm)) continue;
       if (std::string(kind) == ".old." && !fs::exists(final_path, rm)) {

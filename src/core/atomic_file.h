@@ -3,7 +3,8 @@
 // sibling `<dir>.tmp.<pid>` and renamed into place by commit(). If commit() is never reached (an
 // exception), the destructor removes the temporary, so a failed run leaves no partial output.
 // A run killed outright (kill -9) cannot clean up: the next run writing the same output removes the
-// `.tmp.<pid>` siblings whose pid is dead (and puts back a `.old.<pid>` its commit had moved aside).
+// `.tmp.<pid>` (and `.tmp.<pid>.<suffix>`) siblings whose pid is dead (and puts back a `.old.<pid>`
+// its commit had moved aside).
 // Write errors (EFBIG under `ulimit -f`, ENOSPC, EIO) are Errors naming the path and strerror; the
 // CLI ignores SIGXFSZ so that an oversized write fails with EFBIG instead of killing the process.
 #pragma once

@@ -33,12 +33,18 @@ json nvfp4_args(bool input) {
 
 // Calibration amax of an expert's inputs from SRC/report.json (layers[l].experts[e].input_amax
 // {gate_up, down}), when compress recorded it. Null json otherwise.
+// report.json is a side file (another tool's, hand-edited): entries of another shape are skipped
+// like a missing one ({"layers": 5} was "internal error: type_error.306", exit 2).
 json report_input_amax(const json& report, int64_t l, int64_t e) {
-  if (!report.is_object() || !report.contains("layers")) return nullptr;
+  auto index_of = [](const json& o, const char* key) {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{-1};
+  };
+  if (!report.is_object() || !report.contains("layers") || !report["layers"].is_array()) return nullptr;
   for (const json& L : report["layers"]) {
-    if (L.value("layer", int64_t{-1}) != l || !L.contains("experts")) continue;
+    if (!L.is_object() || index_of(L, "layer") != l || !L.contains("experts") || !L["experts"].is_array()) continue;
     for (const json& E : L["experts"])
-      if (E.value("expert", int64_t{-1}) == e && E.contains("input_amax")) return E["input_amax"];
+      if (E.is_object() && index_of(E, "expert") == e && E.contains("input_amax")) return E["input_amax"];
   }
   return nullptr;
 }
