@@ -382,6 +382,12 @@ TEST(Refine, ZeroEpochsReturnsTheInitialSupport) {
   EXPECT_EQ(r.steps, 0);
   EXPECT_EQ(r.pattern_change, 0.0);  // argmax of the prior logits is the prior
   EXPECT_EQ(format::sparse48_patterns(r.up), f.init.r[1].patterns);
+  // ... and the SGPTQ solution itself, bit for bit: re-packing V0 = dec(SGPTQ) recomputes γ from
+  // dec's amax and the block scales from its block maxima, which moved values (found by a new-user pass).
+  EXPECT_TRUE(same_bits(r.gate, f.init.r[0].packed));
+  EXPECT_TRUE(same_bits(r.up, f.init.r[1].packed));
+  EXPECT_TRUE(same_bits(r.down, f.init.r[2].packed));
+  EXPECT_EQ(r.final_hard_loss, r.init_hard_loss);
 }
 
 TEST(Refine, FewRowsAndRaggedBatches) {

@@ -319,6 +319,12 @@ class ExpertRefinement {
   // solution when it is better on the held-out rows.
   void finish(RefineResult& res) {
     res.selected_epoch = o_.epochs;
+    if (o_.epochs == 0 && all_packed_) {  // no step taken: the SGPTQ solution itself, not a re-pack of V0
+      return_init("--epochs 0: no refinement step, kept the SGPTQ solution", res);
+      res.final_hard_loss = res.init_hard_loss;
+      res.pattern_change = 0.0;
+      return;
+    }
     if (select_best_ && best_epoch_ < o_.epochs) {
       // Restore the best state: its values V and argmax patterns (the epoch's hard loss is
       // measured on exactly these, with the scales recomputed as pack does).
