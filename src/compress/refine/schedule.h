@@ -22,7 +22,7 @@
 // lr_V 2.63e-4; with 131,072 tokens (R̄ ≈ 14,746): layer batch 256, 580 steps for the mean expert,
 // the same rates; with the default 262,144 tokens (R̄ ≈ 29,491): layer batch 512, 580 steps, the same
 // rates. R̄ from 4,033 to 8,064 rows gives 128, to 16,128 256, to 41,706 512, to 117,964 256,
-// to 333,655 128, then none.
+// to 333,654 128, then none.
 //
 // Source: paper 002 Table 4 (batch, epochs, rates); the exponents and the 32-steps-per-epoch floor
 // were measured on the tiny fixture (docs/RESULTS.md "Default refinement schedule", issue 12):
