@@ -5,6 +5,8 @@
 // the post-processor (a prompt starts a sequence: BOS where the tokenizer adds one); the printed text
 // is the decode of the generated ids only, special tokens kept. CPU: the KV-cached model::KvDecoder;
 // CUDA: the GPU engine (runtime/engine.h), prefill then decode steps replayed from a CUDA graph.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -120,16 +122,28 @@ void run_generate(const GenerateArgs& a) {
     const model::Qwen3Moe m(ckpt);
     // A config without max_position_embeddings bounds nothing: a huge --max-new-tokens ended in
     // "internal error: std::bad_alloc" here (the cache is allocated for `total` tokens up front).
+    // Checked against the machine's memory before allocating: under a sanitizer (and with overcommit
+    // off) an impossible request aborts or is killed instead of throwing std::bad_alloc.
     std::optional<model::KvDecoder> cache;
-    auto too_large = [&](const std::exception& e) {
-      MOESQ_FAIL("--max-new-tokens ", a.max_new, ": cannot allocate the KV cache for ", total, " tokens (", e.what(), ")");
+    auto too_large = [&](const std::string& why) {
+      MOESQ_FAIL("--max-new-tokens ", a.max_new, ": cannot allocate the KV cache for ", total, " tokens (", why, ")");
     };
+    const io::ModelSpec& sp = m.spec();
+    const double cache_bytes = 2.0 * 4.0 * static_cast<double>(sp.num_layers) * static_cast<double>(total) *
+                               static_cast<double>(sp.num_kv_heads * sp.head_dim);
+    const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    if (ram > 0 && cache_bytes > ram) {
+      char why[160];
+      std::snprintf(why, sizeof why, "needs about %.3g GiB, more than this machine's %.3g GiB of memory",
+                    cache_bytes / 1073741824.0, ram / 1073741824.0);
+      too_large(why);
+    }
     try {
       cache.emplace(m, total, m.default_forward_options());
     } catch (const std::bad_alloc& e) {
-      too_large(e);
+      too_large(e.what());
     } catch (const std::length_error& e) {  // past vector::max_size()
-      too_large(e);
+      too_large(e.what());
     }
     model::KvDecoder& dec = *cache;
     std::vector<float> z;
