@@ -39,9 +39,7 @@ format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const io::Quant
   format::PackedWeight w = io::read_packed_weight(ckpt, q, p, N, K);
   MOESQ_CHECK(w.is_sparse48(), "tensor ", p, " in ", ckpt.dir(), " is dense NVFP4, not paired 4:8: the paired-4:8 "
               "backends need every projection paired (use --experts bf16)");
-  format::Sparse48Tensor t = *w.sparse48();
-  format::check_stored_tensor_scale(t.global_scale, p + ".weight_global_scale in " + ckpt.dir());
-  return t;
+  return *w.sparse48();  // γ already checked by io's global-scale readers (check_stored_tensor_scale)
 }
 
 // gate [I, H] and up [I, H] → one [2I, H] tensor (gate rows first); both must share γ (FORMAT.md).
