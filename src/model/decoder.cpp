@@ -1,5 +1,5 @@
 // The generic MoE decoder on the CPU, fp32 math (transformers' *ForCausalLM of each family run in
-// float32 on weights upcast from bf16 is the reference; tests/test_model_parity.cpp (Qwen3-MoE) and
+// float32 on weights upcast from bf16 is the reference; tests/model/test_parity.cpp (Qwen3-MoE) and
 // tests/model/test_family_parity.cpp check it). The mixer is model/mixers/, the router model/router.cpp.
 //
 // Linear layers are OpenBLAS sgemm calls in PyTorch layout (y = x Wᵀ, W [N, K]); each has a
