@@ -164,11 +164,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, const DecodeOptions&
       if (!(opts.skip_special_tokens && t.added[a->second].special)) tokens.push_back(t.added[a->second].content);
       continue;
     }
-    const bool known = id >= 0 && static_cast<size_t>(id) < t.bpe.id_to_token.size() &&
-                       !t.bpe.id_to_token[static_cast<size_t>(id)].empty();
-    MOESQ_CHECK(known, "decode: id ", id, " at position ", i, " is not in the vocabulary of ", t.source,
-                " (vocab_size ", vocab_size(), ")");
-    tokens.push_back(t.bpe.id_to_token[static_cast<size_t>(id)]);
+    const auto known = t.bpe.id_to_token.find(id);
+    MOESQ_CHECK(known != t.bpe.id_to_token.end() && !known->second.empty(), "decode: id ", id, " at position ", i,
+                " is not in the vocabulary of ", t.source, " (vocab_size ", vocab_size(), ")");
+    tokens.push_back(known->second);
   }
   if (!t.has_decoder) {  // tokenizers joins the raw tokens with spaces
     std::string out;
@@ -181,7 +180,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, const DecodeOptions&
 int64_t Tokenizer::vocab_size() const {
   const Impl& t = *impl_;
   if (t.identity) return 256;
-  int64_t n = static_cast<int64_t>(t.bpe.id_to_token.size());
+  int64_t n = t.bpe.id_end;
   for (const auto& a : t.added) n = std::max<int64_t>(n, int64_t{a.id} + 1);
   return n;
 }
@@ -193,8 +192,7 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
     return std::string(1, static_cast<char>(id));
   }
   if (const auto a = t.added_by_id.find(id); a != t.added_by_id.end()) return t.added[a->second].content;
-  if (id >= 0 && static_cast<size_t>(id) < t.bpe.id_to_token.size() && !t.bpe.id_to_token[static_cast<size_t>(id)].empty())
-    return t.bpe.id_to_token[static_cast<size_t>(id)];
+  if (const auto k = t.bpe.id_to_token.find(id); k != t.bpe.id_to_token.end() && !k->second.empty()) return k->second;
   return std::nullopt;
 }
 

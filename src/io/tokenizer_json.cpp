@@ -158,16 +158,14 @@ class Parser {
 
     const json& vocab = field(j, "vocab", path);
     if (!vocab.is_object()) fail(path + ".vocab", "expected an object {token: id}");
-    int32_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
         fail(path + ".vocab[\"" + it.key() + "\"]", "expected an id >= 0, got " + it.value().dump());
       const int32_t id = it.value().get<int32_t>();
       bpe.vocab.emplace(it.key(), id);
-      max_id = std::max(max_id, id);
+      bpe.id_to_token[id] = it.key();  // two tokens with one id: the later key (sorted order) wins
+      bpe.id_end = std::max<int64_t>(bpe.id_end, int64_t{id} + 1);
     }
-    bpe.id_to_token.assign(static_cast<size_t>(max_id + 1), "");
-    for (const auto& [tokstr, id] : bpe.vocab) bpe.id_to_token[static_cast<size_t>(id)] = tokstr;
 
     if (const auto it = j.find("unk_token"); it != j.end() && !it->is_null()) {
       if (!it->is_string()) fail(path + ".unk_token", "expected a string or null");

@@ -68,7 +68,10 @@ std::vector<std::string> pre_tokenize(const std::vector<PreTokenizer>& chain, st
 // ---- BPE model --------------------------------------------------------------------------------
 struct Bpe {
   std::unordered_map<std::string, int32_t> vocab;
-  std::vector<std::string> id_to_token;  // [max id + 1]; "" where no token has that id
+  // id → token string. A map, not a table of max id + 1 entries: ids come from the file, and one id
+  // of 2^31 - 1 must not make a table of 2^31 strings.
+  std::unordered_map<int32_t, std::string> id_to_token;
+  int64_t id_end = 0;  // largest vocab id + 1 (0 for an empty vocab)
   // (left id << 32 | right id) → (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
   std::optional<int32_t> unk_id;

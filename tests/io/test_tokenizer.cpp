@@ -334,6 +334,29 @@ TEST(Tokenizer, RefusesBadInputAndIds) {
   EXPECT_NE(error_of([&] { tok.decode(std::vector<int32_t>{-1}); }).find("id -1 at position 0"), std::string::npos);
 }
 
+// Vocabulary ids are the file's: one of 2^31 - 1 (or 2e9) once sized a table max id + 1 long and ended
+// in `internal error` (vector larger than max_size / bad_alloc). A sparse id space loads, encodes and
+// decodes like the dense one, and vocab_size is the largest id + 1.
+TEST(Tokenizer, HugeSparseVocabIdsLoadWithoutATableOfThatSize) {
+  const json base = json::parse(slurp(kQwen + "/tokenizer.json"));
+  const Tokenizer dense = Tokenizer::from_json_text(base.dump(), "tokenizer.json");
+  for (const int64_t big : {int64_t{INT32_MAX}, int64_t{2000000000}}) {
+    json j = base;
+    j["model"]["vocab"]["moesq-sparse-id"] = big;
+    const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "tokenizer.json");
+    EXPECT_EQ(tok.vocab_size(), std::max<int64_t>(big + 1, dense.vocab_size())) << big;
+    EXPECT_EQ(tok.id_to_token(static_cast<int32_t>(big)).value_or("(none)"), "moesq-sparse-id") << big;
+    const std::string text = "hello world, the sparse ids change nothing";
+    EXPECT_EQ(tok.encode(text), dense.encode(text)) << big;
+    EXPECT_EQ(tok.decode(tok.encode(text)), text) << big;
+    EXPECT_NE(error_of([&] { tok.decode(std::vector<int32_t>{static_cast<int32_t>(big - 1)}); }).find("is not in the vocabulary"),
+              std::string::npos) << big;
+  }
+  json j = base;
+  j["model"]["vocab"]["too-big"] = int64_t{INT32_MAX} + 1;
+  EXPECT_NE(load_error(j).find(R"(model.vocab["too-big"]: expected an id >= 0)"), std::string::npos) << load_error(j);
+}
+
 // Decode of byte runs that are not UTF-8: one U+FFFD per maximal invalid subpart (ByteLevel) or
 // per byte (ByteFallback), as the library does.
 TEST(Tokenizer, InvalidByteRunsDecodeToReplacementCharacters) {
