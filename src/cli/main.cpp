@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -36,11 +37,20 @@ int main(int argc, char** argv) {
     const auto extra = app.remaining(true);
     if (!extra.empty()) {
       std::fprintf(stderr, "moesq: error: unknown command or argument '%s' (see moesq --help)\n", extra.front().c_str());
-      return e.get_exit_code();
+      return 1;
     }
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A flag error reads like every other error of moesq and exits 1 like them (CLI11's own codes
+    // 105, 106, ... and its unprefixed text would be a second style).
+    std::string where = "moesq";
+    for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().front();
+      where += " " + sub->get_name();
+    }
+    std::fprintf(stderr, "moesq: error: %s (see %s --help)\n", e.what(), where.c_str());
+    return 1;
   } catch (const moesq::Error& e) {
     std::fprintf(stderr, "moesq: error: %s\n", e.what());
     return 1;

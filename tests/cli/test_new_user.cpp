@@ -301,4 +301,21 @@ TEST_F(NewUser, UnallocatableGenerationNamesTheFlag) {
       << r.err;
 }
 
+// A flag error is an error like the others: "moesq: error: ..." naming the flag and the subcommand's
+// --help, exit 1 (CLI11 printed its own text and exited 105 / 106 / 109). --help still exits 0.
+TEST_F(NewUser, FlagErrorsHaveOneStyleAndExitCode) {
+  struct Case { std::string args, needle; };
+  for (const Case& c : {Case{"bench e2e --batch", "--batch"}, Case{"eval --seq-len abc . --data y", "--seq-len"},
+                        Case{"compress --no-such-flag", "--no-such-flag"}, Case{"nosuchcommand", "nosuchcommand"},
+                        Case{"demo --eval-samples 0", "--eval-samples"}}) {
+    const CliRun r = run(c.args);
+    EXPECT_EQ(r.rc, 1) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("moesq: error: ", 0), 0u) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("--help"), std::string::npos) << c.args << "\n" << r.err;
+  }
+  EXPECT_EQ(run("compress --help").rc, 0);
+  EXPECT_EQ(run("--version").rc, 0);
+}
+
 }  // namespace
