@@ -48,6 +48,12 @@ class Mixer {
   virtual std::unique_ptr<MixerState> new_decode_state(int64_t /*max_len*/, const ForwardOptions& /*fo*/) const {
     return nullptr;
   }
+  // Bytes the state new_decode_state(max_len, ·) holds at its largest over max_len one-token decode
+  // steps (every buffer of the state: caches, recurrent state, RoPE tables), for checking memory
+  // before allocating. Error: no decode path.
+  virtual int64_t decode_state_bytes(int64_t /*max_len*/) const {
+    MOESQ_FAIL("the ", name(), " mixer has no incremental decode");
+  }
   // x [T, H] = input_layernorm(h) of the sequence's next T positions (state.pos .. state.pos + T − 1)
   // → [T, H], the rows forward() of the whole prefix gives at those positions; advances `state`
   // (made by this mixer's new_decode_state). Errors: no decode path, a foreign state, max_len passed.
