@@ -42,8 +42,7 @@ KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& f
 
 int64_t KvDecoder::cache_bytes(const Qwen3Moe& m, int64_t max_len) {
   const auto& s = m.spec();
-  constexpr int64_t kF32 = sizeof(float);
-  int64_t bytes = 2 * max_len * (s.head_dim / 2) * kF32;  // cos_, sin_
+  __int128 bytes = state_bytes(2 * static_cast<__int128>(max_len) * (s.head_dim / 2));  // cos_, sin_
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (const Mixer* mx = m.layer(l).mixer.get()) {
       try {
@@ -53,9 +52,9 @@ int64_t KvDecoder::cache_bytes(const Qwen3Moe& m, int64_t max_len) {
       }
       continue;
     }
-    bytes += 2 * max_len * s.num_kv_heads * s.head_dim * kF32;  // k_cache_[l], v_cache_[l]
+    bytes += state_bytes(2 * static_cast<__int128>(max_len) * s.num_kv_heads * s.head_dim);  // k_cache_, v_cache_
   }
-  return bytes;
+  return bytes > static_cast<__int128>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(bytes);
 }
 
 void KvDecoder::ffn_step(int64_t l, std::vector<float>& h) const {

@@ -57,8 +57,8 @@ class GdnMixer final : public Mixer {
   }
   // The conv window and S: fixed, whatever the length.
   int64_t decode_state_bytes(int64_t /*max_len*/) const override {
-    const int64_t floats = s_.conv_dim() * (s_.conv_kernel - 1) + s_.num_v_heads * s_.head_k_dim * s_.head_v_dim;
-    return floats * static_cast<int64_t>(sizeof(float));
+    return state_bytes(static_cast<__int128>(s_.conv_dim()) * (s_.conv_kernel - 1) +
+                       static_cast<__int128>(s_.num_v_heads) * s_.head_k_dim * s_.head_v_dim);
   }
   // The recurrent form is the forward's own: a step is gated_deltanet_forward continuing the state.
   std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
@@ -107,7 +107,7 @@ class GatedAttentionMixer final : public Mixer {
     return st;
   }
   int64_t decode_state_bytes(int64_t max_len) const override {
-    return 2 * cache_rows(max_len) * s_.num_kv_heads * s_.head_dim * static_cast<int64_t>(sizeof(float));
+    return state_bytes(2 * static_cast<__int128>(cache_rows(max_len)) * s_.num_kv_heads * s_.head_dim);
   }
   std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
     AttentionDecodeState& st = mixer_state_as<AttentionDecodeState>(state, name());
