@@ -3,8 +3,9 @@
 // and out through the checkpoint's tokenizer (DIR/tokenizer.json, the byte identity for a byte-level
 // model: io::load_tokenizer_for_checkpoint); token ids out when it has none. --prompt is encoded with
 // the post-processor (a prompt starts a sequence: BOS where the tokenizer adds one); the printed text
-// is the decode of the generated ids only, special tokens kept. CPU: the KV-cached model::KvDecoder;
-// CUDA: the GPU engine (runtime/engine.h), prefill then decode steps replayed from a CUDA graph.
+// is the decode of the generated ids only, special tokens kept. The loop is runtime::Generator's over
+// a decode backend: CPU the KV-cached model::KvDecoder; CUDA the GPU engine (runtime/engine.h),
+// prefill then decode steps replayed from a CUDA graph.
 #include <unistd.h>
 
 #include <chrono>
@@ -28,9 +29,12 @@
 #include "model/kv_decoder.h"
 #include "model/qwen3_moe.h"
 #include "runtime/backend.h"
+#include "runtime/decode_backend.h"
+#include "runtime/generator.h"
 #include "runtime/sampler.h"
 #ifdef MOESQ_HAVE_CUDA
 #include "runtime/engine.h"
+#include "runtime/engine_backend.h"
 #endif
 
 namespace moesq::cli {
@@ -92,12 +96,22 @@ void run_generate(const GenerateArgs& a) {
               " = ", total, " exceeds the model's max_position_embeddings (", max_pos, ")");
   runtime::SamplerOptions so;
   so.temperature = a.temperature, so.top_p = a.top_p, so.seed = a.seed;
-  runtime::Sampler sampler(so);
-  std::vector<int32_t> out;
+  runtime::check_sampler_options(so);  // before any loading, as every flag
+  runtime::StopOptions stop;
+  stop.max_new_tokens = a.max_new;
   double ttft = 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   std::string backend = "cpu";
+  // Prefill, then sample / decode until --max-new-tokens (runtime::Generator over the device's backend).
+  auto generate = [&](runtime::DecodeBackend& dec) {
+    runtime::Generator gen(dec);
+    const int seq = gen.add(prompt, so, stop);
+    ttft = seconds();
+    while (!gen.finished(seq)) gen.step();
+    return gen.output(seq);
+  };
+  std::vector<int32_t> out;
   if (a.device == "cuda") {
 #ifdef MOESQ_HAVE_CUDA
     runtime::EngineOptions eo;
@@ -106,13 +120,8 @@ void run_generate(const GenerateArgs& a) {
     eo.max_seqs = 1, eo.max_len = total, eo.max_tokens = total;
     runtime::Engine eng(ckpt, eo);
     backend = runtime::expert_backend_name(eng.backend());
-    std::vector<float> z = eng.forward({{0, prompt}}, false);
-    ttft = seconds();
-    while (true) {
-      out.push_back(sampler.next(z.data(), V));
-      if (static_cast<int64_t>(out.size()) == a.max_new) break;
-      z = eng.decode({out.back()});
-    }
+    runtime::EngineDecodeBackend dec(eng);
+    out = generate(dec);
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
 #endif
@@ -123,14 +132,13 @@ void run_generate(const GenerateArgs& a) {
     // A config without max_position_embeddings bounds nothing: a huge --max-new-tokens ended in
     // "internal error: std::bad_alloc" here (the cache is allocated for `total` tokens up front).
     // Checked against the machine's memory before allocating: under a sanitizer (and with overcommit
-    // off) an impossible request aborts or is killed instead of throwing std::bad_alloc.
-    std::optional<model::KvDecoder> cache;
+    // off) an impossible request aborts or is killed instead of throwing std::bad_alloc. The size is
+    // the decoder's own (KvDecoder::cache_bytes: every mixer's decode state).
+    std::optional<runtime::CpuDecodeBackend> cache;
     auto too_large = [&](const std::string& why) {
       MOESQ_FAIL("--max-new-tokens ", a.max_new, ": cannot allocate the KV cache for ", total, " tokens (", why, ")");
     };
-    const io::ModelSpec& sp = m.spec();
-    const double cache_bytes = 2.0 * 4.0 * static_cast<double>(sp.num_layers) * static_cast<double>(total) *
-                               static_cast<double>(sp.num_kv_heads * sp.head_dim);
+    const double cache_bytes = static_cast<double>(model::KvDecoder::cache_bytes(m, total));
     const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
     if (ram > 0 && cache_bytes > ram) {
       char why[160];
@@ -139,21 +147,13 @@ void run_generate(const GenerateArgs& a) {
       too_large(why);
     }
     try {
-      cache.emplace(m, total, m.default_forward_options());
+      cache.emplace(m, total, 1, m.default_forward_options());
     } catch (const std::bad_alloc& e) {
       too_large(e.what());
     } catch (const std::length_error& e) {  // past vector::max_size()
       too_large(e.what());
     }
-    model::KvDecoder& dec = *cache;
-    std::vector<float> z;
-    for (int32_t t : prompt) z = dec.step(t);
-    ttft = seconds();
-    while (true) {
-      out.push_back(sampler.next(z.data(), V));
-      if (static_cast<int64_t>(out.size()) == a.max_new) break;
-      z = dec.step(out.back());
-    }
+    out = generate(*cache);
   }
   const double secs = seconds();
   std::string text;

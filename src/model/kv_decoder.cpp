@@ -40,6 +40,23 @@ KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& f
   rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_, fo.rope_bf16_inv_freq);
 }
 
+int64_t KvDecoder::cache_bytes(const Qwen3Moe& m, int64_t max_len) {
+  const auto& s = m.spec();
+  __int128 bytes = state_bytes(2 * static_cast<__int128>(max_len) * (s.head_dim / 2));  // cos_, sin_
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (const Mixer* mx = m.layer(l).mixer.get()) {
+      try {
+        bytes += mx->decode_state_bytes(max_len);
+      } catch (const Error&) {
+        MOESQ_FAIL("KV-cached decoding: layer ", l, " has a ", mx->name(), " mixer, which has no decode path");
+      }
+      continue;
+    }
+    bytes += state_bytes(2 * static_cast<__int128>(max_len) * s.num_kv_heads * s.head_dim);  // k_cache_, v_cache_
+  }
+  return bytes > static_cast<__int128>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(bytes);
+}
+
 void KvDecoder::ffn_step(int64_t l, std::vector<float>& h) const {
   const std::vector<float> xm = m_.moe_input(l, h, 1);
   const std::vector<float> y = m_.ffn_block(l, xm, 1, fo_);

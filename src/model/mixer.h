@@ -48,6 +48,12 @@ class Mixer {
   virtual std::unique_ptr<MixerState> new_decode_state(int64_t /*max_len*/, const ForwardOptions& /*fo*/) const {
     return nullptr;
   }
+  // Bytes the state new_decode_state(max_len, ·) holds at its largest over max_len one-token decode
+  // steps (every buffer of the state: caches, recurrent state, RoPE tables), for checking memory
+  // before allocating; saturated at INT64_MAX (state_bytes). Error: no decode path.
+  virtual int64_t decode_state_bytes(int64_t /*max_len*/) const {
+    MOESQ_FAIL("the ", name(), " mixer has no incremental decode");
+  }
   // x [T, H] = input_layernorm(h) of the sequence's next T positions (state.pos .. state.pos + T − 1)
   // → [T, H], the rows forward() of the whole prefix gives at those positions; advances `state`
   // (made by this mixer's new_decode_state). Errors: no decode path, a foreign state, max_len passed.
@@ -56,6 +62,13 @@ class Mixer {
     MOESQ_FAIL("the ", name(), " mixer has no incremental decode");
   }
 };
+
+// n floats as bytes, computed wide and saturated at INT64_MAX: a length no machine holds (generate
+// --max-new-tokens 10^18) must still compare as too large, never wrap.
+inline int64_t state_bytes(__int128 floats) {
+  const __int128 b = floats * static_cast<__int128>(sizeof(float));
+  return b > static_cast<__int128>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(b);
+}
 
 // The mixer's own state type behind a MixerState&, or an Error naming the mixer.
 template <class S>

@@ -431,6 +431,10 @@ void Engine::set_deterministic(bool on) {
 }
 bool Engine::deterministic() const { return impl_->deterministic; }
 void Engine::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
+void Engine::reset(int slot) {
+  MOESQ_CHECK(slot >= 0 && slot < impl_->max_seqs, "engine: slot ", slot, " outside [0, ", impl_->max_seqs, ")");
+  impl_->lengths[slot] = 0;
+}
 int64_t Engine::length(int slot) const { return impl_->lengths.at(slot); }
 
 std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all_logits) {
@@ -478,33 +482,57 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
   return out;
 }
 
-std::vector<float> Engine::decode(const std::vector<int32_t>& tokens) {
+namespace {
+std::vector<int32_t> first_slots(size_t B) {
+  std::vector<int32_t> slots(B);
+  for (size_t b = 0; b < B; ++b) slots[b] = static_cast<int32_t>(b);
+  return slots;
+}
+}  // namespace
+
+std::vector<float> Engine::decode(const std::vector<int32_t>& tokens) { return decode(first_slots(tokens.size()), tokens); }
+
+std::vector<int32_t> Engine::decode_greedy(const std::vector<int32_t>& tokens) {
+  return decode_greedy(first_slots(tokens.size()), tokens);
+}
+
+std::vector<float> Engine::decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) {
   std::vector<float> out;
-  decode_step(tokens, &out, nullptr);
+  decode_step(slots, tokens, &out, nullptr);
   return out;
 }
 
-std::vector<int32_t> Engine::decode_greedy(const std::vector<int32_t>& tokens) {
+std::vector<int32_t> Engine::decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) {
   std::vector<int32_t> next;
-  decode_step(tokens, nullptr, &next);
+  decode_step(slots, tokens, nullptr, &next);
   return next;
 }
 
-void Engine::decode_step(const std::vector<int32_t>& tokens, std::vector<float>* logits, std::vector<int32_t>* next) {
+// The host writes this step's tokens, slots and positions into the device arrays the captured graph
+// reads (tok_ids, tok_slot, tok_pos; out_rows = 0..B−1), so the graph of batch size B serves any B slots.
+void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens,
+                         std::vector<float>* logits, std::vector<int32_t>* next) {
   Impl& m = *impl_;
   const int B = static_cast<int>(tokens.size());
   MOESQ_CHECK(B >= 1 && B <= m.max_seqs && B <= m.max_tokens, "engine: decode batch ", B, " outside [1, ",
               std::min<int64_t>(m.max_seqs, m.max_tokens), "]");
-  std::vector<int32_t> slot(B), pos(B), rows(B);
+  MOESQ_CHECK(slots.size() == tokens.size(), "engine: decode got ", slots.size(), " slots for ", tokens.size(),
+              " tokens");
+  std::vector<int32_t> pos(B), rows(B);
+  std::vector<char> seen(m.max_seqs, 0);
   for (int b = 0; b < B; ++b) {
+    const int32_t s = slots[b];
+    MOESQ_CHECK(s >= 0 && s < m.max_seqs, "engine: slot ", s, " outside [0, ", m.max_seqs, ")");
+    MOESQ_CHECK(!seen[s], "engine: slot ", s, " given twice in one decode step");
+    seen[s] = 1;
     MOESQ_CHECK(tokens[b] >= 0 && tokens[b] < m.V, "engine: token id ", tokens[b], " outside the vocabulary");
-    MOESQ_CHECK(m.lengths[b] < m.max_len, "engine: slot ", b, " is full (max_len ", m.max_len, ")");
-    slot[b] = b, pos[b] = static_cast<int32_t>(m.lengths[b]), rows[b] = b;
+    MOESQ_CHECK(m.lengths[s] < m.max_len, "engine: slot ", s, " is full (max_len ", m.max_len, ")");
+    pos[b] = static_cast<int32_t>(m.lengths[s]), rows[b] = b;
   }
   auto h2d = [&](Dev<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
-  h2d(m.tok_ids, tokens), h2d(m.tok_slot, slot), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
+  h2d(m.tok_ids, tokens), h2d(m.tok_slot, slots), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
   auto it = m.graphs.find(B);
   if (it == m.graphs.end()) {
     // Eager once first (first-use work: attributes, cached device properties), then capture. The
@@ -534,7 +562,7 @@ void Engine::decode_step(const std::vector<int32_t>& tokens, std::vector<float>*
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(next->data(), m.next_ids.p, B * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   }
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  for (int b = 0; b < B; ++b) ++m.lengths[b];
+  for (int b = 0; b < B; ++b) ++m.lengths[slots[b]];
 }
 
 }  // namespace moesq::runtime

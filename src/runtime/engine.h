@@ -65,16 +65,23 @@ class Engine {
   // Appends each chunk to its slot; returns fp32 logits [Σ tokens, V] (all_logits) or [chunks, V]
   // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens.
   std::vector<float> forward(const std::vector<SeqChunk>& chunks, bool all_logits);
-  // One token for each of slots 0..B-1 (B = tokens.size()), from a CUDA graph captured per B on
-  // first use; returns logits [B, V].
-  std::vector<float> decode(const std::vector<int32_t>& tokens);
-  // The same step returning only the greedy next token of each slot (argmax on the GPU, lowest id on
+  // One token for each of `slots` (any B = slots.size() distinct live slots, in any order), appended
+  // at each slot's current length; returns logits [B, V], row b for slots[b]. Replayed from a CUDA
+  // graph captured per B on first use: the slot list, positions and tokens are device data the graph
+  // reads, so one graph serves every set of B slots. Errors: B outside [1, min(max_seqs, max_tokens)],
+  // slots.size() != tokens.size(), a slot out of range, repeated or full, a token outside [0, V).
+  std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens);
+  // The same step returning only the greedy next token of each row (argmax on the GPU, lowest id on
   // ties), so a benchmark step does not copy B·V logits to the host.
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens);
+  // The slots {0, …, B−1} case (B = tokens.size()).
+  std::vector<float> decode(const std::vector<int32_t>& tokens);
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& tokens);
   // Switches the mode of EngineOptions::deterministic (drops the captured decode graphs).
   void set_deterministic(bool on);
   bool deterministic() const;
   void reset();                     // every slot empty (the KV cache is simply overwritten)
+  void reset(int slot);             // this slot empty (a new sequence can be prefilled into it)
   int64_t length(int slot) const;   // tokens in the slot
 
   size_t weight_bytes() const;  // device bytes of all weights
@@ -86,7 +93,8 @@ class Engine {
   double last_moe_ms() const;
 
  private:
-  void decode_step(const std::vector<int32_t>& tokens, std::vector<float>* logits, std::vector<int32_t>* next);
+  void decode_step(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens, std::vector<float>* logits,
+                   std::vector<int32_t>* next);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,3 +1,4 @@
+// runtime::Sampler (sampler.h): greedy argmax or temperature + top-p from a seeded mt19937_64.
 #include "runtime/sampler.h"
 
 #include <algorithm>
@@ -9,11 +10,13 @@
 
 namespace moesq::runtime {
 
-Sampler::Sampler(const SamplerOptions& opt) : opt_(opt), rng_(opt.seed) {
+void check_sampler_options(const SamplerOptions& opt) {
   MOESQ_CHECK(opt.temperature >= 0.0f && std::isfinite(opt.temperature), "--temperature: ", opt.temperature,
               " must be >= 0");
   MOESQ_CHECK(opt.top_p > 0.0f && opt.top_p <= 1.0f, "--top-p: ", opt.top_p, " must be in (0, 1]");
 }
+
+Sampler::Sampler(const SamplerOptions& opt) : opt_(opt), rng_(opt.seed) { check_sampler_options(opt); }
 
 int32_t Sampler::next(const float* z, int64_t V) {
   if (opt_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(z, z + V) - z);  // first max

@@ -13,9 +13,12 @@ struct SamplerOptions {
   uint64_t seed = 0;
 };
 
+// Error (naming the flag): temperature < 0 or not finite, top_p outside (0, 1].
+void check_sampler_options(const SamplerOptions& opt);
+
 class Sampler {
  public:
-  explicit Sampler(const SamplerOptions& opt);  // Error: temperature < 0, top_p outside (0, 1]
+  explicit Sampler(const SamplerOptions& opt);  // Error: check_sampler_options
   int32_t next(const float* logits, int64_t V);  // logits [V]
 
  private:

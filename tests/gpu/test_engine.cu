@@ -1,7 +1,9 @@
 // End-to-end GPU engine tests on the tiny Qwen3-MoE fixture (models/tiny-qwen3-moe): per-window
 // nats vs the CPU forward (bf16 within 2e-3, compressed W4A4/W4A16 within 5e-3), decode (CUDA graph)
 // vs prefill logits, and the deterministic-mode guarantee: one sequence's logits BITWISE equal alone
-// and inside batches of 8 and 64 other sequences of other lengths, in prefill and decode.
+// and inside batches of 8 and 64 other sequences of other lengths, in prefill and decode; decode over
+// any set of slots (a graph per batch size, replayed with other slot lists) BITWISE equal to each
+// sequence alone in slot 0; the Generator over the engine equals the plain prefill/decode loop.
 // The compressed checkpoint comes from MOESQ_TINY_COMPRESSED (made by `moesq compress … --method
 // sgptq` in the device script); without it those tests fail loudly, never pass silently.
 #include <gtest/gtest.h>
@@ -20,6 +22,8 @@
 #include "model/ops.h"
 #include "model/qwen3_moe.h"
 #include "runtime/engine.h"
+#include "runtime/engine_backend.h"
+#include "runtime/generator.h"
 #include "support/gpu_test_main.h"
 #include "support/text_tokens.h"
 
@@ -172,6 +176,111 @@ TEST(Engine, DecodeGraphEqualsPrefill) {
     std::printf("[engine] %s decode vs prefill: %d of %d logits bitwise equal\n", dir.c_str(), bitwise, total);
     EXPECT_EQ(eng.length(0), 48);
   }
+}
+
+// Logits of `seq` prefilled alone into slot 0, then one decode step per token of `next` over
+// slots {0}: [1 + next.size(), V].
+std::vector<float> alone_in_slot0(runtime::Engine& eng, const std::vector<int32_t>& seq, const std::vector<int32_t>& next) {
+  eng.reset();
+  std::vector<float> out = eng.forward({{0, seq}}, false);
+  for (int32_t tok : next) {
+    const std::vector<float> z = eng.decode({0}, {tok});
+    out.insert(out.end(), z.begin(), z.end());
+  }
+  return out;
+}
+
+void expect_bits(const float* got, const float* want, int64_t n, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " logit " << i;
+}
+
+// Two sequences prefilled into slots {3, 1} and decoded together (their order in the slot list
+// alternating), then prefilled into slots {0, 2} and decoded through the SAME batch-2 graph with
+// another slot list: every row's logits are bitwise those of its sequence alone in slot 0.
+TEST(Engine, DecodeOverAnySlotsEqualsAloneInSlotZero) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_seqs = 4, opt.max_len = 96;
+  runtime::Engine eng(ckpt, opt);
+  const int64_t V = eng.spec().vocab_size;
+  const std::vector<int32_t> a = text_tokens(20, 5), b = text_tokens(47, 6);  // other lengths: other chunk counts
+  const std::vector<int32_t> na = text_tokens(24, 7), nb = text_tokens(24, 8);
+  const int steps = static_cast<int>(na.size());
+  const std::vector<float> za = alone_in_slot0(eng, a, na), zb = alone_in_slot0(eng, b, nb);
+  struct Placement {
+    int slot_a, slot_b;
+  };
+  for (const Placement p : {Placement{3, 1}, Placement{2, 0}}) {
+    const std::string where = "slots a=" + std::to_string(p.slot_a) + " b=" + std::to_string(p.slot_b);
+    eng.reset();
+    const std::vector<float> pa = eng.forward({{p.slot_a, a}}, false);
+    const std::vector<float> pb = eng.forward({{p.slot_b, b}}, false);
+    expect_bits(pa.data(), za.data(), V, where + " prefill a");
+    expect_bits(pb.data(), zb.data(), V, where + " prefill b");
+    for (int i = 0; i < steps; ++i) {
+      const bool a_first = i % 2 == 0;
+      const std::vector<int32_t> slots = a_first ? std::vector<int32_t>{p.slot_a, p.slot_b}
+                                                 : std::vector<int32_t>{p.slot_b, p.slot_a};
+      const std::vector<int32_t> toks = a_first ? std::vector<int32_t>{na[i], nb[i]} : std::vector<int32_t>{nb[i], na[i]};
+      const std::vector<float> z = eng.decode(slots, toks);
+      ASSERT_EQ(static_cast<int64_t>(z.size()), 2 * V);
+      const float* ra = z.data() + (a_first ? 0 : V);
+      const float* rb = z.data() + (a_first ? V : 0);
+      expect_bits(ra, za.data() + (i + 1) * V, V, where + " decode step " + std::to_string(i) + " a");
+      expect_bits(rb, zb.data() + (i + 1) * V, V, where + " decode step " + std::to_string(i) + " b");
+    }
+    EXPECT_EQ(eng.length(p.slot_a), static_cast<int64_t>(a.size() + na.size())) << where;
+    EXPECT_EQ(eng.length(p.slot_b), static_cast<int64_t>(b.size() + nb.size())) << where;
+  }
+  // decode_greedy over a slot list: the argmax (lowest id on ties) of each row's logits.
+  eng.reset();
+  eng.forward({{3, a}}, false);
+  eng.forward({{1, b}}, false);
+  const std::vector<int32_t> g = eng.decode_greedy({1, 3}, {nb[0], na[0]});
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0], std::max_element(zb.begin() + V, zb.begin() + 2 * V) - (zb.begin() + V));
+  EXPECT_EQ(g[1], std::max_element(za.begin() + V, za.begin() + 2 * V) - (za.begin() + V));
+  // Bad slot lists are errors before any work.
+  EXPECT_THROW(eng.decode({1, 1}, {0, 0}), Error);
+  EXPECT_THROW(eng.decode({4}, {0}), Error);
+  EXPECT_THROW(eng.decode({0, 1}, {0}), Error);
+  EXPECT_THROW(eng.reset(4), Error);
+}
+
+// runtime::Generator over the engine (EngineDecodeBackend): two greedy/sampled sequences sharing
+// the decode steps give the tokens of the plain loop `moesq generate --device cuda` ran alone
+// (forward into slot 0, then sample / decode({token})).
+TEST(Engine, GeneratorMatchesPlainLoop) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_seqs = 2, opt.max_len = 64;
+  runtime::Engine eng(ckpt, opt);
+  const int64_t V = eng.spec().vocab_size;
+  const std::vector<int32_t> pa = text_tokens(11, 21), pb = text_tokens(17, 22);
+  runtime::SamplerOptions sa, sb;
+  sb.temperature = 0.8f, sb.top_p = 0.9f, sb.seed = 7;
+  auto plain = [&](const std::vector<int32_t>& prompt, const runtime::SamplerOptions& so, int64_t n) {
+    eng.reset();
+    runtime::Sampler sampler(so);
+    std::vector<float> z = eng.forward({{0, prompt}}, false);
+    std::vector<int32_t> out;
+    while (true) {
+      out.push_back(sampler.next(z.data(), V));
+      if (static_cast<int64_t>(out.size()) == n) break;
+      z = eng.decode({out.back()});
+    }
+    return out;
+  };
+  const std::vector<int32_t> want_a = plain(pa, sa, 16), want_b = plain(pb, sb, 10);
+  eng.reset();
+  runtime::EngineDecodeBackend dec(eng);
+  runtime::Generator gen(dec);
+  runtime::StopOptions stop_a, stop_b;
+  stop_a.max_new_tokens = 16, stop_b.max_new_tokens = 10;
+  const int ia = gen.add(pa, sa, stop_a), ib = gen.add(pb, sb, stop_b);
+  while (gen.running() > 0) gen.step();
+  EXPECT_EQ(gen.output(ia), want_a);
+  EXPECT_EQ(gen.output(ib), want_b);
 }
 
 TEST(Engine, DeterministicBatchInvarianceBf16) { check_batch_invariance(tiny(), runtime::ExpertBackend::kBf16); }

@@ -1,6 +1,7 @@
 // GPU tests of the engine's ops (src/ops/{gemm_bf16,rmsnorm,qk_rope,attention,router_topk,moe_combine})
 // against their CPU `_ref` twins on fresh random inputs with fixed seeds (STYLE.md §3–5). Where the
 // kernel and the twin round in the same order the check is BITWISE; elsewhere a named tolerance.
+// Attention and qk_rope also through non-identity slot tables (tok_slot: the KV slot of each row).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -356,6 +357,52 @@ TEST(EngineOps, AttentionPrefillSplitAndRef) {
   check_attention(128, 32, 4, {200, 1, 129, 64}, 12);
   check_attention(128, 16, 1, {70, 3}, 13);
   check_attention(64, 8, 8, {33, 97}, 14);
+}
+
+// Decode rows whose sequences live in slots {3, 1, 0} of a 4-slot cache (the engine's decode over
+// any live slots: tok_slot is the per-row slot table) give, bit for bit, each row alone with its
+// sequence in slot 0 of a 1-slot cache, through the split-KV path and through the prefill path.
+TEST(EngineOps, AttentionAnySlotTableEqualsSlotZero) {
+  for (int hd : {64, 128}) {
+    const int nh = 8, nkv = 2, slots = 4;
+    const int64_t max_len = 200, slot_w = max_len * nkv * hd;
+    const std::vector<int32_t> slot = {3, 1, 0}, pos = {199, 64, 0};
+    const int64_t T = slot.size();
+    const std::vector<float> q = rand_f32(T * nh * hd, 31 + hd, 0.5f);
+    const std::vector<uint16_t> kc = rand_bf16(slots * slot_w, 32 + hd), vc = rand_bf16(slots * slot_w, 33 + hd);
+    const std::vector<int32_t> tiles = moesq::ops::attention_tiles(slot.data(), pos.data(), T, nh, nkv);
+    DevBuf<float> dq(q), dpart(moesq::ops::attention_partial_floats(T, nh, hd, max_len));
+    DevBuf<uint16_t> dk(kc), dv(vc), dout(T * nh * hd), dlo(T * nh * hd), dpre(T * nh * hd), dprelo(T * nh * hd);
+    DevBuf<int32_t> dslot(slot), dpos(pos), dtiles(tiles);
+    moesq::ops::AttentionArgs a;
+    a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p;
+    a.out_lo = dlo.p, a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+    a.scale = 1.0f / std::sqrt(float(hd)), a.partial = dpart.p;
+    moesq::ops::attention(a, nullptr);
+    moesq::ops::AttentionArgs pre = a;
+    pre.partial = nullptr, pre.tiles = dtiles.p, pre.n_tiles = static_cast<int64_t>(tiles.size() / 2);
+    pre.out = dpre.p, pre.out_lo = dprelo.p;
+    moesq::ops::attention(pre, nullptr);
+    const auto go = dout.download(), gl = dlo.download(), po = dpre.download(), pl = dprelo.download();
+    for (int64_t t = 0; t < T; ++t) {
+      DevBuf<uint16_t> k1(kc.data() + slot[t] * slot_w, slot_w), v1(vc.data() + slot[t] * slot_w, slot_w);
+      DevBuf<uint16_t> o1(nh * hd), l1(nh * hd);
+      DevBuf<int32_t> zero(std::vector<int32_t>{0}), p1(std::vector<int32_t>{pos[t]});
+      moesq::ops::AttentionArgs b = a;
+      b.q = dq.p + t * nh * hd, b.k_cache = k1.p, b.v_cache = v1.p, b.tok_slot = zero.p, b.tok_pos = p1.p;
+      b.out = o1.p, b.out_lo = l1.p, b.T = 1;
+      moesq::ops::attention(b, nullptr);
+      const auto oo = o1.download(), ol = l1.download();
+      for (int i = 0; i < nh * hd; ++i) {
+        const size_t r = t * nh * hd + i;
+        ASSERT_EQ(go[r], oo[i]) << "hd=" << hd << " row " << t << " (slot " << slot[t] << ") split-KV elem " << i;
+        ASSERT_EQ(gl[r], ol[i]) << "hd=" << hd << " row " << t << " (slot " << slot[t] << ") split-KV lo elem " << i;
+        ASSERT_EQ(po[r], oo[i]) << "hd=" << hd << " row " << t << " (slot " << slot[t] << ") prefill elem " << i;
+        ASSERT_EQ(pl[r], ol[i]) << "hd=" << hd << " row " << t << " (slot " << slot[t] << ") prefill lo elem " << i;
+      }
+      EXPECT_NE(std::count(oo.begin(), oo.end(), uint16_t{0}), nh * hd) << "row " << t << " all zeros";
+    }
+  }
 }
 
 TEST(EngineOps, AttentionRefusesUnbuiltShapes) {

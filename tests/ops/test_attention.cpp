@@ -1,8 +1,10 @@
 // CPU tests of the attention twin (ops/attention): attention_ref's chunked softmax (64-key chunks
 // merged in order, the kernel's formula) against a plain two-pass fp64 softmax on fresh random inputs,
-// and the prefill tiling rule of attention_tiles.
+// rows reading their keys through a non-identity slot table (slot_of_row = tok_slot), and the
+// prefill tiling rule of attention_tiles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -59,6 +61,45 @@ TEST(AttentionRef, ChunkedMergeEqualsPlainSoftmax) {
         ASSERT_NEAR(got, o, kRefVsExactTol * (1.0 + std::fabs(o))) << "token " << t << " head " << h << " elem " << c;
       }
     }
+}
+
+// Decode rows whose sequences live in slots {3, 1} of a 4-slot cache give, bit for bit, what each
+// row gives alone with its sequence in slot 0 of a 1-slot cache: the slot table only moves the base
+// address, the keys and their fixed 64-key chunks are the same.
+TEST(AttentionRef, SlotTableOnlyMovesTheKeys) {
+  const int nh = 8, nkv = 2, hd = 128, slots = 4;
+  const int64_t max_len = 150;
+  const std::vector<int32_t> slot = {3, 1}, pos = {129, 64};
+  const int64_t T = slot.size(), row_w = nkv * hd;
+  std::mt19937_64 g(17);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> q(T * nh * hd);
+  for (auto& x : q) x = 0.7f * d(g);
+  std::vector<uint16_t> kc(slots * max_len * row_w), vc(kc.size());
+  for (auto& x : kc) x = f32_to_bf16(d(g));
+  for (auto& x : vc) x = f32_to_bf16(d(g));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<uint16_t> out(T * nh * hd), lo(T * nh * hd);
+  ops::AttentionArgs a;
+  a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+  a.out = out.data(), a.out_lo = lo.data(), a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+  a.scale = scale;
+  ops::attention_ref(a);
+  for (int64_t t = 0; t < T; ++t) {
+    const auto first = kc.begin() + slot[t] * max_len * row_w, vfirst = vc.begin() + slot[t] * max_len * row_w;
+    const std::vector<uint16_t> k1(first, first + max_len * row_w), v1(vfirst, vfirst + max_len * row_w);
+    const int32_t zero = 0;
+    std::vector<uint16_t> o1(nh * hd), lo1(nh * hd);
+    ops::AttentionArgs b = a;
+    b.q = q.data() + t * nh * hd, b.k_cache = k1.data(), b.v_cache = v1.data(), b.tok_slot = &zero;
+    b.tok_pos = pos.data() + t, b.out = o1.data(), b.out_lo = lo1.data(), b.T = 1;
+    ops::attention_ref(b);
+    for (int i = 0; i < nh * hd; ++i) {
+      ASSERT_EQ(out[t * nh * hd + i], o1[i]) << "row " << t << " (slot " << slot[t] << ") elem " << i;
+      ASSERT_EQ(lo[t * nh * hd + i], lo1[i]) << "row " << t << " (slot " << slot[t] << ") lo elem " << i;
+    }
+    EXPECT_NE(std::count(o1.begin(), o1.end(), uint16_t{0}), nh * hd);
+  }
 }
 
 TEST(AttentionTiles, SplitOnSlotGapAndSize) {

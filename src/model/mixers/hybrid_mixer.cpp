@@ -3,6 +3,8 @@
 // generic DecoderModel run identical mixers.
 #include "model/mixers/hybrid_mixer.h"
 
+#include <algorithm>
+
 #include "io/config_hybrid.h"
 #include "model/families/family_model.h"
 #include "model/families/load_common.h"
@@ -53,6 +55,11 @@ class GdnMixer final : public Mixer {
     st->max_len = max_len;
     return st;
   }
+  // The conv window and S: fixed, whatever the length.
+  int64_t decode_state_bytes(int64_t /*max_len*/) const override {
+    return state_bytes(static_cast<__int128>(s_.conv_dim()) * (s_.conv_kernel - 1) +
+                       static_cast<__int128>(s_.num_v_heads) * s_.head_k_dim * s_.head_v_dim);
+  }
   // The recurrent form is the forward's own: a step is gated_deltanet_forward continuing the state.
   std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
     GdnDecodeState& st = mixer_state_as<GdnDecodeState>(state, name());
@@ -92,7 +99,15 @@ class GatedAttentionMixer final : public Mixer {
     auto st = std::make_unique<AttentionDecodeState>();
     st->max_len = max_len;
     st->rope_bf16 = fo.rope_bf16_inv_freq;
+    // Allocated once at its largest (decode_state_bytes): steps never reallocate, and a too-long
+    // request fails here, not mid-generation.
+    const size_t n = static_cast<size_t>(cache_rows(max_len) * s_.num_kv_heads * s_.head_dim);
+    st->kv.k.reserve(n);
+    st->kv.v.reserve(n);
     return st;
+  }
+  int64_t decode_state_bytes(int64_t max_len) const override {
+    return state_bytes(2 * static_cast<__int128>(cache_rows(max_len)) * s_.num_kv_heads * s_.head_dim);
   }
   std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override {
     AttentionDecodeState& st = mixer_state_as<AttentionDecodeState>(state, name());
@@ -107,6 +122,12 @@ class GatedAttentionMixer final : public Mixer {
   }
 
  private:
+  // Most K/V rows the cache holds over one-token steps: every position without a window; with one,
+  // the window − 1 rows kept by drop_invisible_keys plus the window accumulated before the next drop.
+  int64_t cache_rows(int64_t max_len) const {
+    return s_.window > 0 ? std::min<int64_t>(max_len, 2 * s_.window - 1) : max_len;
+  }
+
   AttentionShape s_;
   AttentionWeights w_;
   std::string name_;

@@ -57,6 +57,11 @@ std::unique_ptr<MixerState> MlaMixer::new_decode_state(int64_t max_len, const Fo
   return st;
 }
 
+int64_t MlaMixer::decode_state_bytes(int64_t max_len) const {
+  const int64_t half = dims_.qk_rope_head_dim / 2;  // RoPE table columns (rope_ frequencies)
+  return state_bytes(static_cast<__int128>(max_len) * (dims_.kv_lora_rank + dims_.qk_rope_head_dim + 2 * half));
+}
+
 std::vector<float> MlaMixer::decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& /*fo*/) const {
   MlaDecodeState& st = mixer_state_as<MlaDecodeState>(state, name());
   std::vector<float> out(T * dims_.hidden);  // [T, H]

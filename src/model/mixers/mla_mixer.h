@@ -30,6 +30,8 @@ class MlaMixer final : public Mixer {
   // of max_len positions (fo.rope_bf16_inv_freq fixed at creation).
   std::unique_ptr<MixerState> new_decode_state(int64_t max_len, const ForwardOptions& fo) const override;
   std::vector<float> decode(const float* x, int64_t T, MixerState& state, const ForwardOptions& fo) const override;
+  // max_len · (r_kv + rope) latent-cache floats plus max_len · rope RoPE-table floats (cos and sin).
+  int64_t decode_state_bytes(int64_t max_len) const override;
 
   const MlaDims& dims() const { return dims_; }
   const MlaWeights& weights() const { return weights_; }

@@ -32,7 +32,7 @@ struct AttentionArgs {
   const float* q = nullptr;          // [T, nh, hd] fp32 (normalized, rotated)
   const uint16_t* k_cache = nullptr; // [slots, max_len, nkv, hd] bf16
   const uint16_t* v_cache = nullptr; // [slots, max_len, nkv, hd] bf16
-  const int32_t* tok_slot = nullptr; // [T]
+  const int32_t* tok_slot = nullptr; // [T] KV-cache slot of each row (any slots, any order: decode of live slots)
   const int32_t* tok_pos = nullptr;  // [T] attends to keys [0, pos]
   uint16_t* out = nullptr;           // [T, nh·hd] bf16 (o_proj input)
   uint16_t* out_lo = nullptr;        // [T, nh·hd] bf16 rounding residue of out, or nullptr

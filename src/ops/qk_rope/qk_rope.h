@@ -20,7 +20,7 @@ struct QkRopeArgs {
   const float* k_norm = nullptr;   // [hd] fp32
   const float* cos = nullptr;      // [max_len, hd/2] fp32 RoPE table
   const float* sin = nullptr;      // [max_len, hd/2] fp32
-  const int32_t* tok_slot = nullptr;  // [T] KV-cache slot (sequence) of each token
+  const int32_t* tok_slot = nullptr;  // [T] KV-cache slot (sequence) of each token: any slots, any order
   const int32_t* tok_pos = nullptr;   // [T] position of each token in its sequence, < max_len
   float* q_out = nullptr;          // [T, nh·hd] fp32 normalized + rotated queries
   uint16_t* k_cache = nullptr;     // [slots, max_len, nkv, hd] bf16

@@ -1,0 +1,48 @@
+// CpuDecodeBackend (decode_backend.h): the seam over model::KvDecoder, one decoder per slot.
+#include "runtime/decode_backend.h"
+
+#include "core/error.h"
+
+namespace moesq::runtime {
+
+CpuDecodeBackend::CpuDecodeBackend(const model::DecoderModel& m, int64_t max_len, int num_slots,
+                                   const model::ForwardOptions& fo)
+    : m_(m), max_len_(max_len), fo_(fo) {
+  MOESQ_CHECK(num_slots >= 1, "decode backend: num_slots ", num_slots, " must be >= 1");
+  slots_.resize(static_cast<size_t>(num_slots));
+  for (auto& d : slots_) d.emplace(m_, max_len_, fo_);
+}
+
+model::KvDecoder& CpuDecodeBackend::at(int slot) {
+  MOESQ_CHECK(slot >= 0 && slot < num_slots(), "decode backend: slot ", slot, " outside [0, ", num_slots(), ")");
+  return *slots_[static_cast<size_t>(slot)];
+}
+
+std::vector<float> CpuDecodeBackend::prefill(int slot, const std::vector<int32_t>& prompt) {
+  MOESQ_CHECK(!prompt.empty(), "decode backend: empty prompt for slot ", slot);
+  model::KvDecoder* dec = &at(slot);
+  if (dec->position() > 0) dec = &slots_[static_cast<size_t>(slot)].emplace(m_, max_len_, fo_);
+  std::vector<float> z;
+  for (int32_t t : prompt) z = dec->step(t);
+  return z;
+}
+
+std::vector<float> CpuDecodeBackend::decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) {
+  MOESQ_CHECK(slots.size() == tokens.size(), "decode backend: ", slots.size(), " slots for ", tokens.size(), " tokens");
+  std::vector<char> seen(slots_.size(), 0);
+  for (int32_t s : slots) {
+    at(s);
+    MOESQ_CHECK(!seen[s], "decode backend: slot ", s, " given twice in one decode step");
+    seen[s] = 1;
+  }
+  const int64_t V = vocab_size();
+  std::vector<float> out;
+  out.reserve(slots.size() * static_cast<size_t>(V));
+  for (size_t b = 0; b < slots.size(); ++b) {
+    const std::vector<float> z = at(slots[b]).step(tokens[b]);
+    out.insert(out.end(), z.begin(), z.end());
+  }
+  return out;
+}
+
+}  // namespace moesq::runtime

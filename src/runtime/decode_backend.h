@@ -1,0 +1,48 @@
+// The decode seam the Generator (runtime/generator.h) drives: sequences live in numbered KV slots; a
+// prompt is prefilled into a given slot, and one decode step takes one token for each of ANY set of
+// live slots. Implemented by the CPU model::KvDecoder (CpuDecodeBackend, below: one decoder per slot)
+// and the GPU engine (runtime/engine_backend.h, CUDA builds: slots of runtime::Engine's KV cache).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/kv_decoder.h"
+
+namespace moesq::runtime {
+
+class DecodeBackend {
+ public:
+  virtual ~DecodeBackend() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual int num_slots() const = 0;
+  // Starts a new sequence in `slot` (what the slot held is dropped) with the non-empty `prompt`;
+  // returns fp32 logits [V] for the token after its last one. Errors: slot out of range, too long.
+  virtual std::vector<float> prefill(int slot, const std::vector<int32_t>& prompt) = 0;
+  // Appends tokens[b] to slots[b] (distinct live slots, any order); returns logits [B, V], row b for
+  // slots[b]. Errors: a slot out of range, repeated or full.
+  virtual std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) = 0;
+};
+
+// The CPU backend: one model::KvDecoder of max_len tokens per slot, all allocated at construction
+// (so a std::bad_alloc comes from the constructor, sized by KvDecoder::cache_bytes per slot). Decode
+// steps run the slots one after another; a slot's tokens are exactly those of a KvDecoder alone.
+class CpuDecodeBackend final : public DecodeBackend {
+ public:
+  CpuDecodeBackend(const model::DecoderModel& m, int64_t max_len, int num_slots, const model::ForwardOptions& fo);
+  int64_t vocab_size() const override { return m_.spec().vocab_size; }
+  int num_slots() const override { return static_cast<int>(slots_.size()); }
+  std::vector<float> prefill(int slot, const std::vector<int32_t>& prompt) override;
+  std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override;
+
+ private:
+  model::KvDecoder& at(int slot);
+
+  const model::DecoderModel& m_;
+  int64_t max_len_;
+  model::ForwardOptions fo_;
+  std::vector<std::optional<model::KvDecoder>> slots_;  // [num_slots]
+};
+
+}  // namespace moesq::runtime
