@@ -1,3 +1,4 @@
+// Expert backend names (backend.h); which are built is the table of experts/registry.h.
 #include "runtime/backend.h"
 
 #include "core/error.h"
@@ -25,18 +26,6 @@ ExpertBackend parse_expert_backend(const std::string& s) {
   for (ExpertBackend b : kAll)
     if (s == expert_backend_name(b)) return b;
   MOESQ_FAIL("--experts: \"", s, "\" is not one of auto, bf16, sparse-w4a4, sparse-w4a16, awq-w4a16, nvfp4-w4a16");
-}
-
-bool expert_backend_built(ExpertBackend b) {
-  return b == ExpertBackend::kAuto || b == ExpertBackend::kBf16 || b == ExpertBackend::kSparseW4A4 ||
-         b == ExpertBackend::kSparseW4A16;
-}
-
-std::string built_expert_backends() { return "bf16, sparse-w4a4, sparse-w4a16"; }
-
-void require_built(ExpertBackend b) {
-  MOESQ_CHECK(expert_backend_built(b), "expert backend ", expert_backend_name(b),
-              " is not built in the GPU engine; built: ", built_expert_backends());
 }
 
 }  // namespace moesq::runtime
