@@ -1,6 +1,7 @@
-// The GPU engine for qwen3_moe on one GPU: weights uploaded once, batched prefill and KV-cached
-// decode over fixed sequence slots, expert backends from runtime/experts/ (registry.h), decode steps replayed
-// from CUDA graphs. Plain C++ interface (the CUDA state lives in engine.cu behind Impl).
+// The GPU engine on one GPU, for a family whose blocks it runs (weights.h supports: today qwen3_moe):
+// weights uploaded once, batched prefill and KV-cached decode over fixed sequence slots, expert backends
+// from runtime/experts/ (registry.h), decode steps replayed from CUDA graphs. Plain C++ interface (the
+// CUDA state lives in engine.cu behind Impl).
 //
 // Per layer: RMSNorm → fused q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention
 // → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
