@@ -210,7 +210,8 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::RmsNormArgs& rn = call.norm;
   rn.x = h.p, rn.y = xb.p, rn.y_lo = xb_lo.p, rn.n = T, rn.D = H, rn.eps = s.rms_norm_eps;
   ops::GemmBf16Args& gq = call.qkv;
-  gq.x = xb.p, gq.x_lo = xb_lo.p, gq.y_f32 = qkv.p, gq.split_ws = gemm_split.p, gq.M = T, gq.N = qkv_w, gq.K = H, gq.ldy = qkv_w;
+  gq.x = xb.p, gq.x_lo = xb_lo.p, gq.y_f32 = qkv.p, gq.split_ws = gemm_split.p;
+  gq.M = T, gq.N = qkv_w, gq.K = H, gq.ldy = qkv_w;
   ops::QkRopeArgs& qr = call.rope;
   qr.qkv = qkv.p, qr.cos = rope_cos.p, qr.sin = rope_sin.p;
   qr.tok_slot = tok_slot.p, qr.tok_pos = tok_pos.p, qr.q_out = q.p;
@@ -218,14 +219,16 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
   ops::AttentionArgs& at = call.attn;
   at.q = q.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
-  at.out = attn.p, at.out_lo = attn_lo.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
+  at.out = attn.p, at.out_lo = attn_lo.p, at.T = T;
+  at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
   at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (n_tiles > 0)
     at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
   else
     at.partial = attn_partial.p;
   ops::GemmBf16Args& go = call.o_proj;
-  go.x = attn.p, go.x_lo = attn_lo.p, go.y_f32 = h.p, go.split_ws = gemm_split.p, go.accumulate = true, go.M = T, go.N = H, go.K = nh * hd, go.ldy = H;
+  go.x = attn.p, go.x_lo = attn_lo.p, go.y_f32 = h.p, go.split_ws = gemm_split.p, go.accumulate = true;
+  go.M = T, go.N = H, go.K = nh * hd, go.ldy = H;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
     AttentionMarks marks;

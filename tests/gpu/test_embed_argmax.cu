@@ -79,7 +79,8 @@ TEST(GpuGatherRows, MatchesTwinBitwise) {
       a.in = d_in.p, a.rows = d_rows.p, a.out = d_out.p;
       moesq::ops::gather_rows(a, nullptr);
       const std::vector<uint16_t> got = d_out.download();
-      for (int64_t i = 0; i < n * H; ++i) ASSERT_EQ(got[i], want[i]) << "n=" << n << " H=" << H << " first bad index " << i;
+      for (int64_t i = 0; i < n * H; ++i)
+        ASSERT_EQ(got[i], want[i]) << "n=" << n << " H=" << H << " first bad index " << i;
     }
   }
 }

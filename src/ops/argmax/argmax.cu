@@ -27,7 +27,8 @@ __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
     if (threadIdx.x < h) {
       const float ov = s_v[threadIdx.x + h];
       const int32_t oi = s_i[threadIdx.x + h];
-      if (ov > s_v[threadIdx.x] || (ov == s_v[threadIdx.x] && oi < s_i[threadIdx.x])) s_v[threadIdx.x] = ov, s_i[threadIdx.x] = oi;
+      if (ov > s_v[threadIdx.x] || (ov == s_v[threadIdx.x] && oi < s_i[threadIdx.x]))
+        s_v[threadIdx.x] = ov, s_i[threadIdx.x] = oi;
     }
     __syncthreads();
   }
