@@ -33,7 +33,7 @@
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "runtime/backend.h"
-#include "runtime/moe_block.h"
+#include "runtime/layers/moe_block_device.cuh"
 #include "runtime/weights.h"
 
 using namespace moesq;
@@ -144,65 +144,18 @@ struct DevMem {
   }
 };
 
-// One layer's router + experts drawn on the GPU (as runtime::Engine's synthetic model); bytes of the
-// expert weights added to *expert_bytes.
-runtime::MoeBlockWeights synth_layer(DevMem& mem, const runtime::MoeBlockDims& d, runtime::ExpertBackend be,
-                                     uint64_t seed, size_t* expert_bytes) {
+// One layer's router + experts drawn on the GPU (as runtime::Engine's synthetic model: router, then
+// the experts, one seed each).
+runtime::DeviceMoeLayer synth_layer(const runtime::MoeBlockDims& d, runtime::ExpertBackend be, uint64_t seed) {
   constexpr float kScale = 0.02f;
   uint64_t id = 0;
-  auto bf16 = [&](size_t n, float scale) {
-    uint16_t* p = mem.alloc<uint16_t>(n);
-    ops::SynthBf16Args a;
-    a.out = p, a.n = static_cast<int64_t>(n), a.seed = seed ^ (++id * 0xd1b54a32d192ed03ull), a.scale = scale;
-    ops::synth_bf16(a, nullptr);
-    return p;
-  };
-  runtime::MoeBlockWeights w;
-  w.backend = be;
-  w.router = bf16(d.E * d.H, kScale);
-  *expert_bytes = 0;
-  if (be == runtime::ExpertBackend::kBf16) {
-    w.gu_dense = bf16(d.E * 2 * d.I * d.H_pad, kScale);
-    w.down_dense = bf16(d.E * d.H * d.I_pad, kScale);
-    *expert_bytes = (d.E * 2 * d.I * d.H_pad + d.E * d.H * d.I_pad) * sizeof(uint16_t);
-    return w;
-  }
-  auto sparse = [&](int64_t M, int64_t K_pad, int64_t* M_pad, const float** inv_gamma) {
-    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
-    ops::SynthSparseArgs a;
-    a.num_chunks = d.E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
-    a.out = mem.alloc<uint8_t>(static_cast<size_t>(a.num_chunks) * moe::kChunkBytes);
-    a.seed = seed ^ (++id * 0xd1b54a32d192ed03ull);
-    ops::synth_sparse48_kl(a, nullptr);
-    // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ kScale.
-    const std::vector<float> g(d.E, kScale / (2.9f * 0.72f));
-    float* p = mem.alloc<float>(g.size());
-    MOESQ_CUDA_CHECK(cudaMemcpy(p, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
-    *inv_gamma = p;
-    *expert_bytes += static_cast<size_t>(a.num_chunks) * moe::kChunkBytes + g.size() * sizeof(float);
-    return a.out;
-  };
-  w.gu_sparse = sparse(2 * d.I, d.H_pad, &w.gu_M_pad, &w.gu_inv_gamma);
-  w.down_sparse = sparse(d.H, d.I_pad, &w.down_M_pad, &w.down_inv_gamma);
+  runtime::DeviceMoeLayer w;
+  w.synthesize(d, be, [&] { return seed ^ (++id * 0xd1b54a32d192ed03ull); }, kScale, nullptr);
   return w;
 }
 
-// Scratch of moe_block for T tokens (moe_block.h MoeBlockBuffers).
-runtime::MoeBlockBuffers alloc_buffers(DevMem& mem, const runtime::MoeBlockDims& d, int64_t T) {
-  runtime::MoeBlockBuffers b;
-  const size_t E = d.E, k = d.top_k, Tn = T;
-  b.router_logits = mem.alloc<float>(Tn * E);
-  b.gemm_split = mem.alloc<float>(ops::gemm_bf16_split_floats(T, d.E, d.H));
-  b.topk_ids = mem.alloc<int32_t>(Tn * k), b.topk_w = mem.alloc<float>(Tn * k), b.slot_of_route = mem.alloc<int32_t>(Tn * k);
-  b.xd = mem.alloc<uint16_t>(E * Tn * d.H_pad), b.hbuf = mem.alloc<float>(E * Tn * 2 * d.I);
-  b.ad = mem.alloc<uint16_t>(E * Tn * d.I_pad), b.ybuf = mem.alloc<uint16_t>(E * Tn * d.H);
-  b.xs = mem.alloc<float>(E * Tn), b.as = mem.alloc<float>(E * Tn);
-  b.counts = mem.alloc<int32_t>(E), b.route_of_slot = mem.alloc<int32_t>(E * Tn);
-  return b;
-}
-
 // µs per layer per replay of a graph holding the `stages` of every layer's block in turn.
-double time_blocks(const runtime::MoeBlockDims& d, const std::vector<runtime::MoeBlockWeights>& layers,
+double time_blocks(const runtime::MoeBlockDims& d, const std::vector<runtime::DeviceMoeLayer>& layers,
                    const runtime::MoeBlockBuffers& b, const uint16_t* x, float* h, int64_t T, unsigned stages, int reps,
                    cudaStream_t st) {
   const double us = graph_replay_us(st, reps, [&] {
@@ -233,10 +186,12 @@ int main(int argc, char** argv) try {
   for (const auto& be_name : split(a.experts)) {
     const runtime::ExpertBackend be = runtime::parse_expert_backend(be_name);
     DevMem mem;
-    std::vector<runtime::MoeBlockWeights> layers;
-    size_t expert_bytes = 0;
-    for (int l = 0; l < a.layers; ++l) layers.push_back(synth_layer(mem, d, be, 1234 + 7919 * l, &expert_bytes));
-    const runtime::MoeBlockBuffers buf = alloc_buffers(mem, d, max_T);
+    std::vector<runtime::DeviceMoeLayer> layers;
+    for (int l = 0; l < a.layers; ++l) layers.push_back(synth_layer(d, be, 1234 + 7919 * l));
+    const size_t expert_bytes = layers.back().experts->bytes();  // the same for every layer
+    // Scratch of moe_block for the largest batch (the engine's sizing function).
+    const runtime::MoeBlockBuffers buf =
+        runtime::carve_moe_workspace(mem.alloc<uint8_t>(runtime::moe_workspace_bytes(d, max_T)), d, max_T);
     uint16_t* x = mem.alloc<uint16_t>(static_cast<size_t>(max_T * d.H));
     float* h = mem.alloc<float>(static_cast<size_t>(max_T * d.H));
     MOESQ_CUDA_CHECK(cudaDeviceSynchronize());

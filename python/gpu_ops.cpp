@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "format/kernel_layout.h"
 #include "io/checkpoint.h"
+#include "io/import_checkpoint.h"
 #include "runtime/backend.h"
 
 namespace pyb = pybind11;
@@ -366,7 +367,7 @@ out_dtype), moesq.Error (no GPU, CUDA failures).)");
                    runtime::load_host_moe_layer(ck, layer, runtime::parse_expert_backend(experts)));
              }
              L->spec = L->host->spec, L->layer = layer, L->backend = L->host->backend;
-             L->expert_format = L->host->expert_format, L->act_quant = L->host->act_quant;
+             L->expert_format = io::expert_storage_name(L->host->expert_storage), L->act_quant = L->host->act_quant;
              return L;
            }),
            pyb::arg("dir"), pyb::arg("layer"), pyb::arg("experts") = "auto",

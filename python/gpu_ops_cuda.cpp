@@ -1,7 +1,7 @@
 // CUDA side of the Python module's GPU ops (gpu_ops.h): each launch_* makes the tensors' device
 // current, checks that every pointer claimed as CUDA memory really is device memory of that device,
 // allocates the outputs, enqueues the existing launchers (ops/act_dispatch, ops/sparse_gemm,
-// runtime/moe_block) on the caller's stream, and records the event the outputs' __dlpack__ makes a
+// runtime/layers/moe_block) on the caller's stream, and records the event the outputs' __dlpack__ makes a
 // consumer stream wait on. No kernels here.
 #include <cuda_runtime.h>
 
@@ -14,7 +14,7 @@
 #include "core/cuda/device_scope.h"
 #include "core/error.h"
 #include "gpu_ops.h"
-#include "runtime/moe_block.h"
+#include "runtime/layers/moe_block.h"
 
 namespace pyb = pybind11;
 

@@ -1,3 +1,5 @@
+// Expert backend names (backend.h): one row per ExpertBackend value, in the order the CLI lists them;
+// which are built is the table of experts/registry.h.
 #include "runtime/backend.h"
 
 #include "core/error.h"
@@ -5,38 +7,32 @@
 namespace moesq::runtime {
 
 namespace {
-constexpr ExpertBackend kAll[] = {ExpertBackend::kAuto,        ExpertBackend::kBf16,     ExpertBackend::kSparseW4A4,
-                                  ExpertBackend::kSparseW4A16, ExpertBackend::kAwqW4A16, ExpertBackend::kNvfp4W4A16};
-}
+
+struct NameRow {
+  ExpertBackend id;
+  const char* name;
+};
+constexpr NameRow kNames[] = {
+    {ExpertBackend::kAuto, "auto"},           {ExpertBackend::kBf16, "bf16"},
+    {ExpertBackend::kSparseW4A4, "sparse-w4a4"}, {ExpertBackend::kSparseW4A16, "sparse-w4a16"},
+    {ExpertBackend::kAwqW4A16, "awq-w4a16"},  {ExpertBackend::kNvfp4W4A16, "nvfp4-w4a16"},
+};
+
+}  // namespace
 
 const char* expert_backend_name(ExpertBackend b) {
-  switch (b) {
-    case ExpertBackend::kAuto: return "auto";
-    case ExpertBackend::kBf16: return "bf16";
-    case ExpertBackend::kSparseW4A4: return "sparse-w4a4";
-    case ExpertBackend::kSparseW4A16: return "sparse-w4a16";
-    case ExpertBackend::kAwqW4A16: return "awq-w4a16";
-    case ExpertBackend::kNvfp4W4A16: return "nvfp4-w4a16";
-  }
+  for (const NameRow& r : kNames)
+    if (r.id == b) return r.name;
   return "?";
 }
 
 ExpertBackend parse_expert_backend(const std::string& s) {
-  for (ExpertBackend b : kAll)
-    if (s == expert_backend_name(b)) return b;
-  MOESQ_FAIL("--experts: \"", s, "\" is not one of auto, bf16, sparse-w4a4, sparse-w4a16, awq-w4a16, nvfp4-w4a16");
-}
-
-bool expert_backend_built(ExpertBackend b) {
-  return b == ExpertBackend::kAuto || b == ExpertBackend::kBf16 || b == ExpertBackend::kSparseW4A4 ||
-         b == ExpertBackend::kSparseW4A16;
-}
-
-std::string built_expert_backends() { return "bf16, sparse-w4a4, sparse-w4a16"; }
-
-void require_built(ExpertBackend b) {
-  MOESQ_CHECK(expert_backend_built(b), "expert backend ", expert_backend_name(b),
-              " is not built in the GPU engine; built: ", built_expert_backends());
+  std::string all;
+  for (const NameRow& r : kNames) {
+    if (s == r.name) return r.id;
+    all += (all.empty() ? "" : ", ") + std::string(r.name);
+  }
+  MOESQ_FAIL("--experts: \"", s, "\" is not one of ", all);
 }
 
 }  // namespace moesq::runtime

@@ -1,12 +1,11 @@
 // The GPU engine (engine.h). One stream; activation buffers sized once for max_tokens; a forward of T
 // tokens uses expert capacity T (an expert receives at most one route per token), so no route is ever
 // dropped and the host never reads the device-side counts. The non-expert GEMMs take their bf16
-// inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA.
+// inputs as hi + lo pairs (ops::gemm_bf16 x_lo): near-fp32 inputs at the cost of a second MMA. A layer
+// is two blocks: layers/attention_block, then post-attention RMSNorm and layers/moe_block.
 #include "runtime/engine.h"
-#include "runtime/moe_block.h"
 
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,90 +14,28 @@
 
 #include "core/error.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "model/ops.h"
+#include "ops/argmax/argmax.h"
 #include "ops/attention/attention.h"
+#include "ops/embed/embed.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/synth_pack/synth_pack.h"
+#include "runtime/layers/attention_block_device.cuh"
+#include "io/import_checkpoint.h"
+#include "runtime/experts/registry.h"
+#include "runtime/layers/moe_block_device.cuh"
 
 namespace moesq::runtime {
 
 namespace {
 
-// An owning device allocation (cudaMalloc: never managed memory, device/README.md).
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  Dev() = default;
-  explicit Dev(size_t count) { alloc(count); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  Dev(Dev&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr, o.n = 0; }
-  Dev& operator=(Dev&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(n, o.n);
-    return *this;
-  }
-  ~Dev() {
-    if (p) cudaFree(p);
-  }
-  void alloc(size_t count) {
-    n = count;
-    MOESQ_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(count, 1)));
-  }
-  void upload(const std::vector<T>& h) {
-    if (n != h.size()) alloc(h.size());
-    if (!h.empty()) MOESQ_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
-  }
-  size_t bytes() const { return sizeof(T) * n; }
-};
-
-// Embedding gather: h[t] = fp32(embed[ids[t]]). ids outside [0, V) are refused on the host.
-__global__ void embed_kernel(const int32_t* ids, const uint16_t* embed, float* h, int64_t H) {
-  const int64_t t = blockIdx.x;
-  const uint16_t* row = embed + static_cast<int64_t>(ids[t]) * H;
-  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) h[t * H + c] = __bfloat162float(__ushort_as_bfloat16(row[c]));
-}
-
-// out[i] = in[rows[i]] (bf16 rows of width H): the rows whose logits are wanted.
-__global__ void gather_rows_kernel(const uint16_t* in, const int32_t* rows, uint16_t* out, int64_t H) {
-  const int64_t i = blockIdx.x;
-  const uint16_t* src = in + static_cast<int64_t>(rows[i]) * H;
-  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) out[i * H + c] = src[c];
-}
-
-// next[i] = argmax_v logits[i, v] (lowest v on ties, as runtime::Sampler's greedy choice).
-__global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
-  __shared__ float s_v[256];
-  __shared__ int32_t s_i[256];
-  const float* z = logits + static_cast<int64_t>(blockIdx.x) * V;
-  float bv = -INFINITY;
-  int32_t bi = 0x7fffffff;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    if (z[v] > bv) bv = z[v], bi = static_cast<int32_t>(v);
-  s_v[threadIdx.x] = bv, s_i[threadIdx.x] = bi;
-  __syncthreads();
-  for (int h = blockDim.x / 2; h > 0; h /= 2) {
-    if (threadIdx.x < h) {
-      const float ov = s_v[threadIdx.x + h];
-      const int32_t oi = s_i[threadIdx.x + h];
-      if (ov > s_v[threadIdx.x] || (ov == s_v[threadIdx.x] && oi < s_i[threadIdx.x])) s_v[threadIdx.x] = ov, s_i[threadIdx.x] = oi;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) next[blockIdx.x] = s_i[0] == 0x7fffffff ? 0 : s_i[0];
-}
-
 struct DevLayer {
-  Dev<float> input_norm, post_norm, q_norm, k_norm;
-  Dev<uint16_t> qkv, o, router;
-  Dev<uint16_t> gu_dense, down_dense;   // bf16 backend
-  Dev<uint8_t> gu_sparse, down_sparse;  // sparse backends, kernel layout
-  Dev<float> gu_inv_gamma, down_inv_gamma;  // [E] 1/γ_w
-  int64_t gu_M_pad = 0, down_M_pad = 0;
-  Dev<uint16_t> k_cache, v_cache;       // [slots, max_len, nkv, hd]
+  DeviceAttentionLayer attn;  // input norm, q|k|v, q/k norms, o_proj, KV cache
+  DevBuf<float> post_norm;    // [H]
+  DeviceMoeLayer moe;         // router + experts of the engine's backend
 };
 
 }  // namespace
@@ -108,26 +45,23 @@ struct Engine::Impl {
   io::ModelSpec s;
   int max_seqs = 1;
   int64_t max_len = 0, max_tokens = 0;
-  int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, I = 0, V = 0, k = 0, H_pad = 0, I_pad = 0, qkv_w = 0;
+  int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, V = 0, qkv_w = 0;
   MoeBlockDims moe_dims;
   cudaStream_t stream = nullptr;
   bool deterministic = true;
   cublasHandle_t cublas = nullptr;  // deterministic == false only
-  Dev<uint8_t> cublas_ws;           // fixed cuBLAS workspace (graph capture allocates nothing)
+  DevBuf<uint8_t> cublas_ws;        // fixed cuBLAS workspace (graph capture allocates nothing)
   std::vector<DevLayer> layers;
-  Dev<uint16_t> embed, lm_head;
-  Dev<float> final_norm, rope_cos, rope_sin;
+  DevBuf<uint16_t> embed, lm_head;
+  DevBuf<float> final_norm, rope_cos, rope_sin;
   // activations, [max_tokens, ·] unless noted
-  Dev<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids, attn_tiles;
-  Dev<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
-  Dev<float> gemm_split;    // K-sliced partials of the q|k|v, o_proj and router GEMMs (gemm_bf16 split_ws)
-  Dev<float> h, qkv, q, logits_r, topk_w, logits;
-  Dev<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
-  Dev<int32_t> topk_ids, slot_of_route;
-  Dev<uint16_t> xd, ad, ybuf;           // [E, cap, H_pad], [E, cap, I_pad], [E, cap, H]
-  Dev<float> hbuf;                      // [E, cap, 2I] fp32 gate|up: SwiGLU (+ requant) reads fp32
-  Dev<float> xs, as;                    // [E, cap]
-  Dev<int32_t> counts, route_of_slot;   // [E], [E, cap]
+  DevBuf<int32_t> tok_ids, tok_slot, tok_pos, out_rows, next_ids, attn_tiles;
+  DevBuf<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
+  DevBuf<float> gemm_split;    // K-sliced partials of the q|k|v and o_proj GEMMs (gemm_bf16 split_ws)
+  DevBuf<float> h, qkv, q, logits;
+  DevBuf<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
+  DevBuf<uint8_t> moe_ws;     // moe_block scratch for max_tokens (moe_workspace_bytes)
+  MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ max_tokens
   std::vector<int64_t> lengths;         // [slots]
   size_t weight_bytes = 0, kv_bytes = 0;
   bool timing = false;
@@ -142,8 +76,6 @@ struct Engine::Impl {
   // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
-  MoeBlockWeights moe_weights(const DevLayer& L) const;
-  MoeBlockBuffers moe_buffers();
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
@@ -155,8 +87,7 @@ struct Engine::Impl {
 
 void Engine::Impl::sizes(const EngineOptions& opt) {
   H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts;
-  I = s.moe_intermediate_size, V = s.vocab_size, k = s.top_k;
-  H_pad = moe::padded_k(H), I_pad = moe::padded_k(I), qkv_w = (nh + 2 * nkv) * hd;
+  V = s.vocab_size, qkv_w = (nh + 2 * nkv) * hd;
   moe_dims = moe_block_dims(s);
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
   max_seqs = opt.max_seqs;
@@ -174,42 +105,22 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
 void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   s = m.spec;
   sizes(opt);
-  auto track = [&](auto& d, const auto& v) {
-    d.upload(v);
-    weight_bytes += d.bytes();
-  };
-  track(embed, m.embed);
-  track(lm_head, m.lm_head);
-  track(final_norm, m.final_norm);
+  embed.upload(m.embed);
+  lm_head.upload(m.lm_head);
+  final_norm.upload(m.final_norm);
+  weight_bytes += embed.bytes() + lm_head.bytes() + final_norm.bytes();
   layers.resize(s.num_layers);
   const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& hl = m.layers[l];
     DevLayer& L = layers[l];
-    track(L.input_norm, hl.input_norm);
-    track(L.post_norm, hl.post_norm);
-    track(L.q_norm, hl.q_norm);
-    track(L.k_norm, hl.k_norm);
-    track(L.qkv, hl.qkv);
-    track(L.o, hl.o);
-    track(L.router, hl.router);
-    if (m.backend == ExpertBackend::kBf16) {
-      track(L.gu_dense, hl.gu_dense);
-      track(L.down_dense, hl.down_dense);
-    } else {
-      track(L.gu_sparse, hl.gu_sparse.data);
-      track(L.down_sparse, hl.down_sparse.data);
-      std::vector<float> ig(E), idn(E);
-      for (int64_t e = 0; e < E; ++e) ig[e] = 1.0f / hl.gu_sparse.gamma[e], idn[e] = 1.0f / hl.down_sparse.gamma[e];
-      track(L.gu_inv_gamma, ig);
-      track(L.down_inv_gamma, idn);
-      L.gu_M_pad = hl.gu_sparse.M_pad;
-      L.down_M_pad = hl.down_sparse.M_pad;
-    }
+    L.attn.upload(hl.attn);
+    L.post_norm.upload(hl.post_norm);
+    L.moe.upload(hl.moe, m.backend);
+    weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
     hl = HostLayer{};  // free host memory as we go
-    L.k_cache.alloc(cache_n);
-    L.v_cache.alloc(cache_n);
-    kv_bytes += L.k_cache.bytes() + L.v_cache.bytes();
+    L.attn.alloc_kv(cache_n);
+    kv_bytes += L.attn.kv_bytes();
   }
   host = std::move(m);
   host.embed.clear(), host.lm_head.clear(), host.layers.clear();
@@ -217,17 +128,15 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
 }
 
 void Engine::Impl::activations() {
-  const size_t T = max_tokens, cap = max_tokens;
+  const size_t T = max_tokens;
   tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T), attn_tiles.alloc(2 * T);
   attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
-  gemm_split.alloc(std::max({ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd),
-                             ops::gemm_bf16_split_floats(T, E, H)}));
-  h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), logits_r.alloc(T * E);
-  topk_w.alloc(T * k), topk_ids.alloc(T * k), slot_of_route.alloc(T * k);
+  gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
+  h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd);
   xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
   xb_lo.alloc(T * H), attn_lo.alloc(T * nh * hd), xsel_lo.alloc(T * H);
-  xd.alloc(E * cap * H_pad), hbuf.alloc(E * cap * 2 * I), ad.alloc(E * cap * I_pad), ybuf.alloc(E * cap * H);
-  xs.alloc(E * cap), as.alloc(E * cap), counts.alloc(E), route_of_slot.alloc(E * cap);
+  moe_ws.alloc(moe_workspace_bytes(moe_dims, max_tokens));
+  moe_bufs = carve_moe_workspace(moe_ws.p, moe_dims, max_tokens);
   lengths.assign(max_seqs, 0);
   events.resize(4 * s.num_layers);
   for (auto& e : events) MOESQ_CUDA_CHECK(cudaEventCreate(&e));
@@ -236,72 +145,32 @@ void Engine::Impl::activations() {
 
 void Engine::Impl::synthesize(uint64_t seed) {
   uint64_t stream_id = 0;  // every tensor its own hash stream
+  const SeedFn next_seed = [&] { return seed ^ (++stream_id * 0xd1b54a32d192ed03ull); };
   constexpr float kScale = 0.02f;  // weight std: keeps the random residual stream tame
-  auto bf16 = [&](Dev<uint16_t>& d, size_t n, float scale) {
+  auto bf16 = [&](DevBuf<uint16_t>& d, size_t n, float scale) {
     d.alloc(n);
     ops::SynthBf16Args a;
-    a.out = d.p, a.n = static_cast<int64_t>(n), a.seed = seed ^ (++stream_id * 0xd1b54a32d192ed03ull), a.scale = scale;
+    a.out = d.p, a.n = static_cast<int64_t>(n), a.seed = next_seed(), a.scale = scale;
     ops::synth_bf16(a, stream);
     weight_bytes += d.bytes();
   };
-  auto ones = [&](Dev<float>& d, size_t n) {
-    d.upload(std::vector<float>(n, 1.0f));
-    weight_bytes += d.bytes();
-  };
-  auto sparse = [&](Dev<uint8_t>& d, Dev<float>& inv_gamma, int64_t M, int64_t K_pad, int64_t* M_pad) {
-    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
-    const int64_t chunks = E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
-    d.alloc(static_cast<size_t>(chunks) * moe::kChunkBytes);
-    ops::SynthSparseArgs a;
-    a.out = d.p, a.num_chunks = chunks, a.seed = seed ^ (++stream_id * 0xd1b54a32d192ed03ull);
-    ops::synth_sparse48_kl(a, stream);
-    // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ kScale.
-    inv_gamma.upload(std::vector<float>(E, kScale / (2.9f * 0.72f)));
-    weight_bytes += d.bytes() + inv_gamma.bytes();
-  };
   bf16(embed, V * H, 1.0f);
   bf16(lm_head, V * H, kScale);
-  ones(final_norm, H);
+  final_norm.upload(std::vector<float>(H, 1.0f));
+  weight_bytes += final_norm.bytes();
   layers.resize(s.num_layers);
   const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     DevLayer& L = layers[l];
-    ones(L.input_norm, H), ones(L.post_norm, H), ones(L.q_norm, hd), ones(L.k_norm, hd);
-    bf16(L.qkv, qkv_w * H, kScale);
-    bf16(L.o, H * nh * hd, kScale);
-    bf16(L.router, E * H, kScale);
-    if (host.backend == ExpertBackend::kBf16) {
-      bf16(L.gu_dense, E * 2 * I * H_pad, kScale);
-      bf16(L.down_dense, E * H * I_pad, kScale);
-    } else {
-      sparse(L.gu_sparse, L.gu_inv_gamma, 2 * I, H_pad, &L.gu_M_pad);
-      sparse(L.down_sparse, L.down_inv_gamma, H, I_pad, &L.down_M_pad);
-    }
-    L.k_cache.alloc(cache_n);
-    L.v_cache.alloc(cache_n);
-    kv_bytes += L.k_cache.bytes() + L.v_cache.bytes();
+    L.attn.synthesize(s, next_seed, kScale, stream);
+    L.post_norm.upload(std::vector<float>(H, 1.0f));
+    L.moe.synthesize(moe_dims, host.backend, next_seed, kScale, stream);
+    weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
+    L.attn.alloc_kv(cache_n);
+    kv_bytes += L.attn.kv_bytes();
   }
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   activations();
-}
-
-MoeBlockWeights Engine::Impl::moe_weights(const DevLayer& L) const {
-  MoeBlockWeights w;
-  w.backend = host.backend;
-  w.router = L.router.p, w.gu_dense = L.gu_dense.p, w.down_dense = L.down_dense.p;
-  w.gu_sparse = L.gu_sparse.p, w.down_sparse = L.down_sparse.p;
-  w.gu_inv_gamma = L.gu_inv_gamma.p, w.down_inv_gamma = L.down_inv_gamma.p;
-  w.gu_M_pad = L.gu_M_pad, w.down_M_pad = L.down_M_pad;
-  return w;
-}
-
-// The [max_tokens]-sized activation buffers, used by moe_block with capacity T ≤ max_tokens.
-MoeBlockBuffers Engine::Impl::moe_buffers() {
-  MoeBlockBuffers b;
-  b.router_logits = logits_r.p, b.gemm_split = gemm_split.p, b.topk_ids = topk_ids.p, b.topk_w = topk_w.p;
-  b.slot_of_route = slot_of_route.p, b.xd = xd.p, b.hbuf = hbuf.p, b.ad = ad.p, b.ybuf = ybuf.p, b.xs = xs.p;
-  b.as = as.p, b.counts = counts.p, b.route_of_slot = route_of_slot.p;
-  return b;
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
@@ -333,54 +202,59 @@ void Engine::Impl::linear(const ops::GemmBf16Args& g) {
 }
 
 void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
-  embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tok_ids.p, embed.p, h.p, H);
-  MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
-  ops::RmsNormArgs rn;
+  ops::EmbedArgs em;
+  em.ids = tok_ids.p, em.table = embed.p, em.out = h.p, em.T = T, em.H = H;
+  ops::embed(em, stream);
+  const LinearFn lin = [this](const ops::GemmBf16Args& g) { linear(g); };
+  AttentionCall call;
+  ops::RmsNormArgs& rn = call.norm;
   rn.x = h.p, rn.y = xb.p, rn.y_lo = xb_lo.p, rn.n = T, rn.D = H, rn.eps = s.rms_norm_eps;
+  ops::GemmBf16Args& gq = call.qkv;
+  gq.x = xb.p, gq.x_lo = xb_lo.p, gq.y_f32 = qkv.p, gq.split_ws = gemm_split.p;
+  gq.M = T, gq.N = qkv_w, gq.K = H, gq.ldy = qkv_w;
+  ops::QkRopeArgs& qr = call.rope;
+  qr.qkv = qkv.p, qr.cos = rope_cos.p, qr.sin = rope_sin.p;
+  qr.tok_slot = tok_slot.p, qr.tok_pos = tok_pos.p, qr.q_out = q.p;
+  qr.T = T, qr.nh = static_cast<int>(nh), qr.nkv = static_cast<int>(nkv);
+  qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
+  ops::AttentionArgs& at = call.attn;
+  at.q = q.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
+  at.out = attn.p, at.out_lo = attn_lo.p, at.T = T;
+  at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
+  at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (n_tiles > 0)
+    at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
+  else
+    at.partial = attn_partial.p;
+  ops::GemmBf16Args& go = call.o_proj;
+  go.x = attn.p, go.x_lo = attn_lo.p, go.y_f32 = h.p, go.split_ws = gemm_split.p, go.accumulate = true;
+  go.M = T, go.N = H, go.K = nh * hd, go.ldy = H;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
-    rn.w = L.input_norm.p;
-    ops::rmsnorm(rn, stream);
-    ops::GemmBf16Args g;
-    g.x = xb.p, g.x_lo = xb_lo.p, g.w = L.qkv.p, g.y_f32 = qkv.p, g.split_ws = gemm_split.p, g.M = T, g.N = qkv_w, g.K = H, g.ldy = qkv_w;
-    linear(g);
-    if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l], stream));
-    ops::QkRopeArgs qr;
-    qr.qkv = qkv.p, qr.q_norm = L.q_norm.p, qr.k_norm = L.k_norm.p, qr.cos = rope_cos.p, qr.sin = rope_sin.p;
-    qr.tok_slot = tok_slot.p, qr.tok_pos = tok_pos.p, qr.q_out = q.p, qr.k_cache = L.k_cache.p;
-    qr.v_cache = L.v_cache.p, qr.T = T, qr.nh = static_cast<int>(nh), qr.nkv = static_cast<int>(nkv);
-    qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
-    ops::qk_rope(qr, stream);
-    ops::AttentionArgs at;
-    at.q = q.p, at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
-    at.out = attn.p, at.out_lo = attn_lo.p, at.T = T, at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
-    at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    if (n_tiles > 0)
-      at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
-    else
-      at.partial = attn_partial.p;
-    ops::attention(at, stream);
-    if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 1], stream));
-    g = ops::GemmBf16Args{};
-    g.x = attn.p, g.x_lo = attn_lo.p, g.w = L.o.p, g.y_f32 = h.p, g.split_ws = gemm_split.p, g.accumulate = true, g.M = T, g.N = H, g.K = nh * hd, g.ldy = H;
-    linear(g);
-    rn.w = L.post_norm.p;
-    ops::rmsnorm(rn, stream);
+    AttentionMarks marks;
+    if (timing) marks.after_qkv = events[4 * l], marks.after_attention = events[4 * l + 1];
+    attention_block(L.attn, call, lin, stream, marks);
+    ops::RmsNormArgs pn = rn;
+    pn.w = L.post_norm.p;
+    ops::rmsnorm(pn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
-    moe_block(moe_dims, moe_weights(L), moe_buffers(), xb.p, xb_lo.p, h.p, T, stream,
-              [this](const ops::GemmBf16Args& rg) { linear(rg); });
+    moe_block(moe_dims, L.moe, moe_bufs, xb.p, xb_lo.p, h.p, T, stream, lin);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
   }
-  rn.w = final_norm.p;
-  ops::rmsnorm(rn, stream);
-  gather_rows_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(xb.p, out_rows.p, xsel.p, H);
-  gather_rows_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(xb_lo.p, out_rows.p, xsel_lo.p, H);
-  MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+  ops::RmsNormArgs fn = rn;
+  fn.w = final_norm.p;
+  ops::rmsnorm(fn, stream);
+  ops::GatherRowsArgs gr;
+  gr.in = xb.p, gr.rows = out_rows.p, gr.out = xsel.p, gr.n = n_out, gr.H = H;
+  ops::gather_rows(gr, stream);
+  gr.in = xb_lo.p, gr.out = xsel_lo.p;
+  ops::gather_rows(gr, stream);
   ops::GemmBf16Args g;
   g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
   linear(g);
-  argmax_kernel<<<static_cast<unsigned>(n_out), 256, 0, stream>>>(logits.p, V, next_ids.p);
-  MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
+  ops::ArgmaxArgs am;
+  am.logits = logits.p, am.out = next_ids.p, am.n = n_out, am.V = V;
+  ops::argmax(am, stream);
 }
 
 Engine::Engine(const io::Checkpoint& ckpt, const EngineOptions& opt)
@@ -392,17 +266,15 @@ Engine::Engine(HostModel host, const EngineOptions& opt) : impl_(std::make_uniqu
 
 Engine::Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt)
     : impl_(std::make_unique<Impl>()) {
-  MOESQ_CHECK(backend == ExpertBackend::kBf16 || backend == ExpertBackend::kSparseW4A4 ||
-                  backend == ExpertBackend::kSparseW4A16,
-              "synthetic engine: expert backend ", expert_backend_name(backend), " is not built; built: ",
-              built_expert_backends());
+  MOESQ_CHECK(backend != ExpertBackend::kAuto && expert_backend_built(backend), "synthetic engine: expert backend ",
+              expert_backend_name(backend), " is not built; built: ", built_expert_backends());
   Impl& m = *impl_;
   m.s = spec;
   m.host.spec = spec;
   m.host.backend = backend;
-  m.host.expert_format = backend == ExpertBackend::kBf16 ? "bf16" : "paired-4:8-nvfp4";
-  m.host.act_quant = backend == ExpertBackend::kSparseW4A4;
-  m.host.act_block = m.host.act_quant ? 32 : 0;
+  m.host.expert_storage = expert_backend_host(backend).native_storage();
+  m.host.act_quant = expert_backend_host(backend).act_quant();
+  m.host.act_block = expert_backend_host(backend).act_block();
   m.sizes(opt);
   m.synthesize(seed);
 }
@@ -411,7 +283,8 @@ Engine::~Engine() = default;
 
 const io::ModelSpec& Engine::spec() const { return impl_->s; }
 ExpertBackend Engine::backend() const { return impl_->host.backend; }
-const std::string& Engine::expert_format() const { return impl_->host.expert_format; }
+io::ExpertStorage Engine::expert_storage() const { return impl_->host.expert_storage; }
+const char* Engine::expert_format() const { return io::expert_storage_name(impl_->host.expert_storage); }
 bool Engine::act_quant() const { return impl_->host.act_quant; }
 int Engine::act_block() const { return impl_->host.act_block; }
 int Engine::max_seqs() const { return impl_->max_seqs; }
@@ -458,7 +331,7 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
   const int64_t T = static_cast<int64_t>(ids.size());
   MOESQ_CHECK(T <= m.max_tokens, "engine: ", T, " tokens in one forward, more than max_tokens ", m.max_tokens);
   if (T == 0) return {};
-  auto h2d = [&](Dev<int32_t>& d, const std::vector<int32_t>& v) {
+  auto h2d = [&](DevBuf<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, ids), h2d(m.tok_slot, slot), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
@@ -529,7 +402,7 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     MOESQ_CHECK(m.lengths[s] < m.max_len, "engine: slot ", s, " is full (max_len ", m.max_len, ")");
     pos[b] = static_cast<int32_t>(m.lengths[s]), rows[b] = b;
   }
-  auto h2d = [&](Dev<int32_t>& d, const std::vector<int32_t>& v) {
+  auto h2d = [&](DevBuf<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, tokens), h2d(m.tok_slot, slots), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);

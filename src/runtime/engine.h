@@ -1,6 +1,7 @@
-// The GPU engine for qwen3_moe on one GPU: weights uploaded once, batched prefill and KV-cached
-// decode over fixed sequence slots, expert backends from runtime/backend.h, decode steps replayed
-// from CUDA graphs. Plain C++ interface (the CUDA state lives in engine.cu behind Impl).
+// The GPU engine on one GPU, for a family whose blocks it runs (weights.h supports: today qwen3_moe):
+// weights uploaded once, batched prefill and KV-cached decode over fixed sequence slots, expert backends
+// from runtime/experts/ (registry.h), decode steps replayed from CUDA graphs. Plain C++ interface (the
+// CUDA state lives in engine.cu behind Impl).
 //
 // Per layer: RMSNorm → fused q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention
 // → o_proj (+= residual) → RMSNorm → router GEMM (fp32 logits) → softmax/top-k/renorm → dispatch
@@ -56,7 +57,8 @@ class Engine {
 
   const io::ModelSpec& spec() const;
   ExpertBackend backend() const;
-  const std::string& expert_format() const;
+  io::ExpertStorage expert_storage() const;  // of the checkpoint (synthetic: of the backend)
+  const char* expert_format() const;         // io::expert_storage_name(expert_storage())
   bool act_quant() const;
   int act_block() const;
   int max_seqs() const;

@@ -11,12 +11,14 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/checkpoint.h"
+#include "io/import_checkpoint.h"
 #include "model/ops.h"
 #include "model/qwen3_moe.h"
 #include "format/kernel_layout.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/router_topk/router_topk.h"
+#include "runtime/experts/bf16.h"
 #include "runtime/weights.h"
 
 using namespace moesq;
@@ -37,16 +39,17 @@ TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
   const int64_t H = s.hidden_size, I = s.moe_intermediate_size, E = s.num_experts;
   const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
   const auto& L = m.layers[1];
-  EXPECT_EQ(L.qkv.size(), static_cast<size_t>((s.num_heads + 2 * s.num_kv_heads) * s.head_dim * H));
-  EXPECT_EQ(L.gu_dense.size(), static_cast<size_t>(E * 2 * I * H_pad));
-  EXPECT_EQ(L.down_dense.size(), static_cast<size_t>(E * H * I_pad));
+  EXPECT_EQ(L.attn.qkv.size(), static_cast<size_t>((s.num_heads + 2 * s.num_kv_heads) * s.head_dim * H));
+  const auto& X = dynamic_cast<const runtime::Bf16HostExperts&>(*L.moe.experts);
+  EXPECT_EQ(X.gu.size(), static_cast<size_t>(E * 2 * I * H_pad));
+  EXPECT_EQ(X.down.size(), static_cast<size_t>(E * H * I_pad));
   // Expert 3's up row 5 column 7 sits at its kKMajor storage index in fused row I + 5.
   const model::Qwen3Moe cpu(ckpt);
   const float up = cpu.layer(1).experts[3].up[5 * H + 7];
-  EXPECT_EQ(L.gu_dense[(3 * 2 * I + I + 5) * H_pad + moe::act_storage_index(7, moe::ActLayout::kKMajor)], f32_to_bf16(up));
+  EXPECT_EQ(X.gu[(3 * 2 * I + I + 5) * H_pad + moe::act_storage_index(7, moe::ActLayout::kKMajor)], f32_to_bf16(up));
   // k_proj rows follow the q rows in the fused projection.
   const float kp = cpu.layer(1).k_proj[2 * H + 9];
-  EXPECT_EQ(L.qkv[(s.num_heads * s.head_dim + 2) * H + 9], f32_to_bf16(kp));
+  EXPECT_EQ(L.attn.qkv[(s.num_heads * s.head_dim + 2) * H + 9], f32_to_bf16(kp));
 }
 
 TEST(RuntimeWeights, OneMoeLayerEqualsTheWholeModelsLayer) {
@@ -56,13 +59,14 @@ TEST(RuntimeWeights, OneMoeLayerEqualsTheWholeModelsLayer) {
     const runtime::HostMoeLayer one = runtime::load_host_moe_layer(ckpt, l, runtime::ExpertBackend::kAuto);
     EXPECT_EQ(one.layer, l);
     EXPECT_EQ(one.backend, m.backend);
-    EXPECT_EQ(one.expert_format, m.expert_format);
+    EXPECT_EQ(one.expert_storage, m.expert_storage);
     EXPECT_EQ(one.act_quant, m.act_quant);
-    EXPECT_EQ(one.weights.router, m.layers[l].router) << "layer " << l;
-    EXPECT_EQ(one.weights.gu_dense, m.layers[l].gu_dense) << "layer " << l;
-    EXPECT_EQ(one.weights.down_dense, m.layers[l].down_dense) << "layer " << l;
+    EXPECT_EQ(one.weights.router, m.layers[l].moe.router) << "layer " << l;
+    const auto& a = dynamic_cast<const runtime::Bf16HostExperts&>(*one.weights.experts);
+    const auto& b = dynamic_cast<const runtime::Bf16HostExperts&>(*m.layers[l].moe.experts);
+    EXPECT_EQ(a.gu, b.gu) << "layer " << l;
+    EXPECT_EQ(a.down, b.down) << "layer " << l;
     EXPECT_FALSE(one.weights.router.empty());
-    EXPECT_TRUE(one.weights.qkv.empty());  // only what the MoE block reads
   }
   for (int64_t bad : {-1, 4}) {
     try {
@@ -78,17 +82,28 @@ TEST(RuntimeWeights, OneMoeLayerEqualsTheWholeModelsLayer) {
 
 TEST(RuntimeWeights, BackendsResolveOrNameWhatIsBuilt) {
   using runtime::ExpertBackend;
-  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kAuto, "paired-4:8-nvfp4"), ExpertBackend::kSparseW4A4);
-  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kBf16, "paired-4:8-nvfp4"), ExpertBackend::kBf16);
-  for (auto [b, fmt] : {std::pair{ExpertBackend::kAwqW4A16, "bf16"}, std::pair{ExpertBackend::kAuto, "nvfp4"}}) {
+  using io::ExpertStorage;
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kAuto, ExpertStorage::Sparse48), ExpertBackend::kSparseW4A4);
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kBf16, ExpertStorage::Sparse48), ExpertBackend::kBf16);
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kAuto, ExpertStorage::Int4), ExpertBackend::kBf16);
+  EXPECT_EQ(runtime::resolve_backend(ExpertBackend::kSparseW4A16, ExpertStorage::Sparse48), ExpertBackend::kSparseW4A16);
+  for (auto [b, st] : {std::pair{ExpertBackend::kAwqW4A16, ExpertStorage::Dense},
+                       std::pair{ExpertBackend::kAuto, ExpertStorage::Nvfp4}}) {
     try {
-      runtime::resolve_backend(b, fmt);
-      ADD_FAILURE() << "no error for " << runtime::expert_backend_name(b) << " on " << fmt;
+      runtime::resolve_backend(b, st);
+      ADD_FAILURE() << "no error for " << runtime::expert_backend_name(b) << " on " << io::expert_storage_name(st);
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("built: bf16, sparse-w4a4, sparse-w4a16"), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(runtime::resolve_backend(ExpertBackend::kSparseW4A16, "bf16"), Error);
+  try {
+    runtime::resolve_backend(ExpertBackend::kSparseW4A16, ExpertStorage::Dense);
+    ADD_FAILURE() << "no error for sparse-w4a16 on bf16 experts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sparse-w4a16 needs a paired-4:8-nvfp4 checkpoint"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("has bf16 experts"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(runtime::parse_expert_backend("marlin"), Error);
   EXPECT_EQ(runtime::parse_expert_backend("sparse-w4a16"), ExpertBackend::kSparseW4A16);
 }
@@ -171,4 +186,34 @@ TEST(RuntimeOpsRef, RouterTwinMatchesQwen3MoeRoute) {
   ops::router_topk_ref(a);
   EXPECT_EQ(ids, r.expert);
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], r.weight[i], 1e-6) << "route " << i;
+}
+
+// A family is GPU-supported when each of its blocks is; a refused one is named with what is missing,
+// block by block, before any tensor is read.
+TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
+  EXPECT_TRUE(runtime::supports(io::Checkpoint(MOESQ_DEFAULT_MODEL).spec()));
+  EXPECT_TRUE(runtime::supports(runtime::synthetic_spec("qwen3-235b-a22b", 2)));
+  const std::string fam = std::string(MOESQ_FIXTURES) + "/families/";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
+      {"tiny-mixtral", {"attention block: its q/k norm is not per head"}},
+      {"tiny-olmoe", {"attention block: its q/k norm is not per head"}},
+      {"tiny-qwen2-moe", {"attention projections have biases", "MoE block: it has a shared expert"}},
+      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention", "MoE block:"}},
+      {"tiny-gpt-oss", {"token mixer is not the built-in GQA attention", "router logits have a bias"}},
+  };
+  for (const auto& [dir, want] : refused) {
+    const io::Checkpoint ck(fam + dir);
+    EXPECT_FALSE(runtime::supports(ck.spec())) << dir;
+    for (auto load : {0, 1}) {
+      try {
+        if (load == 0) runtime::load_host_model(ck, runtime::ExpertBackend::kAuto);
+        else runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kAuto);
+        ADD_FAILURE() << dir << " accepted";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("does not run model_type \"" + ck.spec().model_type + "\""), std::string::npos) << msg;
+        for (const std::string& w : want) EXPECT_NE(msg.find(w), std::string::npos) << dir << ": " << msg;
+      }
+    }
+  }
 }

@@ -15,6 +15,8 @@
 #include "io/export_checkpoint.h"
 #include "io/export_layouts.h"
 #include "io/tensor_names.h"
+#include "runtime/experts/bf16.h"
+#include "runtime/experts/paired_sparse.h"
 #include "runtime/weights.h"
 #include "support/int4_checkpoint.h"
 #include "support/packed_checkpoint.h"
@@ -32,6 +34,13 @@ void expect_same_kernel_weights(const moe::KernelWeights& a, const moe::KernelWe
   EXPECT_EQ(a.K_pad, b.K_pad) << what;
   EXPECT_TRUE(a.data == b.data) << what << ": packed kernel bytes differ";
   EXPECT_TRUE(a.gamma == b.gamma) << what << ": global scales differ";
+}
+
+const runtime::PairedSparseHostExperts& sparse(const runtime::HostMoe& m) {
+  return dynamic_cast<const runtime::PairedSparseHostExperts&>(*m.experts);
+}
+const runtime::Bf16HostExperts& dense(const runtime::HostMoe& m) {
+  return dynamic_cast<const runtime::Bf16HostExperts&>(*m.experts);
 }
 
 class RuntimeWeightsLayouts : public ::testing::Test {
@@ -53,19 +62,19 @@ TEST_F(RuntimeWeightsLayouts, PairedExportsUploadTheMoesqCheckpointsBytes) {
   const io::Checkpoint ref_ck(moesq_dir);
   for (int64_t l : {0, 3}) {
     const runtime::HostMoeLayer ref = runtime::load_host_moe_layer(ref_ck, l, runtime::ExpertBackend::kAuto);
-    EXPECT_EQ(ref.expert_format, "paired-4:8-nvfp4");
+    EXPECT_EQ(ref.expert_storage, io::ExpertStorage::Sparse48);
     EXPECT_EQ(ref.backend, runtime::ExpertBackend::kSparseW4A4);
-    EXPECT_FALSE(ref.weights.gu_sparse.data.empty());
+    EXPECT_FALSE(sparse(ref.weights).gu.data.empty());
     for (const char* layout : {"ct", "pb"}) {
       const io::Checkpoint ck((tmp_.path / layout).string());
       const runtime::HostMoeLayer got = runtime::load_host_moe_layer(ck, l, runtime::ExpertBackend::kAuto);
       const std::string what = std::string(layout) + " layer " + std::to_string(l);
-      EXPECT_EQ(got.expert_format, "paired-4:8-nvfp4") << what;
+      EXPECT_EQ(got.expert_storage, io::ExpertStorage::Sparse48) << what;
       EXPECT_EQ(got.backend, ref.backend) << what;
       EXPECT_EQ(got.act_quant, ref.act_quant) << what;
       EXPECT_EQ(got.weights.router, ref.weights.router) << what;
-      expect_same_kernel_weights(got.weights.gu_sparse, ref.weights.gu_sparse, what + " gate|up");
-      expect_same_kernel_weights(got.weights.down_sparse, ref.weights.down_sparse, what + " down");
+      expect_same_kernel_weights(sparse(got.weights).gu, sparse(ref.weights).gu, what + " gate|up");
+      expect_same_kernel_weights(sparse(got.weights).down, sparse(ref.weights).down, what + " down");
     }
   }
   // The whole model too (attention weights are copied unchanged by the export).
@@ -74,8 +83,8 @@ TEST_F(RuntimeWeightsLayouts, PairedExportsUploadTheMoesqCheckpointsBytes) {
                                                         runtime::ExpertBackend::kSparseW4A4);
   EXPECT_EQ(a.act_block, b.act_block);
   EXPECT_EQ(a.lm_head, b.lm_head);
-  EXPECT_EQ(a.layers[2].qkv, b.layers[2].qkv);
-  expect_same_kernel_weights(a.layers[2].down_sparse, b.layers[2].down_sparse, "whole model, layer 2 down");
+  EXPECT_EQ(a.layers[2].attn.qkv, b.layers[2].attn.qkv);
+  expect_same_kernel_weights(sparse(a.layers[2].moe).down, sparse(b.layers[2].moe).down, "whole model, layer 2 down");
 }
 
 TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) {
@@ -83,14 +92,14 @@ TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) 
   const auto want = test::write_int4_checkpoint(src_, dir, 32);
   const io::Checkpoint ck(dir);
   const runtime::HostMoeLayer got = runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kAuto);
-  EXPECT_EQ(got.expert_format, "int4");
+  EXPECT_EQ(got.expert_storage, io::ExpertStorage::Int4);
   EXPECT_EQ(got.backend, runtime::ExpertBackend::kBf16);
   const io::ModelSpec& s = src_.spec();
   const int64_t H = s.hidden_size, I = s.moe_intermediate_size, H_pad = moe::padded_k(H);
   const std::vector<float>& up = want.at(io::expert_tensor_prefix(1, 5, io::ExpertProj::Up));
   for (int64_t n : {0L, I - 1})
     for (int64_t k : {0L, 7L, H - 1})
-      EXPECT_EQ(got.weights.gu_dense[(5 * 2 * I + I + n) * H_pad + moe::act_storage_index(k, moe::ActLayout::kKMajor)],
+      EXPECT_EQ(dense(got.weights).gu[(5 * 2 * I + I + n) * H_pad + moe::act_storage_index(k, moe::ActLayout::kKMajor)],
                 f32_to_bf16(up[n * H + k]))
           << "up row " << n << " col " << k;
   EXPECT_THROW(runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kSparseW4A4), Error);
@@ -117,8 +126,8 @@ TEST_F(RuntimeWeightsLayouts, DenseNvfp4ExportIsRefusedByThePairedBackendsNaming
     }
     // bf16 runs it on the exact dequantized values.
     const runtime::HostMoeLayer b = runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kBf16);
-    EXPECT_EQ(b.expert_format, "nvfp4");
-    EXPECT_FALSE(b.weights.gu_dense.empty());
+    EXPECT_EQ(b.expert_storage, io::ExpertStorage::Nvfp4);
+    EXPECT_FALSE(dense(b.weights).gu.empty());
   }
 }
 

@@ -1,0 +1,120 @@
+// Device half of the paired 4:8 expert backends (paired_sparse.h): dispatch (+ NVFP4 act quant for
+// W4A4) → gate|up sparse GEMM (fp32 out) → SwiGLU (+ requant) → down sparse GEMM (bf16 out), each GEMM's
+// tile config from cuda::sparse_gemm_heuristic for capacity T, the activation layout it reads from it.
+#include <vector>
+
+#include "core/cuda/dev_buf.cuh"
+#include "core/error.h"
+#include "ops/sparse_gemm/sparse_gemm.h"
+#include "ops/synth_pack/synth_pack.h"
+#include "runtime/experts/expert_stage.h"
+#include "runtime/experts/paired_sparse.h"
+#include "runtime/experts/registry.h"
+#include "runtime/layers/moe_block.h"
+
+namespace moesq::runtime {
+
+namespace {
+
+// The paired 4:8 experts of one projection on the device.
+struct DeviceProjection {
+  DevBuf<uint8_t> w;          // [E, M_pad/16, K_pad/256, 1408] kernel layout
+  DevBuf<float> inv_gamma;    // [E] 1/γ_w
+  int64_t M_pad = 0;
+  size_t bytes() const { return w.bytes() + inv_gamma.bytes(); }
+
+  // The one place γ_w is inverted: the GEMM epilogue multiplies by 1/γ_w.
+  void upload(const moe::KernelWeights& k) {
+    w.upload(k.data);
+    std::vector<float> inv(k.gamma.size());
+    for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / k.gamma[e];
+    inv_gamma.upload(inv);
+    M_pad = k.M_pad;
+  }
+};
+
+class PairedSparseDeviceExperts final : public DeviceExperts {
+ public:
+  explicit PairedSparseDeviceExperts(bool act_quant) : quant_(act_quant) {}
+  DeviceProjection gu;    // M = 2I, K_pad = H_pad
+  DeviceProjection down;  // M = H, K_pad = I_pad
+
+  size_t bytes() const override { return gu.bytes() + down.bytes(); }
+
+  void run(const ExpertStage& s, cudaStream_t stream) const override {
+    const MoeBlockDims& dm = *s.dims;
+    const MoeBlockBuffers& b = *s.buffers;
+    const int E = static_cast<int>(dm.E), cap = static_cast<int>(s.T), max_tok = static_cast<int>(s.T);
+    const int64_t H = dm.H, I = dm.I, H_pad = dm.H_pad, I_pad = dm.I_pad;
+    const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
+    cuda::DispatchArgs d = stage_dispatch_args(s);
+    d.quantize = quant_, d.layout = cuda::sparse_gemm_act_layout(c1);
+    d.x_lo = quant_ ? s.x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
+    if (s.stages & kMoeDispatch) cuda::act_dispatch(d, stream);
+    cuda::SparseGemmArgs g;
+    g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.x = b.xd, g.x_layout = d.layout;
+    g.x_inv_scale = quant_ ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
+    g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
+    if (s.stages & kMoeGateUp) cuda::sparse_gemm(g, max_tok, stream, &c1);
+    const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(E, H, I_pad, max_tok);
+    cuda::SwigluQuantArgs sw = stage_swiglu_args(s);
+    sw.quantize = quant_, sw.layout = cuda::sparse_gemm_act_layout(c2);
+    if (s.stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
+    g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.x = b.ad, g.x_layout = sw.layout;
+    g.x_inv_scale = quant_ ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = down.M_pad;
+    g.K_pad = I_pad, g.ldy = H;
+    if (s.stages & kMoeDown) cuda::sparse_gemm(g, max_tok, stream, &c2);
+  }
+
+ private:
+  bool quant_;
+};
+
+class PairedSparseDevice final : public ExpertBackendDevice {
+ public:
+  explicit PairedSparseDevice(bool act_quant) : quant_(act_quant) {}
+
+  std::unique_ptr<DeviceExperts> upload(const HostExperts& host) const override {
+    const auto* h = dynamic_cast<const PairedSparseHostExperts*>(&host);
+    MOESQ_CHECK(h, "paired 4:8 expert backend: the host experts were loaded by another backend");
+    auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
+    out->gu.upload(h->gu);
+    out->down.upload(h->down);
+    return out;
+  }
+
+  std::unique_ptr<DeviceExperts> synthesize(const MoeBlockDims& d, const SeedFn& next_seed, float scale,
+                                            cudaStream_t stream) const override {
+    auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
+    auto draw = [&](DeviceProjection& p, int64_t M, int64_t K_pad) {
+      p.M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
+      const int64_t chunks = d.E * (p.M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
+      p.w.alloc(static_cast<size_t>(chunks) * moe::kChunkBytes);
+      ops::SynthSparseArgs a;
+      a.out = p.w.p, a.num_chunks = chunks, a.seed = next_seed();
+      ops::synth_sparse48_kl(a, stream);
+      // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ scale.
+      p.inv_gamma.upload(std::vector<float>(d.E, scale / (2.9f * 0.72f)));
+    };
+    draw(out->gu, 2 * d.I, d.H_pad);
+    draw(out->down, d.H, d.I_pad);
+    return out;
+  }
+
+ private:
+  bool quant_;
+};
+
+}  // namespace
+
+const ExpertBackendDevice& sparse_w4a4_device() {
+  static const PairedSparseDevice b(true);
+  return b;
+}
+
+const ExpertBackendDevice& sparse_w4a16_device() {
+  static const PairedSparseDevice b(false);
+  return b;
+}
+
+}  // namespace moesq::runtime

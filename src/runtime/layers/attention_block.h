@@ -1,0 +1,30 @@
+// The attention block of one decoder layer on the GPU, host side: which families it runs and one
+// layer's weights read through io's names. The block (attention_block_device.cuh) is
+// h += o_proj(attention(q/k norm + RoPE(q|k|v(rmsnorm(h))))), Qwen3-MoE's GQA attention.
+//
+// Non-obvious decision: q|k|v are fused into one [(nh + 2·nkv)·hd, H] projection (one GEMM, one
+// head-norm/RoPE pass).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+
+namespace moesq::runtime {
+
+// Why the attention block cannot run `spec`'s family ("" when it can): the family's token mixer must be
+// the built-in GQA attention (model/families.h) with a per-head q/k RMSNorm, no projection biases and
+// plain (not zero-centred) RMSNorm weights.
+std::string attention_block_refusal(const io::ModelSpec& spec);
+
+struct HostAttention {
+  std::vector<float> input_norm;  // [H]
+  std::vector<float> q_norm, k_norm;  // [hd]
+  std::vector<uint16_t> qkv;      // [(nh + 2·nkv)·hd, H] bf16: q rows, then k rows, then v rows
+  std::vector<uint16_t> o;        // [H, nh·hd] bf16
+};
+// Layer `layer`'s input norm and attention weights. Errors name the tensor and the directory.
+HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t layer);
+
+}  // namespace moesq::runtime

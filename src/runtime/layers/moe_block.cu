@@ -1,0 +1,105 @@
+// The routed-expert block of one MoE layer on the GPU (moe_block.h): the launch sequence the engine
+// runs per layer, the device layer (moe_block_device.cuh), and one layer of a checkpoint run alone
+// (MoeLayerGpu).
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.cuh"
+#include "core/cuda/device_scope.h"
+#include "core/error.h"
+#include "ops/moe_combine/moe_combine.h"
+#include "ops/router_topk/router_topk.h"
+#include "ops/synth_pack/synth_pack.h"
+#include "runtime/experts/registry.h"
+#include "runtime/layers/moe_block_device.cuh"
+#include "runtime/weights.h"
+
+namespace moesq::runtime {
+
+void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
+  MOESQ_CHECK(host.experts, "moe layer: no host experts to upload");
+  router.upload(host.router);
+  experts = expert_backend_device(backend).upload(*host.experts);
+}
+
+void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
+                                cudaStream_t stream) {
+  router.alloc(d.E * d.H);
+  ops::SynthBf16Args a;
+  a.out = router.p, a.n = d.E * d.H, a.seed = next_seed(), a.scale = scale;
+  ops::synth_bf16(a, stream);
+  experts = expert_backend_device(backend).synthesize(d, next_seed, scale, stream);
+}
+
+void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
+               unsigned stages) {
+  if (T == 0) return;
+  ops::GemmBf16Args g;
+  g.x = x, g.x_lo = x_lo, g.w = w.router.p, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
+  g.K = dm.H, g.ldy = dm.E;
+  if (stages & kMoeRouterGemm) {
+    if (router_linear)
+      router_linear(g);
+    else
+      ops::gemm_bf16(g, stream);
+  }
+  ops::RouterTopkArgs rt;
+  rt.logits = b.router_logits, rt.topk_ids = b.topk_ids, rt.topk_w = b.topk_w, rt.T = T;
+  rt.num_experts = static_cast<int>(dm.E), rt.topk = static_cast<int>(dm.top_k), rt.norm_topk_prob = dm.norm_topk_prob;
+  if (stages & kMoeTopk) ops::router_topk(rt, stream);
+  ExpertStage s;
+  s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages;
+  w.experts->run(s, stream);
+  ops::MoeCombineArgs mc;
+  mc.y = b.ybuf, mc.topk_ids = b.topk_ids, mc.topk_w = b.topk_w, mc.slot_of_route = b.slot_of_route;
+  mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
+  mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
+  if (stages & kMoeCombine) ops::moe_combine(mc, stream);
+}
+
+// ---- one layer alone ------------------------------------------------------------------------
+
+struct MoeLayerGpu::Impl {
+  int device = 0;
+  MoeBlockDims dims;
+  DeviceMoeLayer w;
+};
+
+MoeLayerGpu::MoeLayerGpu(const HostMoeLayer& host, int device) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.device = device;
+  m.dims = moe_block_dims(host.spec);
+  const DeviceScope scope(device);
+  m.w.upload(host.weights, host.backend);
+}
+
+MoeLayerGpu::~MoeLayerGpu() {
+  if (!impl_) return;
+  int prev = -1;
+  const bool switch_device = cudaGetDevice(&prev) == cudaSuccess && prev != impl_->device;
+  if (switch_device) cudaSetDevice(impl_->device);
+  impl_->w = DeviceMoeLayer{};  // cudaFree: synchronizes, so no forward in flight still reads the weights
+  if (switch_device) cudaSetDevice(prev);
+}
+
+const MoeBlockDims& MoeLayerGpu::dims() const { return impl_->dims; }
+int MoeLayerGpu::device() const { return impl_->device; }
+size_t MoeLayerGpu::weight_bytes() const { return impl_->w.bytes(); }
+
+void MoeLayerGpu::forward(const uint16_t* x, const uint16_t* x_lo, int64_t T, float* h, bool accumulate,
+                          int32_t* topk_ids, float* topk_w, cudaStream_t stream) const {
+  const Impl& m = *impl_;
+  const MoeBlockDims& d = m.dims;
+  MOESQ_CHECK(T >= 0 && T <= (int64_t(1) << 20), "MoeLayerGpu: T=", T, " outside [0, 2^20]");
+  if (T == 0) return;
+  MOESQ_CHECK(x && h, "MoeLayerGpu: x and h are required");
+  const DeviceScope scope(m.device);
+  if (!accumulate) MOESQ_CUDA_CHECK(cudaMemsetAsync(h, 0, sizeof(float) * T * d.H, stream));
+  const StreamScratch s(moe_workspace_bytes(d, T), stream);
+  MoeBlockBuffers b = carve_moe_workspace(s.get(), d, T);
+  if (topk_ids) b.topk_ids = topk_ids;  // the routes land straight in the caller's tensors
+  if (topk_w) b.topk_w = topk_w;
+  moe_block(d, m.w, b, x, x_lo, h, T, stream);
+}
+
+}  // namespace moesq::runtime

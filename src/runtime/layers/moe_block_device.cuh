@@ -1,0 +1,24 @@
+// One MoE layer's router and routed experts on the device (moe_block.h): the engine's per-layer MoE
+// weights and runtime::MoeLayerGpu's, uploaded from a HostMoe or drawn synthetically, one type for both.
+#pragma once
+#include <memory>
+
+#include "core/cuda/dev_buf.cuh"
+#include "runtime/layers/moe_block.h"
+
+namespace moesq::runtime {
+
+struct DeviceMoeLayer {
+  DevBuf<uint16_t> router;                 // [E, H] bf16
+  std::unique_ptr<DeviceExperts> experts;  // of the backend that uploaded them
+
+  // Uploads `host` (loaded for `backend`) synchronously to the current device.
+  void upload(const HostMoe& host, ExpertBackend backend);
+  // The router (bf16 noise of std ≈ scale) and `backend`'s experts of d's shapes drawn on the current
+  // device on `stream`, one seed per tensor from next_seed (router first).
+  void synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
+                  cudaStream_t stream);
+  size_t bytes() const { return router.bytes() + (experts ? experts->bytes() : 0); }
+};
+
+}  // namespace moesq::runtime
