@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::model {
 
@@ -19,7 +19,7 @@ class KvDecoder {
  public:
   // fo: how the layers run (act quant; fo.threads inside each step's expert pass; RoPE rounding).
   // Error naming the layer when a layer's mixer has no decode path.
-  KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo);
+  KvDecoder(const DecoderModel& m, int64_t max_len, const ForwardOptions& fo);
   // Appends `token` at the next position and returns the logits for the following token, [V].
   std::vector<float> step(int32_t token);
   int64_t position() const { return pos_; }
@@ -28,7 +28,7 @@ class KvDecoder {
   // h [1, H] += ffn(post_attention_layernorm(h)) of layer l (routed experts or the dense MLP).
   void ffn_step(int64_t l, std::vector<float>& h) const;
 
-  const Qwen3Moe& m_;
+  const DecoderModel& m_;
   ForwardOptions fo_;
   int64_t max_len_, pos_ = 0;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [L][max_len, nkv·hd] (built-in attention layers)

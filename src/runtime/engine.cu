@@ -15,7 +15,8 @@
 
 #include "core/error.h"
 #include "core/cuda/check.cuh"
-#include "model/ops.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 #include "ops/attention/attention.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/qk_rope/qk_rope.h"
