@@ -392,7 +392,7 @@ class Loader : public ::testing::Test {
             w.add_f32(pre + ".weight_global_scale", {1}, {t.global_scale});
             moesq::format::nvfp4_dequantize(t, dq.data());
           }
-          if (l == 0 && e == 1 && std::string(pr.name) == "gate_proj") expected = dq;
+          if (l == 0 && e == 1 && pr.proj == ExpertProj::Gate) expected = dq;
         }
       }
     }
