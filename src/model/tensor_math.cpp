@@ -1,3 +1,5 @@
+// Row operations of the CPU forward (see the header): linear as one OpenBLAS sgemm with its plain-loop
+// twin, RMSNorm rows, bias rows and the next-token NLL.
 #include "model/tensor_math.h"
 
 #include <cblas.h>
