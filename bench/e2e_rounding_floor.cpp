@@ -3,7 +3,7 @@
 // dot products and exactly one (or a named set) of the GPU engine's roundings applied: K/V cache
 // (kv), q/k/v projection outputs (qkv_out), attention output (attn_out), expert input (xin; xin_hilo:
 // the hi + lo pair), gate/up outputs (gu), SwiGLU output (act), expert output (down), router input
-// (routerx); `aq` adds the W4A4 NVFP4 activation quantizer. Diffs vs Qwen3Moe::window_nll (fp32
+// (routerx); `aq` adds the W4A4 NVFP4 activation quantizer. Diffs vs DecoderModel::window_nll (fp32
 // OpenBLAS), the same four windows as tests/gpu/test_engine.cu. Slow (plain loops): minutes.
 #include <cmath>
 #include <cstdio>
@@ -16,9 +16,10 @@
 #include "core/swiglu.h"
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
-#include "model/ops.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 #include "support/text_tokens.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 using namespace moesq;
 enum { KV = 1, XIN = 2, GU = 4, ACT = 8, DOWN = 16, XINHL = 32, QB=64, ATTNO=128, ROUTERX=256 };
 static void rb(float* x, int64_t n) { for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]); }
@@ -28,7 +29,7 @@ static void lin(const float* x, int64_t M, int64_t K, const float* W, int64_t N,
 }
 using moesq::test::text_tokens;
 double nll_of(const std::vector<float>& z, int64_t V, const std::vector<int32_t>& tok) { return model::next_token_nll(z.data(), tok, V); }
-std::vector<float> fwd(const model::Qwen3Moe& m, const std::vector<int32_t>& tok, int flags, bool aq) {
+std::vector<float> fwd(const model::DecoderModel& m, const std::vector<int32_t>& tok, int flags, bool aq) {
   const auto& s = m.spec();
   const int64_t T = tok.size(), H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts, I = s.moe_intermediate_size, K = s.top_k;
   std::vector<float> h = m.embed(tok);
@@ -78,7 +79,7 @@ std::vector<float> fwd(const model::Qwen3Moe& m, const std::vector<int32_t>& tok
 }
 int main(int argc, char** argv) {
   if (argc < 2) { std::fprintf(stderr, "usage: e2e_rounding_floor CKPT [aq]\n"); return 2; }
-  io::Checkpoint ck(argv[1]); model::Qwen3Moe m(ck); bool aq = argc > 2 && std::string(argv[2]) == "aq";
+  io::Checkpoint ck(argv[1]); model::DecoderModel m(ck); bool aq = argc > 2 && std::string(argv[2]) == "aq";
   model::ForwardOptions fo = m.default_forward_options(); fo.act_quant = aq; fo.act_block = 32; fo.threads = 1;
   std::vector<std::vector<int32_t>> w; for (int i = 0; i < 4; ++i) w.push_back(text_tokens(100 + 20*i, 40+i));
   std::vector<double> base; for (auto& t : w) { int64_t p; base.push_back(m.window_nll(t, fo, &p)); }

@@ -26,7 +26,7 @@
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "io/tensor_names.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 #include "ops/act_dispatch/act_dispatch.h"
 #include "ops/common/act_batch.h"
 #include "ops/sparse_gemm/sparse_gemm.h"
@@ -46,7 +46,7 @@ namespace {
 // A loaded checkpoint: the CPU model (immutable) and its directory.
 struct Model {
   std::string dir;
-  std::shared_ptr<const model::Qwen3Moe> m;
+  std::shared_ptr<const model::DecoderModel> m;
   const io::ModelSpec& spec() const { return m->spec(); }
 };
 
@@ -188,7 +188,7 @@ PYBIND11_MODULE(moesq, m) {
                ", device=" + t.device_str() + ")";
       });
 
-  pyb::class_<Model>(m, "Model", "A checkpoint loaded for the CPU forward (model::Qwen3Moe, immutable)")
+  pyb::class_<Model>(m, "Model", "A checkpoint loaded for the CPU forward (model::DecoderModel, immutable)")
       .def_readonly("dir", &Model::dir)
       .def_property_readonly("config", [](const Model& md) {
         const io::ModelSpec& s = md.spec();
@@ -293,7 +293,7 @@ PYBIND11_MODULE(moesq, m) {
         md.dir = dir;
         pyb::gil_scoped_release nogil;
         const io::Checkpoint ck(dir);
-        md.m = std::make_shared<const model::Qwen3Moe>(ck, model::LoadOptions{.allow_mixed = allow_mixed});
+        md.m = std::make_shared<const model::DecoderModel>(ck, model::LoadOptions{.allow_mixed = allow_mixed});
         return md;
       },
       pyb::arg("dir"), pyb::arg("allow_mixed") = false,

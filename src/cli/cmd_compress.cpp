@@ -22,7 +22,7 @@
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "io/export_checkpoint.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::cli {
 
@@ -95,7 +95,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
                   io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,
               "checkpoint ", args->dir,
               " is already quantized (config.json has quantization_config); compress the original");
-  model::Qwen3Moe m(ckpt);
+  model::DecoderModel m(ckpt);
   const compress::CalibSet calib = args->flags.calibration(m, args->dir);
   std::optional<compress::WorkDir> work;
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);

@@ -22,7 +22,7 @@
 #include "core/threads.h"
 #include "io/checkpoint.h"
 #include "model/eval.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace fs = std::filesystem;
 
@@ -42,7 +42,7 @@ struct DemoArgs {
 };
 
 // Mean nats per predicted token over token windows (reduced in window order).
-double nll_windows(const model::Qwen3Moe& m, const std::vector<std::vector<int32_t>>& windows) {
+double nll_windows(const model::DecoderModel& m, const std::vector<std::vector<int32_t>>& windows) {
   std::vector<int64_t> cnt;
   const std::vector<double> sum = model::window_nll_sums(m, windows, m.default_forward_options(), 0, &cnt);
   double s = 0;
@@ -72,7 +72,7 @@ void run_demo(DemoArgs& a) {
     for (const auto& name : a.methods)  // each method's checkpoint must be replaceable (AtomicDir rules)
       AtomicDir probe((out / name).string(), "--out", "report.json", {a.model});
   io::Checkpoint ckpt(a.model);
-  model::Qwen3Moe ref(ckpt);
+  model::DecoderModel ref(ckpt);
   progress("demo", "data-free calibration: sampling " + std::to_string(a.flags.calib_samples) + " x " +
                        std::to_string(a.flags.seq_len) + " tokens from " + a.model);
   const compress::CalibSet calib = a.flags.calibration(ref, a.model);
@@ -102,13 +102,13 @@ void run_demo(DemoArgs& a) {
   for (size_t i = 0; i < opts.size(); ++i) {
     const std::string name = compress::method_name(opts[i].method);
     progress("demo", "method " + name);
-    model::Qwen3Moe m(ckpt);
+    model::DecoderModel m(ckpt);
     const compress::CompressResult r = compress::compress_model(m, calib, opts[i]);
     fs::create_directories(out);
     const std::string dir = (out / name).string();
     const compress::ExportSummary s = compress::write_compressed(ckpt, r, opts[i], calib, dir, {{"source", a.model}},
                                                                      /*plot=*/false);
-    const model::Qwen3Moe q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed (its default)
+    const model::DecoderModel q{io::Checkpoint(dir)};  // what was written, W4A4 as deployed (its default)
     Row row{name, s.bits_per_expert_weight, nll_windows(q, windows), r.seconds,
             s.report["mean_rel_error"].is_number() ? s.report["mean_rel_error"].get<double>() : 0.0};
     rows.push_back(row);

@@ -27,7 +27,7 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/kv_decoder.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 #include "runtime/backend.h"
 #include "runtime/decode_backend.h"
 #include "runtime/generator.h"
@@ -128,7 +128,7 @@ void run_generate(const GenerateArgs& a) {
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
-    const model::Qwen3Moe m(ckpt);
+    const model::DecoderModel m(ckpt);
     // A config without max_position_embeddings bounds nothing: a huge --max-new-tokens ended in
     // "internal error: std::bad_alloc" here (the cache is allocated for `total` tokens up front).
     // Checked against the machine's memory before allocating: under a sanitizer (and with overcommit

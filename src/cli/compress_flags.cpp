@@ -111,7 +111,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   return o;
 }
 
-compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m, const std::string& dir) const {
+compress::CalibSet CompressFlags::calibration(const model::DecoderModel& m, const std::string& dir) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
   const io::TextSplit split = io::parse_split(calib_split, "--calib-split");

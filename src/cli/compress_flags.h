@@ -38,7 +38,7 @@ struct CompressFlags {
   compress::CompressOptions options(const std::string& method) const;
   // --calib files (text through the tokenizer of checkpoint `dir`, io::text_tokenizer_for) or, without
   // --calib, sequences sampled from `m`.
-  compress::CalibSet calibration(const model::Qwen3Moe& m, const std::string& dir) const;
+  compress::CalibSet calibration(const model::DecoderModel& m, const std::string& dir) const;
 };
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files = true);

@@ -52,7 +52,7 @@ CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_s
   return set;
 }
 
-CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed) {
+CalibSet calib_from_model(const model::DecoderModel& m, int64_t num_samples, int64_t seq_len, uint64_t seed) {
   MOESQ_CHECK(num_samples > 0, "--calib-samples must be positive (got ", num_samples, ")");
   MOESQ_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
   // Checked before anything is allocated (10^11 samples was an uncaught std::bad_alloc); the bound

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "io/tokens.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::compress {
 
@@ -27,6 +27,6 @@ CalibSet calib_from_files(const std::vector<std::string>& files, int64_t vocab_s
 // uniform over the vocabulary), deterministically from `seed` (whatever the thread count). Uses the
 // incremental decoder; sequences are sampled in parallel, each forward single-threaded. Errors name
 // --calib-samples / --seq-len when num_samples x seq_len exceeds 2^31 tokens.
-CalibSet calib_from_model(const model::Qwen3Moe& m, int64_t num_samples, int64_t seq_len, uint64_t seed);
+CalibSet calib_from_model(const model::DecoderModel& m, int64_t num_samples, int64_t seq_len, uint64_t seed);
 
 }  // namespace moesq::compress

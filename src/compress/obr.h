@@ -28,7 +28,7 @@
 #include "compress/packed_expert.h"
 #include "compress/sgptq.h"
 #include "format/nvfp4.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::compress {
 

@@ -195,7 +195,7 @@ struct CalibStates {
   int64_t n_total() const { return offset.back(); }
 };
 
-CalibStates embed_calibration(const model::Qwen3Moe& m, const CalibSet& calib) {
+CalibStates embed_calibration(const model::DecoderModel& m, const CalibSet& calib) {
   const size_t S = calib.sequences.size();
   CalibStates st;
   st.h.resize(S);
@@ -209,7 +209,7 @@ CalibStates embed_calibration(const model::Qwen3Moe& m, const CalibSet& calib) {
 
 // Attention of layer l on every sequence (states updated in place), then the MoE inputs of all rows,
 // X [n_total, H]. Parallel over sequences, each forward single-threaded inside.
-std::vector<float> layer_moe_inputs(const model::Qwen3Moe& m, int64_t l, CalibStates& st, int threads) {
+std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, CalibStates& st, int threads) {
   const int64_t H = m.spec().hidden_size, S = static_cast<int64_t>(st.h.size());
   model::ForwardOptions per_task;
   per_task.threads = 1;
@@ -276,7 +276,7 @@ void install_packed(model::ExpertWeights& w, const PackedExpert& pe) {
 
 // Every rank's share of layer l, exchanged (one allgather) and placed in expert order; the experts
 // of the other ranks are installed here. Errors name the rank whose share is wrong.
-std::vector<ExpertResult> exchange_layer(model::Qwen3Moe& m, int64_t l, std::vector<ExpertResult> own,
+std::vector<ExpertResult> exchange_layer(model::DecoderModel& m, int64_t l, std::vector<ExpertResult> own,
                                          dist::Communicator& comm) {
   const int64_t E = m.spec().num_experts;
   LayerRecord share;
@@ -323,7 +323,7 @@ void place_layer(int64_t l, std::vector<ExpertResult> layer, CompressResult& res
 // The experts of layer l this rank owns (dist::experts_of_rank; all of them on one rank), in
 // parallel, each single-threaded inside (BLAS included); then the ranks exchange their shares.
 // Returns the whole layer in expert order, every expert installed in `m`.
-std::vector<ExpertResult> compress_layer(model::Qwen3Moe& m, int64_t l, const std::vector<ExpertCalib>& cal,
+std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, const std::vector<ExpertCalib>& cal,
                                          const CompressOptions& opt, int act_block, dist::Communicator& comm) {
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size, I = spec.moe_intermediate_size;
@@ -358,7 +358,7 @@ std::vector<ExpertResult> compress_layer(model::Qwen3Moe& m, int64_t l, const st
 
 // A committed layer (--resume): rank 0 reads it from the work dir, every rank gets it (broadcast)
 // and installs its experts.
-std::vector<ExpertResult> committed_layer(model::Qwen3Moe& m, int64_t l, const WorkDir* work,
+std::vector<ExpertResult> committed_layer(model::DecoderModel& m, int64_t l, const WorkDir* work,
                                           dist::Communicator& comm, std::string& next_inputs_sha256) {
   LayerRecord rec;
   if (comm.rank() == 0) rec = work->load(l);
@@ -390,7 +390,7 @@ std::string states_sha256(const CalibStates& st) {
 
 }  // namespace
 
-CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt,
+CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, const CompressOptions& opt,
                               const RunContext& run) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(opt);

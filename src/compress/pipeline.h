@@ -19,7 +19,7 @@
 #include "compress/packed_expert.h"
 #include "compress/refine/options.h"
 #include "compress/sgptq.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::dist {
 class Communicator;
@@ -95,7 +95,7 @@ void validate(const CompressOptions& opt);
 // with the same model, calibration and options, and every rank returns the whole result.
 // Resumed layers are installed from their records and the next layer's inputs recomputed through
 // them; their SHA-256 must equal the committed one (Error otherwise: the run is not reproducible).
-CompressResult compress_model(model::Qwen3Moe& m, const CalibSet& calib, const CompressOptions& opt,
+CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, const CompressOptions& opt,
                               const RunContext& run = {});
 
 }  // namespace moesq::compress

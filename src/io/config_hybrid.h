@@ -30,7 +30,7 @@ struct HybridRopeSpec {
   double attention_factor = 1.0;  // cos/sin multiplier: YaRN's 0.1·ln(s) + 1 unless the config gives one
   // Round inv_freq to bf16 before use. Not a config key: it reproduces a transformers model that was
   // cast to bf16 and back (.to(bfloat16) … .float()), which rounds the non-persistent inv_freq buffer —
-  // how the fixtures' reference forwards were produced (model::FamilyLoadOptions; per call in DecoderModel: ForwardOptions::rope_bf16_inv_freq). Off = exact fp32.
+  // how the fixtures' reference forwards were produced (per call: model::ForwardOptions::rope_bf16_inv_freq). Off = exact fp32.
   bool inv_freq_bf16 = false;
 };
 

@@ -1,7 +1,7 @@
 // RoPE settings of a config.json: default RoPE or YaRN (arXiv:2309.00071), read from
 // `rope_parameters` (transformers >= 5, which also holds rope_theta) and/or `rope_scaling` (hub
 // configs), with transformers' defaults for the optional YaRN keys. Families whose forward
-// implements these (model/mixers/rope.h computes the tables) call parse_rope_config.
+// implements these (model/rope.h computes the tables) call parse_rope_config.
 #pragma once
 #include <cstdint>
 #include <string>

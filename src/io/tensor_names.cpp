@@ -155,14 +155,6 @@ std::string layer_tensor(int64_t layer, const std::string& rest) {
   return "model.layers." + std::to_string(layer) + "." + rest;
 }
 
-std::string expert_tensor_prefix(int64_t layer, int64_t expert, const char* proj) {
-  return layer_tensor(layer, "mlp.experts." + std::to_string(expert) + "." + proj);
-}
-
-std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj) {
-  return expert_tensor_prefix(layer, expert, kExpertProjNames[static_cast<int>(proj)]);
-}
-
 std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name) {
   ExpertTensorName t;
   size_t pos = 0;

@@ -78,9 +78,6 @@ const char* tensor_role_name(TensorRole r);  // "routed_expert", "router", ...
 
 // "model.layers.{layer}.{rest}", e.g. layer_tensor(0, "self_attn.q_proj.weight").
 std::string layer_tensor(int64_t layer, const std::string& rest);
-// Qwen3-MoE names: "model.layers.{layer}.mlp.experts.{expert}.{proj}" (append a suffix above).
-std::string expert_tensor_prefix(int64_t layer, int64_t expert, const char* proj);
-std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj);
 
 // "model.layers.{l}.{mlp|block_sparse_moe}.experts.{e}.{proj}.{suffix}" taken apart: proj is the text
 // up to the next '.', suffix everything after it. nullopt when the name does not have that form.

@@ -13,7 +13,7 @@
 // expert output bits depend on how many tokens share its expert; results agree to fp32 noise.
 #include "model/decoder.h"
 #include "model/mixers/attention.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 
 #include <cblas.h>
 
@@ -372,41 +372,46 @@ std::vector<float> DecoderModel::moe_block(int64_t l, const std::vector<float>& 
   return y;
 }
 
-std::vector<float> DecoderModel::logits(const std::vector<float>& h, int64_t T) const {
-  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
-  std::vector<float> x(T * H), z(T * V);
+Routes DecoderModel::layer_forward(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const {
+  attention_block(l, h, T, fo);
+  const std::vector<float> x = moe_input(l, h, T);
+  Routes r;
+  const std::vector<float> y = ffn_block(l, x, T, fo, &r);
+  for (int64_t i = 0; i < T * spec_.hidden_size; ++i) h[i] += y[i];
+  return r;
+}
+
+std::vector<float> DecoderModel::final_norm(const std::vector<float>& h, int64_t T) const {
+  const int64_t H = spec_.hidden_size;
+  MOESQ_CHECK(static_cast<int64_t>(h.size()) == T * H, "final_norm: h has ", h.size(), " values, expected T·H = ", T * H);
+  std::vector<float> x(T * H);
   rmsnorm_rows(h.data(), T, H, final_norm_.data(), spec_.rms_norm_eps, x.data());
-  linear(x.data(), T, H, lm_head_.data(), V, z.data());
+  return x;
+}
+
+std::vector<float> DecoderModel::logits(const std::vector<float>& h, int64_t T) const {
+  const int64_t V = spec_.vocab_size;
+  const std::vector<float> x = final_norm(h, T);
+  std::vector<float> z(T * V);
+  linear(x.data(), T, spec_.hidden_size, lm_head_.data(), V, z.data());
   return z;
 }
 
 std::vector<float> DecoderModel::forward(const std::vector<int32_t>& tokens, const ForwardOptions& fo,
                                      Trace* trace) const {
-  const int64_t T = static_cast<int64_t>(tokens.size()), H = spec_.hidden_size;
+  const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<float> h = embed(tokens);  // [T, H]
   if (trace) {
     *trace = Trace{};
     trace->hidden.push_back(h);
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
-    attention_block(l, h, T, fo);
-    const std::vector<float> x = moe_input(l, h, T);
-    Routes r;
-    const std::vector<float> y = ffn_block(l, x, T, fo, trace ? &r : nullptr);
-    if (trace) {  // a dense layer leaves empty entries
-      trace->router_logits.push_back(r.logits);
-      trace->routes.push_back(std::move(r));
-    }
-    for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
-    if (trace) {
-      if (l + 1 < spec_.num_layers) {
-        trace->hidden.push_back(h);
-      } else {  // HF's last hidden state is after the final norm
-        std::vector<float> hn(T * H);
-        rmsnorm_rows(h.data(), T, H, final_norm_.data(), spec_.rms_norm_eps, hn.data());
-        trace->hidden.push_back(std::move(hn));
-      }
-    }
+    Routes r = layer_forward(l, h, T, fo);
+    if (!trace) continue;
+    trace->router_logits.push_back(r.logits);  // a dense layer leaves empty entries
+    trace->routes.push_back(std::move(r));
+    // HF's last hidden state is after the final norm
+    trace->hidden.push_back(l + 1 < spec_.num_layers ? h : final_norm(h, T));
   }
   return logits(h, T);
 }

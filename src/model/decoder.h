@@ -144,6 +144,12 @@ class DecoderModel {
   // plus sigmoid(x · w_gate) ⊙ shared_expert(x) where the family has a shared expert (unquantized).
   std::vector<float> moe_block(int64_t l, const std::vector<float>& x, const Routes& r,
                                const ForwardOptions& fo) const;
+  // One whole decoder layer on h [T, H] in place: attention_block, then h += ffn_block(moe_input(h)).
+  // Returns the layer's routes (empty on a dense layer). What forward runs per layer; parity tests
+  // run it teacher-forced on a reference's layer input.
+  Routes layer_forward(int64_t l, std::vector<float>& h, int64_t T, const ForwardOptions& fo) const;
+  // The final RMSNorm: h [T, H] → [T, H] (transformers' last hidden state).
+  std::vector<float> final_norm(const std::vector<float>& h, int64_t T) const;
   // h [T, H] → logits [T, V] (applies the final norm).
   std::vector<float> logits(const std::vector<float>& h, int64_t T) const;
 

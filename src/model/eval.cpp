@@ -38,7 +38,7 @@ struct WindowJob {
 
 }  // namespace
 
-std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
+std::vector<double> window_nll_sums(const DecoderModel& model, const std::vector<std::vector<int32_t>>& windows,
                                     const ForwardOptions& fo, int threads_opt, std::vector<int64_t>* predicted) {
   // Forward single-threaded per window; windows in parallel.
   ForwardOptions one = fo;
@@ -81,7 +81,7 @@ void reduce_window_sums(EvalResult* res, const std::vector<size_t>& file_of, con
               " produced NaN/Inf logits");
 }
 
-ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant) {
+ForwardOptions resolve_forward_options(const DecoderModel& model, ActQuant act_quant) {
   ForwardOptions fo = model.default_forward_options();
   switch (act_quant) {
     case ActQuant::Auto: break;  // compressed → W4A4 (set by the loader), bf16 → none
@@ -91,7 +91,7 @@ ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant
   return fo;
 }
 
-EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
+EvalResult evaluate_model(const DecoderModel& model, const std::vector<std::string>& files,
                           const EvalOptions& opt) {
   MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
   MOESQ_CHECK(opt.seq_len >= 2, "--seq-len: ", opt.seq_len, " is too short (a window needs >= 2 tokens)");
@@ -138,7 +138,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::vector<std::st
                                const EvalOptions& opt) {
   progress("eval", "loading " + dir);
   const io::Checkpoint ckpt(dir);
-  const Qwen3Moe model(ckpt, LoadOptions{.allow_mixed = opt.allow_mixed});
+  const DecoderModel model(ckpt, LoadOptions{.allow_mixed = opt.allow_mixed});
   EvalOptions o = opt;
   if (!o.text_tokenizer) o.text_tokenizer = io::text_tokenizer_for(dir, files);
   EvalResult r = evaluate_model(model, files, o);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "io/tokens.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::model {
 
@@ -55,7 +55,7 @@ struct EvalResult {
 // Σ nll (nats) of each window and its predicted-token count, windows evaluated in parallel
 // (`threads`, 0 = all), each forward single-threaded (fo.threads is ignored); results in window
 // order, so any reduction of them in that order is independent of the thread count.
-std::vector<double> window_nll_sums(const Qwen3Moe& model, const std::vector<std::vector<int32_t>>& windows,
+std::vector<double> window_nll_sums(const DecoderModel& model, const std::vector<std::vector<int32_t>>& windows,
                                     const ForwardOptions& fo, int threads, std::vector<int64_t>* predicted);
 
 // Per-file and overall nats/token of `res` from per-window Σ nll `sum` and predicted-token `count`
@@ -68,10 +68,10 @@ void reduce_window_sums(EvalResult* res, const std::vector<size_t>& file_of, con
 // Forward options of an evaluation: Auto → the checkpoint's default (W4A4 if compressed), None →
 // no activation quantization, Nvfp4 → activation quantization with the checkpoint's block (32 on
 // a bf16 checkpoint).
-ForwardOptions resolve_forward_options(const Qwen3Moe& model, ActQuant act_quant);
+ForwardOptions resolve_forward_options(const DecoderModel& model, ActQuant act_quant);
 
 // Evaluates `model` with resolve_forward_options(model, opt.act_quant).
-EvalResult evaluate_model(const Qwen3Moe& model, const std::vector<std::string>& files,
+EvalResult evaluate_model(const DecoderModel& model, const std::vector<std::string>& files,
                           const EvalOptions& opt);
 
 // Loads the checkpoint in `dir` and evaluates it (evaluate_model).

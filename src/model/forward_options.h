@@ -13,7 +13,7 @@ struct ForwardOptions {
   // Threads inside one forward (experts, heads); 0 = moesq::num_threads(). Callers that parallelize
   // over windows or sequences pass 1.
   int threads = 0;
-  // RoPE inverse frequencies rounded to bf16 (model/ops.h rope_tables): reproduces transformers run on a
+  // RoPE inverse frequencies rounded to bf16 (model/rope.h rope_tables): reproduces transformers run on a
   // bf16 checkpoint loaded in bf16 and upcast with .float() — how the family fixtures' references were
   // made. Off = the fp32 frequencies of the model definition (and of the Qwen3-MoE reference).
   bool rope_bf16_inv_freq = false;

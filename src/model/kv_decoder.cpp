@@ -3,7 +3,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/ops.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 
 namespace moesq::model {
 
@@ -21,7 +22,7 @@ void matvec(const std::vector<float>& W, const float* x, float* y, int64_t rows,
 
 }  // namespace
 
-KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo)
+KvDecoder::KvDecoder(const DecoderModel& m, int64_t max_len, const ForwardOptions& fo)
     : m_(m), fo_(fo), max_len_(max_len) {
   const auto& s = m.spec();
   k_cache_.resize(static_cast<size_t>(s.num_layers));
@@ -40,7 +41,7 @@ KvDecoder::KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& f
   rope_tables(max_len, s.head_dim, s.rope_theta, cos_, sin_, fo.rope_bf16_inv_freq);
 }
 
-int64_t KvDecoder::cache_bytes(const Qwen3Moe& m, int64_t max_len) {
+int64_t KvDecoder::cache_bytes(const DecoderModel& m, int64_t max_len) {
   const auto& s = m.spec();
   __int128 bytes = state_bytes(2 * static_cast<__int128>(max_len) * (s.head_dim / 2));  // cos_, sin_
   for (int64_t l = 0; l < s.num_layers; ++l) {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace moesq::model {
 
@@ -19,13 +19,13 @@ class KvDecoder {
  public:
   // fo: how the layers run (act quant; fo.threads inside each step's expert pass; RoPE rounding).
   // Error naming the layer when a layer's mixer has no decode path.
-  KvDecoder(const Qwen3Moe& m, int64_t max_len, const ForwardOptions& fo);
+  KvDecoder(const DecoderModel& m, int64_t max_len, const ForwardOptions& fo);
   // Bytes a KvDecoder(m, max_len, ·) allocates for its decode state, at its largest over max_len
   // steps: the built-in attention layers' fp32 K/V caches [max_len, nkv·hd] ×2, each family mixer's
   // Mixer::decode_state_bytes (MLA latent cache, Gated DeltaNet conv + recurrent state, window-bounded
   // K/V caches) and the RoPE tables. For a memory check before constructing one. Error: a layer's
   // mixer has no decode path.
-  static int64_t cache_bytes(const Qwen3Moe& m, int64_t max_len);
+  static int64_t cache_bytes(const DecoderModel& m, int64_t max_len);
   // Appends `token` at the next position and returns the logits for the following token, [V].
   std::vector<float> step(int32_t token);
   int64_t position() const { return pos_; }
@@ -34,7 +34,7 @@ class KvDecoder {
   // h [1, H] += ffn(post_attention_layernorm(h)) of layer l (routed experts or the dense MLP).
   void ffn_step(int64_t l, std::vector<float>& h) const;
 
-  const Qwen3Moe& m_;
+  const DecoderModel& m_;
   ForwardOptions fo_;
   int64_t max_len_, pos_ = 0;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [L][max_len, nkv·hd] (built-in attention layers)

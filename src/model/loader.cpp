@@ -18,7 +18,7 @@
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 #include "model/decoder.h"
-#include "model/experts/experts.h"
+#include "model/fused_experts.h"
 #include "model/families.h"
 
 namespace moesq::model {

@@ -8,7 +8,7 @@
 #include "core/progress.h"
 #include "io/checkpoint.h"
 #include "io/tokens.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 #include "runtime/engine.h"
 #include "runtime/eval_cuda.h"
 

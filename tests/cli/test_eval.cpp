@@ -22,7 +22,7 @@
 #include "support/cli_run.h"
 #include "io/checkpoint.h"
 #include "io/tokens.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace fs = std::filesystem;
 
@@ -86,7 +86,7 @@ TEST_F(CliEval, JsonContractAndNumbersMatchTheLibrary) {
 
   // Recompute every file's mean with the library (windows of 128, tokens = bytes).
   const moesq::io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  const moesq::model::Qwen3Moe model(ckpt);
+  const moesq::model::DecoderModel model(ckpt);
   moesq::model::ForwardOptions fo = model.default_forward_options();
   fo.threads = 1;
   openblas_set_num_threads(1);  // as `moesq eval` runs each window

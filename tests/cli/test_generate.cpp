@@ -17,7 +17,7 @@
 
 #include "io/checkpoint.h"
 #include "model/kv_decoder.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 #include "support/cli_run.h"
 
 namespace fs = std::filesystem;
@@ -46,7 +46,7 @@ TEST(CliGenerate, GreedyMatchesDecoderLoop) {
   const std::vector<int32_t> ids = j.at("generated_ids").get<std::vector<int32_t>>();
   ASSERT_EQ(ids.size(), 12u);
   const moesq::io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  const moesq::model::Qwen3Moe m(ckpt);
+  const moesq::model::DecoderModel m(ckpt);
   moesq::model::KvDecoder dec(m, 64, m.default_forward_options());
   std::vector<float> z;
   for (unsigned char c : std::string("the expert ")) z = dec.step(c);

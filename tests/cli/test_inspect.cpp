@@ -2,8 +2,9 @@
 // here independently — config.json read with nlohmann, safetensors headers parsed by a few lines of
 // code below (not src/io), the parameter total against the total_parameters transformers wrote in
 // the index — on the embedded model and on a small synthetic compressed checkpoint (logical
-// parameter counts, bits per expert weight measured from bytes). A bad directory must exit non-zero
-// with a message naming it.
+// parameter counts, bits per expert weight measured from bytes), and the per-projection section of
+// every family fixture (the family's own projection names). A bad directory must exit non-zero with
+// a message naming it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,8 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -136,6 +140,65 @@ TEST(CliInspect, EmbeddedModelJson) {
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out.find("qwen3_moe"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find(std::to_string(total)), std::string::npos) << text.out;
+}
+
+// Every family fixture (tests/fixtures/families/tiny-*, and the embedded tiny Qwen3-MoE) lists its
+// routed-expert projections under the family's own names — Mixtral's w1 / w3 / w2 under
+// block_sparse_moe, gate_proj / up_proj / down_proj elsewhere, gpt-oss's fused gate_up_proj split in
+// two — with count and bytes recounted here from the safetensors headers.
+TEST(CliInspect, EveryFamilyFixtureListsItsExpertProjections) {
+  std::vector<fs::path> dirs = {fs::path(MOESQ_DEFAULT_MODEL)};
+  for (const auto& e : fs::directory_iterator(fs::path(MOESQ_FIXTURES) / "families")) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("tiny-", 0) == 0 && !name.ends_with("-reference")) dirs.push_back(e.path());
+  }
+  ASSERT_GE(dirs.size(), 8u) << "family fixtures missing under " << MOESQ_FIXTURES;
+  for (const fs::path& dir : dirs) {
+    const RunResult r = run_moesq("inspect '" + dir.string() + "' --json");
+    ASSERT_EQ(r.rc, 0) << dir << ": " << r.err;
+    const json got = json::parse(r.out);
+    const json cfg = json::parse(std::ifstream(dir / "config.json"));
+    const bool mixtral = cfg["model_type"] == "mixtral";
+    const std::set<std::string> want_names =
+        mixtral ? std::set<std::string>{"w1", "w2", "w3"} : std::set<std::string>{"down_proj", "gate_proj", "up_proj"};
+    // Independent count: "….experts.{e}.{proj}.weight" per expert, or the fused [E, ·, ·] weights.
+    std::map<std::string, std::pair<int64_t, int64_t>> want;  // proj → (projections, bytes)
+    for (const auto& [name, info] : read_headers(dir)) {
+      const int64_t bytes = info["data_offsets"][1].get<int64_t>() - info["data_offsets"][0].get<int64_t>();
+      const size_t at = name.find(".experts.");
+      if (at == std::string::npos || name.ends_with("_bias") || name.ends_with(".bias")) continue;
+      const std::string rest = name.substr(at + 9);
+      if (rest == "gate_up_proj" || rest == "down_proj") {  // fused: [E, H, 2I] or [E, I, H]
+        const int64_t E = info["shape"][0].get<int64_t>();
+        for (const char* p : rest == "down_proj" ? std::vector<const char*>{"down_proj"}
+                                                 : std::vector<const char*>{"gate_proj", "up_proj"}) {
+          want[p].first += E;
+          want[p].second += rest == "down_proj" ? bytes : bytes / 2;
+        }
+        continue;
+      }
+      const size_t dot = rest.find('.');
+      if (dot == std::string::npos || rest.substr(rest.find('.', dot + 1) + 1) != "weight") continue;
+      const std::string proj = rest.substr(dot + 1, rest.find('.', dot + 1) - dot - 1);
+      ++want[proj].first;
+      want[proj].second += bytes;
+    }
+    const json& p = got["projections"];
+    ASSERT_EQ(p.size(), 3u) << dir << ": " << p.dump();
+    const int64_t per_projection = got["moe_layers"].get<int64_t>() * got["experts"].get<int64_t>();
+    const int64_t H = got["hidden_size"].get<int64_t>(), I = got["moe_intermediate_size"].get<int64_t>();
+    for (const std::string& name : want_names) {
+      ASSERT_TRUE(p.contains(name)) << dir << ": no " << name << " in " << p.dump();
+      const json& v = p[name];
+      EXPECT_EQ(v["count"].get<int64_t>(), per_projection) << dir << " " << name;
+      EXPECT_EQ(v["count"].get<int64_t>(), want[name].first) << dir << " " << name;
+      EXPECT_EQ(v["bytes"].get<int64_t>(), want[name].second) << dir << " " << name;
+      const bool down = name == "down_proj" || name == "w2";
+      EXPECT_EQ(v["shape"], json::array({down ? H : I, down ? I : H})) << dir << " " << name;
+      EXPECT_EQ(v["storage"], json({{"bf16", per_projection}})) << dir << " " << name;
+      EXPECT_NEAR(v["bits_per_weight"].get<double>(), 16.0, 16.0 * kRatioRtol) << dir << " " << name;
+    }
+  }
 }
 
 TEST(CliInspect, CompressedCheckpointCountsLogicalWeights) {

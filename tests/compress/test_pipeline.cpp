@@ -9,7 +9,7 @@
 #include "compress/calib.h"
 #include "core/error.h"
 #include "compress/pipeline.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace {
 
@@ -34,8 +34,8 @@ void fill(std::vector<float>& v, std::mt19937& rng, float sd, float mean = 0.0f)
   for (auto& x : v) x = nd(rng);
 }
 
-moesq::model::Qwen3Moe random_model(uint32_t seed) {
-  moesq::model::Qwen3Moe m(small_spec());
+moesq::model::DecoderModel random_model(uint32_t seed) {
+  moesq::model::DecoderModel m(small_spec());
   std::mt19937 rng(seed);
   fill(m.lm_head_weight(), rng, 0.1f);
   for (auto& x : m.final_norm_weight()) x = 1.0f;
@@ -69,7 +69,7 @@ moesq::compress::CalibSet calib(int64_t S, int64_t T, uint32_t seed) {
 }
 
 TEST(CompressPipeline, CountsFallbacksAndInstallsExperts) {
-  moesq::model::Qwen3Moe m = random_model(1);
+  moesq::model::DecoderModel m = random_model(1);
   const auto before = m.layer(0).experts[0].gate;
   moesq::compress::CompressOptions opt;
   opt.method = moesq::compress::Method::Sgptq;
@@ -107,7 +107,7 @@ TEST(CompressPipeline, SgptqBeatsMagnitudeOnExpertOutputs) {
   double err[2] = {0, 0};
   const moesq::compress::Method methods[2] = {moesq::compress::Method::Magnitude, moesq::compress::Method::Sgptq};
   for (int i = 0; i < 2; ++i) {
-    moesq::model::Qwen3Moe m = random_model(3);
+    moesq::model::DecoderModel m = random_model(3);
     moesq::compress::CompressOptions opt;
     opt.method = methods[i];
     const auto r = moesq::compress::compress_model(m, calib(8, 32, 4), opt);
@@ -122,7 +122,7 @@ TEST(CompressPipeline, SgptqBeatsMagnitudeOnExpertOutputs) {
 // calibration set holds a token outside the vocabulary, which the first step (embedding, before
 // layer-0 routing) would reject. Before typed options it surfaced inside an expert worker, after routing.
 TEST(CompressPipeline, BadOptionFailsBeforeAnyWork) {
-  moesq::model::Qwen3Moe m = random_model(5);
+  moesq::model::DecoderModel m = random_model(5);
   moesq::compress::CalibSet c = calib(2, 8, 6);
   c.sequences[0][0] = 1000;  // outside the vocabulary of 64
   moesq::compress::CompressOptions opt;

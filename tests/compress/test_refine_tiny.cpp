@@ -20,7 +20,7 @@
 #include "format/nvfp4.h"
 #include "io/checkpoint.h"
 #include "io/tokens.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 using namespace moesq;
 
@@ -42,7 +42,7 @@ struct ExpertRows {
 };
 
 // Routed rows of layer 0 for the text of `path` in windows of 128 byte tokens.
-std::vector<ExpertRows> layer0_rows(const model::Qwen3Moe& m, const std::string& path) {
+std::vector<ExpertRows> layer0_rows(const model::DecoderModel& m, const std::string& path) {
   const auto& spec = m.spec();
   const int64_t H = spec.hidden_size;
   std::vector<ExpertRows> rows(spec.num_experts);
@@ -76,7 +76,7 @@ float amax(const std::vector<float>& w) {
 
 TEST(RefineTiny, BeatsSgptqOnHeldOutTextLayer0) {
   io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  model::Qwen3Moe m(ckpt);
+  model::DecoderModel m(ckpt);
   const int64_t H = m.spec().hidden_size, I = m.spec().moe_intermediate_size;
   const auto calib = layer0_rows(m, kRepo + "/docs/FORMAT.md");
   const auto test = layer0_rows(m, kRepo + "/docs/KERNEL_LAYOUT.md");

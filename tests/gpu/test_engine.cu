@@ -19,8 +19,8 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
-#include "model/ops.h"
-#include "model/qwen3_moe.h"
+#include "model/tensor_math.h"
+#include "model/decoder.h"
 #include "runtime/engine.h"
 #include "runtime/engine_backend.h"
 #include "runtime/generator.h"
@@ -56,7 +56,7 @@ std::string compressed() {
 
 using moesq::test::text_tokens;
 
-// As Qwen3Moe::window_nll: the mean next-token nll of logits [T, V].
+// As DecoderModel::window_nll: the mean next-token nll of logits [T, V].
 double nll(const float* logits, int64_t V, const std::vector<int32_t>& tokens) {
   return model::next_token_nll(logits, tokens, V);
 }
@@ -64,7 +64,7 @@ double nll(const float* logits, int64_t V, const std::vector<int32_t>& tokens) {
 // Per-window nats of the engine (all windows in ONE batched prefill) vs the CPU forward.
 void check_eval(const std::string& dir, runtime::ExpertBackend backend, bool cpu_act_quant, double tol) {
   const io::Checkpoint ckpt(dir);
-  const model::Qwen3Moe cpu(ckpt);
+  const model::DecoderModel cpu(ckpt);
   model::ForwardOptions fo = cpu.default_forward_options();
   fo.act_quant = cpu_act_quant;
   if (cpu_act_quant && fo.act_block == 0) fo.act_block = 32;

@@ -46,6 +46,13 @@ void write_checkpoint(const fs::path& dir, int64_t layers, int64_t experts, bool
   w.write((dir / "model.safetensors").string());
 }
 
+// The embedded model's names (qwen3_moe): "model.layers.{l}.mlp.experts.{e}.{proj}".
+std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj) {
+  ModelSpec qwen;
+  qwen.model_type = "qwen3_moe";
+  return moesq::io::expert_tensor_prefix(qwen, layer, expert, proj);
+}
+
 }  // namespace
 
 TEST(ExpertCensus, AConfigClaimingBillionsOfExpertsCostsNothing) {

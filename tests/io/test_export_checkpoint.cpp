@@ -162,7 +162,7 @@ TEST_F(ExportCheckpoint, Int4PackQuantizedDequantizesToBf16Products) {
 // refused naming the scale tensor (both reached the dequantized weights before; fuzz_compressed).
 TEST_F(ExportCheckpoint, Int4ScaleThatIsNanOrOverflowsIsRefusedNamingTheTensor) {
   const ModelSpec& s = src_.spec();
-  const std::string bad = expert_tensor_prefix(0, 1, ExpertProj::Up);
+  const std::string bad = expert_tensor_prefix(s, 0, 1, ExpertProj::Up);
   for (uint16_t code : {uint16_t{0x7fc0}, uint16_t{0x7f7f}}) {  // NaN; 3.39e38 (the largest finite bf16)
     const fs::path dir = tmp_.path / ("int4-" + std::to_string(code));
     test::write_int4_checkpoint(src_, dir.string(), 32, [&](const std::string& prefix, std::vector<uint16_t>& scale) {
@@ -170,7 +170,7 @@ TEST_F(ExportCheckpoint, Int4ScaleThatIsNanOrOverflowsIsRefusedNamingTheTensor) 
     });
     const Checkpoint ck(dir.string());
     const QuantizationConfig q = read_quantization_config(ck);
-    (void)read_expert_weight_f32(ck, q, expert_tensor_prefix(0, 1, ExpertProj::Gate), s.moe_intermediate_size,
+    (void)read_expert_weight_f32(ck, q, expert_tensor_prefix(s, 0, 1, ExpertProj::Gate), s.moe_intermediate_size,
                                  s.hidden_size);  // an untouched projection still reads
     try {
       read_expert_weight_f32(ck, q, bad, s.moe_intermediate_size, s.hidden_size);

@@ -8,21 +8,40 @@ namespace {
 
 using namespace moesq::io;
 
+ModelSpec family(const char* model_type) {
+  ModelSpec s;
+  s.model_type = model_type;
+  return s;
+}
+
 TEST(TensorNames, BuildsHfNames) {
+  const ModelSpec qwen = family("qwen3_moe"), mixtral = family("mixtral");
   EXPECT_EQ(layer_tensor(3, "self_attn.q_proj.weight"), "model.layers.3.self_attn.q_proj.weight");
-  EXPECT_EQ(expert_tensor_prefix(1, 17, "down_proj"), "model.layers.1.mlp.experts.17.down_proj");
-  EXPECT_EQ(expert_tensor_prefix(1, 17, ExpertProj::Up), "model.layers.1.mlp.experts.17.up_proj");
-  EXPECT_EQ(expert_tensor_prefix(0, 0, ExpertProj::Gate) + kWeightGlobalScale,
+  EXPECT_EQ(expert_tensor_prefix(qwen, 1, 17, ExpertProj::Down), "model.layers.1.mlp.experts.17.down_proj");
+  EXPECT_EQ(expert_tensor_prefix(qwen, 1, 17, ExpertProj::Up), "model.layers.1.mlp.experts.17.up_proj");
+  EXPECT_EQ(expert_tensor_prefix(qwen, 0, 0, ExpertProj::Gate) + kWeightGlobalScale,
             "model.layers.0.mlp.experts.0.gate_proj.weight_global_scale");
+  // Every name goes through the family's table: Mixtral's block and w1 (gate) / w3 (up) / w2 (down).
+  EXPECT_EQ(expert_tensor_prefix(mixtral, 1, 7, ExpertProj::Gate), "model.layers.1.block_sparse_moe.experts.7.w1");
+  EXPECT_EQ(expert_tensor_prefix(mixtral, 1, 7, ExpertProj::Up), "model.layers.1.block_sparse_moe.experts.7.w3");
+  EXPECT_EQ(expert_tensor_prefix(mixtral, 1, 7, ExpertProj::Down), "model.layers.1.block_sparse_moe.experts.7.w2");
 }
 
 TEST(TensorNames, ParsesWhatItBuilds) {
-  const auto t = parse_expert_tensor(expert_tensor_prefix(12, 345, "gate_proj") + kWeightPacked);
-  ASSERT_TRUE(t.has_value());
-  EXPECT_EQ(t->layer, 12);
-  EXPECT_EQ(t->expert, 345);
-  EXPECT_EQ(t->proj, "gate_proj");
-  EXPECT_EQ(t->suffix, "weight_packed");
+  for (const char* model_type : {"qwen3_moe", "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"}) {
+    const ModelSpec s = family(model_type);
+    for (ExpertProj p : {ExpertProj::Gate, ExpertProj::Up, ExpertProj::Down}) {
+      const std::string name = expert_tensor_prefix(s, 12, 345, p) + kWeightPacked;
+      const auto t = parse_expert_tensor(name);
+      ASSERT_TRUE(t.has_value()) << name;
+      EXPECT_EQ(t->layer, 12);
+      EXPECT_EQ(t->expert, 345);
+      EXPECT_EQ(t->proj, layer_tensor_names(model_type).expert_proj[static_cast<int>(p)]) << name;
+      EXPECT_EQ(expert_proj_of(t->proj), p) << name;
+      EXPECT_EQ(t->suffix, "weight_packed");
+      EXPECT_TRUE(is_expert_tensor(name)) << name;
+    }
+  }
 }
 
 // The exporter's test (was a regex): the three projections with any suffix, and the two fused expert

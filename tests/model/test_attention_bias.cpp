@@ -10,11 +10,11 @@
 
 #include "io/checkpoint.h"
 #include "model/kv_decoder.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace {
 
-using moesq::model::Qwen3Moe;
+using moesq::model::DecoderModel;
 
 // fp32 sums of 256 terms of O(1): a few ulps of the row magnitude.
 constexpr float kAtol = 2e-5f;
@@ -36,7 +36,7 @@ class AttentionBias : public ::testing::Test {
 moesq::io::Checkpoint* AttentionBias::ckpt_ = nullptr;
 
 TEST_F(AttentionBias, OutputAndValueBiasesAddWhatTheMathSays) {
-  Qwen3Moe m(*ckpt_);
+  DecoderModel m(*ckpt_);
   const auto& s = m.spec();
   const int64_t H = s.hidden_size, T = 5, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   const std::vector<float> h0 = randn(T * H, 1, 1.0f);
@@ -69,7 +69,7 @@ TEST_F(AttentionBias, OutputAndValueBiasesAddWhatTheMathSays) {
 }
 
 TEST_F(AttentionBias, FastPathRefTwinAndDecoderAgree) {
-  Qwen3Moe m(*ckpt_);
+  DecoderModel m(*ckpt_);
   const auto& s = m.spec();
   const int64_t H = s.hidden_size, T = 6;
   for (int64_t l = 0; l < s.num_layers; ++l) {

@@ -21,7 +21,7 @@
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "model/mixers/mla_mixer.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 #include "support/temp_dir.h"
 
 namespace {

@@ -19,9 +19,9 @@
 #include "io/config_deepseek_v3.h"
 #include "model/mixers/causal_attention.h"
 #include "model/mixers/mla.h"
-#include "model/mixers/rope.h"
-#include "model/ops.h"
+#include "model/rope.h"
 #include "model/router.h"
+#include "model/tensor_math.h"
 
 namespace {
 
@@ -221,7 +221,7 @@ TEST(DeepseekV3Rope, DefaultMatchesTheQwenTables) {
   const auto f = model::rope_frequencies(r, 16, 512);
   std::vector<float> c1, s1, c2, s2;
   model::rope_tables(70, f, c1, s1);
-  model::rope_tables(70, 16, 10000.0, c2, s2);  // model/ops.h, checked against transformers by Qwen3 parity
+  model::rope_tables(70, 16, 10000.0, c2, s2);  // default RoPE, checked against transformers by Qwen3 parity
   EXPECT_EQ(c1, c2);
   EXPECT_EQ(s1, s2);
   EXPECT_EQ(f.attention_factor, 1.0f);

@@ -12,13 +12,12 @@
 #include <vector>
 
 #include "model/decoder.h"
-#include "model/experts/experts.h"
+#include "model/fused_experts.h"
 #include "model/mixers/gated_attention.h"
 #include "model/mixers/gated_deltanet.h"
-#include "model/mixers/rope_hybrid.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
+#include "model/rope.h"
 #include "model/router.h"
-#include "model/routers/routers.h"
 #include "support/family_reference.h"
 
 namespace {
@@ -221,7 +220,7 @@ TEST(Rope, YarnInverseFrequencies) {
     r.factor = 32.0;
     r.original_max_position_embeddings = 4096;
     r.truncate = truncate;
-    const std::vector<float> inv = rope_inv_freq(r);
+    const std::vector<float> inv = rope_frequencies(r).inv_freq;
     const double d = 32, pi = std::acos(-1.0);
     auto corr = [&](double rot) { return d * std::log(4096.0 / (rot * 2 * pi)) / (2 * std::log(r.theta)); };
     double lo = corr(32.0), hi = corr(1.0);
@@ -249,8 +248,16 @@ TEST(Routers, TwinsAndSelectionRules) {
   const int64_t E = 12, H = 24, n = 37;
   const std::vector<float> W = rnd(E * H, g), b = rnd(E, g), x = rnd(n * H, g);
   for (int64_t k : {1, 2, 5, 12}) {
-    const Routes a = softmax_topk_route(W, E, H, x.data(), n, k, true);
-    const Routes a_ref = softmax_topk_route_ref(W, E, H, x.data(), n, k, true);
+    // The softmax router (renormalised top-k, as Qwen3-Next / Qwen3.5 route) on the logits of the BLAS
+    // linear and of its plain-loop twin: the same experts.
+    RouterSpec soft;
+    soft.num_experts = E;
+    soft.top_k = k;
+    std::vector<float> za(n * E), za_ref(n * E);
+    linear(x.data(), n, H, W.data(), E, za.data());
+    linear_ref(x.data(), n, H, W.data(), E, za_ref.data());
+    const Routes a = select_routes(soft, za, n, nullptr);
+    const Routes a_ref = select_routes(soft, za_ref, n, nullptr);
     EXPECT_LE(max_abs_diff(a.logits.data(), a_ref.logits.data(), a.logits.size()), kTwinAtol);
     EXPECT_EQ(a.expert, a_ref.expert) << "k " << k;
     // gpt-oss's router (model/router.h TopkSoftmax) on biased logits z = x Wᵀ + b, against its

@@ -26,10 +26,10 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace fs = std::filesystem;
-using moesq::model::Qwen3Moe;
+using moesq::model::DecoderModel;
 
 namespace {
 
@@ -68,7 +68,7 @@ void fill(std::vector<float>& v, std::mt19937& rng, float scale, float offset = 
 }
 
 // Random weights, bf16-representable (as a real checkpoint's) so loader round trips are exact.
-void randomize(Qwen3Moe& m, unsigned seed) {
+void randomize(DecoderModel& m, unsigned seed) {
   std::mt19937 rng(seed);
   const auto& s = m.spec();
   auto r = [&](std::vector<float>& v, float scale, float offset = 0.0f) {
@@ -129,7 +129,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref, 
 }
 
 TEST(ModelForward, ExpertFastPathMatchesRef) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 101);
   const int64_t H = m.spec().hidden_size;
   for (int64_t n : {1, 2, 3, 15, 17, 64}) {
@@ -143,7 +143,7 @@ TEST(ModelForward, ExpertFastPathMatchesRef) {
 }
 
 TEST(ModelForward, ExpertWithActQuantMatchesRefAndQuantizes) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 102);
   const int64_t H = m.spec().hidden_size, n = 33;
   const auto x = random_rows(n, H, 300);
@@ -167,7 +167,7 @@ TEST(ModelForward, ExpertWithActQuantMatchesRefAndQuantizes) {
 }
 
 TEST(ModelForward, AttentionFastPathMatchesRef) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 103);
   const int64_t H = m.spec().hidden_size;
   for (int64_t T : {1, 2, 3, 17, 63, 64, 65, 130}) {  // around the 64-row causal block
@@ -183,7 +183,7 @@ TEST(ModelForward, RoutingIsSoftmaxTopkRenormalized) {
   for (bool norm : {true, false}) {
     auto spec = small_spec();
     spec.norm_topk_prob = norm;
-    Qwen3Moe m(spec);
+    DecoderModel m(spec);
     randomize(m, 104);
     const int64_t H = spec.hidden_size, E = spec.num_experts, K = spec.top_k, n = 50;
     const auto x = random_rows(n, H, 500);
@@ -225,7 +225,7 @@ TEST(ModelForward, RoutingIsSoftmaxTopkRenormalized) {
 }
 
 TEST(ModelForward, MoeBlockEqualsPerTokenWeightedSum) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 105);
   const int64_t H = m.spec().hidden_size, n = 21, K = m.spec().top_k;
   const auto x = random_rows(n, H, 600);
@@ -254,7 +254,7 @@ TEST(ModelForward, MoeBlockEqualsPerTokenWeightedSum) {
 }
 
 TEST(ModelForward, CausalAndWindowNll) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 106);
   const int64_t V = m.spec().vocab_size, T = 12;
   std::vector<int32_t> a(T);
@@ -331,7 +331,7 @@ class Loader : public ::testing::Test {
 
   // Writes `m` as a checkpoint; `skip`/`reshape` corrupt one tensor for the error tests.
   // Returns the expected decoded expert weights for compressed stores (layer 0, expert 1, gate).
-  std::vector<float> write(const Qwen3Moe& m, ExpertStore store, const std::string& skip = "",
+  std::vector<float> write(const DecoderModel& m, ExpertStore store, const std::string& skip = "",
                            const std::string& reshape = "") {
     const auto& s = m.spec();
     const int64_t H = s.hidden_size, I = s.moe_intermediate_size, hd = s.head_dim;
@@ -341,7 +341,7 @@ class Loader : public ::testing::Test {
       if (name == reshape) shape = {shape[0] * (shape.size() > 1 ? shape[1] : 1)};
       add_bf16(w, name, shape, v);
     };
-    Qwen3Moe& mm = const_cast<Qwen3Moe&>(m);
+    DecoderModel& mm = const_cast<DecoderModel&>(m);
     add("model.embed_tokens.weight", {s.vocab_size, H}, mm.embed_weight());
     add("model.norm.weight", {H}, mm.final_norm_weight());
     if (!s.tie_word_embeddings) add("lm_head.weight", {s.vocab_size, H}, mm.lm_head_weight());
@@ -366,9 +366,11 @@ class Loader : public ::testing::Test {
       add(p + "mlp.gate.weight", {s.num_experts, H}, L.router);
       for (int64_t e = 0; e < s.num_experts; ++e) {
         const auto& E = L.experts[e];
-        struct P { const char* name; const std::vector<float>* W; int64_t N, K; };
-        for (const P& pr : {P{"gate_proj", &E.gate, I, H}, P{"up_proj", &E.up, I, H}, P{"down_proj", &E.down, H, I}}) {
-          const std::string pre = moesq::io::expert_tensor_prefix(l, e, pr.name);
+        using moesq::io::ExpertProj;
+        struct P { ExpertProj proj; const std::vector<float>* W; int64_t N, K; };
+        for (const P& pr : {P{ExpertProj::Gate, &E.gate, I, H}, P{ExpertProj::Up, &E.up, I, H},
+                            P{ExpertProj::Down, &E.down, H, I}}) {
+          const std::string pre = moesq::io::expert_tensor_prefix(s, l, e, pr.proj);
           std::vector<float> dq(pr.N * pr.K);
           if (store == ExpertStore::Bf16) {
             add(pre + ".weight", {pr.N, pr.K}, *pr.W);
@@ -390,7 +392,7 @@ class Loader : public ::testing::Test {
             w.add_f32(pre + ".weight_global_scale", {1}, {t.global_scale});
             moesq::format::nvfp4_dequantize(t, dq.data());
           }
-          if (l == 0 && e == 1 && std::string(pr.name) == "gate_proj") expected = dq;
+          if (l == 0 && e == 1 && pr.proj == ExpertProj::Gate) expected = dq;
         }
       }
     }
@@ -413,11 +415,11 @@ class Loader : public ::testing::Test {
 };
 
 TEST_F(Loader, Bf16RoundTripIsExactAndForwardAgrees) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 107);
   write(m, ExpertStore::Bf16);
   const moesq::io::Checkpoint ckpt(dir_.string());
-  const Qwen3Moe got(ckpt);
+  const DecoderModel got(ckpt);
   EXPECT_FALSE(got.default_forward_options().act_quant);
   EXPECT_EQ(got.layer(1).experts[7].down, m.layer(1).experts[7].down);
   EXPECT_EQ(got.layer(0).q_norm, m.layer(0).q_norm);
@@ -429,13 +431,13 @@ TEST_F(Loader, TiedEmbeddingsAndDenseMlpLayers) {
   auto spec = small_spec();
   spec.tie_word_embeddings = true;
   spec.mlp_only_layers = {1};
-  Qwen3Moe m(spec);
+  DecoderModel m(spec);
   randomize(m, 108);
   m.lm_head_weight() = m.embed_weight();
   write(m, ExpertStore::Bf16);
   const moesq::io::Checkpoint ckpt(dir_.string());
   ASSERT_FALSE(ckpt.spec().is_moe_layer(1));
-  const Qwen3Moe got(ckpt);
+  const DecoderModel got(ckpt);
   EXPECT_EQ(got.lm_head_weight(), m.embed_weight());
   EXPECT_TRUE(got.layer(1).experts.empty());
   const std::vector<int32_t> toks = {5, 6, 7, 8, 9};
@@ -447,11 +449,11 @@ TEST_F(Loader, TiedEmbeddingsAndDenseMlpLayers) {
 }
 
 TEST_F(Loader, PairedSparseExpertsDecodeExactlyAndTurnOnW4A4) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 109);
   const auto expected = write(m, ExpertStore::Sparse48);
   const moesq::io::Checkpoint ckpt(dir_.string());
-  const Qwen3Moe got(ckpt);
+  const DecoderModel got(ckpt);
   EXPECT_TRUE(got.default_forward_options().act_quant);
   EXPECT_EQ(got.default_forward_options().act_block, 32);
   EXPECT_EQ(got.expert_format(), "paired-4:8-nvfp4");
@@ -464,11 +466,11 @@ TEST_F(Loader, PairedSparseExpertsDecodeExactlyAndTurnOnW4A4) {
 }
 
 TEST_F(Loader, DenseNvfp4ExpertsUseBlock16) {
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 110);
   const auto expected = write(m, ExpertStore::Nvfp4);
   const moesq::io::Checkpoint ckpt(dir_.string());
-  const Qwen3Moe got(ckpt);
+  const DecoderModel got(ckpt);
   EXPECT_TRUE(got.default_forward_options().act_quant);
   EXPECT_EQ(got.default_forward_options().act_block, 16);
   EXPECT_EQ(got.layer(0).experts[1].gate, expected);
@@ -479,21 +481,22 @@ TEST_F(Loader, ErrorsNameTheTensor) {
   auto expect_error = [&](const std::string& needle) {
     try {
       const moesq::io::Checkpoint ckpt(dir_.string());
-      const Qwen3Moe got(ckpt);
+      const DecoderModel got(ckpt);
       ADD_FAILURE() << "no error; expected one naming " << needle;
     } catch (const moesq::Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  Qwen3Moe m(small_spec());
+  DecoderModel m(small_spec());
   randomize(m, 111);
   const std::string qp = "model.layers.1.self_attn.q_proj.weight";
   write(m, ExpertStore::Bf16, "", qp);  // wrong shape
   expect_error(qp);
-  const std::string down = moesq::io::expert_tensor_prefix(0, 6, "down_proj") + ".weight";
+  using moesq::io::ExpertProj;
+  const std::string down = moesq::io::expert_tensor_prefix(m.spec(), 0, 6, ExpertProj::Down) + ".weight";
   write(m, ExpertStore::Bf16, down);  // missing
-  expect_error(moesq::io::expert_tensor_prefix(0, 6, "down_proj"));
-  const std::string meta = moesq::io::expert_tensor_prefix(1, 2, "up_proj") + ".weight_meta";
+  expect_error(moesq::io::expert_tensor_prefix(m.spec(), 0, 6, ExpertProj::Down));
+  const std::string meta = moesq::io::expert_tensor_prefix(m.spec(), 1, 2, ExpertProj::Up) + ".weight_meta";
   write(m, ExpertStore::Sparse48, meta);  // compressed, one metadata tensor missing
   expect_error(meta);
 }

@@ -26,11 +26,10 @@
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
 #include "model/decoder.h"
-#include "model/families/family_model.h"
-#include "model/families/load_common.h"
+#include "model/mixers/family_load.h"
 #include "model/kv_decoder.h"
 #include "model/mixers/gated_attention.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 #include "support/family_reference.h"
 #include "support/temp_dir.h"
 

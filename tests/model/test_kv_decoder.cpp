@@ -8,7 +8,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/kv_decoder.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 
 namespace {
 
@@ -18,7 +18,7 @@ constexpr float kLogitAtol = 2e-3f;
 
 TEST(ModelKvDecoder, StepLogitsMatchFullForward) {
   moesq::io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  moesq::model::Qwen3Moe m(ckpt);
+  moesq::model::DecoderModel m(ckpt);
   moesq::io::SafetensorsFile ref(std::string(MOESQ_FIXTURES) + "/tiny-reference.safetensors");
   const std::vector<float> ids = moesq::io::to_f32(ref.get("input_ids"));
   const int64_t T = 48;

@@ -16,12 +16,12 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
 #include "support/topk.h"
 
 namespace {
 
-using moesq::model::Qwen3Moe;
+using moesq::model::DecoderModel;
 
 // Tolerances (absolute, on fp32 values). Both sides compute in fp32 from the same bf16 weights;
 // the only differences are summation orders (OpenBLAS vs PyTorch/MKL-DNN GEMM blocking, double vs
@@ -81,7 +81,7 @@ class Parity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ckpt_ = new moesq::io::Checkpoint(MOESQ_DEFAULT_MODEL);
-    model_ = new Qwen3Moe(*ckpt_);
+    model_ = new DecoderModel(*ckpt_);
     ref_ = new Reference(load_reference(model_->spec()));
   }
   static void TearDownTestSuite() {
@@ -90,11 +90,11 @@ class Parity : public ::testing::Test {
     delete ckpt_;
   }
   static moesq::io::Checkpoint* ckpt_;
-  static Qwen3Moe* model_;
+  static DecoderModel* model_;
   static Reference* ref_;
 };
 moesq::io::Checkpoint* Parity::ckpt_ = nullptr;
-Qwen3Moe* Parity::model_ = nullptr;
+DecoderModel* Parity::model_ = nullptr;
 Reference* Parity::ref_ = nullptr;
 
 TEST_F(Parity, LoadsTheEmbeddedBf16Model) {

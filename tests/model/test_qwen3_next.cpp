@@ -1,5 +1,6 @@
-// Parity of the hybrid-family CPU forward (model/families/) with transformers' float32 forward of
-// the tiny-qwen3-next and tiny-qwen3.5-moe fixtures (../shared/models/README.md).
+// Parity of the hybrid-family CPU forward (model::DecoderModel with the Gated DeltaNet / gated
+// attention mixers of model/mixers/hybrid_mixer.h) with transformers' float32 forward of the
+// tiny-qwen3-next and tiny-qwen3.5-moe fixtures (../shared/models/README.md).
 //
 // Checked per fixture: each decoder layer TEACHER-FORCED on the reference input of that layer
 // (hidden_states.l → hidden_states.l+1; the last after the final norm) and its router logits and
@@ -13,14 +14,14 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/config_hybrid.h"
 #include "model/decoder.h"
 #include "model/kv_decoder.h"
-#include "model/families/family_model.h"
 #include "support/family_checks.h"
 
 namespace {
 
-using moesq::model::FamilyModel;
+using moesq::model::DecoderModel;
 using moesq::test::max_abs_diff;
 
 // Both sides compute in fp32 from the same bf16 weights; differences are summation orders
@@ -42,20 +43,20 @@ class HybridParity : public ::testing::TestWithParam<const char*> {
     dir_ = moesq::test::shared_models_dir(GetParam()) + "/" + GetParam();
     if (!std::filesystem::is_directory(dir_)) GTEST_SKIP() << "fixture " << dir_ << " not present";
     ckpt_ = std::make_unique<moesq::io::Checkpoint>(dir_);
-    // The references ran with bf16-rounded RoPE inverse frequencies (FamilyLoadOptions): match them.
-    moesq::model::FamilyLoadOptions lo;
-    lo.rope_inv_freq_bf16 = true;
-    model_ = std::make_unique<FamilyModel>(*ckpt_, lo);
+    model_ = std::make_unique<DecoderModel>(*ckpt_);
+    // The references ran with bf16-rounded RoPE inverse frequencies: match them.
+    fo_.rope_bf16_inv_freq = true;
     ref_ = moesq::test::load_family_reference(GetParam(), model_->spec().num_layers);
   }
   std::string dir_;
   std::unique_ptr<moesq::io::Checkpoint> ckpt_;
-  std::unique_ptr<FamilyModel> model_;
+  std::unique_ptr<DecoderModel> model_;
+  moesq::model::ForwardOptions fo_;
   moesq::test::FamilyReference ref_;
 };
 
 TEST_P(HybridParity, ConfigAndLayout) {
-  const auto& f = model_->family();
+  const moesq::io::FamilySpec f = moesq::io::parse_family_config(ckpt_->config(), dir_);
   EXPECT_EQ(f.base.model_type, std::string(GetParam()) == "tiny-qwen3-next" ? "qwen3_next" : "qwen3_5_moe_text");
   ASSERT_EQ(f.layer_mixer.size(), 4u);
   EXPECT_EQ(f.layer_mixer[0], moesq::io::MixerKind::GatedDeltaNet);
@@ -67,7 +68,7 @@ TEST_P(HybridParity, ConfigAndLayout) {
 }
 
 TEST_P(HybridParity, LayersTeacherForced) {
-  const moesq::test::LayerParity p = moesq::test::teacher_forced_parity(*model_, ref_, kTieGap);
+  const moesq::test::LayerParity p = moesq::test::teacher_forced_parity(*model_, fo_, ref_, kTieGap);
   EXPECT_LE(p.hidden, kHiddenAtol) << GetParam();
   EXPECT_LE(p.router, kRouterLogitsAtol) << GetParam();
   EXPECT_EQ(p.topk_bad, 0) << GetParam();
@@ -81,11 +82,11 @@ TEST_P(HybridParity, LogitsAndCrossEntropy) {
   const int64_t T = ref_.T, V = model_->spec().vocab_size;
   double nll = 0.0, worst = 0.0;
   for (int64_t b = 0; b < ref_.B; ++b) {
-    const std::vector<float> z = model_->forward(ref_.row(b));
+    const std::vector<float> z = model_->forward(ref_.row(b), fo_);
     const double err = max_abs_diff(z.data(), &ref_.logits[b * T * V], T * V);
     EXPECT_LE(err, kLogitsAtol) << GetParam() << " seq " << b;
     worst = std::max(worst, err);
-    nll += model_->window_nll(ref_.row(b));
+    nll += model_->window_nll(ref_.row(b), fo_, nullptr);
   }
   const double ce = nll / static_cast<double>(ref_.B);  // equal-length windows: the token mean
   EXPECT_NEAR(ce, ref_.ce, kCeAtol) << GetParam();
@@ -95,14 +96,14 @@ TEST_P(HybridParity, LogitsAndCrossEntropy) {
 // Exact fp32 RoPE frequencies (the default load): the logits move by the RoPE difference, the
 // cross-entropy stays within the issue's 1e-4.
 TEST_P(HybridParity, ExactRopeCrossEntropy) {
-  const FamilyModel exact(*ckpt_);
-  EXPECT_FALSE(exact.family().rope.inv_freq_bf16);
-  const int64_t T = ref_.T, V = exact.spec().vocab_size;
+  const moesq::model::ForwardOptions exact;
+  EXPECT_FALSE(exact.rope_bf16_inv_freq);
+  const int64_t T = ref_.T, V = model_->spec().vocab_size;
   double nll = 0.0, err = 0.0;
   for (int64_t b = 0; b < ref_.B; ++b) {
-    const std::vector<float> z = exact.forward(ref_.row(b));
+    const std::vector<float> z = model_->forward(ref_.row(b), exact);
     err = std::max(err, max_abs_diff(z.data(), &ref_.logits[b * T * V], T * V));
-    nll += exact.window_nll(ref_.row(b));
+    nll += model_->window_nll(ref_.row(b), exact, nullptr);
   }
   EXPECT_NEAR(nll / static_cast<double>(ref_.B), ref_.ce, kCeAtol) << GetParam();
   EXPECT_GT(err, 0.0);  // the rounding is visible: the option is not a no-op
@@ -111,12 +112,12 @@ TEST_P(HybridParity, ExactRopeCrossEntropy) {
 }
 
 TEST_P(HybridParity, MixersMatchPlainLoopTwins) {
-  EXPECT_LE(moesq::test::mixer_twin_error(*model_, ref_), kTwinAtol) << GetParam();
+  EXPECT_LE(moesq::test::mixer_twin_error(*model_, fo_, ref_), kTwinAtol) << GetParam();
 }
 
 // Prefill 17 tokens (not a multiple of the conv kernel), then one token at a time.
 TEST_P(HybridParity, DecodeEqualsFullForward) {
-  EXPECT_LE(moesq::test::decode_error(*model_, ref_.row(1), 17), kDecodeAtol) << GetParam();
+  EXPECT_LE(moesq::test::decode_error(*model_, fo_, ref_.row(1), 17), kDecodeAtol) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridParity, ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5-moe"),
@@ -124,8 +125,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HybridParity, ::testing::Values("tiny-qwen3-n
 
 }  // namespace
 
-// The same fixtures through the generic DecoderModel of the family framework (model/decoder.h with
-// the hybrid Mixer of model/mixers/hybrid_mixer.h): what `moesq eval` and `compress` run.
+// The whole forward with its trace (hidden states, router logits) and the KvDecoder over the same
+// model: what `moesq eval`, `compress` and `generate` run.
 namespace {
 
 class HybridDecoderParity : public HybridParity {};
@@ -147,8 +148,6 @@ TEST_P(HybridDecoderParity, LogitsHiddenRouterAndCrossEntropy) {
       worst_h = std::max(worst_h, max_abs_diff(tr.hidden[l].data(), &ref_.hidden[l][b * T * H], T * H));
     for (int64_t l = 0; l < s.num_layers; ++l)
       worst_r = std::max(worst_r, max_abs_diff(tr.router_logits[l].data(), &ref_.router[l][b * T * E], T * E));
-    // DecoderModel and FamilyModel run the same mixers and expert math.
-    EXPECT_LE(max_abs_diff(z.data(), model_->forward(ref_.row(b)).data(), T * V), kTwinAtol) << "seq " << b;
     int64_t pred = 0;
     nll += dm.window_nll(ref_.row(b), fo, &pred);
     EXPECT_EQ(pred, T - 1);

@@ -1,5 +1,5 @@
 // CPU tests of the GPU engine's host side and of the ops' CPU twins against the CPU forward's own
-// arithmetic (model/ops.h, Qwen3Moe::route): the twins define what the kernels must compute, so they
+// arithmetic (model/tensor_math.h, DecoderModel::route): the twins define what the kernels must compute, so they
 // must agree with the model the engine is compared to.
 #include <gtest/gtest.h>
 
@@ -12,8 +12,9 @@
 #include "core/half.h"
 #include "io/checkpoint.h"
 #include "io/import_checkpoint.h"
-#include "model/ops.h"
-#include "model/qwen3_moe.h"
+#include "model/decoder.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 #include "format/kernel_layout.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -44,7 +45,7 @@ TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
   EXPECT_EQ(X.gu.size(), static_cast<size_t>(E * 2 * I * H_pad));
   EXPECT_EQ(X.down.size(), static_cast<size_t>(E * H * I_pad));
   // Expert 3's up row 5 column 7 sits at its kKMajor storage index in fused row I + 5.
-  const model::Qwen3Moe cpu(ckpt);
+  const model::DecoderModel cpu(ckpt);
   const float up = cpu.layer(1).experts[3].up[5 * H + 7];
   EXPECT_EQ(X.gu[(3 * 2 * I + I + 5) * H_pad + moe::act_storage_index(7, moe::ActLayout::kKMajor)], f32_to_bf16(up));
   // k_proj rows follow the q rows in the fused projection.
@@ -170,7 +171,7 @@ TEST(RuntimeOpsRef, QkRopeTwinMatchesModelNormAndRope) {
 
 TEST(RuntimeOpsRef, RouterTwinMatchesQwen3MoeRoute) {
   const io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
-  const model::Qwen3Moe cpu(ckpt);
+  const model::DecoderModel cpu(ckpt);
   const auto& s = cpu.spec();
   const int64_t n = 16, H = s.hidden_size;
   std::mt19937_64 g(3);

@@ -96,7 +96,7 @@ TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) 
   EXPECT_EQ(got.backend, runtime::ExpertBackend::kBf16);
   const io::ModelSpec& s = src_.spec();
   const int64_t H = s.hidden_size, I = s.moe_intermediate_size, H_pad = moe::padded_k(H);
-  const std::vector<float>& up = want.at(io::expert_tensor_prefix(1, 5, io::ExpertProj::Up));
+  const std::vector<float>& up = want.at(io::expert_tensor_prefix(s, 1, 5, io::ExpertProj::Up));
   for (int64_t n : {0L, I - 1})
     for (int64_t k : {0L, 7L, H - 1})
       EXPECT_EQ(dense(got.weights).gu[(5 * 2 * I + I + n) * H_pad + moe::act_storage_index(k, moe::ActLayout::kKMajor)],

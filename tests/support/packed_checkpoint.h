@@ -24,12 +24,12 @@ inline std::map<std::string, format::PackedWeight> pack_all_experts(const io::Ch
     for (int64_t e = 0; e < s.num_experts; ++e) {
       std::vector<float> w[3];
       for (int p = 0; p < 3; ++p)
-        w[p] = src.get_f32(io::expert_tensor_prefix(l, e, static_cast<io::ExpertProj>(p)) + io::kWeight);
+        w[p] = src.get_f32(io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p)) + io::kWeight);
       const float gu = format::gate_up_tensor_scale(w[0].data(), w[1].data(), I * H);
       for (int p = 0; p < 3; ++p) {
         const int64_t N = p == 2 ? H : I, K = p == 2 ? I : H;
         const float g = p == 2 ? 0.0f : gu;
-        const std::string prefix = io::expert_tensor_prefix(l, e, static_cast<io::ExpertProj>(p));
+        const std::string prefix = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
         if (sparse) {
           const std::vector<uint8_t> pat = format::magnitude_patterns(w[p].data(), N, K);
           out[prefix] = format::sparse48_quantize(w[p].data(), N, K, pat.data(), g, prefix);
@@ -47,7 +47,7 @@ inline std::string write_moesq_checkpoint(const io::Checkpoint& src, const std::
   std::filesystem::create_directories(dir);
   io::write_compressed_checkpoint(
       src, [&](int64_t l, int64_t e, io::ExpertProj p) -> const format::PackedWeight& {
-        return packed.at(io::expert_tensor_prefix(l, e, p));
+        return packed.at(io::expert_tensor_prefix(src.spec(), l, e, p));
       },
       sparse, sparse ? "magnitude" : "rtn-nvfp4", dir.string());
   return dir.string();

@@ -11,7 +11,8 @@
 
 #include "core/error.h"
 #include "core/threads.h"
-#include "model/ops.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 
 namespace moesq::model {
 

@@ -14,8 +14,8 @@
 #include "core/error.h"
 #include "core/swiglu.h"
 #include "core/threads.h"
-#include "model/mixers/rope_hybrid.h"
-#include "model/ops.h"
+#include "model/rope.h"
+#include "model/tensor_math.h"
 
 namespace moesq::model {
 
@@ -73,11 +73,13 @@ void prepare_qkv(const AttentionShape& s, const AttentionWeights& w, const std::
   }
   if (!w.q_norm.empty()) rmsnorm_rows(q.data(), T * nh, hd, w.q_norm.data(), s.eps, q.data());
   if (!w.k_norm.empty()) rmsnorm_rows(k.data(), T * s.num_kv_heads, hd, w.k_norm.data(), s.eps, k.data());
-  const HybridRopeTables rt = rope_tables(s.rope, p0, T);
-  const int64_t rd = s.rope.rotary_dim;
+  std::vector<float> cos_t, sin_t;  // [T, rd/2]
+  rope_tables(T, rope_frequencies(s.rope), cos_t, sin_t, p0);
+  const int64_t rd = s.rope.rotary_dim, half = rd / 2;
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t h = 0; h < nh; ++h) apply_rope(&q[t * qw + h * hd], rd, rt.cos_row(t), rt.sin_row(t));
-    for (int64_t h = 0; h < s.num_kv_heads; ++h) apply_rope(&k[t * kw + h * hd], rd, rt.cos_row(t), rt.sin_row(t));
+    const float *c = &cos_t[t * half], *sn = &sin_t[t * half];
+    for (int64_t h = 0; h < nh; ++h) apply_rope(&q[t * qw + h * hd], rd, c, sn);
+    for (int64_t h = 0; h < s.num_kv_heads; ++h) apply_rope(&k[t * kw + h * hd], rd, c, sn);
   }
 }
 

@@ -1,13 +1,11 @@
-// Mixer adapters over the family mixers (see the header). The weights are read by the same
-// loader code as model/families/ (families/load_common.h), so the standalone FamilyModel and the
-// generic DecoderModel run identical mixers.
+// Mixer adapters over the family mixers (see the header); the weights are read by
+// mixers/family_load.h.
 #include "model/mixers/hybrid_mixer.h"
 
 #include <algorithm>
 
 #include "io/config_hybrid.h"
-#include "model/families/family_model.h"
-#include "model/families/load_common.h"
+#include "model/mixers/family_load.h"
 #include "model/mixers/gated_attention.h"
 #include "model/mixers/gated_deltanet.h"
 

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "model/mixers/causal_attention.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 
 namespace moesq::model {
 

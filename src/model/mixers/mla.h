@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/mixers/rope.h"
+#include "model/rope.h"
 
 namespace moesq::model {
 
@@ -53,7 +53,7 @@ struct MlaWeights {
 // Zero weights with the shapes of `d` (tests and synthetic models fill them); biases only if asked.
 MlaWeights mla_zero_weights(const MlaDims& d, bool attention_bias);
 
-// cos/sin tables for the rope dims at positions 0..T-1: [T, rope/2] each (model/mixers/rope.h).
+// cos/sin tables for the rope dims at positions 0..T-1: [T, rope/2] each (model/rope.h).
 struct RopeTables {
   std::vector<float> cos, sin;
 };

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "model/mixers/mla.h"
-#include "model/ops.h"
+#include "model/tensor_math.h"
 
 namespace moesq::model {
 

@@ -5,8 +5,7 @@
 
 #include "io/config_hybrid.h"
 #include "io/tensor_names_families.h"
-#include "model/families/family_model.h"
-#include "model/families/load_common.h"
+#include "model/mixers/family_load.h"
 #include "model/mixers/hybrid_mixer.h"
 
 namespace moesq::model {

@@ -1,5 +1,5 @@
 // Launcher: Qwen3-MoE routing from fp32 router logits: p = softmax(z) in fp32, top-k of p
-// (descending; equal probabilities → lower expert id, as model::Qwen3Moe::route), weights
+// (descending; equal probabilities → lower expert id, as model::DecoderModel::route), weights
 // p_j / Σ_j p_j when norm_topk_prob (the sum in top-k order). CPU twin: router_topk_ref.
 // One warp per token: a token's routes never depend on the batch.
 #pragma once

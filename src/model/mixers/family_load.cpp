@@ -1,7 +1,40 @@
-#include "model/families/load_common.h"
+// Loader helpers of the family mixers (see the header). Qwen3-Next's fused in_proj_qkvz / in_proj_ba
+// are re-laid out at load into Qwen3.5's separate in_proj_qkv / z / b / a (unfuse_qkvz_ba), so one
+// Gated DeltaNet runs both.
+#include "model/mixers/family_load.h"
 
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
+
+namespace moesq::model {
+
+AttentionShape family_attention_shape(const io::FamilySpec& f, int64_t l) {
+  const io::ModelSpec& s = f.base;
+  AttentionShape a;
+  a.hidden = s.hidden_size;
+  a.num_heads = s.num_heads;
+  a.num_kv_heads = s.num_kv_heads;
+  a.head_dim = s.head_dim;
+  a.output_gate = f.attn_output_gate;
+  a.window = f.layer_mixer.at(l) == io::MixerKind::SlidingAttention ? f.sliding_window : 0;
+  a.eps = s.rms_norm_eps;
+  a.rope = f.rope;
+  return a;
+}
+
+GdnShape family_gdn_shape(const io::FamilySpec& f) {
+  GdnShape g;
+  g.hidden = f.base.hidden_size;
+  g.num_k_heads = f.linear_num_key_heads;
+  g.head_k_dim = f.linear_key_head_dim;
+  g.num_v_heads = f.linear_num_value_heads;
+  g.head_v_dim = f.linear_value_head_dim;
+  g.conv_kernel = f.linear_conv_kernel;
+  g.eps = f.base.rms_norm_eps;
+  return g;
+}
+
+}  // namespace moesq::model
 
 namespace moesq::model::family_load {
 
@@ -14,25 +47,10 @@ std::vector<float> layer_f32(const io::Checkpoint& ckpt, int64_t l, const std::s
 
 std::vector<float> norm_multiplier(const io::Checkpoint& ckpt, int64_t l, const std::string& rest, int64_t n,
                                    bool zero_centered) {
-  std::vector<float> w = l >= 0 ? layer_f32(ckpt, l, rest, {n}) : ckpt.get_f32(rest, {n});
+  std::vector<float> w = layer_f32(ckpt, l, rest, {n});
   if (zero_centered)
     for (float& v : w) v = 1.0f + v;
   return w;
-}
-
-ExpertWeights swiglu_triple(const io::Checkpoint& ckpt, int64_t l, const std::string& prefix, int64_t I, int64_t H) {
-  ExpertWeights w;
-  w.gate = layer_f32(ckpt, l, prefix + "gate_proj.weight", {I, H});
-  w.up = layer_f32(ckpt, l, prefix + "up_proj.weight", {I, H});
-  w.down = layer_f32(ckpt, l, prefix + "down_proj.weight", {H, I});
-  return w;
-}
-
-void load_whole_model(const io::Checkpoint& ckpt, const io::FamilySpec& f, FamilyModel& m) {
-  const int64_t V = f.base.vocab_size, H = f.base.hidden_size;
-  m.embed_weight() = ckpt.get_f32(io::kEmbedTokens, {V, H});
-  m.final_norm_weight() = norm_multiplier(ckpt, -1, io::kFinalNorm, H, f.zero_centered_norms);
-  m.lm_head_weight() = f.base.tie_word_embeddings ? m.embed_weight() : ckpt.get_f32(io::kLmHead, {V, H});
 }
 
 void load_attention_projections(const io::Checkpoint& ckpt, const io::FamilySpec& f, int64_t l, AttentionWeights& w) {

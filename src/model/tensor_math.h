@@ -1,6 +1,6 @@
 // Small row operations shared by the full forward (decoder.cpp, mixers/, router.cpp) and the
-// KV-cached decoder (kv_decoder.cpp), so all compute linears, RMSNorm and RoPE with the same
-// arithmetic as transformers.
+// KV-cached decoder (kv_decoder.cpp), so all compute linears, RMSNorm and the next-token NLL with the
+// same arithmetic as transformers (RoPE is model/rope.h).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,15 +20,6 @@ void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double e
 
 // y [n, N] += b [N] on every row (attention_bias); an empty b (no bias) does nothing.
 void add_bias_rows(float* y, int64_t n, int64_t N, const std::vector<float>& b);
-
-// RoPE tables for positions 0..T-1 (HF default rope); cos/sin: [T, hd/2]. bf16_inv_freq rounds the
-// inverse frequencies to bf16 first, as transformers' inv_freq buffer ends up when a bf16 checkpoint is
-// loaded in its own dtype and then upcast (ForwardOptions::rope_bf16_inv_freq).
-void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t, std::vector<float>& sin_t,
-                 bool bf16_inv_freq = false);
-
-// In place on one head vector v [hd]: v·cos + rotate_half(v)·sin (cos_row/sin_row: [hd/2]).
-void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row);
 
 // Mean next-token NLL (nats) of one window: mean over t < T−1 of −log softmax(logits[t])[tokens[t+1]],
 // logits [T, V]; log-sum-exp in double. Shared by every model's window_nll.

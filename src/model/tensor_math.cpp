@@ -1,11 +1,12 @@
-#include "model/ops.h"
+// Row operations of the CPU forward (see the header): linear as one OpenBLAS sgemm with its plain-loop
+// twin, RMSNorm rows, bias rows and the next-token NLL.
+#include "model/tensor_math.h"
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/half.h"
 #include "core/threads.h"
 
 namespace moesq::model {
@@ -39,39 +40,6 @@ void rmsnorm_rows(const float* x, int64_t n, int64_t D, const float* w, double e
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
     float* yr = y + r * D;
     for (int64_t i = 0; i < D; ++i) yr[i] = w[i] * (xr[i] * inv);
-  }
-}
-
-// RoPE tables for positions 0..T-1, HF default rope: inv_freq[i] = 1 / θ^(2i/hd) in fp32, angle
-// = pos · inv_freq[i] rounded to fp32 (as torch's fp32 outer product), cos/sin of it.
-// cos/sin: [T, hd/2] (the second half of HF's cat(freqs, freqs) repeats the first).
-void rope_tables(int64_t T, int64_t hd, double theta, std::vector<float>& cos_t,
-                 std::vector<float>& sin_t, bool bf16_inv_freq) {
-  const int64_t half = hd / 2;
-  std::vector<float> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) {
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
-    inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta), expo);
-    if (bf16_inv_freq) inv_freq[i] = round_bf16(inv_freq[i]);
-  }
-  cos_t.resize(T * half);
-  sin_t.resize(T * half);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const float ang = static_cast<float>(t) * inv_freq[i];
-      cos_t[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
-      sin_t[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
-    }
-}
-
-// In place on one head vector v [hd] at position t: v·cos + rotate_half(v)·sin,
-// rotate_half(v) = cat(-v[hd/2:], v[:hd/2]).
-void apply_rope(float* v, int64_t hd, const float* cos_row, const float* sin_row) {
-  const int64_t half = hd / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = v[i], b = v[i + half];
-    v[i] = a * cos_row[i] - b * sin_row[i];
-    v[i + half] = b * cos_row[i] + a * sin_row[i];
   }
 }
 
