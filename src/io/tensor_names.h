@@ -33,6 +33,10 @@ inline constexpr const char* kWeightSparsePacked = ".weight_sparse_packed"; // U
 inline constexpr const char* kWeightSparseMask = ".weight_sparse_mask";     // U8 chunk masks (pair-bitmask)
 inline constexpr const char* kWeightShape = ".weight_shape";                // I64/I32 [2] (pack-quantized INT4)
 
+// The norms around the mixer and the MLP, the same in every family (relative to "model.layers.{l}.").
+inline constexpr const char* kInputNorm = "input_layernorm.weight";        // [H]
+inline constexpr const char* kPostNorm = "post_attention_layernorm.weight";  // [H]
+
 // Per-family names inside one decoder layer (relative to "model.layers.{l}."): one row per family
 // in tensor_names.cpp. Attention is "self_attn.{q,k,v,o}_proj.{weight,bias}" and
 // "self_attn.{q,k}_norm.weight", norms "input_layernorm" / "post_attention_layernorm", a dense MLP

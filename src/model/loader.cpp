@@ -162,7 +162,7 @@ class ModelLoader {
       auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
         return dense_weight(ckpt, io::layer_tensor(l, rest), shape);
       };
-      L.input_norm = get("input_layernorm.weight", {H});
+      L.input_norm = get(io::kInputNorm, {H});
       unit_offset(L.input_norm);
       if (family->make_mixer) {
         L.mixer = family->make_mixer(ckpt, s, l);
@@ -185,7 +185,7 @@ class ModelLoader {
           L.k_norm = get("self_attn.k_norm.weight", {s.num_kv_heads * hd});
         }
       }
-      L.post_norm = get("post_attention_layernorm.weight", {H});
+      L.post_norm = get(io::kPostNorm, {H});
       unit_offset(L.post_norm);
       if (!s.is_moe_layer(l)) {
         const int64_t Id = s.intermediate_size;

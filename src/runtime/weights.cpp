@@ -118,7 +118,7 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
                 " is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the GPU engine runs MoE layers only");
     HostLayer& L = m.layers[l];
     L.attn = load_host_attention(ckpt, l);
-    L.post_norm = ckpt.get_f32(io::layer_tensor(l, io::family_names::kPostNorm), {H});
+    L.post_norm = ckpt.get_f32(io::layer_tensor(l, io::kPostNorm), {H});
     L.moe = load_host_moe(ckpt, q, m.backend, l);
   }
   return m;

@@ -34,7 +34,7 @@ HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t l) {
     for (float f : v) dst.push_back(f32_to_bf16(f));
   };
   HostAttention a;
-  a.input_norm = get(names::kInputNorm, {H});
+  a.input_norm = get(io::kInputNorm, {H});
   a.q_norm = get(names::kQNorm, {hd});
   a.k_norm = get(names::kKNorm, {hd});
   append_bf16(a.qkv, get(proj(names::kQProj), {nh * hd, H}));
