@@ -103,10 +103,17 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
 }
 
 std::string method_help() {
-  std::string s;
-  for (const compress::Method* m : compress::all_methods())
-    s += std::string(s.empty() ? "" : " |\n") + m->name + " (" + m->help + ")";
-  return s;
+  constexpr size_t kWidth = 96;  // characters per help line (CLI11 indents them)
+  std::string s, line;
+  for (const compress::Method* m : compress::all_methods()) {
+    const std::string item = std::string(m->name) + " (" + m->help + ")";
+    if (!line.empty() && line.size() + 3 + item.size() > kWidth) {
+      s += line + " |\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " | ") + item;
+  }
+  return s + line;
 }
 
 compress::CalibSet CompressFlags::calibration(const model::Qwen3Moe& m, const std::string& dir) const {

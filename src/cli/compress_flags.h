@@ -41,7 +41,8 @@ struct CompressFlags {
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files = true);
 
-// The --method help: every row of the method table (compress/method.h), "name (what it is)".
+// The --method help: every row of the method table (compress/method.h) as "name (help)", " | " between
+// them, wrapped.
 std::string method_help();
 
 }  // namespace moesq::cli

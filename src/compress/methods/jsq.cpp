@@ -33,7 +33,7 @@ nlohmann::json jsq_json(const CompressOptions& opt) {
 
 const Method methods::kJsq = {
     .name = "jsq",
-    .help = "Wanda + quantization-range salience pairs, RTN; joint sparse-quantization baseline, docs/RESULTS.md",
+    .help = "Wanda + quantization-range salience pairs, RTN; the paper's baseline, docs/RESULTS.md",
     .sparse = true,
     .refines = false,
     .validate = validate_jsq,
