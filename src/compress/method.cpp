@@ -1,16 +1,14 @@
 // The method table: every row of compress/methods/, in the order --help and errors list them.
 #include "compress/method.h"
 
-#include <array>
-
 #include "core/error.h"
 
 namespace moesq::compress {
 
 namespace {
 
-constexpr std::array<const Method*, 6> kMethods = {&methods::kRtnNvfp4, &methods::kMagnitude, &methods::kSgptq,
-                                                   &methods::kMoesq,    &methods::kJsq,       &methods::kObr};
+constexpr const Method* kMethods[] = {&methods::kRtnNvfp4, &methods::kMagnitude, &methods::kSgptq,
+                                      &methods::kMoesq,    &methods::kJsq,       &methods::kObr};
 
 // "a, b, c or d"
 std::string listed(std::span<const Method* const> ms) {

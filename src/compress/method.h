@@ -43,24 +43,25 @@ struct ExpertJob {
   float tensor_scale(int p) const { return p < 2 ? gs_gu : gs_d; }
 };
 
+// A row names only what differs from these defaults (designated initializers).
 struct Method {
-  const char* name;  // --method value; "method" in report.json, the resume manifest and config.json
-  const char* help;  // one line of `moesq compress --help`
-  bool sparse;       // paired 4:8 NVFP4 (activation block 32); false: dense NVFP4 (block 16)
-  bool refines;      // reports refinement losses (init → refined) in report.json and the loss table
+  const char* name = nullptr;  // --method value; "method" in report.json, the resume manifest, config.json
+  const char* help = nullptr;  // its part of `moesq compress --help`
+  bool sparse = true;          // paired 4:8 NVFP4 (activation block 32); false: dense NVFP4 (block 16)
+  bool refines = false;        // reports refinement losses (init → refined) in report.json and the loss table
   // The method's own option checks (moesq::Error naming the option); compress::validate runs the
   // shared ones (threads, SGPTQ) and then this. nullptr: no options of its own.
-  void (*validate)(const CompressOptions& opt);
+  void (*validate)(const CompressOptions& opt) = nullptr;
   // The method's own options as JSON, written once for both files: the resume manifest's
   // "options".<manifest_key> and report.json's <report_key>. nullptr: no options of its own.
-  nlohmann::json (*options_json)(const CompressOptions& opt);
-  const char* manifest_key;
-  const char* report_key;
+  nlohmann::json (*options_json)(const CompressOptions& opt) = nullptr;
+  const char* manifest_key = nullptr;
+  const char* report_key = nullptr;
   // A part of the reference method this implementation leaves out, recorded in report.json's
   // <report_key> as `<omitted>: false` (nullptr: none).
-  const char* omitted;
+  const char* omitted = nullptr;
   // Compresses one expert; fallbacks and notes (and method-specific extras) go to rep.
-  PackedExpert (*compress)(const ExpertJob& job, const CompressOptions& opt, ExpertReport& rep);
+  PackedExpert (*compress)(const ExpertJob& job, const CompressOptions& opt, ExpertReport& rep) = nullptr;
 };
 
 namespace methods {

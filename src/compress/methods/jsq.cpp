@@ -34,8 +34,6 @@ nlohmann::json jsq_json(const CompressOptions& opt) {
 const Method methods::kJsq = {
     .name = "jsq",
     .help = "Wanda + quantization-range salience pairs, RTN; the paper's baseline, docs/RESULTS.md",
-    .sparse = true,
-    .refines = false,
     .validate = validate_jsq,
     .options_json = jsq_json,
     .manifest_key = "jsq",

@@ -22,13 +22,6 @@ PackedExpert compress_magnitude(const ExpertJob& job, const CompressOptions&, Ex
 const Method methods::kMagnitude = {
     .name = "magnitude",
     .help = "paired 4:8 by pair magnitude + RTN",
-    .sparse = true,
-    .refines = false,
-    .validate = nullptr,
-    .options_json = nullptr,
-    .manifest_key = nullptr,
-    .report_key = nullptr,
-    .omitted = nullptr,
     .compress = compress_magnitude,
 };
 

@@ -60,13 +60,11 @@ nlohmann::json moesq_json(const CompressOptions& opt) { return refine_options_to
 const Method methods::kMoesq = {
     .name = "moesq",
     .help = "SGPTQ + Gumbel/STE/Lion refinement",
-    .sparse = true,
     .refines = true,
     .validate = validate_moesq,
     .options_json = moesq_json,
     .manifest_key = "refine",
     .report_key = "refine_options",
-    .omitted = nullptr,
     .compress = compress_moesq,
 };
 

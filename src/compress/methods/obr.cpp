@@ -28,8 +28,6 @@ nlohmann::json obr_json(const CompressOptions& opt) { return {{"alpha", opt.obr.
 const Method methods::kObr = {
     .name = "obr",
     .help = "Wanda pairs, OBS + group error compensation, GPTQ; the paper's baseline, docs/RESULTS.md",
-    .sparse = true,
-    .refines = false,
     .validate = validate_obr,
     .options_json = obr_json,
     .manifest_key = "obr",

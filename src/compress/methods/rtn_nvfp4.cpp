@@ -20,12 +20,6 @@ const Method methods::kRtnNvfp4 = {
     .name = "rtn-nvfp4",
     .help = "dense NVFP4, 4.5 bpw baseline",
     .sparse = false,
-    .refines = false,
-    .validate = nullptr,
-    .options_json = nullptr,
-    .manifest_key = nullptr,
-    .report_key = nullptr,
-    .omitted = nullptr,
     .compress = compress_rtn,
 };
 

@@ -45,13 +45,6 @@ PackedExpert compress_sgptq(const ExpertJob& job, const CompressOptions& opt, Ex
 const Method methods::kSgptq = {
     .name = "sgptq",
     .help = "SparseGPT pairs + GPTQ",
-    .sparse = true,
-    .refines = false,
-    .validate = nullptr,
-    .options_json = nullptr,
-    .manifest_key = nullptr,
-    .report_key = nullptr,
-    .omitted = nullptr,
     .compress = compress_sgptq,
 };
 
