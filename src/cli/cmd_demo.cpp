@@ -93,8 +93,9 @@ void run_demo(DemoArgs& a) {
     }
     eval_source = "files (" + a.split + ")";
   } else {
-    windows = compress::calib_from_model(ref, a.eval_samples, a.flags.seq_len, a.flags.opt.refine.seed + 1000003).sequences;
-    eval_source = "sampled from the reference model (seed " + std::to_string(a.flags.opt.refine.seed + 1000003) + ")";
+    const uint64_t eval_seed = a.flags.opt.refine.seed + 1000003;
+    windows = compress::calib_from_model(ref, a.eval_samples, a.flags.seq_len, eval_seed).sequences;
+    eval_source = "sampled from the reference model (seed " + std::to_string(eval_seed) + ")";
   }
   const double ref_nats = nll_windows(ref, windows);
   std::vector<Row> rows;

@@ -13,7 +13,8 @@ constexpr const Method* kMethods[] = {&methods::kRtnNvfp4, &methods::kMagnitude,
 // "a, b, c or d"
 std::string listed(std::span<const Method* const> ms) {
   std::string s;
-  for (size_t i = 0; i < ms.size(); ++i) s += (i == 0 ? "" : i + 1 == ms.size() ? " or " : ", ") + std::string(ms[i]->name);
+  for (size_t i = 0; i < ms.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == ms.size() ? " or " : ", ") + std::string(ms[i]->name);
   return s;
 }
 

@@ -34,11 +34,11 @@ class WorkDir;
 // flags to these fields).
 struct CompressOptions {
   const Method* method = &methods::kSgptq;  // a row of the method table (compress/method.h)
-  SgptqOptions sgptq;     // SGPTQ, and the GPTQ step of obr; recorded for every method
-  RefineOptions refine;   // refinement options (method moesq)
-  JsqOptions jsq;         // method jsq (compress/jsq.h)
-  ObrOptions obr;         // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
-  int threads = 0;        // 0: all cores
+  SgptqOptions sgptq;    // SGPTQ, and the GPTQ step of obr; recorded for every method
+  RefineOptions refine;  // refinement options (method moesq)
+  JsqOptions jsq;        // method jsq (compress/jsq.h)
+  ObrOptions obr;        // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
+  int threads = 0;       // 0: all cores
 };
 
 // What happened to one expert.
@@ -74,8 +74,8 @@ struct ExpertCalib {
   int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
 };
 
-// Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert; also the Python
-// module's compress_expert). `w` holds the original weights (gate/up [I, H], down [H, I]), y_ref
+// Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert;
+// also the Python module's compress_expert). `w` holds the original weights (gate/up [I, H], down [H, I]), y_ref
 // [c.n, H] their outputs on the expert's calibration rows (the refinement's targets; unused by the
 // one-shot methods). rep.layer / rep.expert name the tensors in errors, in spec's family layout
 // (io::expert_tensor_prefix); fallbacks and notes go to rep.

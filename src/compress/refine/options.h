@@ -1,6 +1,7 @@
 // Options of the moesq refinement (paper 002 Appendix B, Table 4 defaults), typed end to end: the CLI
-// binds its flags to a RefineOptions (so these defaults are the CLI's), compress::validate checks it once before any work, refine_expert reads it.
-// JSON only for report.json ("refine_options").
+// binds its flags to a RefineOptions (so these defaults are the CLI's), compress::validate checks it
+// once before any work, refine_expert reads it.
+// JSON only in report.json ("refine_options") and the resume manifest (compress/work_dir.h).
 #pragma once
 #include <cstdint>
 
