@@ -125,7 +125,7 @@ pyb::dict compress_expert_py(const pyb::object& gate, const pyb::object& up, con
   c.g.assign(static_cast<size_t>(c.n), 1.0f);
   compress::CompressOptions opt;
   opt.method = compress::parse_method(method);
-  if (opt.method == compress::Method::Moesq)
+  if (opt.method == &compress::methods::kMoesq)
     throw pyb::value_error(std::string(fn) + ": method \"moesq\" (refinement) is not exposed; use sgptq, magnitude or rtn-nvfp4");
   opt.sgptq.percdamp = percdamp;
   compress::validate(opt);

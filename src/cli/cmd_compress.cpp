@@ -54,11 +54,7 @@ void register_compress(CLI::App& app) {
   cmd->add_option("DIR", args->dir, "Hugging Face checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--method", args->method,
-                  "rtn-nvfp4 (dense NVFP4, 4.5 bpw baseline) | magnitude (paired 4:8 by pair magnitude + RTN) |\n"
-                  "sgptq (SparseGPT pairs + GPTQ) | moesq (SGPTQ + Gumbel/STE/Lion refinement) |\n"
-                  "jsq (Wanda + quantization-range salience pairs, RTN) | obr (Wanda pairs, OBS + group error\n"
-                  "compensation, GPTQ) -- the paper's joint sparse-quantization baselines, docs/RESULTS.md")
+  cmd->add_option("--method", args->method, method_help())
       ->required();
   cmd->add_option("--out", args->out, "output checkpoint directory (replaced atomically)")->required();
   cmd->add_flag("--json", args->json, "print the report summary as one JSON object on stdout");
@@ -82,7 +78,7 @@ namespace {
 void run_compress(const Args* args, dist::Communicator& comm) {
   const bool root = comm.rank() == 0;
   if (!root) set_progress_enabled(false);  // rank 0 speaks for the run
-  if (args->flags.threads > 0) set_num_threads(args->flags.threads);
+  if (args->flags.opt.threads > 0) set_num_threads(args->flags.opt.threads);
   compress::CompressOptions opt = args->flags.options(args->method);
   const io::ExportFormat fmt = io::parse_export_format(args->export_format, "--export-format");
   std::vector<std::string> inputs = args->flags.calib;
@@ -125,7 +121,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   // Per-layer reconstruction loss, before → after refinement (also OUT/loss_per_layer.csv): on
   // stderr with --json (stdout is the JSON object), on stdout otherwise.
   FILE* table = args->json ? stderr : stdout;
-  const bool refined = opt.method == compress::Method::Moesq;
+  const bool refined = opt.method->refines;
   std::fprintf(table, "loss per layer (mean over experts; %s):\n",
                refined ? "held-out Eq. 4 loss, SGPTQ init -> refined" : "relative reconstruction error");
   for (const compress::LayerLoss& x : s.layer_loss) {
@@ -158,7 +154,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",
-                compress::method_name(opt.method), s.bits_per_expert_weight, r.seconds,
+                opt.method->name, s.bits_per_expert_weight, r.seconds,
                 s.report["mean_rel_error"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), args->out.c_str());
   }
 }

@@ -61,7 +61,7 @@ struct Row {
 
 void run_demo(DemoArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (a.flags.threads > 0) set_num_threads(a.flags.threads);
+  if (a.flags.opt.threads > 0) set_num_threads(a.flags.opt.threads);
   std::vector<compress::CompressOptions> opts;
   for (const auto& name : a.methods) opts.push_back(a.flags.options(name));  // validate before work
   const fs::path out = fs::absolute(a.out).lexically_normal();
@@ -93,14 +93,15 @@ void run_demo(DemoArgs& a) {
     }
     eval_source = "files (" + a.split + ")";
   } else {
-    windows = compress::calib_from_model(ref, a.eval_samples, a.flags.seq_len, a.flags.seed + 1000003).sequences;
-    eval_source = "sampled from the reference model (seed " + std::to_string(a.flags.seed + 1000003) + ")";
+    const uint64_t eval_seed = a.flags.opt.refine.seed + 1000003;
+    windows = compress::calib_from_model(ref, a.eval_samples, a.flags.seq_len, eval_seed).sequences;
+    eval_source = "sampled from the reference model (seed " + std::to_string(eval_seed) + ")";
   }
   const double ref_nats = nll_windows(ref, windows);
   std::vector<Row> rows;
   rows.push_back({"reference (bf16)", 16.0, ref_nats, 0.0, 0.0});
   for (size_t i = 0; i < opts.size(); ++i) {
-    const std::string name = compress::method_name(opts[i].method);
+    const std::string name = opts[i].method->name;
     progress("demo", "method " + name);
     model::DecoderModel m(ckpt);
     const compress::CompressResult r = compress::compress_model(m, calib, opts[i]);
@@ -139,8 +140,9 @@ void run_demo(DemoArgs& a) {
   std::printf("note: the demo's own short settings (%lld x %lld calibration tokens, moesq %d epochs, batch %lld, "
               "lr_A %g, lr_V %g unless given) keep it fast; `moesq compress` defaults to %lld x %lld tokens and the "
               "schedule rule (docs/RESULTS.md)\n",
-              static_cast<long long>(a.flags.calib_samples), static_cast<long long>(a.flags.seq_len), a.flags.epochs,
-              static_cast<long long>(a.flags.batch), a.flags.lr_a, a.flags.lr_v,
+              static_cast<long long>(a.flags.calib_samples), static_cast<long long>(a.flags.seq_len),
+              a.flags.opt.refine.epochs, static_cast<long long>(a.flags.opt.refine.batch), a.flags.opt.refine.lr_A,
+              a.flags.opt.refine.lr_V,
               static_cast<long long>(CompressFlags{}.calib_samples), static_cast<long long>(CompressFlags{}.seq_len));
 }
 
@@ -155,10 +157,10 @@ void register_demo(CLI::App& app) {
   // (2048 × 128), and the schedule rule is off (these presets count as given): the rule's ~600 Lion
   // steps per expert would make the demo several times slower. Its output says so.
   args->flags.calib_samples = 64;
-  args->flags.epochs = 5;
-  args->flags.batch = 256;
-  args->flags.lr_a = 2.5e-3;
-  args->flags.lr_v = 2e-3;
+  args->flags.opt.refine.epochs = 5;
+  args->flags.opt.refine.batch = 256;
+  args->flags.opt.refine.lr_A = 2.5e-3;
+  args->flags.opt.refine.lr_V = 2e-3;
   args->flags.schedule_preset = true;
   auto* cmd = app.add_subcommand(
       "demo",

@@ -45,20 +45,25 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
       ->capture_default_str();
   cmd->add_flag("--strict", f.strict, "treat calibration warnings (fewer sequences than --calib-samples) as errors");
   cmd->add_option("--seq-len", f.seq_len, "calibration sequence length in tokens")->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--seed", f.seed, "seed for data-free sampling and refinement noise")->check(kNonNegative);
-  cmd->add_option("--threads", f.threads, "worker threads (default: all cores)")->check(kNonNegative);
-  cmd->add_option("--percdamp", f.percdamp, "SGPTQ Hessian damping, fraction of mean(diag H)")
+  cmd->add_option("--seed", f.opt.refine.seed, "seed for data-free sampling and refinement noise")->check(kNonNegative);
+  cmd->add_option("--threads", f.opt.threads, "worker threads (default: all cores)")->check(kNonNegative);
+  cmd->add_option("--percdamp", f.opt.sgptq.percdamp, "SGPTQ Hessian damping, fraction of mean(diag H)")
       ->check(CLI::Range(0.0, 10.0));
+  compress::RefineOptions& r = f.opt.refine;
+  f.objective = r.p == 0 ? "uniform" : "router";
+  f.update = r.update_A ? "AV" : "V";
+  f.schedule_scope = r.rule_per_expert ? "expert" : "layer";
+  f.select_epoch = r.restore_best ? "best" : "last";
   auto* g = cmd->add_option_group("refinement (--method moesq)");
   g->add_option("--objective", f.objective, "router (p = 2, Eq. 4) | uniform (p = 0 ablation)")
       ->check(CLI::IsMember({"router", "uniform"}));
   g->add_option("--update", f.update, "AV (supports and values) | V (values only; SGPTQ support kept)")
       ->check(CLI::IsMember({"AV", "V"}));
   const std::string by_rule = " (not given: set per expert by the schedule rule, docs/RESULTS.md; shown: Table-4 value)";
-  f.epochs_opt = g->add_option("--epochs", f.epochs, "refinement epochs over the cached tokens" + by_rule)
+  f.epochs_opt = g->add_option("--epochs", r.epochs, "refinement epochs over the cached tokens" + by_rule)
                      ->check(CLI::Range(0, 100000));
-  f.lr_a_opt = g->add_option("--lr-a", f.lr_a, "Lion learning rate of the pattern logits A" + by_rule)->check(kNonNegative);
-  f.lr_v_opt = g->add_option("--lr-v", f.lr_v, "Lion learning rate of the latent weights V" + by_rule)->check(kNonNegative);
+  f.lr_a_opt = g->add_option("--lr-a", r.lr_A, "Lion learning rate of the pattern logits A" + by_rule)->check(kNonNegative);
+  f.lr_v_opt = g->add_option("--lr-v", r.lr_V, "Lion learning rate of the latent weights V" + by_rule)->check(kNonNegative);
   g->add_option("--schedule-scope", f.schedule_scope,
                 "rows the schedule rule uses: expert (each expert's own) | layer (the layer's mean per expert)")
       ->check(CLI::IsMember({"expert", "layer"}));
@@ -66,41 +71,27 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                 "state packed per expert: last (after the final epoch, paper) | best (lowest held-out Eq. 4 loss\n"
                 "among the SGPTQ start and every epoch's end: early stopping on the 10 % held-out rows)")
       ->check(CLI::IsMember({"last", "best"}));
-  g->add_option("--tau0", f.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
-  g->add_option("--tau1", f.tau1, "temperature at the last step")->check(kPositive);
-  g->add_option("--kappa0", f.kappa0, "logit scale κ at the first step")->check(kPositive);
-  g->add_option("--kappa1", f.kappa1, "logit scale κ at the last step")->check(kPositive);
-  f.batch_opt = g->add_option("--batch", f.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
-  g->add_option("--micro-batch", f.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
+  g->add_option("--tau0", r.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
+  g->add_option("--tau1", r.tau1, "temperature at the last step")->check(kPositive);
+  g->add_option("--kappa0", r.kappa0, "logit scale κ at the first step")->check(kPositive);
+  g->add_option("--kappa1", r.kappa1, "logit scale κ at the last step")->check(kPositive);
+  f.batch_opt = g->add_option("--batch", r.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
+  g->add_option("--micro-batch", r.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
-  b->add_option("--jsq-rho", f.jsq_rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
+  b->add_option("--jsq-rho", f.opt.jsq.rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
       ->check(kNonNegative);
-  b->add_option("--obr-alpha", f.obr_alpha,
+  b->add_option("--obr-alpha", f.opt.obr.alpha,
                 "OBR: fraction of the columns rounded first; the rest absorbs their error, then GPTQ")
       ->check(CLI::Range(0.0, 1.0));
 }
 
 compress::CompressOptions CompressFlags::options(const std::string& method) const {
-  compress::CompressOptions o;
+  compress::CompressOptions o = opt;
   o.method = compress::parse_method(method);
-  o.threads = threads;
-  o.sgptq.percdamp = percdamp;
-  o.jsq.rho = jsq_rho;
-  o.obr.alpha = obr_alpha;
   compress::RefineOptions& r = o.refine;
   r.p = objective == "router" ? 2 : 0;
   r.update_A = update == "AV";
-  r.epochs = epochs;
-  r.lr_A = lr_a;
-  r.lr_V = lr_v;
-  r.tau0 = tau0;
-  r.tau1 = tau1;
-  r.kappa0 = kappa0;
-  r.kappa1 = kappa1;
-  r.batch = batch;
-  r.micro_batch = micro_batch;
-  r.seed = seed;
-  auto by_rule = [this](const CLI::Option* o) { return !schedule_preset && !(o && o->count() > 0); };
+  auto by_rule = [this](const CLI::Option* flag) { return !schedule_preset && !(flag && flag->count() > 0); };
   r.rule_epochs = by_rule(epochs_opt);
   r.rule_batch = by_rule(batch_opt);
   r.rule_lr_A = by_rule(lr_a_opt);
@@ -111,9 +102,23 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   return o;
 }
 
+std::string method_help() {
+  constexpr size_t kWidth = 96;  // characters per help line (CLI11 indents them)
+  std::string s, line;
+  for (const compress::Method* m : compress::all_methods()) {
+    const std::string item = std::string(m->name) + " (" + m->help + ")";
+    if (!line.empty() && line.size() + 3 + item.size() > kWidth) {
+      s += line + " |\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " | ") + item;
+  }
+  return s + line;
+}
+
 compress::CalibSet CompressFlags::calibration(const model::DecoderModel& m, const std::string& dir) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
-  if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, seed);
+  if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, opt.refine.seed);
   const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
   const std::optional<io::Tokenizer> tok = io::text_tokenizer_for(dir, calib);
   compress::CalibSet set =

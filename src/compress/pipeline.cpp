@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "compress/layer_record.h"
-#include "compress/refine/loop.h"
+#include "compress/refine/options.h"
 #include "compress/work_dir.h"
 #include "core/blas_threads.h"
 #include "core/error.h"
@@ -23,30 +23,6 @@
 
 namespace moesq::compress {
 
-Method parse_method(const std::string& s) {
-  if (s == "rtn-nvfp4") return Method::RtnNvfp4;
-  if (s == "magnitude") return Method::Magnitude;
-  if (s == "sgptq") return Method::Sgptq;
-  if (s == "moesq") return Method::Moesq;
-  if (s == "jsq") return Method::Jsq;
-  if (s == "obr") return Method::Obr;
-  MOESQ_FAIL("--method: unknown method '", s, "' (expected rtn-nvfp4, magnitude, sgptq, moesq, jsq or obr)");
-}
-
-const char* method_name(Method m) {
-  switch (m) {
-    case Method::RtnNvfp4: return "rtn-nvfp4";
-    case Method::Magnitude: return "magnitude";
-    case Method::Sgptq: return "sgptq";
-    case Method::Moesq: return "moesq";
-    case Method::Jsq: return "jsq";
-    case Method::Obr: return "obr";
-  }
-  return "?";
-}
-
-bool method_is_sparse(Method m) { return m != Method::RtnNvfp4; }
-
 void validate(const CompressOptions& opt) {
   MOESQ_CHECK(opt.threads >= 0, "--threads: ", opt.threads, " must be >= 0 (0 = all cores)");
   MOESQ_CHECK(opt.sgptq.percdamp >= 0 && std::isfinite(opt.sgptq.percdamp), "--percdamp: ",
@@ -54,11 +30,8 @@ void validate(const CompressOptions& opt) {
   MOESQ_CHECK(opt.sgptq.block_size > 0 && opt.sgptq.block_size % format::kSparseScaleBlock == 0,
               "sgptq: block_size=", opt.sgptq.block_size, " must be a positive multiple of ",
               format::kSparseScaleBlock);
-  if (opt.method == Method::Moesq) validate(opt.refine);
-  MOESQ_CHECK(opt.jsq.rho >= 0 && std::isfinite(opt.jsq.rho), "--jsq-rho: ", opt.jsq.rho, " must be a finite value >= 0");
-  MOESQ_CHECK(opt.jsq.clip_high >= 0 && opt.jsq.clip_high < 1, "jsq: clip_high=", opt.jsq.clip_high, " must be in [0, 1)");
-  MOESQ_CHECK(opt.jsq.rows_per_mean > 0, "jsq: rows_per_mean=", opt.jsq.rows_per_mean, " must be > 0");
-  MOESQ_CHECK(opt.obr.alpha >= 0 && opt.obr.alpha <= 1, "--obr-alpha: ", opt.obr.alpha, " must be in [0, 1]");
+  MOESQ_CHECK(opt.method, "compress: no method");
+  if (opt.method->validate) opt.method->validate(opt);
 }
 
 namespace {
@@ -76,15 +49,6 @@ double rel_sq_error(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
-// The refinement schedule an expert ran with, and where each value came from (report.json).
-nlohmann::json schedule_json(const RefineResult& rr) {
-  auto src = [](bool rule) { return rule ? "rule" : "set"; };
-  return {{"batch", rr.batch}, {"epochs", rr.epochs}, {"steps", rr.steps}, {"lr_A", rr.lr_A}, {"lr_V", rr.lr_V},
-          {"rule_rows", rr.schedule_rows},
-          {"source", {{"batch", src(rr.batch_from_rule)}, {"epochs", src(rr.epochs_from_rule)},
-                      {"lr_A", src(rr.lr_A_from_rule)}, {"lr_V", src(rr.lr_V_from_rule)}}}};
-}
-
 }  // namespace
 
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
@@ -96,93 +60,11 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
   // gate and up share one tensor scale (DESIGN.md §3); down has its own (Eq. 5).
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
-  std::string names[3];
+  ExpertJob job{.w = w, .H = H, .I = I, .calib = c, .y_ref = y_ref, .variant = variant, .gs_gu = gs_gu, .gs_d = gs_d,
+               .names = {}};
   for (int p = 0; p < 3; ++p)
-    names[p] = io::expert_tensor_prefix(spec, rep.layer, rep.expert, static_cast<io::ExpertProj>(p)) + io::kWeight;
-  PackedExpert pe;
-  switch (opt.method) {
-    case Method::RtnNvfp4: {
-      const std::vector<float>* W[3] = {&w.gate, &w.up, &w.down};
-      for (int p = 0; p < 3; ++p) {
-        const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
-        pe.proj[p] = format::nvfp4_quantize(W[p]->data(), N, K, p < 2 ? gs_gu : gs_d, names[p]);
-      }
-      break;
-    }
-    case Method::Magnitude: {
-      const std::vector<float>* W[3] = {&w.gate, &w.up, &w.down};
-      for (int p = 0; p < 3; ++p) {
-        const int64_t N = p < 2 ? I : H, K = p < 2 ? H : I;
-        const std::vector<uint8_t> pat = format::magnitude_patterns(W[p]->data(), N, K);
-        pe.proj[p] = format::sparse48_quantize(W[p]->data(), N, K, pat.data(), p < 2 ? gs_gu : gs_d, names[p]);
-      }
-      break;
-    }
-    case Method::Jsq:
-    case Method::Obr: {
-      SolvedExpert s = opt.method == Method::Jsq
-                           ? jsq_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.jsq, names, variant)
-                           : obr_expert(w, H, I, c.X.data(), c.n, gs_gu, gs_d, opt.obr, opt.sgptq, names, variant);
-      rep.fallback = s.fallback;
-      rep.note = s.note;
-      pe = std::move(s.packed);
-      break;
-    }
-    case Method::Sgptq:
-    case Method::Moesq: {
-      // gate/up: Hessian of the expert inputs. down: Hessian of ITS inputs as produced by the
-      // compressed gate/up (sequential GPTQ), so down corrects the error gate/up left behind.
-      const Hessian Hx = accumulate_hessian(c.X.data(), c.n, H);
-      SgptqResult rg = sgptq(w.gate.data(), I, H, Hx, gs_gu, opt.sgptq, names[0]);
-      SgptqResult ru = sgptq(w.up.data(), I, H, Hx, gs_gu, opt.sgptq, names[1]);
-      std::vector<float> gq(static_cast<size_t>(I * H)), uq(static_cast<size_t>(I * H));
-      format::sparse48_dequantize(rg.packed, gq.data());
-      format::sparse48_dequantize(ru.packed, uq.data());
-      std::vector<float> inter;
-      model::swiglu_forward(gq.data(), uq.data(), w.down.data(), H, I, c.X.data(), c.n, 0, &inter, variant);
-      const Hessian Hz = accumulate_hessian(inter.data(), c.n, I);
-      SgptqResult rd = sgptq(w.down.data(), H, I, Hz, gs_d, opt.sgptq, names[2]);
-      if (rg.fallback || ru.fallback || rd.fallback) {
-        rep.fallback = true;
-        rep.note = !rg.fallback_reason.empty() ? rg.fallback_reason
-                   : !rd.fallback_reason.empty() ? rd.fallback_reason : ru.fallback_reason;
-      }
-      if (opt.method == Method::Moesq) {
-        // Algorithm 1 lines 7–18, starting from the SGPTQ solution.
-        ExpertData data;
-        data.n = c.n;
-        data.H = H;
-        data.I = I;
-        data.X = c.X.data();
-        data.g = c.g.data();
-        data.Y_ref = y_ref.data();
-        data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
-        data.schedule_rows = c.schedule_rows;
-        data.variant = variant;
-        const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), gs_gu, &rg.packed};
-        const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), gs_gu, &ru.packed};
-        const ProjInit id{rd.dense_rounded.data(), rd.patterns.data(), gs_d, &rd.packed};
-        RefineResult rr = refine_expert(data, ig, iu, id, opt.refine);
-        rep.extra = {{"init_hard_loss", rr.init_hard_loss}, {"final_hard_loss", rr.final_hard_loss},
-                     {"soft_loss", rr.curves.soft_loss}, {"hard_loss", rr.curves.hard_loss},
-                     {"epoch_seconds", rr.curves.epoch_seconds}, {"train_rows", rr.train_rows},
-                     {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
-                     {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped},
-                     {"selected_epoch", rr.selected_epoch},
-                     {"schedule", schedule_json(rr)}};
-        if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
-        pe.proj[0] = std::move(rr.gate);
-        pe.proj[1] = std::move(rr.up);
-        pe.proj[2] = std::move(rr.down);
-      } else {
-        pe.proj[0] = std::move(rg.packed);
-        pe.proj[1] = std::move(ru.packed);
-        pe.proj[2] = std::move(rd.packed);
-      }
-      break;
-    }
-  }
-  return pe;
+    job.names[p] = io::expert_tensor_prefix(spec, rep.layer, rep.expert, static_cast<io::ExpertProj>(p)) + io::kWeight;
+  return opt.method->compress(job, opt, rep);
 }
 
 namespace {
@@ -345,12 +227,12 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
       own[static_cast<size_t>(i)].packed =
           compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
     } catch (const Error& err) {  // which expert failed (e.g. a refinement that diverged to NaN)
-      MOESQ_FAIL("layer ", l, " expert ", e, " (--method ", method_name(opt.method), "): ", err.what());
+      MOESQ_FAIL("layer ", l, " expert ", e, " (--method ", opt.method->name, "): ", err.what());
     }
     const int64_t d = ++done;
     if (d % 8 == 0 || d == n_mine)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
-                               "/" + std::to_string(n_mine) + " experts" + share + " (" + method_name(opt.method) + ")");
+                               "/" + std::to_string(n_mine) + " experts" + share + " (" + opt.method->name + ")");
   }, opt.threads);
   if (comm.size() == 1) return own;
   return exchange_layer(m, l, std::move(own), comm);
@@ -404,7 +286,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
   ScopedBlasSingleThread single_blas;
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size;
-  const int act_block = method_is_sparse(opt.method) ? format::kActScaleBlock : format::kDenseScaleBlock;
+  const int act_block = opt.method->sparse ? format::kActScaleBlock : format::kDenseScaleBlock;
   MOESQ_CHECK(!calib.sequences.empty(), "no calibration sequences");
   // The propagation through a compressed layer runs W4A4 as deployed (activation block = the weights').
   model::ForwardOptions deployed;
@@ -442,9 +324,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)
-        train_sum += static_cast<double>(
-            c.n - std::min<int64_t>(static_cast<int64_t>(std::floor(opt.refine.heldout_fraction * c.n)),
-                                    std::max<int64_t>(c.n - 1, 0)));
+        train_sum += static_cast<double>(c.n - heldout_rows(opt.refine, c.n));
       for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
       place_layer(l, compress_layer(m, l, cal, opt, act_block, *comm), res);
     }

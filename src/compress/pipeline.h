@@ -15,6 +15,7 @@
 
 #include "compress/calib.h"
 #include "compress/jsq.h"
+#include "compress/method.h"
 #include "compress/obr.h"
 #include "compress/packed_expert.h"
 #include "compress/refine/options.h"
@@ -29,18 +30,15 @@ namespace moesq::compress {
 
 class WorkDir;
 
-enum class Method { RtnNvfp4, Magnitude, Sgptq, Moesq, Jsq, Obr };
-Method parse_method(const std::string& s);  // Error naming --method for unknown names
-const char* method_name(Method m);
-bool method_is_sparse(Method m);
-
+// Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its
+// flags to these fields).
 struct CompressOptions {
-  Method method = Method::Sgptq;
-  SgptqOptions sgptq;
-  RefineOptions refine;   // refinement options (method moesq)
-  JsqOptions jsq;         // method jsq (compress/jsq.h)
-  ObrOptions obr;         // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
-  int threads = 0;        // 0: all cores
+  const Method* method = &methods::kSgptq;  // a row of the method table (compress/method.h)
+  SgptqOptions sgptq;    // SGPTQ, and the GPTQ step of obr; recorded for every method
+  RefineOptions refine;  // refinement options (method moesq)
+  JsqOptions jsq;        // method jsq (compress/jsq.h)
+  ObrOptions obr;        // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
+  int threads = 0;       // 0: all cores
 };
 
 // What happened to one expert.
@@ -76,8 +74,8 @@ struct ExpertCalib {
   int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
 };
 
-// Compresses one expert with `opt.method` (what compress_model runs per expert; also the Python
-// module's compress_expert). `w` holds the original weights (gate/up [I, H], down [H, I]), y_ref
+// Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert;
+// also the Python module's compress_expert). `w` holds the original weights (gate/up [I, H], down [H, I]), y_ref
 // [c.n, H] their outputs on the expert's calibration rows (the refinement's targets; unused by the
 // one-shot methods). rep.layer / rep.expert name the tensors in errors, in spec's family layout
 // (io::expert_tensor_prefix); fallbacks and notes go to rep.
@@ -85,8 +83,9 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
                              ExpertReport& rep);
 
-// Every option checked once (moesq::Error naming the option), before any work: the CLI calls it
-// when it builds the options, compress_model again at its top.
+// Every option checked once (moesq::Error naming the option), before any work: the shared ones, then
+// the method's own (its row's validate). The CLI calls it when it builds the options, compress_model
+// again at its top.
 void validate(const CompressOptions& opt);
 
 // Compresses every routed expert of `m` (which must be the ORIGINAL model; it is modified in place:

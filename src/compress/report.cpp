@@ -1,7 +1,5 @@
 #include "compress/report.h"
 
-#include "compress/refine/options.h"
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -113,7 +111,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
                                bool plot) {
   AtomicDir dir(out_dir, "--out", "report.json", {src.dir()});
   const io::ModelSpec& spec = src.spec();
-  const bool sparse = method_is_sparse(opt.method);
+  const bool sparse = opt.method->sparse;
   progress("export", "writing " + out_dir);
 
   io::write_compressed_checkpoint(
@@ -121,7 +119,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       [&](int64_t l, int64_t e, io::ExpertProj p) -> const format::PackedWeight& {
         return r.experts.at(static_cast<size_t>(l)).at(static_cast<size_t>(e)).proj[static_cast<size_t>(p)];
       },
-      sparse, method_name(opt.method), dir.path());
+      sparse, opt.method->name, dir.path());
 
   // Measure bits/weight from the bytes actually written: reopen the files.
   ExportSummary sum;
@@ -155,7 +153,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
     layers.push_back(std::move(row));
   }
   sum.report = {
-      {"method", method_name(opt.method)},
+      {"method", opt.method->name},
       {"format", sparse ? "paired-4:8-nvfp4" : "nvfp4"},
       {"bits_per_expert_weight", sum.bits_per_expert_weight},
       {"expert_bytes", sum.expert_bytes},
@@ -168,13 +166,10 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"layers", layers},
       {"not_compressed", io::not_compressed_summary(src)},
   };
-  if (opt.method == Method::Moesq)
-    sum.report["refine_options"] = refine_options_to_json(opt.refine);
-  if (opt.method == Method::Jsq)
-    sum.report["jsq"] = {{"rho", opt.jsq.rho}, {"clip_high", opt.jsq.clip_high}, {"rows_per_mean", opt.jsq.rows_per_mean},
-                         {"smoothing", false}};
-  if (opt.method == Method::Obr)
-    sum.report["obr"] = {{"alpha", opt.obr.alpha}, {"rtn", opt.obr.rtn}, {"rotation", false}};
+  if (opt.method->options_json) {
+    nlohmann::json& o = sum.report[opt.method->report_key] = opt.method->options_json(opt);
+    if (opt.method->omitted) o[opt.method->omitted] = false;
+  }
   sum.layer_loss = loss_per_layer(r, spec.num_layers);
   nlohmann::json ll = nlohmann::json::array();
   for (const LayerLoss& x : sum.layer_loss)
@@ -185,7 +180,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   const std::string csv = (fs::path(dir.path()) / "loss_per_layer.csv").string();
   write_file_atomic(csv, loss_per_layer_csv(sum.layer_loss));
   sum.plot_note = plot ? plot_loss_per_layer(csv, (fs::path(dir.path()) / "loss_per_layer.png").string(),
-                                             opt.method == Method::Moesq)
+                                             opt.method->refines)
                        : "plot not requested";
   for (auto it = extra.begin(); it != extra.end(); ++it) sum.report[it.key()] = it.value();
   write_file_atomic((fs::path(dir.path()) / "report.json").string(), sum.report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

@@ -11,7 +11,6 @@
 #include <fstream>
 #include <map>
 
-#include "compress/refine/options.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/hash.h"
@@ -80,10 +79,7 @@ nlohmann::json run_manifest(const io::Checkpoint& src, const CalibSet& calib, co
                               {"block_size", opt.sgptq.block_size},
                               {"min_tokens", opt.sgptq.min_tokens},
                               {"pattern_at_group", opt.sgptq.pattern_at_group}}}};
-  if (opt.method == Method::Moesq) options["refine"] = refine_options_to_json(opt.refine);
-  if (opt.method == Method::Jsq)
-    options["jsq"] = {{"rho", opt.jsq.rho}, {"clip_high", opt.jsq.clip_high}, {"rows_per_mean", opt.jsq.rows_per_mean}};
-  if (opt.method == Method::Obr) options["obr"] = {{"alpha", opt.obr.alpha}, {"rtn", opt.obr.rtn}};
+  if (opt.method->options_json) options[opt.method->manifest_key] = opt.method->options_json(opt);
   nlohmann::json files = nlohmann::json::object();
   std::vector<std::string> paths = src.shard_files();
   paths.push_back((fs::path(src.dir()) / "config.json").string());
@@ -91,7 +87,7 @@ nlohmann::json run_manifest(const io::Checkpoint& src, const CalibSet& calib, co
   if (fs::exists(index)) paths.push_back(index.string());
   for (const std::string& p : paths) files[fs::path(p).filename().string()] = sha256_file(p);
   return {{"format", kFormat},
-          {"method", method_name(opt.method)},
+          {"method", opt.method->name},
           {"options", options},
           {"calibration",
            {{"sequences", calib.sequences.size()}, {"tokens", calib.tokens()}, {"sha256", calibration_sha256(calib)}}},

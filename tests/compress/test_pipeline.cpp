@@ -72,7 +72,7 @@ TEST(CompressPipeline, CountsFallbacksAndInstallsExperts) {
   moesq::model::DecoderModel m = random_model(1);
   const auto before = m.layer(0).experts[0].gate;
   moesq::compress::CompressOptions opt;
-  opt.method = moesq::compress::Method::Sgptq;
+  opt.method = &moesq::compress::methods::kSgptq;
   const auto r = moesq::compress::compress_model(m, calib(4, 32, 2), opt);
   ASSERT_EQ(r.reports.size(), 12u);
   for (int64_t l = 0; l < 2; ++l) {
@@ -105,7 +105,7 @@ TEST(CompressPipeline, CountsFallbacksAndInstallsExperts) {
 
 TEST(CompressPipeline, SgptqBeatsMagnitudeOnExpertOutputs) {
   double err[2] = {0, 0};
-  const moesq::compress::Method methods[2] = {moesq::compress::Method::Magnitude, moesq::compress::Method::Sgptq};
+  const moesq::compress::Method* methods[2] = {&moesq::compress::methods::kMagnitude, &moesq::compress::methods::kSgptq};
   for (int i = 0; i < 2; ++i) {
     moesq::model::DecoderModel m = random_model(3);
     moesq::compress::CompressOptions opt;
@@ -126,7 +126,7 @@ TEST(CompressPipeline, BadOptionFailsBeforeAnyWork) {
   moesq::compress::CalibSet c = calib(2, 8, 6);
   c.sequences[0][0] = 1000;  // outside the vocabulary of 64
   moesq::compress::CompressOptions opt;
-  opt.method = moesq::compress::Method::Moesq;
+  opt.method = &moesq::compress::methods::kMoesq;
   opt.refine.tau0 = -1.0;
   try {
     moesq::compress::compress_model(m, c, opt);
@@ -140,13 +140,14 @@ TEST(CompressPipeline, BadOptionFailsBeforeAnyWork) {
 }
 
 TEST(CompressPipeline, MethodNamesRoundTripAndUnknownIsAnError) {
-  for (const char* n : {"rtn-nvfp4", "magnitude", "sgptq", "moesq"})
-    EXPECT_STREQ(moesq::compress::method_name(moesq::compress::parse_method(n)), n);
+  for (const char* n : {"rtn-nvfp4", "magnitude", "sgptq", "moesq", "jsq", "obr"})
+    EXPECT_STREQ(moesq::compress::parse_method(n)->name, n);
   try {
     moesq::compress::parse_method("gptq");
     FAIL() << "no error";
   } catch (const moesq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--method"), std::string::npos);
+    EXPECT_STREQ(e.what(),
+                 "--method: unknown method 'gptq' (expected rtn-nvfp4, magnitude, sgptq, moesq, jsq or obr)");
   }
 }
 

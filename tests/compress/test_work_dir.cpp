@@ -33,7 +33,7 @@ struct Fixture {
   std::string out;
   Fixture() {
     calib.sequences = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-    opt.method = Method::Sgptq;
+    opt.method = &methods::kSgptq;
     out = tmp.file("out");
   }
   nlohmann::json manifest() const { return run_manifest(ckpt, calib, opt); }
@@ -76,7 +76,7 @@ TEST(WorkDir, CommitsAndResumes) {
 TEST(WorkDir, FreshRunDiscardsAnEarlierRunsLayers) {
   Fixture f;
   { WorkDir(f.out, f.manifest(), false).commit(record(0)); }
-  f.opt.method = Method::Magnitude;  // a fresh run replaces OUT, whatever its settings
+  f.opt.method = &methods::kMagnitude;  // a fresh run replaces OUT, whatever its settings
   WorkDir w(f.out, f.manifest(), false);
   EXPECT_EQ(w.committed_layers(), 0);
   EXPECT_FALSE(fs::exists(f.out + ".work/layer_0000.rec"));
@@ -91,10 +91,10 @@ TEST(WorkDir, ResumeWithOtherSettingsNamesWhatDiffers) {
   const std::string e1 = error_of([&] { WorkDir w(f.out, f.manifest(), true); });
   EXPECT_NE(e1.find("options.sgptq.percdamp (committed 0.01, now 0.05)"), std::string::npos) << e1;
   f.opt.sgptq.percdamp = 0.01;
-  f.opt.method = Method::Magnitude;
+  f.opt.method = &methods::kMagnitude;
   const std::string e2 = error_of([&] { WorkDir w(f.out, f.manifest(), true); });
   EXPECT_NE(e2.find("method (committed \"sgptq\", now \"magnitude\")"), std::string::npos) << e2;
-  f.opt.method = Method::Sgptq;
+  f.opt.method = &methods::kSgptq;
   f.calib.sequences[1][2] = 9;
   const std::string e3 = error_of([&] { WorkDir w(f.out, f.manifest(), true); });
   EXPECT_NE(e3.find("calibration.sha256"), std::string::npos) << e3;

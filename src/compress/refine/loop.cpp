@@ -186,8 +186,7 @@ class ExpertRefinement {
       w_[i] = o_.p == 0 ? 1.0f : static_cast<float>(std::pow(static_cast<double>(data_.g[i]), o_.p));
     }
     const std::vector<int64_t> perm = permutation(n, rng_key(o_.seed, data_.stream, kRngSplit, 0, 0));
-    n_held_ = static_cast<int64_t>(std::floor(o_.heldout_fraction * static_cast<double>(n)));
-    n_held_ = std::min(n_held_, n - 1);
+    n_held_ = heldout_rows(o_, n);
     const std::vector<int64_t> held(perm.begin(), perm.begin() + n_held_);
     train_.assign(perm.begin() + n_held_, perm.end());
     res.train_rows = static_cast<int64_t>(train_.size());

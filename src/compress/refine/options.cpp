@@ -1,6 +1,8 @@
-// RefineOptions: the range checks (once, before any work) and the report's JSON mapping.
+// RefineOptions: the range checks (once, before any work), the held-out split and the report's JSON mapping.
 #include "compress/refine/options.h"
 
+#include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "core/error.h"
@@ -20,6 +22,11 @@ void validate(const RefineOptions& o) {
               "refine: held-out fraction ", o.heldout_fraction, " must be in [0, 1)");
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
   MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
+}
+
+int64_t heldout_rows(const RefineOptions& o, int64_t n) {
+  const auto held = static_cast<int64_t>(std::floor(o.heldout_fraction * static_cast<double>(n)));
+  return std::min<int64_t>(held, std::max<int64_t>(n - 1, 0));
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // Options of the moesq refinement (paper 002 Appendix B, Table 4 defaults), typed end to end: the CLI
-// fills a RefineOptions, compress::validate checks it once before any work, refine_expert reads it.
-// JSON only for report.json ("refine_options").
+// binds its flags to a RefineOptions (so these defaults are the CLI's), compress::validate checks it
+// once before any work, refine_expert reads it.
+// JSON only in report.json ("refine_options") and the resume manifest (compress/work_dir.h).
 #pragma once
 #include <cstdint>
 
@@ -14,7 +15,7 @@ struct RefineOptions {
   int p = 2;              // router weighting of Eq. 4: row weight g^p (2 = moesq; 0 = uniform ablation)
   bool update_A = true;   // false: "V only" ablation, the support stays the prior (SGPTQ) one
   int epochs = 10;        // passes over the expert's training rows
-  int64_t batch = 256;    // rows per optimizer step
+  int64_t batch = 64;     // rows per optimizer step (paper Table 4)
   int64_t micro_batch = 64;  // rows per GEMM pass (gradients accumulated; bounds memory only)
   // Lion learning rates. Defaults: paper Table 4 (Qwen3-30B-A3B), tuned there for ~10^5 steps per
   // expert. Lion moves every parameter by ±lr per step, so fewer steps need larger rates: the
@@ -53,6 +54,11 @@ struct RefineOptions {
 // Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it
 // too, but callers validate once up front (compress::validate) so a bad value fails before any work.
 void validate(const RefineOptions& o);
+
+// The held-out split of an expert's n rows (the refinement's and the schedule rule's, which must
+// agree): floor(o.heldout_fraction · n) rows are held out of training, at most n − 1 (one training row
+// stays; 0 for n = 0).
+int64_t heldout_rows(const RefineOptions& o, int64_t n);
 
 // Options ↔ JSON (the report's "refine_options"; the options themselves travel typed). Keys are the
 // field names above; missing keys keep their defaults; an unknown key or a wrong type is an Error
