@@ -94,8 +94,8 @@ int main(int argc, char** argv) try {
   for (const auto& shape : proto["shapes"]) {
     const int64_t N = shape["N"], K = shape["K"];
     // Weights for all experts (AWQ packed + the dense fp16 dequantized copy for cuBLAS).
-    std::vector<moe::AwqLinear> W(E);
-    parallel_for(E, [&](int64_t e) { W[e] = moe::awq_random(N, K, 1000 + e, 0.5f * 0.2f / std::sqrt(float(K)), 1.5f * 0.2f / std::sqrt(float(K))); });
+    std::vector<format::AwqLinear> W(E);
+    parallel_for(E, [&](int64_t e) { W[e] = format::awq_random(N, K, 1000 + e, 0.5f * 0.2f / std::sqrt(float(K)), 1.5f * 0.2f / std::sqrt(float(K))); });
     std::vector<int32_t> qw, qz, slot(E);
     std::vector<uint16_t> sc, dense(static_cast<size_t>(E) * N * K);
     for (int e = 0; e < E; ++e) {
@@ -105,7 +105,7 @@ int main(int argc, char** argv) try {
       sc.insert(sc.end(), W[e].scales.begin(), W[e].scales.end());
     }
     parallel_for(E, [&](int64_t e) {
-      const auto d = moe::awq_dequantize_ref(W[e]);
+      const auto d = format::awq_dequantize_ref(W[e]);
       for (int64_t i = 0; i < N * K; ++i) dense[e * N * K + i] = f32_to_f16(d[i]);
     });
     int32_t *d_qw = upload(qw), *d_qz = upload(qz), *d_slot = upload(slot);
@@ -118,24 +118,24 @@ int main(int argc, char** argv) try {
         while (static_cast<int>(row.size()) < topk) row.insert(static_cast<int32_t>(g.below(E)));
         ids.insert(ids.end(), row.begin(), row.end());
       }
-      const auto a = moe::align_routes(ids, M, topk, E, b, moe::AlignOrder::Canonical);
-      const auto x = moe::make_random_f16(M, K, 8 + M);  // W13-style: route r reads token r / k
+      const auto a = ops::align_routes(ids, M, topk, E, b, ops::AlignOrder::Canonical);
+      const auto x = audit::make_random_f16(M, K, 8 + M);  // W13-style: route r reads token r / k
       const int64_t R = M * topk;
-      const auto tc = moe::select_thread_config(N, K);
-      const int bps = cuda::awq_gemm_blocks_per_sm(tc.thread_n, tc.thread_k);
+      const auto tc = ops::select_thread_config(N, K);
+      const int bps = ops::awq_gemm_blocks_per_sm(tc.thread_n, tc.thread_k);
       const int64_t grid = static_cast<int64_t>(prop.multiProcessorCount) * bps;
-      const auto s_nat = moe::make_schedule(moe::ScheduleKind::Native, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
-      const auto s_inv = moe::make_schedule(moe::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const auto s_nat = ops::make_schedule(ops::ScheduleKind::Native, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const auto s_inv = ops::make_schedule(ops::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       const auto s_spl =
-          moe::make_schedule(moe::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+          ops::make_schedule(ops::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       uint16_t* d_x = upload(x);
       int32_t *d_ids = upload(a.sorted_ids), *d_be = upload(a.block_expert);
       __half* d_c = nullptr;
       float* d_ws = nullptr;
       MOESQ_CUDA_CHECK(cudaMalloc(&d_c, R * N * 2));
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>({1, cuda::awq_workspace_floats(s_nat), cuda::awq_workspace_floats(s_spl)}) * 4));
-      auto desc = [&](const moe::TileSchedule& s) {
-        cuda::AwqMoeGemmCudaDesc d;
+      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>({1, ops::awq_workspace_floats(s_nat), ops::awq_workspace_floats(s_spl)}) * 4));
+      auto desc = [&](const ops::TileSchedule& s) {
+        ops::AwqMoeGemmCudaDesc d;
         d.A = reinterpret_cast<const __half*>(d_x);
         d.a_row_div = topk;
         d.sorted_ids = d_ids;
@@ -152,8 +152,8 @@ int main(int argc, char** argv) try {
         return d;
       };
       const auto d_nat = desc(s_nat), d_inv = desc(s_inv), d_spl = desc(s_spl);
-      auto run_get = [&](const cuda::AwqMoeGemmCudaDesc& d) {
-        cuda::awq_moe_gemm_cuda(d, nullptr);
+      auto run_get = [&](const ops::AwqMoeGemmCudaDesc& d) {
+        ops::awq_moe_gemm_cuda(d, nullptr);
         std::vector<uint16_t> c(R * N);
         MOESQ_CUDA_CHECK(cudaMemcpy(c.data(), d_c, R * N * 2, cudaMemcpyDeviceToHost));
         return c;
@@ -169,7 +169,7 @@ int main(int argc, char** argv) try {
         if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_nat[i]))) correct = false, bad = i;
       if (correct && M <= 64) {
         std::vector<uint16_t> c_ref(R * N);
-        moe::AwqMoeGemmDesc rd;
+        ops::AwqMoeGemmDesc rd;
         rd.A = x.data();
         rd.num_a_rows = M;
         rd.a_row_div = topk;
@@ -179,12 +179,12 @@ int main(int argc, char** argv) try {
         rd.weights = &W;
         rd.sched = &s_nat;
         rd.C = c_ref.data();
-        moe::awq_moe_gemm_ref(rd);
+        ops::awq_moe_gemm_ref(rd);
         for (int64_t i = 0; i < R * N && correct; ++i)
           if (!close(f16_to_f32(c_nat[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
         // invariant-split vs its own `_ref` (same slices, same reduction order).
         rd.sched = &s_spl;
-        moe::awq_moe_gemm_ref(rd);
+        ops::awq_moe_gemm_ref(rd);
         for (int64_t i = 0; i < R * N && correct; ++i)
           if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
       }
@@ -220,9 +220,9 @@ int main(int argc, char** argv) try {
       pt["native_schedule"] = schedule_to_json(s_nat);
       pt["invariant_split_schedule"] = schedule_to_json(s_spl);
       pt["correct"] = correct;
-      pt["times_ms"]["native"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
-      pt["times_ms"]["invariant"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);
-      pt["times_ms"]["invariant-split"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_spl, nullptr); }, warm, iters);
+      pt["times_ms"]["native"] = time_it([&] { ops::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
+      pt["times_ms"]["invariant"] = time_it([&] { ops::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);
+      pt["times_ms"]["invariant-split"] = time_it([&] { ops::awq_moe_gemm_cuda(d_spl, nullptr); }, warm, iters);
       pt["times_ms"]["cublas_fp16"] = time_it(cublas_all, warm, iters);
       int active = 0;
       for (int e = 0; e < E; ++e) active += cnt[e] > 0;

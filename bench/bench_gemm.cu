@@ -75,10 +75,10 @@ __global__ void fill_weights(uint8_t* w, size_t bytes, uint64_t seed) {
   const uint8_t kNibbles[6] = {0x4, 0x8, 0xC, 0x9, 0xD, 0xE};
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x) {
     const uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ull + i);
-    const size_t off = i % moe::kChunkBytes;
+    const size_t off = i % format::kChunkBytes;
     uint8_t v;
-    if (off < moe::kChunkCodeBytes) v = static_cast<uint8_t>(h);
-    else if (off < moe::kChunkCodeBytes + moe::kChunkScaleBytes) v = static_cast<uint8_t>(0x28 + h % 33);
+    if (off < format::kChunkCodeBytes) v = static_cast<uint8_t>(h);
+    else if (off < format::kChunkCodeBytes + format::kChunkScaleBytes) v = static_cast<uint8_t>(0x28 + h % 33);
     else v = static_cast<uint8_t>(kNibbles[h % 6] | (kNibbles[(h >> 8) % 6] << 4));
     w[i] = v;
   }
@@ -253,10 +253,10 @@ ExpertSet make_expert_set(const Shape& sh, int G, cudaStream_t s) {
   ExpertSet x;
   x.M = sh.M;
   x.K = sh.K;
-  x.K_pad = moe::padded_k(sh.K);
+  x.K_pad = format::padded_k(sh.K);
   x.M_pad = (sh.M + 15) / 16 * 16;
   x.G = G;
-  const size_t wbytes = size_t(G) * (x.M_pad / 16) * (x.K_pad / moe::kChunkK) * moe::kChunkBytes;
+  const size_t wbytes = size_t(G) * (x.M_pad / 16) * (x.K_pad / format::kChunkK) * format::kChunkBytes;
   const int wsets = int(std::clamp<size_t>((kRotateBytes + wbytes - 1) / wbytes, 1, 64));
   x.w.resize(wsets);
   for (int i = 0; i < wsets; ++i) {
@@ -319,9 +319,9 @@ void free_row_buffers(RowBuffers& b) {
 // Check first: the output of the last sparse_gemm call for expert 0 (tokens 0, 1, the middle and the
 // last: first and last n-block of its tiles) against an fp64 CPU product on the same bits. Returns the
 // relative Frobenius error.
-double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int count0) {
+double check_against_ref(const ExpertSet& ex, const ops::SparseGemmArgs& a, int count0) {
   const int64_t M = ex.M, K = ex.K, K_pad = ex.K_pad;
-  moe::KernelWeights kw;
+  format::KernelWeights kw;
   kw.num_experts = 1;
   kw.M = M;
   kw.K = K;
@@ -330,7 +330,7 @@ double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int
   kw.data.resize(kw.expert_bytes());
   MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), ex.w[0], kw.data.size(), cudaMemcpyDeviceToHost));
   std::vector<float> wdec(size_t(M) * K);
-  moe::kernel_layout_unpack_ref(kw, 0, wdec.data());
+  format::kernel_layout_unpack_ref(kw, 0, wdec.data());
   std::vector<int> toks;
   for (int t : {0, 1, count0 / 2, count0 - 1})
     if (t >= 0 && t < count0 && std::find(toks.begin(), toks.end(), t) == toks.end()) toks.push_back(t);
@@ -343,7 +343,7 @@ double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k)
-        acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k, a.x_layout)]);
+        acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + format::act_storage_index(k, a.x_layout)]);
       acc *= double(ex.inv_gamma[0] * (1.0f / 2688.0f));
       const double d = bf16_to_f32(hy[t * M + m]) - acc;
       err += d * d;
@@ -354,12 +354,12 @@ double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int
 
 // Times the other built instances of this token range (heuristic tuning data, bench/NOTES.md);
 // leaves `a` as it found it. Returns {config name: µs}.
-nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, cuda::SparseGemmArgs& a, int N,
-                             const cuda::GemmConfig& cfg) {
+nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, ops::SparseGemmArgs& a, int N,
+                             const ops::GemmConfig& cfg) {
   nlohmann::json sweep = nlohmann::json::object();
-  std::vector<std::pair<std::string, cuda::GemmConfig>> alts;
+  std::vector<std::pair<std::string, ops::GemmConfig>> alts;
   auto mma = [](int mt, int nt) {
-    cuda::GemmConfig c;
+    ops::GemmConfig c;
     c.m16_tiles_per_warp = mt;
     c.n_tiles = nt;
     return std::make_pair(std::to_string(16 * mt) + "x" + std::to_string(8 * nt), c);
@@ -370,19 +370,19 @@ nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, cuda:
   if (N >= 64)
     for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{{128, 128, 4}, {128, 256, 4}, {256, 128, 4}})
       alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
-                        cuda::wgmma_config(bm, bn, st));
+                        ops::wgmma_config(bm, bn, st));
   const int wsets = int(ex.w.size());
   for (const auto& [name, alt] : alts) {
-    a.x_layout = cuda::sparse_gemm_act_layout(alt);
+    a.x_layout = ops::sparse_gemm_act_layout(alt);
     const double t = median_us(
         [&](int i) {
           a.w = ex.w[i % wsets];
-          cuda::sparse_gemm(a, N, ctx.s, &alt);
+          ops::sparse_gemm(a, N, ctx.s, &alt);
         },
         std::max(10, ctx.reps / 2), ctx.s);
     sweep[name] = t;
   }
-  a.x_layout = cuda::sparse_gemm_act_layout(cfg);
+  a.x_layout = ops::sparse_gemm_act_layout(cfg);
   a.w = ex.w[0];
   return sweep;
 }
@@ -507,7 +507,7 @@ nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet
   for (int c : counts) t.tokens += c;
   const int cap = N;
   RowBuffers b = make_row_buffers(ex, cap, counts, ctx.s);
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   a.w = ex.w[0];
   a.w_inv_gamma = ex.d_inv_gamma;
   a.x = b.x;
@@ -520,11 +520,11 @@ nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet
   a.M_pad = ex.M_pad;
   a.K_pad = ex.K_pad;
   a.ldy = ex.M;
-  const cuda::GemmConfig cfg = cuda::sparse_gemm_heuristic(G, ex.M, ex.K_pad, N);
-  a.x_layout = cuda::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
+  const ops::GemmConfig cfg = ops::sparse_gemm_heuristic(G, ex.M, ex.K_pad, N);
+  a.x_layout = ops::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
   t.config = cfg.str();
 
-  cuda::sparse_gemm(a, N, ctx.s, &cfg);
+  ops::sparse_gemm(a, N, ctx.s, &cfg);
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(ctx.s));
   t.check_err = check_against_ref(ex, a, counts[0]);
   *check_failed = !(t.check_err <= kCheckRelTol);
@@ -535,7 +535,7 @@ nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet
   t.sparse_us = median_us(
       [&](int i) {
         a.w = ex.w[i % wsets];
-        cuda::sparse_gemm(a, N, ctx.s, &cfg);
+        ops::sparse_gemm(a, N, ctx.s, &cfg);
       },
       ctx.reps, ctx.s);
   t.sweep = sweep_configs(ctx, ex, a, N, cfg);

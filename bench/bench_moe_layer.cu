@@ -168,10 +168,10 @@ runtime::MoeBlockWeights synth_layer(DevMem& mem, const runtime::MoeBlockDims& d
     return w;
   }
   auto sparse = [&](int64_t M, int64_t K_pad, int64_t* M_pad, const float** inv_gamma) {
-    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
+    *M_pad = (M + format::kMmaM - 1) / format::kMmaM * format::kMmaM;
     ops::SynthSparseArgs a;
-    a.num_chunks = d.E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
-    a.out = mem.alloc<uint8_t>(static_cast<size_t>(a.num_chunks) * moe::kChunkBytes);
+    a.num_chunks = d.E * (*M_pad / format::kMmaM) * (K_pad / format::kChunkK);
+    a.out = mem.alloc<uint8_t>(static_cast<size_t>(a.num_chunks) * format::kChunkBytes);
     a.seed = seed ^ (++id * 0xd1b54a32d192ed03ull);
     ops::synth_sparse48_kl(a, nullptr);
     // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ kScale.
@@ -179,7 +179,7 @@ runtime::MoeBlockWeights synth_layer(DevMem& mem, const runtime::MoeBlockDims& d
     float* p = mem.alloc<float>(g.size());
     MOESQ_CUDA_CHECK(cudaMemcpy(p, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
     *inv_gamma = p;
-    *expert_bytes += static_cast<size_t>(a.num_chunks) * moe::kChunkBytes + g.size() * sizeof(float);
+    *expert_bytes += static_cast<size_t>(a.num_chunks) * format::kChunkBytes + g.size() * sizeof(float);
     return a.out;
   };
   w.gu_sparse = sparse(2 * d.I, d.H_pad, &w.gu_M_pad, &w.gu_inv_gamma);

@@ -20,7 +20,7 @@
 
 namespace {
 
-using namespace moesq::cuda::detail;
+using namespace moesq::ops::detail;
 
 template <bool kSparse, int kN>
 __global__ void __launch_bounds__(256, 1) peak_kernel(int iters, float* sink) {

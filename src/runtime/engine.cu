@@ -156,7 +156,7 @@ struct Engine::Impl {
 void Engine::Impl::sizes(const EngineOptions& opt) {
   H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts;
   I = s.moe_intermediate_size, V = s.vocab_size, k = s.top_k;
-  H_pad = moe::padded_k(H), I_pad = moe::padded_k(I), qkv_w = (nh + 2 * nkv) * hd;
+  H_pad = format::padded_k(H), I_pad = format::padded_k(I), qkv_w = (nh + 2 * nkv) * hd;
   moe_dims = moe_block_dims(s);
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
   max_seqs = opt.max_seqs;
@@ -249,9 +249,9 @@ void Engine::Impl::synthesize(uint64_t seed) {
     weight_bytes += d.bytes();
   };
   auto sparse = [&](Dev<uint8_t>& d, Dev<float>& inv_gamma, int64_t M, int64_t K_pad, int64_t* M_pad) {
-    *M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
-    const int64_t chunks = E * (*M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
-    d.alloc(static_cast<size_t>(chunks) * moe::kChunkBytes);
+    *M_pad = (M + format::kMmaM - 1) / format::kMmaM * format::kMmaM;
+    const int64_t chunks = E * (*M_pad / format::kMmaM) * (K_pad / format::kChunkK);
+    d.alloc(static_cast<size_t>(chunks) * format::kChunkBytes);
     ops::SynthSparseArgs a;
     a.out = d.p, a.num_chunks = chunks, a.seed = seed ^ (++stream_id * 0xd1b54a32d192ed03ull);
     ops::synth_sparse48_kl(a, stream);

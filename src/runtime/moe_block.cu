@@ -21,7 +21,7 @@ namespace moesq::runtime {
 MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   MoeBlockDims d;
   d.H = s.hidden_size, d.I = s.moe_intermediate_size, d.E = s.num_experts, d.top_k = s.top_k;
-  d.H_pad = moe::padded_k(d.H), d.I_pad = moe::padded_k(d.I);
+  d.H_pad = format::padded_k(d.H), d.I_pad = format::padded_k(d.I);
   d.norm_topk_prob = s.norm_topk_prob;
   return d;
 }
@@ -33,23 +33,23 @@ void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBloc
                  const uint16_t* x_lo, int64_t T, cudaStream_t stream, unsigned stages) {
   const int E = static_cast<int>(dm.E), cap = static_cast<int>(T), max_tok = static_cast<int>(T);
   const int64_t H = dm.H, I = dm.I, H_pad = dm.H_pad, I_pad = dm.I_pad;
-  cuda::DispatchArgs d;
+  ops::DispatchArgs d;
   d.x = x, d.topk_ids = b.topk_ids, d.T = T, d.topk = static_cast<int>(dm.top_k), d.K = H, d.K_pad = H_pad;
   d.num_experts = E, d.capacity = cap, d.out = b.xd, d.inv_scale = b.xs, d.counts = b.counts;
   d.route_of_slot = b.route_of_slot, d.slot_of_route = b.slot_of_route;
-  cuda::SwigluQuantArgs sw;  // route grid: T·k CTAs, not E × capacity
+  ops::SwigluQuantArgs sw;  // route grid: T·k CTAs, not E × capacity
   sw.h_f32 = b.hbuf, sw.counts = b.counts, sw.num_experts = E, sw.capacity = cap, sw.I = I;
   sw.I_pad = I_pad, sw.out = b.ad, sw.inv_scale = b.as;
   sw.topk_ids = b.topk_ids, sw.slot_of_route = b.slot_of_route, sw.routes = T * dm.top_k;
   if (L.backend == ExpertBackend::kBf16) {
-    d.quantize = false, d.layout = moe::ActLayout::kKMajor;
-    if (stages & kMoeDispatch) cuda::act_dispatch(d, stream);
+    d.quantize = false, d.layout = format::ActLayout::kKMajor;
+    if (stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::GemmBf16Args g;
     g.x = b.xd, g.w = L.gu_dense, g.y_f32 = b.hbuf, g.counts = b.counts, g.groups = E;
     g.M = cap, g.N = 2 * I, g.K = H_pad, g.ldy = 2 * I;
     if (stages & kMoeGateUp) ops::gemm_bf16(g, stream);
-    sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
-    if (stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
+    sw.quantize = false, sw.layout = format::ActLayout::kKMajor;
+    if (stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.x = b.ad, g.w = L.down_dense, g.y_f32 = nullptr, g.y_bf16 = b.ybuf, g.N = H, g.K = I_pad, g.ldy = H;
     if (stages & kMoeDown) ops::gemm_bf16(g, stream);
     return;
@@ -58,22 +58,22 @@ void run_experts(const MoeBlockDims& dm, const MoeBlockWeights& L, const MoeBloc
               "moe_block: expert backend ", expert_backend_name(L.backend), " is not built; built: ",
               built_expert_backends());
   const bool quant = L.backend == ExpertBackend::kSparseW4A4;
-  const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
-  d.quantize = quant, d.layout = cuda::sparse_gemm_act_layout(c1);
+  const ops::GemmConfig c1 = ops::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
+  d.quantize = quant, d.layout = ops::sparse_gemm_act_layout(c1);
   d.x_lo = quant ? x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
-  if (stages & kMoeDispatch) cuda::act_dispatch(d, stream);
-  cuda::SparseGemmArgs g;
+  if (stages & kMoeDispatch) ops::act_dispatch(d, stream);
+  ops::SparseGemmArgs g;
   g.w = L.gu_sparse, g.w_inv_gamma = L.gu_inv_gamma, g.x = b.xd, g.x_layout = d.layout;
   g.x_inv_scale = quant ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
   g.capacity = cap, g.M = 2 * I, g.M_pad = L.gu_M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
-  if (stages & kMoeGateUp) cuda::sparse_gemm(g, max_tok, stream, &c1);
-  const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(E, H, I_pad, max_tok);
-  sw.quantize = quant, sw.layout = cuda::sparse_gemm_act_layout(c2);
-  if (stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
+  if (stages & kMoeGateUp) ops::sparse_gemm(g, max_tok, stream, &c1);
+  const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
+  sw.quantize = quant, sw.layout = ops::sparse_gemm_act_layout(c2);
+  if (stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
   g.w = L.down_sparse, g.w_inv_gamma = L.down_inv_gamma, g.x = b.ad, g.x_layout = sw.layout;
   g.x_inv_scale = quant ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = L.down_M_pad;
   g.K_pad = I_pad, g.ldy = H;
-  if (stages & kMoeDown) cuda::sparse_gemm(g, max_tok, stream, &c2);
+  if (stages & kMoeDown) ops::sparse_gemm(g, max_tok, stream, &c2);
 }
 
 }  // namespace

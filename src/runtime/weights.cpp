@@ -88,7 +88,7 @@ void load_moe_weights(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
                       HostLayer& L) {
   const io::ModelSpec& s = ckpt.spec();
   const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
-  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+  const int64_t H_pad = format::padded_k(H), I_pad = format::padded_k(I);
   L.router = to_bf16(ckpt.get_f32(lname(l, "mlp.gate.weight"), {E, H}));
   if (backend == ExpertBackend::kBf16) {
     L.gu_dense.assign(E * 2 * I * H_pad, 0);
@@ -112,8 +112,8 @@ void load_moe_weights(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
       pgu[e] = &gu[e];
       pdown[e] = &down[e];
     }
-    L.gu_sparse = moe::kernel_layout_from_sparse48(pgu, lname(l, "mlp.experts.gate_up"));
-    L.down_sparse = moe::kernel_layout_from_sparse48(pdown, lname(l, "mlp.experts.down"));
+    L.gu_sparse = format::kernel_layout_from_sparse48(pgu, lname(l, "mlp.experts.gate_up"));
+    L.down_sparse = format::kernel_layout_from_sparse48(pdown, lname(l, "mlp.experts.down"));
   }
 }
 
@@ -142,7 +142,7 @@ void permute_dense_rows(const float* w, int64_t N, int64_t K, int64_t K_pad, uin
   for (int64_t n = 0; n < N; ++n) {
     uint16_t* o = out + n * K_pad;
     for (int64_t k = 0; k < K_pad; ++k) o[k] = 0;
-    for (int64_t k = 0; k < K; ++k) o[moe::act_storage_index(k, moe::ActLayout::kKMajor)] = f32_to_bf16(w[n * K + k]);
+    for (int64_t k = 0; k < K; ++k) o[format::act_storage_index(k, format::ActLayout::kKMajor)] = f32_to_bf16(w[n * K + k]);
   }
 }
 

@@ -7,7 +7,7 @@
 //
 // Non-obvious decisions: q|k|v are fused into one [(nh + 2·nkv)·hd, H] projection (one GEMM, one
 // head-norm/RoPE pass); gate|up into one [2I, K] expert projection (gate rows first, as
-// cuda::swiglu_quant expects), which for paired 4:8 needs ONE global scale for both (FORMAT.md: moesq
+// ops::swiglu_quant expects), which for paired 4:8 needs ONE global scale for both (FORMAT.md: moesq
 // writes it so; anything else is an error, never a silently wrong up projection). Dense bf16 experts
 // get their K columns permuted into the activation layout kKMajor, so the dispatch's permuted rows
 // need no un-permutation (a dot product does not care about the order of its terms).
@@ -31,7 +31,7 @@ struct HostLayer {
   std::vector<uint16_t> router;              // [E, H] bf16
   std::vector<uint16_t> gu_dense;            // bf16 backend: [E, 2I, H_pad], K in kKMajor order, 0 past H
   std::vector<uint16_t> down_dense;          // bf16 backend: [E, H, I_pad], K in kKMajor order, 0 past I
-  moe::KernelWeights gu_sparse, down_sparse; // sparse backends: gate|up [E, 2I, H], down [E, H, I]
+  format::KernelWeights gu_sparse, down_sparse; // sparse backends: gate|up [E, 2I, H], down [E, H, I]
 };
 
 struct HostModel {

@@ -6,7 +6,9 @@
 
 #include "audit/build_identity.h"
 
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 TEST(BuildIdentity, UnknownOutsideAGitWorkTree) {
   EXPECT_EQ(source_commit(""), "unknown");

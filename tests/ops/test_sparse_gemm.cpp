@@ -21,7 +21,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using namespace moesq::test;  // support/ops_fixtures.h
 // ref GEMM (fp64 sum, one fp32 rounding, α applied in fp32) vs an independent fp64 sum over the
 // format module's scaled dequantization: only the fp32 roundings of α·acc and of ŵ = q·s/γ differ.

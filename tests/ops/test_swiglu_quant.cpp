@@ -18,7 +18,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {

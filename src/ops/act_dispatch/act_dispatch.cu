@@ -9,7 +9,7 @@
 #include "core/cuda/check.cuh"
 #include "ops/common/nvfp4_row.cuh"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -70,7 +70,7 @@ void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
               a.K, " K_pad=", a.K_pad, " (K must be a multiple of 32, K_pad of 256)");
   MOESQ_CHECK(a.num_experts > 0 && a.capacity >= 0 && a.topk > 0 && a.T >= 0, "act_dispatch: bad sizes E=",
               a.num_experts, " capacity=", a.capacity, " topk=", a.topk, " T=", a.T);
-  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
+  MOESQ_CHECK(a.layout == format::ActLayout::kMmaFragment || a.layout == format::ActLayout::kKMajor,
               "act_dispatch: unknown ActLayout ", static_cast<int>(a.layout));
   MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
   if (a.T == 0) return;
@@ -82,4 +82,4 @@ void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("act_dispatch_kernel");
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

@@ -3,10 +3,10 @@
 
 #include "core/error.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* topk_ids, int topk, int num_experts,
-                      int capacity, bool quantize, ActLayout layout) {
+                      int capacity, bool quantize, format::ActLayout layout) {
   MOESQ_CHECK(num_experts > 0 && capacity >= 0 && topk > 0, "dispatch_ref: bad sizes E=", num_experts,
               " capacity=", capacity, " topk=", topk);
   ActBatch a = empty_act_batch(num_experts, capacity, K, layout);
@@ -22,4 +22,4 @@ ActBatch dispatch_ref(const uint16_t* x, int64_t T, int64_t K, const int32_t* to
   return a;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

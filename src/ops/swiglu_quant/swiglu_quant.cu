@@ -9,7 +9,7 @@
 #include "ops/common/nvfp4_row.cuh"
 #include "ops/swiglu_quant/swiglu_quant.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -69,8 +69,8 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
               a.I, " I_pad=", a.I_pad, " (I must be a multiple of 32, I_pad of 256)");
   MOESQ_CHECK(a.num_experts > 0 && a.num_experts <= 65535 && a.capacity >= 0, "swiglu_quant: bad sizes E=",
               a.num_experts, " capacity=", a.capacity);
-  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
-              "swiglu_quant: unknown ActLayout ", static_cast<int>(a.layout));
+  MOESQ_CHECK(a.layout == format::ActLayout::kMmaFragment || a.layout == format::ActLayout::kKMajor,
+              "swiglu_quant: unknown format::ActLayout ", static_cast<int>(a.layout));
   if (a.capacity == 0) return;
   MOESQ_CHECK((a.h != nullptr) != (a.h_f32 != nullptr), "swiglu_quant: give exactly one of h, h_f32");
   const size_t smem = (a.h_f32 && a.quantize ? sizeof(float) : sizeof(uint16_t)) * a.I;
@@ -88,4 +88,4 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_quant_kernel");
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

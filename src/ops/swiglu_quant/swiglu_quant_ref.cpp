@@ -7,10 +7,10 @@
 #include "core/error.h"
 #include "core/half.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int capacity, int64_t I,
-                          const std::vector<int32_t>& counts, bool quantize, ActLayout layout) {
+                          const std::vector<int32_t>& counts, bool quantize, format::ActLayout layout) {
   MOESQ_CHECK(h.size() == static_cast<size_t>(num_experts) * capacity * 2 * I, "swiglu_quant_ref: h has ", h.size(),
               " elements, expected [", num_experts, ", ", capacity, ", ", 2 * I, "]");
   ActBatch a = empty_act_batch(num_experts, capacity, I, layout);
@@ -31,4 +31,4 @@ ActBatch swiglu_quant_ref(const std::vector<uint16_t>& h, int num_experts, int c
   return a;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops
