@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "core/cuda/device_scope.h"
 #include "core/error.h"
 #include "gpu_ops.h"
@@ -75,18 +76,20 @@ struct CallScope {
   std::unique_ptr<DeviceScope> scope;
 };
 
-// A fresh output buffer; the last DLPack view frees it with cudaFree (which waits for the device, so no
-// stream still using it races the free).
+// A fresh output buffer (a DevBuf, core/cuda/dev_buf.cuh) shared by every DLPack view of it: tensors
+// are reference-counted Python objects, so ownership must be shared, and the last view frees it. The
+// deleter makes the buffer's device current around the free (a view may die while another device is
+// current) and clears the error a free at interpreter exit may leave (the runtime may be gone: nothing to
+// report to). cudaFree waits for the device, so no stream still using the buffer races the free.
 std::shared_ptr<void> device_alloc(size_t bytes, int device) {
-  void* p = nullptr;
-  MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  return std::shared_ptr<void>(p, [device](void* q) {
+  std::shared_ptr<DevBuf<uint8_t>> buf(new DevBuf<uint8_t>(bytes), [device](DevBuf<uint8_t>* b) {
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
-    cudaFree(q);
-    (void)cudaGetLastError();  // at interpreter exit the runtime may be gone: nothing to report to
+    delete b;
+    (void)cudaGetLastError();
     if (switched) cudaSetDevice(prev);
   });
+  return std::shared_ptr<void>(buf, buf->p);
 }
 
 // The op's completion on its stream: recorded after the launches, waited on by each consumer stream.

@@ -365,7 +365,7 @@ PYBIND11_MODULE(moesq, m) {
          const std::string& layout) {
         const DlView v(x, {"moesq.dispatch_ref", "x", {DType::U16, DType::BF16}, {-1, -1}});
         const DlView ids(topk_ids, {"moesq.dispatch_ref", "topk_ids", {DType::I32}, {v.dim(0), -1}});
-        const ops::ActBatch b = ops::dispatch_ref(v.as<uint16_t>(), v.dim(0), v.dim(1), ids.as<int32_t>(),
+        const ops::ActBatch b = ops::act_dispatch_batch_ref(v.as<uint16_t>(), v.dim(0), v.dim(1), ids.as<int32_t>(),
                                                   static_cast<int>(ids.dim(1)), num_experts, capacity, quantize,
                                                   parse_act_layout(layout, "moesq.dispatch_ref"));
         pyb::dict d;

@@ -1,6 +1,6 @@
 // GPU tests of ops::act_dispatch (ops/act_dispatch) in both activation layouts (format::ActLayout,
 // docs/KERNEL_LAYOUT.md §1: kMmaFragment for the mma.sp grouped GEMM, kKMajor for the wgmma.sp one) vs
-// its CPU twins dispatch_ref / act_quant_row_ref, bitwise; the device K-order table vs the host one.
+// its CPU twins act_dispatch_batch_ref / act_quant_row_ref, bitwise; the device K-order table vs the host one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,7 +54,7 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       std::uniform_int_distribution<int> ed(0, E - 1);
       for (auto& v : ids) v = ed(rng);
       for (int r = 0; r < 16; ++r) ids[4 * r] = 7;  // crowd expert 7 past its capacity: drops
-      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
+      const ActBatch ref = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
       ASSERT_EQ(ref.layout, layout);
 
       DevBuf<uint16_t> d_x(x), d_xl(xl), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));

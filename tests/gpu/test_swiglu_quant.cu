@@ -97,7 +97,7 @@ TEST(SwigluQuant, MatchesRefBitwiseWhenSiluIsExactInBothLayouts) {
           h[row * 2 * I + i] = f32_to_bf16(gate(rng));
           h[row * 2 * I + I + i] = f32_to_bf16(up(rng));
         }
-      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, layout);
+      const ActBatch ref = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, layout);
       const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, layout);
       int64_t nonzero = 0;
       for (int e = 0; e < E; ++e)
@@ -133,7 +133,7 @@ TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
       std::normal_distribution<float> nd(0.0f, 2.0f);
       for (auto& v : h) v = f32_to_bf16(nd(rng));
       const std::vector<int32_t> counts = {17, 0, 5};
-      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const ActBatch ref = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
       const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
       const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
       EXPECT_EQ(kmaj.inv, frag.inv);

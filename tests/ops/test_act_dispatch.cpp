@@ -97,8 +97,8 @@ TEST(DispatchRef, KMajorBatchMatchesMmaFragmentBatch) {
     std::vector<int32_t> ids(T * topk);
     std::uniform_int_distribution<int> ed(0, E - 1);
     for (auto& v : ids) v = ed(rng);
-    const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
-    const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
+    const ActBatch frag = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+    const ActBatch kmaj = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
     EXPECT_EQ(frag.layout, ActLayout::kMmaFragment);
     EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
     EXPECT_EQ(kmaj.K_pad, frag.K_pad);
@@ -122,7 +122,7 @@ TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
   std::vector<int32_t> ids(T * topk);
   std::uniform_int_distribution<int> ed(0, E - 1);
   for (auto& v : ids) v = ed(rng);
-  const ActBatch a = dispatch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
+  const ActBatch a = act_dispatch_batch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
   std::vector<int> want(E, 0);
   for (int v : ids) ++want[v];
   for (int e = 0; e < E; ++e) {

@@ -29,8 +29,8 @@ TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
     for (int64_t I : {64, 288}) {
       auto h = random_rows(E * cap, 2 * I, rng);
       const std::vector<int32_t> counts = {4, 0, 6};  // full, empty, over capacity
-      const ActBatch frag = swiglu_quant_ref(h, E, cap, I, counts, quantize);
-      const ActBatch kmaj = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const ActBatch frag = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize);
+      const ActBatch kmaj = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
       EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
       EXPECT_EQ(kmaj.counts, frag.counts);
       EXPECT_EQ(kmaj.inv_scale, frag.inv_scale);
@@ -53,7 +53,7 @@ TEST(SwigluQuantRef, SiluTimesUpThenQuantized) {
   const int64_t I = 64;
   auto h = random_rows(E * cap, 2 * I, rng);
   std::vector<int32_t> counts = {2, 0};
-  const ActBatch a = swiglu_quant_ref(h, E, cap, I, counts, false);
+  const ActBatch a = swiglu_quant_batch_ref(h, E, cap, I, counts, false);
   for (int s = 0; s < 2; ++s) {
     for (int64_t i = 0; i < I; ++i) {
       const float g = bf16_to_f32(h[s * 2 * I + i]), u = bf16_to_f32(h[s * 2 * I + I + i]);
