@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "ops/awq_gemm/awq_gemm.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "ops/route_align/route_align.h"
 #include "format/awq_int4.h"
 #include "audit/awq_layer.h"
@@ -34,14 +35,6 @@ constexpr double kRtol = 0x1p-9, kAtol = 0x1p-14;  // GPU vs `_ref`: 2 fp16 ulps
 constexpr double kHbmTBs = 4.25;                     // measured H200 HBM bandwidth (DESIGN.md §4)
 
 #define CUBLAS_CHECK(call) MOESQ_CHECK((call) == CUBLAS_STATUS_SUCCESS, #call " failed")
-
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* p = nullptr;
-  MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)));
-  MOESQ_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
 
 template <typename F>
 std::vector<double> time_it(F&& fn, int warm, int iters) {
@@ -108,8 +101,8 @@ int main(int argc, char** argv) try {
       const auto d = format::awq_dequantize_ref(W[e]);
       for (int64_t i = 0; i < N * K; ++i) dense[e * N * K + i] = f32_to_f16(d[i]);
     });
-    int32_t *d_qw = upload(qw), *d_qz = upload(qz), *d_slot = upload(slot);
-    uint16_t *d_sc = upload(sc), *d_dense = upload(dense);
+    const DevBuf<int32_t> d_qw(qw), d_qz(qz), d_slot(slot);
+    const DevBuf<uint16_t> d_sc(sc), d_dense(dense);
     for (int64_t M : proto["operating_points_tokens"].get<std::vector<int64_t>>()) {
       SplitMix64 g(7 + M);
       std::vector<int32_t> ids;
@@ -128,35 +121,31 @@ int main(int argc, char** argv) try {
       const auto s_inv = ops::make_schedule(ops::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       const auto s_spl =
           ops::make_schedule(ops::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
-      uint16_t* d_x = upload(x);
-      int32_t *d_ids = upload(a.sorted_ids), *d_be = upload(a.block_expert);
-      __half* d_c = nullptr;
-      float* d_ws = nullptr;
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_c, R * N * 2));
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>({1, ops::awq_workspace_floats(s_nat), ops::awq_workspace_floats(s_spl)}) * 4));
+      const DevBuf<uint16_t> d_x(x);
+      const DevBuf<int32_t> d_ids(a.sorted_ids), d_be(a.block_expert);
+      DevBuf<uint16_t> d_c(R * N);  // [R, N] fp16
+      DevBuf<float> d_ws(std::max<int64_t>({1, ops::awq_workspace_floats(s_nat), ops::awq_workspace_floats(s_spl)}));
       auto desc = [&](const ops::TileSchedule& s) {
         ops::AwqMoeGemmCudaDesc d;
-        d.A = reinterpret_cast<const __half*>(d_x);
+        d.A = reinterpret_cast<const __half*>(d_x.p);
         d.a_row_div = topk;
-        d.sorted_ids = d_ids;
-        d.block_expert = d_be;
-        d.expert_slot = d_slot;
+        d.sorted_ids = d_ids.p;
+        d.block_expert = d_be.p;
+        d.expert_slot = d_slot.p;
         d.sentinel = a.sentinel();
         d.block_size = b;
-        d.qweight = d_qw;
-        d.qzeros = d_qz;
-        d.scales = reinterpret_cast<const __half*>(d_sc);
-        d.C = d_c;
-        d.workspace = d_ws;
+        d.qweight = d_qw.p;
+        d.qzeros = d_qz.p;
+        d.scales = reinterpret_cast<const __half*>(d_sc.p);
+        d.C = reinterpret_cast<__half*>(d_c.p);
+        d.workspace = d_ws.p;
         d.sched = s;
         return d;
       };
       const auto d_nat = desc(s_nat), d_inv = desc(s_inv), d_spl = desc(s_spl);
       auto run_get = [&](const ops::AwqMoeGemmCudaDesc& d) {
         ops::awq_moe_gemm_cuda(d, nullptr);
-        std::vector<uint16_t> c(R * N);
-        MOESQ_CUDA_CHECK(cudaMemcpy(c.data(), d_c, R * N * 2, cudaMemcpyDeviceToHost));
-        return c;
+        return d_c.download();
       };
       // ---- check first ----
       const auto c_nat = run_get(d_nat), c_inv = run_get(d_inv), c_spl = run_get(d_spl);
@@ -199,15 +188,14 @@ int main(int argc, char** argv) try {
       std::vector<uint16_t> xg(R * K);
       std::vector<int64_t> fill(off.begin(), off.end() - 1);
       for (int64_t r = 0; r < R; ++r) std::copy(x.begin() + (r / topk) * K, x.begin() + (r / topk + 1) * K, xg.begin() + fill[ids[r]]++ * K);
-      uint16_t* d_xg = upload(xg);
-      __half* d_cg = nullptr;
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_cg, R * N * 2));
+      const DevBuf<uint16_t> d_xg(xg);
+      DevBuf<uint16_t> d_cg(R * N);  // [R, N] fp16
       const float one = 1.0f, zero = 0.0f;
       auto cublas_all = [&] {
         for (int e = 0; e < E; ++e)
           if (cnt[e])
-            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, cnt[e], K, &one, d_dense + e * N * K, CUDA_R_16F, K,
-                                      d_xg + off[e] * K, CUDA_R_16F, K, &zero, d_cg + off[e] * N, CUDA_R_16F, N,
+            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, cnt[e], K, &one, d_dense.p + e * N * K, CUDA_R_16F, K,
+                                      d_xg.p + off[e] * K, CUDA_R_16F, K, &zero, d_cg.p + off[e] * N, CUDA_R_16F, N,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       };
       // ---- time ----
@@ -237,9 +225,7 @@ int main(int argc, char** argv) try {
       pt["packed_weight_bytes"] = packed_bytes;
       pt["hbm_floor_ms"] = packed_bytes / (kHbmTBs * 1e12) * 1e3;
       raw["points"][shape["name"].get<std::string>() + "/M=" + std::to_string(M)] = pt;
-      cudaFree(d_x); cudaFree(d_ids); cudaFree(d_be); cudaFree(d_c); cudaFree(d_ws); cudaFree(d_xg); cudaFree(d_cg);
     }
-    cudaFree(d_qw); cudaFree(d_qz); cudaFree(d_slot); cudaFree(d_sc); cudaFree(d_dense);
   }
   std::ofstream(out_path) << raw.dump(1) << "\n";
   std::printf("wrote %s\n", out_path.c_str());

@@ -16,16 +16,15 @@ namespace {
 
 // H1's persistent tensors (held from prepare_history to release_history).
 struct HistoryTensors {
-  DevBuf<uint16_t>* x = nullptr;
-  DevBuf<float>* w = nullptr;
-  DevBuf<int32_t>* ids = nullptr;
+  DevBuf<uint16_t> x;   // [M, H] like the fixture's input
+  DevBuf<float> w;      // [M, k] like its top-k weights
+  DevBuf<int32_t> ids;  // [M, k] like its top-k ids
 } g_history;
 
-void release_history_tensors() {
-  delete g_history.x;
-  delete g_history.w;
-  delete g_history.ids;
-  g_history = {};
+void release_history_tensors() {  // frees x, w, ids in that order
+  g_history.x = {};
+  g_history.w = {};
+  g_history.ids = {};
 }
 
 }  // namespace
@@ -37,9 +36,9 @@ audit::AuditBackend cuda_audit_backend() {
     audit::history_seed(h);  // validates the name
     release_history_tensors();
     if (h == "H1") {  // three persistent tensors shaped like the inputs, filled once, never used
-      g_history.x = new DevBuf<uint16_t>(f.x.data(), f.x.size());
-      g_history.w = new DevBuf<float>(f.topk_weights.data(), f.topk_weights.size());
-      g_history.ids = new DevBuf<int32_t>(f.topk_ids.data(), f.topk_ids.size());
+      g_history.x = DevBuf<uint16_t>(f.x);
+      g_history.w = DevBuf<float>(f.topk_weights);
+      g_history.ids = DevBuf<int32_t>(f.topk_ids);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
     }
   };
