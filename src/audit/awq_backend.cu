@@ -43,10 +43,10 @@ audit::AuditBackend cuda_audit_backend() {
     }
   };
   b.align_native = [](const audit::AuditFixture& f, const std::string&) {
-    return align_routes_cuda(f.topk_ids, f.M, f.topk, f.num_experts, f.block_size);
+    return ops::align_routes_cuda(f.topk_ids, f.M, f.topk, f.num_experts, f.block_size);
   };
   b.run_layer = [](const audit::AuditFixture& f, const ops::RouteAlignment& a, const audit::LayerRunSpec& spec) {
-    return audit::run_awq_moe_layer(f.x, f.topk_weights, a, f.weights, spec, awq_moe_gemm_cuda_host);
+    return audit::run_awq_moe_layer(f.x, f.topk_weights, a, f.weights, spec, ops::awq_moe_gemm_cuda_host);
   };
   b.release_history = [] { release_history_tensors(); };
   return b;

@@ -84,7 +84,7 @@ void register_audit(CLI::App& app) {
     const auto tc = ops::select_thread_config(so->N, so->K, ov);
     const auto s = ops::make_schedule(ops::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
                                       tc.thread_n, so->grid);
-    if (so->json) std::cout << schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (so->json) std::cout << audit::schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::cout << s.table();
   });
 
