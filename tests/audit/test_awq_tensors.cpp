@@ -12,7 +12,6 @@
 using namespace moesq;
 using namespace moesq::audit;
 using namespace moesq::format;
-using namespace moesq::ops;
 
 TEST(Awq, CheckpointTensorsRoundTrip) {
   const auto l = awq_random(64, 256, 17, 0.01f, 0.02f);

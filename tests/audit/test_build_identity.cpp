@@ -7,8 +7,6 @@
 #include "audit/build_identity.h"
 
 using namespace moesq::audit;
-using namespace moesq::format;
-using namespace moesq::ops;
 
 TEST(BuildIdentity, UnknownOutsideAGitWorkTree) {
   EXPECT_EQ(source_commit(""), "unknown");

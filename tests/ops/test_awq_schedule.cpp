@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
-using namespace moesq::format;
 using namespace moesq::ops;
 
 TEST(Schedule, NativeGrid246MatchesPaper) {
