@@ -205,8 +205,8 @@ int main(int argc, char** argv) try {
       pt["blocks"] = a.num_blocks();
       pt["grid"] = grid;
       pt["blocks_per_sm"] = bps;
-      pt["native_schedule"] = schedule_to_json(s_nat);
-      pt["invariant_split_schedule"] = schedule_to_json(s_spl);
+      pt["native_schedule"] = audit::schedule_to_json(s_nat);
+      pt["invariant_split_schedule"] = audit::schedule_to_json(s_spl);
       pt["correct"] = correct;
       pt["times_ms"]["native"] = time_it([&] { ops::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
       pt["times_ms"]["invariant"] = time_it([&] { ops::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);

@@ -20,6 +20,7 @@
 #include "support/moe_fixtures.h"
 
 using namespace moesq;
+using namespace moesq::audit;
 using namespace moesq::format;
 using namespace moesq::ops;
 
