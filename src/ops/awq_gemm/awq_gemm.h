@@ -5,6 +5,10 @@
 // decomposition. CUDA (awq_gemm.cu): dequantizes in registers/shared memory to fp16 (as Marlin does),
 // fp16 tensor cores (mma.sync m16n8k16) with fp32 accumulation, the same tiles, the same K-tile partial
 // sums and the same slice reduction order; ops::awq_moe_gemm_cuda_host runs it on the host descriptor.
+// Why two descriptors (the other ops share one between launcher and twin): the twin reads per-expert
+// format::AwqLinear objects, the form the audit keeps its experts in, while the kernel reads slot-packed
+// device arrays; one pointer descriptor for both needs the audit to store its experts slot-packed too.
+// awq_moe_gemm_cuda_host is the bridge (the kernel on the twin's descriptor).
 //
 // The reference follows the kernel's decomposition exactly:
 // tiles (MoE block p, N-tile n) in the order of an explicit TileSchedule; inside a tile, each slice
