@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "ops/awq_gemm/awq_gemm.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "ops/route_align/route_align.h"
 #include "format/awq_int4.h"
 #include "audit/awq_layer.h"
@@ -34,14 +35,6 @@ constexpr double kRtol = 0x1p-9, kAtol = 0x1p-14;  // GPU vs `_ref`: 2 fp16 ulps
 constexpr double kHbmTBs = 4.25;                     // measured H200 HBM bandwidth (DESIGN.md §4)
 
 #define CUBLAS_CHECK(call) MOESQ_CHECK((call) == CUBLAS_STATUS_SUCCESS, #call " failed")
-
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* p = nullptr;
-  MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)));
-  MOESQ_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
 
 template <typename F>
 std::vector<double> time_it(F&& fn, int warm, int iters) {
@@ -94,8 +87,8 @@ int main(int argc, char** argv) try {
   for (const auto& shape : proto["shapes"]) {
     const int64_t N = shape["N"], K = shape["K"];
     // Weights for all experts (AWQ packed + the dense fp16 dequantized copy for cuBLAS).
-    std::vector<moe::AwqLinear> W(E);
-    parallel_for(E, [&](int64_t e) { W[e] = moe::awq_random(N, K, 1000 + e, 0.5f * 0.2f / std::sqrt(float(K)), 1.5f * 0.2f / std::sqrt(float(K))); });
+    std::vector<format::AwqLinear> W(E);
+    parallel_for(E, [&](int64_t e) { W[e] = format::awq_random(N, K, 1000 + e, 0.5f * 0.2f / std::sqrt(float(K)), 1.5f * 0.2f / std::sqrt(float(K))); });
     std::vector<int32_t> qw, qz, slot(E);
     std::vector<uint16_t> sc, dense(static_cast<size_t>(E) * N * K);
     for (int e = 0; e < E; ++e) {
@@ -105,11 +98,11 @@ int main(int argc, char** argv) try {
       sc.insert(sc.end(), W[e].scales.begin(), W[e].scales.end());
     }
     parallel_for(E, [&](int64_t e) {
-      const auto d = moe::awq_dequantize_ref(W[e]);
+      const auto d = format::awq_dequantize_ref(W[e]);
       for (int64_t i = 0; i < N * K; ++i) dense[e * N * K + i] = f32_to_f16(d[i]);
     });
-    int32_t *d_qw = upload(qw), *d_qz = upload(qz), *d_slot = upload(slot);
-    uint16_t *d_sc = upload(sc), *d_dense = upload(dense);
+    const DevBuf<int32_t> d_qw(qw), d_qz(qz), d_slot(slot);
+    const DevBuf<uint16_t> d_sc(sc), d_dense(dense);
     for (int64_t M : proto["operating_points_tokens"].get<std::vector<int64_t>>()) {
       SplitMix64 g(7 + M);
       std::vector<int32_t> ids;
@@ -118,45 +111,41 @@ int main(int argc, char** argv) try {
         while (static_cast<int>(row.size()) < topk) row.insert(static_cast<int32_t>(g.below(E)));
         ids.insert(ids.end(), row.begin(), row.end());
       }
-      const auto a = moe::align_routes(ids, M, topk, E, b, moe::AlignOrder::Canonical);
-      const auto x = moe::make_random_f16(M, K, 8 + M);  // W13-style: route r reads token r / k
+      const auto a = ops::align_routes(ids, M, topk, E, b, ops::AlignOrder::Canonical);
+      const auto x = audit::make_random_f16(M, K, 8 + M);  // W13-style: route r reads token r / k
       const int64_t R = M * topk;
-      const auto tc = moe::select_thread_config(N, K);
-      const int bps = cuda::awq_gemm_blocks_per_sm(tc.thread_n, tc.thread_k);
+      const auto tc = ops::select_thread_config(N, K);
+      const int bps = ops::awq_gemm_blocks_per_sm(tc.thread_n, tc.thread_k);
       const int64_t grid = static_cast<int64_t>(prop.multiProcessorCount) * bps;
-      const auto s_nat = moe::make_schedule(moe::ScheduleKind::Native, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
-      const auto s_inv = moe::make_schedule(moe::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const auto s_nat = ops::make_schedule(ops::ScheduleKind::Native, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const auto s_inv = ops::make_schedule(ops::ScheduleKind::Invariant, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
       const auto s_spl =
-          moe::make_schedule(moe::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
-      uint16_t* d_x = upload(x);
-      int32_t *d_ids = upload(a.sorted_ids), *d_be = upload(a.block_expert);
-      __half* d_c = nullptr;
-      float* d_ws = nullptr;
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_c, R * N * 2));
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_ws, std::max<int64_t>({1, cuda::awq_workspace_floats(s_nat), cuda::awq_workspace_floats(s_spl)}) * 4));
-      auto desc = [&](const moe::TileSchedule& s) {
-        cuda::AwqMoeGemmCudaDesc d;
-        d.A = reinterpret_cast<const __half*>(d_x);
+          ops::make_schedule(ops::ScheduleKind::InvariantSplit, a.num_blocks(), N, K, tc.thread_k, tc.thread_n, grid);
+      const DevBuf<uint16_t> d_x(x);
+      const DevBuf<int32_t> d_ids(a.sorted_ids), d_be(a.block_expert);
+      DevBuf<uint16_t> d_c(R * N);  // [R, N] fp16
+      DevBuf<float> d_ws(std::max<int64_t>({1, ops::awq_workspace_floats(s_nat), ops::awq_workspace_floats(s_spl)}));
+      auto desc = [&](const ops::TileSchedule& s) {
+        ops::AwqMoeGemmCudaDesc d;
+        d.A = reinterpret_cast<const __half*>(d_x.p);
         d.a_row_div = topk;
-        d.sorted_ids = d_ids;
-        d.block_expert = d_be;
-        d.expert_slot = d_slot;
+        d.sorted_ids = d_ids.p;
+        d.block_expert = d_be.p;
+        d.expert_slot = d_slot.p;
         d.sentinel = a.sentinel();
         d.block_size = b;
-        d.qweight = d_qw;
-        d.qzeros = d_qz;
-        d.scales = reinterpret_cast<const __half*>(d_sc);
-        d.C = d_c;
-        d.workspace = d_ws;
+        d.qweight = d_qw.p;
+        d.qzeros = d_qz.p;
+        d.scales = reinterpret_cast<const __half*>(d_sc.p);
+        d.C = reinterpret_cast<__half*>(d_c.p);
+        d.workspace = d_ws.p;
         d.sched = s;
         return d;
       };
       const auto d_nat = desc(s_nat), d_inv = desc(s_inv), d_spl = desc(s_spl);
-      auto run_get = [&](const cuda::AwqMoeGemmCudaDesc& d) {
-        cuda::awq_moe_gemm_cuda(d, nullptr);
-        std::vector<uint16_t> c(R * N);
-        MOESQ_CUDA_CHECK(cudaMemcpy(c.data(), d_c, R * N * 2, cudaMemcpyDeviceToHost));
-        return c;
+      auto run_get = [&](const ops::AwqMoeGemmCudaDesc& d) {
+        ops::awq_moe_gemm_cuda(d, nullptr);
+        return d_c.download();
       };
       // ---- check first ----
       const auto c_nat = run_get(d_nat), c_inv = run_get(d_inv), c_spl = run_get(d_spl);
@@ -169,7 +158,7 @@ int main(int argc, char** argv) try {
         if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_nat[i]))) correct = false, bad = i;
       if (correct && M <= 64) {
         std::vector<uint16_t> c_ref(R * N);
-        moe::AwqMoeGemmDesc rd;
+        ops::AwqMoeGemmDesc rd;
         rd.A = x.data();
         rd.num_a_rows = M;
         rd.a_row_div = topk;
@@ -179,12 +168,12 @@ int main(int argc, char** argv) try {
         rd.weights = &W;
         rd.sched = &s_nat;
         rd.C = c_ref.data();
-        moe::awq_moe_gemm_ref(rd);
+        ops::awq_moe_gemm_ref(rd);
         for (int64_t i = 0; i < R * N && correct; ++i)
           if (!close(f16_to_f32(c_nat[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
         // invariant-split vs its own `_ref` (same slices, same reduction order).
         rd.sched = &s_spl;
-        moe::awq_moe_gemm_ref(rd);
+        ops::awq_moe_gemm_ref(rd);
         for (int64_t i = 0; i < R * N && correct; ++i)
           if (!close(f16_to_f32(c_spl[i]), f16_to_f32(c_ref[i]))) correct = false, bad = i;
       }
@@ -199,15 +188,14 @@ int main(int argc, char** argv) try {
       std::vector<uint16_t> xg(R * K);
       std::vector<int64_t> fill(off.begin(), off.end() - 1);
       for (int64_t r = 0; r < R; ++r) std::copy(x.begin() + (r / topk) * K, x.begin() + (r / topk + 1) * K, xg.begin() + fill[ids[r]]++ * K);
-      uint16_t* d_xg = upload(xg);
-      __half* d_cg = nullptr;
-      MOESQ_CUDA_CHECK(cudaMalloc(&d_cg, R * N * 2));
+      const DevBuf<uint16_t> d_xg(xg);
+      DevBuf<uint16_t> d_cg(R * N);  // [R, N] fp16
       const float one = 1.0f, zero = 0.0f;
       auto cublas_all = [&] {
         for (int e = 0; e < E; ++e)
           if (cnt[e])
-            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, cnt[e], K, &one, d_dense + e * N * K, CUDA_R_16F, K,
-                                      d_xg + off[e] * K, CUDA_R_16F, K, &zero, d_cg + off[e] * N, CUDA_R_16F, N,
+            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, cnt[e], K, &one, d_dense.p + e * N * K, CUDA_R_16F, K,
+                                      d_xg.p + off[e] * K, CUDA_R_16F, K, &zero, d_cg.p + off[e] * N, CUDA_R_16F, N,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       };
       // ---- time ----
@@ -217,12 +205,12 @@ int main(int argc, char** argv) try {
       pt["blocks"] = a.num_blocks();
       pt["grid"] = grid;
       pt["blocks_per_sm"] = bps;
-      pt["native_schedule"] = schedule_to_json(s_nat);
-      pt["invariant_split_schedule"] = schedule_to_json(s_spl);
+      pt["native_schedule"] = audit::schedule_to_json(s_nat);
+      pt["invariant_split_schedule"] = audit::schedule_to_json(s_spl);
       pt["correct"] = correct;
-      pt["times_ms"]["native"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
-      pt["times_ms"]["invariant"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);
-      pt["times_ms"]["invariant-split"] = time_it([&] { cuda::awq_moe_gemm_cuda(d_spl, nullptr); }, warm, iters);
+      pt["times_ms"]["native"] = time_it([&] { ops::awq_moe_gemm_cuda(d_nat, nullptr); }, warm, iters);
+      pt["times_ms"]["invariant"] = time_it([&] { ops::awq_moe_gemm_cuda(d_inv, nullptr); }, warm, iters);
+      pt["times_ms"]["invariant-split"] = time_it([&] { ops::awq_moe_gemm_cuda(d_spl, nullptr); }, warm, iters);
       pt["times_ms"]["cublas_fp16"] = time_it(cublas_all, warm, iters);
       int active = 0;
       for (int e = 0; e < E; ++e) active += cnt[e] > 0;
@@ -237,9 +225,7 @@ int main(int argc, char** argv) try {
       pt["packed_weight_bytes"] = packed_bytes;
       pt["hbm_floor_ms"] = packed_bytes / (kHbmTBs * 1e12) * 1e3;
       raw["points"][shape["name"].get<std::string>() + "/M=" + std::to_string(M)] = pt;
-      cudaFree(d_x); cudaFree(d_ids); cudaFree(d_be); cudaFree(d_c); cudaFree(d_ws); cudaFree(d_xg); cudaFree(d_cg);
     }
-    cudaFree(d_qw); cudaFree(d_qz); cudaFree(d_slot); cudaFree(d_sc); cudaFree(d_dense);
   }
   std::ofstream(out_path) << raw.dump(1) << "\n";
   std::printf("wrote %s\n", out_path.c_str());

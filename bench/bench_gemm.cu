@@ -29,6 +29,7 @@
 
 #include "core/half.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "ops/sparse_gemm/sparse_gemm.h"
 #include "format/fp_codecs.h"
 #include "format/kernel_layout.h"
@@ -75,10 +76,10 @@ __global__ void fill_weights(uint8_t* w, size_t bytes, uint64_t seed) {
   const uint8_t kNibbles[6] = {0x4, 0x8, 0xC, 0x9, 0xD, 0xE};
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x) {
     const uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ull + i);
-    const size_t off = i % moe::kChunkBytes;
+    const size_t off = i % format::kChunkBytes;
     uint8_t v;
-    if (off < moe::kChunkCodeBytes) v = static_cast<uint8_t>(h);
-    else if (off < moe::kChunkCodeBytes + moe::kChunkScaleBytes) v = static_cast<uint8_t>(0x28 + h % 33);
+    if (off < format::kChunkCodeBytes) v = static_cast<uint8_t>(h);
+    else if (off < format::kChunkCodeBytes + format::kChunkScaleBytes) v = static_cast<uint8_t>(0x28 + h % 33);
     else v = static_cast<uint8_t>(kNibbles[h % 6] | (kNibbles[(h >> 8) % 6] << 4));
     w[i] = v;
   }
@@ -124,33 +125,24 @@ struct Ceilings {
 Ceilings measure_ceilings(cublasHandle_t h, cudaStream_t s, int reps) {
   Ceilings c;
   const size_t bytes = 4ull << 30;
-  uint8_t *src, *dst;
-  MOESQ_CUDA_CHECK(cudaMalloc(&src, bytes));
-  MOESQ_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  fill_weights<<<4096, 256, 0, s>>>(src, bytes, 1);
-  const double us = median_us([&](int) { MOESQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); },
+  DevBuf<uint8_t> src(bytes), dst(bytes);
+  fill_weights<<<4096, 256, 0, s>>>(src.p, bytes, 1);
+  const double us = median_us([&](int) { MOESQ_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s)); },
                               std::max(5, reps / 5), s);
   c.copy_tbs = 2.0 * bytes / (us * 1e-6) / 1e12;  // bytes read + written
-  cudaFree(src);
-  cudaFree(dst);
+  src = {}, dst = {};
   const int n = 8192;
-  uint16_t *A, *B, *C;
-  MOESQ_CUDA_CHECK(cudaMalloc(&A, sizeof(uint16_t) * n * n));
-  MOESQ_CUDA_CHECK(cudaMalloc(&B, sizeof(uint16_t) * n * n));
-  MOESQ_CUDA_CHECK(cudaMalloc(&C, sizeof(uint16_t) * n * n));
-  fill_bf16<<<4096, 256, 0, s>>>(A, size_t(n) * n, 2);
-  fill_bf16<<<4096, 256, 0, s>>>(B, size_t(n) * n, 3);
+  DevBuf<uint16_t> A(size_t(n) * n), B(size_t(n) * n), C(size_t(n) * n);
+  fill_bf16<<<4096, 256, 0, s>>>(A.p, size_t(n) * n, 2);
+  fill_bf16<<<4096, 256, 0, s>>>(B.p, size_t(n) * n, 3);
   const float one = 1.0f, zero = 0.0f;
   const double gus = median_us(
       [&](int) {
-        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero,
-                                  C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A.p, CUDA_R_16BF, n, B.p, CUDA_R_16BF, n, &zero,
+                                  C.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       },
       std::max(5, reps / 5), s);
   c.dense_tflops = 2.0 * n * n * double(n) / (gus * 1e-6) / 1e12;
-  cudaFree(A);
-  cudaFree(B);
-  cudaFree(C);
   return c;
 }
 
@@ -243,94 +235,79 @@ struct BenchContext {
 struct ExpertSet {
   int64_t M = 0, K = 0, M_pad = 0, K_pad = 0;
   int G = 0;
-  std::vector<uint8_t*> w;    // [wsets] each [G, M_pad/16, K_pad/256, 1408] kernel layout (random bits)
-  std::vector<uint16_t*> wd;  // [dsets] each [G, M, K] bf16 (the dense peer's weights)
-  std::vector<float> inv_gamma;  // [G] 1/γ_w
-  float* d_inv_gamma = nullptr;  // [G] device copy
+  std::vector<DevBuf<uint8_t>> w;    // [wsets] each [G, M_pad/16, K_pad/256, 1408] kernel layout (random bits)
+  std::vector<DevBuf<uint16_t>> wd;  // [dsets] each [G, M, K] bf16 (the dense peer's weights)
+  std::vector<float> inv_gamma;      // [G] 1/γ_w
+  DevBuf<float> d_inv_gamma;         // [G] device copy
 };
 
 ExpertSet make_expert_set(const Shape& sh, int G, cudaStream_t s) {
   ExpertSet x;
   x.M = sh.M;
   x.K = sh.K;
-  x.K_pad = moe::padded_k(sh.K);
+  x.K_pad = format::padded_k(sh.K);
   x.M_pad = (sh.M + 15) / 16 * 16;
   x.G = G;
-  const size_t wbytes = size_t(G) * (x.M_pad / 16) * (x.K_pad / moe::kChunkK) * moe::kChunkBytes;
+  const size_t wbytes = size_t(G) * (x.M_pad / 16) * (x.K_pad / format::kChunkK) * format::kChunkBytes;
   const int wsets = int(std::clamp<size_t>((kRotateBytes + wbytes - 1) / wbytes, 1, 64));
   x.w.resize(wsets);
   for (int i = 0; i < wsets; ++i) {
-    MOESQ_CUDA_CHECK(cudaMalloc(&x.w[i], wbytes));
-    fill_weights<<<4096, 256, 0, s>>>(x.w[i], wbytes, 100 + i);
+    x.w[i].alloc(wbytes);
+    fill_weights<<<4096, 256, 0, s>>>(x.w[i].p, wbytes, 100 + i);
   }
   const size_t dbytes = size_t(G) * x.M * x.K * 2;
   const int dsets = int(std::clamp<size_t>((kRotateBytes + dbytes - 1) / dbytes, 1, 16));
   x.wd.resize(dsets);
   for (int i = 0; i < dsets; ++i) {
-    MOESQ_CUDA_CHECK(cudaMalloc(&x.wd[i], dbytes));
-    fill_bf16<<<4096, 256, 0, s>>>(x.wd[i], dbytes / 2, 200 + i);
+    x.wd[i].alloc(dbytes / 2);
+    fill_bf16<<<4096, 256, 0, s>>>(x.wd[i].p, dbytes / 2, 200 + i);
   }
   x.inv_gamma.resize(G);
   for (int e = 0; e < G; ++e) x.inv_gamma[e] = 1.0f / (2688.0f + e);
-  MOESQ_CUDA_CHECK(cudaMalloc(&x.d_inv_gamma, sizeof(float) * G));
-  MOESQ_CUDA_CHECK(cudaMemcpy(x.d_inv_gamma, x.inv_gamma.data(), sizeof(float) * G, cudaMemcpyHostToDevice));
+  x.d_inv_gamma.upload(x.inv_gamma);
   return x;
-}
-
-void free_expert_set(ExpertSet& x) {
-  for (auto p : x.w) cudaFree(p);
-  for (auto p : x.wd) cudaFree(p);
-  cudaFree(x.d_inv_gamma);
 }
 
 // The activations of one row: x in kernel layout for the sparse GEMM, xd dense for cuBLAS, outputs.
 struct RowBuffers {
-  uint16_t *x = nullptr, *xd = nullptr, *y = nullptr, *yd = nullptr;
-  float* x_inv = nullptr;
-  int32_t* counts = nullptr;
+  DevBuf<uint16_t> x, xd, y, yd;  // [G, cap, K_pad], [G, cap, K], [G, cap, M], [G, cap, M] bf16
+  DevBuf<float> x_inv;            // [G, cap]
+  DevBuf<int32_t> counts;         // [G]
 };
 
 RowBuffers make_row_buffers(const ExpertSet& ex, int cap, const std::vector<int>& counts, cudaStream_t s) {
   const int G = ex.G;
   RowBuffers b;
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.x, sizeof(uint16_t) * G * cap * ex.K_pad));
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.xd, sizeof(uint16_t) * G * cap * ex.K));
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.y, sizeof(uint16_t) * G * cap * ex.M));
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.yd, sizeof(uint16_t) * G * cap * ex.M));
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.x_inv, sizeof(float) * G * cap));
-  MOESQ_CUDA_CHECK(cudaMalloc(&b.counts, sizeof(int32_t) * G));
-  fill_bf16<<<4096, 256, 0, s>>>(b.x, size_t(G) * cap * ex.K_pad, 7);
-  fill_bf16<<<4096, 256, 0, s>>>(b.xd, size_t(G) * cap * ex.K, 8);
+  b.x.alloc(size_t(G) * cap * ex.K_pad);
+  b.xd.alloc(size_t(G) * cap * ex.K);
+  b.y.alloc(size_t(G) * cap * ex.M);
+  b.yd.alloc(size_t(G) * cap * ex.M);
+  b.x_inv.alloc(size_t(G) * cap);
+  b.counts.alloc(G);
+  fill_bf16<<<4096, 256, 0, s>>>(b.x.p, size_t(G) * cap * ex.K_pad, 7);
+  fill_bf16<<<4096, 256, 0, s>>>(b.xd.p, size_t(G) * cap * ex.K, 8);
   std::vector<float> ones(size_t(G) * cap, 1.0f / 2688.0f);
-  MOESQ_CUDA_CHECK(cudaMemcpy(b.x_inv, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
-  MOESQ_CUDA_CHECK(cudaMemcpy(b.counts, counts.data(), sizeof(int32_t) * G, cudaMemcpyHostToDevice));
+  b.x_inv.upload(ones.data(), ones.size());
+  b.counts.upload(counts.data(), G);
   return b;
 }
 
-void free_row_buffers(RowBuffers& b) {
-  cudaFree(b.x);
-  cudaFree(b.xd);
-  cudaFree(b.y);
-  cudaFree(b.yd);
-  cudaFree(b.x_inv);
-  cudaFree(b.counts);
-}
 
 // Check first: the output of the last sparse_gemm call for expert 0 (tokens 0, 1, the middle and the
 // last: first and last n-block of its tiles) against an fp64 CPU product on the same bits. Returns the
 // relative Frobenius error.
-double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int count0) {
+double check_against_ref(const ExpertSet& ex, const ops::SparseGemmArgs& a, int count0) {
   const int64_t M = ex.M, K = ex.K, K_pad = ex.K_pad;
-  moe::KernelWeights kw;
+  format::KernelWeights kw;
   kw.num_experts = 1;
   kw.M = M;
   kw.K = K;
   kw.M_pad = ex.M_pad;
   kw.K_pad = K_pad;
   kw.data.resize(kw.expert_bytes());
-  MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), ex.w[0], kw.data.size(), cudaMemcpyDeviceToHost));
+  MOESQ_CUDA_CHECK(cudaMemcpy(kw.data.data(), ex.w[0].p, kw.data.size(), cudaMemcpyDeviceToHost));
   std::vector<float> wdec(size_t(M) * K);
-  moe::kernel_layout_unpack_ref(kw, 0, wdec.data());
+  format::kernel_layout_unpack_ref(kw, 0, wdec.data());
   std::vector<int> toks;
   for (int t : {0, 1, count0 / 2, count0 - 1})
     if (t >= 0 && t < count0 && std::find(toks.begin(), toks.end(), t) == toks.end()) toks.push_back(t);
@@ -343,7 +320,7 @@ double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k)
-        acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + moe::act_storage_index(k, a.x_layout)]);
+        acc += double(wdec[m * K + k]) * bf16_to_f32(hx[t * K_pad + format::act_storage_index(k, a.x_layout)]);
       acc *= double(ex.inv_gamma[0] * (1.0f / 2688.0f));
       const double d = bf16_to_f32(hy[t * M + m]) - acc;
       err += d * d;
@@ -354,12 +331,12 @@ double check_against_ref(const ExpertSet& ex, const cuda::SparseGemmArgs& a, int
 
 // Times the other built instances of this token range (heuristic tuning data, bench/NOTES.md);
 // leaves `a` as it found it. Returns {config name: µs}.
-nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, cuda::SparseGemmArgs& a, int N,
-                             const cuda::GemmConfig& cfg) {
+nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, ops::SparseGemmArgs& a, int N,
+                             const ops::GemmConfig& cfg) {
   nlohmann::json sweep = nlohmann::json::object();
-  std::vector<std::pair<std::string, cuda::GemmConfig>> alts;
+  std::vector<std::pair<std::string, ops::GemmConfig>> alts;
   auto mma = [](int mt, int nt) {
-    cuda::GemmConfig c;
+    ops::GemmConfig c;
     c.m16_tiles_per_warp = mt;
     c.n_tiles = nt;
     return std::make_pair(std::to_string(16 * mt) + "x" + std::to_string(8 * nt), c);
@@ -370,20 +347,20 @@ nlohmann::json sweep_configs(const BenchContext& ctx, const ExpertSet& ex, cuda:
   if (N >= 64)
     for (auto [bm, bn, st] : std::vector<std::tuple<int, int, int>>{{128, 128, 4}, {128, 256, 4}, {256, 128, 4}})
       alts.emplace_back("wgmma" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(st),
-                        cuda::wgmma_config(bm, bn, st));
+                        ops::wgmma_config(bm, bn, st));
   const int wsets = int(ex.w.size());
   for (const auto& [name, alt] : alts) {
-    a.x_layout = cuda::sparse_gemm_act_layout(alt);
+    a.x_layout = ops::sparse_gemm_act_layout(alt);
     const double t = median_us(
         [&](int i) {
-          a.w = ex.w[i % wsets];
-          cuda::sparse_gemm(a, N, ctx.s, &alt);
+          a.w = ex.w[i % wsets].p;
+          ops::sparse_gemm(a, N, ctx.s, &alt);
         },
         std::max(10, ctx.reps / 2), ctx.s);
     sweep[name] = t;
   }
-  a.x_layout = cuda::sparse_gemm_act_layout(cfg);
-  a.w = ex.w[0];
+  a.x_layout = ops::sparse_gemm_act_layout(cfg);
+  a.w = ex.w[0].p;
   return sweep;
 }
 
@@ -410,19 +387,15 @@ double time_cublas_peer(const BenchContext& ctx, const ExpertSet& ex, const RowB
   std::vector<void*> hC(G);
   for (int i = 0; i < G; ++i) {
     const int e = order[i];
-    for (int d = 0; d < dsets; ++d) hA[size_t(d) * G + i] = ex.wd[d] + size_t(e) * M * K;
-    hB[i] = b.xd + size_t(e) * cap * K;
-    hC[i] = b.yd + size_t(e) * cap * M;
+    for (int d = 0; d < dsets; ++d) hA[size_t(d) * G + i] = ex.wd[d].p + size_t(e) * M * K;
+    hB[i] = b.xd.p + size_t(e) * cap * K;
+    hC[i] = b.yd.p + size_t(e) * cap * M;
   }
-  const void** dA;
-  const void** dB;
-  void** dC;
-  MOESQ_CUDA_CHECK(cudaMalloc(&dA, sizeof(void*) * hA.size()));
-  MOESQ_CUDA_CHECK(cudaMalloc(&dB, sizeof(void*) * G));
-  MOESQ_CUDA_CHECK(cudaMalloc(&dC, sizeof(void*) * G));
-  MOESQ_CUDA_CHECK(cudaMemcpy(dA, hA.data(), sizeof(void*) * hA.size(), cudaMemcpyHostToDevice));
-  MOESQ_CUDA_CHECK(cudaMemcpy(dB, hB.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
-  MOESQ_CUDA_CHECK(cudaMemcpy(dC, hC.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
+  const DevBuf<const void*> d_a(hA), d_b(hB);  // per-group A and B pointers
+  const DevBuf<void*> d_c(hC);                  // per-group C pointers
+  const void** dA = d_a.p;
+  const void** dB = d_b.p;
+  void** dC = d_c.p;
   double cublas_us = -1;
   try {
     cublas_us = median_us(
@@ -436,9 +409,6 @@ double time_cublas_peer(const BenchContext& ctx, const ExpertSet& ex, const RowB
   } catch (const std::exception& ex_) {
     *error = ex_.what();
   }
-  cudaFree(dA);
-  cudaFree(dB);
-  cudaFree(dC);
   return cublas_us;
 }
 
@@ -507,24 +477,24 @@ nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet
   for (int c : counts) t.tokens += c;
   const int cap = N;
   RowBuffers b = make_row_buffers(ex, cap, counts, ctx.s);
-  cuda::SparseGemmArgs a;
-  a.w = ex.w[0];
-  a.w_inv_gamma = ex.d_inv_gamma;
-  a.x = b.x;
-  a.x_inv_scale = b.x_inv;
-  a.counts = b.counts;
-  a.y = b.y;
+  ops::SparseGemmArgs a;
+  a.w = ex.w[0].p;
+  a.w_inv_gamma = ex.d_inv_gamma.p;
+  a.x = b.x.p;
+  a.x_inv_scale = b.x_inv.p;
+  a.counts = b.counts.p;
+  a.y = b.y.p;
   a.num_experts = G;
   a.capacity = cap;
   a.M = ex.M;
   a.M_pad = ex.M_pad;
   a.K_pad = ex.K_pad;
   a.ldy = ex.M;
-  const cuda::GemmConfig cfg = cuda::sparse_gemm_heuristic(G, ex.M, ex.K_pad, N);
-  a.x_layout = cuda::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
+  const ops::GemmConfig cfg = ops::sparse_gemm_heuristic(G, ex.M, ex.K_pad, N);
+  a.x_layout = ops::sparse_gemm_act_layout(cfg);  // x is random: only the check reads its order
   t.config = cfg.str();
 
-  cuda::sparse_gemm(a, N, ctx.s, &cfg);
+  ops::sparse_gemm(a, N, ctx.s, &cfg);
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(ctx.s));
   t.check_err = check_against_ref(ex, a, counts[0]);
   *check_failed = !(t.check_err <= kCheckRelTol);
@@ -534,17 +504,15 @@ nlohmann::json run_row(const BenchContext& ctx, const Shape& sh, const ExpertSet
   const int wsets = int(ex.w.size());
   t.sparse_us = median_us(
       [&](int i) {
-        a.w = ex.w[i % wsets];
-        cuda::sparse_gemm(a, N, ctx.s, &cfg);
+        a.w = ex.w[i % wsets].p;
+        ops::sparse_gemm(a, N, ctx.s, &cfg);
       },
       ctx.reps, ctx.s);
   t.sweep = sweep_configs(ctx, ex, a, N, cfg);
   t.cublas_us = time_cublas_peer(ctx, ex, b, cap, counts, &t.cublas_err);
   const std::string key = row_key(sh.name, G, N);
   if (peer.rows.count(key) && peer.rows.at(key).contains("us")) t.torch_us = peer.rows.at(key)["us"].get<double>();
-  nlohmann::json row = report_row(ctx, sh, G, N, t, peer);
-  free_row_buffers(b);
-  return row;
+  return report_row(ctx, sh, G, N, t, peer);
 }
 
 }  // namespace
@@ -586,7 +554,6 @@ int main(int argc, char** argv) try {
         rows.push_back(run_row(ctx, sh, ex, N, peer, &failed));
         check_failures += failed;
       }
-      free_expert_set(ex);
     }
   nlohmann::json out = {{"device", prop.name},
                         {"sms", prop.multiProcessorCount},

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
 #include "format/kernel_layout.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
@@ -129,18 +130,13 @@ nlohmann::json peer_rows(const std::string& path) {
 }
 
 
-// cudaMalloc'd memory freed at exit of main's scope.
+// Device buffers freed at exit of main's scope (each at least one element of T).
 struct DevMem {
-  std::vector<void*> ptrs;
+  std::vector<DevBuf<uint8_t>> bufs;
   template <class T>
   T* alloc(size_t count) {
-    void* p = nullptr;
-    MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
-    ptrs.push_back(p);
-    return static_cast<T*>(p);
-  }
-  ~DevMem() {
-    for (void* p : ptrs) cudaFree(p);
+    bufs.emplace_back(std::max<size_t>(count, 1) * sizeof(T));
+    return reinterpret_cast<T*>(bufs.back().p);
   }
 };
 

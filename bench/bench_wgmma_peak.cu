@@ -16,11 +16,12 @@
 
 #include "core/error.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "ops/sparse_gemm/wgmma.cuh"
 
 namespace {
 
-using namespace moesq::cuda::detail;
+using namespace moesq::ops::detail;
 
 template <bool kSparse, int kN>
 __global__ void __launch_bounds__(256, 1) peak_kernel(int iters, float* sink) {
@@ -101,8 +102,8 @@ int main(int argc, char** argv) try {
   }
   cudaDeviceProp prop;
   MOESQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  float* sink;
-  MOESQ_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 256));
+  moesq::DevBuf<float> sink_buf(256);  // [256] written only if the loop's value were ever 12345
+  float* sink = sink_buf.p;
   nlohmann::json rows = nlohmann::json::array();
   const int iters = 200000, sms = prop.multiProcessorCount;
   for (int wg : {1, 2}) {
@@ -111,7 +112,6 @@ int main(int argc, char** argv) try {
     run<true, 128>(wg, sms, iters, sink, rows);
     run<true, 256>(wg, sms, iters, sink, rows);
   }
-  cudaFree(sink);
   std::ofstream(out_path) << nlohmann::json({{"device", prop.name}, {"sms", sms}, {"rows", rows}}).dump(1) << "\n";
   return 0;
 } catch (const std::exception& e) {

@@ -15,7 +15,7 @@
 #include "ops/route_align/route_align.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::vector<int32_t> topk_ids = moesq::moe::make_fixture_topk_ids(0);
+  static const std::vector<int32_t> topk_ids = moesq::ops::make_fixture_topk_ids(0);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(data, data + size);
@@ -23,18 +23,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   try {
-    moesq::moe::RouteAlignment a = moesq::moe::alignment_from_json(j, "fuzz/plan.json");
-    (void)moesq::moe::alignment_to_json(a).dump();
-    moesq::moe::validate_alignment(a, topk_ids);
-    (void)moesq::moe::route_block_fingerprint(a);
+    moesq::ops::RouteAlignment a = moesq::audit::alignment_from_json(j, "fuzz/plan.json");
+    (void)moesq::audit::alignment_to_json(a).dump();
+    moesq::ops::validate_alignment(a, topk_ids);
+    (void)moesq::ops::route_block_fingerprint(a);
     const int32_t r1 = static_cast<int32_t>(size % 168), r2 = static_cast<int32_t>((size * 7 + 3) % 168);
-    (void)moesq::moe::find_route(a, r1);
-    moesq::moe::RouteAlignment b = a;
+    (void)moesq::ops::find_route(a, r1);
+    moesq::ops::RouteAlignment b = a;
     try {
-      moesq::moe::intervene_reorder(b, r1, r2);
+      moesq::ops::intervene_reorder(b, r1, r2);
     } catch (const moesq::Error&) {
     }
-    moesq::moe::intervene_exchange(a, r1, r2);
+    moesq::ops::intervene_exchange(a, r1, r2);
   } catch (const moesq::Error&) {
   }
   return 0;

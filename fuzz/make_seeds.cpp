@@ -128,7 +128,8 @@ void tokenizer_seeds(const fs::path& tokenizers, const fs::path& corpus, const f
 }
 
 void plan_seeds(const fs::path& out) {
-  using namespace moesq::moe;
+  using namespace moesq::audit;
+  using namespace moesq::ops;
   const std::vector<int32_t> ids = make_fixture_topk_ids(0);
   put(out, alignment_to_json(align_routes(ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock,
                                           AlignOrder::Canonical)).dump());

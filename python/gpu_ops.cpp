@@ -19,9 +19,9 @@ namespace pyb = pybind11;
 
 namespace moesq::py {
 
-moe::ActLayout parse_act_layout(const std::string& s, const std::string& fn) {
-  if (s == "mma-fragment") return moe::ActLayout::kMmaFragment;
-  if (s == "k-major") return moe::ActLayout::kKMajor;
+format::ActLayout parse_act_layout(const std::string& s, const std::string& fn) {
+  if (s == "mma-fragment") return format::ActLayout::kMmaFragment;
+  if (s == "k-major") return format::ActLayout::kKMajor;
   throw pyb::value_error(fn + ": argument 'layout' is \"" + s + "\", not one of mma-fragment, k-major");
 }
 
@@ -110,7 +110,7 @@ void check_range(const std::string& fn, const char* arg, int64_t v, int64_t lo, 
 }
 
 // The activation rows of act_quant / dispatch: x [T, K] bf16 and optional x_lo [T, K].
-void activation_rows(Views& v, cuda::DispatchArgs& d, const std::string& fn, const pyb::object& x,
+void activation_rows(Views& v, ops::DispatchArgs& d, const std::string& fn, const pyb::object& x,
                      const pyb::object& x_lo, bool quantize) {
   const DlView& xv = v.need(x, "x", kBf16, {-1, -1});
   d.T = xv.dim(0), d.K = xv.dim(1);
@@ -121,7 +121,7 @@ void activation_rows(Views& v, cuda::DispatchArgs& d, const std::string& fn, con
                           "bf16 values, permuted");
   d.x = xv.as<uint16_t>();
   d.x_lo = lo ? lo->as<uint16_t>() : nullptr;
-  d.K_pad = moe::padded_k(d.K);
+  d.K_pad = format::padded_k(d.K);
   d.quantize = quantize;
 }
 
@@ -169,7 +169,7 @@ pyb::object sparse_gemm(const pyb::object& x, const pyb::object& counts, const p
   SparseGemmCall c;
   c.fn = "moesq.sparse_gemm";
   c.stream = parse_stream(stream, c.fn);
-  cuda::SparseGemmArgs& a = c.a;
+  ops::SparseGemmArgs& a = c.a;
   a.x_layout = parse_act_layout(layout, c.fn);
   std::optional<bool> want_bf16;
   if (!out_dtype.is_none()) {
@@ -184,16 +184,16 @@ pyb::object sparse_gemm(const pyb::object& x, const pyb::object& counts, const p
   if (E < 1 || E > 1024)  // the launcher's expert limit
     bad_value(c.fn, "x", "has E=" + std::to_string(E) + " experts, outside [1, 1024]");
   if (cap > kMaxInt) bad_value(c.fn, "x", "has capacity=" + std::to_string(cap) + ", more than 2^31 - 1");
-  if (K_pad <= 0 || K_pad % moe::kChunkK != 0)
+  if (K_pad <= 0 || K_pad % format::kChunkK != 0)
     bad_value(c.fn, "x", "has K_pad=" + std::to_string(K_pad) + " columns; the kernel layout needs a positive multiple "
                          "of 256 (moesq.act_quant / moesq.dispatch pad K so)");
   const DlView& cv = v.need(counts, "counts", {DType::I32}, {E});
-  const DlView& wv = v.need(w, "w", {DType::U8}, {E, -1, K_pad / moe::kChunkK, moe::kChunkBytes});
-  const int64_t M_pad = wv.dim(1) * moe::kMmaM;
+  const DlView& wv = v.need(w, "w", {DType::U8}, {E, -1, K_pad / format::kChunkK, format::kChunkBytes});
+  const int64_t M_pad = wv.dim(1) * format::kMmaM;
   if (M_pad == 0) bad_value(c.fn, "w", "has no row tiles");
-  if (M <= M_pad - moe::kMmaM || M > M_pad)
+  if (M <= M_pad - format::kMmaM || M > M_pad)
     bad_value(c.fn, "M", "is " + std::to_string(M) + " but w holds M_pad=" + std::to_string(M_pad) +
-                         " rows (M rounded up to 16): M must be in (" + std::to_string(M_pad - moe::kMmaM) + ", " +
+                         " rows (M rounded up to 16): M must be in (" + std::to_string(M_pad - format::kMmaM) + ", " +
                          std::to_string(M_pad) + "]");
   const DlView& gv = v.need(w_inv_gamma, "w_inv_gamma", {DType::F32}, {E});
   const DlView* sv = v.maybe(x_inv_scale, "x_inv_scale", {DType::F32}, {E, cap});
@@ -342,7 +342,7 @@ out_dtype), moesq.Error (no GPU, CUDA failures).)");
         const std::string fn = "moesq.sparse_gemm_config";
         check_range(fn, "num_experts", num_experts, 1, 1024);
         check_range(fn, "M", M, 1, kMaxInt);
-        if (K_pad <= 0 || K_pad % moe::kChunkK != 0) bad_value(fn, "K_pad", "must be a positive multiple of 256");
+        if (K_pad <= 0 || K_pad % format::kChunkK != 0) bad_value(fn, "K_pad", "must be a positive multiple of 256");
         check_range(fn, "max_tokens", max_tokens, 0, kMaxInt);
         const auto [layout, config] = sparse_gemm_config(device, static_cast<int>(num_experts), M, K_pad,
                                                          static_cast<int>(max_tokens));

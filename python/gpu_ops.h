@@ -46,15 +46,15 @@ struct GpuCall {
 // act_quant: d.x, d.x_lo, d.T, d.K, d.K_pad, d.quantize, d.layout set; the launch runs act_dispatch with one
 // expert per token (E = T, top-k 1, capacity 1, ids 0..T-1), so row t of the result is token t.
 struct ActQuantCall : GpuCall {
-  cuda::DispatchArgs d;
+  ops::DispatchArgs d;
 };
 // dispatch: every input field of d set; the outputs are allocated by the launch.
 struct DispatchCall : GpuCall {
-  cuda::DispatchArgs d;
+  ops::DispatchArgs d;
 };
 // sparse_gemm: every field of a set except y / y_f32 when out_new (then the launch allocates y, zeroed).
 struct SparseGemmCall : GpuCall {
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   int max_tokens = 0;
   bool out_new = true;
   bool out_bf16 = false;
@@ -84,6 +84,6 @@ std::vector<Tensor> launch_moe_layer(const MoeLayerDevice& d, const MoeForwardCa
 // ---- gpu_ops.cpp --------------------------------------------------------------------------------
 void register_gpu_ops(pybind11::module_& m);
 // "mma-fragment" | "k-major"; ValueError naming fn and the argument 'layout' otherwise.
-moe::ActLayout parse_act_layout(const std::string& s, const std::string& fn);
+format::ActLayout parse_act_layout(const std::string& s, const std::string& fn);
 
 }  // namespace moesq::py

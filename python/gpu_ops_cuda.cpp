@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
 #include "core/cuda/device_scope.h"
 #include "core/error.h"
 #include "gpu_ops.h"
@@ -75,18 +76,20 @@ struct CallScope {
   std::unique_ptr<DeviceScope> scope;
 };
 
-// A fresh output buffer; the last DLPack view frees it with cudaFree (which waits for the device, so no
-// stream still using it races the free).
+// A fresh output buffer (a DevBuf, core/cuda/dev_buf.cuh) shared by every DLPack view of it: tensors
+// are reference-counted Python objects, so ownership must be shared, and the last view frees it. The
+// deleter makes the buffer's device current around the free (a view may die while another device is
+// current) and clears the error a free at interpreter exit may leave (the runtime may be gone: nothing to
+// report to). cudaFree waits for the device, so no stream still using the buffer races the free.
 std::shared_ptr<void> device_alloc(size_t bytes, int device) {
-  void* p = nullptr;
-  MOESQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  return std::shared_ptr<void>(p, [device](void* q) {
+  std::shared_ptr<DevBuf<uint8_t>> buf(new DevBuf<uint8_t>(bytes), [device](DevBuf<uint8_t>* b) {
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
-    cudaFree(q);
-    (void)cudaGetLastError();  // at interpreter exit the runtime may be gone: nothing to report to
+    delete b;
+    (void)cudaGetLastError();
     if (switched) cudaSetDevice(prev);
   });
+  return std::shared_ptr<void>(buf, buf->p);
 }
 
 // The op's completion on its stream: recorded after the launches, waited on by each consumer stream.
@@ -161,19 +164,19 @@ const int32_t* iota_ids(int64_t n, int device) {
   return static_cast<const int32_t*>(t.back().get());
 }
 
-cuda::GemmConfig pick_config(const cuda::SparseGemmArgs& a, int max_tokens) {
+ops::GemmConfig pick_config(const ops::SparseGemmArgs& a, int max_tokens) {
   const int mt = std::min(max_tokens, a.capacity);
-  const cuda::GemmConfig h = cuda::sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, mt);
-  if (cuda::sparse_gemm_act_layout(h) == a.x_layout) return h;
+  const ops::GemmConfig h = ops::sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, mt);
+  if (ops::sparse_gemm_act_layout(h) == a.x_layout) return h;
   // The caller's activations are in the other layout: a built kernel that reads it.
-  return a.x_layout == moe::ActLayout::kKMajor ? cuda::wgmma_config(128, 128) : cuda::GemmConfig{};
+  return a.x_layout == format::ActLayout::kKMajor ? ops::wgmma_config(128, 128) : ops::GemmConfig{};
 }
 
 }  // namespace
 
 std::vector<Tensor> launch_act_quant(const ActQuantCall& c) {
   const CallScope cs(c);
-  cuda::DispatchArgs d = c.d;
+  ops::DispatchArgs d = c.d;
   const int64_t T = d.T;
   Outputs out(c.device);
   d.out = static_cast<uint16_t*>(out.add(DType::BF16, {T, d.K_pad}));
@@ -187,14 +190,14 @@ std::vector<Tensor> launch_act_quant(const ActQuantCall& c) {
     d.capacity = 1;
     d.counts = static_cast<int32_t*>(scratch.get());
     d.route_of_slot = d.counts + (T + 63) / 64 * 64;
-    cuda::act_dispatch(d, cs.stream);
+    ops::act_dispatch(d, cs.stream);
   }
   return out.finish(cs.stream);
 }
 
 std::vector<Tensor> launch_dispatch(const DispatchCall& c) {
   const CallScope cs(c);
-  cuda::DispatchArgs d = c.d;
+  ops::DispatchArgs d = c.d;
   const int64_t E = d.num_experts, cap = d.capacity;
   Outputs out(c.device);
   d.out = static_cast<uint16_t*>(out.add(DType::BF16, {E, cap, d.K_pad}));
@@ -205,13 +208,13 @@ std::vector<Tensor> launch_dispatch(const DispatchCall& c) {
   MOESQ_CUDA_CHECK(cudaMemsetAsync(d.out, 0, sizeof(uint16_t) * E * cap * d.K_pad, cs.stream));
   MOESQ_CUDA_CHECK(cudaMemsetAsync(d.inv_scale, 0, sizeof(float) * E * cap, cs.stream));
   MOESQ_CUDA_CHECK(cudaMemsetAsync(d.route_of_slot, 0xFF, sizeof(int32_t) * E * cap, cs.stream));
-  cuda::act_dispatch(d, cs.stream);  // zeroes counts first, even for T = 0
+  ops::act_dispatch(d, cs.stream);  // zeroes counts first, even for T = 0
   return out.finish(cs.stream);
 }
 
 std::vector<Tensor> launch_sparse_gemm(const SparseGemmCall& c) {
   const CallScope cs(c);
-  cuda::SparseGemmArgs a = c.a;
+  ops::SparseGemmArgs a = c.a;
   Outputs out(c.device);
   if (c.out_new) {
     const std::vector<int64_t> shape = {a.num_experts, a.capacity, a.M};
@@ -221,8 +224,8 @@ std::vector<Tensor> launch_sparse_gemm(const SparseGemmCall& c) {
     if (c.out_bf16) a.y = static_cast<uint16_t*>(y);
     else a.y_f32 = static_cast<float*>(y);
   }
-  const cuda::GemmConfig config = pick_config(a, c.max_tokens);
-  cuda::sparse_gemm(a, c.max_tokens, cs.stream, &config);
+  const ops::GemmConfig config = pick_config(a, c.max_tokens);
+  ops::sparse_gemm(a, c.max_tokens, cs.stream, &config);
   return out.finish(cs.stream);
 }
 
@@ -230,8 +233,8 @@ std::pair<std::string, std::string> sparse_gemm_config(int device, int num_exper
                                                        int max_tokens) {
   require_device("moesq.sparse_gemm_config", device);
   const DeviceScope scope(device);
-  const cuda::GemmConfig c = cuda::sparse_gemm_heuristic(num_experts, M, K_pad, max_tokens);
-  return {moe::act_layout_name(cuda::sparse_gemm_act_layout(c)), c.str()};
+  const ops::GemmConfig c = ops::sparse_gemm_heuristic(num_experts, M, K_pad, max_tokens);
+  return {format::act_layout_name(ops::sparse_gemm_act_layout(c)), c.str()};
 }
 
 std::shared_ptr<MoeLayerDevice> upload_moe_layer(const runtime::HostMoeLayer& host, int device) {

@@ -87,7 +87,7 @@ Tensor f32(std::vector<int64_t> shape, const std::vector<float>& v) { return Ten
 
 // All experts of projection `proj` of one layer in kernel layout (paired 4:8 checkpoints).
 struct KernelWeightsPy {
-  std::shared_ptr<moe::KernelWeights> w;
+  std::shared_ptr<format::KernelWeights> w;
 };
 
 KernelWeightsPy load_kernel_weights(const std::string& dir, int64_t layer, const std::string& proj) {
@@ -109,7 +109,7 @@ KernelWeightsPy load_kernel_weights(const std::string& dir, int64_t layer, const
                 " is dense NVFP4, not paired 4:8 (the sparse GEMM runs paired 4:8 experts)");
     ptrs.push_back(pw[e].sparse48());
   }
-  return {std::make_shared<moe::KernelWeights>(moe::kernel_layout_from_sparse48(ptrs, dir + " " + proj))};
+  return {std::make_shared<format::KernelWeights>(format::kernel_layout_from_sparse48(ptrs, dir + " " + proj))};
 }
 
 pyb::dict compress_expert_py(const pyb::object& gate, const pyb::object& up, const pyb::object& down,
@@ -159,7 +159,8 @@ PYBIND11_MODULE(moesq, m) {
   using namespace moesq::py;
   namespace io = moesq::io;
   namespace model = moesq::model;
-  namespace moe = moesq::moe;
+  namespace format = moesq::format;
+  namespace ops = moesq::ops;
   m.doc() = "moesq: paired 4:8 NVFP4 MoE experts — checkpoints, the CPU model, the expert ops, SGPTQ (DLPack in/out)";
   pyb::register_exception<moesq::Error>(m, "Error", PyExc_RuntimeError);
 
@@ -317,7 +318,7 @@ PYBIND11_MODULE(moesq, m) {
       .def_property_readonly(
           "packed",
           [](const KernelWeightsPy& k) {
-            return Tensor::host_from(DType::U8, {k.w->num_experts, k.w->m_tiles(), k.w->k_chunks(), moe::kChunkBytes},
+            return Tensor::host_from(DType::U8, {k.w->num_experts, k.w->m_tiles(), k.w->k_chunks(), format::kChunkBytes},
                                      k.w->data);
           },
           "uint8 [E, M_pad/16, K_pad/256, 1408] the kernel-layout bytes (docs/KERNEL_LAYOUT.md; moesq.sparse_gemm's w, "
@@ -327,7 +328,7 @@ PYBIND11_MODULE(moesq, m) {
           [](const KernelWeightsPy& k, int e) {
             if (e < 0 || e >= k.w->num_experts) throw pyb::index_error("KernelWeights.unpack_ref: expert out of range");
             std::vector<float> out(static_cast<size_t>(k.w->M * k.w->K));
-            moe::kernel_layout_unpack_ref(*k.w, e, out.data());
+            format::kernel_layout_unpack_ref(*k.w, e, out.data());
             return f32({k.w->M, k.w->K}, out);
           },
           pyb::arg("expert"), "expert e's weights dec(q)·dec(scale) WITHOUT 1/γ, float32 [M, K]");
@@ -339,17 +340,17 @@ PYBIND11_MODULE(moesq, m) {
       "act_quant_ref",
       [](const pyb::object& x, bool quantize, const std::string& layout) {
         const DlView v(x, {"moesq.act_quant_ref", "x", {DType::U16, DType::BF16, DType::F32}, {-1, -1}});
-        const int64_t T = v.dim(0), K = v.dim(1), K_pad = moe::padded_k(K);
-        const moe::ActLayout lay = parse_act_layout(layout, "moesq.act_quant_ref");
+        const int64_t T = v.dim(0), K = v.dim(1), K_pad = format::padded_k(K);
+        const format::ActLayout lay = parse_act_layout(layout, "moesq.act_quant_ref");
         if (v.dtype() == DType::F32 && !quantize)
           throw pyb::value_error("moesq.act_quant_ref: argument 'x' is float32; quantize=False (W4A16) takes bf16 rows");
         std::vector<uint16_t> out(static_cast<size_t>(T * K_pad), 0);
         std::vector<float> inv(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
           if (v.dtype() == DType::F32)
-            moe::act_quant_row_f32_ref(v.as<float>() + t * K, K, out.data() + t * K_pad, &inv[t], lay);
+            ops::act_quant_row_f32_ref(v.as<float>() + t * K, K, out.data() + t * K_pad, &inv[t], lay);
           else
-            moe::act_quant_row_ref(v.as<uint16_t>() + t * K, K, quantize, out.data() + t * K_pad, &inv[t], lay);
+            ops::act_quant_row_ref(v.as<uint16_t>() + t * K, K, quantize, out.data() + t * K_pad, &inv[t], lay);
         }
         return pyb::make_tuple(Tensor::host_from(DType::U16, {T, K_pad}, out), f32({T}, inv));
       },
@@ -364,7 +365,7 @@ PYBIND11_MODULE(moesq, m) {
          const std::string& layout) {
         const DlView v(x, {"moesq.dispatch_ref", "x", {DType::U16, DType::BF16}, {-1, -1}});
         const DlView ids(topk_ids, {"moesq.dispatch_ref", "topk_ids", {DType::I32}, {v.dim(0), -1}});
-        const moe::ActBatch b = moe::dispatch_ref(v.as<uint16_t>(), v.dim(0), v.dim(1), ids.as<int32_t>(),
+        const ops::ActBatch b = ops::act_dispatch_batch_ref(v.as<uint16_t>(), v.dim(0), v.dim(1), ids.as<int32_t>(),
                                                   static_cast<int>(ids.dim(1)), num_experts, capacity, quantize,
                                                   parse_act_layout(layout, "moesq.dispatch_ref"));
         pyb::dict d;
@@ -384,14 +385,14 @@ PYBIND11_MODULE(moesq, m) {
       [](const KernelWeightsPy& w, const pyb::object& x, const pyb::object& x_inv_scale, const pyb::object& counts,
          const std::string& layout) {
         const char* fn = "moesq.sparse_gemm_ref";
-        const moe::KernelWeights& kw = *w.w;
+        const format::KernelWeights& kw = *w.w;
         const DlView xv(x, {fn, "x", {DType::U16, DType::BF16}, {kw.num_experts, -1, kw.K_pad}});
         const int capacity = static_cast<int>(xv.dim(1));
         std::optional<DlView> sv;
         if (!x_inv_scale.is_none()) sv.emplace(x_inv_scale, Expect{fn, "x_inv_scale", {DType::F32}, {kw.num_experts, capacity}});
         const DlView cv(counts, {fn, "counts", {DType::I32}, {kw.num_experts}});
         std::vector<float> y(static_cast<size_t>(kw.num_experts) * capacity * kw.M, 0.0f);
-        moesq::cuda::SparseGemmArgs a;
+        moesq::ops::SparseGemmArgs a;
         a.w = kw.data.data();
         std::vector<float> inv_gamma(kw.gamma.size());
         for (size_t e = 0; e < kw.gamma.size(); ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
@@ -405,7 +406,7 @@ PYBIND11_MODULE(moesq, m) {
         a.M = kw.M, a.M_pad = kw.M_pad, a.K_pad = kw.K_pad, a.ldy = kw.M;
         {
           pyb::gil_scoped_release nogil;
-          moesq::cuda::sparse_gemm_ref(a);
+          moesq::ops::sparse_gemm_ref(a);
         }
         return f32({kw.num_experts, capacity, kw.M}, y);
       },

@@ -30,7 +30,7 @@
 #include "audit/plan_json.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 // The fixed inputs of an audit: routing fixture of paper 000 (M = 21, k = 8, E = 128, b = 8) with
 // layer shapes "qwen3" (H = 2048, I = 768: W13 N = 1536, K = 2048; W2 N = 2048, K = 768) or "small"
@@ -51,10 +51,10 @@ AuditFixture make_audit_fixture(const std::string& name, uint64_t seed, bool wit
 struct AuditRunConfig {
   std::string cell = "native";      // label of the experimental cell
   std::string history = "H0";       // H0 | H1
-  AlignOrder align = AlignOrder::Native;
-  ScheduleKind schedule = ScheduleKind::Native;
+  ops::AlignOrder align = ops::AlignOrder::Native;
+  ops::ScheduleKind schedule = ops::ScheduleKind::Native;
   int64_t grid = 246;
-  ThreadConfigOverrides overrides;
+  ops::ThreadConfigOverrides overrides;
   std::string plan_file;            // injected plan (a plan.json of another run); "" = align here
   std::string intervention = "none";  // none | reorder | exchange
   int32_t route_a = -1, route_b = -1;
@@ -70,8 +70,8 @@ struct AuditRunConfig {
 struct AuditBackend {
   std::string device = "cpu";
   std::function<void(const std::string& history, const AuditFixture&)> prepare_history;
-  std::function<RouteAlignment(const AuditFixture&, const std::string& history)> align_native;
-  std::function<LayerSurfaces(const AuditFixture&, const RouteAlignment&, const LayerRunSpec&)> run_layer;
+  std::function<ops::RouteAlignment(const AuditFixture&, const std::string& history)> align_native;
+  std::function<LayerSurfaces(const AuditFixture&, const ops::RouteAlignment&, const LayerRunSpec&)> run_layer;
   std::function<void()> release_history;
 };
 AuditBackend cpu_audit_backend();
@@ -106,4 +106,4 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
 AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, const std::string& fixture,
                          uint64_t seed, int replicates);
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace moesq::moe::detail {
+namespace moesq::audit::detail {
 
 nlohmann::json read_json(const std::string& path) {
   std::error_code ec;
@@ -21,4 +21,4 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
-}  // namespace moesq::moe::detail
+}  // namespace moesq::audit::detail

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace moesq::moe::detail {
+namespace moesq::audit::detail {
 
 inline const char* const kSurfaceNames[] = {"w13_out", "activation", "w2_out", "final"};
 
@@ -17,4 +17,4 @@ inline std::string json_text(const nlohmann::json& j, int indent) {
 // Parses the JSON file at `path`; Error names the path (unreadable or invalid JSON).
 nlohmann::json read_json(const std::string& path);
 
-}  // namespace moesq::moe::detail
+}  // namespace moesq::audit::detail

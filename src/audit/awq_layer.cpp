@@ -10,7 +10,7 @@
 #include "core/hash.h"
 #include "core/threads.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 AwqMoeWeights make_synthetic_awq_moe(int num_experts, int64_t hidden, int64_t intermediate, uint64_t seed,
                                      const std::vector<int32_t>& experts) {
@@ -27,8 +27,8 @@ AwqMoeWeights make_synthetic_awq_moe(int num_experts, int64_t hidden, int64_t in
   parallel_for(static_cast<int64_t>(experts.size()), [&](int64_t i) {
     const int32_t e = experts[i];
     MOESQ_CHECK(e >= 0 && e < num_experts, "make_synthetic_awq_moe: expert ", e, " outside [0, ", num_experts, ")");
-    w.w13[e] = awq_random(2 * intermediate, hidden, seed * 1000003ull + 2 * e, 0.5f * s13, 1.5f * s13);
-    w.w2[e] = awq_random(hidden, intermediate, seed * 1000003ull + 2 * e + 1, 0.5f * s2, 1.5f * s2);
+    w.w13[e] = format::awq_random(2 * intermediate, hidden, seed * 1000003ull + 2 * e, 0.5f * s13, 1.5f * s13);
+    w.w2[e] = format::awq_random(hidden, intermediate, seed * 1000003ull + 2 * e + 1, 0.5f * s2, 1.5f * s2);
   });
   return w;
 }
@@ -46,8 +46,8 @@ AwqMoeWeights quantize_awq_moe(const std::vector<std::vector<float>>& gate, cons
   parallel_for(w.num_experts, [&](int64_t e) {
     std::vector<float> w13(gate[e]);
     w13.insert(w13.end(), up[e].begin(), up[e].end());  // [2I, H]: gate rows then up rows
-    w.w13[e] = awq_quantize(w13, 2 * intermediate, hidden, "expert " + std::to_string(e) + " w13");
-    w.w2[e] = awq_quantize(down[e], hidden, intermediate, "expert " + std::to_string(e) + " w2");
+    w.w13[e] = format::awq_quantize(w13, 2 * intermediate, hidden, "expert " + std::to_string(e) + " w13");
+    w.w2[e] = format::awq_quantize(down[e], hidden, intermediate, "expert " + std::to_string(e) + " w2");
   });
   return w;
 }
@@ -67,17 +67,17 @@ const Surface& LayerSurfaces::get(const std::string& name) const {
   MOESQ_FAIL("no surface named '", name, "' (expected w13_out, activation, w2_out or final)");
 }
 
-std::pair<TileSchedule, TileSchedule> layer_schedules(const AwqMoeWeights& w, const RouteAlignment& a,
+std::pair<ops::TileSchedule, ops::TileSchedule> layer_schedules(const AwqMoeWeights& w, const ops::RouteAlignment& a,
                                                       const LayerRunSpec& spec) {
   const int64_t N13 = 2 * w.intermediate, K13 = w.hidden, N2 = w.hidden, K2 = w.intermediate;
-  const ThreadConfig c13 = select_thread_config(N13, K13, spec.overrides, spec.default_blocks_per_sm);
-  const ThreadConfig c2 = select_thread_config(N2, K2, spec.overrides, spec.default_blocks_per_sm);
-  return {make_schedule(spec.schedule, a.num_blocks(), N13, K13, c13.thread_k, c13.thread_n, spec.grid),
-          make_schedule(spec.schedule, a.num_blocks(), N2, K2, c2.thread_k, c2.thread_n, spec.grid)};
+  const ops::ThreadConfig c13 = ops::select_thread_config(N13, K13, spec.overrides, spec.default_blocks_per_sm);
+  const ops::ThreadConfig c2 = ops::select_thread_config(N2, K2, spec.overrides, spec.default_blocks_per_sm);
+  return {ops::make_schedule(spec.schedule, a.num_blocks(), N13, K13, c13.thread_k, c13.thread_n, spec.grid),
+          ops::make_schedule(spec.schedule, a.num_blocks(), N2, K2, c2.thread_k, c2.thread_n, spec.grid)};
 }
 
 LayerSurfaces run_awq_moe_layer(const std::vector<uint16_t>& x, const std::vector<float>& topk_weights,
-                                const RouteAlignment& a, const AwqMoeWeights& w, const LayerRunSpec& spec,
+                                const ops::RouteAlignment& a, const AwqMoeWeights& w, const LayerRunSpec& spec,
                                 const AwqGemmFn& gemm) {
   const int64_t M = a.M, k = a.topk, H = w.hidden, I = w.intermediate, R = M * k;
   MOESQ_CHECK(static_cast<int64_t>(x.size()) == M * H, "awq layer: x has ", x.size(), " values, expected [M=", M,
@@ -95,7 +95,7 @@ LayerSurfaces run_awq_moe_layer(const std::vector<uint16_t>& x, const std::vecto
   auto& c2 = out.surfaces[2].data;
   auto& fin = out.surfaces[3].data;
 
-  AwqMoeGemmDesc d13;
+  ops::AwqMoeGemmDesc d13;
   d13.A = x.data();
   d13.num_a_rows = M;
   d13.a_row_div = static_cast<int>(k);
@@ -113,7 +113,7 @@ LayerSurfaces run_awq_moe_layer(const std::vector<uint16_t>& x, const std::vecto
       act[r * I + i] = f32_to_f16(g / (1.0f + std::exp(-g)) * u);
     }
 
-  AwqMoeGemmDesc d2 = d13;
+  ops::AwqMoeGemmDesc d2 = d13;
   d2.A = act.data();
   d2.num_a_rows = R;
   d2.a_row_div = 1;
@@ -133,4 +133,4 @@ LayerSurfaces run_awq_moe_layer(const std::vector<uint16_t>& x, const std::vecto
   return out;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

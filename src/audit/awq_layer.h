@@ -17,14 +17,14 @@
 #include "ops/awq_gemm/awq_gemm.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 struct AwqMoeWeights {
   int num_experts = 0;
   int64_t hidden = 0;        // H
   int64_t intermediate = 0;  // I
-  std::vector<AwqLinear> w13;  // [E] each [2I, H]; an empty entry = expert not loaded
-  std::vector<AwqLinear> w2;   // [E] each [H, I]
+  std::vector<format::AwqLinear> w13;  // [E] each [2I, H]; an empty entry = expert not loaded
+  std::vector<format::AwqLinear> w2;   // [E] each [H, I]
 };
 
 // Synthetic weights from a fixed seed, generated for the experts in `experts` only (the others stay
@@ -50,22 +50,22 @@ struct LayerSurfaces {
   const Surface& get(const std::string& name) const;  // Error names the surface
 };
 
-using AwqGemmFn = std::function<void(const AwqMoeGemmDesc&)>;
+using AwqGemmFn = std::function<void(const ops::AwqMoeGemmDesc&)>;
 
 struct LayerRunSpec {
-  ScheduleKind schedule = ScheduleKind::Native;
+  ops::ScheduleKind schedule = ops::ScheduleKind::Native;
   int64_t grid = 246;
-  ThreadConfigOverrides overrides;
+  ops::ThreadConfigOverrides overrides;
   int default_blocks_per_sm = 3;
 };
 
 // The two schedules the layer will use (W13 then W2).
-std::pair<TileSchedule, TileSchedule> layer_schedules(const AwqMoeWeights& w, const RouteAlignment& a,
+std::pair<ops::TileSchedule, ops::TileSchedule> layer_schedules(const AwqMoeWeights& w, const ops::RouteAlignment& a,
                                                       const LayerRunSpec& spec);
 
 // x [M, H] fp16, topk_weights [M, k]; `gemm` defaults to awq_moe_gemm_ref.
 LayerSurfaces run_awq_moe_layer(const std::vector<uint16_t>& x, const std::vector<float>& topk_weights,
-                                const RouteAlignment& a, const AwqMoeWeights& w, const LayerRunSpec& spec,
-                                const AwqGemmFn& gemm = awq_moe_gemm_ref);
+                                const ops::RouteAlignment& a, const AwqMoeWeights& w, const LayerRunSpec& spec,
+                                const AwqGemmFn& gemm = ops::awq_moe_gemm_ref);
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

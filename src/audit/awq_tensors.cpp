@@ -5,26 +5,26 @@
 
 #include "core/error.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
-void awq_add_tensors(io::SafetensorsWriter& w, const std::string& prefix, const AwqLinear& l) {
-  const int64_t G = l.K / kAwqGroup;
-  w.add(prefix + ".qweight", io::DType::I32, {l.K, l.N / kAwqPack}, l.qweight.data(), 4 * l.qweight.size());
-  w.add(prefix + ".qzeros", io::DType::I32, {G, l.N / kAwqPack}, l.qzeros.data(), 4 * l.qzeros.size());
+void awq_add_tensors(io::SafetensorsWriter& w, const std::string& prefix, const format::AwqLinear& l) {
+  const int64_t G = l.K / format::kAwqGroup;
+  w.add(prefix + ".qweight", io::DType::I32, {l.K, l.N / format::kAwqPack}, l.qweight.data(), 4 * l.qweight.size());
+  w.add(prefix + ".qzeros", io::DType::I32, {G, l.N / format::kAwqPack}, l.qzeros.data(), 4 * l.qzeros.size());
   w.add(prefix + ".scales", io::DType::F16, {G, l.N}, l.scales.data(), 2 * l.scales.size());
 }
 
-AwqLinear awq_read_tensors(const io::SafetensorsFile& f, const std::string& prefix) {
+format::AwqLinear awq_read_tensors(const io::SafetensorsFile& f, const std::string& prefix) {
   const io::TensorView& qw = f.get(prefix + ".qweight");
   const io::TensorView& qz = f.get(prefix + ".qzeros");
   const io::TensorView& sc = f.get(prefix + ".scales");
   MOESQ_CHECK(qw.dtype == io::DType::I32 && qw.shape.size() == 2, f.path(), ": ", qw.name,
               " must be a 2-D I32 tensor [K, N/8], got ", io::dtype_name(qw.dtype), " ", qw.shape_str());
-  AwqLinear l;
+  format::AwqLinear l;
   l.K = qw.shape[0];
-  l.N = qw.shape[1] * kAwqPack;
-  awq_check_shape(l.N, l.K, f.path() + ": " + qw.name);
-  const std::vector<int64_t> gshape_z = {l.K / kAwqGroup, l.N / kAwqPack}, gshape_s = {l.K / kAwqGroup, l.N};
+  l.N = qw.shape[1] * format::kAwqPack;
+  format::awq_check_shape(l.N, l.K, f.path() + ": " + qw.name);
+  const std::vector<int64_t> gshape_z = {l.K / format::kAwqGroup, l.N / format::kAwqPack}, gshape_s = {l.K / format::kAwqGroup, l.N};
   MOESQ_CHECK(qz.dtype == io::DType::I32 && qz.shape == gshape_z, f.path(), ": ", qz.name,
               " must be I32 [K/128, N/8] = [", gshape_z[0], ", ", gshape_z[1], "], got ", io::dtype_name(qz.dtype),
               " ", qz.shape_str());
@@ -40,4 +40,4 @@ AwqLinear awq_read_tensors(const io::SafetensorsFile& f, const std::string& pref
   return l;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -5,11 +5,11 @@
 #include "format/awq_int4.h"
 #include "io/safetensors.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 // Checkpoint tensors as published: `<prefix>.qweight`, `<prefix>.qzeros`, `<prefix>.scales`.
-void awq_add_tensors(io::SafetensorsWriter& w, const std::string& prefix, const AwqLinear& lin);
+void awq_add_tensors(io::SafetensorsWriter& w, const std::string& prefix, const format::AwqLinear& lin);
 // Reads and checks shapes/dtypes (Error names the file and tensor). N, K are taken from the tensors.
-AwqLinear awq_read_tensors(const io::SafetensorsFile& f, const std::string& prefix);
+format::AwqLinear awq_read_tensors(const io::SafetensorsFile& f, const std::string& prefix);
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -9,7 +9,7 @@
 
 #include "core/hash.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 namespace {
 
@@ -54,4 +54,4 @@ BuildIdentity current_build_identity() {
   return cached;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 struct BuildIdentity {
   std::string git_commit;     // source commit (+ "-dirty" when the tree had local changes), or "unknown"
@@ -16,4 +16,4 @@ BuildIdentity current_build_identity();
 // "unknown" when the directory is missing, git is not installed or the directory is not a work tree.
 std::string source_commit(const std::string& source_dir);
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

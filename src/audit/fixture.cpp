@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 namespace {
 
@@ -40,12 +40,12 @@ AuditFixture make_audit_fixture(const std::string& name, uint64_t seed, bool wit
   AuditFixture f;
   f.name = name;
   f.seed = seed;
-  f.M = kFixtureM;
-  f.topk = kFixtureTopk;
-  f.num_experts = kFixtureExperts;
-  f.block_size = kFixtureBlock;
-  f.topk_ids = make_fixture_topk_ids(seed);
-  f.topk_weights = make_fixture_topk_weights(f.M, f.topk, seed + 1);
+  f.M = ops::kFixtureM;
+  f.topk = ops::kFixtureTopk;
+  f.num_experts = ops::kFixtureExperts;
+  f.block_size = ops::kFixtureBlock;
+  f.topk_ids = ops::make_fixture_topk_ids(seed);
+  f.topk_weights = ops::make_fixture_topk_weights(f.M, f.topk, seed + 1);
   f.x = make_random_f16(f.M, sh.hidden, seed + 2);
   if (with_weights) {
     std::set<int32_t> act(f.topk_ids.begin(), f.topk_ids.end());
@@ -58,4 +58,4 @@ AuditFixture make_audit_fixture(const std::string& name, uint64_t seed, bool wit
   return f;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
-nlohmann::json alignment_to_json(const RouteAlignment& a) {
+nlohmann::json alignment_to_json(const ops::RouteAlignment& a) {
   return {{"M", a.M},
           {"topk", a.topk},
           {"num_experts", a.num_experts},
@@ -50,9 +50,9 @@ std::vector<int32_t> get_ids(const nlohmann::json& j, const std::string& where, 
 
 // Limits: route ids r = token·k + slot and the sentinel M·k are int32, so M·k < 2^31; E and b are
 // bounded by 2^20 (a plan's vectors are allocated per expert and per block row).
-RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where) {
+ops::RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where) {
   constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
-  RouteAlignment a;
+  ops::RouteAlignment a;
   MOESQ_CHECK(j.is_object(), where, ": not an alignment plan (expected a JSON object)");
   try {
     a.topk = static_cast<int>(get_int_in(j.at("topk"), where, "topk", 1, 1 << 20));
@@ -69,8 +69,8 @@ RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& w
   return a;
 }
 
-nlohmann::json schedule_to_json(const TileSchedule& s) {
-  return {{"schedule", schedule_kind_name(s.kind)},
+nlohmann::json schedule_to_json(const ops::TileSchedule& s) {
+  return {{"schedule", ops::schedule_kind_name(s.kind)},
           {"blocks", s.num_blocks},
           {"N", s.N},
           {"K", s.K},
@@ -88,4 +88,4 @@ nlohmann::json schedule_to_json(const TileSchedule& s) {
           {"first_split_block", s.first_split_block}};
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

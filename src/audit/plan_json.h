@@ -8,11 +8,11 @@
 #include "ops/awq_gemm/awq_schedule.h"
 #include "ops/route_align/route_align.h"
 
-namespace moesq::moe {
+namespace moesq::audit {
 
-nlohmann::json alignment_to_json(const RouteAlignment& a);
-RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where);  // Error names `where`
+nlohmann::json alignment_to_json(const ops::RouteAlignment& a);
+ops::RouteAlignment alignment_from_json(const nlohmann::json& j, const std::string& where);  // Error names `where`
 
-nlohmann::json schedule_to_json(const TileSchedule& s);
+nlohmann::json schedule_to_json(const ops::TileSchedule& s);
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -8,22 +8,22 @@
 #include "core/hash.h"
 #include "io/safetensors.h"
 
-using moesq::moe::detail::json_text;
-using moesq::moe::detail::read_json;
+using moesq::audit::detail::json_text;
+using moesq::audit::detail::read_json;
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 namespace {
 
-nlohmann::json position_json(const RoutePosition& p) { return {{"row", p.row}, {"block", p.block}}; }
+nlohmann::json position_json(const ops::RoutePosition& p) { return {{"row", p.row}, {"block", p.block}}; }
 
 }  // namespace
 
 nlohmann::json AuditRunConfig::to_json() const {
   return {{"cell", cell},
           {"history", history},
-          {"align", align_order_name(align)},
-          {"schedule", schedule_kind_name(schedule)},
+          {"align", ops::align_order_name(align)},
+          {"schedule", ops::schedule_kind_name(schedule)},
           {"grid", grid},
           {"thread_k", overrides.thread_k},
           {"thread_n", overrides.thread_n},
@@ -48,9 +48,9 @@ AuditBackend cpu_audit_backend() {
   b.device = "cpu";
   b.prepare_history = [](const std::string& h, const AuditFixture&) { history_seed(h); };
   b.align_native = [](const AuditFixture& f, const std::string& h) {
-    return align_routes(f.topk_ids, f.M, f.topk, f.num_experts, f.block_size, AlignOrder::Native, history_seed(h));
+    return ops::align_routes(f.topk_ids, f.M, f.topk, f.num_experts, f.block_size, ops::AlignOrder::Native, history_seed(h));
   };
-  b.run_layer = [](const AuditFixture& f, const RouteAlignment& a, const LayerRunSpec& spec) {
+  b.run_layer = [](const AuditFixture& f, const ops::RouteAlignment& a, const LayerRunSpec& spec) {
     return run_awq_moe_layer(f.x, f.topk_weights, a, f.weights, spec);
   };
   b.release_history = [] {};
@@ -74,29 +74,29 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
     ~Release() { b.release_history(); }
   } release{backend};
 
-  RouteAlignment plan;
+  ops::RouteAlignment plan;
   std::string plan_source = "computed";
   if (!cfg.plan_file.empty()) {
     plan = alignment_from_json(read_json(cfg.plan_file), "--plan " + cfg.plan_file);
     plan_source = "injected:" + sha256_file(cfg.plan_file);
-  } else if (cfg.align == AlignOrder::Native) {
+  } else if (cfg.align == ops::AlignOrder::Native) {
     plan = backend.align_native(*fixture, cfg.history);
   } else {
-    plan = align_routes(fixture->topk_ids, fixture->M, fixture->topk, fixture->num_experts, fixture->block_size,
-                        AlignOrder::Canonical);
+    plan = ops::align_routes(fixture->topk_ids, fixture->M, fixture->topk, fixture->num_experts, fixture->block_size,
+                        ops::AlignOrder::Canonical);
   }
-  validate_alignment(plan, fixture->topk_ids);
-  const std::string base_fp = route_block_fingerprint(plan);
+  ops::validate_alignment(plan, fixture->topk_ids);
+  const std::string base_fp = ops::route_block_fingerprint(plan);
   nlohmann::json treatment = {{"intervention", cfg.intervention}, {"routes", nlohmann::json::array()}};
   if (cfg.intervention != "none") {
     MOESQ_CHECK(cfg.intervention == "reorder" || cfg.intervention == "exchange", "--intervention: unknown '",
                 cfg.intervention, "' (expected none, reorder or exchange)");
-    const RoutePosition pa = find_route(plan, cfg.route_a), pb = find_route(plan, cfg.route_b);
-    if (cfg.intervention == "reorder") intervene_reorder(plan, cfg.route_a, cfg.route_b);
-    else intervene_exchange(plan, cfg.route_a, cfg.route_b);
+    const ops::RoutePosition pa = ops::find_route(plan, cfg.route_a), pb = ops::find_route(plan, cfg.route_b);
+    if (cfg.intervention == "reorder") ops::intervene_reorder(plan, cfg.route_a, cfg.route_b);
+    else ops::intervene_exchange(plan, cfg.route_a, cfg.route_b);
     treatment["routes"] = {cfg.route_a, cfg.route_b};
     treatment["before"] = {position_json(pa), position_json(pb)};
-    treatment["after"] = {position_json(find_route(plan, cfg.route_a)), position_json(find_route(plan, cfg.route_b))};
+    treatment["after"] = {position_json(ops::find_route(plan, cfg.route_a)), position_json(ops::find_route(plan, cfg.route_b))};
   }
   LayerRunSpec spec;
   spec.schedule = cfg.schedule;
@@ -118,7 +118,7 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
       {"fixture", {{"name", fixture->name}, {"seed", fixture->seed}, {"identity", fixture->identity()}}},
       {"plan_source", plan_source},
       {"base_fingerprint", base_fp},
-      {"fingerprint", route_block_fingerprint(plan)},
+      {"fingerprint", ops::route_block_fingerprint(plan)},
       {"treatment", treatment},
       {"schedule", {{"w13", schedule_to_json(s13)}, {"w2", schedule_to_json(s2)}}},
       {"hashes", hashes},
@@ -134,4 +134,4 @@ nlohmann::json audit_run(const AuditRunConfig& cfg, const std::string& out_dir, 
   return manifest;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -11,10 +11,10 @@
 #include "core/hash.h"
 #include "io/safetensors.h"
 
-using moesq::moe::detail::kSurfaceNames;
-using moesq::moe::detail::read_json;
+using moesq::audit::detail::kSurfaceNames;
+using moesq::audit::detail::read_json;
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 namespace {
 
@@ -44,19 +44,19 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     const AuditFixture fx = make_audit_fixture(c.at("fixture").get<std::string>(), c.at("seed").get<uint64_t>(), false);
     if (m.at("fixture").at("identity").get<std::string>() != fx.identity())
       throw Rejection{"fixture", dir + ": fixture identity differs from the regenerated fixture"};
-    RouteAlignment plan;
+    ops::RouteAlignment plan;
     try {
       plan = alignment_from_json(read_json(dir + "/plan.json"), dir + "/plan.json");
     } catch (const Error& e) {
       throw Rejection{"unreadable", e.what()};
     }
     try {
-      validate_alignment(plan, fx.topk_ids);
+      ops::validate_alignment(plan, fx.topk_ids);
     } catch (const Error& e) {
       const std::string msg = e.what();
       throw Rejection{msg.rfind("expert block:", 0) == 0 ? "expert block" : "route", dir + "/plan.json: " + msg};
     }
-    if (route_block_fingerprint(plan) != m.at("fingerprint").get<std::string>())
+    if (ops::route_block_fingerprint(plan) != m.at("fingerprint").get<std::string>())
       throw Rejection{"fingerprint", dir + ": recomputed membership fingerprint differs from the manifest"};
     // Treatment: the declared intervention must be visible in the plan.
     const std::string iv = c.at("intervention").get<std::string>();
@@ -65,7 +65,7 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
       if (!t.at("routes").empty() || t.at("intervention").get<std::string>() != "none")
         throw Rejection{"treatment", dir + ": config says no intervention but the treatment record moved routes"};
       if (c.at("plan_file").get<std::string>().empty() && c.at("align").get<std::string>() == "canonical") {
-        const auto canon = align_routes(fx.topk_ids, fx.M, fx.topk, fx.num_experts, fx.block_size, AlignOrder::Canonical);
+        const auto canon = ops::align_routes(fx.topk_ids, fx.M, fx.topk, fx.num_experts, fx.block_size, ops::AlignOrder::Canonical);
         if (canon.sorted_ids != plan.sorted_ids)
           throw Rejection{"treatment", dir + ": canonical alignment declared but the plan is not canonical"};
       }
@@ -74,7 +74,7 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
       if (t.at("intervention").get<std::string>() != iv || t.at("routes") != nlohmann::json({ra, rb}))
         throw Rejection{"treatment", dir + ": treatment record does not match the declared intervention " + iv};
       const int64_t row_a0 = t.at("before")[0].at("row").get<int64_t>(), row_b0 = t.at("before")[1].at("row").get<int64_t>();
-      const RoutePosition pa = find_route(plan, ra), pb = find_route(plan, rb);
+      const ops::RoutePosition pa = ops::find_route(plan, ra), pb = ops::find_route(plan, rb);
       if (pa.row != row_b0 || pb.row != row_a0)
         throw Rejection{"treatment", dir + ": routes " + std::to_string(ra) + "/" + std::to_string(rb) +
                                          " were not swapped in the consumed plan"};
@@ -87,14 +87,14 @@ std::map<std::string, std::string> score_one(const std::string& dir, const Build
     }
     // Grid: recompute the schedules the declared grid implies; they must equal the consumed ones.
     LayerRunSpec spec;
-    spec.schedule = parse_schedule_kind(c.at("schedule").get<std::string>());
+    spec.schedule = ops::parse_schedule_kind(c.at("schedule").get<std::string>());
     spec.grid = c.at("grid").get<int64_t>();
     spec.overrides.thread_k = c.at("thread_k").get<int>();
     spec.overrides.thread_n = c.at("thread_n").get<int>();
     const auto [s13, s2] = layer_schedules(fx.weights, plan, spec);
     if (m.at("schedule").at("w13") != schedule_to_json(s13) || m.at("schedule").at("w2") != schedule_to_json(s2))
       throw Rejection{"grid", dir + ": the consumed schedule is not the one grid " + std::to_string(spec.grid) +
-                                  " (" + schedule_kind_name(spec.schedule) + ") implies"};
+                                  " (" + ops::schedule_kind_name(spec.schedule) + ") implies"};
     // Hashes: manifest vs the raw file's own record vs recomputed bytes.
     std::map<std::string, std::string> got;
     io::SafetensorsFile f(dir + "/surfaces.safetensors");
@@ -207,4 +207,4 @@ AuditVerdict audit_score(const std::vector<std::string>& run_dirs, const BuildId
   return v;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -11,10 +11,10 @@
 #include "core/error.h"
 
 namespace fs = std::filesystem;
-using moesq::moe::detail::json_text;
-using moesq::moe::detail::read_json;
+using moesq::audit::detail::json_text;
+using moesq::audit::detail::read_json;
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 std::vector<std::string> audit_self_test(const std::string& work_dir, const AuditBackend& backend,
                                          const std::string& fixture_name, bool& passed) {
@@ -25,7 +25,7 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   const AuditFixture fx = make_audit_fixture(fixture_name, 0);
   // The self-test checks the SCORER, so its runs inject one captured native plan: on the GPU the atomic
   // order can change from call to call, which would (rightly) fail the 5-identical-outcomes rule.
-  const RouteAlignment a = backend.align_native(fx, "H0");
+  const ops::RouteAlignment a = backend.align_native(fx, "H0");
   write_file_atomic(work_dir + "/plan.json", json_text(alignment_to_json(a), -1) + "\n");
   int64_t span = -1;  // first pair of blocks of one expert: exchange a route across them
   for (int64_t p = 0; p + 1 < a.num_blocks() && span < 0; ++p)
@@ -136,4 +136,4 @@ std::vector<std::string> audit_self_test(const std::string& work_dir, const Audi
   return report;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

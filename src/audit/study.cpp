@@ -16,10 +16,10 @@
 #include "core/error.h"
 
 namespace fs = std::filesystem;
-using moesq::moe::detail::json_text;
-using moesq::moe::detail::kSurfaceNames;
+using moesq::audit::detail::json_text;
+using moesq::audit::detail::kSurfaceNames;
 
-namespace moesq::moe {
+namespace moesq::audit {
 
 namespace {
 
@@ -59,7 +59,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   fs::create_directories(root + "/runs");
   const AuditFixture fx = make_audit_fixture(fixture_name, seed);
   // Capture each history's native plan (on the GPU: its atomic order) — the injected plans.
-  std::map<std::string, RouteAlignment> plans;
+  std::map<std::string, ops::RouteAlignment> plans;
   for (const char* h : {"H0", "H1"}) {
     backend.prepare_history(h, fx);
     plans[h] = backend.align_native(fx, h);
@@ -71,7 +71,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   // under H0 that is in block 41 under H1, and one going the other way — preferring routes whose W13 rows
   // differ between the two pilot runs (the paper's "only routes differing at the captured W13 boundary").
   // Blocks 40/41 = the expert spanning the direct/split boundary at G = 246.
-  auto block_routes = [&](const RouteAlignment& a, int64_t p) {
+  auto block_routes = [&](const ops::RouteAlignment& a, int64_t p) {
     std::set<int32_t> s;
     for (int i = 0; i < a.block_size; ++i)
       if (a.sorted_ids[p * a.block_size + i] != a.sentinel()) s.insert(a.sorted_ids[p * a.block_size + i]);
@@ -108,7 +108,7 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
     if (row_differs(r)) differing.push_back(r);
   MOESQ_CHECK(both40.size() >= 2, "study: fewer than two routes stay in block 40 under both histories");
   std::vector<AuditRunConfig> cells;
-  auto add = [&](const std::string& name, AlignOrder al, ScheduleKind sk, int64_t grid, const std::string& plan_of,
+  auto add = [&](const std::string& name, ops::AlignOrder al, ops::ScheduleKind sk, int64_t grid, const std::string& plan_of,
                  const std::string& iv, int32_t ra, int32_t rb) {
     AuditRunConfig c;
     c.cell = name;
@@ -124,17 +124,17 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
     c.device = backend.device;
     cells.push_back(c);
   };
-  add("native", AlignOrder::Native, ScheduleKind::Native, 246, "", "none", -1, -1);
-  add("inject-own", AlignOrder::Native, ScheduleKind::Native, 246, "own", "none", -1, -1);
-  add("inject-cross", AlignOrder::Native, ScheduleKind::Native, 246, "cross", "none", -1, -1);
+  add("native", ops::AlignOrder::Native, ops::ScheduleKind::Native, 246, "", "none", -1, -1);
+  add("inject-own", ops::AlignOrder::Native, ops::ScheduleKind::Native, 246, "own", "none", -1, -1);
+  add("inject-cross", ops::AlignOrder::Native, ops::ScheduleKind::Native, 246, "cross", "none", -1, -1);
   // Interventions act on the captured plan of their own history: with a device atomic order that can
   // change between calls, only an injected plan makes "the same plan, two routes moved" well defined.
-  add("reorder", AlignOrder::Native, ScheduleKind::Native, 246, "own", "reorder", both40[0], both40[1]);
+  add("reorder", ops::AlignOrder::Native, ops::ScheduleKind::Native, 246, "own", "reorder", both40[0], both40[1]);
   if (!to41.empty() && !to40.empty())
-    add("exchange", AlignOrder::Native, ScheduleKind::Native, 246, "own", "exchange", to41[0], to40[0]);
-  add("grid200", AlignOrder::Native, ScheduleKind::Native, 200, "", "none", -1, -1);
-  add("canonical", AlignOrder::Canonical, ScheduleKind::Native, 246, "", "none", -1, -1);
-  add("canonical-invariant", AlignOrder::Canonical, ScheduleKind::Invariant, 246, "", "none", -1, -1);
+    add("exchange", ops::AlignOrder::Native, ops::ScheduleKind::Native, 246, "own", "exchange", to41[0], to40[0]);
+  add("grid200", ops::AlignOrder::Native, ops::ScheduleKind::Native, 200, "", "none", -1, -1);
+  add("canonical", ops::AlignOrder::Canonical, ops::ScheduleKind::Native, 246, "", "none", -1, -1);
+  add("canonical-invariant", ops::AlignOrder::Canonical, ops::ScheduleKind::Invariant, 246, "", "none", -1, -1);
   std::vector<std::string> dirs;
   for (int r = 0; r < replicates; ++r) {  // replicate-major, history order alternated by replicate
     const std::vector<std::string> order = r % 2 == 0 ? std::vector<std::string>{"H0", "H1"}
@@ -160,4 +160,4 @@ AuditVerdict audit_study(const std::string& root, const AuditBackend& backend, c
   return v;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::audit

@@ -3,7 +3,7 @@
 //   audit run        one AWQ MoE layer run under a history/schedule/grid/plan/intervention → raw surfaces
 //   audit score      reload, recompute, validate; 5 identical outcomes per cell/history; --self-test
 //   audit study      the whole paper-000 matrix (cells × H0/H1 × replicates), scored, with outcome tables
-// The CLI is thin: flags → moe::audit_* / moe::make_schedule. Non-obvious: `--device cuda` swaps only
+// The CLI is thin: flags → ops::audit_* / ops::make_schedule. Non-obvious: `--device cuda` swaps only
 // the backend (native alignment + GEMM), so CPU and GPU runs are scored by the same code.
 #include <cstdio>
 #include <filesystem>
@@ -22,10 +22,10 @@ namespace moesq::cli {
 
 namespace {
 
-moe::AuditBackend backend_for(const std::string& device) {
-  if (device == "cpu") return moe::cpu_audit_backend();
+audit::AuditBackend backend_for(const std::string& device) {
+  if (device == "cpu") return audit::cpu_audit_backend();
 #ifdef MOESQ_AUDIT_CUDA
-  if (device == "cuda") return moesq::cuda::cuda_audit_backend();
+  if (device == "cuda") return moesq::audit::cuda_audit_backend();
 #endif
   MOESQ_FAIL("--device: '", device, "' is not available in this build (cpu",
 #ifdef MOESQ_AUDIT_CUDA
@@ -78,18 +78,18 @@ void register_audit(CLI::App& app) {
   sc->add_option("--schedule", so->schedule, "native | invariant | invariant-split")->capture_default_str();
   sc->add_flag("--json", so->json, "print JSON");
   sc->callback([so] {
-    moe::ThreadConfigOverrides ov;
+    ops::ThreadConfigOverrides ov;
     ov.thread_k = so->thread_k;
     ov.thread_n = so->thread_n;
-    const auto tc = moe::select_thread_config(so->N, so->K, ov);
-    const auto s = moe::make_schedule(moe::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
+    const auto tc = ops::select_thread_config(so->N, so->K, ov);
+    const auto s = ops::make_schedule(ops::parse_schedule_kind(so->schedule), so->blocks, so->N, so->K, tc.thread_k,
                                       tc.thread_n, so->grid);
-    if (so->json) std::cout << schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (so->json) std::cout << audit::schedule_to_json(s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::cout << s.table();
   });
 
   // ---- run ----
-  auto ro = std::make_shared<moe::AuditRunConfig>();
+  auto ro = std::make_shared<audit::AuditRunConfig>();
   auto align = std::make_shared<std::string>("native");
   auto sched = std::make_shared<std::string>("native");
   auto out = std::make_shared<std::string>();
@@ -111,14 +111,14 @@ void register_audit(CLI::App& app) {
   rn->add_option("--cell", ro->cell, "cell label recorded in the manifest")->capture_default_str();
   rn->add_option("--replicate", ro->replicate, "replicate index recorded in the manifest");
   rn->callback([ro, align, sched, out, routes] {
-    ro->align = moe::parse_align_order(*align);
-    ro->schedule = moe::parse_schedule_kind(*sched);
+    ro->align = ops::parse_align_order(*align);
+    ro->schedule = ops::parse_schedule_kind(*sched);
     if (ro->intervention != "none") {
       MOESQ_CHECK(routes->size() == 2, "--intervention ", ro->intervention, " needs --routes A B");
       ro->route_a = (*routes)[0];
       ro->route_b = (*routes)[1];
     }
-    const auto m = moe::audit_run(*ro, *out, backend_for(ro->device));
+    const auto m = audit::audit_run(*ro, *out, backend_for(ro->device));
     std::cout << "wrote " << *out << "\n";
     for (auto& [k, v] : m["hashes"].items()) std::cout << "  " << k << " " << v.get<std::string>() << "\n";
     std::cout << "  fingerprint " << m["fingerprint"].get<std::string>() << "\n";
@@ -144,7 +144,7 @@ void register_audit(CLI::App& app) {
                                    ? (std::filesystem::temp_directory_path() / ("moesq-audit-selftest-" + std::to_string(::getpid()))).string()
                                    : *st_work;
       bool passed = false;
-      const auto lines = moe::audit_self_test(work, backend_for(*st_device), *st_fixture, passed);
+      const auto lines = audit::audit_self_test(work, backend_for(*st_device), *st_fixture, passed);
       for (const auto& l : lines) std::cout << l << "\n";
       if (st_work->empty()) std::filesystem::remove_all(work);
       std::cout << (passed ? "self-test PASSED: all 7 mutations rejected for their stated reason\n" : "self-test FAILED\n");
@@ -152,7 +152,7 @@ void register_audit(CLI::App& app) {
       return;
     }
     MOESQ_CHECK(!dirs->empty(), "audit score: give run directories, or --self-test");
-    const auto v = moe::audit_score(expand_run_dirs(*dirs), moe::current_build_identity(), *reps);
+    const auto v = audit::audit_score(expand_run_dirs(*dirs), audit::current_build_identity(), *reps);
     if (!v.ok) {
       std::cout << "REJECTED (" << v.reason << "): " << v.detail << "\n";
       throw CLI::RuntimeError(1);
@@ -161,7 +161,7 @@ void register_audit(CLI::App& app) {
   });
 
   // ---- study ----
-  auto so2 = std::make_shared<moe::AuditRunConfig>();
+  auto so2 = std::make_shared<audit::AuditRunConfig>();
   auto root = std::make_shared<std::string>();
   auto sreps = std::make_shared<int>(5);
   auto* sd = cmd->add_subcommand("study", "Run the paper-000 matrix (cells × H0/H1 × replicates) and score it");
@@ -171,7 +171,7 @@ void register_audit(CLI::App& app) {
   sd->add_option("--device", so2->device, "cpu | cuda")->capture_default_str();
   sd->add_option("--replicates", *sreps, "replicates per cell/history")->capture_default_str()->check(CLI::Range(1, 1000));
   sd->callback([so2, root, sreps] {
-    const auto v = moe::audit_study(*root, backend_for(so2->device), so2->fixture, so2->seed, *sreps);
+    const auto v = audit::audit_study(*root, backend_for(so2->device), so2->fixture, so2->seed, *sreps);
     std::cout << "wrote " << *root << "/outcomes.md and score.json\n";
     if (!v.ok) {
       std::cout << "REJECTED (" << v.reason << "): " << v.detail << "\n";

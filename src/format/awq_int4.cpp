@@ -9,7 +9,7 @@
 #include "core/half.h"
 #include "core/splitmix64.h"
 
-namespace moesq::moe {
+namespace moesq::format {
 
 void awq_check_shape(int64_t N, int64_t K, const std::string& what) {
   MOESQ_CHECK(N > 0 && N % kAwqPack == 0, what, ": AWQ needs N % 8 == 0, got N=", N, " (K=", K, ")");
@@ -114,4 +114,4 @@ AwqLinear awq_random(int64_t N, int64_t K, uint64_t seed, float scale_lo, float 
   return awq_from_codes(N, K, codes, zeros, scales);
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::format

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace moesq::moe {
+namespace moesq::format {
 
 constexpr int kAwqGroup = 128;  // K elements per (scale, zero) group
 constexpr int kAwqPack = 8;     // int4 values per int32 word
@@ -64,4 +64,4 @@ float awq_dequant_one(const AwqLinear& w, int64_t n, int64_t k);
 // uniform in [scale_lo, scale_hi). Deterministic per seed (used by the audit fixture).
 AwqLinear awq_random(int64_t N, int64_t K, uint64_t seed, float scale_lo, float scale_hi);
 
-}  // namespace moesq::moe
+}  // namespace moesq::format

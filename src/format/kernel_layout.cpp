@@ -12,7 +12,7 @@
 #include "core/threads.h"
 #include "format/fp_codecs.h"
 
-namespace moesq::moe {
+namespace moesq::format {
 
 namespace {
 
@@ -277,4 +277,4 @@ void sparse48_decode_unscaled(const format::Sparse48Tensor& t, float* out) {
   }
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::format

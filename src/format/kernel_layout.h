@@ -25,7 +25,7 @@
 
 #include "format/nvfp4.h"
 
-namespace moesq::moe {
+namespace moesq::format {
 
 constexpr int kMmaM = 16;                  // rows of one mma.sp m16n8k32 A tile
 constexpr int kMmaK = 32;                  // logical K of one mma.sp step
@@ -103,4 +103,4 @@ const char* act_layout_name(ActLayout layout);
 // layout value outside the enum.
 int64_t act_storage_index(int64_t k, ActLayout layout = ActLayout::kMmaFragment);
 
-}  // namespace moesq::moe
+}  // namespace moesq::format

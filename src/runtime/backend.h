@@ -9,7 +9,7 @@ namespace moesq::runtime {
 enum class ExpertBackend {
   kAuto,         // what the checkpoint holds: bf16 → bf16, paired 4:8 → sparse-w4a4, nvfp4 → nvfp4-w4a16
   kBf16,         // dense bf16 grouped GEMM (ops::gemm_bf16; experts/bf16); compressed experts are dequantized to bf16
-  kSparseW4A4,   // paired 4:8 NVFP4 weights, NVFP4 activations (cuda::sparse_gemm; experts/paired_sparse)
+  kSparseW4A4,   // paired 4:8 NVFP4 weights, NVFP4 activations (ops::sparse_gemm; experts/paired_sparse)
   kSparseW4A16,  // paired 4:8 NVFP4 weights, bf16 activations (same kernel)
   kAwqW4A16,     // not built in the engine yet
   kNvfp4W4A16,   // not built in the engine yet

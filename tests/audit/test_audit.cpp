@@ -7,7 +7,9 @@
 
 #include "audit/audit.h"
 
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 namespace fs = std::filesystem;
 
 TEST(Audit, CanonicalInvariantOneOutcomeAndReplicateRule) {

@@ -18,7 +18,9 @@
 #include "support/moe_fixtures.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 namespace {
 

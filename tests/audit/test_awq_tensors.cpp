@@ -10,7 +10,8 @@
 #include "io/safetensors.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
 
 TEST(Awq, CheckpointTensorsRoundTrip) {
   const auto l = awq_random(64, 256, 17, 0.01f, 0.02f);

@@ -17,7 +17,9 @@
 #include "audit/awq_layer.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 namespace {
 

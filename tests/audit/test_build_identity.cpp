@@ -6,7 +6,7 @@
 
 #include "audit/build_identity.h"
 
-using namespace moesq::moe;
+using namespace moesq::audit;
 
 TEST(BuildIdentity, UnknownOutsideAGitWorkTree) {
   EXPECT_EQ(source_commit(""), "unknown");

@@ -6,7 +6,9 @@
 #include "core/error.h"
 #include "support/moe_fixtures.h"
 
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 using moesq::test::random_topk;
 
 TEST(Align, JsonRoundTripAndEmptyExperts) {

@@ -12,7 +12,7 @@
 #include "format/awq_int4.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
 
 TEST(Awq, NibbleOrderIsAutoAwqs) {
   // AWQ_ORDER = [0,2,4,6,1,3,5,7]: column 1 lives in nibble 4 (bits 16..19), column 2 in nibble 1.

@@ -18,7 +18,7 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
 using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(KernelLayout, StorageIndexIsAPermutationOfEach32Block) {

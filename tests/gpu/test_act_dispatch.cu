@@ -1,6 +1,6 @@
-// GPU tests of cuda::act_dispatch (ops/act_dispatch) in both activation layouts (moe::ActLayout,
+// GPU tests of ops::act_dispatch (ops/act_dispatch) in both activation layouts (format::ActLayout,
 // docs/KERNEL_LAYOUT.md §1: kMmaFragment for the mma.sp grouped GEMM, kKMajor for the wgmma.sp one) vs
-// its CPU twins dispatch_ref / act_quant_row_ref, bitwise; the device K-order table vs the host one.
+// its CPU twins act_dispatch_batch_ref / act_quant_row_ref, bitwise; the device K-order table vs the host one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,7 +22,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using moesq::test::unpermute_row;
 
 constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten stays NaN
@@ -32,7 +33,7 @@ constexpr uint16_t kPoisonBf16 = 0xFFFF;  // a NaN: any element left unwritten s
 TEST(ActStorageIndex, DeviceStepTableMatchesHost) {
   for (ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
     for (int kk = 0; kk < 32; ++kk)
-      ASSERT_EQ(cuda::detail::act_storage_in_step(kk, static_cast<int>(layout)), act_storage_index(kk, layout))
+      ASSERT_EQ(ops::detail::act_storage_in_step(kk, static_cast<int>(layout)), act_storage_index(kk, layout))
           << act_layout_name(layout) << " kk=" << kk;
 }
 
@@ -53,14 +54,14 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       std::uniform_int_distribution<int> ed(0, E - 1);
       for (auto& v : ids) v = ed(rng);
       for (int r = 0; r < 16; ++r) ids[4 * r] = 7;  // crowd expert 7 past its capacity: drops
-      const ActBatch ref = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
+      const ActBatch ref = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, layout);
       ASSERT_EQ(ref.layout, layout);
 
       DevBuf<uint16_t> d_x(x), d_xl(xl), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * ref.K_pad, kPoisonBf16));
       DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
       DevBuf<int32_t> d_sor(std::vector<int32_t>(static_cast<size_t>(T) * topk, -7));  // -7: never written
       DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
-      cuda::DispatchArgs a;
+      ops::DispatchArgs a;
       a.x = d_x.p;
       a.x_lo = with_lo ? d_xl.p : nullptr;
       a.topk_ids = d_ids.p;
@@ -77,7 +78,7 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       a.counts = d_counts.p;
       a.route_of_slot = d_ros.p;
       a.slot_of_route = d_sor.p;
-      cuda::act_dispatch(a, nullptr);
+      ops::act_dispatch(a, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out = d_out.download();
       const auto inv = d_inv.download();
@@ -128,13 +129,13 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
 }
 
 TEST(ActDispatch, RejectsUnknownLayout) {
-  cuda::DispatchArgs d;
+  ops::DispatchArgs d;
   d.K = 64;
   d.K_pad = 256;
   d.num_experts = 1;
   d.topk = 1;
   d.layout = static_cast<ActLayout>(2);
-  EXPECT_THROW(cuda::act_dispatch(d, nullptr), moesq::Error);
+  EXPECT_THROW(ops::act_dispatch(d, nullptr), moesq::Error);
 }
 
 }  // namespace

@@ -20,7 +20,9 @@
 #include "support/moe_fixtures.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::audit;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 namespace {
 
@@ -32,7 +34,7 @@ constexpr double kAtol = 0x1p-14;
 
 std::vector<uint16_t> gemm(bool gpu, const std::vector<uint16_t>& A, int64_t rows, int div, const RouteAlignment& a,
                            const std::vector<AwqLinear>& w, const TileSchedule& s) {
-  return test::run_gemm(A, rows, div, a, w, s, nullptr, gpu ? cuda::awq_moe_gemm_cuda_host : awq_moe_gemm_ref);
+  return test::run_gemm(A, rows, div, a, w, s, nullptr, gpu ? ops::awq_moe_gemm_cuda_host : awq_moe_gemm_ref);
 }
 
 struct Fixture {
@@ -133,7 +135,7 @@ TEST(AwqGemmCuda, CanonicalInvariantStableAcrossHistoriesAndGrids) {
   for (uint64_t h = 0; h < 6; ++h) {
     const LayerRunSpec spec{ScheduleKind::Invariant, grids[h], {}, 3};
     const auto out = run_awq_moe_layer(f.x, tw, f.align(AlignOrder::Canonical, h), f.w, spec,
-                                       cuda::awq_moe_gemm_cuda_host);
+                                       ops::awq_moe_gemm_cuda_host);
     std::string key;
     for (const auto& s : out.surfaces) key += s.sha256();
     hashes.insert(key);
@@ -168,7 +170,7 @@ TEST(AwqGemmCuda, InvariantSplitStableAcrossHistoriesGridsAndDeviceMembership) {
   std::set<std::string> hashes;
   auto key_of = [&](const RouteAlignment& a, int64_t G) {
     const LayerRunSpec spec{ScheduleKind::InvariantSplit, G, {}, 3};
-    const auto out = run_awq_moe_layer(f.x, tw, a, f.w, spec, cuda::awq_moe_gemm_cuda_host);
+    const auto out = run_awq_moe_layer(f.x, tw, a, f.w, spec, ops::awq_moe_gemm_cuda_host);
     std::string key;
     for (const auto& s : out.surfaces) key += s.sha256();
     return key;
@@ -179,7 +181,7 @@ TEST(AwqGemmCuda, InvariantSplitStableAcrossHistoriesGridsAndDeviceMembership) {
   }
   // The device's own atomic order: membership changes from call to call, the bits must not.
   for (int i = 0; i < 3; ++i)
-    hashes.insert(key_of(cuda::align_routes_cuda(f.ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock),
+    hashes.insert(key_of(ops::align_routes_cuda(f.ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock),
                          grids[i]));
   EXPECT_EQ(hashes.size(), 1u);
 }
@@ -188,7 +190,7 @@ TEST(AwqGemmCuda, DeviceAlignmentIsValid) {
   const auto& f = fixture();
   std::set<std::string> fps;
   for (int i = 0; i < 10; ++i) {
-    const auto a = cuda::align_routes_cuda(f.ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock);
+    const auto a = ops::align_routes_cuda(f.ids, kFixtureM, kFixtureTopk, kFixtureExperts, kFixtureBlock);
     EXPECT_NO_THROW(validate_alignment(a, f.ids));
     EXPECT_EQ(a.padded_total(), 400);
     fps.insert(route_block_fingerprint(a));

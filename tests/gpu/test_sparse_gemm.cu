@@ -1,6 +1,6 @@
 // GPU tests of the grouped sparse GEMM kernels (src/ops/sparse_gemm/sparse_gemm_mma.cu: mma.sp; sparse_gemm_wgmma.cu:
 // wgmma.sp) against their CPU `_ref` twin on the SAME packed bits and the SAME quantized activations
-// (cuda::sparse_gemm_ref, the same descriptor). The activation producers (act_dispatch, swiglu_quant) are tested in
+// (ops::sparse_gemm_ref, the same descriptor). The activation producers (act_dispatch, swiglu_quant) are tested in
 // test_act_dispatch.cu and test_swiglu_quant.cu. Run under compute-sanitizer memcheck, synccheck and racecheck too.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 // Only the fp32 summation order differs between the tensor cores and the fp64 reference.
 constexpr double kGemmRelFrobTol = 1e-5;
@@ -105,15 +106,15 @@ ActBatch relayout(const ActBatch& in, ActLayout layout) {
 // compared with the ref instead (max_rel_frob of the bf16 output; f32_not_bitwise counts bf16 values
 // that differ from the ref rounded to bf16).
 GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const ActBatch& act_in, MetaOrder mo,
-                         const cuda::GemmConfig* cfg, bool bf16_only = false) {
+                         const ops::GemmConfig* cfg, bool bf16_only = false) {
   std::vector<const format::Sparse48Tensor*> ptrs;
   for (auto& t : ts) ptrs.push_back(&t);
   const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test", mo);
   int max_tokens = 0;
   for (int c : act_in.counts) max_tokens = std::max(max_tokens, c);
-  const cuda::GemmConfig chosen =
-      cfg ? *cfg : cuda::sparse_gemm_heuristic(act_in.num_experts, kw.M, kw.K_pad, std::min(max_tokens, act_in.capacity));
-  const ActBatch act = relayout(act_in, cuda::sparse_gemm_act_layout(chosen));
+  const ops::GemmConfig chosen =
+      cfg ? *cfg : ops::sparse_gemm_heuristic(act_in.num_experts, kw.M, kw.K_pad, std::min(max_tokens, act_in.capacity));
+  const ActBatch act = relayout(act_in, ops::sparse_gemm_act_layout(chosen));
   const int E = act.num_experts, cap = act.capacity;
   const int64_t M = kw.M;
   // The `_ref` reads the default metadata order: its own copy of the weights when `mo` differs.
@@ -128,7 +129,7 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   DevBuf<int32_t> d_counts(act.counts);
   DevBuf<uint16_t> d_y(std::vector<uint16_t>(ref.size(), kPoisonBf16));
   DevBuf<float> d_yf(std::vector<float>(ref.size(), std::nanf("")));
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   a.w = d_w.p;
   a.w_inv_gamma = d_ig.p;
   a.x = d_x.p;
@@ -143,7 +144,7 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   a.M_pad = kw.M_pad;
   a.K_pad = kw.K_pad;
   a.ldy = M;
-  cuda::sparse_gemm(a, max_tokens, nullptr, cfg);
+  ops::sparse_gemm(a, max_tokens, nullptr, cfg);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   const auto y = d_y.download();
   const auto yf = d_yf.download();
@@ -186,23 +187,23 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   return r;
 }
 
-std::vector<cuda::GemmConfig> all_configs() {
-  std::vector<cuda::GemmConfig> v;
+std::vector<ops::GemmConfig> all_configs() {
+  std::vector<ops::GemmConfig> v;
   for (auto [mt, nt] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 4}}) {
-    cuda::GemmConfig c;
+    ops::GemmConfig c;
     c.m16_tiles_per_warp = mt;
     c.n_tiles = nt;
     v.push_back(c);
   }
-  cuda::GemmConfig tiny_grid;  // persistent loop: 3 CTAs walk every tile
+  ops::GemmConfig tiny_grid;  // persistent loop: 3 CTAs walk every tile
   tiny_grid.m16_tiles_per_warp = 2;
   tiny_grid.n_tiles = 2;
   tiny_grid.grid = 3;
   v.push_back(tiny_grid);
-  v.push_back(cuda::wgmma_config(128, 128));
-  v.push_back(cuda::wgmma_config(128, 256));
-  v.push_back(cuda::wgmma_config(256, 128));
-  cuda::GemmConfig wgmma_tiny_grid = cuda::wgmma_config(256, 128);  // the pipelines run across tiles
+  v.push_back(ops::wgmma_config(128, 128));
+  v.push_back(ops::wgmma_config(128, 256));
+  v.push_back(ops::wgmma_config(256, 128));
+  ops::GemmConfig wgmma_tiny_grid = ops::wgmma_config(256, 128);  // the pipelines run across tiles
   wgmma_tiny_grid.grid = 3;
   v.push_back(wgmma_tiny_grid);
   return v;
@@ -217,7 +218,7 @@ TEST(SparseGemm, MetadataOrderMatchesHardware) {
   std::vector<format::Sparse48Tensor> ts;
   for (int e = 0; e < E; ++e) ts.push_back(random_packed(32, 256, rng, ScaleMode::kRandom));
   const ActBatch act = random_batch(E, 8, 256, {8, 5}, rng, true);
-  cuda::GemmConfig c;
+  ops::GemmConfig c;
   c.m16_tiles_per_warp = 1;
   c.n_tiles = 1;
   const GemmCheck half_k = run_gemm_check(ts, act, MetaOrder::kHalfK, &c);
@@ -298,7 +299,7 @@ TEST(SparseGemm, WgmmaManyTilesPerExpert) {
     std::vector<format::Sparse48Tensor> ts;
     for (int e = 0; e < E; ++e) ts.push_back(random_packed(200, K, rng, ScaleMode::kRandom));
     const ActBatch act = random_batch(E, cap, K, counts, rng, true);
-    for (const auto& c : {cuda::wgmma_config(128, 128), cuda::wgmma_config(128, 256), cuda::wgmma_config(256, 128)}) {
+    for (const auto& c : {ops::wgmma_config(128, 128), ops::wgmma_config(128, 256), ops::wgmma_config(256, 128)}) {
       const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
       EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << "K=" << K << " " << c.str();
       EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << "K=" << K << " " << c.str();
@@ -307,7 +308,7 @@ TEST(SparseGemm, WgmmaManyTilesPerExpert) {
     EXPECT_LE(h.max_rel_frob, kGemmRelFrobTol) << "K=" << K << " heuristic";
     EXPECT_EQ(h.unwritten + h.overwritten + h.bf16_mismatch, 0) << "K=" << K << " heuristic";
     // bf16 output only: tiles full in tokens go through the shared-memory staging and TMA stores.
-    for (const auto& c : {cuda::wgmma_config(128, 128), cuda::wgmma_config(128, 256), cuda::wgmma_config(256, 128)}) {
+    for (const auto& c : {ops::wgmma_config(128, 128), ops::wgmma_config(128, 256), ops::wgmma_config(256, 128)}) {
       const GemmCheck b = run_gemm_check(ts, act, kDefaultMetaOrder, &c, true);
       EXPECT_LE(b.max_rel_frob, kGemmBf16RelFrobTol) << "K=" << K << " bf16 only " << c.str();
       EXPECT_EQ(b.unwritten + b.overwritten, 0) << "K=" << K << " bf16 only " << c.str();
@@ -323,7 +324,7 @@ TEST(SparseGemm, WgmmaTmaStoreIntegerCaseIsBitwiseEqual) {
   std::vector<format::Sparse48Tensor> ts;
   for (int e = 0; e < E; ++e) ts.push_back(random_packed(272, 512, rng, ScaleMode::kOne));
   const ActBatch act = random_batch(E, cap, 512, {256, 128, 200}, rng, false, true);
-  for (const auto& c : {cuda::wgmma_config(128, 128), cuda::wgmma_config(128, 256), cuda::wgmma_config(256, 128)}) {
+  for (const auto& c : {ops::wgmma_config(128, 128), ops::wgmma_config(128, 256), ops::wgmma_config(256, 128)}) {
     const GemmCheck b = run_gemm_check(ts, act, kDefaultMetaOrder, &c, true);
     EXPECT_EQ(b.f32_not_bitwise, 0) << c.str();
     EXPECT_EQ(b.unwritten + b.overwritten, 0) << c.str();
@@ -339,7 +340,7 @@ TEST(SparseGemm, WgmmaPipelineReuseUnderTinyGridIsBitwiseEqual) {
   std::vector<format::Sparse48Tensor> ts;
   for (int e = 0; e < E; ++e) ts.push_back(random_packed(384, 1024, rng, ScaleMode::kOne));
   const ActBatch act = random_batch(E, cap, 1024, {512, 300, 129, 256}, rng, false, true);
-  for (auto c : {cuda::wgmma_config(128, 128), cuda::wgmma_config(128, 256), cuda::wgmma_config(256, 128)}) {
+  for (auto c : {ops::wgmma_config(128, 128), ops::wgmma_config(128, 256), ops::wgmma_config(256, 128)}) {
     c.grid = 2;
     const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c);
     EXPECT_EQ(r.f32_not_bitwise, 0) << c.str();
@@ -351,7 +352,7 @@ TEST(SparseGemm, WgmmaPipelineReuseUnderTinyGridIsBitwiseEqual) {
 }
 
 TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   DevBuf<uint8_t> w(1408);
   DevBuf<float> f(16);
   DevBuf<uint16_t> x(256 * 4);
@@ -368,17 +369,17 @@ TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {
   a.K_pad = 256;
   a.ldy = 16;
   a.x_layout = ActLayout::kMmaFragment;
-  const cuda::GemmConfig c = cuda::wgmma_config(128, 128);
-  EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &c), moesq::Error);
-  cuda::GemmConfig no_instance = cuda::wgmma_config(128, 64);
+  const ops::GemmConfig c = ops::wgmma_config(128, 128);
+  EXPECT_THROW(ops::sparse_gemm(a, 4, nullptr, &c), moesq::Error);
+  ops::GemmConfig no_instance = ops::wgmma_config(128, 64);
   a.x_layout = ActLayout::kKMajor;
-  EXPECT_THROW(cuda::sparse_gemm(a, 4, nullptr, &no_instance), moesq::Error);
+  EXPECT_THROW(ops::sparse_gemm(a, 4, nullptr, &no_instance), moesq::Error);
 }
 
 TEST(SparseGemm, RefusesUnsupportedShapes) {
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   a.num_experts = 4000;
-  EXPECT_THROW(cuda::sparse_gemm(a, 8, nullptr), moesq::Error);
+  EXPECT_THROW(ops::sparse_gemm(a, 8, nullptr), moesq::Error);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// GPU tests of cuda::swiglu_quant (ops/swiglu_quant) in both activation layouts (moe::ActLayout) vs its
+// GPU tests of ops::swiglu_quant (ops/swiglu_quant) in both activation layouts (format::ActLayout) vs its
 // CPU twin swiglu_quant_ref: bitwise where silu is exact in fp32, else a bounded mismatch fraction.
 #include <gtest/gtest.h>
 
@@ -19,7 +19,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using moesq::test::unpermute_row;
 
 // expf on the GPU may differ from the host libm in the last ulp; after bf16 rounding and NVFP4
@@ -62,7 +63,7 @@ SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>&
   DevBuf<uint16_t> d_h(h), d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
   DevBuf<int32_t> d_counts(counts);
   DevBuf<float> d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
-  cuda::SwigluQuantArgs a;
+  ops::SwigluQuantArgs a;
   a.h = d_h.p;
   a.counts = d_counts.p;
   a.num_experts = E;
@@ -74,7 +75,7 @@ SwigluRun run_swiglu(const std::vector<uint16_t>& h, const std::vector<int32_t>&
   a.out = d_out.p;
   a.inv_scale = d_inv.p;
   if (routes) a.topk_ids = d_ids.p, a.slot_of_route = d_slots.p, a.routes = static_cast<int64_t>(routes->ids.size());
-  cuda::swiglu_quant(a, nullptr);
+  ops::swiglu_quant(a, nullptr);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   return {d_out.download(), d_inv.download()};
 }
@@ -96,7 +97,7 @@ TEST(SwigluQuant, MatchesRefBitwiseWhenSiluIsExactInBothLayouts) {
           h[row * 2 * I + i] = f32_to_bf16(gate(rng));
           h[row * 2 * I + I + i] = f32_to_bf16(up(rng));
         }
-      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, layout);
+      const ActBatch ref = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, layout);
       const SwigluRun gpu = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, layout);
       int64_t nonzero = 0;
       for (int e = 0; e < E; ++e)
@@ -132,7 +133,7 @@ TEST(SwigluQuant, KMajorIsTheFragmentOutputReorderedAndMatchesRef) {
       std::normal_distribution<float> nd(0.0f, 2.0f);
       for (auto& v : h) v = f32_to_bf16(nd(rng));
       const std::vector<int32_t> counts = {17, 0, 5};
-      const ActBatch ref = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const ActBatch ref = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
       const SwigluRun kmaj = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kKMajor);
       const SwigluRun frag = run_swiglu(h, counts, E, cap, I, ref.K_pad, quantize, ActLayout::kMmaFragment);
       EXPECT_EQ(kmaj.inv, frag.inv);
@@ -176,10 +177,10 @@ TEST(SwigluQuant, Fp32InputMatchesFp32RowQuantizer) {
       DevBuf<float> d_h(h), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
       DevBuf<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
       DevBuf<int32_t> d_counts(counts);
-      cuda::SwigluQuantArgs a;
+      ops::SwigluQuantArgs a;
       a.h_f32 = d_h.p, a.counts = d_counts.p, a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
       a.quantize = quantize, a.layout = layout, a.out = d_out.p, a.inv_scale = d_inv.p;
-      cuda::swiglu_quant(a, nullptr);
+      ops::swiglu_quant(a, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out = d_out.download();
       const auto inv = d_inv.download();
@@ -225,13 +226,13 @@ TEST(SwigluQuant, RouteGridEqualsSlotGrid) {
 }
 
 TEST(SwigluQuant, RejectsUnknownLayout) {
-  cuda::SwigluQuantArgs s;
+  ops::SwigluQuantArgs s;
   s.I = 64;
   s.I_pad = 256;
   s.num_experts = 1;
   s.capacity = 1;
   s.layout = static_cast<ActLayout>(2);
-  EXPECT_THROW(cuda::swiglu_quant(s, nullptr), moesq::Error);
+  EXPECT_THROW(ops::swiglu_quant(s, nullptr), moesq::Error);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // canonical slot order with capacity drops. GPU: tests/gpu/test_act_dispatch.cu.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -19,7 +20,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(ActQuantRef, MatchesFormatFakeQuantBitwise) {
@@ -96,8 +98,8 @@ TEST(DispatchRef, KMajorBatchMatchesMmaFragmentBatch) {
     std::vector<int32_t> ids(T * topk);
     std::uniform_int_distribution<int> ed(0, E - 1);
     for (auto& v : ids) v = ed(rng);
-    const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
-    const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
+    const ActBatch frag = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+    const ActBatch kmaj = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, true, ActLayout::kKMajor);
     EXPECT_EQ(frag.layout, ActLayout::kMmaFragment);
     EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
     EXPECT_EQ(kmaj.K_pad, frag.K_pad);
@@ -121,7 +123,7 @@ TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
   std::vector<int32_t> ids(T * topk);
   std::uniform_int_distribution<int> ed(0, E - 1);
   for (auto& v : ids) v = ed(rng);
-  const ActBatch a = dispatch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
+  const ActBatch a = act_dispatch_batch_ref(x.data(), T, 64, ids.data(), topk, E, cap, true);
   std::vector<int> want(E, 0);
   for (int v : ids) ++want[v];
   for (int e = 0; e < E; ++e) {
@@ -135,6 +137,66 @@ TEST(DispatchRef, CanonicalSlotsCountsAndCapacityDrops) {
     }
     for (int s = std::min(want[e], cap); s < cap; ++s) EXPECT_EQ(a.route_of_slot[e * cap + s], -1);
   }
+}
+
+// The twin on the launcher's descriptor: with x_lo and quantize each slot holds act_quant_row_f32_ref
+// of x + x_lo in fp32; slot_of_route inverts route_of_slot (−1 for a dropped route); a K_pad wider than
+// padded_k(K) is zero past K; slots no route fills are untouched.
+TEST(DispatchRef, DescriptorWithResiduesSlotOfRouteAndWideKPad) {
+  std::mt19937 rng(31);
+  const int T = 13, topk = 2, E = 3, cap = 8;  // ~8.7 routes per expert: some dropped
+  const int64_t K = 96, K_pad = 512;           // padded_k(96) = 256 < K_pad
+  const auto x = random_rows(T, K, rng), x_lo_big = random_rows(T, K, rng);
+  std::vector<uint16_t> x_lo(T * K);
+  for (size_t i = 0; i < x_lo.size(); ++i) x_lo[i] = f32_to_bf16(bf16_to_f32(x_lo_big[i]) / 512);  // residue-sized
+  std::vector<int32_t> ids(T * topk);
+  std::uniform_int_distribution<int> ed(0, E - 1);
+  for (auto& v : ids) v = ed(rng);
+  constexpr uint16_t kUntouched = 0x7f7f;
+  std::vector<uint16_t> out(static_cast<size_t>(E) * cap * K_pad, kUntouched);
+  std::vector<float> inv(E * cap, -1.0f);
+  std::vector<int32_t> counts(E, 99), ros(E * cap, -7), sor(T * topk, -7);
+  DispatchArgs a;
+  a.x = x.data(), a.x_lo = x_lo.data(), a.topk_ids = ids.data(), a.T = T, a.topk = topk, a.K = K, a.K_pad = K_pad;
+  a.num_experts = E, a.capacity = cap, a.quantize = true, a.out = out.data(), a.inv_scale = inv.data();
+  a.counts = counts.data(), a.route_of_slot = ros.data(), a.slot_of_route = sor.data();
+  act_dispatch_ref(a);
+  std::vector<int> want_counts(E, 0);
+  for (int v : ids) ++want_counts[v];
+  std::vector<float> row(K);
+  std::vector<uint16_t> want(padded_k(K));
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(counts[e], want_counts[e]) << "expert " << e;
+    for (int slot = 0; slot < cap; ++slot) {
+      const size_t s = static_cast<size_t>(e) * cap + slot;
+      if (slot >= want_counts[e]) {
+        EXPECT_EQ(ros[s], -7) << "empty slot " << slot << " of expert " << e << " untouched";
+        EXPECT_EQ(out[s * K_pad], kUntouched) << "empty slot " << slot << " of expert " << e << " untouched";
+        continue;
+      }
+      const int r = ros[s];
+      ASSERT_EQ(ids[r], e);
+      ASSERT_EQ(sor[r], slot) << "route " << r;
+      for (int64_t k = 0; k < K; ++k) row[k] = bf16_to_f32(x[(r / topk) * K + k]) + bf16_to_f32(x_lo[(r / topk) * K + k]);
+      float want_inv = 0.0f;
+      act_quant_row_f32_ref(row.data(), K, want.data(), &want_inv);
+      EXPECT_EQ(inv[s], want_inv) << "expert " << e << " slot " << slot;
+      for (int64_t k = 0; k < K_pad; ++k)
+        ASSERT_EQ(out[s * K_pad + k], k < padded_k(K) ? want[k] : 0) << "expert " << e << " slot " << slot << " k=" << k;
+    }
+  }
+  int dropped = 0;
+  for (int r = 0; r < T * topk; ++r) dropped += sor[r] == -1;
+  int want_dropped = 0;
+  for (int e = 0; e < E; ++e) want_dropped += std::max(0, want_counts[e] - cap);
+  EXPECT_EQ(dropped, want_dropped);
+  EXPECT_GT(want_dropped, 0) << "the case must drop routes";
+  // Without the residues the same routes land in the same slots with the bf16 rows' values.
+  a.x_lo = nullptr;
+  std::vector<uint16_t> out16(out.size(), kUntouched);
+  a.out = out16.data();
+  act_dispatch_ref(a);
+  EXPECT_NE(out16, out) << "x_lo must change the quantized values";
 }
 
 }  // namespace

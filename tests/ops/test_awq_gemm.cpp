@@ -12,7 +12,8 @@
 #include "ops/awq_gemm/awq_gemm.h"
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 namespace {
 

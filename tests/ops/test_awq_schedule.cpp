@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "ops/awq_gemm/awq_schedule.h"
 
-using namespace moesq::moe;
+using namespace moesq::ops;
 
 TEST(Schedule, NativeGrid246MatchesPaper) {
   const auto s = make_schedule(ScheduleKind::Native, 50, 1536, 2048, 64, 128, 246);

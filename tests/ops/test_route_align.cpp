@@ -10,7 +10,8 @@
 #include "support/moe_fixtures.h"
 #include "ops/route_align/route_align.h"
 
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 
 namespace {
 

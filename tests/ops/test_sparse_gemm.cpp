@@ -21,7 +21,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using namespace moesq::test;  // support/ops_fixtures.h
 // ref GEMM (fp64 sum, one fp32 rounding, α applied in fp32) vs an independent fp64 sum over the
 // format module's scaled dequantization: only the fp32 roundings of α·acc and of ŵ = q·s/γ differ.
@@ -38,7 +39,7 @@ TEST(GroupedSparseGemmRef, AgreesWithFormatDequantization) {
   const int T = 6, topk = 2;
   auto x = random_rows(T, K, rng);
   std::vector<int32_t> ids = {0, 1, 0, 2, 1, 0, 0, 2, 0, 1, 0, 2};  // expert 0 gets 6 routes → 1 dropped
-  const ActBatch a = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
+  const ActBatch a = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, true);
   const std::vector<float> y = test::sparse_gemm_ref_y(kernel_layout_from_sparse48(ptrs), a, -1.0f);
   double err = 0.0, ref = 0.0;
   for (int e = 0; e < E; ++e) {
@@ -77,8 +78,8 @@ TEST(GroupedSparseGemmRef, BothActLayoutsGiveBitwiseTheSameY) {
       for (auto& t : ts) ptrs.push_back(&t);
       auto x = random_rows(T, K, rng);
       std::vector<int32_t> ids = {0, 1, 0, 2, 1, 0, 0, 2, 0, 1, 0, 1, 2, 1};  // expert 0: 6 routes → 1 dropped
-      const ActBatch frag = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize);
-      const ActBatch kmaj = dispatch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, ActLayout::kKMajor);
+      const ActBatch frag = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize);
+      const ActBatch kmaj = act_dispatch_batch_ref(x.data(), T, K, ids.data(), topk, E, cap, quantize, ActLayout::kKMajor);
       const KernelWeights kw = kernel_layout_from_sparse48(ptrs);
       const std::vector<float> y_frag = test::sparse_gemm_ref_y(kw, frag, -1.0f);
       const std::vector<float> y_kmaj = test::sparse_gemm_ref_y(kw, kmaj, -1.0f);

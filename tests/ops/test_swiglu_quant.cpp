@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -18,7 +19,8 @@
 namespace {
 
 using namespace moesq;
-using namespace moesq::moe;
+using namespace moesq::format;
+using namespace moesq::ops;
 using namespace moesq::test;  // support/ops_fixtures.h
 
 TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
@@ -28,8 +30,8 @@ TEST(SwigluQuantRef, KMajorHoldsTheSameValuesAsMmaFragment) {
     for (int64_t I : {64, 288}) {
       auto h = random_rows(E * cap, 2 * I, rng);
       const std::vector<int32_t> counts = {4, 0, 6};  // full, empty, over capacity
-      const ActBatch frag = swiglu_quant_ref(h, E, cap, I, counts, quantize);
-      const ActBatch kmaj = swiglu_quant_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
+      const ActBatch frag = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize);
+      const ActBatch kmaj = swiglu_quant_batch_ref(h, E, cap, I, counts, quantize, ActLayout::kKMajor);
       EXPECT_EQ(kmaj.layout, ActLayout::kKMajor);
       EXPECT_EQ(kmaj.counts, frag.counts);
       EXPECT_EQ(kmaj.inv_scale, frag.inv_scale);
@@ -52,7 +54,7 @@ TEST(SwigluQuantRef, SiluTimesUpThenQuantized) {
   const int64_t I = 64;
   auto h = random_rows(E * cap, 2 * I, rng);
   std::vector<int32_t> counts = {2, 0};
-  const ActBatch a = swiglu_quant_ref(h, E, cap, I, counts, false);
+  const ActBatch a = swiglu_quant_batch_ref(h, E, cap, I, counts, false);
   for (int s = 0; s < 2; ++s) {
     for (int64_t i = 0; i < I; ++i) {
       const float g = bf16_to_f32(h[s * 2 * I + i]), u = bf16_to_f32(h[s * 2 * I + I + i]);
@@ -61,6 +63,64 @@ TEST(SwigluQuantRef, SiluTimesUpThenQuantized) {
     }
   }
   for (int64_t k = 0; k < a.K_pad; ++k) EXPECT_EQ(a.x[2 * a.K_pad + k], 0) << "slot past count untouched";
+}
+
+// The twin on the launcher's descriptor: the route grid fills the same slots with the same bits as the
+// E × capacity grid; from fp32 gate|up with quantize the product stays fp32 into act_quant_row_f32_ref.
+TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
+  std::mt19937 rng(21);
+  const int E = 3, cap = 5;
+  const int64_t I = 96, I_pad = 512;  // padded_k(96) = 256 < I_pad
+  const std::vector<int32_t> counts = {5, 2, 7};  // full, partial, over capacity
+  std::vector<float> hf(static_cast<size_t>(E) * cap * 2 * I);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& v : hf) v = nd(rng);
+  // Routes naming every filled slot once, in a shuffled order, plus one dropped route.
+  std::vector<int32_t> topk_ids, slot_of_route;
+  for (int e = 0; e < E; ++e)
+    for (int slot = 0; slot < std::min(counts[e], cap); ++slot) topk_ids.push_back(e), slot_of_route.push_back(slot);
+  topk_ids.push_back(1), slot_of_route.push_back(-1);
+  std::vector<size_t> perm(topk_ids.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> ids_p, sor_p;
+  for (size_t i : perm) ids_p.push_back(topk_ids[i]), sor_p.push_back(slot_of_route[i]);
+  for (bool quantize : {true, false}) {
+    constexpr uint16_t kUntouched = 0x7f7f;
+    std::vector<uint16_t> grid(static_cast<size_t>(E) * cap * I_pad, kUntouched), routes = grid;
+    std::vector<float> inv_grid(E * cap, -1.0f), inv_routes = inv_grid;
+    SwigluQuantArgs a;
+    a.h_f32 = hf.data(), a.counts = counts.data(), a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
+    a.quantize = quantize, a.out = grid.data(), a.inv_scale = inv_grid.data();
+    swiglu_quant_ref(a);
+    a.out = routes.data(), a.inv_scale = inv_routes.data();
+    a.topk_ids = ids_p.data(), a.slot_of_route = sor_p.data(), a.routes = static_cast<int64_t>(ids_p.size());
+    swiglu_quant_ref(a);
+    EXPECT_EQ(routes, grid) << "quantize=" << quantize;
+    EXPECT_EQ(inv_routes, inv_grid) << "quantize=" << quantize;
+    std::vector<float> row(I);
+    std::vector<uint16_t> row16(I), want(padded_k(I));
+    for (int e = 0; e < E; ++e)
+      for (int slot = 0; slot < cap; ++slot) {
+        const size_t s = static_cast<size_t>(e) * cap + slot;
+        if (slot >= std::min(counts[e], cap)) {
+          EXPECT_EQ(grid[s * I_pad], kUntouched) << "slot past the count untouched";
+          continue;
+        }
+        for (int64_t i = 0; i < I; ++i) {
+          const float g = hf[s * 2 * I + i], u = hf[s * 2 * I + I + i];
+          row[i] = g / (1.0f + std::exp(-g)) * u;
+          row16[i] = f32_to_bf16(row[i]);
+        }
+        float want_inv = 0.0f;
+        if (quantize) act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv);
+        else act_quant_row_ref(row16.data(), I, false, want.data(), &want_inv);
+        EXPECT_EQ(inv_grid[s], want_inv) << "quantize=" << quantize << " expert " << e << " slot " << slot;
+        for (int64_t k = 0; k < I_pad; ++k)
+          ASSERT_EQ(grid[s * I_pad + k], k < padded_k(I) ? want[k] : 0)
+              << "quantize=" << quantize << " expert " << e << " slot " << slot << " k=" << k;
+      }
+  }
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
   EXPECT_FALSE(m.act_quant);
   ASSERT_EQ(m.layers.size(), static_cast<size_t>(s.num_layers));
   const int64_t H = s.hidden_size, I = s.moe_intermediate_size, E = s.num_experts;
-  const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+  const int64_t H_pad = format::padded_k(H), I_pad = format::padded_k(I);
   const auto& L = m.layers[1];
   EXPECT_EQ(L.attn.qkv.size(), static_cast<size_t>((s.num_heads + 2 * s.num_kv_heads) * s.head_dim * H));
   const auto& X = dynamic_cast<const runtime::Bf16HostExperts&>(*L.moe.experts);
@@ -47,7 +47,7 @@ TEST(RuntimeWeights, TinyBf16LayoutAndShapes) {
   // Expert 3's up row 5 column 7 sits at its kKMajor storage index in fused row I + 5.
   const model::DecoderModel cpu(ckpt);
   const float up = cpu.layer(1).experts[3].up[5 * H + 7];
-  EXPECT_EQ(X.gu[(3 * 2 * I + I + 5) * H_pad + moe::act_storage_index(7, moe::ActLayout::kKMajor)], f32_to_bf16(up));
+  EXPECT_EQ(X.gu[(3 * 2 * I + I + 5) * H_pad + format::act_storage_index(7, format::ActLayout::kKMajor)], f32_to_bf16(up));
   // k_proj rows follow the q rows in the fused projection.
   const float kp = cpu.layer(1).k_proj[2 * H + 9];
   EXPECT_EQ(L.attn.qkv[(s.num_heads * s.head_dim + 2) * H + 9], f32_to_bf16(kp));

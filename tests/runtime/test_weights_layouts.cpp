@@ -26,7 +26,7 @@ using namespace moesq;
 
 namespace {
 
-void expect_same_kernel_weights(const moe::KernelWeights& a, const moe::KernelWeights& b, const std::string& what) {
+void expect_same_kernel_weights(const format::KernelWeights& a, const format::KernelWeights& b, const std::string& what) {
   EXPECT_EQ(a.num_experts, b.num_experts) << what;
   EXPECT_EQ(a.M, b.M) << what;
   EXPECT_EQ(a.K, b.K) << what;
@@ -95,11 +95,11 @@ TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) 
   EXPECT_EQ(got.expert_storage, io::ExpertStorage::Int4);
   EXPECT_EQ(got.backend, runtime::ExpertBackend::kBf16);
   const io::ModelSpec& s = src_.spec();
-  const int64_t H = s.hidden_size, I = s.moe_intermediate_size, H_pad = moe::padded_k(H);
+  const int64_t H = s.hidden_size, I = s.moe_intermediate_size, H_pad = format::padded_k(H);
   const std::vector<float>& up = want.at(io::expert_tensor_prefix(s, 1, 5, io::ExpertProj::Up));
   for (int64_t n : {0L, I - 1})
     for (int64_t k : {0L, 7L, H - 1})
-      EXPECT_EQ(dense(got.weights).gu[(5 * 2 * I + I + n) * H_pad + moe::act_storage_index(k, moe::ActLayout::kKMajor)],
+      EXPECT_EQ(dense(got.weights).gu[(5 * 2 * I + I + n) * H_pad + format::act_storage_index(k, format::ActLayout::kKMajor)],
                 f32_to_bf16(up[n * H + k]))
           << "up row " << n << " col " << k;
   EXPECT_THROW(runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kSparseW4A4), Error);

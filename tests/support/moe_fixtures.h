@@ -42,13 +42,13 @@ inline constexpr double kAtolSum = 64.0 * 0x1p-24;  // × Σ|a·w|, generous for
 
 // The packed-AWQ GEMM on one plan and schedule, through `gemm_fn` (the `_ref`, or the CUDA host wrapper on
 // the same descriptor): C [M·k, N] fp16 (and the fp32 values when f32; the `_ref` only).
-inline std::vector<uint16_t> run_gemm(const std::vector<uint16_t>& A, int64_t rows, int div, const moe::RouteAlignment& a,
-                                      const std::vector<moe::AwqLinear>& w, const moe::TileSchedule& s,
+inline std::vector<uint16_t> run_gemm(const std::vector<uint16_t>& A, int64_t rows, int div, const ops::RouteAlignment& a,
+                                      const std::vector<format::AwqLinear>& w, const ops::TileSchedule& s,
                                       std::vector<float>* f32 = nullptr,
-                                      void (*gemm_fn)(const moe::AwqMoeGemmDesc&) = moe::awq_moe_gemm_ref) {
+                                      void (*gemm_fn)(const ops::AwqMoeGemmDesc&) = ops::awq_moe_gemm_ref) {
   std::vector<uint16_t> C(a.num_routes() * s.N, 0);
   if (f32) f32->assign(C.size(), 0.0f);
-  moe::AwqMoeGemmDesc d;
+  ops::AwqMoeGemmDesc d;
   d.A = A.data();
   d.num_a_rows = rows;
   d.a_row_div = div;

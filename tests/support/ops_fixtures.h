@@ -27,12 +27,12 @@ inline std::vector<uint16_t> random_rows(int64_t T, int64_t K, std::mt19937& rng
   return x;
 }
 
-inline constexpr moe::ActLayout kActLayouts[] = {moe::ActLayout::kMmaFragment, moe::ActLayout::kKMajor};
+inline constexpr format::ActLayout kActLayouts[] = {format::ActLayout::kMmaFragment, format::ActLayout::kKMajor};
 
 // Logical-order copy of the first K columns of a row stored in `layout` (the inverse of act_storage_index).
-inline std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, moe::ActLayout layout) {
+inline std::vector<uint16_t> unpermute_row(const uint16_t* row, int64_t K, format::ActLayout layout) {
   std::vector<uint16_t> logical(K);
-  for (int64_t k = 0; k < K; ++k) logical[k] = row[moe::act_storage_index(k, layout)];
+  for (int64_t k = 0; k < K; ++k) logical[k] = row[format::act_storage_index(k, layout)];
   return logical;
 }
 

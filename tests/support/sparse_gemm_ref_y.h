@@ -1,4 +1,4 @@
-// Test helper: runs cuda::sparse_gemm_ref (the launcher's descriptor, host pointers) on kernel-layout
+// Test helper: runs ops::sparse_gemm_ref (the launcher's descriptor, host pointers) on kernel-layout
 // weights and an activation batch; returns y_f32 [E, capacity, M], untouched slots = `fill`.
 #pragma once
 #include <vector>
@@ -10,14 +10,14 @@
 
 namespace moesq::test {
 
-inline std::vector<float> sparse_gemm_ref_y(const moe::KernelWeights& kw, const moe::ActBatch& act, float fill) {
-  MOESQ_CHECK(kw.num_experts == act.num_experts && kw.K_pad == act.K_pad && kw.meta_order == moe::kDefaultMetaOrder,
+inline std::vector<float> sparse_gemm_ref_y(const format::KernelWeights& kw, const ops::ActBatch& act, float fill) {
+  MOESQ_CHECK(kw.num_experts == act.num_experts && kw.K_pad == act.K_pad && kw.meta_order == format::kDefaultMetaOrder,
               "sparse_gemm_ref_y: weights E=", kw.num_experts, " K_pad=", kw.K_pad, " vs batch E=", act.num_experts,
               " K_pad=", act.K_pad);
   std::vector<float> inv_gamma(kw.num_experts);
   for (int e = 0; e < kw.num_experts; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
   std::vector<float> y(static_cast<size_t>(act.num_experts) * act.capacity * kw.M, fill);
-  cuda::SparseGemmArgs a;
+  ops::SparseGemmArgs a;
   a.w = kw.data.data();
   a.w_inv_gamma = inv_gamma.data();
   a.x = act.x.data();
@@ -31,7 +31,7 @@ inline std::vector<float> sparse_gemm_ref_y(const moe::KernelWeights& kw, const 
   a.M_pad = kw.M_pad;
   a.K_pad = kw.K_pad;
   a.ldy = kw.M;
-  cuda::sparse_gemm_ref(a);
+  ops::sparse_gemm_ref(a);
   return y;
 }
 

@@ -9,7 +9,7 @@
 #include "core/cuda/check.cuh"
 #include "ops/common/nvfp4_row.cuh"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -66,12 +66,7 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
 }  // namespace
 
 void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
-  MOESQ_CHECK(a.K > 0 && a.K % detail::kActBlock == 0 && a.K_pad >= a.K && a.K_pad % 256 == 0, "act_dispatch: K=",
-              a.K, " K_pad=", a.K_pad, " (K must be a multiple of 32, K_pad of 256)");
-  MOESQ_CHECK(a.num_experts > 0 && a.capacity >= 0 && a.topk > 0 && a.T >= 0, "act_dispatch: bad sizes E=",
-              a.num_experts, " capacity=", a.capacity, " topk=", a.topk, " T=", a.T);
-  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
-              "act_dispatch: unknown ActLayout ", static_cast<int>(a.layout));
+  act_dispatch_check(a);
   MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
   if (a.T == 0) return;
   const size_t smem = (a.x_lo && a.quantize ? sizeof(float) : sizeof(uint16_t)) * a.K;
@@ -82,4 +77,4 @@ void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("act_dispatch_kernel");
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

@@ -17,19 +17,19 @@
 #include "core/cuda/check.cuh"
 #include "format/awq_int4.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
 constexpr int kRows = 8;       // MoE block rows = mma n8
 constexpr int kPad = 8;        // smem row padding (halves) against bank conflicts
 constexpr int kAwqGroupK = 128;
-static_assert(kAwqGroupK == moe::kAwqGroup, "the kernel assumes AWQ group 128");
+static_assert(kAwqGroupK == format::kAwqGroup, "the kernel assumes AWQ group 128");
 
 // Column of nibble i in an AWQ word, as arithmetic (host constexpr arrays are not visible in device code).
 __host__ __device__ constexpr int awq_order(int i) { return (i % 4) * 2 + i / 4; }
-static_assert(awq_order(0) == moe::kAwqOrder[0] && awq_order(1) == moe::kAwqOrder[1] &&
-                  awq_order(4) == moe::kAwqOrder[4] && awq_order(7) == moe::kAwqOrder[7],
+static_assert(awq_order(0) == format::kAwqOrder[0] && awq_order(1) == format::kAwqOrder[1] &&
+                  awq_order(4) == format::kAwqOrder[4] && awq_order(7) == format::kAwqOrder[7],
               "awq_order must equal AutoAWQ's order [0,2,4,6,1,3,5,7]");
 
 // mma.sync m16n8k16 row.col f32 += f16·f16: the Ampere+/Hopper warp-level tensor-core instruction.
@@ -160,11 +160,11 @@ size_t smem_bytes(int TN, int TK) { return static_cast<size_t>(TN + kRows) * (TK
 
 }  // namespace
 
-int64_t awq_workspace_floats(const moe::TileSchedule& s) {
+int64_t awq_workspace_floats(const ops::TileSchedule& s) {
   return s.slices > 1 ? s.split_tiles * s.slices * kRows * s.thread_n : 0;
 }
 
-bool awq_gemm_cuda_supported(const moe::TileSchedule& s, int block_size) {
+bool awq_gemm_cuda_supported(const ops::TileSchedule& s, int block_size) {
   return block_size == kRows && (s.thread_n == 64 || s.thread_n == 128) && s.thread_k % 16 == 0 &&
          s.thread_k <= kAwqGroupK && kAwqGroupK % s.thread_k == 0 && s.N % s.thread_n == 0 && s.K % kAwqGroupK == 0;
 }
@@ -177,10 +177,10 @@ int awq_gemm_blocks_per_sm(int thread_n, int thread_k) {
 }
 
 void awq_moe_gemm_cuda(const AwqMoeGemmCudaDesc& d, cudaStream_t stream) {
-  const moe::TileSchedule& s = d.sched;
+  const ops::TileSchedule& s = d.sched;
   MOESQ_CHECK(awq_gemm_cuda_supported(s, d.block_size), "awq_moe_gemm_cuda: unsupported config N=", s.N, " K=", s.K,
               " thread_k=", s.thread_k, " thread_n=", s.thread_n, " b=", d.block_size,
-              " (needs b=8, thread_n 64|128, thread_k | 128): use moe::awq_moe_gemm_ref");
+              " (needs b=8, thread_n 64|128, thread_k | 128): use ops::awq_moe_gemm_ref");
   MOESQ_CHECK(s.slices == 1 || d.workspace, "awq_moe_gemm_cuda: split schedule needs a workspace of ",
               awq_workspace_floats(s), " floats");
   if (s.tiles == 0) return;
@@ -196,4 +196,4 @@ void awq_moe_gemm_cuda(const AwqMoeGemmCudaDesc& d, cudaStream_t stream) {
   }
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

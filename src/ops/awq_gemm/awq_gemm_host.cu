@@ -8,13 +8,13 @@
 #include "core/cuda/dev_buf.cuh"
 #include "ops/awq_gemm/awq_gemm.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
-void awq_moe_gemm_cuda_host(const moe::AwqMoeGemmDesc& d) {
-  moe::awq_moe_gemm_check(d);
+void awq_moe_gemm_cuda_host(const ops::AwqMoeGemmDesc& d) {
+  ops::awq_moe_gemm_check(d);
   MOESQ_CHECK(d.C_f32 == nullptr, "awq_moe_gemm_cuda_host: the fp32 capture (C_f32) exists only in the _ref");
-  if (!awq_gemm_cuda_supported(*d.sched, d.align->block_size)) return moe::awq_moe_gemm_ref(d);
-  const moe::RouteAlignment& a = *d.align;
+  if (!awq_gemm_cuda_supported(*d.sched, d.align->block_size)) return ops::awq_moe_gemm_ref(d);
+  const ops::RouteAlignment& a = *d.align;
   const auto& W = *d.weights;
   std::vector<int32_t> slot(W.size(), -1), qw, qz;
   std::vector<uint16_t> sc;
@@ -51,4 +51,4 @@ void awq_moe_gemm_cuda_host(const moe::AwqMoeGemmDesc& d) {
   MOESQ_CUDA_CHECK(cudaMemcpy(d.C, dC.p, R * d.N * 2, cudaMemcpyDeviceToHost));
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

@@ -9,7 +9,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 void awq_moe_gemm_check(const AwqMoeGemmDesc& d) {
   MOESQ_CHECK(d.A && d.C && d.align && d.weights && d.sched, "awq_moe_gemm: null field in the descriptor");
@@ -21,13 +21,13 @@ void awq_moe_gemm_check(const AwqMoeGemmDesc& d) {
   MOESQ_CHECK(d.a_row_div > 0 && (a.num_routes() + d.a_row_div - 1) / d.a_row_div <= d.num_a_rows,
               "awq_moe_gemm: ", a.num_routes(), " routes / a_row_div ", d.a_row_div, " exceed the ",
               d.num_a_rows, " input rows");
-  MOESQ_CHECK(s.thread_k % kAwqGroup == 0 || kAwqGroup % s.thread_k == 0, "awq_moe_gemm: thread_k ", s.thread_k,
+  MOESQ_CHECK(s.thread_k % format::kAwqGroup == 0 || format::kAwqGroup % s.thread_k == 0, "awq_moe_gemm: thread_k ", s.thread_k,
               " must divide or be a multiple of the AWQ group 128");
   for (int64_t p = 0; p < a.num_blocks(); ++p) {
     const int32_t e = a.block_expert[p];
     MOESQ_CHECK(e >= 0 && e < static_cast<int32_t>(d.weights->size()), "awq_moe_gemm: block ", p, " expert ", e,
                 " has no weights (", d.weights->size(), " experts)");
-    const AwqLinear& w = (*d.weights)[e];
+    const format::AwqLinear& w = (*d.weights)[e];
     MOESQ_CHECK(!w.empty() && w.N == d.N && w.K == d.K, "awq_moe_gemm: expert ", e, " weights are [", w.N, ", ",
                 w.K, "], the GEMM needs [N=", d.N, ", K=", d.K, "]");
   }
@@ -40,7 +40,7 @@ void awq_moe_gemm_ref(const AwqMoeGemmDesc& d) {
   const int64_t K = d.K, N = d.N, TK = s.thread_k, TN = s.thread_n, b = a.block_size;
   parallel_for(s.tiles, [&](int64_t t) {
     const int64_t p = t / s.n_tiles, n0 = (t % s.n_tiles) * TN;
-    const AwqLinear& w = (*d.weights)[a.block_expert[p]];
+    const format::AwqLinear& w = (*d.weights)[a.block_expert[p]];
     std::vector<int32_t> routes;
     for (int64_t i = 0; i < b; ++i)
       if (a.sorted_ids[p * b + i] != a.sentinel()) routes.push_back(a.sorted_ids[p * b + i]);
@@ -57,8 +57,8 @@ void awq_moe_gemm_ref(const AwqMoeGemmDesc& d) {
         // Dequantize the [TK, TN] weight slab; the group is constant when TK <= 128 (checked above).
         for (int64_t kk = 0; kk < TK; ++kk) {
           const int64_t k = k0 + kk;
-          if (kk == 0 || k % kAwqGroup == 0) {
-            const int64_t g = k / kAwqGroup;
+          if (kk == 0 || k % format::kAwqGroup == 0) {
+            const int64_t g = k / format::kAwqGroup;
             for (int64_t j = 0; j < TN; ++j) {
               const int z = w.zero(g, n0 + j);
               const float sc = f16_to_f32(w.scale(g, n0 + j));
@@ -95,4 +95,4 @@ void awq_moe_gemm_ref(const AwqMoeGemmDesc& d) {
   });
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

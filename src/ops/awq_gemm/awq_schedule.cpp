@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 ScheduleKind parse_schedule_kind(const std::string& s) {
   if (s == "native") return ScheduleKind::Native;
@@ -128,4 +128,4 @@ std::string TileSchedule::table() const {
   return os.str();
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

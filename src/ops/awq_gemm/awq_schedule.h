@@ -21,7 +21,7 @@
 #include <string>
 
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 enum class ScheduleKind { Native, Invariant, InvariantSplit };
 
@@ -78,4 +78,4 @@ struct TileSchedule {
 TileSchedule make_schedule(ScheduleKind kind, int64_t num_blocks, int64_t N, int64_t K, int thread_k,
                            int thread_n, int64_t grid);
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

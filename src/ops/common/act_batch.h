@@ -12,15 +12,15 @@
 
 #include "format/kernel_layout.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 // Per-expert batched activations in kernel layout (the B operand of the grouped GEMM).
 struct ActBatch {
   int num_experts = 0;
   int capacity = 0;                // slots per expert
-  int64_t K = 0, K_pad = 0;        // logical and padded contraction dim (padded_k(K))
-  ActLayout layout = ActLayout::kMmaFragment;  // K order of x (act_storage_index(k, layout))
-  std::vector<uint16_t> x;         // [E, capacity, K_pad] bf16 bits, act_storage_index(·, layout) order; 0 past K
+  int64_t K = 0, K_pad = 0;        // logical and padded contraction dim (format::padded_k(K))
+  format::ActLayout layout = format::ActLayout::kMmaFragment;  // K order of x (format::act_storage_index(k, layout))
+  std::vector<uint16_t> x;         // [E, capacity, K_pad] bf16 bits, format::act_storage_index(·, layout) order; 0 past K
   std::vector<float> inv_scale;    // [E, capacity] 1/γ_a of the slot's token (1 for bf16 / W4A16)
   std::vector<int32_t> counts;     // [E] tokens routed to the expert (may exceed capacity: dropped)
   std::vector<int32_t> route_of_slot;  // [E, capacity] route id r = token·topk + j, −1 when empty
@@ -32,14 +32,14 @@ struct ActBatch {
 // !quantize (W4A16): the bf16 values, permuted; *inv_scale = 1. The layout changes only where values
 // go, never their bits. Errors: K not a positive multiple of 32.
 void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
-                       ActLayout layout = ActLayout::kMmaFragment);
+                       format::ActLayout layout = format::ActLayout::kMmaFragment);
 
 // The same NVFP4 quantizer on an fp32 row (the fp32-input paths of act_dispatch / swiglu_quant).
 void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale,
-                           ActLayout layout = ActLayout::kMmaFragment);
+                           format::ActLayout layout = format::ActLayout::kMmaFragment);
 
 // An all-empty batch of E experts × capacity slots for rows of K values in `layout`: x zero, 1/γ_a = 1,
 // counts 0, no routes.
-ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, ActLayout layout);
+ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, format::ActLayout layout);
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

@@ -13,15 +13,15 @@
 #include "core/half.h"
 #include "format/fp_codecs.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 namespace {
 float value_of(const uint16_t* x, int64_t k) { return bf16_to_f32(x[k]); }
 float value_of(const float* x, int64_t k) { return x[k]; }
 
 template <typename Row>
-void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, ActLayout layout) {
-  const int64_t K_pad = padded_k(K);
+void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout) {
+  const int64_t K_pad = format::padded_k(K);
   std::fill(out, out + K_pad, uint16_t{0});
   float amax = 0.0f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(value_of(x, k)));
@@ -35,7 +35,7 @@ void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, ActLayo
     const float mult = s > 0.0f ? gamma / s : 0.0f;
     for (int j = 0; j < B; ++j) {
       const uint8_t q = s > 0.0f ? format::e2m1_encode(value_of(x, b0 + j) * mult) : uint8_t{0};
-      out[act_storage_index(b0 + j, layout)] = f32_to_bf16(format::e2m1_decode(q) * s);  // exact in bf16
+      out[format::act_storage_index(b0 + j, layout)] = f32_to_bf16(format::e2m1_decode(q) * s);  // exact in bf16
     }
   }
   *inv_scale = 1.0f / gamma;
@@ -43,30 +43,30 @@ void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, ActLayo
 }  // namespace
 
 void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
-                       ActLayout layout) {
+                       format::ActLayout layout) {
   MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_ref: K=", K, " is not a multiple of ",
               format::kActScaleBlock);
   if (!quantize) {
-    std::fill(out, out + padded_k(K), uint16_t{0});
-    for (int64_t k = 0; k < K; ++k) out[act_storage_index(k, layout)] = x[k];
+    std::fill(out, out + format::padded_k(K), uint16_t{0});
+    for (int64_t k = 0; k < K; ++k) out[format::act_storage_index(k, layout)] = x[k];
     *inv_scale = 1.0f;
     return;
   }
   quant_row(x, K, out, inv_scale, layout);
 }
 
-void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale, ActLayout layout) {
+void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout) {
   MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_f32_ref: K=", K, " is not a multiple of ",
               format::kActScaleBlock);
   quant_row(x, K, out, inv_scale, layout);
 }
 
-ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, ActLayout layout) {
+ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, format::ActLayout layout) {
   ActBatch a;
   a.num_experts = num_experts;
   a.capacity = capacity;
   a.K = K;
-  a.K_pad = padded_k(K);
+  a.K_pad = format::padded_k(K);
   a.layout = layout;
   a.x.assign(static_cast<size_t>(num_experts) * capacity * a.K_pad, 0);
   a.inv_scale.assign(static_cast<size_t>(num_experts) * capacity, 1.0f);
@@ -75,4 +75,4 @@ ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, ActLayout lay
   return a;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

@@ -1,6 +1,6 @@
 // Device helpers shared by the two activation-producing kernels (act_dispatch.cu, swiglu_quant.cu):
 // NVFP4 quantization of one row held in shared memory, written in the K order of the GEMM kernel
-// that reads it (format/kernel_layout.h ActLayout, act_storage_index). CPU twin: moe::act_quant_row_ref.
+// that reads it (format/kernel_layout.h ActLayout, act_storage_index). CPU twin: ops::act_quant_row_ref.
 //
 // Non-obvious decision: every fp32 operation is written in the order of format/nvfp4.cpp
 // (γ = 2688/amax; code = UE4M3((γ·amax_b)/6); multiplier γ/s; q = E2M1(x·(γ/s))) and the E4M3
@@ -13,7 +13,7 @@
 
 #include "format/kernel_layout.h"
 
-namespace moesq::cuda::detail {
+namespace moesq::ops::detail {
 
 constexpr int kActBlock = 32;  // NVFP4 activation scale block (format::kActScaleBlock)
 
@@ -52,16 +52,16 @@ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
   return (code & 8) ? -m : m;
 }
 
-// Activation layouts as ints, equal to moe::ActLayout's values (kernel_layout.h; the launchers
+// Activation layouts as ints, equal to format::ActLayout's values (kernel_layout.h; the launchers
 // static_assert it), so this header stays free of host-library includes.
 constexpr int kActLayoutMmaFragment = 0;  // 4:8 → 2:4, then B-fragment order (mma.sp kernel)
 constexpr int kActLayoutKMajor = 1;       // 4:8 → 2:4 only (wgmma.sp kernel, K-major smem B tile)
-static_assert(static_cast<int>(moe::ActLayout::kMmaFragment) == kActLayoutMmaFragment &&
-                  static_cast<int>(moe::ActLayout::kKMajor) == kActLayoutKMajor,
-              "the device layout ints must equal moe::ActLayout");
+static_assert(static_cast<int>(format::ActLayout::kMmaFragment) == kActLayoutMmaFragment &&
+                  static_cast<int>(format::ActLayout::kKMajor) == kActLayoutKMajor,
+              "the device layout ints must equal format::ActLayout");
 
 // Storage index of logical column kk (0..31) inside its 32-wide k-step in `layout`
-// (moe::act_storage_index, kernel_layout.cpp).
+// (format::act_storage_index, kernel_layout.cpp).
 __host__ __device__ constexpr int act_storage_in_step(int kk, int layout) {
   const int c = 8 * (kk / 8) + 4 * ((kk % 8) & 1) + ((kk % 8) >> 1);  // 4:8 → 2:4
   if (layout == kActLayoutKMajor) return c;
@@ -172,4 +172,4 @@ __device__ inline void quantize_row_to_kernel_layout(const Row* s_row, int K, in
   if (threadIdx.x == 0) *inv_scale = quantize ? 1.0f / gamma : 1.0f;
 }
 
-}  // namespace moesq::cuda::detail
+}  // namespace moesq::ops::detail

@@ -5,7 +5,7 @@
 #include "core/cuda/dev_buf.cuh"
 #include "ops/route_align/route_align.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -20,10 +20,10 @@ __global__ void align_scatter_kernel(const int32_t* topk_ids, int64_t R, const i
 
 }  // namespace
 
-moe::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int64_t M, int topk, int num_experts,
+ops::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int64_t M, int topk, int num_experts,
                                       int block_size) {
   // Region sizes are the same for every order; the scatter order is the device's.
-  moe::RouteAlignment a = moe::align_routes(topk_ids, M, topk, num_experts, block_size, moe::AlignOrder::Canonical);
+  ops::RouteAlignment a = ops::align_routes(topk_ids, M, topk, num_experts, block_size, ops::AlignOrder::Canonical);
   std::vector<int32_t> offset(num_experts, 0);
   for (int64_t p = a.num_blocks() - 1; p >= 0; --p) offset[a.block_expert[p]] = static_cast<int32_t>(p * block_size);
   const int64_t R = M * topk;
@@ -38,4 +38,4 @@ moe::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int6
   return a;
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

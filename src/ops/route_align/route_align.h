@@ -17,7 +17,7 @@
 
 #include "core/splitmix64.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 enum class AlignOrder { Native, Canonical };
 AlignOrder parse_align_order(const std::string& s);  // "native" | "canonical"; Error names --align
@@ -87,14 +87,11 @@ std::vector<int32_t> make_fixture_topk_ids(uint64_t seed);  // [21, 8]
 std::vector<float> make_fixture_topk_weights(int64_t M, int topk, uint64_t seed);
 
 
-}  // namespace moesq::moe
-
-namespace moesq::cuda {
 
 // Native alignment on the device (route_align.cu): one thread per route claims its slot in its expert's
 // region with atomicAdd (vLLM moe_align_block_size's scatter), so the order inside an expert is the
-// atomic order. Same result type and regions as moe::align_routes; built only with CUDA.
-moe::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int64_t M, int topk, int num_experts,
+// atomic order. Same result type and regions as ops::align_routes; built only with CUDA.
+ops::RouteAlignment align_routes_cuda(const std::vector<int32_t>& topk_ids, int64_t M, int topk, int num_experts,
                                       int block_size);
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

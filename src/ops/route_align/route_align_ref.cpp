@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 
-namespace moesq::moe {
+namespace moesq::ops {
 
 AlignOrder parse_align_order(const std::string& s) {
   if (s == "native") return AlignOrder::Native;
@@ -214,4 +214,4 @@ std::vector<float> make_fixture_topk_weights(int64_t M, int topk, uint64_t seed)
   return w;
 }
 
-}  // namespace moesq::moe
+}  // namespace moesq::ops

@@ -4,8 +4,8 @@
 // (sparse_gemm_wgmma.cu; sm_90a, 2 warpgroups, A from registers; the compute-bound regime). For every expert e, in one launch:
 //   Y_e[slot, m] = α(e, slot) · Σ_k Ŵ_e[m, k] · X̂_e[slot, k],   α = (1/γ_w[e]) · (1/γ_a[e, slot])
 // i.e. Y_eᵀ = W_e X_eᵀ with W on the sparse A operand (DESIGN.md §4, paper §3.4). CPU twin:
-// sparse_gemm_ref (sparse_gemm_ref.cpp), same descriptor on host pointers. Weights: moe::KernelWeights;
-// activations: moe::ActBatch layout.
+// sparse_gemm_ref (sparse_gemm_ref.cpp), same descriptor on host pointers. Weights: format::KernelWeights;
+// activations: ops::ActBatch layout.
 #pragma once
 #include "core/cuda/stream.h"
 
@@ -14,13 +14,13 @@
 
 #include "format/kernel_layout.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 struct SparseGemmArgs {
   const uint8_t* w = nullptr;            // [E, M_pad/16, K_pad/256, 1408] kernel-layout packed weights
   const float* w_inv_gamma = nullptr;    // [E] 1/γ_w
   const uint16_t* x = nullptr;           // [E, capacity, K_pad] bf16 activations, kernel K order
-  moe::ActLayout x_layout = moe::ActLayout::kMmaFragment;  // must equal sparse_gemm_act_layout(config)
+  format::ActLayout x_layout = format::ActLayout::kMmaFragment;  // must equal sparse_gemm_act_layout(config)
   const float* x_inv_scale = nullptr;    // [E, capacity] 1/γ_a, or nullptr for 1 (W4A16)
   const int32_t* counts = nullptr;       // [E] device token counts (clamped to capacity)
   uint16_t* y = nullptr;                 // [E, capacity, ldy] bf16 output, or nullptr
@@ -32,8 +32,8 @@ struct SparseGemmArgs {
 };
 
 enum class GemmVariant {
-  kMmaSp,    // warp-level mma.sp m16n8k32; activations in moe::ActLayout::kMmaFragment
-  kWgmmaSp,  // warpgroup wgmma.mma_async.sp m64nNk32; activations in moe::ActLayout::kKMajor
+  kMmaSp,    // warp-level mma.sp m16n8k32; activations in format::ActLayout::kMmaFragment
+  kWgmmaSp,  // warpgroup wgmma.mma_async.sp m64nNk32; activations in format::ActLayout::kKMajor
 };
 
 // Tile configuration: a CTA of `warps` warps owns BLOCK_M weight rows and BLOCK_N = 8·n_tiles tokens
@@ -59,7 +59,7 @@ struct GemmConfig {
 GemmConfig wgmma_config(int block_m, int block_n, int stages = 4);
 
 // Activation layout the config's kernel reads (the dispatch / SwiGLU producers must write it).
-moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config);
+format::ActLayout sparse_gemm_act_layout(const GemmConfig& config);
 
 // Picks the tile config for a problem (max_tokens: the host's upper bound on any expert's count).
 // Prints it to stderr when MOESQ_PRINT_CONFIG=1.
@@ -77,4 +77,4 @@ void sparse_gemm(const SparseGemmArgs& args, int max_tokens, cudaStream_t stream
 // layouts of the same tokens give bitwise the same y. Errors: the launcher's shape rules.
 void sparse_gemm_ref(const SparseGemmArgs& args);
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

@@ -30,7 +30,7 @@
 #include "ops/sparse_gemm/sparse_gemm_wgmma.cuh"
 #include "ops/sparse_gemm/tile_schedule.cuh"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -239,8 +239,8 @@ GemmConfig wgmma_config(int block_m, int block_n, int stages) {
   return c;
 }
 
-moe::ActLayout sparse_gemm_act_layout(const GemmConfig& config) {
-  return config.variant == GemmVariant::kWgmmaSp ? moe::ActLayout::kKMajor : moe::ActLayout::kMmaFragment;
+format::ActLayout sparse_gemm_act_layout(const GemmConfig& config) {
+  return config.variant == GemmVariant::kWgmmaSp ? format::ActLayout::kKMajor : format::ActLayout::kMmaFragment;
 }
 
 GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens) {
@@ -285,8 +285,8 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   max_tokens = std::min(max_tokens, a.capacity);
   const GemmConfig c = config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, max_tokens);
   MOESQ_CHECK(a.x_layout == sparse_gemm_act_layout(c), "sparse_gemm: activations are in ",
-              moe::act_layout_name(a.x_layout), " layout but ", c.str(), " reads ",
-              moe::act_layout_name(sparse_gemm_act_layout(c)), " (dispatch with sparse_gemm_act_layout(config))");
+              format::act_layout_name(a.x_layout), " layout but ", c.str(), " reads ",
+              format::act_layout_name(sparse_gemm_act_layout(c)), " (dispatch with sparse_gemm_act_layout(config))");
   if (c.variant == GemmVariant::kWgmmaSp) {
     MOESQ_CHECK(c.warps == 8 && detail::wgmma_instance_exists(c.m64_tiles_per_warpgroup, 8 * c.n_tiles, c.stages),
                 "sparse_gemm: no wgmma.sp instance for ", c.str());
@@ -301,4 +301,4 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   MOESQ_FAIL("sparse_gemm: no kernel instance for ", c.str(), " (built: 16x8, 32x8, 16x16, 32x16, 64x32 per warp)");
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

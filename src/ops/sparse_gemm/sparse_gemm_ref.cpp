@@ -13,26 +13,26 @@
 #include "core/threads.h"
 #include "ops/sparse_gemm/sparse_gemm.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 void sparse_gemm_ref(const SparseGemmArgs& a) {
-  MOESQ_CHECK(a.num_experts > 0 && a.M > 0 && a.M_pad >= a.M && a.M_pad % moe::kMmaM == 0 && a.K_pad > 0 &&
-                  a.K_pad % moe::kChunkK == 0,
+  MOESQ_CHECK(a.num_experts > 0 && a.M > 0 && a.M_pad >= a.M && a.M_pad % format::kMmaM == 0 && a.K_pad > 0 &&
+                  a.K_pad % format::kChunkK == 0,
               "sparse_gemm_ref: E=", a.num_experts, " M=", a.M, " M_pad=", a.M_pad, " K_pad=", a.K_pad,
               " (M_pad % 16, K_pad % 256 required)");
   MOESQ_CHECK(a.w && a.w_inv_gamma && a.x && a.counts && (a.y || a.y_f32) && a.ldy >= a.M && a.capacity >= 0,
               "sparse_gemm_ref: missing buffer, ldy=", a.ldy, " < M=", a.M, " or capacity=", a.capacity);
   const int64_t M = a.M, K = a.K_pad;
-  const size_t expert_bytes = static_cast<size_t>(a.M_pad / moe::kMmaM) * (a.K_pad / moe::kChunkK) * moe::kChunkBytes;
+  const size_t expert_bytes = static_cast<size_t>(a.M_pad / format::kMmaM) * (a.K_pad / format::kChunkK) * format::kChunkBytes;
   std::vector<float> w(static_cast<size_t>(M * K));
   for (int e = 0; e < a.num_experts; ++e) {
-    moe::kernel_layout_unpack_ref(a.w + e * expert_bytes, M, K, a.M_pad, a.K_pad, moe::kDefaultMetaOrder, w.data());
+    format::kernel_layout_unpack_ref(a.w + e * expert_bytes, M, K, a.M_pad, a.K_pad, format::kDefaultMetaOrder, w.data());
     const int n = std::min(a.counts[e], a.capacity);
     const float inv_w = a.w_inv_gamma[e];
     parallel_for(n, [&](int64_t slot) {
       const size_t s = static_cast<size_t>(e) * a.capacity + slot;
       std::vector<double> xv(K);
-      for (int64_t k = 0; k < K; ++k) xv[k] = bf16_to_f32(a.x[s * a.K_pad + moe::act_storage_index(k, a.x_layout)]);
+      for (int64_t k = 0; k < K; ++k) xv[k] = bf16_to_f32(a.x[s * a.K_pad + format::act_storage_index(k, a.x_layout)]);
       const float alpha = inv_w * (a.x_inv_scale ? a.x_inv_scale[s] : 1.0f);
       for (int64_t m = 0; m < M; ++m) {
         double acc = 0.0;
@@ -46,4 +46,4 @@ void sparse_gemm_ref(const SparseGemmArgs& a) {
   }
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

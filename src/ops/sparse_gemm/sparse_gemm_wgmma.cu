@@ -6,7 +6,7 @@
 // its registers to the consumers with setmaxnreg) and 2 consumer warpgroups. Tile = BLOCK_M =
 // 128·kMW weight rows × BLOCK_N tokens of one expert. Per 64-wide K block:
 //   * the producer waits until the stage is released ("empty" mbarrier, all 8 consumer warps), then
-//     TMAs the K-major B tile (moe::ActLayout::kKMajor, box {64 K, BLOCK_N tokens} of the 3-D
+//     TMAs the K-major B tile (format::ActLayout::kKMajor, box {64 K, BLOCK_N tokens} of the 3-D
 //     [E][capacity][K_pad] tensor, 128-byte swizzle) and, on the last K block of each 256-K chunk,
 //     bulk-copies each m16 tile's next 1408-byte weight chunk — all on the stage's "full" mbarrier;
 //     with a tile's first K block it also publishes the tile's epilogue factors;
@@ -37,7 +37,7 @@
 #include "ops/sparse_gemm/tile_schedule.cuh"
 #include "ops/sparse_gemm/wgmma.cuh"
 
-namespace moesq::cuda::detail {
+namespace moesq::ops::detail {
 
 namespace {
 
@@ -418,4 +418,4 @@ void launch_sparse_gemm_wgmma(const SparseGemmArgs& a, const GemmConfig& c, int 
              " (built, 4 stages: BLOCK_M×BLOCK_N 128×128, 128×256, 256×128)");
 }
 
-}  // namespace moesq::cuda::detail
+}  // namespace moesq::ops::detail

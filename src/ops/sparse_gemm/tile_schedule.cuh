@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace moesq::cuda::detail {
+namespace moesq::ops::detail {
 
 struct Tile {
   int e = -1, mb = 0, nb = 0, count = 0;  // e < 0: past the last tile; count: the expert's clamped tokens
@@ -58,4 +58,4 @@ __device__ __forceinline__ Tile tile_at(int tile, const int* s_prefix, const int
   return t;
 }
 
-}  // namespace moesq::cuda::detail
+}  // namespace moesq::ops::detail

@@ -10,16 +10,16 @@
 
 #include "format/kernel_layout.h"
 
-namespace moesq::cuda::detail {
+namespace moesq::ops::detail {
 
-constexpr int kChunkBytes = 1408;  // moe::kChunkBytes: one 16-row × 256-K chunk
+constexpr int kChunkBytes = 1408;  // format::kChunkBytes: one 16-row × 256-K chunk
 constexpr int kChunkK = 256;
 constexpr int kSteps = 8;          // mma k-steps (32 K each) per chunk
-constexpr int kScaleOff = 1024;    // moe::kChunkCodeBytes
-constexpr int kMetaOff = 1152;     // + moe::kChunkScaleBytes
-static_assert(kChunkBytes == moe::kChunkBytes && kChunkK == moe::kChunkK && kSteps == moe::kKStepsPerChunk,
+constexpr int kScaleOff = 1024;    // format::kChunkCodeBytes
+constexpr int kMetaOff = 1152;     // + format::kChunkScaleBytes
+static_assert(kChunkBytes == format::kChunkBytes && kChunkK == format::kChunkK && kSteps == format::kKStepsPerChunk,
               "weight_unpack.cuh: chunk size and k-steps must match format/kernel_layout.h");
-static_assert(kScaleOff == moe::kChunkCodeBytes && kMetaOff == moe::kChunkCodeBytes + moe::kChunkScaleBytes,
+static_assert(kScaleOff == format::kChunkCodeBytes && kMetaOff == format::kChunkCodeBytes + format::kChunkScaleBytes,
               "weight_unpack.cuh: scale and metadata offsets inside a chunk must match format/kernel_layout.h");
 constexpr float kAccUnscale = 128.0f;  // 2^7: undoes 2^-126 (code shift) · 2^119 (scale bias), exactly
 constexpr uint32_t kBf16x2NegZero = 0x80008000u;
@@ -97,4 +97,4 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, i
 __device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(kChunkBytes) : "memory");
 }
-}  // namespace moesq::cuda::detail
+}  // namespace moesq::ops::detail

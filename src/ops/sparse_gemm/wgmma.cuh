@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace moesq::cuda::detail {
+namespace moesq::ops::detail {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -171,4 +171,4 @@ struct WgmmaDense<256> {
   }
 };
 
-}  // namespace moesq::cuda::detail
+}  // namespace moesq::ops::detail

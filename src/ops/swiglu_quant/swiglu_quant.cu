@@ -9,7 +9,7 @@
 #include "ops/common/nvfp4_row.cuh"
 #include "ops/swiglu_quant/swiglu_quant.h"
 
-namespace moesq::cuda {
+namespace moesq::ops {
 
 namespace {
 
@@ -65,21 +65,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
 }  // namespace
 
 void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
-  MOESQ_CHECK(a.I > 0 && a.I % detail::kActBlock == 0 && a.I_pad >= a.I && a.I_pad % 256 == 0, "swiglu_quant: I=",
-              a.I, " I_pad=", a.I_pad, " (I must be a multiple of 32, I_pad of 256)");
-  MOESQ_CHECK(a.num_experts > 0 && a.num_experts <= 65535 && a.capacity >= 0, "swiglu_quant: bad sizes E=",
-              a.num_experts, " capacity=", a.capacity);
-  MOESQ_CHECK(a.layout == moe::ActLayout::kMmaFragment || a.layout == moe::ActLayout::kKMajor,
-              "swiglu_quant: unknown ActLayout ", static_cast<int>(a.layout));
+  swiglu_quant_check(a);
   if (a.capacity == 0) return;
-  MOESQ_CHECK((a.h != nullptr) != (a.h_f32 != nullptr), "swiglu_quant: give exactly one of h, h_f32");
   const size_t smem = (a.h_f32 && a.quantize ? sizeof(float) : sizeof(uint16_t)) * a.I;
   if (smem > 48 * 1024)
     MOESQ_CUDA_CHECK(cudaFuncSetAttribute(swiglu_quant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   if (a.slot_of_route) {
-    MOESQ_CHECK(a.topk_ids && a.routes >= 0 && a.routes <= 0x7fffffff, "swiglu_quant: route grid needs topk_ids and ",
-                "0 <= routes < 2^31 (routes=", a.routes, ")");
     if (a.routes == 0) return;
     swiglu_quant_kernel<<<static_cast<unsigned>(a.routes), kThreads, smem, stream>>>(a);
   } else {
@@ -88,4 +80,4 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_quant_kernel");
 }
 
-}  // namespace moesq::cuda
+}  // namespace moesq::ops

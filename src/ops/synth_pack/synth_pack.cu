@@ -7,7 +7,7 @@
 
 namespace moesq::ops {
 
-static_assert(moe::kChunkBytes == 1408 && moe::kChunkCodeBytes == 1024 && moe::kChunkScaleBytes == 128,
+static_assert(format::kChunkBytes == 1408 && format::kChunkCodeBytes == 1024 && format::kChunkScaleBytes == 128,
               "synth_sparse_byte hard-codes the kernel-layout chunk: codes, scales, metadata");
 
 namespace {

@@ -50,7 +50,7 @@ void synth_sparse48_kl_ref(const SynthSparseArgs& args);
 
 // Byte b of chunk c (b < 1408): the one formula both sides use.
 MOESQ_HD inline uint8_t synth_sparse_byte(uint64_t seed, int64_t c, int b) {
-  constexpr int kCodeBytes = 1024, kScaleBytes = 128;  // moe::kChunkCodeBytes, kChunkScaleBytes
+  constexpr int kCodeBytes = 1024, kScaleBytes = 128;  // format::kChunkCodeBytes, kChunkScaleBytes
   const uint64_t h = synth_hash(seed, static_cast<uint64_t>(c) * 1408u + static_cast<uint64_t>(b));
   if (b < kCodeBytes) return static_cast<uint8_t>(h);
   if (b < kCodeBytes + kScaleBytes) return static_cast<uint8_t>(0x30 + (h & 0xf));

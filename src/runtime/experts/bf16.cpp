@@ -13,7 +13,7 @@ void permute_dense_rows(const float* w, int64_t N, int64_t K, int64_t K_pad, uin
   for (int64_t n = 0; n < N; ++n) {
     uint16_t* o = out + n * K_pad;
     for (int64_t k = 0; k < K_pad; ++k) o[k] = 0;
-    for (int64_t k = 0; k < K; ++k) o[moe::act_storage_index(k, moe::ActLayout::kKMajor)] = f32_to_bf16(w[n * K + k]);
+    for (int64_t k = 0; k < K; ++k) o[format::act_storage_index(k, format::ActLayout::kKMajor)] = f32_to_bf16(w[n * K + k]);
   }
 }
 
@@ -27,7 +27,7 @@ class Bf16Host final : public ExpertBackendHost {
                                     int64_t l) const override {
     const io::ModelSpec& s = ckpt.spec();
     const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
-    const int64_t H_pad = moe::padded_k(H), I_pad = moe::padded_k(I);
+    const int64_t H_pad = format::padded_k(H), I_pad = format::padded_k(I);
     auto out = std::make_unique<Bf16HostExperts>();
     out->gu.assign(E * 2 * I * H_pad, 0);
     out->down.assign(E * H * I_pad, 0);

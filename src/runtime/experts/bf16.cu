@@ -24,16 +24,16 @@ class Bf16DeviceExperts final : public DeviceExperts {
     const MoeBlockDims& dm = *s.dims;
     const MoeBlockBuffers& b = *s.buffers;
     const int E = static_cast<int>(dm.E), cap = static_cast<int>(s.T);
-    cuda::DispatchArgs d = stage_dispatch_args(s);
-    d.quantize = false, d.layout = moe::ActLayout::kKMajor;
-    if (s.stages & kMoeDispatch) cuda::act_dispatch(d, stream);
+    ops::DispatchArgs d = stage_dispatch_args(s);
+    d.quantize = false, d.layout = format::ActLayout::kKMajor;
+    if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::GemmBf16Args g;
     g.x = b.xd, g.w = gu.p, g.y_f32 = b.hbuf, g.counts = b.counts, g.groups = E;
     g.M = cap, g.N = 2 * dm.I, g.K = dm.H_pad, g.ldy = 2 * dm.I;
     if (s.stages & kMoeGateUp) ops::gemm_bf16(g, stream);
-    cuda::SwigluQuantArgs sw = stage_swiglu_args(s);
-    sw.quantize = false, sw.layout = moe::ActLayout::kKMajor;
-    if (s.stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
+    ops::SwigluQuantArgs sw = stage_swiglu_args(s);
+    sw.quantize = false, sw.layout = format::ActLayout::kKMajor;
+    if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.x = b.ad, g.w = down.p, g.y_f32 = nullptr, g.y_bf16 = b.ybuf, g.N = dm.H, g.K = dm.I_pad, g.ldy = dm.H;
     if (s.stages & kMoeDown) ops::gemm_bf16(g, stream);
   }

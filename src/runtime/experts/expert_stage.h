@@ -8,20 +8,20 @@
 
 namespace moesq::runtime {
 
-inline cuda::DispatchArgs stage_dispatch_args(const ExpertStage& s) {
+inline ops::DispatchArgs stage_dispatch_args(const ExpertStage& s) {
   const MoeBlockDims& dm = *s.dims;
   const MoeBlockBuffers& b = *s.buffers;
-  cuda::DispatchArgs d;
+  ops::DispatchArgs d;
   d.x = s.x, d.topk_ids = b.topk_ids, d.T = s.T, d.topk = static_cast<int>(dm.top_k), d.K = dm.H, d.K_pad = dm.H_pad;
   d.num_experts = static_cast<int>(dm.E), d.capacity = static_cast<int>(s.T), d.out = b.xd, d.inv_scale = b.xs;
   d.counts = b.counts, d.route_of_slot = b.route_of_slot, d.slot_of_route = b.slot_of_route;
   return d;
 }
 
-inline cuda::SwigluQuantArgs stage_swiglu_args(const ExpertStage& s) {
+inline ops::SwigluQuantArgs stage_swiglu_args(const ExpertStage& s) {
   const MoeBlockDims& dm = *s.dims;
   const MoeBlockBuffers& b = *s.buffers;
-  cuda::SwigluQuantArgs sw;
+  ops::SwigluQuantArgs sw;
   sw.h_f32 = b.hbuf, sw.counts = b.counts, sw.num_experts = static_cast<int>(dm.E), sw.capacity = static_cast<int>(s.T);
   sw.I = dm.I, sw.I_pad = dm.I_pad, sw.out = b.ad, sw.inv_scale = b.as;
   sw.topk_ids = b.topk_ids, sw.slot_of_route = b.slot_of_route, sw.routes = s.T * dm.top_k;

@@ -68,8 +68,8 @@ class PairedSparseHost final : public ExpertBackendHost {
     }
     auto out = std::make_unique<PairedSparseHostExperts>();
     const std::string where = ckpt.dir() + " layer " + std::to_string(l);
-    out->gu = moe::kernel_layout_from_sparse48(pgu, where + " gate|up experts");
-    out->down = moe::kernel_layout_from_sparse48(pdown, where + " down experts");
+    out->gu = format::kernel_layout_from_sparse48(pgu, where + " gate|up experts");
+    out->down = format::kernel_layout_from_sparse48(pdown, where + " down experts");
     return out;
   }
 

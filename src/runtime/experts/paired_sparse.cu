@@ -1,6 +1,6 @@
 // Device half of the paired 4:8 expert backends (paired_sparse.h): dispatch (+ NVFP4 act quant for
 // W4A4) → gate|up sparse GEMM (fp32 out) → SwiGLU (+ requant) → down sparse GEMM (bf16 out), each GEMM's
-// tile config from cuda::sparse_gemm_heuristic for capacity T, the activation layout it reads from it.
+// tile config from ops::sparse_gemm_heuristic for capacity T, the activation layout it reads from it.
 #include <vector>
 
 #include "core/cuda/dev_buf.cuh"
@@ -24,7 +24,7 @@ struct DeviceProjection {
   size_t bytes() const { return w.bytes() + inv_gamma.bytes(); }
 
   // The one place γ_w is inverted: the GEMM epilogue multiplies by 1/γ_w.
-  void upload(const moe::KernelWeights& k) {
+  void upload(const format::KernelWeights& k) {
     w.upload(k.data);
     std::vector<float> inv(k.gamma.size());
     for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / k.gamma[e];
@@ -46,24 +46,24 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     const MoeBlockBuffers& b = *s.buffers;
     const int E = static_cast<int>(dm.E), cap = static_cast<int>(s.T), max_tok = static_cast<int>(s.T);
     const int64_t H = dm.H, I = dm.I, H_pad = dm.H_pad, I_pad = dm.I_pad;
-    const cuda::GemmConfig c1 = cuda::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
-    cuda::DispatchArgs d = stage_dispatch_args(s);
-    d.quantize = quant_, d.layout = cuda::sparse_gemm_act_layout(c1);
+    const ops::GemmConfig c1 = ops::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
+    ops::DispatchArgs d = stage_dispatch_args(s);
+    d.quantize = quant_, d.layout = ops::sparse_gemm_act_layout(c1);
     d.x_lo = quant_ ? s.x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
-    if (s.stages & kMoeDispatch) cuda::act_dispatch(d, stream);
-    cuda::SparseGemmArgs g;
+    if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
+    ops::SparseGemmArgs g;
     g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.x = b.xd, g.x_layout = d.layout;
     g.x_inv_scale = quant_ ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
     g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
-    if (s.stages & kMoeGateUp) cuda::sparse_gemm(g, max_tok, stream, &c1);
-    const cuda::GemmConfig c2 = cuda::sparse_gemm_heuristic(E, H, I_pad, max_tok);
-    cuda::SwigluQuantArgs sw = stage_swiglu_args(s);
-    sw.quantize = quant_, sw.layout = cuda::sparse_gemm_act_layout(c2);
-    if (s.stages & kMoeSwiglu) cuda::swiglu_quant(sw, stream);
+    if (s.stages & kMoeGateUp) ops::sparse_gemm(g, max_tok, stream, &c1);
+    const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
+    ops::SwigluQuantArgs sw = stage_swiglu_args(s);
+    sw.quantize = quant_, sw.layout = ops::sparse_gemm_act_layout(c2);
+    if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.x = b.ad, g.x_layout = sw.layout;
     g.x_inv_scale = quant_ ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = down.M_pad;
     g.K_pad = I_pad, g.ldy = H;
-    if (s.stages & kMoeDown) cuda::sparse_gemm(g, max_tok, stream, &c2);
+    if (s.stages & kMoeDown) ops::sparse_gemm(g, max_tok, stream, &c2);
   }
 
  private:
@@ -87,9 +87,9 @@ class PairedSparseDevice final : public ExpertBackendDevice {
                                             cudaStream_t stream) const override {
     auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
     auto draw = [&](DeviceProjection& p, int64_t M, int64_t K_pad) {
-      p.M_pad = (M + moe::kMmaM - 1) / moe::kMmaM * moe::kMmaM;
-      const int64_t chunks = d.E * (p.M_pad / moe::kMmaM) * (K_pad / moe::kChunkK);
-      p.w.alloc(static_cast<size_t>(chunks) * moe::kChunkBytes);
+      p.M_pad = (M + format::kMmaM - 1) / format::kMmaM * format::kMmaM;
+      const int64_t chunks = d.E * (p.M_pad / format::kMmaM) * (K_pad / format::kChunkK);
+      p.w.alloc(static_cast<size_t>(chunks) * format::kChunkBytes);
       ops::SynthSparseArgs a;
       a.out = p.w.p, a.num_chunks = chunks, a.seed = next_seed();
       ops::synth_sparse48_kl(a, stream);

@@ -1,7 +1,7 @@
-// The paired 4:8 NVFP4 expert backends: cuda::sparse_gemm on the 2.75 bit/weight kernel layout
+// The paired 4:8 NVFP4 expert backends: ops::sparse_gemm on the 2.75 bit/weight kernel layout
 // (format/kernel_layout.h), with NVFP4 activations (sparse-w4a4: dispatch and SwiGLU requantize) or bf16
 // activations (sparse-w4a16: same kernel, values only permuted) — ONE backend with W4A4 as its flag.
-// Non-obvious: gate|up is one [2I, H] projection (gate rows first, as cuda::swiglu_quant expects), which
+// Non-obvious: gate|up is one [2I, H] projection (gate rows first, as ops::swiglu_quant expects), which
 // needs ONE global scale γ for both (docs/FORMAT.md: moesq writes it so; anything else is an Error,
 // never a silently wrong up projection). The GEMM epilogue multiplies by 1/γ_w, inverted at upload.
 #pragma once
@@ -11,8 +11,8 @@
 namespace moesq::runtime {
 
 struct PairedSparseHostExperts : HostExperts {
-  moe::KernelWeights gu;    // gate|up [E, 2I, H] (M = 2I), γ_w per expert
-  moe::KernelWeights down;  // down [E, H, I] (M = H)
+  format::KernelWeights gu;    // gate|up [E, 2I, H] (M = 2I), γ_w per expert
+  format::KernelWeights down;  // down [E, H, I] (M = H)
 };
 
 }  // namespace moesq::runtime

@@ -11,7 +11,7 @@ namespace moesq::runtime {
 MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   MoeBlockDims d;
   d.H = s.hidden_size, d.I = s.moe_intermediate_size, d.E = s.num_experts, d.top_k = s.top_k;
-  d.H_pad = moe::padded_k(d.H), d.I_pad = moe::padded_k(d.I);
+  d.H_pad = format::padded_k(d.H), d.I_pad = format::padded_k(d.I);
   d.norm_topk_prob = s.norm_topk_prob;
   return d;
 }

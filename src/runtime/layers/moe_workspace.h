@@ -13,7 +13,7 @@ namespace moesq::runtime {
 struct MoeBlockDims {
   int64_t H = 0, I = 0;          // hidden size (K of gate|up), expert width (K of down)
   int64_t E = 0, top_k = 0;      // routed experts, routes per token
-  int64_t H_pad = 0, I_pad = 0;  // moe::padded_k(H), moe::padded_k(I)
+  int64_t H_pad = 0, I_pad = 0;  // format::padded_k(H), format::padded_k(I)
   bool norm_topk_prob = true;
 };
 MoeBlockDims moe_block_dims(const io::ModelSpec& spec);
