@@ -98,14 +98,15 @@ KernelWeightsPy load_kernel_weights(const std::string& dir, int64_t layer, const
   const bool down = proj == "down_proj";
   MOESQ_CHECK(down || proj == "gate_proj" || proj == "up_proj", "kernel_weights: proj \"", proj,
               "\" is not one of gate_proj, up_proj, down_proj");
+  const io::ExpertProj p = down ? io::ExpertProj::Down : proj == "up_proj" ? io::ExpertProj::Up : io::ExpertProj::Gate;
   const int64_t N = down ? s.hidden_size : s.moe_intermediate_size, K = down ? s.moe_intermediate_size : s.hidden_size;
   const io::QuantizationConfig q = io::read_quantization_config(ck);
   std::vector<format::PackedWeight> pw;
   for (int64_t e = 0; e < s.num_experts; ++e)
-    pw.push_back(io::read_packed_weight(ck, q, io::expert_tensor_prefix(layer, e, proj.c_str()), N, K));
+    pw.push_back(io::read_packed_weight(ck, q, io::expert_tensor_prefix(s, layer, e, p), N, K));
   std::vector<const format::Sparse48Tensor*> ptrs;
   for (int64_t e = 0; e < s.num_experts; ++e) {
-    MOESQ_CHECK(pw[e].is_sparse48(), "kernel_weights: ", io::expert_tensor_prefix(layer, e, proj.c_str()), " in ", dir,
+    MOESQ_CHECK(pw[e].is_sparse48(), "kernel_weights: ", io::expert_tensor_prefix(s, layer, e, p), " in ", dir,
                 " is dense NVFP4, not paired 4:8 (the sparse GEMM runs paired 4:8 experts)");
     ptrs.push_back(pw[e].sparse48());
   }
