@@ -6,7 +6,8 @@
 # `moesq bench e2e` and `bench_moe_layer` runs (old, new, old, new) and prints new ÷ old per row.
 # Everything lands in $OUT: summary.txt (read this), compare.md, logs.tgz. Exit 1 when a step failed.
 #   OLD_PATCH=.dev/old.patch DATA=.dev/data.txt bash bench/device_compare.sh
-# DATA: a text file for eval (the tiny model's tokenizer); E2E_ARGS / LAYER_ARGS override the benchmarks.
+# DATA: a text file for eval (the tiny model's tokenizer); E2E_ARGS / LAYER_ARGS override the benchmarks;
+# ONLY_NEW=1 runs only the new tree's GPU tests, SKIP_BENCH=1 skips the benchmarks, SANITIZE=0 memcheck.
 set -uo pipefail
 O=${OUT:-/tmp/moesq_compare}; mkdir -p "$O"
 W=$(mktemp -d); S="$W/summary.txt"; : > "$S"
@@ -37,8 +38,12 @@ log "builds $(( $(date +%s) - t0 )) s"
 [ $fail -eq 0 ] || { cp "$S" "$O/"; exit 1; }
 NEW=$W/b-new; OLD=$W/b-old
 
-# ---- GPU tests of both trees -----------------------------------------------------------------
-for side in new old; do
+# ---- GPU tests of both trees (test_engine's compressed cases read MOESQ_TINY_COMPRESSED) ------
+M=$ROOT/models/tiny-qwen3-moe
+"$NEW/moesq" compress "$M" --method sgptq --out "$W/ck" --threads 16 > "$W/compress.log" 2>&1 || { log "FAIL: compress"; fail=1; }
+export MOESQ_TINY_COMPRESSED=$W/ck
+SIDES="new old"; [ "${ONLY_NEW:-0}" = 1 ] && SIDES=new
+for side in $SIDES; do
   B=$W/b-$side; SRC=$ROOT; [ $side = old ] && SRC=$W/old
   for t in $(gpu_targets "$SRC"); do
     (cd "$SRC" && timeout 300 "$B/$t" > "$W/$side.$t.log" 2>&1); rc=$?
@@ -48,10 +53,16 @@ for side in new old; do
   done
 done
 log "tests $(( $(date +%s) - t0 )) s"
+# compute-sanitizer on the new tree's engine and the new ops' tests (SANITIZE=0 skips)
+if [ "${SANITIZE:-1}" = 1 ]; then
+  for t in test_engine test_embed_argmax; do
+    [ -x "$NEW/$t" ] || continue
+    (cd "$ROOT" && timeout 300 compute-sanitizer --tool memcheck "$NEW/$t" > "$W/memcheck.$t.log" 2>&1)
+    log "compute-sanitizer memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log")"
+  done
+fi
 
 # ---- GPU outputs byte for byte ---------------------------------------------------------------
-M=$ROOT/models/tiny-qwen3-moe
-"$NEW/moesq" compress "$M" --method sgptq --out "$W/ck" --threads 16 > "$W/compress.log" 2>&1 || { log "FAIL: compress"; fail=1; }
 same=0; diffs=0
 for args in "$M --experts bf16" "$W/ck --experts sparse-w4a4" "$W/ck --experts sparse-w4a16" "$W/ck --experts bf16"; do
   for side in old new; do
@@ -66,8 +77,8 @@ for args in "$M --experts bf16" "$W/ck --experts sparse-w4a4" "$W/ck --experts s
 done
 log "GPU outputs: $same identical, $diffs different (eval nats JSON and generated text, old vs new)"
 
-# ---- benchmarks, alternated ------------------------------------------------------------------
-for rep in 1 2; do
+# ---- benchmarks, alternated (SKIP_BENCH=1 skips) ------------------------------------------------
+for rep in $([ "${SKIP_BENCH:-0}" = 1 ] || echo 1 2); do
   for side in old new; do
     B=$W/b-$side
     timeout 400 "$B/moesq" bench e2e $E2E_ARGS > "$W/e2e.$side.$rep.json" 2> "$W/e2e.$side.$rep.err" || { log "FAIL e2e $side $rep"; fail=1; }
