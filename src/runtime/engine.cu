@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
+#include "core/cuda/require_device.h"
 #include "model/rope.h"
 #include "model/tensor_math.h"
 #include "ops/argmax/argmax.h"
@@ -258,15 +259,21 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::argmax(am, stream);
 }
 
+namespace {
+constexpr const char* kEngineWhat = "the GPU engine (--device cuda)";
+}  // namespace
+
 Engine::Engine(const io::Checkpoint& ckpt, const EngineOptions& opt)
-    : Engine(load_host_model(ckpt, opt.experts), opt) {}
+    : Engine((require_cuda_device(kEngineWhat), load_host_model(ckpt, opt.experts)), opt) {}
 
 Engine::Engine(HostModel host, const EngineOptions& opt) : impl_(std::make_unique<Impl>()) {
+  require_cuda_device(kEngineWhat);
   impl_->upload(std::move(host), opt);
 }
 
 Engine::Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt)
     : impl_(std::make_unique<Impl>()) {
+  require_cuda_device(kEngineWhat);
   MOESQ_CHECK(backend != ExpertBackend::kAuto && expert_backend_built(backend), "synthetic engine: expert backend ",
               expert_backend_name(backend), " is not built; built: ", built_expert_backends());
   Impl& m = *impl_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/cuda/require_device.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "io/checkpoint.h"
@@ -19,6 +20,7 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
   MOESQ_CHECK(!files.empty(), "eval: no data files given (--data)");
   MOESQ_CHECK(opt.eval.seq_len >= 2, "--seq-len: ", opt.eval.seq_len, " is too short (a window needs >= 2 tokens)");
   MOESQ_CHECK(opt.batch >= 1, "eval: batch must be >= 1");
+  require_cuda_device("eval --device cuda");
   progress("eval", "loading " + dir + " onto the GPU");
   const io::Checkpoint ckpt(dir);
   ckpt.spec().check_seq_len(opt.eval.seq_len, "--seq-len");

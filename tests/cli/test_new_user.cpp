@@ -318,4 +318,27 @@ TEST_F(NewUser, FlagErrorsHaveOneStyleAndExitCode) {
   EXPECT_EQ(run("--version").rc, 0);
 }
 
+// --device cuda on a machine without a GPU said "CUDA driver version is insufficient for CUDA runtime
+// version" with a source path, after "loading ... onto the GPU": now it says no device was found and what
+// the engine needs (a CUDA build), or that this build has no CUDA. Skipped where a GPU is present.
+TEST_F(NewUser, DeviceCudaWithoutAGpuSaysSo) {
+  const std::string m = std::string("'") + MOESQ_DEFAULT_MODEL + "'";
+  tmp_.write("d.txt", "some text to evaluate on, long enough for one window of eight tokens");
+  const std::string d = (tmp_.path / "d.txt").string();
+  for (const std::string args : {"eval " + m + " --data " + d + " --seq-len 8 --device cuda",
+                                 "generate " + m + " --prompt hi --max-new-tokens 2 --device cuda",
+                                 std::string("bench e2e --synthetic qwen3-30b-a3b --layers 1 --batch 1 --gen 4 --prompt-len 4")}) {
+    const CliRun r = run(args);
+    if (r.rc == 0) GTEST_SKIP() << "a CUDA device is present: " << args;
+    EXPECT_EQ(r.rc, 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    const bool no_device = r.err.find("no CUDA device found") != std::string::npos &&
+                           r.err.find("Use --device cpu") != std::string::npos;
+    const bool no_build = r.err.find("built without CUDA") != std::string::npos;
+    EXPECT_TRUE(no_device || no_build) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("onto the GPU"), std::string::npos) << "refused only after loading: " << r.err;
+    EXPECT_EQ(r.err.find(".cu:"), std::string::npos) << "a source path in a user error: " << r.err;
+  }
+}
+
 }  // namespace
