@@ -1,6 +1,6 @@
 // bench_moe_layer: one whole MoE layer of the GPU engine (router GEMM → top-k → dispatch + act
 // quant → gate|up grouped GEMM → SwiGLU + requant → down grouped GEMM → combine) at a real model's
-// shapes, replayed from CUDA graphs, with each stage's time (issue 15, goal 1). It runs exactly the
+// shapes, replayed from CUDA graphs, with each stage's time. It runs exactly the
 // engine's launch sequence (runtime::moe_block; a stage mask picks one stage for the per-stage graphs,
 // each re-run on the buffers the whole block left). Weights are synthetic (ops/synth_pack: the same
 // bytes per weight as a real checkpoint); one replay runs the block of `--layers` layers, each with

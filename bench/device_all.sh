@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The closing device call for the grouped sparse GEMM (issue 4), on the nvidia-h200 machine, from the
+# The closing device call for the grouped sparse GEMM, on the nvidia-h200 machine, from the
 # repo root: build the CUDA targets (or use prebuilt ones), run every gpu-labelled test program,
 # compute-sanitizer (memcheck, synccheck, racecheck) on the wgmma.sp tests, the wgmma instruction
 # ceiling (bench_wgmma_peak), the torch._grouped_mm peer and bench_gemm on all Table-8 rows with both

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the Table-5-style comparison on the tiny Qwen3-MoE fixture (issues 2 and 3):
+# Reproduces the Table-5-style comparison on the tiny Qwen3-MoE fixture:
 # calibrate on the first 98 % of each corpus file, evaluate W4A4 on the held-out last 2 %.
 # Usage: scripts/corpus_table.sh CORPUS_DIR OUT_DIR [EPOCHS]
 # Writes OUT_DIR/<method>/ (checkpoints + report.json), OUT_DIR/<method>.eval.json, OUT_DIR/table.json
@@ -11,8 +11,8 @@ epochs=${3:-10}
 bin=${MOESQ:-./build/moesq}
 mkdir -p "$out"
 files=("$corpus"/*)
-# Learning rates tuned for the tiny model (tens of Lion steps per expert; issue 3 note), and the batch
-# of 256 the table in docs/RESULTS.md ran with (then the CLI default; since issue 12 a batch not given
+# Learning rates tuned for the tiny model (tens of Lion steps per expert; docs/RESULTS.md), and the batch
+# of 256 the table in docs/RESULTS.md ran with (then the CLI default; now a batch not given
 # is set per expert by the schedule rule, which would change the moesq rows).
 lr=(--lr-a 1e-3 --lr-v 5e-4 --batch 256)
 calib=(--calib "${files[@]}" --calib-split train --calib-samples 128 --seq-len 256)

@@ -96,7 +96,7 @@ def main(moesq_dir, ct_dir, pb_dir):
 
 
 def check_config(name, d):
-    """The exported config.json through transformers' own config classes (issue 13, Checks)."""
+    """The exported config.json through transformers' own config classes."""
     from transformers import AutoConfig
     cfg = AutoConfig.from_pretrained(d)
     qc = cfg.quantization_config if isinstance(cfg.quantization_config, dict) else cfg.quantization_config.to_dict()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device integration of the Python module (issue 13 item 4). Second run (2026-12-01, merged tree
+# Device integration of the Python module. Second run (2026-12-01, merged tree
 # b6dfbc3; the device has no libdlpack-dev, so first: mkdir -p /tmp/dl/dlpack; ln -s
 # <torch venv>/site-packages/cuda/core/_include/dlpack.h /tmp/dl/dlpack/; cmake -S . -B build-dev
 # -DDLPACK_INCLUDE_DIR=/tmp/dl -Dpybind11_DIR=$(python3 -c "import pybind11; print(pybind11.get_cmake_dir())")):

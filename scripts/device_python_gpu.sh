@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python module's GPU ops on the device (issue 13 item 4): configures and builds moesq with CUDA and
+# The Python module's GPU ops on the device: configures and builds moesq with CUDA and
 # the Python module (the device's python3 holds PyTorch; pybind11 and a dlpack.h come from its
 # site-packages, since the image has no libdlpack-dev), then runs
 #   tests/python/gpu/test_gpu_ops.py  the GPU ops vs their CPU twins, the DLPack stream / zero-copy contract

@@ -64,7 +64,7 @@ void register_compress(CLI::App& app) {
   cmd->add_flag("--resume", args->resume,
                 "continue an interrupted run from the layers committed in OUT.work (refused, naming what\n"
                 "differs, if the options, calibration or source changed; no OUT.work: start from layer 1)");
-  cmd->add_option("--device", args->device, "where the experts are compressed: cpu (the GPU path is issue 11's next step)")
+  cmd->add_option("--device", args->device, "where the experts are compressed: cpu (the only device so far: compression on the GPU is not built yet)")
       ->check(CLI::IsMember({"cpu"}));
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] {
@@ -85,7 +85,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   inputs.push_back(args->dir);
   if (root) { AtomicDir probe(args->out, "--out", "report.json", inputs); }  // fail now, not after minutes of work
   io::Checkpoint ckpt(args->dir);
-  // A compressed-tensors INT4 checkpoint is a valid source (the loader dequantizes it, issue 13);
+  // A compressed-tensors INT4 checkpoint is a valid source (the loader dequantizes it, docs/FORMAT.md);
   // anything else already quantized is not.
   MOESQ_CHECK(!ckpt.config().contains("quantization_config") ||
                   io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,

@@ -152,7 +152,7 @@ void register_demo(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
   // The demo keeps the refinement short so the whole run stays within a few minutes on 2 cores, with
   // learning rates tuned for so few Lion steps (the paper's Table-4 rates, the compress defaults, are
-  // for thousands of steps per expert; issue 3's note has the sweep).
+  // for thousands of steps per expert; docs/RESULTS.md has the sweep).
   // Its calibration (64 × 128 data-free tokens) is also smaller than `moesq compress`'s default
   // (2048 × 128), and the schedule rule is off (these presets count as given): the rule's ~600 Lion
   // steps per expert would make the demo several times slower. Its output says so.

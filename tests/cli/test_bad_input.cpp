@@ -1,4 +1,4 @@
-// Bad input end to end (issue 14, docs/RELIABILITY.md): copies of the embedded model damaged in one
+// Bad input end to end (docs/RELIABILITY.md): copies of the embedded model damaged in one
 // place — a NaN in one bf16 expert weight, a NaN block-scale code in a packed tensor, config fields
 // that change the math, a half-compressed checkpoint — run through the built binary. Each must
 // either give the right answer or exit non-zero with a message naming the tensor / field and file;

@@ -94,7 +94,7 @@ TEST_F(CliCompress, SgptqEndToEndThenEval) {
   EXPECT_LT(std::fabs(nats - ref), 1.0);
 }
 
-// The paper's joint sparse-quantization baselines (issue 12): same CLI and report, paired 4:8
+// The paper's joint sparse-quantization baselines (docs/RESULTS.md): same CLI and report, paired 4:8
 // checkpoints that eval, inspect and export read like any other.
 TEST_F(CliCompress, JsqAndObrWriteCheckpointsEveryCommandReads) {
   for (const std::string m : {"jsq", "obr"}) {

@@ -1,5 +1,5 @@
 // End-to-end `moesq eval` on the embedded model: runs the built binary on generated text files and
-// checks the JSON contract (issue 2), the numbers against the library's own window_nll, thread-count
+// checks the JSON contract, the numbers against the library's own window_nll, thread-count
 // independence, and the bad-input paths (empty data file, bad flag value) naming the file/flag.
 #include <gtest/gtest.h>
 

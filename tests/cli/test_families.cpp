@@ -29,7 +29,7 @@ namespace {
 
 using nlohmann::json;
 
-// `moesq eval`'s bar against summary.json's "ce" (issue 16).
+// `moesq eval`'s bar against summary.json's "ce".
 constexpr double kCeAtol = 1e-4;
 // A compressed random-weight fixture evaluates close to its source: measured |Δ nats| ≤ 7e-4 on all
 // three and both methods (W4A4, 2 × 64 calibration tokens). These untrained models sit near the

@@ -1,5 +1,5 @@
 // `moesq inspect` on every imported layout reports what each expert projection's tensors HOLD
-// (issue 13): moesq paired 4:8, its compressed-tensors and pair-bitmask exports, a dense-NVFP4
+// (docs/FORMAT.md): moesq paired 4:8, its compressed-tensors and pair-bitmask exports, a dense-NVFP4
 // compressed-tensors checkpoint, INT4 pack-quantized, and a compressed-tensors checkpoint mixing
 // paired 4:8 and dense NVFP4 projections. Bits/weight are checked against the tensor bytes summed
 // here independently; the activation block against what `eval` runs. Unsupported quant_method,

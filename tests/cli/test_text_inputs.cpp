@@ -1,4 +1,4 @@
-// Text inputs go through the checkpoint's tokenizer.json (issue 13 item 3): `eval --data` text equals
+// Text inputs go through the checkpoint's tokenizer.json: `eval --data` text equals
 // eval of the same ids as .npy, `compress --calib` text equals `--calib` of the ids, `generate --prompt`
 // equals `--prompt-ids` of the encoded prompt (BOS included) and prints the tokenizer's decode of the
 // generated ids. The checkpoint is the tiny model grown to the fixture tokenizers' 3000-id vocabulary

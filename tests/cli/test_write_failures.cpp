@@ -1,4 +1,4 @@
-// Write failures end to end (issue 14, docs/RELIABILITY.md "write failures"): `moesq export` and
+// Write failures end to end (docs/RELIABILITY.md "write failures"): `moesq export` and
 // `moesq compress` whose output filesystem is full (ENOSPC, on a small tmpfs mounted for the test) and
 // an export killed with SIGKILL in the middle. Each must leave OUT exactly as it was (absent, or the
 // earlier output) and no stale OUT.tmp.* of its own, and the next run must clean the orphan a killed

@@ -35,11 +35,11 @@ using compress::RefineOptions;
 namespace {
 
 // Refinement must at least halve SGPTQ's test loss on the synthetic expert (measured: 0.23–0.27×
-// over seeds 1–3 at this size and budget, see the report of issue 3), and match more of W*'s
+// over seeds 1–3 at this size and budget, see docs/RESULTS.md), and match more of W*'s
 // patterns than SGPTQ does.
 constexpr double kMaxLossRatioVsSgptq = 0.5;
 
-// Tuned for the small synthetic expert and ~110 steps (issue 3 report: the Table 4 rates assume
+// Tuned for the small synthetic expert and ~110 steps (docs/RESULTS.md: the Table 4 rates assume
 // thousands of steps; Lion moves each weight by lr per step, so few steps need a larger lr).
 RefineOptions tuned_options() {
   RefineOptions o;

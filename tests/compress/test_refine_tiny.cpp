@@ -27,7 +27,7 @@ using namespace moesq;
 namespace {
 
 // Refinement must lower the mean held-out loss of the layer's experts by at least 10 % (measured
-// 0.67–0.79× on layer 0 with corpus text and these rates, issue 3 report), and help most experts.
+// 0.67–0.79× on layer 0 with corpus text and these rates, docs/RESULTS.md), and help most experts.
 constexpr double kMaxMeanLossRatio = 0.9;
 constexpr double kMinFractionImproved = 0.6;
 constexpr int64_t kMinTestRows = 32;  // experts with fewer held-out rows are too noisy to score
@@ -81,7 +81,7 @@ TEST(RefineTiny, BeatsSgptqOnHeldOutTextLayer0) {
   const auto calib = layer0_rows(m, kRepo + "/docs/FORMAT.md");
   const auto test = layer0_rows(m, kRepo + "/docs/KERNEL_LAYOUT.md");
 
-  compress::RefineOptions o;  // tiny-model rates for ~2 epochs of batch 64 (issue 3 report)
+  compress::RefineOptions o;  // tiny-model rates for ~2 epochs of batch 64 (docs/RESULTS.md)
   o.epochs = 2;
   o.batch = 64;
   o.lr_A = 1e-3;

@@ -165,7 +165,7 @@ TEST(FormatCodecs, SaturatesBeyondTheRangeAndNeverProducesNaN) {
   }
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(e4m3_encode(nan), 0x00);
-  EXPECT_THROW(e2m1_encode(nan), moesq::Error);  // E2M1 has no NaN code: never a silent +0 (issue 14)
+  EXPECT_THROW(e2m1_encode(nan), moesq::Error);  // E2M1 has no NaN code: never a silent +0
   EXPECT_EQ(ue4m3_encode(nan), 0x00);
   // Fresh random bit patterns (every float class: NaN, inf, subnormal, huge): never a NaN code,
   // and finite inputs agree with the brute-force nearest reference.

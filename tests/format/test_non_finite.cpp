@@ -1,4 +1,4 @@
-// Non-finite values never become finite inside the NVFP4 quantizers (issue 14 class 1): the
+// Non-finite values never become finite inside the NVFP4 quantizers (docs/RELIABILITY.md): the
 // activation quantizer and fake quant reject a NaN/inf row with an Error naming its column, and the
 // E2M1 encoder itself refuses NaN (it used to return +0); a stored global scale so small that the
 // largest code decodes to inf is refused by both dequantizers (found by fuzz_compressed in CI).

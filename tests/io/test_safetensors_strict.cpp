@@ -1,4 +1,4 @@
-// The safetensors reader enforces the format (issue 14 class 5; rules listed in
+// The safetensors reader enforces the format (rules listed in
 // src/io/safetensors.cpp): unique names, one JSON object, ranges that tile the data section,
 // header size limit, dtype × shape = bytes, __metadata__ string → string. Files are made here by hand.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// attention_bias (issue 14 class 2): the q/k/v/o biases of Qwen3MoeAttention, y = x Wᵀ + b.
+// attention_bias (docs/RELIABILITY.md): the q/k/v/o biases of Qwen3MoeAttention, y = x Wᵀ + b.
 // Parity by construction on the embedded model: an o_proj bias b adds exactly b to every row of the
 // block's output; a v_proj bias c adds W_o · c (per query head, its kv head's slice) because the
 // softmax rows sum to 1; the fast path, its _ref twin and the KV-cached decoder agree with biases.

@@ -31,7 +31,7 @@ using moesq::model::DecoderModel;
 
 // Tolerances (absolute, fp32). Both sides compute in fp32 from the same bf16 weights; only summation
 // orders differ (OpenBLAS vs PyTorch GEMM blocking, double vs pairwise RMSNorm sums).
-constexpr double kLogitsAtol = 1e-3;        // issue 16's bar
+constexpr double kLogitsAtol = 1e-3;        // the family bar (fp32 summation order only)
 constexpr double kHiddenAtol = 1e-3;        // hidden states (O(1)–O(10) values)
 constexpr double kRouterLogitsAtol = 1e-3;  // router logits
 // A top-k set may differ only where the reference cannot separate the k-th and (k+1)-th expert.

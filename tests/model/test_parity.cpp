@@ -26,7 +26,7 @@ using moesq::model::DecoderModel;
 // Tolerances (absolute, on fp32 values). Both sides compute in fp32 from the same bf16 weights;
 // the only differences are summation orders (OpenBLAS vs PyTorch/MKL-DNN GEMM blocking, double vs
 // pairwise reductions in RMSNorm), i.e. a few fp32 ulps per op, amplified by 4 layers.
-constexpr double kLogitsAtol = 1e-3;        // issue 2's target for the logits
+constexpr double kLogitsAtol = 1e-3;        // the parity target for the logits
 constexpr double kHiddenAtol = 1e-3;        // hidden states (|h| up to ~1e2: still ~1e-5 relative)
 constexpr double kRouterLogitsAtol = 1e-4;  // router logits are O(1): a few ulps of the GEMM
 // Two top-k sets may legitimately differ only when the reference itself cannot separate the k-th

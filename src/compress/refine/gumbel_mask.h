@@ -66,7 +66,7 @@ inline float rng_gumbel(uint64_t key, uint64_t index) {
 // Purposes of the random streams (part of the key, so streams never overlap).
 enum RngPurpose : uint64_t { kRngPriorInit = 1, kRngGumbel = 2, kRngShuffle = 3, kRngSplit = 4 };
 
-// ---- prior initialization (issue 3) ------------------------------------------------------------
+// ---- prior initialization -----------------------------------------------------------------------
 // A[r,p] = σ·(ε + s·(overlap(prior_r, p) − mean_p overlap)), ε ~ N(0,1); overlap counts the kept
 // positions pattern p shares with the prior pattern (4, 2 or 0).
 //   prior: [R] pattern ids; A: [R, 6].

@@ -1,5 +1,5 @@
 // Default step budget and Lion learning rates of the moesq refinement, from the amount of data an
-// expert has (issue 12). Used for every one of batch / epochs / lr_A / lr_V the user did not set
+// expert has (docs/RESULTS.md). Used for every one of batch / epochs / lr_A / lr_V the user did not set
 // (`moesq compress` without --batch / --epochs / --lr-a / --lr-v); explicit values win, and the
 // rule derives the rest from them (e.g. --batch 16 alone: steps from batch 16, rates from those
 // steps). report.json records the effective values and where each came from.
@@ -25,11 +25,11 @@
 // to 333,654 128, then none.
 //
 // Source: paper 002 Table 4 (batch, epochs, rates); the exponents and the 32-steps-per-epoch floor
-// were measured on the tiny fixture (docs/RESULTS.md "Default refinement schedule", issue 12):
+// were measured on the tiny fixture (docs/RESULTS.md "Default refinement schedule"):
 // Lion moves each parameter by ±lr per step, so displacement grows like lr·S (agreeing signs) to
 // lr·√S (random signs); exponent 0.5 over-fits ~10³ rows per expert (held-out loss rises), 0.3 for
 // V helps; A's step is multiplied by κ = 100…500 in the softmax, so A takes the smaller 0.15.
-// The large-batch regime was measured too (docs/RESULTS.md, issue 12 third pass): at 65,536 tokens
+// The large-batch regime was measured too (docs/RESULTS.md, third pass): at 65,536 tokens
 // batch 128 / 580 steps closed at least as much as batch 64 / 1,160 steps in 2/3 of the time,
 // 131,072 tokens with batch 256 closed 50.5 / 49.5 % (seeds 0 / 1) and 262,144 tokens with batch 512
 // 53.5 / 53.9 %; the (R_ref / R̄)^(2/3) taper of the cap above R̄ = 41,706 is NOT measured: it only
@@ -45,9 +45,9 @@ inline constexpr double kLrVRef = 5e-5;           // Table 4, Qwen3-30B-A3B
 inline constexpr int64_t kBatchRef = 64;          // Table 4
 inline constexpr int kEpochsRef = 10;             // Table 4
 inline constexpr double kStepsRef = 147460.0;     // 10 · ceil(0.9 · 8192·2048·8/128 / 64)
-inline constexpr int64_t kMinStepsPerEpoch = 32;  // measured (issue 12)
-inline constexpr int64_t kMaxStepsPerEpoch = 64;  // measured (issue 12): at or above, the layer batch doubles
-inline constexpr int64_t kMaxBatch = 512;         // the largest batch measured (issue 12)
+inline constexpr int64_t kMinStepsPerEpoch = 32;  // measured (docs/RESULTS.md)
+inline constexpr int64_t kMaxStepsPerEpoch = 64;  // measured (docs/RESULTS.md): at or above, the layer batch doubles
+inline constexpr int64_t kMaxBatch = 512;         // the largest batch measured (docs/RESULTS.md)
 inline constexpr double kCapExponent = 2.0 / 3.0; // cap = kBatchRef · (R_ref / R̄)^this (64 at R_ref)
 inline constexpr double kRowsRef = 943718.0;      // Table-4 training rows per expert: 0.9 · 8192·2048·8/128
 inline constexpr int64_t kMinBatch = 8;           // below this the Lion sign is mostly noise
