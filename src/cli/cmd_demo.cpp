@@ -71,6 +71,14 @@ void run_demo(DemoArgs& a) {
   if (fs::exists(out))
     for (const auto& name : a.methods)  // each method's checkpoint must be replaceable (AtomicDir rules)
       AtomicDir probe((out / name).string(), "--out", "report.json", {a.model});
+  // Tried before any work (and removed again if it was made here, so a failed demo leaves nothing): a
+  // read-only or otherwise unusable location fails naming --out, not after the first method's
+  // compression as a filesystem exception.
+  const bool made_here = !fs::exists(out);
+  std::error_code mk;
+  fs::create_directories(out, mk);
+  MOESQ_CHECK(!mk && fs::is_directory(out), "--out ", a.out, ": cannot create the directory (", mk.message(), ")");
+  if (made_here) fs::remove(out, mk);
   io::Checkpoint ckpt(a.model);
   model::DecoderModel ref(ckpt);
   progress("demo", "data-free calibration: sampling " + std::to_string(a.flags.calib_samples) + " x " +

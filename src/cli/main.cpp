@@ -39,7 +39,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moesq: error: unknown command or argument '%s' (see moesq --help)\n", extra.front().c_str());
       return 1;
     }
-    return app.exit(e);
+    std::fprintf(stderr, "moesq: error: %s (see moesq%s --help)\n", e.what(),
+                 app.get_subcommands().empty() ? "" : (" " + app.get_subcommands().front()->get_name()).c_str());
+    return 1;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     // A flag error reads like every other error of moesq and exits 1 like them (CLI11's own codes

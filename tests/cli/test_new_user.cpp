@@ -307,7 +307,8 @@ TEST_F(NewUser, FlagErrorsHaveOneStyleAndExitCode) {
   struct Case { std::string args, needle; };
   for (const Case& c : {Case{"bench e2e --batch", "--batch"}, Case{"eval --seq-len abc . --data y", "--seq-len"},
                         Case{"compress --no-such-flag", "--no-such-flag"}, Case{"nosuchcommand", "nosuchcommand"},
-                        Case{"demo --eval-samples 0", "--eval-samples"}}) {
+                        Case{"demo --eval-samples 0", "--eval-samples"}, Case{"compress .", "--method is required"},
+                        Case{"", "subcommand"}}) {
     const CliRun r = run(c.args);
     EXPECT_EQ(r.rc, 1) << c.args << "\n" << r.err;
     EXPECT_EQ(r.err.rfind("moesq: error: ", 0), 0u) << c.args << "\n" << r.err;
@@ -339,6 +340,17 @@ TEST_F(NewUser, DeviceCudaWithoutAGpuSaysSo) {
     EXPECT_EQ(r.err.find("onto the GPU"), std::string::npos) << "refused only after loading: " << r.err;
     EXPECT_EQ(r.err.find(".cu:"), std::string::npos) << "a source path in a user error: " << r.err;
   }
+}
+
+// demo --out somewhere no directory can be made (a read-only filesystem; /proc here, which refuses even
+// root) was "internal error: filesystem error" after the first method's work; now an error naming --out
+// before any work.
+TEST_F(NewUser, DemoOutThatCannotBeCreatedNamesTheFlag) {
+  const CliRun r = run("demo --out /proc/self/moesq-demo-out --eval-samples 1");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--out /proc/self/moesq-demo-out"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[compress]"), std::string::npos) << "refused only after work: " << r.err;
 }
 
 }  // namespace
