@@ -80,6 +80,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   if (!root) set_progress_enabled(false);  // rank 0 speaks for the run
   if (args->flags.opt.threads > 0) set_num_threads(args->flags.opt.threads);
   compress::CompressOptions opt = args->flags.options(args->method);
+  args->flags.check_flags_apply(*opt.method);
   const io::ExportFormat fmt = io::parse_export_format(args->export_format, "--export-format");
   std::vector<std::string> inputs = args->flags.calib;
   inputs.push_back(args->dir);

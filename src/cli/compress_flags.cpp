@@ -55,6 +55,7 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   f.schedule_scope = r.rule_per_expert ? "expert" : "layer";
   f.select_epoch = r.restore_best ? "best" : "last";
   auto* g = cmd->add_option_group("refinement (--method moesq)");
+  f.refine_group = g;
   g->add_option("--objective", f.objective, "router (p = 2, Eq. 4) | uniform (p = 0 ablation)")
       ->check(CLI::IsMember({"router", "uniform"}));
   g->add_option("--update", f.update, "AV (supports and values) | V (values only; SGPTQ support kept)")
@@ -78,11 +79,26 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   f.batch_opt = g->add_option("--batch", r.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", r.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
+  f.baseline_group = b;
   b->add_option("--jsq-rho", f.opt.jsq.rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
       ->check(kNonNegative);
   b->add_option("--obr-alpha", f.opt.obr.alpha,
                 "OBR: fraction of the columns rounded first; the rest absorbs their error, then GPTQ")
       ->check(CLI::Range(0.0, 1.0));
+}
+
+void CompressFlags::check_flags_apply(const compress::Method& m) const {
+  if (refine_group && !m.refines)
+    for (const CLI::Option* o : refine_group->get_options())
+      MOESQ_CHECK(o->count() == 0, o->get_name(), " applies to --method moesq (the refinement); --method ", m.name,
+                  " does not refine, so it would be ignored");
+  if (baseline_group)
+    for (const CLI::Option* o : baseline_group->get_options()) {
+      const std::string n = o->get_name();  // --jsq-* belongs to jsq, --obr-* to obr
+      const std::string owner = n.rfind("--jsq", 0) == 0 ? "jsq" : n.rfind("--obr", 0) == 0 ? "obr" : m.name;
+      MOESQ_CHECK(o->count() == 0 || owner == m.name, n, " applies to --method ", owner, "; --method ", m.name,
+                  " would ignore it");
+    }
 }
 
 compress::CompressOptions CompressFlags::options(const std::string& method) const {

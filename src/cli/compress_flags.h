@@ -31,6 +31,13 @@ struct CompressFlags {
   bool schedule_preset = false;
   // Filled by add_compress_flags: tells which of --epochs/--batch/--lr-a/--lr-v were given.
   const CLI::Option *epochs_opt = nullptr, *batch_opt = nullptr, *lr_a_opt = nullptr, *lr_v_opt = nullptr;
+  // The refinement and baseline flag groups (add_compress_flags), for check_flags_apply.
+  const CLI::Option_group *refine_group = nullptr, *baseline_group = nullptr;
+
+  // For a command that runs ONE method (`compress`): Error naming the flag when a refinement flag is
+  // given with a method that does not refine, or --jsq-* / --obr-* with another method (they were
+  // ignored silently). `moesq demo` runs several methods and does not call it.
+  void check_flags_apply(const compress::Method& m) const;
 
   // `opt` for `method` (a --method value), validated (compress::validate).
   compress::CompressOptions options(const std::string& method) const;

@@ -353,4 +353,21 @@ TEST_F(NewUser, DemoOutThatCannotBeCreatedNamesTheFlag) {
   EXPECT_EQ(r.err.find("[compress]"), std::string::npos) << "refused only after work: " << r.err;
 }
 
+// Flags of another method were ignored silently (`--method sgptq --epochs 3` ran plain SGPTQ): now an
+// error naming the flag and the method, before the model is loaded.
+TEST_F(NewUser, FlagsOfAnotherMethodAreRefusedByName) {
+  const std::string m = std::string("'") + MOESQ_DEFAULT_MODEL + "'";
+  struct Case { std::string flags, needle; };
+  for (const Case& c : {Case{"--method sgptq --epochs 3", "--epochs applies to --method moesq"},
+                        Case{"--method rtn-nvfp4 --tau0 2", "--tau0 applies to --method moesq"},
+                        Case{"--method jsq --obr-alpha 0.3", "--obr-alpha applies to --method obr"},
+                        Case{"--method moesq --jsq-rho 2", "--jsq-rho applies to --method jsq"}}) {
+    const CliRun r = run("compress " + m + " " + c.flags + " --out '" + (tmp_.path / "o").string() + "'");
+    EXPECT_EQ(r.rc, 1) << c.flags << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.flags << "\n" << r.err;
+    EXPECT_EQ(r.err.find("[compress]"), std::string::npos) << "refused only after work: " << r.err;
+    EXPECT_FALSE(fs::exists(tmp_.path / "o")) << c.flags;
+  }
+}
+
 }  // namespace
