@@ -101,6 +101,8 @@ KernelWeightsPy load_kernel_weights(const std::string& dir, int64_t layer, const
   const io::ExpertProj p = down ? io::ExpertProj::Down : proj == "up_proj" ? io::ExpertProj::Up : io::ExpertProj::Gate;
   const int64_t N = down ? s.hidden_size : s.moe_intermediate_size, K = down ? s.moe_intermediate_size : s.hidden_size;
   const io::QuantizationConfig q = io::read_quantization_config(ck);
+  MOESQ_CHECK(q.storage == io::ExpertStorage::Sparse48, "kernel_weights: ", dir, " holds ", q.format_name,
+              " experts, not paired 4:8 NVFP4 (config.json quantization_config); compress it first (moesq compress)");
   std::vector<format::PackedWeight> pw;
   for (int64_t e = 0; e < s.num_experts; ++e)
     pw.push_back(io::read_packed_weight(ck, q, io::expert_tensor_prefix(s, layer, e, p), N, K));
