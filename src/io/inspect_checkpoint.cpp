@@ -101,9 +101,20 @@ ProjectionInspection inspect_projection(const Checkpoint& ck, const Quantization
       r.count += s.num_experts;
       continue;
     }
+    int64_t first_missing = -1, present = 0;
     for (int64_t e = 0; e < s.num_experts; ++e) {
       const std::string prefix = expert_tensor_prefix(s, l, e, p);
-      if (!ck.has(prefix + kWeight) && !has_packed_projection(ck, prefix)) continue;  // other layout
+      if (!ck.has(prefix + kWeight) && !has_packed_projection(ck, prefix)) {  // other layout, or missing
+        if (first_missing < 0) first_missing = e;
+        continue;
+      }
+      ++present;
+      if (ck.has(prefix + kWeight)) {  // a dense weight must have the shape config.json implies
+        const TensorView& t = ck.get(prefix + kWeight);
+        MOESQ_CHECK(t.shape == std::vector<int64_t>({r.N, r.K}), t.file, ": tensor ", t.name, " has shape ",
+                    t.shape_str(), " but config.json (", down ? "hidden_size x moe_intermediate_size" :
+                    "moe_intermediate_size x hidden_size", ") says [", r.N, ", ", r.K, "]");
+      }
       const ProjectionStorage ps = read_projection_storage(ck, q, prefix, r.N, r.K);
       ++r.storage[expert_storage_name(ps.storage)];
       *num_sparse48 += ps.storage == ExpertStorage::Sparse48;
@@ -111,6 +122,10 @@ ProjectionInspection inspect_projection(const Checkpoint& ck, const Quantization
       r.bytes += ps.bytes;
       ++r.count;
     }
+    // Some experts of the layer stored and others not: config.json claims experts the files lack.
+    MOESQ_CHECK(present == 0 || first_missing < 0, ck.dir(), ": config.json says num_experts = ", s.num_experts,
+                " but layer ", l, " stores ", present, " of them (no ", expert_tensor_prefix(s, l, first_missing, p),
+                " tensor)");
   }
   if (r.count)
     r.bits_per_weight =

@@ -278,6 +278,28 @@ TEST(CliInspect, BadDirectoryFails) {
   EXPECT_NE(r2.err.find((dir.path / "model.safetensors").string()), std::string::npos) << r2.err;
 }
 
+// A config.json that disagrees with the tensors inspected with believable wrong figures ("bf16 (8.000
+// bits/weight)" for hidden_size twice the stored width; 64 experts claimed over 32 stored): now an error
+// naming the tensor or the expert and the config field, like eval's.
+TEST(CliInspect, ConfigThatDisagreesWithTheTensorsIsAnError) {
+  const json base = json::parse(std::ifstream(fs::path(MOESQ_DEFAULT_MODEL) / "config.json"));
+  struct Case { std::string key; int64_t factor; std::string needle; };
+  for (const Case& c : {Case{"hidden_size", 2, "but config.json (moe_intermediate_size x hidden_size) says"},
+                        Case{"num_local_experts", 2, "config.json says num_experts = "}}) {
+    TempDir dir;
+    for (const auto& e : fs::directory_iterator(MOESQ_DEFAULT_MODEL))
+      if (e.path().filename() != "config.json") fs::create_symlink(e.path(), dir.path / e.path().filename());
+    json cfg = base;
+    cfg[c.key] = base[c.key].get<int64_t>() * c.factor;
+    std::ofstream(dir.path / "config.json") << cfg.dump(2);
+    const RunResult r = run_moesq("inspect '" + dir.path.string() + "' --json");
+    EXPECT_NE(r.rc, 0) << c.key << ": " << r.out;
+    EXPECT_TRUE(r.out.empty()) << c.key << ": " << r.out;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.key << ": " << r.err;
+  }
+}
+
 namespace {
 
 // A mistyped command word is named in the error (CLI11 alone would only say that a subcommand is
