@@ -66,7 +66,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (t->suffix != "weight" && t->suffix != "weight_packed" && t->suffix != "weight_sparse_packed") continue;
       const int64_t N = down ? s.hidden_size : s.moe_intermediate_size, K = down ? s.moe_intermediate_size : s.hidden_size;
       if (N > (1 << 12) || K > (1 << 12) || N * K > (1 << 16)) continue;  // bounded work per input
-      const std::string prefix = moesq::io::expert_tensor_prefix(t->layer, t->expert, t->proj.c_str());
+      const moesq::io::ExpertProj proj = down ? moesq::io::ExpertProj::Down
+                                        : t->proj == "up_proj" ? moesq::io::ExpertProj::Up : moesq::io::ExpertProj::Gate;
+      const std::string prefix = moesq::io::expert_tensor_prefix(s, t->layer, t->expert, proj);
       try {
         const std::vector<float> w = moesq::io::read_expert_weight_f32(ck, q, prefix, N, K);
         if (static_cast<int64_t>(w.size()) != N * K) std::abort();

@@ -159,7 +159,7 @@ json small_config(const fs::path& models) {
 
 // [N, K] top-left corner of a real fixture projection (layer 0, expert e).
 std::vector<float> weight(const moesq::io::Checkpoint& ck, int64_t e, moesq::io::ExpertProj p, int64_t N, int64_t K) {
-  const std::string name = moesq::io::expert_tensor_prefix(0, e, p) + moesq::io::kWeight;
+  const std::string name = moesq::io::expert_tensor_prefix(ck.spec(), 0, e, p) + moesq::io::kWeight;
   const moesq::io::TensorView& t = ck.get(name);
   const std::vector<float> full = moesq::io::to_f32(t);
   const int64_t cols = t.shape[1];
@@ -182,7 +182,7 @@ void write_small_checkpoint(const moesq::io::Checkpoint& src, const json& cfg0, 
       const auto proj = static_cast<io::ExpertProj>(p);
       const int64_t N = proj == io::ExpertProj::Down ? kH : kI, K = proj == io::ExpertProj::Down ? kI : kH;
       const std::vector<float> W = weight(src, e, proj, N, K);
-      const std::string prefix = io::expert_tensor_prefix(0, e, proj);
+      const std::string prefix = io::expert_tensor_prefix(src.spec(), 0, e, proj);  // the source's family names
       if (kind == 0 || (kind == 3 && e == 1 && p == 2)) {
         std::vector<uint16_t> b(W.size());
         for (size_t i = 0; i < W.size(); ++i) b[i] = f32_to_bf16(W[i]);
