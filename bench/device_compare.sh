@@ -78,11 +78,18 @@ done
 log "GPU outputs: $same identical, $diffs different (eval nats JSON and generated text, old vs new)"
 
 # ---- benchmarks, alternated (SKIP_BENCH=1 skips) ------------------------------------------------
+# The torch peer of one MoE layer (bench/peer_moe_layer.py: router, top-k, torch._grouped_mm, SwiGLU),
+# measured once in this call and handed to both sides' bench_moe_layer.
+PEER=()
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout 300 python3 bench/peer_moe_layer.py --out "$W/peer.json" --batch 1,64,512 --layers 4 --reps 100 > "$W/peer.log" 2>&1 \
+    && PEER=(--peer-json "$W/peer.json") || log "torch peer failed (peer.log): moe_layer rows without it"
+fi
 for rep in $([ "${SKIP_BENCH:-0}" = 1 ] || echo 1 2); do
   for side in old new; do
     B=$W/b-$side
     timeout 400 "$B/moesq" bench e2e $E2E_ARGS > "$W/e2e.$side.$rep.json" 2> "$W/e2e.$side.$rep.err" || { log "FAIL e2e $side $rep"; fail=1; }
-    timeout 200 "$B/bench_moe_layer" $LAYER_ARGS --out "$W/layer.$side.$rep.json" > "$W/layer.$side.$rep.log" 2>&1 || { log "FAIL layer $side $rep"; fail=1; }
+    timeout 200 "$B/bench_moe_layer" $LAYER_ARGS "${PEER[@]}" --out "$W/layer.$side.$rep.json" > "$W/layer.$side.$rep.log" 2>&1 || { log "FAIL layer $side $rep"; fail=1; }
   done
 done
 python3 - "$W" > "$W/compare.md" <<'PY'
@@ -93,7 +100,10 @@ def load(p):
     except Exception: return None
 print("| bench | row | old run1 | new run1 | old run2 | new run2 | new ÷ old (sum) |\n|---|---|---|---|---|---|---|")
 def rows_e2e(d): return {f"{r['experts']} B={r['batch']} {k}": r[k] for r in d["results"] for k in ("tpot_ms", "ttft_ms")}
-def rows_layer(d): return {f"{r['experts']} T={r['T']} us": r["us"] for r in d["rows"]}
+def rows_layer(d):
+    out = {f"{r['experts']} T={r['T']} us": r["us"] for r in d["rows"]}
+    out.update({f"torch peer T={r['T']} us": r["peer_us"] for r in d["rows"] if r.get("peer_us") and r["experts"] == d["rows"][0]["experts"]})
+    return out
 for name, pre, f in (("e2e", "e2e", rows_e2e), ("moe_layer", "layer", rows_layer)):
     runs = {(s, r): load(os.path.join(w, f"{pre}.{s}.{r}.json")) for s in ("old", "new") for r in (1, 2)}
     if any(v is None for v in runs.values()): print(f"| {name} | missing output | | | | | |"); continue
