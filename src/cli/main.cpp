@@ -32,20 +32,17 @@ int main(int argc, char** argv) {
   moesq::cli::register_export(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::RequiredError& e) {
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     // CLI11 reports a missing subcommand before an unknown word; name the word the user typed.
     const auto extra = app.remaining(true);
-    if (!extra.empty()) {
+    if (dynamic_cast<const CLI::RequiredError*>(&e) && !extra.empty()) {
       std::fprintf(stderr, "moesq: error: unknown command or argument '%s' (see moesq --help)\n", extra.front().c_str());
       return 1;
     }
-    std::fprintf(stderr, "moesq: error: %s (see moesq%s --help)\n", e.what(),
-                 app.get_subcommands().empty() ? "" : (" " + app.get_subcommands().front()->get_name()).c_str());
-    return 1;
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     // A flag error reads like every other error of moesq and exits 1 like them (CLI11's own codes
-    // 105, 106, ... and its unprefixed text would be a second style).
+    // 105, 106, ... and its unprefixed text would be a second style); the hint names the innermost
+    // subcommand that was parsed.
     std::string where = "moesq";
     for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
       sub = sub->get_subcommands().front();
