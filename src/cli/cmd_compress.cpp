@@ -23,13 +23,19 @@
 #include "io/compressed_checkpoint.h"
 #include "io/export_checkpoint.h"
 #include "model/decoder.h"
+#ifdef MOESQ_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "compress/refine/cuda_step_backend.h"
+#include "core/cuda/require_device.h"
+#endif
 
 namespace moesq::cli {
 
 namespace {
 
 struct Args {
-  std::string dir, out, method, export_format = "moesq", device = "cpu";
+  std::string dir, out, method, export_format = "moesq", device = "auto";
   bool json = false, resume = false;
   CompressFlags flags;
 };
@@ -64,8 +70,12 @@ void register_compress(CLI::App& app) {
   cmd->add_flag("--resume", args->resume,
                 "continue an interrupted run from the layers committed in OUT.work (refused, naming what\n"
                 "differs, if the options, calibration or source changed; no OUT.work: start from layer 1)");
-  cmd->add_option("--device", args->device, "where the experts are compressed: cpu (the only device so far: compression on the GPU is not built yet)")
-      ->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--device", args->device,
+                  "where the refinement of --method moesq runs: cuda (its optimizer steps on the GPU, one\n"
+                  "expert per thread on its own stream; fp32, the CPU's schedule and noise) | cpu (the\n"
+                  "reference) | auto (cuda when this build has CUDA, a GPU is present, the method refines and\n"
+                  "the experts are plain SwiGLU; else cpu). Every other stage runs on the CPU so far.")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] {
     const std::unique_ptr<dist::Communicator> comm = dist::communicator_from_environment();
@@ -74,6 +84,30 @@ void register_compress(CLI::App& app) {
 }
 
 namespace {
+
+// --device → where the refinement runs (compress::Device, RefineOptions::device). Errors: cuda asked
+// for a build without CUDA, a machine without a GPU, or experts the GPU refinement does not implement.
+void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt) {
+  const bool plain_experts = !spec.expert_bias && !spec.clamped_swiglu;
+  if (flag == "cpu") return;
+  if (flag == "cuda") {
+    MOESQ_CHECK(opt.method->refines, "--device cuda: only the refinement of --method moesq runs on the GPU (--method ",
+                opt.method->name, " runs on the CPU: use --device cpu)");
+    MOESQ_CHECK(plain_experts, "--device cuda: this checkpoint's experts have biases / a clamped SwiGLU (gpt-oss), "
+                               "which the GPU refinement does not implement; use --device cpu");
+  }
+#ifdef MOESQ_HAVE_CUDA
+  if (flag == "cuda") require_cuda_device("--device cuda");
+  int n = 0;
+  const bool gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();  // a failed query leaves a sticky error
+  if (!gpu || !opt.method->refines || !plain_experts) return;  // auto: the CPU
+  opt.device = compress::Device::kCuda;
+  opt.refine.device = compress::refine::make_cuda_step_backend;
+#else
+  MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");
+#endif
+}
 
 void run_compress(const Args* args, dist::Communicator& comm) {
   const bool root = comm.rank() == 0;
@@ -92,7 +126,10 @@ void run_compress(const Args* args, dist::Communicator& comm) {
                   io::read_quantization_config(ckpt).storage == io::ExpertStorage::Int4,
               "checkpoint ", args->dir,
               " is already quantized (config.json has quantization_config); compress the original");
+  resolve_device(args->device, ckpt.spec(), opt);  // before the weights are read
   model::DecoderModel m(ckpt);
+  if (opt.device == compress::Device::kCuda)
+    progress("compress", "refinement on the GPU (--device " + args->device + "); every other stage on the CPU");
   const compress::CalibSet calib = args->flags.calibration(m, args->dir);
   std::optional<compress::WorkDir> work;
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);

@@ -23,6 +23,8 @@
 
 namespace moesq::compress {
 
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
 void validate(const CompressOptions& opt) {
   MOESQ_CHECK(opt.threads >= 0, "--threads: ", opt.threads, " must be >= 0 (0 = all cores)");
   MOESQ_CHECK(opt.sgptq.percdamp >= 0 && std::isfinite(opt.sgptq.percdamp), "--percdamp: ",
@@ -32,6 +34,9 @@ void validate(const CompressOptions& opt) {
               format::kSparseScaleBlock);
   MOESQ_CHECK(opt.method, "compress: no method");
   if (opt.method->validate) opt.method->validate(opt);
+  MOESQ_CHECK(opt.device == Device::kCpu || (opt.method->refines && opt.refine.device),
+              "--device cuda: only the refinement of --method moesq runs on the GPU (", opt.method->name,
+              " runs on the CPU: use --device cpu)");
 }
 
 namespace {
@@ -232,7 +237,8 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
     const int64_t d = ++done;
     if (d % 8 == 0 || d == n_mine)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
-                               "/" + std::to_string(n_mine) + " experts" + share + " (" + opt.method->name + ")");
+                               "/" + std::to_string(n_mine) + " experts" + share + " (" + opt.method->name +
+                               (opt.device == Device::kCuda ? ", refined on the GPU" : "") + ")");
   }, opt.threads);
   if (comm.size() == 1) return own;
   return exchange_layer(m, l, std::move(own), comm);

@@ -30,6 +30,11 @@ namespace moesq::compress {
 
 class WorkDir;
 
+// Where the refinement's optimizer steps run (method moesq; every other stage of Algorithm 1 runs on
+// the CPU so far). kCuda goes with RefineOptions::device = refine::make_cuda_step_backend.
+enum class Device { kCpu, kCuda };
+const char* device_name(Device d);  // "cpu", "cuda"
+
 // Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its
 // flags to these fields).
 struct CompressOptions {
@@ -39,6 +44,7 @@ struct CompressOptions {
   JsqOptions jsq;        // method jsq (compress/jsq.h)
   ObrOptions obr;        // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
   int threads = 0;       // 0: all cores
+  Device device = Device::kCpu;  // recorded in report.json and the resume manifest (the bits differ by device)
 };
 
 // What happened to one expert.

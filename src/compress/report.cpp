@@ -154,6 +154,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
   }
   sum.report = {
       {"method", opt.method->name},
+      {"device", device_name(opt.device)},
       {"format", sparse ? "paired-4:8-nvfp4" : "nvfp4"},
       {"bits_per_expert_weight", sum.bits_per_expert_weight},
       {"expert_bytes", sum.expert_bytes},

@@ -5,12 +5,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/gumbel_support/gumbel_math.h"
 
 namespace moesq::compress::refine {
 
 namespace {
-// Branchless sign with sign(0) = 0, so the step loop vectorizes.
-inline float sign_of(float x) { return static_cast<float>(int(x > 0.0f) - int(x < 0.0f)); }
 double progress(int64_t step, int64_t num_steps) {
   MOESQ_CHECK(num_steps > 0 && step >= 0 && step < num_steps, "refine schedule: step ", step,
               " outside [0, ", num_steps, ")");
@@ -22,11 +21,9 @@ void lion_step(float* __restrict theta, float* __restrict m, const float* __rest
                double lr, const LionConfig& cfg) {
   const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
   const float step = static_cast<float>(lr), decay = static_cast<float>(lr * cfg.weight_decay);
-  for (int64_t i = 0; i < n; ++i) {
-    const float c = b1 * m[i] + (1.0f - b1) * g[i];
-    theta[i] -= step * sign_of(c) + decay * theta[i];
-    m[i] = b2 * m[i] + (1.0f - b2) * g[i];
-  }
+  // The element update is ops::gumbel::lion_update (branchless sign, sign(0) = 0: the loop
+  // vectorizes), the same expression the GPU refinement runs.
+  for (int64_t i = 0; i < n; ++i) ops::gumbel::lion_update(theta[i], m[i], g[i], b1, b2, step, decay);
 }
 
 void lion_step_ref(float* theta, float* m, const float* g, int64_t n, double lr,

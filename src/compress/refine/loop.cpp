@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <numeric>
 #include <type_traits>
@@ -19,6 +20,7 @@
 #include "compress/refine/lion.h"
 #include "compress/refine/gumbel_mask.h"
 #include "compress/refine/schedule.h"
+#include "compress/refine/step_backend.h"
 #include "core/error.h"
 
 namespace moesq::compress {
@@ -51,21 +53,26 @@ struct Rows {
   double inv_norm = 0.0;       // 1 / (Σ w · H); 0 when Σ w = 0
   int64_t m = 0;
 };
-void gather(const std::vector<float>& Xq, const float* Y_ref, const std::vector<float>& w,
-            const int64_t* idx, int64_t m, int64_t H, Rows& out) {
+// 1 / (Σ w · H) over rows idx [m], summed in that order; 0 when Σ w = 0.
+double batch_inv_norm(const float* w, const int64_t* idx, int64_t m, int64_t H) {
+  double sum_w = 0.0;
+  for (int64_t i = 0; i < m; ++i) sum_w += w[idx[i]];
+  return sum_w > 0 ? 1.0 / (sum_w * static_cast<double>(H)) : 0.0;
+}
+
+void gather(const float* Xq, const float* Y_ref, const float* w, const int64_t* idx, int64_t m, int64_t H,
+            Rows& out) {
   out.m = m;
   out.X.resize(m * H);
   out.Y.resize(m * H);
   out.w.resize(m);
-  double sum_w = 0.0;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t r = idx[i];
-    std::copy_n(&Xq[r * H], H, &out.X[i * H]);
+    std::copy_n(Xq + r * H, H, &out.X[i * H]);
     std::copy_n(Y_ref + r * H, H, &out.Y[i * H]);
     out.w[i] = w[r];
-    sum_w += w[r];
   }
-  out.inv_norm = sum_w > 0 ? 1.0 / (sum_w * static_cast<double>(H)) : 0.0;
+  out.inv_norm = batch_inv_norm(w, idx, m, H);
 }
 
 ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_block, const model::ExpertVariant& v) {
@@ -86,6 +93,80 @@ ObjectiveInput<float> input_of(const Rows& r, int64_t H, int64_t I, int act_bloc
   in.limit = v.limit;
   return in;
 }
+
+// The CPU step backend (refine/step_backend.h): objective_grad and lion_step on the loop's own
+// parameters (start keeps a pointer to them), the eval rows gathered once.
+class CpuStepBackend final : public StepBackend {
+ public:
+  void start(const StepData& d, std::array<ProjState<float>, 3>& P, const std::array<const uint8_t*, 3>& fixed,
+             const RefineOptions& o) override {
+    d_ = d;
+    P_ = &P;
+    fixed_ = fixed;
+    o_ = &o;
+    for (int j = 0; j < 3; ++j) {
+      mom_A_[j].assign(P[j].A.size(), 0.0f);
+      mom_V_[j].assign(P[j].V.size(), 0.0f);
+    }
+    gather(d.Xq, d.Y_ref, d.w, d.eval_rows, d.n_eval, d.H, eval_rows_);
+  }
+  void begin_epoch(const std::vector<int64_t>& order) override { order_ = order; }
+  void step(const StepInput& s) override {
+    gather(d_.Xq, d_.Y_ref, d_.w, &order_[static_cast<size_t>(s.b0)], s.m, d_.H, batch_);
+    batch_.inv_norm = s.inv_norm;
+    ObjectiveInput<float> in = input_of(batch_, d_.H, d_.I, d_.act_block, d_.variant);
+    in.kappa = s.kappa;
+    in.tau = s.tau;
+    in.fixed = fixed_;
+    for (int j = 0; j < 3; ++j) {
+      if (fixed_[j]) continue;
+      G_[j].resize((*P_)[j].A.size());
+      gumbel_noise((*P_)[j].groups(), s.gumbel_key[j], G_[j].data());
+      in.G[j] = G_[j].data();
+    }
+    objective_grad(in, *P_, true, o_->micro_batch, &grad_, ws_);
+    const LionConfig lion{o_->beta1, o_->beta2, o_->weight_decay};
+    for (int j = 0; j < 3; ++j) {
+      ProjState<float>& p = (*P_)[j];
+      if (!fixed_[j])
+        lion_step(p.A.data(), mom_A_[j].data(), grad_[j].A.data(), static_cast<int64_t>(p.A.size()), s.lr_A, lion);
+      lion_step(p.V.data(), mom_V_[j].data(), grad_[j].V.data(), static_cast<int64_t>(p.V.size()), s.lr_V, lion);
+    }
+  }
+  double eval_loss(bool hard, double kappa, double tau) override {
+    ObjectiveInput<float> in = input_of(eval_rows_, d_.H, d_.I, d_.act_block, d_.variant);
+    in.kappa = kappa;
+    in.tau = tau;
+    std::array<std::vector<uint8_t>, 3> pat;
+    if (hard) {
+      for (int j = 0; j < 3; ++j) {
+        if (fixed_[j]) {
+          in.fixed[j] = fixed_[j];
+          continue;
+        }
+        pat[j].resize((*P_)[j].groups());
+        hard_mask((*P_)[j].A.data(), (*P_)[j].groups(), pat[j].data(), static_cast<float*>(nullptr));
+        in.fixed[j] = pat[j].data();
+      }
+    } else {
+      in.fixed = fixed_;
+    }
+    return objective_grad(in, *P_, true, o_->micro_batch, nullptr, ws_);
+  }
+  void sync(std::array<ProjState<float>, 3>&) override {}
+
+ private:
+  StepData d_;
+  std::array<ProjState<float>, 3>* P_ = nullptr;
+  std::array<const uint8_t*, 3> fixed_{};
+  const RefineOptions* o_ = nullptr;
+  std::array<std::vector<float>, 3> mom_A_, mom_V_;  // Lion momenta
+  std::vector<int64_t> order_;                       // this epoch's training rows in order
+  Rows batch_, eval_rows_;
+  std::array<ProjState<float>, 3> grad_;
+  std::array<std::vector<float>, 3> G_;
+  ObjectiveWorkspace ws_;
+};
 
 // Fisher–Yates with counter-based uniforms: a permutation of [0, n) from `key`.
 std::vector<int64_t> permutation(int64_t n, uint64_t key) {
@@ -193,7 +274,8 @@ class ExpertRefinement {
     res.heldout_rows = n_held_;
     if (n_held_ == 0 && o_.heldout_fraction > 0) res.note = "too few rows to hold out: curves on the training rows";
     const std::vector<int64_t>& eval_idx = n_held_ > 0 ? held : train_;
-    gather(Xq_, data_.Y_ref, w_, eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H, eval_rows_);
+    eval_idx_ = eval_idx;
+    gather(Xq_.data(), data_.Y_ref, w_.data(), eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H, eval_rows_);
   }
 
   // The schedule rule (refine/schedule.h) for every one of batch / epochs / rates the options
@@ -236,10 +318,22 @@ class ExpertRefinement {
         fixed_[j] = prior_[j].data();
       }
     }
-    for (int j = 0; j < 3; ++j) {
-      mom_A_[j].assign(P_[j].A.size(), 0.0f);
-      mom_V_[j].assign(P_[j].V.size(), 0.0f);
-    }
+    // The device that runs the steps takes the rows and the initial parameters.
+    backend_ = o_.device ? o_.device() : make_cpu_step_backend();
+    StepData sd;
+    sd.n = data_.n;
+    sd.H = H_;
+    sd.I = I_;
+    sd.Xq = Xq_.data();
+    sd.Y_ref = data_.Y_ref;
+    sd.w = w_.data();
+    sd.eval_rows = eval_idx_.data();
+    sd.n_eval = static_cast<int64_t>(eval_idx_.size());
+    sd.eval_inv_norm = eval_rows_.inv_norm;
+    sd.max_batch = std::max<int64_t>(1, std::min<int64_t>(o_.batch, static_cast<int64_t>(train_.size())));
+    sd.act_block = o_.act_block;
+    sd.variant = data_.variant;
+    backend_->start(sd, P_, fixed_, o_);
     if (all_packed_) {
       res.init_hard_loss = packed_loss(*init_[0]->packed, *init_[1]->packed, *init_[2]->packed, eval_rows_, H_, I_,
                                        o_, data_.variant, ws_);
@@ -258,6 +352,7 @@ class ExpertRefinement {
   // After epoch `epoch` (1-based) with held-out hard loss `hard`: keep the state if it is the best.
   void remember_if_best(int epoch, double hard) {
     if (!select_best_ || !(hard < best_loss_)) return;
+    backend_->sync(P_);
     best_loss_ = hard;
     best_epoch_ = epoch;
     for (int j = 0; j < 3; ++j) best_V_[j] = P_[j].V;
@@ -267,13 +362,9 @@ class ExpertRefinement {
   // Algorithm 1 lines 7–16: epochs of shuffled batches, Gumbel noise, annealed κ and τ, Lion; the
   // held-out soft and hard losses after each epoch.
   void optimize(RefineResult& res) {
-    const LionConfig lion{o_.beta1, o_.beta2, o_.weight_decay};
     const int64_t n_train = static_cast<int64_t>(train_.size());
     const int64_t steps_per_epoch = (n_train + o_.batch - 1) / o_.batch;
     const int64_t num_steps = steps_per_epoch * o_.epochs;
-    std::array<ProjState<float>, 3> grad;
-    std::array<std::vector<float>, 3> G;
-    Rows batch;
     int64_t t = 0;
     double kappa = o_.kappa0, tau = o_.tau0;
     for (int epoch = 0; epoch < o_.epochs; ++epoch) {
@@ -281,30 +372,20 @@ class ExpertRefinement {
       const std::vector<int64_t> order = permutation(n_train, rng_key(o_.seed, data_.stream, kRngShuffle, epoch, 0));
       std::vector<int64_t> idx(n_train);
       for (int64_t i = 0; i < n_train; ++i) idx[i] = train_[order[i]];
+      backend_->begin_epoch(idx);
       for (int64_t b0 = 0; b0 < n_train; b0 += o_.batch, ++t) {
-        gather(Xq_, data_.Y_ref, w_, &idx[b0], std::min(o_.batch, n_train - b0), H_, batch);
+        StepInput s;
+        s.b0 = b0;
+        s.m = std::min(o_.batch, n_train - b0);
+        s.inv_norm = batch_inv_norm(w_.data(), &idx[b0], s.m, H_);
         kappa = linear_schedule(o_.kappa0, o_.kappa1, t, num_steps);
         tau = linear_schedule(o_.tau0, o_.tau1, t, num_steps);
-        ObjectiveInput<float> in = input_of(batch, H_, I_, o_.act_block, data_.variant);
-        in.kappa = kappa;
-        in.tau = tau;
-        in.fixed = fixed_;
-        for (int j = 0; j < 3; ++j) {
-          if (fixed_[j]) continue;
-          G[j].resize(P_[j].A.size());
-          gumbel_noise(P_[j].groups(), rng_key(o_.seed, data_.stream, kRngGumbel, t, j), G[j].data());
-          in.G[j] = G[j].data();
-        }
-        objective_grad(in, P_, true, o_.micro_batch, &grad, ws_);
-        const double lr_A = cosine_lr(o_.lr_A, o_.lr_final_frac, t, num_steps);
-        const double lr_V = cosine_lr(o_.lr_V, o_.lr_final_frac, t, num_steps);
-        for (int j = 0; j < 3; ++j) {
-          if (!fixed_[j])
-            lion_step(P_[j].A.data(), mom_A_[j].data(), grad[j].A.data(), static_cast<int64_t>(P_[j].A.size()), lr_A,
-                      lion);
-          lion_step(P_[j].V.data(), mom_V_[j].data(), grad[j].V.data(), static_cast<int64_t>(P_[j].V.size()), lr_V,
-                    lion);
-        }
+        s.kappa = kappa;
+        s.tau = tau;
+        for (int j = 0; j < 3; ++j) s.gumbel_key[j] = rng_key(o_.seed, data_.stream, kRngGumbel, t, j);
+        s.lr_A = cosine_lr(o_.lr_A, o_.lr_final_frac, t, num_steps);
+        s.lr_V = cosine_lr(o_.lr_V, o_.lr_final_frac, t, num_steps);
+        backend_->step(s);
       }
       res.curves.epoch_seconds.push_back(seconds_since(t_epoch));
       res.curves.soft_loss.push_back(eval_loss(false, kappa, tau));
@@ -317,6 +398,7 @@ class ExpertRefinement {
   // Algorithm 1 lines 17–18: argmax patterns, recompute scales, pack; optionally keep the initial
   // solution when it is better on the held-out rows.
   void finish(RefineResult& res) {
+    if (backend_) backend_->sync(P_);
     res.selected_epoch = o_.epochs;
     if (o_.epochs == 0 && all_packed_) {  // no step taken: the SGPTQ solution itself, not a re-pack of V0
       return_init("--epochs 0: no refinement step, kept the SGPTQ solution", res);
@@ -390,19 +472,7 @@ class ExpertRefinement {
     return pat;
   }
 
-  double eval_loss(bool hard, double kappa, double tau) {
-    ObjectiveInput<float> in = input_of(eval_rows_, H_, I_, o_.act_block, data_.variant);
-    in.kappa = kappa;
-    in.tau = tau;
-    std::array<std::vector<uint8_t>, 3> pat;
-    if (hard) {
-      pat = current_patterns();
-      for (int j = 0; j < 3; ++j) in.fixed[j] = pat[j].data();
-    } else {
-      in.fixed = fixed_;
-    }
-    return objective_grad(in, P_, true, o_.micro_batch, nullptr, ws_);
-  }
+  double eval_loss(bool hard, double kappa, double tau) { return backend_->eval_loss(hard, kappa, tau); }
 
   const ExpertData& data_;
   const std::array<const ProjInit*, 3> init_;
@@ -411,10 +481,11 @@ class ExpertRefinement {
   std::array<ProjState<float>, 3> P_;             // A [R, 6] and V [N, K] of gate, up, down
   std::array<std::vector<uint8_t>, 3> prior_;     // [R] initial (SGPTQ) patterns
   std::array<const uint8_t*, 3> fixed_{};         // support held at the prior (V-only ablation)
-  std::array<std::vector<float>, 3> mom_A_, mom_V_;  // Lion momenta
+  std::unique_ptr<StepBackend> backend_;          // runs the steps (init_parameters on)
   bool all_packed_ = false;
   std::vector<float> Xq_, w_;                     // [n, H] Q_a(X), [n] g^p
   std::vector<int64_t> train_;                    // training row ids
+  std::vector<int64_t> eval_idx_;                 // the curves' row ids (held-out, or training)
   int64_t n_held_ = 0;
   Rows eval_rows_;                                // held-out rows (or training rows if none)
   // Best-epoch restore (RefineOptions::restore_best): the lowest held-out hard loss so far, its
@@ -428,6 +499,8 @@ class ExpertRefinement {
 };
 
 }  // namespace
+
+std::unique_ptr<StepBackend> refine::make_cpu_step_backend() { return std::make_unique<CpuStepBackend>(); }
 
 RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const ProjInit& up,
                            const ProjInit& down, const RefineOptions& o) {

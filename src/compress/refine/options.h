@@ -4,12 +4,17 @@
 // JSON only in report.json ("refine_options") and the resume manifest (compress/work_dir.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "format/nvfp4.h"
 
 namespace moesq::compress {
+
+namespace refine {
+class StepBackend;  // refine/step_backend.h
+}
 
 struct RefineOptions {
   int p = 2;              // router weighting of Eq. 4: row weight g^p (2 = moesq; 0 = uniform ablation)
@@ -49,6 +54,10 @@ struct RefineOptions {
   // Experts with fewer calibration rows than this are not refined (treated like an expert without
   // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
   int64_t min_rows = 0;
+  // Where the optimizer steps run (refine/step_backend.h): nullptr = the CPU (cblas); otherwise a
+  // device backend's factory (`compress --device cuda`: refine/cuda_step_backend.h). Not part of the
+  // options JSON: report.json and the resume manifest record the device separately.
+  std::unique_ptr<refine::StepBackend> (*device)() = nullptr;
 };
 
 // Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it

@@ -1,0 +1,275 @@
+// The CUDA step backend (refine/cuda_step_backend.h). One step, for the batch rows order[b0, b0+m):
+//   support (gumbel_support_forward ×3) → W̃ = Q_w(Z ⊙ V) (fake_quant: gate|up one γ, down its own)
+//   → gather X, Y_ref, w → a|b = X·W̃_guᵀ → h = Q_a(silu(a)·b) → Ŷ = h·W̃_downᵀ → dŶ (weighted_mse)
+//   → dW̃_down = dŶᵀ·h, dh = dŶ·W̃_down → da|db (swiglu_train_backward) → dW̃_gu = [da|db]ᵀ·X
+//   → dA, dV and Lion on A, V (gumbel_support_lion ×3)
+// — refine/objective.cpp's objective_grad and refine/lion.cpp's lion_step, in the same order.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "compress/refine/cuda_step_backend.h"
+#include "compress/refine/options.h"
+#include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
+#include "core/error.h"
+#include "ops/fake_quant/fake_quant.h"
+#include "ops/gather_rows/gather_rows.h"
+#include "ops/gumbel_support/gumbel_support.h"
+#include "ops/swiglu_train/swiglu_train.h"
+#include "ops/weighted_mse/weighted_mse.h"
+
+namespace moesq::compress::refine {
+
+namespace {
+
+#define MOESQ_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                             \
+    const cublasStatus_t moesq_st_ = (call);                                                       \
+    MOESQ_CHECK(moesq_st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: cuBLAS status ",              \
+                static_cast<int>(moesq_st_));                                                      \
+  } while (0)
+
+// The calling thread's stream and cuBLAS handle (created on first use, kept for the thread's life):
+// the experts refined on different threads run on different streams.
+struct ThreadContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  ThreadContext() {
+    MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MOESQ_CUBLAS_CHECK(cublasCreate(&blas));
+    MOESQ_CUBLAS_CHECK(cublasSetStream(blas, stream));
+    MOESQ_CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));  // fp32 as written: no TF32
+  }
+  ~ThreadContext() {
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+ThreadContext& thread_context() {
+  thread_local ThreadContext ctx;
+  return ctx;
+}
+
+// Row-major C[M, N] = op(A) · op(B) (+ beta·C) in fp32; op = transpose when ta / tb. lda, ldb, ldc are
+// the row-major leading dimensions. (cuBLAS is column-major: C' = op(B)' · op(A)'.)
+void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc, float beta = 0.0f) {
+  const float alpha = 1.0f;
+  MOESQ_CUBLAS_CHECK(cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
+                                 static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
+}
+
+template <typename T>
+DevBuf<T> upload(const T* host, size_t n, cudaStream_t s) {
+  DevBuf<T> d(n);
+  if (n) MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, host, sizeof(T) * n, cudaMemcpyHostToDevice, s));
+  return d;
+}
+
+class CudaStepBackend final : public StepBackend {
+ public:
+  void start(const StepData& d, std::array<ProjState<float>, 3>& P, const std::array<const uint8_t*, 3>& fixed,
+             const RefineOptions& o) override {
+    MOESQ_CHECK(!d.variant.gate_bias && !d.variant.up_bias && !d.variant.down_bias && !d.variant.clamped,
+                "refine on the GPU: this family's experts have biases / a clamped SwiGLU (gpt-oss), which the GPU "
+                "refinement does not implement; use --device cpu");
+    MOESQ_CHECK(d.act_block == 16 || d.act_block == 32, "refine on the GPU: activation block ", d.act_block,
+                " (16 or 32 only)");
+    int devices = 0;
+    MOESQ_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
+                "refine on the GPU: no CUDA device found (use --device cpu)");
+    ctx_ = &thread_context();
+    const cudaStream_t s = ctx_->stream;
+    d_ = d;
+    o_ = &o;
+    H_ = d.H;
+    I_ = d.I;
+    C_ = std::max<int64_t>({d.max_batch, int64_t{256}, 1});  // rows per GEMM pass
+    X_ = upload(d.Xq, static_cast<size_t>(d.n * H_), s);
+    Y_ = upload(d.Y_ref, static_cast<size_t>(d.n * H_), s);
+    w_ = upload(d.w, static_cast<size_t>(d.n), s);
+    eval_idx_ = upload(d.eval_rows, static_cast<size_t>(d.n_eval), s);
+    for (int j = 0; j < 3; ++j) {
+      N_[j] = P[j].N;
+      K_[j] = P[j].K;
+      R_[j] = P[j].groups();
+      fixed_[j] = fixed[j] != nullptr;
+      V_[j] = upload(P[j].V.data(), P[j].V.size(), s);
+      mom_V_[j] = DevBuf<float>(P[j].V.size());
+      MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_V_[j].p, 0, mom_V_[j].bytes(), s));
+      if (fixed_[j]) {
+        fixed_pat_[j] = upload(fixed[j], static_cast<size_t>(R_[j]), s);
+      } else {
+        A_[j] = upload(P[j].A.data(), P[j].A.size(), s);
+        mom_A_[j] = DevBuf<float>(P[j].A.size());
+        MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
+        pi_[j] = DevBuf<float>(P[j].A.size());
+      }
+    }
+    W_gu_ = DevBuf<float>(static_cast<size_t>(2 * I_ * H_));
+    W_d_ = DevBuf<float>(static_cast<size_t>(H_ * I_));
+    dW_gu_ = DevBuf<float>(W_gu_.n);
+    dW_d_ = DevBuf<float>(W_d_.n);
+    const size_t C = static_cast<size_t>(C_);
+    xb_ = DevBuf<float>(C * H_);
+    yb_ = DevBuf<float>(C * H_);
+    wb_ = DevBuf<float>(C);
+    ab_ = DevBuf<float>(C * 2 * I_);
+    h_ = DevBuf<float>(C * I_);
+    y_ = DevBuf<float>(C * H_);
+    dy_ = DevBuf<float>(C * H_);
+    dh_ = DevBuf<float>(C * I_);
+    dab_ = DevBuf<float>(C * 2 * I_);
+    row_loss_ = DevBuf<double>(C);
+    amax_ = DevBuf<float>(2);
+    flag_ = DevBuf<int32_t>(1);
+    MOESQ_CUDA_CHECK(cudaMemsetAsync(flag_.p, 0, sizeof(int32_t), s));
+  }
+
+  void begin_epoch(const std::vector<int64_t>& order) override {
+    if (order_.n != order.size()) order_ = DevBuf<int64_t>(order.size());
+    if (!order.empty())
+      MOESQ_CUDA_CHECK(cudaMemcpyAsync(order_.p, order.data(), sizeof(int64_t) * order.size(), cudaMemcpyHostToDevice,
+                                       ctx_->stream));
+    // The host vector may change before the copy runs: wait for it (once per epoch).
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  }
+
+  void step(const StepInput& in) override {
+    const cudaStream_t s = ctx_->stream;
+    MOESQ_CHECK(in.m > 0 && in.m <= C_ && in.b0 >= 0 && in.b0 + in.m <= static_cast<int64_t>(order_.n),
+                "refine on the GPU: batch [", in.b0, ", ", in.b0 + in.m, ") outside the epoch's ", order_.n, " rows");
+    weights(ops::SupportMode::kGumbel, in.kappa, in.tau, &in.gumbel_key);
+    const int64_t m = in.m;
+    gather(order_.p + in.b0, m);
+    forward(m);
+    ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = in.inv_norm,
+                       .dy = dy_.p, .row_loss = nullptr},
+                      s);
+    cublasHandle_t b = ctx_->blas;
+    gemm_rm(b, true, false, H_, I_, m, dy_.p, H_, h_.p, I_, dW_d_.p, I_);        // dW̃_down = dŶᵀ · h
+    gemm_rm(b, false, false, m, I_, H_, dy_.p, H_, W_d_.p, I_, dh_.p, I_);       // dh = dŶ · W̃_down
+    ops::swiglu_train_backward({.rows = m, .I = I_, .ab = ab_.p, .h = nullptr, .quantize = false, .block = 32,
+                                .nonfinite = nullptr, .dh = dh_.p, .dab = dab_.p},
+                               s);
+    gemm_rm(b, true, false, 2 * I_, H_, m, dab_.p, 2 * I_, xb_.p, H_, dW_gu_.p, H_);  // dW̃_gu = [da|db]ᵀ · X
+    const float* dW[3] = {dW_gu_.p, dW_gu_.p + I_ * H_, dW_d_.p};
+    for (int j = 0; j < 3; ++j)
+      ops::gumbel_support_lion({.R = R_[j], .dW = dW[j], .pi = fixed_[j] ? nullptr : pi_[j].p,
+                                .fixed = fixed_[j] ? fixed_pat_[j].p : nullptr, .kappa = in.kappa, .tau = in.tau,
+                                .A = fixed_[j] ? nullptr : A_[j].p, .V = V_[j].p,
+                                .mom_A = fixed_[j] ? nullptr : mom_A_[j].p, .mom_V = mom_V_[j].p, .lr_A = in.lr_A,
+                                .lr_V = in.lr_V, .beta1 = o_->beta1, .beta2 = o_->beta2,
+                                .weight_decay = o_->weight_decay},
+                               s);
+  }
+
+  double eval_loss(bool hard, double kappa, double tau) override {
+    const cudaStream_t s = ctx_->stream;
+    weights(hard ? ops::SupportMode::kArgmax : ops::SupportMode::kNoiseFree, kappa, tau, nullptr);
+    double sum = 0.0;
+    std::vector<double> rows(static_cast<size_t>(C_));
+    for (int64_t r0 = 0; r0 < d_.n_eval; r0 += C_) {
+      const int64_t m = std::min(C_, d_.n_eval - r0);
+      gather(eval_idx_.p + r0, m);
+      forward(m);
+      ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = d_.eval_inv_norm,
+                         .dy = nullptr, .row_loss = row_loss_.p},
+                        s);
+      MOESQ_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_loss_.p, sizeof(double) * m, cudaMemcpyDeviceToHost, s));
+      MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+      for (int64_t i = 0; i < m; ++i) sum += rows[static_cast<size_t>(i)];
+    }
+    check_finite();
+    return sum * d_.eval_inv_norm;
+  }
+
+  void sync(std::array<ProjState<float>, 3>& P) override {
+    const cudaStream_t s = ctx_->stream;
+    for (int j = 0; j < 3; ++j) {
+      MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].V.data(), V_[j].p, V_[j].bytes(), cudaMemcpyDeviceToHost, s));
+      if (!fixed_[j])
+        MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].A.data(), A_[j].p, A_[j].bytes(), cudaMemcpyDeviceToHost, s));
+    }
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+    check_finite();
+  }
+
+ private:
+  // W̃ = Q_w(Z ⊙ V) of the three projections into W_gu_ (gate rows, then up rows) and W_d_.
+  void weights(ops::SupportMode relaxed_mode, double kappa, double tau, const std::array<uint64_t, 3>* keys) {
+    const cudaStream_t s = ctx_->stream;
+    float* W[3] = {W_gu_.p, W_gu_.p + I_ * H_, W_d_.p};
+    for (int j = 0; j < 3; ++j) {
+      ops::GumbelSupportArgs g;
+      g.R = R_[j];
+      g.mode = fixed_[j] ? ops::SupportMode::kFixed : relaxed_mode;
+      g.A = fixed_[j] ? nullptr : A_[j].p;
+      g.V = V_[j].p;
+      g.fixed = fixed_[j] ? fixed_pat_[j].p : nullptr;
+      g.kappa = kappa;
+      g.tau = tau;
+      g.key = keys ? (*keys)[j] : 0;
+      g.pi = fixed_[j] ? nullptr : pi_[j].p;
+      g.W = W[j];
+      ops::gumbel_support_forward(g, s);
+    }
+    ops::fake_quant({.x = W_gu_.p, .rows = 2 * I_, .K = H_, .block = 32, .per_row = false, .amax = amax_.p,
+                     .nonfinite = flag_.p},
+                    s);
+    ops::fake_quant({.x = W_d_.p, .rows = H_, .K = I_, .block = 32, .per_row = false, .amax = amax_.p + 1,
+                     .nonfinite = flag_.p},
+                    s);
+  }
+
+  // Rows idx [m] (device) of X, Y_ref, w into xb_, yb_, wb_.
+  void gather(const int64_t* idx, int64_t m) {
+    const cudaStream_t s = ctx_->stream;
+    ops::gather_rows({.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p}, s);
+    ops::gather_rows({.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p}, s);
+    ops::gather_rows({.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p}, s);
+  }
+
+  // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows.
+  void forward(int64_t m) {
+    cublasHandle_t b = ctx_->blas;
+    gemm_rm(b, false, true, m, 2 * I_, H_, xb_.p, H_, W_gu_.p, H_, ab_.p, 2 * I_);
+    ops::swiglu_train_forward({.rows = m, .I = I_, .ab = ab_.p, .h = h_.p, .quantize = true, .block = d_.act_block,
+                               .nonfinite = flag_.p, .dh = nullptr, .dab = nullptr},
+                              ctx_->stream);
+    gemm_rm(b, false, true, m, H_, I_, h_.p, I_, W_d_.p, I_, y_.p, H_);
+  }
+
+  void check_finite() {
+    int32_t bad = 0;
+    MOESQ_CUDA_CHECK(cudaMemcpy(&bad, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    MOESQ_CHECK(bad == 0, "refine on the GPU: a weight or activation became NaN or infinite (the refinement "
+                          "diverged; try smaller --lr-a / --lr-v)");
+  }
+
+  ThreadContext* ctx_ = nullptr;
+  StepData d_;
+  const RefineOptions* o_ = nullptr;
+  int64_t H_ = 0, I_ = 0, C_ = 0;
+  std::array<int64_t, 3> N_{}, K_{}, R_{};
+  std::array<bool, 3> fixed_{};
+  DevBuf<float> X_, Y_, w_;                // [n, H], [n, H], [n]
+  DevBuf<int64_t> eval_idx_, order_;      // [n_eval], [n_train]
+  std::array<DevBuf<float>, 3> A_, V_, mom_A_, mom_V_, pi_;
+  std::array<DevBuf<uint8_t>, 3> fixed_pat_;
+  DevBuf<float> W_gu_, W_d_, dW_gu_, dW_d_;  // [2I, H], [H, I]
+  DevBuf<float> xb_, yb_, wb_, ab_, h_, y_, dy_, dh_, dab_;  // per-pass rows (C_)
+  DevBuf<double> row_loss_;
+  DevBuf<float> amax_;     // [2] Q_w amax scratch: gate|up, down
+  DevBuf<int32_t> flag_;   // [1] non-finite seen
+};
+
+}  // namespace
+
+std::unique_ptr<StepBackend> make_cuda_step_backend() { return std::make_unique<CudaStepBackend>(); }
+
+}  // namespace moesq::compress::refine

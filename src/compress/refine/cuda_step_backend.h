@@ -1,0 +1,27 @@
+// The CUDA step backend of the moesq refinement (refine/step_backend.h): one expert's rows,
+// parameters and Lion momenta in GPU memory, every step as kernels (src/ops/gumbel_support,
+// fake_quant, swiglu_train, weighted_mse, gather_rows) and five cuBLAS fp32 GEMMs on the calling
+// thread's own stream, so the experts a compress run refines on its threads overlap on the GPU.
+// Defined only in CUDA builds (moesq_compress_cuda); `compress --device cuda` sets
+// RefineOptions::device to it.
+//
+// Non-obvious decisions:
+//  * The GEMMs run in fp32 (cuBLAS default math, no TF32) like the CPU's cblas_sgemm, so a GPU run
+//    follows the CPU run's trajectory up to summation order; the kernels draw the same counter-based
+//    noise (ops/gumbel_support/gumbel_math.h). A GPU run is bitwise reproducible on one GPU model.
+//  * A training step needs no host synchronization: the epoch's row order is uploaded once, the step's
+//    scalars are kernel arguments. The host waits only for the per-epoch curves.
+//  * A non-finite weight or activation (a diverged refinement) raises a device flag that the next
+//    eval_loss / sync turns into an Error (the CPU path throws at the first such value).
+#pragma once
+#include <memory>
+
+#include "compress/refine/step_backend.h"
+
+namespace moesq::compress::refine {
+
+// Errors (moesq::Error, when a step is started): no CUDA device, gpt-oss's expert variant (biased,
+// clamped SwiGLU: run it with --device cpu), an activation block other than 16 or 32.
+std::unique_ptr<StepBackend> make_cuda_step_backend();
+
+}  // namespace moesq::compress::refine

@@ -1,0 +1,70 @@
+// Where the per-step math of the refinement loop runs. refine/loop.cpp owns everything that decides
+// WHAT a step is (the held-out split, the schedule rule, the shuffles, the batch boundaries, the step's
+// κ, τ, rates and noise keys, the curves, the best-epoch choice, the final argmax and pack); a
+// StepBackend owns the parameters while the loop runs and does the steps:
+//   * the CPU backend (refine/loop.cpp): objective_grad (cblas) and lion_step on host memory;
+//   * the CUDA backend (refine/cuda_step_backend.h): the same math as kernels (src/ops/gumbel_support,
+//     fake_quant, swiglu_train, weighted_mse, gather_rows) and cuBLAS fp32 GEMMs, one expert's
+//     parameters, Lion momenta and rows in GPU memory, on the calling thread's own stream.
+// Both run one step from the same inputs, so a run on either device follows the same schedule and
+// the same noise; they differ only by fp32 rounding (GEMM summation order, the libms' exp/log).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "compress/refine/objective.h"
+#include "model/decoder.h"
+
+namespace moesq::compress {
+struct RefineOptions;
+}
+
+namespace moesq::compress::refine {
+
+// The prepared rows of one expert (host memory; valid until the backend is destroyed).
+struct StepData {
+  int64_t n = 0, H = 0, I = 0;
+  const float* Xq = nullptr;     // [n, H] inputs, activation-quantized once (Q_a)
+  const float* Y_ref = nullptr;  // [n, H] the original expert's outputs
+  const float* w = nullptr;      // [n] row weights g^p
+  const int64_t* eval_rows = nullptr;  // [n_eval] the rows the curves are measured on (held-out, or training)
+  int64_t n_eval = 0;
+  double eval_inv_norm = 0.0;    // 1 / (Σ_eval w · H)
+  int64_t max_batch = 0;         // the largest batch a step takes
+  int act_block = 32;            // Q_a block
+  model::ExpertVariant variant;  // gpt-oss biases / clamped SwiGLU (the CPU backend only)
+};
+
+// One optimizer step: the rows order[b0, b0 + m) of the current epoch's order (begin_epoch).
+struct StepInput {
+  int64_t b0 = 0, m = 0;
+  double inv_norm = 0.0;           // 1 / (Σ_batch w · H), summed in batch order
+  double kappa = 100.0, tau = 2.0;
+  std::array<uint64_t, 3> gumbel_key{};  // per projection (gate, up, down): rng_key(seed, stream, kRngGumbel, t, j)
+  double lr_A = 0.0, lr_V = 0.0;
+};
+
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  // Takes the rows and the initial parameters (P: A [R, 6] where the support is learned, V [N, K];
+  // fixed[j] non-null: projection j's support is held at those patterns); Lion momenta start at 0.
+  // The CPU backend updates P in place from here on; a device backend copies it (sync reads it back).
+  virtual void start(const StepData& data, std::array<ProjState<float>, 3>& P,
+                     const std::array<const uint8_t*, 3>& fixed, const RefineOptions& o) = 0;
+  // The training rows of this epoch in order (global row ids into StepData's arrays).
+  virtual void begin_epoch(const std::vector<int64_t>& order) = 0;
+  virtual void step(const StepInput& s) = 0;
+  // Eq. 4 loss on the eval rows, with Q_w and Q_a: hard = the argmax support (what is packed), else the
+  // noise-free relaxation at (κ, τ).
+  virtual double eval_loss(bool hard, double kappa, double tau) = 0;
+  // The current A and V into P (the CPU backend works on P itself: nothing to do).
+  virtual void sync(std::array<ProjState<float>, 3>& P) = 0;
+};
+
+// The CPU backend (refine/loop.cpp): the one RefineOptions::device = nullptr selects.
+std::unique_ptr<StepBackend> make_cpu_step_backend();
+
+}  // namespace moesq::compress::refine

@@ -1,0 +1,101 @@
+// Kernels of the fake_quant launcher (fake_quant.h). A tensor γ takes two passes (an amax reduction:
+// block max, then an atomicMax on the fp32 bits — exact, order-free, since every value is >= 0 — then
+// the quantization); a per-row γ is one CTA per row. Inside, each `block` values are `block` adjacent
+// lanes of a warp: the block max is a shuffle reduction, then one value per lane through the
+// codecs of ops/common/nvfp4_row.cuh, in format/nvfp4.cpp's fp32 order.
+#include "core/cuda/check.cuh"
+#include "ops/common/nvfp4_row.cuh"
+#include "ops/fake_quant/fake_quant.h"
+
+namespace moesq::ops {
+
+namespace {
+
+using detail::e2m1_decode;
+using detail::e2m1_encode;
+using detail::ue4m3_decode;
+using detail::ue4m3_encode;
+
+constexpr int kThreads = 256;
+
+// γ of Eq. 5 from an amax (format::nvfp4_tensor_scale).
+__device__ __forceinline__ float tensor_scale(float amax) {
+  if (!(amax > 0.0f)) return 1.0f;
+  const float g = 2688.0f / amax;
+  return isfinite(g) ? g : 1.0f;
+}
+
+// Fake-quantizes value v whose `block`-lane group (aligned in the warp) shares one code under γ.
+__device__ __forceinline__ float fake_quant_value(float v, float gamma, int block) {
+  float bmax = fabsf(v);
+  for (int o = block / 2; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
+  const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
+  if (!(s > 0.0f)) return 0.0f;
+  const float mult = gamma / s;
+  return e2m1_decode(e2m1_encode(v * mult)) * s / gamma;
+}
+
+__device__ __forceinline__ void flag_nonfinite(float v, int32_t* nonfinite) {
+  if (nonfinite && !isfinite(v)) *nonfinite = 1;
+}
+
+__global__ void __launch_bounds__(kThreads) amax_kernel(const float* x, int64_t n, float* amax, int32_t* nonfinite) {
+  __shared__ float s_red[32];
+  float m = 0.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    flag_nonfinite(x[i], nonfinite);
+    m = fmaxf(m, fabsf(x[i]));
+  }
+  m = detail::block_max(m, s_red);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
+}
+
+// n % 32 == 0 (K % block == 0 and block | 32 … block is 16 or 32, so whole warps cover whole blocks).
+__global__ void __launch_bounds__(kThreads) tensor_quant_kernel(float* x, int64_t n, int block, const float* amax) {
+  const float gamma = tensor_scale(*amax);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    x[i] = fake_quant_value(x[i], gamma, block);
+}
+
+__global__ void __launch_bounds__(kThreads) row_quant_kernel(float* x, int64_t K, int block, int32_t* nonfinite) {
+  __shared__ float s_red[32];
+  float* row = x + static_cast<int64_t>(blockIdx.x) * K;
+  float m = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+    flag_nonfinite(row[k], nonfinite);
+    m = fmaxf(m, fabsf(row[k]));
+  }
+  const float gamma = tensor_scale(detail::block_max(m, s_red));
+  // K % 32 == 0 is not guaranteed for block 16: pad the loop to whole warps, lanes past K idle.
+  const int64_t K_warps = (K + 31) / 32 * 32;
+  for (int64_t k = threadIdx.x; k < K_warps; k += kThreads) {
+    const float v = k < K ? row[k] : 0.0f;
+    const float q = fake_quant_value(v, gamma, block);
+    if (k < K) row[k] = q;
+  }
+}
+
+}  // namespace
+
+void fake_quant(const FakeQuantArgs& a, cudaStream_t stream) {
+  fake_quant_check(a);
+  const int64_t n = a.rows * a.K;
+  if (n == 0) return;
+  if (a.per_row) {
+    row_quant_kernel<<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a.x, a.K, a.block, a.nonfinite);
+    MOESQ_CUDA_LAUNCH_CHECK("fake_quant (rows)");
+    return;
+  }
+  MOESQ_CHECK(a.amax, "fake_quant: a tensor scale needs the amax scratch");
+  MOESQ_CHECK(n % 32 == 0, "fake_quant: rows*K=", n, " must be a multiple of 32");
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  MOESQ_CUDA_CHECK(cudaMemsetAsync(a.amax, 0, sizeof(float), stream));
+  amax_kernel<<<blocks, kThreads, 0, stream>>>(a.x, n, a.amax, a.nonfinite);
+  MOESQ_CUDA_LAUNCH_CHECK("fake_quant (amax)");
+  tensor_quant_kernel<<<blocks, kThreads, 0, stream>>>(a.x, n, a.block, a.amax);
+  MOESQ_CUDA_LAUNCH_CHECK("fake_quant (values)");
+}
+
+}  // namespace moesq::ops

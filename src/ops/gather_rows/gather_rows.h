@@ -1,0 +1,26 @@
+// Launcher: gather rows of a row-major fp32 matrix by index — a refinement batch (the shuffled
+// training rows of one step, or a chunk of held-out rows) made contiguous for the GEMMs:
+//   out[i, :] = src[idx[i], :] for idx[i] >= 0, zeros for idx[i] < 0 (padding rows).
+// CPU twin: gather_rows_ref.
+#pragma once
+#include <cstdint>
+
+#include "core/cuda/stream.h"
+
+namespace moesq::ops {
+
+struct GatherRowsArgs {
+  const float* src = nullptr;    // [src_rows, C]
+  int64_t src_rows = 0, C = 0;
+  const int64_t* idx = nullptr;  // [m] row ids in [0, src_rows), or < 0 for a zero row
+  int64_t m = 0;
+  float* out = nullptr;          // [m, C]
+};
+
+// Errors (moesq::Error): bad sizes, a null pointer; the twin also an index >= src_rows (the kernel
+// writes zeros for it).
+void gather_rows(const GatherRowsArgs& a, cudaStream_t stream);
+void gather_rows_check(const GatherRowsArgs& a);
+void gather_rows_ref(const GatherRowsArgs& a);
+
+}  // namespace moesq::ops

@@ -1,0 +1,62 @@
+// Launchers: the Gumbel-softmax paired 4:8 support of one projection of the moesq refinement (paper
+// 002 §3.2, Eq. 2) on the GPU, forward and backward + Lion, over R groups of 8 weights along K.
+//   forward:  π = softmax((κ·A + G)/τ) (G drawn in the kernel from the step's counter key), Z = Σ π ρ,
+//             W = Z ⊙ V — or the argmax / a fixed pattern's one-hot Z (hard evaluation, V-only update);
+//   backward: from dW (= dL/dW̃ under the STE of Eq. 3): dV = dW ⊙ Z, dA = (κ/τ)·π ⊙ (dπ − ⟨π, dπ⟩),
+//             then one Lion step on A and V with their momenta (refine/lion.h), fused.
+// CPU twins (`_ref`, same descriptors on host pointers) run the same per-group code
+// (gumbel_math.h), so a twin and its kernel differ only where the two libms' exp/log do.
+#pragma once
+#include <cstdint>
+
+#include "core/cuda/stream.h"
+
+namespace moesq::ops {
+
+enum class SupportMode {
+  kGumbel,     // relaxed, with Gumbel noise from `key` (a training step)
+  kNoiseFree,  // relaxed, no noise (the held-out "soft" loss)
+  kArgmax,     // hard: the argmax pattern of A (the held-out "hard" loss, what is packed)
+  kFixed,      // hard: the given `fixed` patterns (the V-only ablation)
+};
+
+struct GumbelSupportArgs {
+  int64_t R = 0;                   // groups (N·K/8)
+  SupportMode mode = SupportMode::kGumbel;
+  const float* A = nullptr;        // [R, 6] pattern logits (not read in kFixed)
+  const float* V = nullptr;        // [R, 8] latent weights
+  const uint8_t* fixed = nullptr;  // [R] pattern ids in [0, 6) (kFixed only)
+  double kappa = 100.0, tau = 2.0; // logit scale κ and temperature τ of Eq. 2 (relaxed modes)
+  uint64_t key = 0;                // kGumbel: ops::gumbel::rng_key(seed, stream, purpose, step, projection);
+                                   // element i of the [R, 6] noise is rng_gumbel(key, i)
+  float* pi = nullptr;             // [R, 6] out: π (relaxed modes; may be null in hard modes)
+  float* W = nullptr;              // [R, 8] out: Z ⊙ V
+  uint8_t* patterns = nullptr;     // [R] out: the argmax pattern ids (kArgmax; may be null)
+};
+
+struct GumbelSupportLionArgs {
+  int64_t R = 0;
+  const float* dW = nullptr;       // [R, 8] dL/dW̃ of the projection
+  const float* pi = nullptr;       // [R, 6] π of the forward (relaxed; null: support fixed)
+  const uint8_t* fixed = nullptr;  // [R] the fixed patterns when pi is null
+  double kappa = 100.0, tau = 2.0; // as in the forward (dA scale κ/τ)
+  float* A = nullptr;              // [R, 6] updated in place (null with a fixed support)
+  float* V = nullptr;              // [R, 8] updated in place (dV uses V BEFORE its update)
+  float* mom_A = nullptr;          // [R, 6] Lion momentum of A (null with a fixed support)
+  float* mom_V = nullptr;          // [R, 8] Lion momentum of V
+  double lr_A = 0.0, lr_V = 0.0;   // this step's rates
+  double beta1 = 0.9, beta2 = 0.95, weight_decay = 1.0;  // Lion
+};
+
+// Errors (moesq::Error): R < 0, a null pointer the mode needs, τ ≤ 0.
+void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream);
+void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream);
+void gumbel_support_check(const GumbelSupportArgs& a);
+void gumbel_support_check(const GumbelSupportLionArgs& a);
+
+// The CPU twins on host pointers (same outputs; pattern ids out of [0, 6) are an Error here, the
+// kernel clamps them).
+void gumbel_support_forward_ref(const GumbelSupportArgs& a);
+void gumbel_support_lion_ref(const GumbelSupportLionArgs& a);
+
+}  // namespace moesq::ops

@@ -1,0 +1,59 @@
+// Kernels of the swiglu_train launchers (swiglu_train.h): elementwise over [rows, I]; the forward's
+// Q_a is the fake_quant launcher on the result.
+#include "core/cuda/check.cuh"
+#include "ops/fake_quant/fake_quant.h"
+#include "ops/swiglu_train/swiglu_train.h"
+
+namespace moesq::ops {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void __launch_bounds__(kThreads) forward_kernel(const float* ab, float* h, int64_t rows, int64_t I) {
+  const int64_t n = rows * I;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / I, c = i % I;
+    const float x = ab[r * 2 * I + c];
+    h[i] = __fmul_rn(__fmul_rn(x, sigmoid_f(x)), ab[r * 2 * I + I + c]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) backward_kernel(const float* ab, const float* dh, float* dab, int64_t rows,
+                                                            int64_t I) {
+  const int64_t n = rows * I;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / I, c = i % I;
+    const float a = ab[r * 2 * I + c], b = ab[r * 2 * I + I + c], s = sigmoid_f(a), g = dh[i];
+    dab[r * 2 * I + c] = g * b * s * (1.0f + a * (1.0f - s));
+    dab[r * 2 * I + I + c] = g * (a * s);
+  }
+}
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
+
+}  // namespace
+
+void swiglu_train_forward(const SwigluTrainArgs& a, cudaStream_t stream) {
+  swiglu_train_check(a, false);
+  if (a.rows == 0) return;
+  forward_kernel<<<blocks_for(a.rows * a.I), kThreads, 0, stream>>>(a.ab, a.h, a.rows, a.I);
+  MOESQ_CUDA_LAUNCH_CHECK("swiglu_train_forward");
+  if (a.quantize)
+    fake_quant({.x = a.h, .rows = a.rows, .K = a.I, .block = a.block, .per_row = true, .amax = nullptr,
+                .nonfinite = a.nonfinite},
+               stream);
+}
+
+void swiglu_train_backward(const SwigluTrainArgs& a, cudaStream_t stream) {
+  swiglu_train_check(a, true);
+  if (a.rows == 0) return;
+  backward_kernel<<<blocks_for(a.rows * a.I), kThreads, 0, stream>>>(a.ab, a.dh, a.dab, a.rows, a.I);
+  MOESQ_CUDA_LAUNCH_CHECK("swiglu_train_backward");
+}
+
+}  // namespace moesq::ops
