@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU refinement on the device in ONE call: build, the new ops' and the step backend's GPU tests
+# (+ compute-sanitizer memcheck), then the fixture's quality and speed with `compress --device cpu`
+# vs `--device cuda` (same schedule and seed; held-out nats by `moesq eval`, SGPTQ for the gap
+# closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
+# Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
+#   CORPUS=.dev/corpus bash bench/device_refine.sh          (CORPUS: the fixture's corpus text files)
+# STEPS: any of "tests quality datafree bench kimi" (default: all but kimi).
+set -uo pipefail
+O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
+W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
+export PATH="/usr/local/cuda/bin:$PATH"
+STEPS=${STEPS:-tests quality datafree bench}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+log() { echo "$*" | tee -a "$S"; }
+ROOT=$(pwd); CORPUS=${CORPUS:-.dev/corpus}
+GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
+B=$W/b
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON > "$W/cfg.log" 2>&1 &&
+  cmake --build "$B" -j16 --target moesq bench_refine_layer $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
+  { log "FAIL: build"; tail -40 "$W/build.log" | tee -a "$S"; cp "$W"/*.log "$O/"; exit 1; }
+log "build $(( $(date +%s) - t0 )) s"
+finish() { (cd "$W" && tar czf "$O/logs.tgz" *.log 2>/dev/null); log "total $(( $(date +%s) - t0 )) s"; }
+trap finish EXIT
+
+if has tests; then
+  for t in $GPU_TESTS; do
+    timeout 300 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
+    log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Z]|Failure|error' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
+    timeout 300 compute-sanitizer --tool memcheck "$B/$t" > "$W/memcheck.$t.log" 2>&1
+    log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
+  done
+  log "tests $(( $(date +%s) - t0 )) s"
+fi
+
+M=$ROOT/models/tiny-qwen3-moe
+# compress NAME ARGS... : times it, records the report's device, seconds and mean held-out losses.
+compress() {
+  local name=$1; shift
+  local s=$(date +%s.%N)
+  "$B/moesq" compress "$M" --out "$W/$name" --threads 16 --json "$@" > "$W/$name.json" 2> "$W/$name.log"
+  local rc=$? e=$(date +%s.%N)
+  log "compress $name rc=$rc wall $(python3 -c "print(f'{$e-$s:.1f}')") s  $(python3 - "$W/$name/report.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    ll = [x for L in r["layers"] for x in L["experts"] if x.get("refine")]
+    init = sum(x["refine"]["init_hard_loss"] for x in ll) / max(1, len(ll))
+    fin = sum(x["refine"]["final_hard_loss"] for x in ll) / max(1, len(ll))
+    print(f"device={r.get('device')} report_s={r['seconds']:.1f} experts={len(ll)} mean held-out loss {init:.5f} -> {fin:.5f}" if ll else f"device={r.get('device')} report_s={r['seconds']:.1f}")
+except Exception as e:
+    print("no report:", e)
+EOF
+)"
+  [ $rc -eq 0 ] || tail -5 "$W/$name.log" | sed 's/^/  /' | tee -a "$S"
+}
+evaluate() {
+  "$B/moesq" eval "$W/$1" --data "$ROOT/$CORPUS"/* --split heldout --json --threads 16 > "$W/eval.$1.json" 2> "$W/eval.$1.log"
+  log "eval $1 rc=$? $(python3 -c "
+import json
+j=json.load(open('$W/eval.$1.json'))
+print(f\"nats {j['nats_per_token']:.5f} | \" + ' '.join(f\"{f['path'].split('/')[-1][:6]} {f['nats_per_token']:.4f}\" for f in j['files']))" 2>&1 | head -c 400)"
+}
+if has quality; then
+  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
+  compress sg_calib --method sgptq "${CAL[@]}" --device cpu
+  compress cpu_calib --method moesq "${CAL[@]}" --device cpu
+  compress cuda_calib --method moesq "${CAL[@]}" --device cuda
+  compress cuda_calib2 --method moesq "${CAL[@]}" --device cuda
+  if cmp -s "$W/cuda_calib/model.safetensors" "$W/cuda_calib2/model.safetensors"; then log "two cuda runs: model.safetensors byte-identical"
+  else log "two cuda runs: model.safetensors DIFFER"; fi
+  compress cuda_calib_s1 --method moesq "${CAL[@]}" --device cuda --seed 1
+  for r in sg_calib cpu_calib cuda_calib cuda_calib_s1; do evaluate $r; done
+  log "quality $(( $(date +%s) - t0 )) s"
+fi
+if has datafree; then
+  compress sg_df --method sgptq --device cpu
+  compress cpu_df --method moesq --device cpu
+  compress cuda_df --method moesq --device cuda
+  for r in sg_df cpu_df cuda_df; do evaluate $r; done
+  log "datafree $(( $(date +%s) - t0 )) s"
+fi
+if has bench; then
+  timeout 400 "$B/bench_refine_layer" --model qwen3-30b-a3b --out "$O/bench_refine_qwen3.json" > "$W/bench.log" 2>&1
+  log "bench_refine_layer qwen3 rc=$?"; sed 's/^/  /' "$W/bench.log" | tee -a "$S"
+fi
+if has kimi; then
+  timeout 400 "$B/bench_refine_layer" --model kimi-k2.5 --experts 48 --cpu-experts 16 --out "$O/bench_refine_kimi.json" > "$W/kimi.log" 2>&1
+  log "bench_refine_layer kimi (48 of 384 experts) rc=$?"; sed 's/^/  /' "$W/kimi.log" | tee -a "$S"
+fi
