@@ -227,11 +227,21 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
-    compress::RefineOptions og = o;
-    og.device = compress::refine::make_cuda_step_backend;
-    const RunStats gpu = refine_all(ex, E, n, H, I, og, threads);
-    done = true;
-    sampler.join();
+    struct JoinOnExit {  // an error in the run must not destroy a joinable thread (std::terminate)
+      std::atomic<bool>& done;
+      std::thread& t;
+      ~JoinOnExit() {
+        done = true;
+        if (t.joinable()) t.join();
+      }
+    };
+    RunStats gpu;
+    {
+      JoinOnExit join{done, sampler};
+      compress::RefineOptions og = o;
+      og.device = compress::refine::make_cuda_step_backend;
+      gpu = refine_all(ex, E, n, H, I, og, threads);
+    }
     const double peak_gb = static_cast<double>(free0 - min_free) / 1e9;
     std::printf("GPU: layer %.2f s, %lld steps, %.1f TFLOP, %.1f TFLOP/s = %.0f %% of the fp32 GEMM rate; peak +%.2f GB; "
                 "held-out loss %.4g -> %.4g\n",

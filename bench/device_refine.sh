@@ -4,7 +4,7 @@
 # vs `--device cuda` (same schedule and seed; held-out nats by `moesq eval`, SGPTQ for the gap
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
-#   CORPUS=.dev/corpus bash bench/device_refine.sh          (CORPUS: the fixture's corpus text files)
+#   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality datafree bench kimi" (default: all but kimi).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
@@ -14,6 +14,7 @@ STEPS=${STEPS:-tests quality datafree bench}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "$*" | tee -a "$S"; }
 ROOT=$(pwd); CORPUS=${CORPUS:-.dev/corpus}
+if [ -n "${CORPUS_TAR:-}" ]; then mkdir -p .dev && tar -C .dev -xJf "$CORPUS_TAR" && CORPUS=.dev/corpus; fi
 GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
@@ -57,8 +58,9 @@ EOF
 )"
   [ $rc -eq 0 ] || tail -5 "$W/$name.log" | sed 's/^/  /' | tee -a "$S"
 }
-evaluate() {
-  "$B/moesq" eval "$W/$1" --data "$ROOT/$CORPUS"/* --split heldout --json --threads 16 > "$W/eval.$1.json" 2> "$W/eval.$1.log"
+evaluate() {  # evaluate NAME (a compressed run in $W, or "bf16": the original model)
+  local dir="$W/$1"; [ "$1" = bf16 ] && dir=$M
+  "$B/moesq" eval "$dir" --data "$ROOT/$CORPUS"/* --split heldout --json --threads 16 > "$W/eval.$1.json" 2> "$W/eval.$1.log"
   log "eval $1 rc=$? $(python3 -c "
 import json
 j=json.load(open('$W/eval.$1.json'))
@@ -73,7 +75,7 @@ if has quality; then
   if cmp -s "$W/cuda_calib/model.safetensors" "$W/cuda_calib2/model.safetensors"; then log "two cuda runs: model.safetensors byte-identical"
   else log "two cuda runs: model.safetensors DIFFER"; fi
   compress cuda_calib_s1 --method moesq "${CAL[@]}" --device cuda --seed 1
-  for r in sg_calib cpu_calib cuda_calib cuda_calib_s1; do evaluate $r; done
+  for r in bf16 sg_calib cpu_calib cuda_calib cuda_calib_s1; do evaluate $r; done
   log "quality $(( $(date +%s) - t0 )) s"
 fi
 if has datafree; then

@@ -16,7 +16,7 @@
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
 #include "ops/fake_quant/fake_quant.h"
-#include "ops/gather_rows/gather_rows.h"
+#include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_support.h"
 #include "ops/swiglu_train/swiglu_train.h"
 #include "ops/weighted_mse/weighted_mse.h"
@@ -229,9 +229,9 @@ class CudaStepBackend final : public StepBackend {
   // Rows idx [m] (device) of X, Y_ref, w into xb_, yb_, wb_.
   void gather(const int64_t* idx, int64_t m) {
     const cudaStream_t s = ctx_->stream;
-    ops::gather_rows({.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p}, s);
-    ops::gather_rows({.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p}, s);
-    ops::gather_rows({.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p}, s);
+    ops::gather_f32({.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p}, s);
+    ops::gather_f32({.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p}, s);
+    ops::gather_f32({.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p}, s);
   }
 
   // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows.
@@ -246,7 +246,8 @@ class CudaStepBackend final : public StepBackend {
 
   void check_finite() {
     int32_t bad = 0;
-    MOESQ_CUDA_CHECK(cudaMemcpy(&bad, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(&bad, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost, ctx_->stream));
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
     MOESQ_CHECK(bad == 0, "refine on the GPU: a weight or activation became NaN or infinite (the refinement "
                           "diverged; try smaller --lr-a / --lr-v)");
   }

@@ -1,6 +1,6 @@
 // The CUDA step backend of the moesq refinement (refine/step_backend.h): one expert's rows,
 // parameters and Lion momenta in GPU memory, every step as kernels (src/ops/gumbel_support,
-// fake_quant, swiglu_train, weighted_mse, gather_rows) and five cuBLAS fp32 GEMMs on the calling
+// fake_quant, swiglu_train, weighted_mse, gather_f32) and five cuBLAS fp32 GEMMs on the calling
 // thread's own stream, so the experts a compress run refines on its threads overlap on the GPU.
 // Defined only in CUDA builds (moesq_compress_cuda); `compress --device cuda` sets
 // RefineOptions::device to it.

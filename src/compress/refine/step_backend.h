@@ -4,7 +4,7 @@
 // StepBackend owns the parameters while the loop runs and does the steps:
 //   * the CPU backend (refine/loop.cpp): objective_grad (cblas) and lion_step on host memory;
 //   * the CUDA backend (refine/cuda_step_backend.h): the same math as kernels (src/ops/gumbel_support,
-//     fake_quant, swiglu_train, weighted_mse, gather_rows) and cuBLAS fp32 GEMMs, one expert's
+//     fake_quant, swiglu_train, weighted_mse, gather_f32) and cuBLAS fp32 GEMMs, one expert's
 //     parameters, Lion momenta and rows in GPU memory, on the calling thread's own stream.
 // Both run one step from the same inputs, so a run on either device follows the same schedule and
 // the same noise; they differ only by fp32 rounding (GEMM summation order, the libms' exp/log).

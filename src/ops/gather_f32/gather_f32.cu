@@ -1,6 +1,6 @@
-// Kernel of the gather_rows launcher (gather_rows.h): one CTA per output row.
+// Kernel of the gather_f32 launcher (gather_f32.h): one CTA per output row.
 #include "core/cuda/check.cuh"
-#include "ops/gather_rows/gather_rows.h"
+#include "ops/gather_f32/gather_f32.h"
 
 namespace moesq::ops {
 
@@ -8,7 +8,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) gather_kernel(GatherRowsArgs a) {
+__global__ void __launch_bounds__(kThreads) gather_kernel(GatherF32Args a) {
   const int64_t i = blockIdx.x, r = a.idx[i];
   const bool in = r >= 0 && r < a.src_rows;
   float* out = a.out + i * a.C;
@@ -18,12 +18,12 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherRowsArgs a) {
 
 }  // namespace
 
-void gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
-  gather_rows_check(a);
+void gather_f32(const GatherF32Args& a, cudaStream_t stream) {
+  gather_f32_check(a);
   if (a.m == 0) return;
-  MOESQ_CHECK(a.m <= 0x7fffffff, "gather_rows: ", a.m, " rows exceed the grid");
+  MOESQ_CHECK(a.m <= 0x7fffffff, "gather_f32: ", a.m, " rows exceed the grid");
   gather_kernel<<<static_cast<unsigned>(a.m), kThreads, 0, stream>>>(a);
-  MOESQ_CUDA_LAUNCH_CHECK("gather_rows");
+  MOESQ_CUDA_LAUNCH_CHECK("gather_f32");
 }
 
 }  // namespace moesq::ops

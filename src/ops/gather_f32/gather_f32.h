@@ -1,7 +1,7 @@
 // Launcher: gather rows of a row-major fp32 matrix by index — a refinement batch (the shuffled
 // training rows of one step, or a chunk of held-out rows) made contiguous for the GEMMs:
 //   out[i, :] = src[idx[i], :] for idx[i] >= 0, zeros for idx[i] < 0 (padding rows).
-// CPU twin: gather_rows_ref.
+// CPU twin: gather_f32_ref.
 #pragma once
 #include <cstdint>
 
@@ -9,7 +9,7 @@
 
 namespace moesq::ops {
 
-struct GatherRowsArgs {
+struct GatherF32Args {
   const float* src = nullptr;    // [src_rows, C]
   int64_t src_rows = 0, C = 0;
   const int64_t* idx = nullptr;  // [m] row ids in [0, src_rows), or < 0 for a zero row
@@ -19,8 +19,8 @@ struct GatherRowsArgs {
 
 // Errors (moesq::Error): bad sizes, a null pointer; the twin also an index >= src_rows (the kernel
 // writes zeros for it).
-void gather_rows(const GatherRowsArgs& a, cudaStream_t stream);
-void gather_rows_check(const GatherRowsArgs& a);
-void gather_rows_ref(const GatherRowsArgs& a);
+void gather_f32(const GatherF32Args& a, cudaStream_t stream);
+void gather_f32_check(const GatherF32Args& a);
+void gather_f32_ref(const GatherF32Args& a);
 
 }  // namespace moesq::ops
