@@ -17,6 +17,10 @@
 //
 // Usage: bench_refine_layer [--model qwen3-30b-a3b|kimi-k2.5] [--experts E] [--rows N] [--threads T]
 //                           [--epochs 10] [--cpu-experts 16] [--cpu-epochs 1] [--out R.json]
+//                           [--profile]
+// --profile: instead of the layer, one expert alone on one thread for one epoch with the step
+// backend's stage timing on (refine/cuda_step_backend.h StageTimes: each stage timed alone), then the
+// same epoch on --threads experts at once (the throughput the streams reach together).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -152,6 +156,7 @@ int main(int argc, char** argv) {
     std::string model = "qwen3-30b-a3b", out;
     int64_t experts = -1, rows = -1, cpu_experts = 16;
     int threads = static_cast<int>(std::thread::hardware_concurrency()), epochs = 10, cpu_epochs = 1;
+    bool profile = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto next = [&]() -> std::string {
@@ -166,13 +171,14 @@ int main(int argc, char** argv) {
       else if (a == "--cpu-experts") cpu_experts = std::stoll(next());
       else if (a == "--cpu-epochs") cpu_epochs = std::stoi(next());
       else if (a == "--out") out = next();
+      else if (a == "--profile") profile = true;
       else MOESQ_FAIL("unknown flag ", a, " (see the header of bench/bench_refine_layer.cu)");
     }
     const Shape* sh = nullptr;
     for (const Shape& s : kShapes)
       if (model == s.name) sh = &s;
     MOESQ_CHECK(sh, "--model: '", model, "' is not qwen3-30b-a3b or kimi-k2.5");
-    const int64_t H = sh->H, I = sh->I, E = experts > 0 ? experts : sh->E;
+    const int64_t H = sh->H, I = sh->I, E = experts > 0 ? experts : profile ? threads : sh->E;
     // Default calibration: 2,048 sequences × 128 tokens, top-k routes spread evenly over the experts.
     const int64_t n = rows > 0 ? rows : 2048 * 128 * sh->topk / sh->E;
     cpu_experts = std::min(cpu_experts, E);
@@ -214,6 +220,30 @@ int main(int argc, char** argv) {
     const compress::RefineSchedule sched = compress::refine_schedule(train, compress::layer_batch(train), epochs);
     std::printf("schedule: batch %lld, %lld steps per expert, lr_A %.3g, lr_V %.3g\n",
                 static_cast<long long>(sched.batch), static_cast<long long>(sched.steps), sched.lr_A, sched.lr_V);
+
+    if (profile) {
+      compress::RefineOptions op = o;
+      op.epochs = 1;
+      op.device = compress::refine::make_cuda_step_backend;
+      compress::refine::set_stage_timing(true);
+      const RunStats one = refine_all(ex, 1, n, H, I, op, 1);  // one thread: the caller's (parallel_for inline)
+      const compress::refine::StageTimes t = compress::refine::stage_times();
+      compress::refine::set_stage_timing(false);
+      const double per = 1e6 / std::max<int64_t>(1, t.steps);
+      const double gemm_floor = 14.0 * static_cast<double>(sched.batch) * I * H / (rate * 1e12) * 1e6;
+      std::printf("profile, one expert alone (%lld steps timed, us per step): support %.1f | weight Q_w %.1f | gather %.1f | "
+                  "GEMMs %.1f (fp32 floor at the measured rate %.1f) | SwiGLU+Q_a %.1f | loss %.1f | dA,dV+Lion %.1f | "
+                  "sum %.1f; wall %.2f s\n",
+                  static_cast<long long>(t.steps), t.support * per, t.weight_quant * per, t.gather * per, t.gemm * per,
+                  gemm_floor, t.swiglu * per, t.loss * per, t.lion * per,
+                  (t.support + t.weight_quant + t.gather + t.gemm + t.swiglu + t.loss + t.lion) * per, one.seconds);
+      const RunStats all = refine_all(ex, E, n, H, I, op, threads);
+      std::printf("profile, %lld experts on %d threads, one epoch: %.2f s, %.1f us per expert-step, %.1f TFLOP/s\n",
+                  static_cast<long long>(E), threads, all.seconds, all.seconds * 1e6 / std::max<int64_t>(1, all.steps),
+                  all.flops / all.seconds / 1e12);
+      cublasDestroy(blas);
+      return 0;
+    }
 
     // Peak GPU memory, sampled while the GPU layer runs.
     size_t free0 = 0, total = 0;

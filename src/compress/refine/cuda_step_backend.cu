@@ -53,6 +53,37 @@ ThreadContext& thread_context() {
   return ctx;
 }
 
+// The calling thread's stage profile (set_stage_timing): events recorded around each stage.
+struct StageTimer {
+  bool on = false;
+  StageTimes t;
+  cudaEvent_t a = nullptr, b = nullptr;
+  ~StageTimer() {
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+  }
+  void begin(cudaStream_t s) {
+    if (!on) return;
+    if (!a) {
+      MOESQ_CUDA_CHECK(cudaEventCreate(&a));
+      MOESQ_CUDA_CHECK(cudaEventCreate(&b));
+    }
+    MOESQ_CUDA_CHECK(cudaEventRecord(a, s));
+  }
+  void end(cudaStream_t s, double StageTimes::*stage) {
+    if (!on) return;
+    MOESQ_CUDA_CHECK(cudaEventRecord(b, s));
+    MOESQ_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.*stage += ms * 1e-3;
+  }
+};
+StageTimer& stage_timer() {
+  thread_local StageTimer st;
+  return st;
+}
+
 // Row-major C[M, N] = op(A) · op(B) (+ beta·C) in fp32; op = transpose when ta / tb. lda, ldb, ldc are
 // the row-major leading dimensions. (cuBLAS is column-major: C' = op(B)' · op(A)'.)
 void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -143,20 +174,32 @@ class CudaStepBackend final : public StepBackend {
     const cudaStream_t s = ctx_->stream;
     MOESQ_CHECK(in.m > 0 && in.m <= C_ && in.b0 >= 0 && in.b0 + in.m <= static_cast<int64_t>(order_.n),
                 "refine on the GPU: batch [", in.b0, ", ", in.b0 + in.m, ") outside the epoch's ", order_.n, " rows");
+    StageTimer& T = stage_timer();
     weights(ops::SupportMode::kGumbel, in.kappa, in.tau, &in.gumbel_key);
     const int64_t m = in.m;
+    T.begin(s);
     gather(order_.p + in.b0, m);
+    T.end(s, &StageTimes::gather);
     forward(m);
+    T.begin(s);
     ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = in.inv_norm,
                        .dy = dy_.p, .row_loss = nullptr},
                       s);
+    T.end(s, &StageTimes::loss);
     cublasHandle_t b = ctx_->blas;
+    T.begin(s);
     gemm_rm(b, true, false, H_, I_, m, dy_.p, H_, h_.p, I_, dW_d_.p, I_);        // dW̃_down = dŶᵀ · h
     gemm_rm(b, false, false, m, I_, H_, dy_.p, H_, W_d_.p, I_, dh_.p, I_);       // dh = dŶ · W̃_down
+    T.end(s, &StageTimes::gemm);
+    T.begin(s);
     ops::swiglu_train_backward({.rows = m, .I = I_, .ab = ab_.p, .h = nullptr, .quantize = false, .block = 32,
                                 .nonfinite = nullptr, .dh = dh_.p, .dab = dab_.p},
                                s);
+    T.end(s, &StageTimes::swiglu);
+    T.begin(s);
     gemm_rm(b, true, false, 2 * I_, H_, m, dab_.p, 2 * I_, xb_.p, H_, dW_gu_.p, H_);  // dW̃_gu = [da|db]ᵀ · X
+    T.end(s, &StageTimes::gemm);
+    T.begin(s);
     const float* dW[3] = {dW_gu_.p, dW_gu_.p + I_ * H_, dW_d_.p};
     for (int j = 0; j < 3; ++j)
       ops::gumbel_support_lion({.R = R_[j], .dW = dW[j], .pi = fixed_[j] ? nullptr : pi_[j].p,
@@ -166,10 +209,18 @@ class CudaStepBackend final : public StepBackend {
                                 .lr_V = in.lr_V, .beta1 = o_->beta1, .beta2 = o_->beta2,
                                 .weight_decay = o_->weight_decay},
                                s);
+    T.end(s, &StageTimes::lion);
+    if (T.on) ++T.t.steps;
   }
 
   double eval_loss(bool hard, double kappa, double tau) override {
     const cudaStream_t s = ctx_->stream;
+    struct Pause {  // the stage profile covers training steps only
+      StageTimer& T;
+      bool was;
+      ~Pause() { T.on = was; }
+    } pause{stage_timer(), stage_timer().on};
+    stage_timer().on = false;
     weights(hard ? ops::SupportMode::kArgmax : ops::SupportMode::kNoiseFree, kappa, tau, nullptr);
     double sum = 0.0;
     std::vector<double> rows(static_cast<size_t>(C_));
@@ -203,7 +254,9 @@ class CudaStepBackend final : public StepBackend {
   // W̃ = Q_w(Z ⊙ V) of the three projections into W_gu_ (gate rows, then up rows) and W_d_.
   void weights(ops::SupportMode relaxed_mode, double kappa, double tau, const std::array<uint64_t, 3>* keys) {
     const cudaStream_t s = ctx_->stream;
+    StageTimer& T = stage_timer();
     float* W[3] = {W_gu_.p, W_gu_.p + I_ * H_, W_d_.p};
+    T.begin(s);
     for (int j = 0; j < 3; ++j) {
       ops::GumbelSupportArgs g;
       g.R = R_[j];
@@ -218,12 +271,15 @@ class CudaStepBackend final : public StepBackend {
       g.W = W[j];
       ops::gumbel_support_forward(g, s);
     }
+    T.end(s, &StageTimes::support);
+    T.begin(s);
     ops::fake_quant({.x = W_gu_.p, .rows = 2 * I_, .K = H_, .block = 32, .per_row = false, .amax = amax_.p,
                      .nonfinite = flag_.p},
                     s);
     ops::fake_quant({.x = W_d_.p, .rows = H_, .K = I_, .block = 32, .per_row = false, .amax = amax_.p + 1,
                      .nonfinite = flag_.p},
                     s);
+    T.end(s, &StageTimes::weight_quant);
   }
 
   // Rows idx [m] (device) of X, Y_ref, w into xb_, yb_, wb_.
@@ -237,11 +293,19 @@ class CudaStepBackend final : public StepBackend {
   // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows.
   void forward(int64_t m) {
     cublasHandle_t b = ctx_->blas;
+    const cudaStream_t s = ctx_->stream;
+    StageTimer& T = stage_timer();
+    T.begin(s);
     gemm_rm(b, false, true, m, 2 * I_, H_, xb_.p, H_, W_gu_.p, H_, ab_.p, 2 * I_);
+    T.end(s, &StageTimes::gemm);
+    T.begin(s);
     ops::swiglu_train_forward({.rows = m, .I = I_, .ab = ab_.p, .h = h_.p, .quantize = true, .block = d_.act_block,
                                .nonfinite = flag_.p, .dh = nullptr, .dab = nullptr},
-                              ctx_->stream);
+                              s);
+    T.end(s, &StageTimes::swiglu);
+    T.begin(s);
     gemm_rm(b, false, true, m, H_, I_, h_.p, I_, W_d_.p, I_, y_.p, H_);
+    T.end(s, &StageTimes::gemm);
   }
 
   void check_finite() {
@@ -272,5 +336,11 @@ class CudaStepBackend final : public StepBackend {
 }  // namespace
 
 std::unique_ptr<StepBackend> make_cuda_step_backend() { return std::make_unique<CudaStepBackend>(); }
+
+void set_stage_timing(bool on) {
+  stage_timer().on = on;
+  stage_timer().t = StageTimes{};
+}
+StageTimes stage_times() { return stage_timer().t; }
 
 }  // namespace moesq::compress::refine

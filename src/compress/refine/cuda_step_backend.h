@@ -24,4 +24,14 @@ namespace moesq::compress::refine {
 // clamped SwiGLU: run it with --device cpu), an activation block other than 16 or 32.
 std::unique_ptr<StepBackend> make_cuda_step_backend();
 
+// A profile of the training steps run on the calling thread (bench_refine_layer --profile): GPU
+// seconds per stage, from CUDA events around each stage. Off by default; while on, every stage waits
+// for its events, so it measures each stage alone (no overlap between the experts' streams).
+struct StageTimes {
+  double support = 0, weight_quant = 0, gather = 0, gemm = 0, swiglu = 0, loss = 0, lion = 0;
+  int64_t steps = 0;
+};
+void set_stage_timing(bool on);  // for the calling thread; resets its StageTimes
+StageTimes stage_times();        // the calling thread's
+
 }  // namespace moesq::compress::refine
