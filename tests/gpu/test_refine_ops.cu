@@ -1,0 +1,451 @@
+// GPU tests of the refinement's ops (src/ops/{fake_quant, gather_rows, gumbel_support, swiglu_train,
+// weighted_mse}) against their CPU twins on fresh random inputs, at awkward sizes (R not a multiple of
+// the 256-thread CTA, odd row counts) and an I = 768 / H = 2048-like projection:
+//   bitwise   fake_quant (values, amax, nonfinite flag; tensor and per-row γ, block 16 and 32), gather_rows,
+//             gumbel_support kArgmax / kFixed, weighted_mse dŶ, swiglu_train forward where silu is exact;
+//   tolerance gumbel_support kNoiseFree / kGumbel (the device's expf / logf and fp64 FMA contraction of
+//             κ·a + g), gumbel_support_lion and swiglu_train backward (FMA contraction), swiglu_train
+//             forward (expf) and its Q_a (a bounded fraction of flipped codes), weighted_mse row loss.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/cuda/check.cuh"
+#include "core/cuda/dev_buf.cuh"
+#include "core/error.h"
+#include "ops/fake_quant/fake_quant.h"
+#include "ops/gather_rows/gather_rows.h"
+#include "ops/gumbel_support/gumbel_math.h"
+#include "ops/gumbel_support/gumbel_support.h"
+#include "ops/swiglu_train/swiglu_train.h"
+#include "ops/weighted_mse/weighted_mse.h"
+#include "support/gpu_test_main.h"
+
+namespace {
+
+using namespace moesq;
+using namespace moesq::ops;
+
+constexpr int kG = gumbel::kGroup, kP = gumbel::kNumPatterns;
+
+// ---- tolerances ---------------------------------------------------------------------------------
+// Relaxed support: the device's logf (≤ 1 ulp) moves a Gumbel draw g (|g| ≲ 20) by ≤ 20·2^-23, its
+// expf (≤ 2 ulp) each softmax term by 2^-22 relative, and the fp64 FMA of κ·a + g can flip the fp32
+// rounding of u = (κa + g)/τ (|u| ≲ 300 at τ = 0.25: ulp 2^-15). π moves by ≈ π·δu: per element
+// |Δπ| ≤ kSoftAbsTol + kSoftRelTol·π.
+constexpr double kSoftRelTol = 0x1p-11;
+constexpr double kSoftAbsTol = 1e-7;
+// The dominant pattern of a group (argmax π) changes only where two π nearly tie.
+constexpr double kMaxDominantMismatchFraction = 1e-3;
+// Lion: FMA contraction in the gradient (dπ − ⟨π, dπ⟩) and in the update moves the momentum by a few
+// ulps of the tensor's gradient scale; where c = β1·m + (1 − β1)·g lands next to 0 its sign can flip
+// (a ±2·lr difference in θ), which is allowed on a small fraction of the parameters.
+constexpr double kLionMomRelTol = 1e-5;        // × max |m_ref| of the tensor
+constexpr double kLionThetaAbsTol = 1e-6;      // + this × |θ_ref|, with no sign flip
+constexpr double kMaxLionSignFlipFraction = 1e-3;
+// SwiGLU forward without Q_a: expf ≤ 2 ulp in σ, two correctly rounded products (__fmul_rn).
+constexpr double kSwigluFwdRelTol = 0x1p-20;
+// With Q_a: an ulp in h can move a value across an E2M1 rounding boundary (a code flip) or the row's
+// amax (every value of the row then differs by the ulp of γ): values within 2^-18 relative are the
+// same code; flipped codes are a small fraction.
+constexpr double kQaSameCodeRelTol = 0x1p-18;
+constexpr double kMaxQaCodeFlipFraction = 0.01;
+// Gates ≥ 17 make exp(−a) < 2^-24: σ = 1 exactly on host and device, h = a·b bitwise.
+constexpr float kExactSiluMinGate = 17.0f;
+// SwiGLU backward: FMA contraction of 1 + a(1 − σ) and of the products, expf in σ: relative to the
+// element's scale |dh|·(|b| + 1).
+constexpr double kSwigluBwdRelTol = 0x1p-18;
+// weighted_mse: the device's fp64 FMA in Σ r² and its tree order vs the CPU's column order.
+constexpr double kRowLossRelTol = 1e-12;
+
+bool same_bits(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+template <typename T>
+int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(&a[i], &b[i], sizeof(T))) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::vector<float> normal(size_t n, float std, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.0f, std);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(g);
+  return x;
+}
+
+// ---- fake_quant -------------------------------------------------------------------------------------
+// Rows with per-row scales 2^-6 … 2^6 and one all-zero block per row of two or more blocks.
+std::vector<float> quant_rows(int64_t rows, int64_t K, int block, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(rows * K);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(g() % 13) - 6);
+    for (int64_t k = 0; k < K; ++k) x[r * K + k] = scale * nd(g);
+    if (K / block < 2) continue;
+    const int64_t zb = static_cast<int64_t>(g() % (K / block));
+    for (int j = 0; j < block; ++j) x[r * K + zb * block + j] = 0.0f;
+  }
+  return x;
+}
+
+struct FqOut {
+  std::vector<float> x;
+  float amax = -1.0f;
+  int32_t flag = -1;
+};
+FqOut fake_quant_gpu(const std::vector<float>& x, int64_t rows, int64_t K, int block, bool per_row) {
+  DevBuf<float> d_x(x), d_amax(std::vector<float>{-1.0f});
+  DevBuf<int32_t> d_flag(std::vector<int32_t>{0});
+  fake_quant({.x = d_x.p, .rows = rows, .K = K, .block = block, .per_row = per_row, .amax = d_amax.p,
+              .nonfinite = d_flag.p},
+             nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return {d_x.download(), d_amax.download()[0], d_flag.download()[0]};
+}
+
+const int64_t kQuantShapes[][2] = {{1, 32}, {2, 48}, {3, 48}, {37, 96}, {129, 768}, {5, 2048}, {768, 256}};  // {rows, K}
+
+TEST(FakeQuantGpu, MatchesRefBitwise) {
+  for (const int block : {16, 32})
+    for (const bool per_row : {false, true})
+      for (const auto& s : kQuantShapes) {
+        const int64_t rows = s[0], K = s[1];
+        if (K % block) continue;
+        const auto x = quant_rows(rows, K, block, 1000 * block + 10 * rows + per_row);
+        if (!per_row && (rows * K) % 32) {  // the tensor kernel takes whole warps of values
+          DevBuf<float> d_x(x), d_amax(1);
+          EXPECT_THROW(fake_quant({.x = d_x.p, .rows = rows, .K = K, .block = block, .per_row = false,
+                                   .amax = d_amax.p},
+                                  nullptr),
+                       Error);
+          continue;
+        }
+        std::vector<float> ref = x;
+        float ref_amax = -1.0f;
+        int32_t ref_flag = 0;
+        fake_quant_ref({.x = ref.data(), .rows = rows, .K = K, .block = block, .per_row = per_row, .amax = &ref_amax,
+                        .nonfinite = &ref_flag});
+        const FqOut gpu = fake_quant_gpu(x, rows, K, block, per_row);
+        EXPECT_EQ(first_diff(gpu.x, ref), -1) << "block=" << block << " per_row=" << per_row << " rows=" << rows
+                                              << " K=" << K << " (first bad index shown)";
+        if (!per_row) EXPECT_EQ(gpu.amax, ref_amax) << "amax, block=" << block << " rows=" << rows << " K=" << K;
+        EXPECT_EQ(gpu.flag, 0);
+        int64_t nonzero = 0;
+        for (float v : gpu.x) nonzero += v != 0.0f;
+        EXPECT_GT(nonzero, 0);
+      }
+}
+
+TEST(FakeQuantGpu, NonFiniteSetsTheFlag) {
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    for (const bool per_row : {false, true}) {
+      auto x = quant_rows(9, 64, 32, 3);
+      x[7 * 64 + 33] = bad;
+      EXPECT_EQ(fake_quant_gpu(x, 9, 64, 32, per_row).flag, 1) << "value " << bad << " per_row=" << per_row;
+    }
+  // All-zero and empty tensors.
+  const std::vector<float> z(4 * 64, 0.0f);
+  for (const bool per_row : {false, true}) {
+    const FqOut o = fake_quant_gpu(z, 4, 64, 16, per_row);
+    EXPECT_EQ(o.x, z);
+    EXPECT_EQ(o.flag, 0);
+  }
+  DevBuf<float> d(1), d_amax(1);
+  EXPECT_NO_THROW(fake_quant({.x = d.p, .rows = 0, .K = 32, .block = 32, .per_row = false, .amax = d_amax.p}, nullptr));
+  EXPECT_THROW(fake_quant({.x = d.p, .rows = 1, .K = 32, .block = 32, .per_row = false, .amax = nullptr}, nullptr),
+               Error);  // a tensor γ needs the amax scratch
+}
+
+// ---- gather_rows ------------------------------------------------------------------------------------
+TEST(GatherRowsGpu, MatchesPlainGatherBitwise) {
+  for (const int64_t C : {1, 7, 300, 2048})
+    for (const int64_t m : {1, 33, 257}) {
+      const int64_t src_rows = 45;
+      const auto src = normal(src_rows * C, 1.0f, C + m);
+      std::mt19937_64 g(m);
+      std::vector<int64_t> idx(m);
+      for (int64_t i = 0; i < m; ++i) idx[i] = i % 4 == 3 ? -1 : static_cast<int64_t>(g() % src_rows);
+      std::vector<float> ref(m * C, -7.0f);
+      gather_rows_ref({.src = src.data(), .src_rows = src_rows, .C = C, .idx = idx.data(), .m = m, .out = ref.data()});
+      // Past the source rows: the kernel writes zeros (the twin throws instead).
+      if (m > 1) {
+        idx[1] = src_rows;
+        std::fill_n(ref.begin() + C, C, 0.0f);
+      }
+      DevBuf<float> d_src(src), d_out(std::vector<float>(m * C, std::numeric_limits<float>::quiet_NaN()));
+      DevBuf<int64_t> d_idx(idx);
+      gather_rows({.src = d_src.p, .src_rows = src_rows, .C = C, .idx = d_idx.p, .m = m, .out = d_out.p}, nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_diff(d_out.download(), ref), -1) << "C=" << C << " m=" << m;
+    }
+}
+
+// ---- gumbel_support -----------------------------------------------------------------------------------
+struct Support {
+  int64_t R;
+  std::vector<float> A, V;
+  std::vector<uint8_t> fixed;
+};
+Support random_support(int64_t R, uint64_t seed) {
+  Support s{R, normal(R * kP, 0.05f, seed), normal(R * kG, 1.0f, seed + 1), std::vector<uint8_t>(R)};
+  std::mt19937_64 g(seed + 2);
+  for (auto& p : s.fixed) p = static_cast<uint8_t>(g() % kP);
+  for (int64_t r = 0; r < R; r += 11)  // ties: the lowest id wins on both sides
+    for (int p = 0; p < kP; ++p) s.A[r * kP + p] = p % 3 == 1 ? 0.25f : 0.0f;
+  return s;
+}
+
+struct SupportOut {
+  std::vector<float> pi, W;
+  std::vector<uint8_t> patterns;
+};
+SupportOut support_forward(const Support& s, SupportMode mode, double kappa, double tau, uint64_t key, bool gpu) {
+  SupportOut o{std::vector<float>(s.R * kP, -1.0f), std::vector<float>(s.R * kG, -1.0f), std::vector<uint8_t>(s.R, 99)};
+  if (!gpu) {
+    gumbel_support_forward_ref({.R = s.R, .mode = mode, .A = s.A.data(), .V = s.V.data(), .fixed = s.fixed.data(),
+                                .kappa = kappa, .tau = tau, .key = key, .pi = o.pi.data(), .W = o.W.data(),
+                                .patterns = o.patterns.data()});
+    return o;
+  }
+  DevBuf<float> A(s.A), V(s.V), pi(o.pi), W(o.W);
+  DevBuf<uint8_t> fixed(s.fixed), pat(o.patterns);
+  gumbel_support_forward({.R = s.R, .mode = mode, .A = A.p, .V = V.p, .fixed = fixed.p, .kappa = kappa, .tau = tau,
+                          .key = key, .pi = pi.p, .W = W.p, .patterns = pat.p},
+                         nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return {pi.download(), W.download(), pat.download()};
+}
+
+const int64_t kGroupCounts[] = {1, 255, 257, 1000, 768 * 2048 / 8};
+
+TEST(GumbelSupportGpu, HardModesMatchRefBitwise) {
+  for (const int64_t R : kGroupCounts) {
+    const Support s = random_support(R, R);
+    for (const SupportMode mode : {SupportMode::kArgmax, SupportMode::kFixed}) {
+      const SupportOut ref = support_forward(s, mode, 100.0, 2.0, 0, false);
+      const SupportOut gpu = support_forward(s, mode, 100.0, 2.0, 0, true);
+      EXPECT_EQ(first_diff(gpu.W, ref.W), -1) << "R=" << R << " mode " << static_cast<int>(mode);
+      EXPECT_EQ(first_diff(gpu.patterns, ref.patterns), -1) << "R=" << R << " mode " << static_cast<int>(mode);
+    }
+  }
+}
+
+TEST(GumbelSupportGpu, RelaxedModesMatchRefWithinTolerance) {
+  // The start and the end of the κ, τ annealing (κ 100 → 500, τ 2 → small).
+  const double schedule[][2] = {{100.0, 2.0}, {500.0, 0.25}};
+  for (const int64_t R : kGroupCounts)
+    for (const auto& kt : schedule)
+      for (const SupportMode mode : {SupportMode::kNoiseFree, SupportMode::kGumbel}) {
+        const Support s = random_support(R, 7 * R);
+        const uint64_t key = gumbel::rng_key(1, 3, 2, 17, 1);
+        const SupportOut ref = support_forward(s, mode, kt[0], kt[1], key, false);
+        const SupportOut gpu = support_forward(s, mode, kt[0], kt[1], key, true);
+        int64_t bad_pi = 0, bad_w = 0, dominant = 0, exact = 0;
+        for (int64_t r = 0; r < R; ++r) {
+          for (int p = 0; p < kP; ++p) {
+            const double d = std::fabs(gpu.pi[r * kP + p] - ref.pi[r * kP + p]);
+            bad_pi += !(d <= kSoftAbsTol + kSoftRelTol * ref.pi[r * kP + p]);
+            exact += d == 0.0;
+          }
+          for (int j = 0; j < kG; ++j) {
+            const double d = std::fabs(gpu.W[r * kG + j] - ref.W[r * kG + j]);
+            bad_w += !(d <= (2 * kSoftAbsTol + 2 * kSoftRelTol) * std::fabs(s.V[r * kG + j]));
+          }
+          dominant += gumbel::argmax_pattern<float>(&gpu.pi[r * kP]) != gumbel::argmax_pattern<float>(&ref.pi[r * kP]);
+        }
+        const double frac = static_cast<double>(dominant) / R;
+        std::printf("gumbel_support mode %d kappa=%g tau=%g R=%lld: %lld of %lld pi exact, %lld dominant flips\n",
+                    static_cast<int>(mode), kt[0], kt[1], static_cast<long long>(R), static_cast<long long>(exact),
+                    static_cast<long long>(R * kP), static_cast<long long>(dominant));
+        EXPECT_EQ(bad_pi, 0) << "R=" << R << " mode " << static_cast<int>(mode) << " kappa=" << kt[0];
+        EXPECT_EQ(bad_w, 0) << "R=" << R << " mode " << static_cast<int>(mode) << " kappa=" << kt[0];
+        EXPECT_LE(frac, R >= 1000 ? kMaxDominantMismatchFraction : 0.0) << "R=" << R;
+      }
+}
+
+TEST(GumbelSupportGpu, LionMatchesRefWithinTolerance) {
+  const double kappa = 300.0, tau = 0.8, lr_A = 2e-3, lr_V = 4e-4;
+  for (const int64_t R : kGroupCounts)
+    for (const bool relaxed : {true, false}) {
+      const Support s = random_support(R, 3 * R + relaxed);
+      const SupportOut f = support_forward(s, SupportMode::kNoiseFree, kappa, tau, 0, false);
+      const auto dW = normal(R * kG, 1e-3f, R + 11);
+      const auto mA0 = normal(R * kP, 1e-2f, R + 12), mV0 = normal(R * kG, 1e-3f, R + 13);
+      std::vector<float> A = s.A, V = s.V, mA = mA0, mV = mV0;
+      gumbel_support_lion_ref({.R = R, .dW = dW.data(), .pi = relaxed ? f.pi.data() : nullptr, .fixed = s.fixed.data(),
+                               .kappa = kappa, .tau = tau, .A = relaxed ? A.data() : nullptr, .V = V.data(),
+                               .mom_A = relaxed ? mA.data() : nullptr, .mom_V = mV.data(), .lr_A = lr_A, .lr_V = lr_V});
+      DevBuf<float> d_dW(dW), d_pi(f.pi), d_A(s.A), d_V(s.V), d_mA(mA0), d_mV(mV0);
+      DevBuf<uint8_t> d_fixed(s.fixed);
+      gumbel_support_lion({.R = R, .dW = d_dW.p, .pi = relaxed ? d_pi.p : nullptr, .fixed = d_fixed.p, .kappa = kappa,
+                           .tau = tau, .A = relaxed ? d_A.p : nullptr, .V = d_V.p, .mom_A = relaxed ? d_mA.p : nullptr,
+                           .mom_V = d_mV.p, .lr_A = lr_A, .lr_V = lr_V},
+                          nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      auto compare = [&](const std::vector<float>& theta_ref, const std::vector<float>& theta_gpu,
+                         const std::vector<float>& m_ref, const std::vector<float>& m_gpu, const char* what) {
+        float m_scale = 0.0f;
+        for (float v : m_ref) m_scale = std::max(m_scale, std::fabs(v));
+        int64_t bad_m = 0, flips = 0;
+        for (size_t i = 0; i < m_ref.size(); ++i) {
+          bad_m += !(std::fabs(m_gpu[i] - m_ref[i]) <= kLionMomRelTol * m_scale);
+          flips += !(std::fabs(theta_gpu[i] - theta_ref[i]) <= kLionThetaAbsTol * (1.0 + std::fabs(theta_ref[i])));
+        }
+        EXPECT_EQ(bad_m, 0) << what << " momentum, R=" << R << " relaxed=" << relaxed;
+        EXPECT_LE(static_cast<double>(flips) / m_ref.size(), R >= 1000 ? kMaxLionSignFlipFraction : 0.0)
+            << what << " (" << flips << " sign flips), R=" << R << " relaxed=" << relaxed;
+        EXPECT_GT(m_scale, 0.0f);
+      };
+      compare(V, d_V.download(), mV, d_mV.download(), "V");
+      if (relaxed) compare(A, d_A.download(), mA, d_mA.download(), "A");
+      else EXPECT_EQ(first_diff(d_A.download(), s.A), -1) << "a fixed support leaves A alone";
+    }
+}
+
+// ---- swiglu_train -------------------------------------------------------------------------------------
+struct SwigluCase {
+  int64_t rows, I;
+  std::vector<float> ab, dh;  // [rows, 2I], [rows, I]
+};
+SwigluCase swiglu_case(int64_t rows, int64_t I, uint64_t seed, bool exact_silu) {
+  SwigluCase c{rows, I, normal(rows * 2 * I, 2.0f, seed), normal(rows * I, 1.0f, seed + 1)};
+  if (exact_silu) {
+    std::mt19937_64 g(seed + 2);
+    std::uniform_real_distribution<float> gate(kExactSiluMinGate, 40.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < I; ++k) c.ab[r * 2 * I + k] = gate(g);
+  }
+  return c;
+}
+std::vector<float> swiglu_forward_gpu(const SwigluCase& c, bool quantize, int block, int32_t* flag) {
+  DevBuf<float> ab(c.ab), h(c.rows * c.I);
+  DevBuf<int32_t> d_flag(std::vector<int32_t>{0});
+  swiglu_train_forward({.rows = c.rows, .I = c.I, .ab = ab.p, .h = h.p, .quantize = quantize, .block = block,
+                        .nonfinite = d_flag.p},
+                       nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  *flag = d_flag.download()[0];
+  return h.download();
+}
+
+const int64_t kSwigluShapes[][2] = {{1, 32}, {3, 96}, {37, 768}, {129, 768}};  // {rows, I}
+
+TEST(SwigluTrainGpu, ForwardMatchesRef) {
+  for (const auto& s : kSwigluShapes)
+    for (const int block : {16, 32}) {
+      const int64_t rows = s[0], I = s[1];
+      // Exact silu: bitwise, with and without Q_a.
+      const SwigluCase e = swiglu_case(rows, I, 10 * rows + I, true);
+      for (const bool quantize : {false, true}) {
+        std::vector<float> ref(rows * I);
+        swiglu_train_forward_ref({.rows = rows, .I = I, .ab = e.ab.data(), .h = ref.data(), .quantize = quantize,
+                                  .block = block});
+        int32_t flag = -1;
+        EXPECT_EQ(first_diff(swiglu_forward_gpu(e, quantize, block, &flag), ref), -1)
+            << "exact silu, quantize=" << quantize << " block=" << block << " rows=" << rows << " I=" << I;
+        EXPECT_EQ(flag, 0);
+      }
+      // Ordinary gates: within expf's allowance; with Q_a a bounded fraction of flipped codes.
+      const SwigluCase c = swiglu_case(rows, I, 20 * rows + I, false);
+      for (const bool quantize : {false, true}) {
+        std::vector<float> ref(rows * I);
+        swiglu_train_forward_ref({.rows = rows, .I = I, .ab = c.ab.data(), .h = ref.data(), .quantize = quantize,
+                                  .block = block});
+        int32_t flag = -1;
+        const auto gpu = swiglu_forward_gpu(c, quantize, block, &flag);
+        EXPECT_EQ(flag, 0);
+        int64_t off = 0, nonzero = 0;
+        for (int64_t i = 0; i < rows * I; ++i) {
+          const double tol = (quantize ? kQaSameCodeRelTol : kSwigluFwdRelTol) * std::fabs(ref[i]);
+          off += !(std::fabs(gpu[i] - ref[i]) <= tol);
+          nonzero += ref[i] != 0.0f;
+        }
+        EXPECT_GT(nonzero, 0);
+        if (quantize) {
+          std::printf("swiglu_train Q_a block=%d rows=%lld I=%lld: %lld of %lld codes flipped\n", block,
+                      static_cast<long long>(rows), static_cast<long long>(I), static_cast<long long>(off),
+                      static_cast<long long>(rows * I));
+          EXPECT_LE(static_cast<double>(off) / (rows * I), rows * I >= 10000 ? kMaxQaCodeFlipFraction : 0.05)
+              << "rows=" << rows << " I=" << I << " block=" << block;
+        } else {
+          EXPECT_EQ(off, 0) << "rows=" << rows << " I=" << I;
+        }
+      }
+    }
+  // A NaN gate raises the flag.
+  SwigluCase n = swiglu_case(5, 64, 9, false);
+  n.ab[3 * 128 + 10] = std::numeric_limits<float>::quiet_NaN();
+  int32_t flag = 0;
+  swiglu_forward_gpu(n, true, 32, &flag);
+  EXPECT_EQ(flag, 1);
+}
+
+TEST(SwigluTrainGpu, BackwardMatchesRefWithinTolerance) {
+  for (const auto& s : kSwigluShapes) {
+    const int64_t rows = s[0], I = s[1];
+    const SwigluCase c = swiglu_case(rows, I, 30 * rows + I, false);
+    std::vector<float> ref(rows * 2 * I);
+    swiglu_train_backward_ref({.rows = rows, .I = I, .ab = c.ab.data(), .dh = c.dh.data(), .dab = ref.data()});
+    DevBuf<float> ab(c.ab), dh(c.dh), dab(std::vector<float>(rows * 2 * I, std::numeric_limits<float>::quiet_NaN()));
+    swiglu_train_backward({.rows = rows, .I = I, .ab = ab.p, .dh = dh.p, .dab = dab.p}, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto gpu = dab.download();
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < 2 * I; ++k) {
+        const int64_t c0 = k % I;
+        const double scale = std::fabs(c.dh[r * I + c0]) * (std::fabs(c.ab[r * 2 * I + I + c0]) + 1.0) *
+                             (std::fabs(c.ab[r * 2 * I + c0]) + 1.0);
+        bad += !(std::fabs(gpu[r * 2 * I + k] - ref[r * 2 * I + k]) <= kSwigluBwdRelTol * scale);
+      }
+    EXPECT_EQ(bad, 0) << "rows=" << rows << " I=" << I;
+  }
+}
+
+// ---- weighted_mse -------------------------------------------------------------------------------------
+TEST(WeightedMseGpu, MatchesRef) {
+  for (const int64_t H : {64, 257, 2048})
+    for (const int64_t rows : {1, 33, 300}) {
+      const auto y = normal(rows * H, 1.0f, H + rows), y_ref = normal(rows * H, 1.0f, H + rows + 1);
+      std::vector<float> w(rows);
+      std::mt19937_64 g(rows);
+      std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+      double sw = 0.0;
+      for (int64_t i = 0; i < rows; ++i) sw += (w[i] = i % 7 == 6 ? 0.0f : ud(g));  // padding rows: w = 0
+      const double inv_norm = 1.0 / (sw * H);
+      std::vector<float> dy(rows * H);
+      std::vector<double> loss(rows);
+      weighted_mse_ref({.rows = rows, .H = H, .y = y.data(), .y_ref = y_ref.data(), .w = w.data(), .inv_norm = inv_norm,
+                        .dy = dy.data(), .row_loss = loss.data()});
+      DevBuf<float> d_y(y), d_yr(y_ref), d_w(w), d_dy(rows * H);
+      DevBuf<double> d_loss(rows);
+      weighted_mse({.rows = rows, .H = H, .y = d_y.p, .y_ref = d_yr.p, .w = d_w.p, .inv_norm = inv_norm, .dy = d_dy.p,
+                    .row_loss = d_loss.p},
+                   nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_diff(d_dy.download(), dy), -1) << "dy, rows=" << rows << " H=" << H;
+      const auto gl = d_loss.download();
+      for (int64_t i = 0; i < rows; ++i)
+        ASSERT_NEAR(gl[i], loss[i], kRowLossRelTol * loss[i]) << "row " << i << " rows=" << rows << " H=" << H;
+      // Loss only.
+      DevBuf<double> d_loss2(rows);
+      weighted_mse({.rows = rows, .H = H, .y = d_y.p, .y_ref = d_yr.p, .w = d_w.p, .inv_norm = inv_norm, .dy = nullptr,
+                    .row_loss = d_loss2.p},
+                   nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_diff(d_loss2.download(), gl), -1) << "the same tree every run";
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }
