@@ -1,7 +1,7 @@
-// GPU tests of the refinement's ops (src/ops/{fake_quant, gather_rows, gumbel_support, swiglu_train,
+// GPU tests of the refinement's ops (src/ops/{fake_quant, gather_f32, gumbel_support, swiglu_train,
 // weighted_mse}) against their CPU twins on fresh random inputs, at awkward sizes (R not a multiple of
 // the 256-thread CTA, odd row counts) and an I = 768 / H = 2048-like projection:
-//   bitwise   fake_quant (values, amax, nonfinite flag; tensor and per-row γ, block 16 and 32), gather_rows,
+//   bitwise   fake_quant (values, amax, nonfinite flag; tensor and per-row γ, block 16 and 32), gather_f32,
 //             gumbel_support kArgmax / kFixed, weighted_mse dŶ, swiglu_train forward where silu is exact;
 //   tolerance gumbel_support kNoiseFree / kGumbel (the device's expf / logf and fp64 FMA contraction of
 //             κ·a + g), gumbel_support_lion and swiglu_train backward (FMA contraction), swiglu_train
@@ -20,7 +20,7 @@
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
 #include "ops/fake_quant/fake_quant.h"
-#include "ops/gather_rows/gather_rows.h"
+#include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_math.h"
 #include "ops/gumbel_support/gumbel_support.h"
 #include "ops/swiglu_train/swiglu_train.h"
@@ -165,8 +165,8 @@ TEST(FakeQuantGpu, NonFiniteSetsTheFlag) {
                Error);  // a tensor γ needs the amax scratch
 }
 
-// ---- gather_rows ------------------------------------------------------------------------------------
-TEST(GatherRowsGpu, MatchesPlainGatherBitwise) {
+// ---- gather_f32 ------------------------------------------------------------------------------------
+TEST(GatherF32Gpu, MatchesPlainGatherBitwise) {
   for (const int64_t C : {1, 7, 300, 2048})
     for (const int64_t m : {1, 33, 257}) {
       const int64_t src_rows = 45;
@@ -175,7 +175,7 @@ TEST(GatherRowsGpu, MatchesPlainGatherBitwise) {
       std::vector<int64_t> idx(m);
       for (int64_t i = 0; i < m; ++i) idx[i] = i % 4 == 3 ? -1 : static_cast<int64_t>(g() % src_rows);
       std::vector<float> ref(m * C, -7.0f);
-      gather_rows_ref({.src = src.data(), .src_rows = src_rows, .C = C, .idx = idx.data(), .m = m, .out = ref.data()});
+      gather_f32_ref({.src = src.data(), .src_rows = src_rows, .C = C, .idx = idx.data(), .m = m, .out = ref.data()});
       // Past the source rows: the kernel writes zeros (the twin throws instead).
       if (m > 1) {
         idx[1] = src_rows;
@@ -183,7 +183,7 @@ TEST(GatherRowsGpu, MatchesPlainGatherBitwise) {
       }
       DevBuf<float> d_src(src), d_out(std::vector<float>(m * C, std::numeric_limits<float>::quiet_NaN()));
       DevBuf<int64_t> d_idx(idx);
-      gather_rows({.src = d_src.p, .src_rows = src_rows, .C = C, .idx = d_idx.p, .m = m, .out = d_out.p}, nullptr);
+      gather_f32({.src = d_src.p, .src_rows = src_rows, .C = C, .idx = d_idx.p, .m = m, .out = d_out.p}, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(first_diff(d_out.download(), ref), -1) << "C=" << C << " m=" << m;
     }
