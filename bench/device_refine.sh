@@ -5,7 +5,7 @@
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
-# STEPS: any of "tests quality datafree bench kimi" (default: all but kimi).
+# STEPS: any of "tests quality datafree datafree_cuda profile bench kimi" (default: tests quality datafree bench).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -84,6 +84,15 @@ if has datafree; then
   compress cuda_df --method moesq --device cuda
   for r in sg_df cpu_df cuda_df; do evaluate $r; done
   log "datafree $(( $(date +%s) - t0 )) s"
+fi
+if has datafree_cuda; then  # the GPU arm alone (the CPU arm's nats: docs/RESULTS.md, same code path)
+  compress cuda_df --method moesq --device cuda
+  for r in bf16 cuda_df; do evaluate $r; done
+  log "datafree_cuda $(( $(date +%s) - t0 )) s"
+fi
+if has profile; then
+  timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile > "$W/profile.log" 2>&1
+  log "bench_refine_layer --profile rc=$?"; sed 's/^/  /' "$W/profile.log" | tee -a "$S"
 fi
 if has bench; then
   timeout 400 "$B/bench_refine_layer" --model qwen3-30b-a3b --out "$O/bench_refine_qwen3.json" > "$W/bench.log" 2>&1
