@@ -17,7 +17,9 @@
 //
 // Usage: bench_refine_layer [--model qwen3-30b-a3b|kimi-k2.5] [--experts E] [--rows N] [--threads T]
 //                           [--epochs 10] [--cpu-experts 16] [--cpu-epochs 1] [--out R.json]
-//                           [--profile]
+//                           [--gemm fp32,tf32] [--profile]
+// --gemm: the GPU layer once per listed GEMM precision (RefineOptions::tf32_gemm), same data.
+// --cpu-experts 0 skips the CPU peer.
 // --profile: instead of the layer, one expert alone on one thread for one epoch with the step
 // backend's stage timing on (refine/cuda_step_backend.h StageTimes: each stage timed alone), then the
 // same epoch on --threads experts at once (the throughput the streams reach together).
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
     int64_t experts = -1, rows = -1, cpu_experts = 16;
     int threads = static_cast<int>(std::thread::hardware_concurrency()), epochs = 10, cpu_epochs = 1;
     bool profile = false;
+    std::string gemms = "fp32";
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto next = [&]() -> std::string {
@@ -172,6 +175,7 @@ int main(int argc, char** argv) {
       else if (a == "--cpu-epochs") cpu_epochs = std::stoi(next());
       else if (a == "--out") out = next();
       else if (a == "--profile") profile = true;
+      else if (a == "--gemm") gemms = next();
       else MOESQ_FAIL("unknown flag ", a, " (see the header of bench/bench_refine_layer.cu)");
     }
     const Shape* sh = nullptr;
@@ -245,58 +249,75 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    // Peak GPU memory, sampled while the GPU layer runs.
-    size_t free0 = 0, total = 0;
-    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
-    std::atomic<bool> done{false};
-    std::atomic<size_t> min_free{free0};
-    std::thread sampler([&] {
-      while (!done) {
-        size_t f = 0, t = 0;
-        if (cudaMemGetInfo(&f, &t) == cudaSuccess && f < min_free) min_free = f;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    nlohmann::json gpu_rows = nlohmann::json::array();
+    double gpu_seconds_first = 0;
+    for (size_t p0 = 0; p0 < gemms.size();) {
+      size_t p1 = gemms.find(',', p0);
+      if (p1 == std::string::npos) p1 = gemms.size();
+      const std::string gemm = gemms.substr(p0, p1 - p0);
+      p0 = p1 + 1;
+      MOESQ_CHECK(gemm == "fp32" || gemm == "tf32", "--gemm: '", gemm, "' is not fp32 or tf32");
+      // Peak GPU memory, sampled while the GPU layer runs.
+      size_t free0 = 0, total = 0;
+      MOESQ_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+      std::atomic<bool> done{false};
+      std::atomic<size_t> min_free{free0};
+      std::thread sampler([&] {
+        while (!done) {
+          size_t f = 0, t = 0;
+          if (cudaMemGetInfo(&f, &t) == cudaSuccess && f < min_free) min_free = f;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      });
+      struct JoinOnExit {  // an error in the run must not destroy a joinable thread (std::terminate)
+        std::atomic<bool>& done;
+        std::thread& t;
+        ~JoinOnExit() {
+          done = true;
+          if (t.joinable()) t.join();
+        }
+      };
+      RunStats gpu;
+      {
+        JoinOnExit join{done, sampler};
+        compress::RefineOptions og = o;
+        og.device = compress::refine::make_cuda_step_backend;
+        og.tf32_gemm = gemm == "tf32";
+        gpu = refine_all(ex, E, n, H, I, og, threads);
       }
-    });
-    struct JoinOnExit {  // an error in the run must not destroy a joinable thread (std::terminate)
-      std::atomic<bool>& done;
-      std::thread& t;
-      ~JoinOnExit() {
-        done = true;
-        if (t.joinable()) t.join();
-      }
-    };
-    RunStats gpu;
-    {
-      JoinOnExit join{done, sampler};
-      compress::RefineOptions og = o;
-      og.device = compress::refine::make_cuda_step_backend;
-      gpu = refine_all(ex, E, n, H, I, og, threads);
+      const double peak_gb = static_cast<double>(free0 - min_free) / 1e9;
+      if (gpu_rows.empty()) gpu_seconds_first = gpu.seconds;
+      std::printf("GPU %s: layer %.2f s, %lld steps, %.1f TFLOP, %.1f TFLOP/s = %.0f %% of the fp32 GEMM rate; peak +%.2f GB; "
+                  "held-out loss %.4g -> %.4g\n",
+                  gemm.c_str(), gpu.seconds, static_cast<long long>(gpu.steps), gpu.flops / 1e12,
+                  gpu.flops / gpu.seconds / 1e12, 100.0 * gpu.flops / gpu.seconds / 1e12 / rate, peak_gb, gpu.mean_init,
+                  gpu.mean_final);
+      gpu_rows.push_back({{"gemm", gemm}, {"seconds", gpu.seconds}, {"steps", gpu.steps}, {"tflop", gpu.flops / 1e12},
+                          {"tflops", gpu.flops / gpu.seconds / 1e12},
+                          {"fraction_of_fp32_rate", gpu.flops / gpu.seconds / 1e12 / rate}, {"peak_gpu_gb", peak_gb},
+                          {"init_loss", gpu.mean_init}, {"final_loss", gpu.mean_final}});
     }
-    const double peak_gb = static_cast<double>(free0 - min_free) / 1e9;
-    std::printf("GPU: layer %.2f s, %lld steps, %.1f TFLOP, %.1f TFLOP/s = %.0f %% of the fp32 GEMM rate; peak +%.2f GB; "
-                "held-out loss %.4g -> %.4g\n",
-                gpu.seconds, static_cast<long long>(gpu.steps), gpu.flops / 1e12, gpu.flops / gpu.seconds / 1e12,
-                100.0 * gpu.flops / gpu.seconds / 1e12 / rate, peak_gb, gpu.mean_init, gpu.mean_final);
 
-    compress::RefineOptions oc = o;
-    oc.epochs = cpu_epochs;
-    const RunStats cpu = refine_all(ex, cpu_experts, n, H, I, oc, threads);
-    const double cpu_layer = cpu.seconds * (static_cast<double>(E) / static_cast<double>(cpu_experts)) *
-                             (static_cast<double>(epochs) / cpu_epochs);
-    std::printf("CPU peer: %lld experts x %d epoch(s) in %.2f s -> layer %.1f s (extrapolated); GPU speedup %.1fx\n",
-                static_cast<long long>(cpu_experts), cpu_epochs, cpu.seconds, cpu_layer, cpu_layer / gpu.seconds);
+    RunStats cpu;
+    double cpu_layer = 0;
+    if (cpu_experts > 0) {
+      compress::RefineOptions oc = o;
+      oc.epochs = cpu_epochs;
+      cpu = refine_all(ex, cpu_experts, n, H, I, oc, threads);
+      cpu_layer = cpu.seconds * (static_cast<double>(E) / static_cast<double>(cpu_experts)) *
+                  (static_cast<double>(epochs) / cpu_epochs);
+      std::printf("CPU peer: %lld experts x %d epoch(s) in %.2f s -> layer %.1f s (extrapolated); GPU (%s) speedup %.1fx\n",
+                  static_cast<long long>(cpu_experts), cpu_epochs, cpu.seconds, cpu_layer,
+                  gpu_rows[0]["gemm"].get<std::string>().c_str(), cpu_layer / gpu_seconds_first);
+    }
     if (!out.empty()) {
       nlohmann::json j = {{"model", sh->name}, {"H", H}, {"I", I}, {"experts", E}, {"rows_per_expert", n},
                           {"threads", threads}, {"epochs", epochs}, {"batch", sched.batch},
                           {"fp32_gemm_tflops", rate},
-                          {"gpu", {{"seconds", gpu.seconds}, {"steps", gpu.steps}, {"tflop", gpu.flops / 1e12},
-                                   {"tflops", gpu.flops / gpu.seconds / 1e12},
-                                   {"fraction_of_fp32_rate", gpu.flops / gpu.seconds / 1e12 / rate},
-                                   {"peak_gpu_gb", peak_gb}, {"init_loss", gpu.mean_init},
-                                   {"final_loss", gpu.mean_final}}},
+                          {"gpu", gpu_rows},
                           {"cpu_peer", {{"experts", cpu_experts}, {"epochs", cpu_epochs}, {"seconds", cpu.seconds},
                                         {"layer_seconds_extrapolated", cpu_layer}}},
-                          {"speedup", cpu_layer / gpu.seconds}};
+                          {"speedup_first_gpu_row", cpu_experts > 0 ? cpu_layer / gpu_seconds_first : 0.0}};
       std::ofstream(out) << j.dump(2) << "\n";
     }
     cublasDestroy(blas);

@@ -127,6 +127,9 @@ void run_compress(const Args* args, dist::Communicator& comm) {
               "checkpoint ", args->dir,
               " is already quantized (config.json has quantization_config); compress the original");
   resolve_device(args->device, ckpt.spec(), opt);  // before the weights are read
+  MOESQ_CHECK(!opt.refine.tf32_gemm || opt.device == compress::Device::kCuda,
+              "--gpu-gemm tf32 applies to the refinement on the GPU, and this run refines on the CPU (--device ",
+              args->device, ")");
   model::DecoderModel m(ckpt);
   if (opt.device == compress::Device::kCuda)
     progress("compress", "refinement on the GPU (--device " + args->device + "); every other stage on the CPU");

@@ -78,6 +78,10 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--kappa1", r.kappa1, "logit scale κ at the last step")->check(kPositive);
   f.batch_opt = g->add_option("--batch", r.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", r.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
+  g->add_option("--gpu-gemm", f.gpu_gemm,
+                "precision of the refinement's GEMMs on the GPU: fp32 (as the CPU) | tf32 (tensor cores, 10-bit\n"
+                "mantissa inputs, fp32 accumulation; bench/NOTES.md has its speed and quality)")
+      ->check(CLI::IsMember({"fp32", "tf32"}));
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
   f.baseline_group = b;
   b->add_option("--jsq-rho", f.opt.jsq.rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
@@ -114,6 +118,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_lr_V = by_rule(lr_v_opt);
   r.rule_per_expert = schedule_scope == "expert";
   r.restore_best = select_epoch == "best";
+  r.tf32_gemm = gpu_gemm == "tf32";
   compress::validate(o);  // once, at the boundary: a bad value fails before the model is loaded
   return o;
 }

@@ -25,7 +25,7 @@ struct CompressFlags {
   compress::CompressOptions opt;
   // The text forms of RefineOptions::p, update_A, rule_per_expert and restore_best; add_compress_flags
   // sets their defaults from `opt`.
-  std::string objective, update, schedule_scope, select_epoch;
+  std::string objective, update, schedule_scope, select_epoch, gpu_gemm = "fp32";
   // true: epochs / batch / lr_A / lr_V in `opt` are used as they are (a command's own preset, e.g.
   // `moesq demo`), like flags the user gave.
   bool schedule_preset = false;

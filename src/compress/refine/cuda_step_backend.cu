@@ -41,7 +41,6 @@ struct ThreadContext {
     MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     MOESQ_CUBLAS_CHECK(cublasCreate(&blas));
     MOESQ_CUBLAS_CHECK(cublasSetStream(blas, stream));
-    MOESQ_CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));  // fp32 as written: no TF32
   }
   ~ThreadContext() {
     if (blas) cublasDestroy(blas);
@@ -114,6 +113,7 @@ class CudaStepBackend final : public StepBackend {
     MOESQ_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
                 "refine on the GPU: no CUDA device found (use --device cpu)");
     ctx_ = &thread_context();
+    MOESQ_CUBLAS_CHECK(cublasSetMathMode(ctx_->blas, o.tf32_gemm ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     const cudaStream_t s = ctx_->stream;
     d_ = d;
     o_ = &o;

@@ -62,6 +62,7 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("rule_lr_A", o.rule_lr_A);
   fn("rule_lr_V", o.rule_lr_V);
   fn("rule_per_expert", o.rule_per_expert);
+  fn("tf32_gemm", o.tf32_gemm);
 }
 
 }  // namespace

@@ -58,6 +58,9 @@ struct RefineOptions {
   // device backend's factory (`compress --device cuda`: refine/cuda_step_backend.h). Not part of the
   // options JSON: report.json and the resume manifest record the device separately.
   std::unique_ptr<refine::StepBackend> (*device)() = nullptr;
+  // GPU backend only: the five GEMMs of a step on TF32 tensor cores (inputs rounded to a 10-bit
+  // mantissa, fp32 accumulation) instead of fp32 FMA (`--gpu-gemm tf32`). The CPU ignores it.
+  bool tf32_gemm = false;
 };
 
 // Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it
