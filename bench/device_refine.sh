@@ -94,14 +94,13 @@ if has profile; then
   timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile > "$W/profile.log" 2>&1
   log "bench_refine_layer --profile rc=$?"; sed 's/^/  /' "$W/profile.log" | tee -a "$S"
 fi
-if has tf32; then  # TF32 GEMMs vs fp32 on the fixture (--calib, seed 0) and at real shapes, same call
-  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
-  compress cuda_calib --method moesq "${CAL[@]}" --device cuda
-  compress cuda_calib_tf32 --method moesq "${CAL[@]}" --device cuda --gpu-gemm tf32
-  for r in cuda_calib cuda_calib_tf32; do evaluate $r; done
-  timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --gemm fp32,tf32 --cpu-experts 0 \
-    --out "$O/bench_refine_qwen3_tf32.json" > "$W/bench_tf32.log" 2>&1
+if has tf32; then  # TF32 GEMMs vs fp32 at real shapes (TF32_EXPERTS of the layer), then on the fixture
+  timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${TF32_EXPERTS:-128} --gemm fp32,tf32 \
+    --cpu-experts 0 --out "$O/bench_refine_qwen3_tf32.json" > "$W/bench_tf32.log" 2>&1
   log "bench_refine_layer --gemm fp32,tf32 rc=$?"; sed 's/^/  /' "$W/bench_tf32.log" | tee -a "$S"
+  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
+  compress cuda_calib_tf32 --method moesq "${CAL[@]}" --device cuda --gpu-gemm tf32
+  evaluate cuda_calib_tf32
 fi
 if has bench; then
   timeout 400 "$B/bench_refine_layer" --model qwen3-30b-a3b --out "$O/bench_refine_qwen3.json" > "$W/bench.log" 2>&1
