@@ -80,7 +80,9 @@ nlohmann::json run_manifest(const io::Checkpoint& src, const CalibSet& calib, co
                               {"min_tokens", opt.sgptq.min_tokens},
                               {"pattern_at_group", opt.sgptq.pattern_at_group}}}};
   if (opt.method->options_json) options[opt.method->manifest_key] = opt.method->options_json(opt);
-  options["device"] = device_name(opt.device);
+  // Where the refinement ran changes the bits; the CPU (the only device before there was a choice)
+  // is left out, so a work dir committed by an earlier moesq still resumes.
+  if (opt.device != Device::kCpu) options["device"] = device_name(opt.device);
   nlohmann::json files = nlohmann::json::object();
   std::vector<std::string> paths = src.shard_files();
   paths.push_back((fs::path(src.dir()) / "config.json").string());

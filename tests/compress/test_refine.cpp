@@ -528,6 +528,10 @@ TEST(Refine, OptionsJsonRoundTripAndErrors) {
   EXPECT_EQ(back.seed, o.seed);
   EXPECT_FALSE(back.update_A);
   EXPECT_TRUE(back.restore_best);
+  // tf32_gemm is written only when set (earlier runs' bytes stay), and round-trips.
+  EXPECT_FALSE(j.contains("tf32_gemm"));
+  o.tf32_gemm = true;
+  EXPECT_TRUE(compress::refine_options_from_json(compress::refine_options_to_json(o)).tf32_gemm);
   // Missing keys keep their defaults.
   EXPECT_EQ(compress::refine_options_from_json({{"epochs", 4}}).lr_V, RefineOptions{}.lr_V);
   EXPECT_EQ(compress::refine_options_from_json(nullptr).epochs, RefineOptions{}.epochs);

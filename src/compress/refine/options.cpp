@@ -97,6 +97,9 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   nlohmann::json j = nlohmann::json::object();
   RefineOptions copy = o;
   for_each_option(copy, [&](const char* key, auto& field) { j[key] = field; });
+  // Written only when set: the options of every earlier run (all fp32) keep their bytes, so their
+  // resume manifests still match (tests/compress/test_method_table.cpp).
+  if (!o.tf32_gemm) j.erase("tf32_gemm");
   return j;
 }
 
