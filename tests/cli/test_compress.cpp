@@ -401,3 +401,31 @@ TEST_F(CliCompress, LossPerLayerWithoutGnuplotIsANote) {
 }
 
 }  // namespace
+
+namespace {
+
+// --device: only the refinement of --method moesq has a GPU path; a flag that cannot apply is an error
+// naming it before any work (no output), in CPU and CUDA builds alike.
+TEST_F(CliCompress, DeviceFlagErrorsNameWhatCannotRunOnTheGpu) {
+  const std::string out = (tmp_ / "o").string();
+  CmdResult r = run("compress " + model_ + " --method sgptq --device cuda --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--device cuda: only the refinement of --method moesq runs on the GPU"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run("compress " + model_ + " --method moesq --device cpu --gpu-gemm tf32 --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--gpu-gemm tf32 applies to the refinement on the GPU"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run("compress " + model_ + " --method moesq --device tpu --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  // The default (auto) runs a method without a GPU path on the CPU, and report.json says so.
+  r = run("compress " + model_ + " --method rtn-nvfp4 --calib " + (tmp_ / "text.txt").string() +
+          " --calib-samples 2 --seq-len 16 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream rep(fs::path(out) / "report.json");
+  EXPECT_EQ(nlohmann::json::parse(rep).at("device"), "cpu");
+}
+
+}  // namespace
