@@ -78,6 +78,11 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--kappa1", r.kappa1, "logit scale κ at the last step")->check(kPositive);
   f.batch_opt = g->add_option("--batch", r.batch, "tokens per optimizer step" + by_rule)->check(kPositive);
   g->add_option("--micro-batch", r.micro_batch, "tokens per gradient micro-batch")->check(kPositive);
+  g->add_option("--step-sequences", r.step_sequences,
+                    "0: per-expert batches of --batch rows (default) | N: the LAYER-WIDE schedule of the paper's\n"
+                    "reference: each Lion step takes N calibration sequences, the same for every expert of the layer,\n"
+                    "and each expert steps on its rows from them (epochs and rates by the rule for that step count)")
+      ->check(kNonNegative);
   g->add_option("--gpu-gemm", f.gpu_gemm,
                 "precision of the refinement's GEMMs on the GPU: fp32 (as the CPU) | tf32 (tensor cores, 10-bit\n"
                 "mantissa inputs, fp32 accumulation; bench/NOTES.md has its speed and quality)")
@@ -119,6 +124,9 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_per_expert = schedule_scope == "expert";
   r.restore_best = select_epoch == "best";
   r.tf32_gemm = gpu_gemm == "tf32";
+  MOESQ_CHECK(r.step_sequences == 0 || !(batch_opt && batch_opt->count() > 0),
+              "--batch applies to the per-expert schedule; --step-sequences ", r.step_sequences,
+              " chooses the layer-wide one, whose steps take whole sequences");
   compress::validate(o);  // once, at the boundary: a bad value fails before the model is loaded
   return o;
 }

@@ -110,18 +110,24 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
   return X;
 }
 
-// Algorithm 1 line 4: the rows routed to each expert with their router weights, cached once.
+// Algorithm 1 line 4: the rows routed to each expert with their router weights and the sequence each
+// row comes from (offset: [S + 1] first row of each sequence), cached once.
 std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const model::Routes& routes, int64_t E,
-                                           int64_t H) {
+                                           int64_t H, const std::vector<int64_t>& offset) {
   const int64_t k = routes.k;
   std::vector<ExpertCalib> cal(static_cast<size_t>(E));
-  for (int64_t r = 0; r < routes.n; ++r)
+  int32_t q = 0;  // the sequence of row r
+  for (int64_t r = 0; r < routes.n; ++r) {
+    while (r >= offset[static_cast<size_t>(q) + 1]) ++q;
     for (int64_t j = 0; j < k; ++j) {
       ExpertCalib& c = cal[static_cast<size_t>(routes.expert[r * k + j])];
       c.X.insert(c.X.end(), X.begin() + r * H, X.begin() + (r + 1) * H);
       c.g.push_back(routes.weight[r * k + j]);
+      c.seq.push_back(q);
       ++c.n;
     }
+  }
+  for (ExpertCalib& c : cal) c.num_sequences = static_cast<int64_t>(offset.size()) - 1;
   return cal;
 }
 
@@ -326,7 +332,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     } else if (resumed) {
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
-      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H);
+      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H, st.offset);
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)

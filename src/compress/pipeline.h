@@ -78,6 +78,8 @@ struct ExpertCalib {
   std::vector<float> g;  // [n] router combine weight of this expert for the row
   int64_t n = 0;
   int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
+  std::vector<int32_t> seq;   // [n] the calibration sequence each row comes from (layer-wide schedule)
+  int64_t num_sequences = 0;  // calibration sequences of the run
 };
 
 // Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert;

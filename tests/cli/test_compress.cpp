@@ -429,3 +429,33 @@ TEST_F(CliCompress, DeviceFlagErrorsNameWhatCannotRunOnTheGpu) {
 }
 
 }  // namespace
+
+namespace {
+
+// --step-sequences N: the layer-wide schedule end to end (report.json records it per expert); with
+// --batch it is an error naming both flags.
+TEST_F(CliCompress, LayerWideScheduleEndToEnd) {
+  const std::string out = (tmp_ / "o").string(), text = (tmp_ / "text.txt").string();
+  CmdResult r = run("compress " + model_ + " --method moesq --calib " + text +
+                    " --calib-samples 8 --seq-len 32 --epochs 1 --step-sequences 3 --batch 16 --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--batch applies to the per-expert schedule; --step-sequences 3"), std::string::npos) << r.err;
+  r = run("compress " + model_ + " --method moesq --calib " + text +
+          " --calib-samples 8 --seq-len 32 --epochs 1 --step-sequences 3 --device cpu --json --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream rep(fs::path(out) / "report.json");
+  const nlohmann::json j = nlohmann::json::parse(rep);
+  EXPECT_EQ(j.at("refine_options").at("step_sequences"), 3);
+  int refined = 0;
+  for (const auto& layer : j.at("layers"))
+    for (const auto& e : layer.at("experts")) {
+      if (!e.contains("refine") || e["refine"].at("skipped").get<bool>()) continue;
+      ++refined;
+      EXPECT_EQ(e["refine"].at("schedule").at("step_sequences"), 3);
+      EXPECT_EQ(e["refine"].at("schedule").at("batch"), 0);
+      EXPECT_LE(e["refine"].at("steps").get<int>(), 3);  // 8 sequences, 3 per step: at most 3 steps in 1 epoch
+    }
+  EXPECT_GT(refined, 0);
+}
+
+}  // namespace

@@ -129,3 +129,21 @@ TEST(RefineSchedule, ExplicitBatchAndEpochsAreKept) {
 }
 
 }  // namespace
+
+TEST(RefineSchedule, LayerWideStepsAndRates) {
+  using namespace moesq::compress;
+  // The reference's Qwen3-30B-A3B run: 8,192 sequences, 64 per step, 10 epochs → 1,280 steps.
+  RefineSchedule s = layer_wide_schedule(8192, 64, 10);
+  EXPECT_EQ(s.steps, 1280);
+  EXPECT_EQ(s.batch, 0);
+  EXPECT_DOUBLE_EQ(s.lr_A, 2.5e-4 * std::pow(147460.0 / 1280.0, 0.15));
+  EXPECT_DOUBLE_EQ(s.lr_V, 5e-5 * std::pow(147460.0 / 1280.0, 0.30));
+  // moesq's default calibration: 2,048 sequences → 32 steps per epoch; a partial last step counts.
+  EXPECT_EQ(layer_wide_schedule(2048, 64, 10).steps, 320);
+  EXPECT_EQ(layer_wide_schedule(2049, 64, 10).steps, 330);
+  s = layer_wide_schedule(0, 64, 10);
+  EXPECT_EQ(s.steps, 0);
+  EXPECT_DOUBLE_EQ(s.lr_A, 2.5e-4);
+  // More steps than Table 4's never raise the rates above Table 4's.
+  EXPECT_DOUBLE_EQ(layer_wide_schedule(1 << 30, 1, 10).lr_V, 5e-5);
+}

@@ -12,10 +12,12 @@ namespace {
 // The refinement schedule an expert ran with, and where each value came from (report.json).
 nlohmann::json schedule_json(const RefineResult& rr) {
   auto src = [](bool rule) { return rule ? "rule" : "set"; };
-  return {{"batch", rr.batch}, {"epochs", rr.epochs}, {"steps", rr.steps}, {"lr_A", rr.lr_A}, {"lr_V", rr.lr_V},
+  nlohmann::json j = {{"batch", rr.batch}, {"epochs", rr.epochs}, {"steps", rr.steps}, {"lr_A", rr.lr_A}, {"lr_V", rr.lr_V},
           {"rule_rows", rr.schedule_rows},
           {"source", {{"batch", src(rr.batch_from_rule)}, {"epochs", src(rr.epochs_from_rule)},
                       {"lr_A", src(rr.lr_A_from_rule)}, {"lr_V", src(rr.lr_V_from_rule)}}}};
+  if (rr.step_sequences > 0) j["step_sequences"] = rr.step_sequences;  // the layer-wide schedule
+  return j;
 }
 
 PackedExpert compress_moesq(const ExpertJob& job, const CompressOptions& opt, ExpertReport& rep) {
@@ -31,6 +33,9 @@ PackedExpert compress_moesq(const ExpertJob& job, const CompressOptions& opt, Ex
   data.Y_ref = job.y_ref.data();
   data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
   data.schedule_rows = c.schedule_rows;
+  data.seq = c.seq.empty() ? nullptr : c.seq.data();
+  data.num_sequences = c.num_sequences;
+  data.layer_stream = static_cast<uint64_t>(rep.layer);
   data.variant = job.variant;
   const ProjInit ig{rg.dense_rounded.data(), rg.patterns.data(), job.gs_gu, &rg.packed};
   const ProjInit iu{ru.dense_rounded.data(), ru.patterns.data(), job.gs_gu, &ru.packed};

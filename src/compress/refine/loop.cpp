@@ -281,6 +281,10 @@ class ExpertRefinement {
   // The schedule rule (refine/schedule.h) for every one of batch / epochs / rates the options
   // leave to it, from this expert's training rows (or the layer's mean, ExpertData::schedule_rows).
   void apply_schedule(RefineResult& res) {
+    if (o_.step_sequences > 0) {
+      apply_layer_wide_schedule(res);
+      return;
+    }
     const bool any = o_.rule_batch || o_.rule_epochs || o_.rule_lr_A || o_.rule_lr_V;
     if (any) {
       const int64_t rows =
@@ -295,6 +299,35 @@ class ExpertRefinement {
       res.schedule_rows = rows;
     }
     record_schedule(res);
+  }
+  // The layer-wide schedule (RefineOptions::step_sequences): the training rows grouped by their
+  // calibration sequence, the rule's epochs and rates for the layer's step count, and the largest
+  // number of rows any step can hand this expert (the device backend sizes its buffers by it).
+  void apply_layer_wide_schedule(RefineResult& res) {
+    const int64_t S = data_.num_sequences;
+    MOESQ_CHECK(data_.seq && S > 0, "refine: the layer-wide schedule (step_sequences=", o_.step_sequences,
+                ") needs each row's calibration sequence; expert stream ", data_.stream, " has none");
+    rows_of_seq_.assign(static_cast<size_t>(S), {});
+    for (int64_t r : train_) {
+      const int32_t q = data_.seq[r];
+      MOESQ_CHECK(q >= 0 && q < S, "refine: row ", r, " of expert stream ", data_.stream, " names sequence ", q,
+                  ", outside [0, ", S, ")");
+      rows_of_seq_[static_cast<size_t>(q)].push_back(r);
+    }
+    std::vector<int64_t> counts;
+    for (const auto& v : rows_of_seq_) counts.push_back(static_cast<int64_t>(v.size()));
+    std::sort(counts.rbegin(), counts.rend());
+    max_step_rows_ = 0;
+    for (int64_t i = 0; i < std::min<int64_t>(o_.step_sequences, S); ++i) max_step_rows_ += counts[static_cast<size_t>(i)];
+    const RefineSchedule s =
+        layer_wide_schedule(S, o_.step_sequences, o_.rule_epochs ? schedule_rule::kEpochsRef : o_.epochs);
+    if (o_.rule_epochs) o_.epochs = s.epochs;
+    if (o_.rule_lr_A) o_.lr_A = s.lr_A;
+    if (o_.rule_lr_V) o_.lr_V = s.lr_V;
+    record_schedule(res);
+    res.batch = 0;
+    res.batch_from_rule = false;
+    res.step_sequences = o_.step_sequences;
   }
   void record_schedule(RefineResult& res) const {
     res.batch = o_.batch;
@@ -330,7 +363,8 @@ class ExpertRefinement {
     sd.eval_rows = eval_idx_.data();
     sd.n_eval = static_cast<int64_t>(eval_idx_.size());
     sd.eval_inv_norm = eval_rows_.inv_norm;
-    sd.max_batch = std::max<int64_t>(1, std::min<int64_t>(o_.batch, static_cast<int64_t>(train_.size())));
+    sd.max_batch = std::max<int64_t>(
+        1, o_.step_sequences > 0 ? max_step_rows_ : std::min<int64_t>(o_.batch, static_cast<int64_t>(train_.size())));
     sd.act_block = o_.act_block;
     sd.variant = data_.variant;
     backend_->start(sd, P_, fixed_, o_);
@@ -362,6 +396,10 @@ class ExpertRefinement {
   // Algorithm 1 lines 7–16: epochs of shuffled batches, Gumbel noise, annealed κ and τ, Lion; the
   // held-out soft and hard losses after each epoch.
   void optimize(RefineResult& res) {
+    if (o_.step_sequences > 0) {
+      optimize_layer_wide(res);
+      return;
+    }
     const int64_t n_train = static_cast<int64_t>(train_.size());
     const int64_t steps_per_epoch = (n_train + o_.batch - 1) / o_.batch;
     const int64_t num_steps = steps_per_epoch * o_.epochs;
@@ -393,6 +431,53 @@ class ExpertRefinement {
       remember_if_best(epoch + 1, res.curves.hard_loss.back());
     }
     res.steps = t;
+  }
+
+  // The same loop over the layer-wide schedule: step k of an epoch takes the training rows of the
+  // sequences perm[k·N, (k+1)·N) (perm: the layer's shuffle of its sequences, the same for every
+  // expert); a step without rows for this expert is skipped, but still advances the schedule (κ, τ,
+  // rates and noise keys follow the layer's step counter, as they do for every expert of the layer).
+  void optimize_layer_wide(RefineResult& res) {
+    const int64_t S = data_.num_sequences, N = o_.step_sequences;
+    const int64_t steps_per_epoch = (S + N - 1) / N, num_steps = steps_per_epoch * o_.epochs;
+    int64_t t = 0, taken = 0;
+    double kappa = o_.kappa0, tau = o_.tau0;
+    std::vector<int64_t> idx, start(static_cast<size_t>(steps_per_epoch) + 1);
+    for (int epoch = 0; epoch < o_.epochs; ++epoch) {
+      const auto t_epoch = Clock::now();
+      const std::vector<int64_t> perm = permutation(S, rng_key(o_.seed, data_.layer_stream, kRngShuffle, epoch, 1));
+      idx.clear();
+      for (int64_t k = 0; k < steps_per_epoch; ++k) {
+        start[static_cast<size_t>(k)] = static_cast<int64_t>(idx.size());
+        for (int64_t q = k * N; q < std::min(S, (k + 1) * N); ++q) {
+          const std::vector<int64_t>& rows = rows_of_seq_[static_cast<size_t>(perm[static_cast<size_t>(q)])];
+          idx.insert(idx.end(), rows.begin(), rows.end());
+        }
+      }
+      start[static_cast<size_t>(steps_per_epoch)] = static_cast<int64_t>(idx.size());
+      backend_->begin_epoch(idx);
+      for (int64_t k = 0; k < steps_per_epoch; ++k, ++t) {
+        kappa = linear_schedule(o_.kappa0, o_.kappa1, t, num_steps);
+        tau = linear_schedule(o_.tau0, o_.tau1, t, num_steps);
+        StepInput s;
+        s.b0 = start[static_cast<size_t>(k)];
+        s.m = start[static_cast<size_t>(k) + 1] - s.b0;
+        if (s.m == 0) continue;
+        s.inv_norm = batch_inv_norm(w_.data(), &idx[static_cast<size_t>(s.b0)], s.m, H_);
+        s.kappa = kappa;
+        s.tau = tau;
+        for (int j = 0; j < 3; ++j) s.gumbel_key[j] = rng_key(o_.seed, data_.stream, kRngGumbel, t, j);
+        s.lr_A = cosine_lr(o_.lr_A, o_.lr_final_frac, t, num_steps);
+        s.lr_V = cosine_lr(o_.lr_V, o_.lr_final_frac, t, num_steps);
+        backend_->step(s);
+        ++taken;
+      }
+      res.curves.epoch_seconds.push_back(seconds_since(t_epoch));
+      res.curves.soft_loss.push_back(eval_loss(false, kappa, tau));
+      res.curves.hard_loss.push_back(eval_loss(true, kappa, tau));
+      remember_if_best(epoch + 1, res.curves.hard_loss.back());
+    }
+    res.steps = taken;
   }
 
   // Algorithm 1 lines 17–18: argmax patterns, recompute scales, pack; optionally keep the initial
@@ -486,6 +571,8 @@ class ExpertRefinement {
   std::vector<float> Xq_, w_;                     // [n, H] Q_a(X), [n] g^p
   std::vector<int64_t> train_;                    // training row ids
   std::vector<int64_t> eval_idx_;                 // the curves' row ids (held-out, or training)
+  std::vector<std::vector<int64_t>> rows_of_seq_;  // layer-wide schedule: training rows per sequence
+  int64_t max_step_rows_ = 0;                      // layer-wide schedule: most rows one step can take
   int64_t n_held_ = 0;
   Rows eval_rows_;                                // held-out rows (or training rows if none)
   // Best-epoch restore (RefineOptions::restore_best): the lowest held-out hard loss so far, its

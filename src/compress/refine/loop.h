@@ -35,6 +35,12 @@ struct ExpertData {
   // Training rows the schedule rule is applied to when RefineOptions::rule_per_expert is false
   // (the layer's mean per expert); 0: this expert's own training rows.
   int64_t schedule_rows = 0;
+  // Layer-wide schedule (RefineOptions::step_sequences > 0): the calibration sequence of each row
+  // ([n], values in [0, num_sequences)), the layer's sequence count, and the layer's RNG stream (the
+  // same for all its experts, so that they step through the same sequences).
+  const int32_t* seq = nullptr;
+  int64_t num_sequences = 0;
+  uint64_t layer_stream = 0;
   // The expert's biases and activation beyond plain SwiGLU (gpt-oss; model::expert_variant): the
   // biases stay constant, the loss and its gradient run through them.
   model::ExpertVariant variant;
@@ -65,7 +71,8 @@ struct RefineResult {
   int64_t train_rows = 0, heldout_rows = 0, steps = 0;
   // The schedule actually used (after the rule, refine/schedule.h) and where each value came from
   // ("rule" or "set": given in RefineOptions, e.g. by a CLI flag).
-  int64_t batch = 0;
+  int64_t batch = 0;          // rows per step (0: the layer-wide schedule, step_sequences below)
+  int64_t step_sequences = 0; // calibration sequences per step (layer-wide schedule), else 0
   int epochs = 0;
   double lr_A = 0.0, lr_V = 0.0;
   int64_t schedule_rows = 0;  // rows the rule was applied to (0 when the rule set nothing)

@@ -21,6 +21,7 @@ void validate(const RefineOptions& o) {
   MOESQ_CHECK(o.heldout_fraction >= 0 && o.heldout_fraction < 1,
               "refine: held-out fraction ", o.heldout_fraction, " must be in [0, 1)");
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
+  MOESQ_CHECK(o.step_sequences >= 0, "refine: --step-sequences=", o.step_sequences, " must be >= 0 (0 = per-expert batches)");
   MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
 }
 
@@ -63,6 +64,7 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("rule_lr_V", o.rule_lr_V);
   fn("rule_per_expert", o.rule_per_expert);
   fn("tf32_gemm", o.tf32_gemm);
+  fn("step_sequences", o.step_sequences);
 }
 
 }  // namespace
@@ -100,6 +102,7 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   // Written only when set: the options of every earlier run (all fp32) keep their bytes, so their
   // resume manifests still match (tests/compress/test_method_table.cpp).
   if (!o.tf32_gemm) j.erase("tf32_gemm");
+  if (o.step_sequences == 0) j.erase("step_sequences");
   return j;
 }
 

@@ -51,6 +51,12 @@ struct RefineOptions {
   // (RefineCurves::hard_loss), so the packed expert is never worse on the held-out rows than the
   // initial one. Needs held-out rows (heldout_fraction > 0 and n >= 2); without them: the last epoch.
   bool restore_best = false;
+  // The step schedule: 0 = per-expert row batches (`batch` rows per step, each expert its own steps);
+  // N > 0 = LAYER-WIDE (refine/schedule.h layer_wide_schedule): a step consumes N calibration sequences
+  // of the layer, the same ones for every expert (shuffled per epoch from the seed and the layer), and
+  // each expert steps on its training rows from them (a step without rows leaves the expert as is).
+  // Needs ExpertData::seq. `batch` is then unused (the rule sets epochs and rates as above).
+  int64_t step_sequences = 0;
   // Experts with fewer calibration rows than this are not refined (treated like an expert without
   // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
   int64_t min_rows = 0;

@@ -21,6 +21,19 @@ RefineSchedule refine_schedule(int64_t train_rows, int64_t fixed_batch, int fixe
   return s;
 }
 
+RefineSchedule layer_wide_schedule(int64_t num_sequences, int64_t step_sequences, int epochs) {
+  namespace r = schedule_rule;
+  RefineSchedule s;
+  s.batch = 0;
+  s.epochs = epochs;
+  if (num_sequences <= 0 || step_sequences <= 0) return s;
+  s.steps = static_cast<int64_t>(epochs) * ((num_sequences + step_sequences - 1) / step_sequences);
+  const double ratio = std::max(1.0, r::kStepsRef / static_cast<double>(std::max<int64_t>(s.steps, 1)));
+  s.lr_A = r::kLrARef * std::pow(ratio, r::kAlphaA);
+  s.lr_V = r::kLrVRef * std::pow(ratio, r::kAlphaV);
+  return s;
+}
+
 int64_t layer_batch(int64_t mean_train_rows) {
   namespace r = schedule_rule;
   if (mean_train_rows <= 0) return 0;

@@ -68,6 +68,13 @@ struct RefineSchedule {
 // the Table-4 values.
 RefineSchedule refine_schedule(int64_t train_rows, int64_t fixed_batch = 0, int fixed_epochs = 0);
 
+// The LAYER-WIDE step schedule (the reference implementation's, IST-DASLab/MoESQ src/trainer.py: a
+// Lion step consumes a batch of calibration SEQUENCES of the layer, and every expert steps on the rows
+// routed to it from those sequences): steps = epochs · ceil(num_sequences / step_sequences) for every
+// expert of the layer, rates from the same rule (step 3–4 above) on that step count; batch = 0 (the
+// rows per step vary by expert and step). num_sequences or step_sequences <= 0: steps = 0, Table 4's rates.
+RefineSchedule layer_wide_schedule(int64_t num_sequences, int64_t step_sequences, int epochs);
+
 // The large-batch regime above for a layer whose experts have `mean_train_rows` training rows on
 // average: the batch (128, 256 or 512) every expert of the layer uses, or 0 outside the regime (each
 // expert then takes refine_schedule's own batch). Pass it to refine_schedule as fixed_batch.
