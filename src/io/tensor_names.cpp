@@ -207,6 +207,14 @@ bool is_expert_tensor(const std::string& name) {
   return false;
 }
 
+bool is_compressed_expert_tensor(const ModelSpec& spec, const std::string& name) {
+  int64_t l = 0;
+  if (is_fused_expert_weight(name, &l)) return l < spec.num_layers && spec.is_moe_layer(l);
+  if (!is_expert_tensor(name)) return false;
+  const auto t = parse_expert_tensor(name);
+  return t->layer < spec.num_layers && spec.is_moe_layer(t->layer) && t->expert < spec.num_experts;
+}
+
 bool in_expert_container(const std::string& name) {
   for (const char* block : kMoeBlocks)
     if (name.find("." + std::string(block) + ".experts.") != std::string::npos) return true;
