@@ -37,6 +37,14 @@ void check_rope_type(const json& rope, const char* key, const std::string& sourc
 
 }  // namespace
 
+int64_t ModelSpec::window_of(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(attention_window.size()) ? attention_window[layer] : 0;
+}
+
+bool ModelSpec::has_sliding_window() const {
+  return std::any_of(attention_window.begin(), attention_window.end(), [](int64_t w) { return w > 0; });
+}
+
 bool ModelSpec::is_moe_layer(int64_t layer) const {
   // transformers Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, every
   // decoder_sparse_step-th layer (1-based).

@@ -45,6 +45,7 @@ DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
   for (int64_t l = 0; l < s.num_layers; ++l) {
     LayerWeights& L = layers_[l];
     L.input_norm.assign(H, 0.0f);
+    L.attention_window = s.window_of(l);
     L.q_proj.assign(s.num_heads * hd * H, 0.0f);
     L.k_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.v_proj.assign(s.num_kv_heads * hd * H, 0.0f);
