@@ -114,6 +114,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
       if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
   } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
+  const OnInterrupt tmp_on_interrupt = tmp.dir.empty() ? OnInterrupt() : OnInterrupt::remove(tmp.dir);  // SIGINT
   const compress::ExportSummary s =
       compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
   nlohmann::json exported;
