@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/swiglu.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
@@ -257,7 +258,7 @@ std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const floa
     return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size,
                           x, n, fo.expert_act_block(), nullptr, expert_variant(spec_, W));
   } catch (const Error& err) {
-    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+    MOESQ_FAIL(layer_label(l, spec_.num_layers), " expert ", e, ": ", err.what());
   }
 }
 
@@ -269,7 +270,7 @@ std::vector<float> DecoderModel::expert_forward_ref(int64_t l, int64_t e, const 
                               spec_.moe_intermediate_size, x, n, fo.expert_act_block(), nullptr,
                               expert_variant(spec_, W));
   } catch (const Error& err) {
-    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+    MOESQ_FAIL(layer_label(l, spec_.num_layers), " expert ", e, ": ", err.what());
   }
 }
 
