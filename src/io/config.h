@@ -91,6 +91,12 @@ struct ModelSpec {
   void check_seq_len(int64_t len, const char* flag) const;
 };
 
+// Upper bounds on counts config.json gives, checked at parse (Error naming the key): the spec's per-layer
+// and per-expert tables and loops are sized by them before any tensor is read. Far above any released
+// model (DeepSeek-V3: 61 layers, 256 experts), far below sizes that exhaust memory or time.
+inline constexpr int64_t kMaxConfigLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxConfigExperts = int64_t{1} << 20;
+
 // Throws Error naming `source` and the key for unknown architectures or missing/invalid keys.
 ModelSpec parse_config(const nlohmann::json& j, const std::string& source);
 ModelSpec load_config(const std::string& config_json_path);

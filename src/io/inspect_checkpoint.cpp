@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/config_check.h"
 #include "io/compressed_checkpoint.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
@@ -137,6 +138,7 @@ ProjectionInspection inspect_projection(const Checkpoint& ck, const Quantization
 
 CheckpointInspection inspect_checkpoint(const std::string& dir, bool allow_mixed) {
   const Checkpoint ck(dir);
+  check_config_against_tensors(ck);  // before any count or loop sized by config.json
   CheckpointInspection r;
   r.dir = dir;
   r.spec = ck.spec();
