@@ -44,13 +44,36 @@ void check_config_against_tensors(const Checkpoint& ck) {
   const ModelSpec& s = ck.spec();
   const __int128 H = s.hidden_size;
   if (ck.has(kEmbedTokens)) expect_2d(ck, kEmbedTokens, s.vocab_size, H, "vocab_size x hidden_size");
-  const std::string last_norm = layer_tensor(s.num_layers - 1, kInputNorm);
-  MOESQ_CHECK(ck.has(last_norm), ck.dir(), ": config.json says num_hidden_layers = ", s.num_layers, ", but there is no ",
-              last_norm, " (the checkpoint stores fewer layers)");
+  const std::string last = layer_tensor(s.num_layers - 1, "");  // "model.layers.{L-1}."
+  bool has_last = false;
+  for (const std::string& n : ck.names()) has_last = has_last || n.compare(0, last.size(), last) == 0;
+  MOESQ_CHECK(has_last, ck.dir(), ": config.json says num_hidden_layers = ", s.num_layers, ", but no tensor is named ",
+              last, "* (the checkpoint stores fewer layers)");
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (!s.is_moe_layer(l)) continue;
     const std::string router = router_tensor(s, l);
     if (ck.has(router)) expect_2d(ck, router, s.num_experts, H, "num_experts x hidden_size");
+    // Expert 0's gate: dense [I, H], or packed with I rows (the packed readers check the rest).
+    const std::string gate = expert_tensor_prefix(s, l, 0, ExpertProj::Gate);
+    if (ck.has(gate + kWeight)) expect_2d(ck, gate + kWeight, s.moe_intermediate_size, H, "moe_intermediate_size x hidden_size");
+    for (const char* suffix : {kWeightPacked, kWeightSparsePacked})
+      if (ck.has(gate + suffix)) {
+        const std::vector<int64_t>& sh = ck.get(gate + suffix).shape;
+        MOESQ_CHECK(!sh.empty() && sh[0] == s.moe_intermediate_size, ck.dir(), ": tensor ", gate, suffix, " has shape ",
+                    shape_str(sh), " but config.json says moe_intermediate_size = ", s.moe_intermediate_size,
+                    " rows: config.json does not describe these tensors");
+      }
+    // The shared expert's gate [shared width, H] (DeepSeek: moe_intermediate_size × n_shared_experts).
+    const LayerTensorNames& names = layer_tensor_names(s.model_type);
+    const std::string shared = names.shared_expert ? layer_tensor(l, std::string(names.shared_expert) + ".gate_proj.weight") : "";
+    if (s.num_shared_experts > 0 && !shared.empty() && ck.has(shared))
+      expect_2d(ck, shared, s.shared_expert_intermediate_size, H, "shared_expert_intermediate_size x hidden_size");
+    break;
+  }
+  for (int64_t l = 0; l < s.num_layers; ++l) {  // a dense MLP layer: mlp.gate_proj [intermediate_size, H]
+    const std::string dense = layer_tensor(l, "mlp.gate_proj.weight");
+    if (s.is_moe_layer(l) || !ck.has(dense)) continue;
+    expect_2d(ck, dense, s.intermediate_size, H, "intermediate_size x hidden_size");
     break;
   }
   namespace fn = family_names;

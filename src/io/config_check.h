@@ -8,8 +8,7 @@
 namespace moesq::io {
 
 // Error naming config.json's field(s), the tensor and both shapes when they disagree:
-// embed_tokens [vocab_size, hidden_size]; the last layer's input_layernorm must exist
-// (num_hidden_layers); the first MoE layer's router [num_experts, hidden_size]; the first layer with
+// embed_tokens [vocab_size, hidden_size]; some tensor of the last layer must exist (num_hidden_layers); the first MoE layer's router [num_experts, hidden_size]; the first layer with
 // a self_attn.k_proj: k_proj [num_key_value_heads·head_dim, hidden_size] and o_proj
 // [hidden_size, num_attention_heads·head_dim].
 void check_config_against_tensors(const Checkpoint& ckpt);

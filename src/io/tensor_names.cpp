@@ -1,6 +1,7 @@
 #include "io/tensor_names.h"
 
 #include <cctype>
+#include <limits>
 
 #include "core/error.h"
 
@@ -13,6 +14,9 @@ bool read_index(const std::string& name, size_t& pos, int64_t* out) {
   const size_t start = pos;
   int64_t v = 0;
   while (pos < name.size() && std::isdigit(static_cast<unsigned char>(name[pos]))) {
+    // A name from a file: "model.layers.99999999999999999999." is no index (it overflowed int64 before,
+    // undefined behaviour, and wrapped to a negative layer that passed `layer < num_layers`).
+    if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return false;
     v = v * 10 + (name[pos] - '0');
     ++pos;
   }
