@@ -142,6 +142,10 @@ TEST_P(CliExtraLayers, EveryTensorOfTheSourceIsInTheOutputPackedOrCopied) {
 
   // The compressed output evaluates, and its compressed-tensors export keeps the copied experts,
   // listed as ignored (unquantized) modules.
+  for (const std::string& dirname : {src_dir, out}) {  // inspect reads both
+    const moesq::test::CliRun ins = moesq::test::run_moesq("inspect " + dirname + " --json", dir.path.string());
+    EXPECT_EQ(ins.rc, 0) << dirname << ": " << ins.err;
+  }
   const moesq::test::CliRun ev = moesq::test::run_moesq(
       "eval " + out + " --data " + ids + " --seq-len " + std::to_string(T) + " --json", dir.path.string());
   EXPECT_EQ(ev.rc, 0) << ev.err;
