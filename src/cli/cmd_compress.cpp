@@ -136,8 +136,8 @@ void run_compress(const Args* args, dist::Communicator& comm) {
       continue;
     }
     if (refined)
-      std::fprintf(table, "  %s: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", layer_label(x.layer, m.spec().num_layers).c_str(),
-                   x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
+      std::fprintf(table, "  %s: %.6g -> %.6g (%+.1f %%), rel error %.6g\n",
+                   layer_label(x.layer, m.spec().num_layers).c_str(), x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
                    x.rel_error);
     else
       std::fprintf(table, "  %s: rel error %.6g\n", layer_label(x.layer, m.spec().num_layers).c_str(), x.rel_error);

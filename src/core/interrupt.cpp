@@ -99,7 +99,9 @@ void OnInterrupt::dismiss() {
   id_ = 0;
 }
 
-std::unique_lock<std::recursive_mutex> hold_interrupts() { return std::unique_lock<std::recursive_mutex>(registry_mutex()); }
+std::unique_lock<std::recursive_mutex> hold_interrupts() {
+  return std::unique_lock<std::recursive_mutex>(registry_mutex());
+}
 
 std::string run_interrupt_cleanup(int signo) {
   std::lock_guard<std::recursive_mutex> lk(registry_mutex());

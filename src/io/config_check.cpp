@@ -55,7 +55,8 @@ void check_config_against_tensors(const Checkpoint& ck) {
     if (ck.has(router)) expect_2d(ck, router, s.num_experts, H, "num_experts x hidden_size");
     // Expert 0's gate: dense [I, H], or packed with I rows (the packed readers check the rest).
     const std::string gate = expert_tensor_prefix(s, l, 0, ExpertProj::Gate);
-    if (ck.has(gate + kWeight)) expect_2d(ck, gate + kWeight, s.moe_intermediate_size, H, "moe_intermediate_size x hidden_size");
+    if (ck.has(gate + kWeight))
+      expect_2d(ck, gate + kWeight, s.moe_intermediate_size, H, "moe_intermediate_size x hidden_size");
     for (const char* suffix : {kWeightPacked, kWeightSparsePacked})
       if (ck.has(gate + suffix)) {
         const std::vector<int64_t>& sh = ck.get(gate + suffix).shape;
@@ -65,7 +66,8 @@ void check_config_against_tensors(const Checkpoint& ck) {
       }
     // The shared expert's gate [shared width, H] (DeepSeek: moe_intermediate_size × n_shared_experts).
     const LayerTensorNames& names = layer_tensor_names(s.model_type);
-    const std::string shared = names.shared_expert ? layer_tensor(l, std::string(names.shared_expert) + ".gate_proj.weight") : "";
+    const std::string shared =
+        names.shared_expert ? layer_tensor(l, std::string(names.shared_expert) + ".gate_proj.weight") : "";
     if (s.num_shared_experts > 0 && !shared.empty() && ck.has(shared))
       expect_2d(ck, shared, s.shared_expert_intermediate_size, H, "shared_expert_intermediate_size x hidden_size");
     break;
@@ -81,8 +83,10 @@ void check_config_against_tensors(const Checkpoint& ck) {
     const std::string k = layer_tensor(l, std::string(fn::kAttn) + fn::kKProj + kWeight);
     const std::string o = layer_tensor(l, std::string(fn::kAttn) + fn::kOProj + kWeight);
     if (!ck.has(k)) continue;  // linear-attention / MLA layer: no k_proj
-    expect_2d(ck, k, static_cast<__int128>(s.num_kv_heads) * s.head_dim, H, "num_key_value_heads * head_dim x hidden_size");
-    if (ck.has(o)) expect_2d(ck, o, H, static_cast<__int128>(s.num_heads) * s.head_dim, "hidden_size x num_attention_heads * head_dim");
+    expect_2d(ck, k, static_cast<__int128>(s.num_kv_heads) * s.head_dim, H,
+              "num_key_value_heads * head_dim x hidden_size");
+    if (ck.has(o))
+      expect_2d(ck, o, H, static_cast<__int128>(s.num_heads) * s.head_dim, "hidden_size x num_attention_heads * head_dim");
     break;
   }
 }
