@@ -248,10 +248,13 @@ nlohmann::json not_compressed_summary(const Checkpoint& src) {
                        TensorRole::SharedExpertGate, TensorRole::DenseMlp, TensorRole::ExpertBias,
                        TensorRole::Other})
     j[tensor_role_name(r)] = 0;
+  int64_t copied = 0;
   for (const std::string& name : src.names()) {
     const TensorRole r = tensor_role(s, name);
     if (r != TensorRole::RoutedExpert) j[tensor_role_name(r)] = j[tensor_role_name(r)].get<int64_t>() + 1;
+    else copied += !is_compressed_expert_tensor(s, name);
   }
+  j["copied_expert"] = copied;  // routed-expert tensors of layers the model does not run (copied_expert_tensors)
   nlohmann::json dense = nlohmann::json::array();
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l)) dense.push_back(l);

@@ -76,8 +76,9 @@ void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, b
 
 // What a compressed checkpoint of `src` keeps as stored (not compressed), counted by role from the
 // family's tensor-name table: {"router": n, "router_bias": n, "shared_expert": n, "shared_expert_gate": n,
-// "dense_mlp": n, "expert_bias": n, "other": n, "dense_mlp_layers": [l, ...]} (tensor counts; "expert_bias"
-// = gpt-oss's fused expert biases; "other" = attention, norms, embeddings, head).
+// "dense_mlp": n, "expert_bias": n, "other": n, "copied_expert": n, "dense_mlp_layers": [l, ...]} (tensor
+// counts; "expert_bias" = gpt-oss's fused expert biases; "other" = attention, norms, embeddings, head;
+// "copied_expert" = routed-expert tensors of layers the model does not run, copied_expert_tensors).
 nlohmann::json not_compressed_summary(const Checkpoint& src);
 
 // Bytes of the compressed routed-expert tensors of a checkpoint (is_compressed_expert_tensor: to measure

@@ -37,7 +37,10 @@ void count_tensors(const Checkpoint& ck, CheckpointInspection& r) {
     auto& [count, bytes] = r.dtypes[dtype_name(t.dtype)];
     ++count;
     bytes += t.nbytes;
-    if (!in_expert_container(name)) {
+    // A routed-expert tensor of a layer the model does not run (a multi-token-prediction layer past
+    // num_hidden_layers): kept as stored, like the other non-expert tensors (io::copied_expert_tensors).
+    const bool copied = is_expert_tensor(name) && !is_compressed_expert_tensor(s, name);
+    if (!in_expert_container(name) || copied) {
       non_expert_params += t.numel();
       r.non_expert_bytes += t.nbytes;
       continue;

@@ -142,9 +142,16 @@ TEST_P(CliExtraLayers, EveryTensorOfTheSourceIsInTheOutputPackedOrCopied) {
 
   // The compressed output evaluates, and its compressed-tensors export keeps the copied experts,
   // listed as ignored (unquantized) modules.
-  for (const std::string& dirname : {src_dir, out}) {  // inspect reads both
+  for (const std::string& dirname : {src_dir, out}) {  // inspect counts the extra layer as kept, not as experts
     const moesq::test::CliRun ins = moesq::test::run_moesq("inspect " + dirname + " --json", dir.path.string());
-    EXPECT_EQ(ins.rc, 0) << dirname << ": " << ins.err;
+    ASSERT_EQ(ins.rc, 0) << dirname << ": " << ins.err;
+    const json j = json::parse(ins.out);
+    EXPECT_EQ(j["expert_projections"], j["expert_projections_expected"]) << dirname;
+    EXPECT_EQ(j["not_compressed"]["copied_expert"].get<size_t>(), extra_experts.size()) << dirname;
+    if (dirname == out) {
+      EXPECT_LT(j["expert_bits_per_weight"].get<double>(), 4.0) << "the bf16 copies counted as compressed experts";
+      EXPECT_EQ(j["not_compressed"], rep["not_compressed"]) << "report and inspect disagree";
+    }
   }
   const moesq::test::CliRun ev = moesq::test::run_moesq(
       "eval " + out + " --data " + ids + " --seq-len " + std::to_string(T) + " --json", dir.path.string());
