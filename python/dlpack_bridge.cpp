@@ -90,6 +90,33 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
+// A host buffer (PEP 3118) as the DLTensor the checks read: element strides, little-endian formats.
+// `shape` / `strides` hold the arrays t points at. False when the format is not one of moesq's dtypes.
+bool buffer_as_dltensor(const Py_buffer& b, DLTensor* t, std::vector<int64_t>* shape, std::vector<int64_t>* strides) {
+  std::string f = b.format ? b.format : "B";
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.erase(0, 1);
+  const bool sint = f == "i" || f == "l" || f == "q", uint = f == "B" || f == "H";
+  if (f == "f" && b.itemsize == 4) t->dtype = {kDLFloat, 32, 1};
+  else if (sint && (b.itemsize == 4 || b.itemsize == 8)) t->dtype = {kDLInt, static_cast<uint8_t>(8 * b.itemsize), 1};
+  else if (uint) t->dtype = {kDLUInt, static_cast<uint8_t>(8 * b.itemsize), 1};
+  else return false;
+  shape->assign(b.shape, b.shape + b.ndim);
+  strides->clear();
+  for (int i = 0; i < b.ndim; ++i) strides->push_back(b.strides ? b.strides[i] / b.itemsize : 0);
+  if (!b.strides) {  // C-contiguous by the protocol
+    int64_t s = 1;
+    strides->assign(static_cast<size_t>(b.ndim), 0);
+    for (int i = b.ndim - 1; i >= 0; --i) (*strides)[i] = s, s *= b.shape[i];
+  }
+  t->data = b.buf;
+  t->device = {kDLCPU, 0};
+  t->ndim = b.ndim;
+  t->shape = shape->data();
+  t->strides = strides->data();
+  t->byte_offset = 0;
+  return true;
+}
+
 DlView::DlView(const pyb::object& obj, const Expect& e, intptr_t consumer_stream) {
   pyb::capsule cap;
   if (PyCapsule_CheckExact(obj.ptr())) {
@@ -99,18 +126,53 @@ DlView::DlView(const pyb::object& obj, const Expect& e, intptr_t consumer_stream
     pyb::object dev = pyb::hasattr(obj, "__dlpack_device__") ? obj.attr("__dlpack_device__")() : pyb::none();
     const bool on_cuda = !dev.is_none() && pyb::cast<int>(pyb::tuple(dev)[0]) == kDLCUDA;
     pyb::object s = on_cuda ? pyb::int_(consumer_stream ? consumer_stream : 1) : pyb::object(pyb::none());
-    pyb::object c = obj.attr("__dlpack__")(pyb::arg("stream") = s);
-    if (!PyCapsule_CheckExact(c.ptr())) fail(true, e, "returned a non-capsule from __dlpack__()");
-    cap = pyb::reinterpret_borrow<pyb::capsule>(c);
+    pyb::object c;
+    try {
+      c = obj.attr("__dlpack__")(pyb::arg("stream") = s);
+    } catch (pyb::error_already_set& err) {
+      // NumPy < 2 refuses to export a read-only array ("signalling readonly is unsupported by DLPack"),
+      // e.g. numpy.from_dlpack's view of a moesq.Tensor handed back: read it through the buffer protocol.
+      if (!err.matches(PyExc_BufferError) || on_cuda || e.cuda || !PyObject_CheckBuffer(obj.ptr())) throw;
+      if (PyObject_GetBuffer(obj.ptr(), &buf_, PyBUF_STRIDES | PyBUF_FORMAT) != 0) throw pyb::error_already_set();
+      has_buf_ = true;
+    }
+    if (!has_buf_) {
+      if (!PyCapsule_CheckExact(c.ptr())) fail(true, e, "returned a non-capsule from __dlpack__()");
+      cap = pyb::reinterpret_borrow<pyb::capsule>(c);
+    }
   } else {
     fail(true, e, std::string("is a ") + Py_TYPE(obj.ptr())->tp_name +
                       ", expected a DLPack tensor (an object with __dlpack__, e.g. a NumPy array or torch "
                       "tensor, or a 'dltensor' capsule)");
   }
+  if (has_buf_) {
+    DLTensor t{};
+    std::vector<int64_t> shape, strides;
+    try {
+      if (!buffer_as_dltensor(buf_, &t, &shape, &strides))
+        fail(true, e, std::string("has buffer format '") + (buf_.format ? buf_.format : "") +
+                          "' (item size " + std::to_string(buf_.itemsize) + "), not one moesq reads");
+      check(t, e);
+    } catch (...) {
+      PyBuffer_Release(&buf_);
+      has_buf_ = false;
+      throw;
+    }
+    return;
+  }
   mt_ = take_capsule(cap, e);
-  const DLTensor& t = mt_->dl_tensor;
   // From here on, errors must release the producer's memory: ~DlView does not run for a throwing ctor.
   try {
+    check(mt_->dl_tensor, e);
+  } catch (...) {
+    if (mt_->deleter) mt_->deleter(mt_);
+    mt_ = nullptr;
+    throw;
+  }
+}
+
+void DlView::check(const DLTensor& t, const Expect& e) {
+  {
     const bool want_cuda = e.cuda;
     if (want_cuda ? t.device.device_type != kDLCUDA : t.device.device_type != kDLCPU) {
       const std::string have = t.device.device_type == kDLCPU ? "cpu"
@@ -139,23 +201,21 @@ DlView::DlView(const pyb::object& obj, const Expect& e, intptr_t consumer_stream
         want_stride *= t.shape[i];
       }
     }
-  } catch (...) {
-    if (mt_->deleter) mt_->deleter(mt_);
-    mt_ = nullptr;
-    throw;
   }
 }
 
 DlView::~DlView() {
   if (mt_ && mt_->deleter) mt_->deleter(mt_);
+  if (has_buf_) PyBuffer_Release(&buf_);
 }
 
 void* DlView::data() const {
+  if (has_buf_) return buf_.buf;
   return static_cast<uint8_t*>(mt_->dl_tensor.data) + mt_->dl_tensor.byte_offset;
 }
 
-int DlView::device_type() const { return mt_->dl_tensor.device.device_type; }
-int DlView::device_id() const { return mt_->dl_tensor.device.device_id; }
+int DlView::device_type() const { return has_buf_ ? kDLCPU : mt_->dl_tensor.device.device_type; }
+int DlView::device_id() const { return has_buf_ ? 0 : mt_->dl_tensor.device.device_id; }
 
 int64_t DlView::numel() const {
   int64_t n = 1;
@@ -237,6 +297,26 @@ pyb::capsule Tensor::dlpack(const pyb::object& stream) const {
     throw pyb::error_already_set();
   }
   return pyb::reinterpret_steal<pyb::capsule>(cap);
+}
+
+pyb::buffer_info Tensor::buffer() const {
+  if (device_type_ != kDLCPU)
+    throw pyb::buffer_error("moesq.Tensor on " + device_str() + " has no buffer protocol (host memory only); use torch.from_dlpack");
+  const char* fmt = nullptr;
+  switch (dtype_) {
+    case DType::F32: fmt = "f"; break;
+    case DType::I32: fmt = "i"; break;
+    case DType::I64: fmt = "q"; break;
+    case DType::U8: fmt = "B"; break;
+    case DType::U16: fmt = "H"; break;
+    case DType::BF16:
+      throw pyb::buffer_error("moesq.Tensor of bfloat16 has no buffer format; view it with torch.from_dlpack");
+  }
+  const auto item = static_cast<pyb::ssize_t>(dtype_bytes(dtype_));
+  std::vector<pyb::ssize_t> shape(shape_.begin(), shape_.end()), strides(shape_.size());
+  pyb::ssize_t s = item;
+  for (size_t i = shape_.size(); i-- > 0;) strides[i] = s, s *= shape[i];
+  return pyb::buffer_info(data_, item, fmt, static_cast<pyb::ssize_t>(shape.size()), shape, strides, /*readonly=*/false);
 }
 
 pyb::tuple Tensor::dlpack_device() const { return pyb::make_tuple(device_type_, device_id_); }

@@ -4,15 +4,19 @@
 // In: `view_dlpack` takes a producer object (calls obj.__dlpack__(stream=...)) or a raw "dltensor"
 // capsule, checks dtype, rank, shape, device and C-contiguity against what the op needs, and keeps
 // the producer's memory alive (and its deleter called once) for the life of the DlView. Errors are
-// Python TypeError/ValueError naming the function, the argument and what was expected.
+// Python TypeError/ValueError naming the function, the argument and what was expected. A CPU
+// argument whose __dlpack__ refuses with BufferError (NumPy < 2 cannot export a read-only array, e.g.
+// numpy.from_dlpack's view of a moesq.Tensor) is read through the buffer protocol instead.
 // Out: `Tensor` owns its storage (a shared buffer: host vector or device allocation); every
 // __dlpack__ call hands out a new DLManagedTensor that shares the buffer, so the consumer's array is
-// a zero-copy view that outlives the Tensor object.
+// a zero-copy view that outlives the Tensor object. A host Tensor also has the buffer protocol, so
+// numpy.asarray(t) is a WRITABLE zero-copy view (numpy.from_dlpack views are read-only in NumPy < 2).
 // Non-obvious decision: the stream argument of __dlpack__ is honoured the protocol's way — the
 // PRODUCER makes its work visible on the consumer's stream; for CPU tensors it must be None.
 #pragma once
 #include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/buffer_info.h>
 
 #include <cstdint>
 #include <cstring>
@@ -56,7 +60,10 @@ class DlView {
   const T* as() const { return static_cast<const T*>(data()); }
 
  private:
-  DLManagedTensor* mt_ = nullptr;
+  void check(const DLTensor& t, const Expect& e);  // device, dtype, shape, C-contiguity
+  DLManagedTensor* mt_ = nullptr;  // the DLPack path
+  Py_buffer buf_{};                // the buffer-protocol path (has_buf_)
+  bool has_buf_ = false;
   DType dtype_ = DType::F32;
   std::vector<int64_t> shape_;
 };
@@ -78,6 +85,9 @@ class Tensor {
                        std::function<void(intptr_t)> ready);
 
   pyb::capsule dlpack(const pyb::object& stream) const;  // __dlpack__(stream=None)
+  // The buffer protocol of a host tensor (writable, C-contiguous); BufferError for a device tensor or
+  // bfloat16 (no buffer format: use torch.from_dlpack).
+  pyb::buffer_info buffer() const;
   uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(data_); }
   pyb::tuple dlpack_device() const;                      // __dlpack_device__()
   std::vector<int64_t> shape() const { return shape_; }

@@ -13,6 +13,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +86,17 @@ std::vector<float> rows_f32(const pyb::object& obj, int64_t cols, const char* fn
 
 Tensor f32(std::vector<int64_t> shape, const std::vector<float>& v) { return Tensor::host_from(DType::F32, std::move(shape), v); }
 
+// ValueError naming fn, arg and the first non-finite element [row, col] of a row-major [n, cols] input
+// (a NaN calibration row poisons the Hessian; the solver's fallback would hide it).
+void check_finite_rows(const float* v, int64_t n, int64_t cols, const char* fn, const char* arg) {
+  for (int64_t i = 0; i < n * cols; ++i)
+    if (!std::isfinite(v[i]))
+      throw pyb::value_error(std::string(fn) + ": argument '" + arg + "' holds a non-finite value (" +
+                             (std::isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf") + ") at [" + std::to_string(i / cols) +
+                             ", " + std::to_string(i % cols) + "] of [" + std::to_string(n) + ", " +
+                             std::to_string(cols) + "]");
+}
+
 
 // All experts of projection `proj` of one layer in kernel layout (paired 4:8 checkpoints).
 struct KernelWeightsPy {
@@ -125,6 +138,10 @@ pyb::dict compress_expert_py(const pyb::object& gate, const pyb::object& up, con
   const DlView d(down, {fn, "down", {DType::F32}, {H, I}});
   compress::ExpertCalib c;
   c.X = rows_f32(x, H, fn, "x", &c.n);
+  check_finite_rows(g.as<float>(), I, H, fn, "gate");
+  check_finite_rows(u.as<float>(), I, H, fn, "up");
+  check_finite_rows(d.as<float>(), H, I, fn, "down");
+  check_finite_rows(c.X.data(), c.n, H, fn, "x");
   c.g.assign(static_cast<size_t>(c.n), 1.0f);
   compress::CompressOptions opt;
   opt.method = compress::parse_method(method);
@@ -167,7 +184,11 @@ PYBIND11_MODULE(moesq, m) {
   m.doc() = "moesq: paired 4:8 NVFP4 MoE experts — checkpoints, the CPU model, the expert ops, SGPTQ (DLPack in/out)";
   pyb::register_exception<moesq::Error>(m, "Error", PyExc_RuntimeError);
 
-  pyb::class_<Tensor>(m, "Tensor", "A tensor moesq produced; view it with numpy.from_dlpack / torch.from_dlpack (zero-copy)")
+  pyb::class_<Tensor>(m, "Tensor", pyb::buffer_protocol(),
+                      "A tensor moesq produced, zero-copy: numpy.asarray(t) is a writable view of a host tensor (buffer\n"
+                      "protocol); numpy.from_dlpack / torch.from_dlpack view it through DLPack (NumPy < 2 makes that\n"
+                      "view read-only; moesq accepts it back either way)")
+      .def_buffer([](const Tensor& t) { return t.buffer(); })
       .def("__dlpack__",
            [](const Tensor& t, const pyb::object& stream, const pyb::object& max_version, const pyb::object& dl_device,
               const pyb::object& copy) {

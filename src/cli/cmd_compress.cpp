@@ -154,6 +154,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
       if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
   } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
+  const OnInterrupt tmp_on_interrupt = tmp.dir.empty() ? OnInterrupt() : OnInterrupt::remove(tmp.dir);  // SIGINT
   const compress::ExportSummary s =
       compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
   nlohmann::json exported;
@@ -169,17 +170,17 @@ void run_compress(const Args* args, dist::Communicator& comm) {
     // A layer without a loss to show (a dense-MLP layer, or one whose experts all lack calibration
     // tokens) says so instead of printing "nan" (the CSV leaves those fields empty).
     if (x.experts == 0) {
-      std::fprintf(table, "  layer %lld: %s\n", static_cast<long long>(x.layer),
+      std::fprintf(table, "  %s: %s\n", layer_label(x.layer, m.spec().num_layers).c_str(),
                    m.spec().is_moe_layer(x.layer) ? "no expert received calibration tokens (no loss measured)"
                                                   : "dense MLP, kept as stored (no routed experts)");
       continue;
     }
     if (refined)
-      std::fprintf(table, "  layer %lld: %.6g -> %.6g (%+.1f %%), rel error %.6g\n", static_cast<long long>(x.layer),
-                   x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
+      std::fprintf(table, "  %s: %.6g -> %.6g (%+.1f %%), rel error %.6g\n",
+                   layer_label(x.layer, m.spec().num_layers).c_str(), x.init_hard_loss, x.final_hard_loss, 100.0 * (x.final_hard_loss / x.init_hard_loss - 1.0),
                    x.rel_error);
     else
-      std::fprintf(table, "  layer %lld: rel error %.6g\n", static_cast<long long>(x.layer), x.rel_error);
+      std::fprintf(table, "  %s: rel error %.6g\n", layer_label(x.layer, m.spec().num_layers).c_str(), x.rel_error);
   }
   const std::string out_dir = std::filesystem::path(args->out).string();
   std::fprintf(table, "  written: %s/loss_per_layer.csv%s\n", out_dir.c_str(),

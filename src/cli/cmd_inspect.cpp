@@ -126,6 +126,9 @@ void print_text(const io::CheckpointInspection& r) {
   std::printf("not compressed  routers %lld (+%lld biases), shared experts %lld tensors (+%lld gates), dense MLP layers %s\n",
               nc["router"].get<long long>(), nc["router_bias"].get<long long>(), nc["shared_expert"].get<long long>(),
               nc["shared_expert_gate"].get<long long>(), nc["dense_mlp_layers"].dump().c_str());
+  if (nc.value("copied_expert", 0) > 0)
+    std::printf("not run         %lld routed-expert tensors of layers the model does not run (e.g. multi-token "
+                "prediction), kept as stored\n", nc["copied_expert"].get<long long>());
   std::printf("dtypes         ");
   for (const auto& [name, cb] : r.dtypes)
     std::printf(" %s: %lld tensors (%llu bytes);", name.c_str(), ll(cb.first), static_cast<unsigned long long>(cb.second));

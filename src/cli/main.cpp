@@ -10,11 +10,15 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 
 int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) must surface as write() failing with EFBIG — an Error naming the
   // output, temporaries removed — not as SIGXFSZ killing the process mid-write (docs/RELIABILITY.md).
   ::signal(SIGXFSZ, SIG_IGN);
+  // Ctrl-C / SIGTERM: the command's own temporaries are removed and it exits 128 + signal; compress
+  // keeps OUT.work and says that --resume continues there (core/interrupt.h).
+  moesq::install_interrupt_cleanup();
   CLI::App app{
       "moesq: compress the routed experts of Mixture-of-Experts models into paired 4:8 sparse NVFP4\n"
       "(2.75 bits/weight), evaluate them, and run them with reproducible grouped GEMMs.\n"

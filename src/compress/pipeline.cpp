@@ -207,7 +207,8 @@ std::vector<ExpertResult> exchange_layer(model::DecoderModel& m, int64_t l, std:
 void place_layer(int64_t l, std::vector<ExpertResult> layer, CompressResult& res) {
   for (ExpertResult& x : layer) {
     if (x.report.fallback)
-      progress("warning", "layer " + std::to_string(l) + " expert " + std::to_string(x.report.expert) + ": " + x.report.note);
+      progress("warning", layer_label(l, static_cast<int64_t>(res.experts.size())) + " expert " +
+                              std::to_string(x.report.expert) + ": " + x.report.note);
     res.experts[static_cast<size_t>(l)][static_cast<size_t>(x.report.expert)] = std::move(x.packed);
     res.reports.push_back(std::move(x.report));
   }
@@ -238,7 +239,7 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
       own[static_cast<size_t>(i)].packed =
           compress_and_install(spec, m.layer(l).experts[static_cast<size_t>(e)], H, I, c, opt, act_block, rep);
     } catch (const Error& err) {  // which expert failed (e.g. a refinement that diverged to NaN)
-      MOESQ_FAIL("layer ", l, " expert ", e, " (--method ", opt.method->name, "): ", err.what());
+      MOESQ_FAIL(layer_label(l, L), " expert ", e, " (--method ", opt.method->name, "): ", err.what());
     }
     const int64_t d = ++done;
     if (d % 8 == 0 || d == n_mine)

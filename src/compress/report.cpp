@@ -5,11 +5,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "io/compressed_checkpoint.h"
+#include "io/tensor_names.h"
 
 namespace fs = std::filesystem;
 
@@ -106,6 +109,29 @@ std::string plot_loss_per_layer(const std::string& csv, const std::string& png, 
   return "";
 }
 
+// Routed-expert tensors the model does not run (io::copied_expert_tensors: a multi-token-prediction
+// layer past num_hidden_layers, experts past num_experts) are copied whole; said on stderr whatever
+// MOESQ_QUIET says, since a reader of the output would otherwise take them for compressed ones.
+namespace {
+void note_copied_expert_tensors(const io::ModelSpec& spec, const std::vector<std::string>& copied) {
+  if (copied.empty()) return;
+  std::set<int64_t> layers;
+  for (const std::string& n : copied) {
+    int64_t l = 0;
+    if (const auto t = io::parse_expert_tensor(n)) layers.insert(t->layer);
+    else if (io::is_fused_expert_weight(n, &l)) layers.insert(l);
+  }
+  std::string where;
+  for (int64_t l : layers) where += (where.empty() ? "model.layers." : ", model.layers.") + std::to_string(l) + ".*";
+  std::fprintf(stderr,
+               "NOTE: compress: %zu routed-expert tensors the model does not run (%s; num_hidden_layers = %lld, "
+               "num_experts = %lld: e.g. a multi-token-prediction layer) are copied whole, not compressed; "
+               "report.json lists them under \"copied_expert_tensors\"\n",
+               copied.size(), where.c_str(), static_cast<long long>(spec.num_layers),
+               static_cast<long long>(spec.num_experts));
+}
+}  // namespace
+
 ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& r, const CompressOptions& opt,
                                const CalibSet& calib, const std::string& out_dir, const nlohmann::json& extra,
                                bool plot) {
@@ -120,6 +146,8 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
         return r.experts.at(static_cast<size_t>(l)).at(static_cast<size_t>(e)).proj[static_cast<size_t>(p)];
       },
       sparse, opt.method->name, dir.path());
+  const std::vector<std::string> copied = io::copied_expert_tensors(src);
+  note_copied_expert_tensors(spec, copied);
 
   // Measure bits/weight from the bytes actually written: reopen the files.
   ExportSummary sum;
@@ -166,6 +194,7 @@ ExportSummary write_compressed(const io::Checkpoint& src, const CompressResult& 
       {"fallbacks", fallbacks},
       {"layers", layers},
       {"not_compressed", io::not_compressed_summary(src)},
+      {"copied_expert_tensors", copied},
   };
   if (opt.method->options_json) {
     nlohmann::json& o = sum.report[opt.method->report_key] = opt.method->options_json(opt);

@@ -122,6 +122,18 @@ WorkDir::WorkDir(const std::string& out, const nlohmann::json& manifest, bool re
     ::close(lock_fd_);
     throw;
   }
+  update_interrupt_rule();
+}
+
+void WorkDir::update_interrupt_rule() {
+  if (committed_ == 0) {
+    interrupt_ = OnInterrupt::remove(dir_);
+    return;
+  }
+  interrupt_ = OnInterrupt::say([dir = dir_, n = committed_] {
+    return "compress: kept " + dir + " (" + std::to_string(n) + " layer" + (n == 1 ? "" : "s") +
+           " committed); run the same command with --resume to continue there";
+  });
 }
 
 void WorkDir::open_records(const nlohmann::json& manifest, bool resume) {
@@ -181,9 +193,11 @@ void WorkDir::commit(LayerRecord r) {
   r.run_sha256 = run_sha256_;
   write_file_atomic(record_path(r.layer), encode_layer_record(r));
   ++committed_;
+  update_interrupt_rule();
 }
 
 void WorkDir::remove() {
+  interrupt_.dismiss();
   std::error_code ec;
   fs::remove_all(dir_, ec);
   removed_ = true;

@@ -7,6 +7,8 @@
 //   lock                 flock'ed while a run uses the directory (released by the kernel on kill -9)
 // A record is written to a temporary, fsync'ed and renamed (write_file_atomic): after a kill at any
 // moment a layer is either fully committed or absent. The directory is removed once OUT is written.
+// Interrupted (SIGINT / SIGTERM) with layers committed, it is kept and stderr says that --resume
+// continues there.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +18,7 @@
 #include "compress/calib.h"
 #include "compress/layer_record.h"
 #include "compress/pipeline.h"
+#include "core/interrupt.h"
 #include "io/checkpoint.h"
 
 namespace moesq::compress {
@@ -56,11 +59,15 @@ class WorkDir {
 
  private:
   void open_records(const nlohmann::json& manifest, bool resume);
+  // What SIGINT / SIGTERM do with the directory (core/interrupt.h): remove it while nothing is
+  // committed (nothing to resume, as a failed run), else keep it and say that --resume continues there.
+  void update_interrupt_rule();
   std::string record_path(int64_t layer) const;
   std::string dir_, run_sha256_;
   int64_t committed_ = 0;
   int lock_fd_ = -1;
   bool removed_ = false;
+  OnInterrupt interrupt_;
 };
 
 }  // namespace moesq::compress

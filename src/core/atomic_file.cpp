@@ -97,6 +97,7 @@ bool write_all(const std::string& tmp, const std::string& bytes) {
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   clean_orphans(fs::path(path), "");
+  OnInterrupt interrupt = OnInterrupt::remove(tmp);
   if (!write_all(tmp, bytes)) {
     const int err = errno;
     std::error_code ec;
@@ -104,7 +105,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     MOESQ_FAIL("cannot write ", path, " (", bytes.size(), " bytes via ", tmp, "): ", std::strerror(err));
   }
   std::error_code ec;
-  fs::rename(tmp, path, ec);
+  {
+    const auto hold = hold_interrupts();  // renamed or not, never removed halfway
+    fs::rename(tmp, path, ec);
+    if (!ec) interrupt.dismiss();
+  }
   if (ec) {
     fs::remove(tmp, ec);
     MOESQ_FAIL("cannot rename ", tmp, " to ", path, ": ", ec.message());
@@ -145,6 +150,7 @@ AtomicDir::AtomicDir(const std::string& final_dir, const std::string& flag, cons
   tmp_ = final_ + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp_, ec);
+  interrupt_ = OnInterrupt::remove(tmp_);
   fs::create_directory(tmp_, ec);
   MOESQ_CHECK(!ec, flag, " ", final_dir, ": cannot create ", tmp_, ": ", ec.message());
 }
@@ -159,6 +165,9 @@ AtomicDir::~AtomicDir() {
 void AtomicDir::commit() {
   std::error_code ec;
   const std::string old = final_ + ".old." + std::to_string(::getpid());
+  // An interrupt waits for both renames (it would otherwise leave OUT moved aside), then finds the
+  // previous output at .old.<pid> registered for removal, and tmp_ no longer registered.
+  auto hold = hold_interrupts();
   const bool had = fs::exists(final_);
   if (had) {
     fs::rename(final_, old, ec);
@@ -170,7 +179,10 @@ void AtomicDir::commit() {
     MOESQ_FAIL("cannot rename ", tmp_, " to ", final_);
   }
   committed_ = true;
+  interrupt_ = had ? OnInterrupt::remove(old) : OnInterrupt();
+  hold.unlock();
   if (had) fs::remove_all(old, ec);
+  interrupt_.dismiss();
 }
 
 }  // namespace moesq

@@ -7,9 +7,12 @@
 // its commit had moved aside).
 // Write errors (EFBIG under `ulimit -f`, ENOSPC, EIO) are Errors naming the path and strerror; the
 // CLI ignores SIGXFSZ so that an oversized write fails with EFBIG instead of killing the process.
+// Every temporary is registered with core/interrupt.h while it exists: SIGINT / SIGTERM remove it.
 #pragma once
 #include <string>
 #include <vector>
+
+#include "core/interrupt.h"
 
 namespace moesq {
 
@@ -35,6 +38,7 @@ class AtomicDir {
  private:
   std::string final_, tmp_;
   bool committed_ = false;
+  OnInterrupt interrupt_;  // removes tmp_ on SIGINT / SIGTERM until commit()
 };
 
 }  // namespace moesq

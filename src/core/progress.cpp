@@ -25,6 +25,10 @@ void set_progress_enabled(bool on) {
   g_state = on ? 1 : 0;
 }
 
+std::string layer_label(int64_t layer, int64_t num_layers) {
+  return "layer " + std::to_string(layer + 1) + "/" + std::to_string(num_layers);
+}
+
 void progress(const std::string& stage, const std::string& message) {
   if (!progress_enabled()) return;
   std::lock_guard<std::mutex> lk(g_mu);

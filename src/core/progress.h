@@ -1,12 +1,17 @@
 // Progress lines on stderr for long stages ("[compress] layer 2/4 expert 17/32 ...").
 // Silenced by MOESQ_QUIET=1 so that tests and scripts keep clean logs; stdout stays for results.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace moesq {
 
 void progress(const std::string& stage, const std::string& message);
 bool progress_enabled();
+// "layer 3/4" for layer index 2 of 4: how every line a human reads names a layer (progress, warnings,
+// the loss table, per-layer errors) — 1-based of L. Tensor names keep their 0-based index
+// (model.layers.2.*), and so do report.json's "layer" fields and loss_per_layer.csv.
+std::string layer_label(int64_t layer, int64_t num_layers);
 void set_progress_enabled(bool on);
 
 }  // namespace moesq

@@ -143,7 +143,7 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
   // Names as the source stores them (a nested hub layout keeps its prefix, io/hub_layout.h); routed
   // experts always per expert, also when the source fused them.
   for (const std::string& name : src.names()) {
-    if (is_expert_tensor(name)) continue;
+    if (is_compressed_expert_tensor(spec, name)) continue;  // replaced below
     const TensorView& t = src.get(name);
     w.add(src.stored_name(name), t.dtype, t.shape, t.data, t.nbytes);
   }
@@ -163,6 +163,14 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
                     src.stored_config(cfg).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   // Other files of the source checkpoint (tokenizer, generation config) travel unchanged.
   copy_side_files(src, dir);
+}
+
+std::vector<std::string> copied_expert_tensors(const Checkpoint& src) {
+  std::vector<std::string> out;
+  for (const std::string& name : src.names())
+    if (is_expert_tensor(name) && !is_compressed_expert_tensor(src.spec(), name)) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void copy_side_files(const Checkpoint& src, const std::string& dir) {
@@ -240,10 +248,13 @@ nlohmann::json not_compressed_summary(const Checkpoint& src) {
                        TensorRole::SharedExpertGate, TensorRole::DenseMlp, TensorRole::ExpertBias,
                        TensorRole::Other})
     j[tensor_role_name(r)] = 0;
+  int64_t copied = 0;
   for (const std::string& name : src.names()) {
     const TensorRole r = tensor_role(s, name);
     if (r != TensorRole::RoutedExpert) j[tensor_role_name(r)] = j[tensor_role_name(r)].get<int64_t>() + 1;
+    else copied += !is_compressed_expert_tensor(s, name);
   }
+  j["copied_expert"] = copied;  // routed-expert tensors of layers the model does not run (copied_expert_tensors)
   nlohmann::json dense = nlohmann::json::array();
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l)) dense.push_back(l);
@@ -254,7 +265,7 @@ nlohmann::json not_compressed_summary(const Checkpoint& src) {
 int64_t expert_tensor_bytes(const Checkpoint& ckpt) {
   int64_t bytes = 0;
   for (const std::string& name : ckpt.names())
-    if (is_expert_tensor(name)) bytes += static_cast<int64_t>(ckpt.get(name).nbytes);
+    if (is_compressed_expert_tensor(ckpt.spec(), name)) bytes += static_cast<int64_t>(ckpt.get(name).nbytes);
   return bytes;
 }
 

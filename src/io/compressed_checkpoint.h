@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,12 +45,17 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
                                         const std::string& prefix, int64_t N, int64_t K);
 
 // Writes the compressed checkpoint's tensors and config.json into `dir` (made by the caller, e.g.
-// an AtomicDir): every non-expert tensor of `src` unchanged, each routed-expert projection from
+// an AtomicDir): every non-expert tensor of `src` and every copied_expert_tensors one unchanged, each routed-expert projection from
 // `packed(layer, expert, proj)`, config.json = src's plus quantization_config, and the other files of
 // src (tokenizer, generation config) copied.
 using PackedExpertSource = std::function<const format::PackedWeight&(int64_t layer, int64_t expert, ExpertProj proj)>;
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
                                  const std::string& method, const std::string& dir);
+
+// Routed-expert tensors of `src` that compression does not replace (!is_compressed_expert_tensor, e.g. a
+// multi-token-prediction layer past num_hidden_layers): write_compressed_checkpoint and the exports copy
+// them as stored; compress lists them in report.json ("copied_expert_tensors"). Sorted.
+std::vector<std::string> copied_expert_tensors(const Checkpoint& src);
 
 // Copies the files of `src` other than config.json and its safetensors (tokenizer, generation config,
 // report.json, …) into `dir`.
@@ -70,11 +76,13 @@ void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, b
 
 // What a compressed checkpoint of `src` keeps as stored (not compressed), counted by role from the
 // family's tensor-name table: {"router": n, "router_bias": n, "shared_expert": n, "shared_expert_gate": n,
-// "dense_mlp": n, "expert_bias": n, "other": n, "dense_mlp_layers": [l, ...]} (tensor counts; "expert_bias"
-// = gpt-oss's fused expert biases; "other" = attention, norms, embeddings, head).
+// "dense_mlp": n, "expert_bias": n, "other": n, "copied_expert": n, "dense_mlp_layers": [l, ...]} (tensor
+// counts; "expert_bias" = gpt-oss's fused expert biases; "other" = attention, norms, embeddings, head;
+// "copied_expert" = routed-expert tensors of layers the model does not run, copied_expert_tensors).
 nlohmann::json not_compressed_summary(const Checkpoint& src);
 
-// Bytes of all routed-expert tensors of a checkpoint (to measure bits/weight from what was written).
+// Bytes of the compressed routed-expert tensors of a checkpoint (is_compressed_expert_tensor: to measure
+// bits/weight from what was written; a copied extra layer is not counted).
 int64_t expert_tensor_bytes(const Checkpoint& ckpt);
 
 }  // namespace moesq::io

@@ -37,6 +37,14 @@ void check_rope_type(const json& rope, const char* key, const std::string& sourc
 
 }  // namespace
 
+int64_t ModelSpec::window_of(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(attention_window.size()) ? attention_window[layer] : 0;
+}
+
+bool ModelSpec::has_sliding_window() const {
+  return std::any_of(attention_window.begin(), attention_window.end(), [](int64_t w) { return w > 0; });
+}
+
 bool ModelSpec::is_moe_layer(int64_t layer) const {
   // transformers Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, every
   // decoder_sparse_step-th layer (1-based).
@@ -59,6 +67,10 @@ ModelSpec parse_config(const json& j, const std::string& source) {
   MOESQ_CHECK(family, source, ": unsupported architecture model_type \"", s.model_type, "\" (moesq supports ",
               supported_model_types(), ")");
   family->parse(j, source, s);
+  MOESQ_CHECK(s.num_layers <= kMaxConfigLayers, source, ": num_hidden_layers = ", s.num_layers, " is more than moesq reads (",
+              kMaxConfigLayers, ")");
+  MOESQ_CHECK(s.num_experts <= kMaxConfigExperts, source, ": the number of routed experts (", s.num_experts,
+              ") is more than moesq reads (", kMaxConfigExperts, ")");
   return s;
 }
 
@@ -68,6 +80,8 @@ void parse_common_config(const json& j, const std::string& source, const CommonC
   s.intermediate_size = require_positive(j, "intermediate_size", source);
   s.moe_intermediate_size = require_positive(j, keys.expert_width, source);
   s.num_layers = require_positive(j, "num_hidden_layers", source);
+  MOESQ_CHECK(s.num_layers <= kMaxConfigLayers, source, ": num_hidden_layers = ", s.num_layers, " is more than moesq reads (",
+              kMaxConfigLayers, ")");
   s.num_heads = require_positive(j, "num_attention_heads", source);
   s.num_kv_heads = require_positive(j, "num_key_value_heads", source);
   if (keys.head_dim_required || find(j, "head_dim")) {

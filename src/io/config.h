@@ -76,11 +76,26 @@ struct ModelSpec {
   // stored as w and applied as (1 + w); the loader folds the 1 in.
   bool rms_norm_unit_offset = false;
 
+  // Sliding-window attention of the built-in GQA attention, per layer (transformers' sliding-window
+  // causal mask: the query at position t sees keys j with t − window < j ≤ t). Empty = full causal
+  // attention on every layer; set from use_sliding_window / sliding_window / layer_types (qwen3_moe,
+  // qwen2_moe, io/config_families.cpp). The family mixers carry their own (io::FamilySpec).
+  std::vector<int64_t> attention_window;  // [num_layers] > 0: window; 0: full causal
+
   bool is_moe_layer(int64_t layer) const;
+  // attention_window[layer], 0 when none.
+  int64_t window_of(int64_t layer) const;
+  bool has_sliding_window() const;
   // Error naming `flag` when a sequence of `len` tokens exceeds max_position_embeddings (RoPE
   // positions the model never saw: the numbers would be meaningless).
   void check_seq_len(int64_t len, const char* flag) const;
 };
+
+// Upper bounds on counts config.json gives, checked at parse (Error naming the key): the spec's per-layer
+// and per-expert tables and loops are sized by them before any tensor is read. Far above any released
+// model (DeepSeek-V3: 61 layers, 256 experts), far below sizes that exhaust memory or time.
+inline constexpr int64_t kMaxConfigLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxConfigExperts = int64_t{1} << 20;
 
 // Throws Error naming `source` and the key for unknown architectures or missing/invalid keys.
 ModelSpec parse_config(const nlohmann::json& j, const std::string& source);

@@ -1,7 +1,7 @@
 // The families moesq reads, one parser each: which keys carry the shared fields (CommonConfigKeys)
 // and the family's own facts (router scoring, q/k norm span, biases, shared experts). The
 // non-obvious decision: a key that would change the forward in a way moesq does not implement
-// (sliding windows, qkv clipping) is an error naming it, never silently ignored.
+// (Mixtral's sliding window, qkv clipping) is an error naming it, never silently ignored.
 #include "io/config_families.h"
 
 #include "core/error.h"
@@ -16,9 +16,45 @@ namespace {
 using nlohmann::json;
 using namespace config_keys;
 
+// Which layers slide, as transformers decides it (checked against transformers 5.x): with
+// use_sliding_window false, or sliding_window null, none. Otherwise Qwen3-MoE slides every layer
+// (Qwen3MoeConfig has neither max_window_layers nor layer_types; Qwen3MoeModel builds ONE
+// sliding-window causal mask for all layers); Qwen2-MoE follows config.json's `layer_types`
+// ("sliding_attention" / "full_attention", one per layer: transformers 5 writes it), and without one
+// Qwen2MoeConfig's default: layer i slides when i is even and i < max_window_layers (default 28).
+enum class WindowDefault { AllLayers, LayerTypesOrEvenBelowMaxWindowLayers };
+
+void parse_sliding_window(const json& j, const std::string& source, WindowDefault rule, ModelSpec& s) {
+  if (!bool_or(j, "use_sliding_window", false, source)) return;
+  const json* w = find(j, "sliding_window");
+  if (!w) return;  // transformers: sliding_window None = the full causal mask
+  const int64_t window = get_int(*w, "sliding_window", source);
+  MOESQ_CHECK(window > 0, source, ": key \"sliding_window\" must be positive with use_sliding_window = true, got ",
+              window);
+  s.attention_window.assign(static_cast<size_t>(s.num_layers), rule == WindowDefault::AllLayers ? window : 0);
+  if (rule == WindowDefault::AllLayers) return;
+  if (const json* lt = find(j, "layer_types")) {
+    MOESQ_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == s.num_layers, source,
+                ": key \"layer_types\" must be a list of num_hidden_layers = ", s.num_layers, " strings, got ",
+                lt->dump());
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      const json& t = (*lt)[static_cast<size_t>(l)];
+      MOESQ_CHECK(t == "sliding_attention" || t == "full_attention", source, ": layer_types[", l, "] = ", t.dump(),
+                  " (expected \"sliding_attention\" or \"full_attention\")");
+      if (t == "sliding_attention") s.attention_window[l] = window;
+    }
+    return;
+  }
+  const json* mw = find(j, "max_window_layers");
+  const int64_t max_window_layers = mw ? get_int(*mw, "max_window_layers", source) : 28;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (l % 2 == 0 && l < max_window_layers) s.attention_window[l] = window;
+}
+
 // Qwen3MoeConfig: per-head q/k RMSNorm, softmax router, renormalised when norm_topk_prob.
 void parse_qwen3_moe(const json& j, const std::string& source, ModelSpec& s) {
   parse_common_config(j, source, CommonConfigKeys{}, s);
+  parse_sliding_window(j, source, WindowDefault::AllLayers, s);
 }
 
 // Qwen2MoeConfig: q/k/v biases (o_proj none), no q/k norm, one shared expert of
@@ -27,8 +63,7 @@ void parse_qwen2_moe(const json& j, const std::string& source, ModelSpec& s) {
   CommonConfigKeys keys;
   keys.head_dim_required = false;
   parse_common_config(j, source, keys, s);
-  MOESQ_CHECK(!bool_or(j, "use_sliding_window", false, source), source,
-              ": use_sliding_window = true is not supported (moesq runs full causal attention)");
+  parse_sliding_window(j, source, WindowDefault::LayerTypesOrEvenBelowMaxWindowLayers, s);
   s.qk_norm = QkNorm::None;
   s.qkv_bias = bool_or(j, "qkv_bias", true, source);  // transformers < 5 always had q/k/v biases
   s.shared_expert_intermediate_size = require_positive(j, "shared_expert_intermediate_size", source);

@@ -77,7 +77,8 @@ const char* export_format_name(ExportFormat f) {
   return "?";
 }
 
-// The modules of every stored tensor that is not a routed-expert projection — except a module that
+// The modules of every stored tensor that is not a compressed routed-expert projection (a copied extra
+// layer's experts are unquantized modules, io::copied_expert_tensors) — except a module that
 // CONTAINS compressed projections: a gpt-oss source keeps its fused expert biases in `mlp.experts`
 // (`mlp.experts.gate_up_proj_bias`; the export splits them per expert, into the compressed
 // `experts.{e}.gate_proj` modules), and an ignored `mlp.experts` would tell a server (vLLM's
@@ -85,14 +86,14 @@ const char* export_format_name(ExportFormat f) {
 std::vector<std::string> unquantized_modules(const Checkpoint& src) {
   std::set<std::string> compressed_ancestors;  // every dotted prefix of a routed-expert tensor's stored name
   for (const std::string& name : src.names()) {
-    if (!is_expert_tensor(name)) continue;
+    if (!is_compressed_expert_tensor(src.spec(), name)) continue;
     const std::string stored = src.stored_name(name);
     for (size_t dot = stored.find('.'); dot != std::string::npos; dot = stored.find('.', dot + 1))
       compressed_ancestors.insert(stored.substr(0, dot));
   }
   std::set<std::string> mods = {"lm_head"};
   for (const std::string& name : src.names()) {
-    if (is_expert_tensor(name)) continue;
+    if (is_compressed_expert_tensor(src.spec(), name)) continue;  // a copied extra layer is unquantized
     const std::string stored = src.stored_name(name);  // module names as a server sees them
     const size_t dot = stored.rfind('.');
     std::string mod = dot == std::string::npos ? stored : stored.substr(0, dot);
@@ -198,7 +199,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
       fused_bias.insert({gu, dn});
     }
     for (const std::string& name : src.names()) {
-      if (is_expert_tensor(name) || fused_bias.count(name)) continue;
+      if (is_compressed_expert_tensor(spec, name) || fused_bias.count(name)) continue;  // copied_expert_tensors stay
       const TensorView& t = src.get(name);
       w.add(src.stored_name(name), t.dtype, t.shape, t.data, t.nbytes);
     }

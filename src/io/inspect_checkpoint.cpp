@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/config_check.h"
 #include "io/compressed_checkpoint.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
@@ -36,7 +37,10 @@ void count_tensors(const Checkpoint& ck, CheckpointInspection& r) {
     auto& [count, bytes] = r.dtypes[dtype_name(t.dtype)];
     ++count;
     bytes += t.nbytes;
-    if (!in_expert_container(name)) {
+    // A routed-expert tensor of a layer the model does not run (a multi-token-prediction layer past
+    // num_hidden_layers): kept as stored, like the other non-expert tensors (io::copied_expert_tensors).
+    const bool copied = is_expert_tensor(name) && !is_compressed_expert_tensor(s, name);
+    if (!in_expert_container(name) || copied) {
       non_expert_params += t.numel();
       r.non_expert_bytes += t.nbytes;
       continue;
@@ -137,6 +141,7 @@ ProjectionInspection inspect_projection(const Checkpoint& ck, const Quantization
 
 CheckpointInspection inspect_checkpoint(const std::string& dir, bool allow_mixed) {
   const Checkpoint ck(dir);
+  check_config_against_tensors(ck);  // before any count or loop sized by config.json
   CheckpointInspection r;
   r.dir = dir;
   r.spec = ck.spec();

@@ -1,6 +1,7 @@
 #include "io/tensor_names.h"
 
 #include <cctype>
+#include <limits>
 
 #include "core/error.h"
 
@@ -13,6 +14,9 @@ bool read_index(const std::string& name, size_t& pos, int64_t* out) {
   const size_t start = pos;
   int64_t v = 0;
   while (pos < name.size() && std::isdigit(static_cast<unsigned char>(name[pos]))) {
+    // A name from a file: "model.layers.99999999999999999999." is no index (it overflowed int64 before,
+    // undefined behaviour, and wrapped to a negative layer that passed `layer < num_layers`).
+    if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return false;
     v = v * 10 + (name[pos] - '0');
     ++pos;
   }
@@ -205,6 +209,14 @@ bool is_expert_tensor(const std::string& name) {
   for (const char* p : projs)
     if (t->proj == p) return true;
   return false;
+}
+
+bool is_compressed_expert_tensor(const ModelSpec& spec, const std::string& name) {
+  int64_t l = 0;
+  if (is_fused_expert_weight(name, &l)) return l < spec.num_layers && spec.is_moe_layer(l);
+  if (!is_expert_tensor(name)) return false;
+  const auto t = parse_expert_tensor(name);
+  return t->layer < spec.num_layers && spec.is_moe_layer(t->layer) && t->expert < spec.num_experts;
 }
 
 bool in_expert_container(const std::string& name) {

@@ -97,6 +97,11 @@ std::optional<ExpertTensorName> parse_expert_tensor(const std::string& name);
 // per-expert `….{proj}.bias` (gpt-oss's biases as the compressed-tensors export writes them: role
 // ExpertBias, copied as stored like the fused bias tensors).
 bool is_expert_tensor(const std::string& name);
+// A routed-expert tensor that compression replaces: in one of the model's MoE layers (below
+// num_hidden_layers) and, per expert, below num_experts. Other routed-expert tensors — e.g. the
+// multi-token-prediction layer `model.layers.{num_hidden_layers}.*` DeepSeek-V3 ships, which the
+// forward never runs — are copied whole (io::copied_expert_tensors).
+bool is_compressed_expert_tensor(const ModelSpec& spec, const std::string& name);
 // "model.layers.{l}.mlp.experts.gate_up_proj" or "….down_proj": all experts of a layer in one 3-D weight
 // (gpt-oss; hub Qwen3.5). Their biases ("…_bias") are not weights. Sets *layer when given.
 bool is_fused_expert_weight(const std::string& name, int64_t* layer = nullptr);

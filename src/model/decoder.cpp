@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/swiglu.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
@@ -45,6 +46,7 @@ DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
   for (int64_t l = 0; l < s.num_layers; ++l) {
     LayerWeights& L = layers_[l];
     L.input_norm.assign(H, 0.0f);
+    L.attention_window = s.window_of(l);
     L.q_proj.assign(s.num_heads * hd * H, 0.0f);
     L.k_proj.assign(s.num_kv_heads * hd * H, 0.0f);
     L.v_proj.assign(s.num_kv_heads * hd * H, 0.0f);
@@ -256,7 +258,7 @@ std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const floa
     return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size,
                           x, n, fo.expert_act_block(), nullptr, expert_variant(spec_, W));
   } catch (const Error& err) {
-    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+    MOESQ_FAIL(layer_label(l, spec_.num_layers), " expert ", e, ": ", err.what());
   }
 }
 
@@ -268,7 +270,7 @@ std::vector<float> DecoderModel::expert_forward_ref(int64_t l, int64_t e, const 
                               spec_.moe_intermediate_size, x, n, fo.expert_act_block(), nullptr,
                               expert_variant(spec_, W));
   } catch (const Error& err) {
-    MOESQ_FAIL("layer ", l, " expert ", e, ": ", err.what());
+    MOESQ_FAIL(layer_label(l, spec_.num_layers), " expert ", e, ": ", err.what());
   }
 }
 

@@ -57,6 +57,9 @@ struct LayerWeights {
   // spec.qk_norm PerHead: [hd] each; Whole: q_norm [nh·hd], k_norm [nkv·hd]; None: empty.
   std::vector<float> q_norm;
   std::vector<float> k_norm;
+  // Built-in attention only: > 0 = sliding window (query t sees keys j with t − j < window), 0 = full
+  // causal; from io::ModelSpec::window_of (use_sliding_window).
+  int64_t attention_window = 0;
   // A family's own token mixer (model/mixer.h); null = the built-in GQA attention over the fields above.
   std::shared_ptr<const Mixer> mixer;
   std::vector<float> post_norm;      // [H]

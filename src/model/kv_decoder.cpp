@@ -105,8 +105,10 @@ std::vector<float> KvDecoder::step(int32_t token) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int64_t a = 0; a < nh; ++a) {
       const int64_t kvh = a / group;
+      // Sliding-window layer: the keys t with pos − t < window (the whole prefix stays cached).
+      const int64_t lo = w.attention_window > 0 ? std::max<int64_t>(0, pos_ - w.attention_window + 1) : 0;
       float mx = -INFINITY;
-      for (int64_t t = 0; t <= pos_; ++t) {
+      for (int64_t t = lo; t <= pos_; ++t) {
         const float* kt = k_cache_[l].data() + (t * nkv + kvh) * hd;
         float d = 0;
         for (int64_t i = 0; i < hd; ++i) d += q[a * hd + i] * kt[i];
@@ -114,10 +116,10 @@ std::vector<float> KvDecoder::step(int32_t token) {
         mx = std::max(mx, scores[t]);
       }
       float sum = 0;
-      for (int64_t t = 0; t <= pos_; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+      for (int64_t t = lo; t <= pos_; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
       float* out = attn.data() + a * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t t = 0; t <= pos_; ++t) {
+      for (int64_t t = lo; t <= pos_; ++t) {
         const float p = scores[t] / sum;
         const float* vt = v_cache_[l].data() + (t * nkv + kvh) * hd;
         for (int64_t i = 0; i < hd; ++i) out[i] += p * vt[i];

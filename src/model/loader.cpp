@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/config_check.h"
 #include "io/compressed_checkpoint.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
@@ -248,7 +249,15 @@ class ModelLoader {
   }
 };
 
-DecoderModel::DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo) : DecoderModel(ckpt.spec()) {
+namespace {
+// The spec, once config.json's sizes agree with the stored tensors: DecoderModel(spec) allocates from them.
+const io::ModelSpec& checked_spec(const io::Checkpoint& ckpt) {
+  io::check_config_against_tensors(ckpt);
+  return ckpt.spec();
+}
+}  // namespace
+
+DecoderModel::DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo) : DecoderModel(checked_spec(ckpt)) {
   ModelLoader::load(*this, ckpt, lo);
 }
 

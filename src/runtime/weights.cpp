@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "io/config_check.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
@@ -22,6 +23,7 @@ void require_supported(const io::Checkpoint& ckpt) {
   const std::string why = gpu_refusal(ckpt.spec());
   MOESQ_CHECK(why.empty(), ckpt.dir(), ": the GPU engine does not run model_type \"", ckpt.spec().model_type,
               "\": ", why);
+  io::check_config_against_tensors(ckpt);  // the host buffers below are sized by config.json
 }
 
 // The resolved backend of the checkpoint for `requested`, and the storage it holds.

@@ -284,8 +284,12 @@ TEST(CliInspect, BadDirectoryFails) {
 TEST(CliInspect, ConfigThatDisagreesWithTheTensorsIsAnError) {
   const json base = json::parse(std::ifstream(fs::path(MOESQ_DEFAULT_MODEL) / "config.json"));
   struct Case { std::string key; int64_t factor; std::string needle; };
-  for (const Case& c : {Case{"hidden_size", 2, "but config.json (moe_intermediate_size x hidden_size) says"},
-                        Case{"num_local_experts", 2, "config.json says num_experts = "}}) {
+  // Checked before anything is sized by config.json (io::check_config_against_tensors): the first tensor
+  // each field describes.
+  for (const Case& c : {Case{"hidden_size", 2, "tensor model.embed_tokens.weight has shape [256, 256] but config.json "
+                                               "(vocab_size x hidden_size) says [256, 512]"},
+                        Case{"num_local_experts", 2, "tensor model.layers.0.mlp.gate.weight has shape [32, 256] but "
+                                                     "config.json (num_experts x hidden_size) says [64, 256]"}}) {
     TempDir dir;
     for (const auto& e : fs::directory_iterator(MOESQ_DEFAULT_MODEL))
       if (e.path().filename() != "config.json") fs::create_symlink(e.path(), dir.path / e.path().filename());

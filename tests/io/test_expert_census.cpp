@@ -57,8 +57,14 @@ std::string expert_tensor_prefix(int64_t layer, int64_t expert, ExpertProj proj)
 
 TEST(ExpertCensus, AConfigClaimingBillionsOfExpertsCostsNothing) {
   moesq::test::TempDir tmp("moesq_test_census");
-  const std::string p = expert_tensor_prefix(0, 999999999, ExpertProj::Gate);
-  write_checkpoint(tmp.path, 2000000000, 1000000000, true,
+  // Billions are refused when config.json is read (io::kMaxConfigLayers / kMaxConfigExperts) ...
+  write_checkpoint(tmp.path, 2000000000, 1000000000, true, {expert_tensor_prefix(1, 5, ExpertProj::Up) + kWeight});
+  EXPECT_THROW(Checkpoint(tmp.path.string()), moesq::Error);
+  // ... and the census over the largest config accepted walks the tensors, not layers × experts.
+  fs::remove_all(tmp.path);
+  fs::create_directories(tmp.path);
+  const std::string p = expert_tensor_prefix(0, moesq::io::kMaxConfigExperts - 1, ExpertProj::Gate);
+  write_checkpoint(tmp.path, moesq::io::kMaxConfigLayers, moesq::io::kMaxConfigExperts, true,
                    {p + kWeightPacked, expert_tensor_prefix(1, 5, ExpertProj::Up) + kWeight});
   const Checkpoint ck(tmp.path.string());
   const auto t0 = std::chrono::steady_clock::now();

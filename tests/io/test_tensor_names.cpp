@@ -89,4 +89,24 @@ TEST(TensorNames, ExpertBiasRoleCoversFusedAndPerExpertBiases) {
   EXPECT_NE(tensor_role(s, "model.layers.1.mlp.experts.0.other_proj.bias"), TensorRole::ExpertBias);
 }
 
+// A layer number from a file that does not fit int64 is no index (it overflowed, undefined
+// behaviour, and wrapped negative: a "routed-expert tensor" of a layer below 0 that the compression
+// skipped while copying nothing). Such a name is not an expert tensor; it is copied as stored.
+TEST(TensorNames, HugeLayerNumbersAreNotIndices) {
+  ModelSpec s = family("qwen3_moe");
+  s.num_layers = 4;
+  s.num_experts = 8;
+  const std::string huge = "model.layers.99999999999999999999.mlp.experts.0.gate_proj.weight";
+  EXPECT_FALSE(parse_expert_tensor(huge).has_value());
+  EXPECT_FALSE(is_expert_tensor(huge));
+  EXPECT_FALSE(is_compressed_expert_tensor(s, huge));
+  EXPECT_EQ(tensor_role(s, huge), TensorRole::Other);
+  const std::string max = "model.layers.9000000000000000000.mlp.experts.0.gate_proj.weight";  // fits int64
+  ASSERT_TRUE(parse_expert_tensor(max).has_value());
+  EXPECT_EQ(parse_expert_tensor(max)->layer, int64_t{9000000000000000000});
+  EXPECT_FALSE(is_compressed_expert_tensor(s, max)) << "past num_hidden_layers: copied whole";
+  EXPECT_TRUE(is_compressed_expert_tensor(s, "model.layers.3.mlp.experts.7.down_proj.weight"));
+  EXPECT_FALSE(is_compressed_expert_tensor(s, "model.layers.3.mlp.experts.8.down_proj.weight")) << "past num_experts";
+}
+
 }  // namespace

@@ -73,6 +73,43 @@ class BadInput(unittest.TestCase):
             self.assertTrue(moesq.built_with_cuda())
         self.assertEqual(hasattr(moesq, "Engine"), moesq.built_with_cuda())
 
+    def test_returned_arrays_are_writable_and_go_back_in(self):
+        logits = self.m.logits(np.arange(6, dtype=np.int32))
+        w = np.asarray(logits)  # the buffer protocol: a writable zero-copy view
+        self.assertTrue(w.flags.writeable)
+        self.assertEqual((w.shape, w.dtype), ((6, 256), np.float32))
+        r = np.from_dlpack(logits)  # NumPy < 2: read-only, and its __dlpack__ refuses to export it
+        self.assertEqual(r.ctypes.data, w.ctypes.data)
+        w[0, 0] += 1.0
+        self.assertEqual(r[0, 0], w[0, 0], "both are views of one buffer")
+        h = self.m.embed(np.arange(4, dtype=np.int32))
+        x_ro = np.from_dlpack(h)
+        want = np.from_dlpack(self.m.moe_input(0, np.array(x_ro)))  # a writable copy goes through DLPack
+        got = np.from_dlpack(self.m.moe_input(0, x_ro))  # the read-only view: through the buffer protocol
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.from_dlpack(self.m.moe_input(0, np.asarray(h))), want)
+        ro_int = np.zeros((2, 256), dtype=np.int32)
+        ro_int.flags.writeable = False  # a read-only array of the wrong dtype: still refused by name
+        with self.assertRaisesRegex(TypeError, "argument 'x' has dtype int32, expected float32"):
+            self.m.moe_layer(0, ro_int)
+
+    def test_compress_expert_with_nan_calibration_rows_names_the_input(self):
+        rng = np.random.default_rng(3)
+        I, H = 32, 64
+        gate, up = (rng.standard_normal((I, H)).astype(np.float32) for _ in range(2))
+        down = rng.standard_normal((H, I)).astype(np.float32)
+        x = np.full((16, H), np.nan, dtype=np.float32)
+        with self.assertRaisesRegex(ValueError, r"moesq.compress_expert: argument 'x' holds a non-finite value \(nan\) "
+                                                r"at \[0, 0\] of \[16, 64\]"):
+            moesq.compress_expert(gate, up, down, x)
+        x = rng.standard_normal((16, H)).astype(np.float32)
+        x[5, 7] = np.inf
+        with self.assertRaisesRegex(ValueError, r"argument 'x' holds a non-finite value \(inf\) at \[5, 7\]"):
+            moesq.compress_expert(gate, up, down, x)
+        down[3, 1] = np.nan
+        with self.assertRaisesRegex(ValueError, r"argument 'down' holds a non-finite value \(nan\) at \[3, 1\]"):
+            moesq.compress_expert(gate, up, down, rng.standard_normal((16, H)).astype(np.float32))
+
 
 if __name__ == "__main__":
     unittest.main()

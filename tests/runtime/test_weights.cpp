@@ -218,3 +218,16 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
     }
   }
 }
+
+// Sliding-window attention (use_sliding_window, honoured by the CPU forward and the KV decoder) is
+// refused by the GPU attention block by name, before any tensor is read.
+TEST(RuntimeWeights, SlidingWindowIsRefusedByName) {
+  io::ModelSpec s = io::Checkpoint(MOESQ_DEFAULT_MODEL).spec();
+  ASSERT_TRUE(runtime::supports(s));
+  s.attention_window.assign(static_cast<size_t>(s.num_layers), 0);
+  EXPECT_TRUE(runtime::supports(s)) << "a window of 0 on every layer is full attention";
+  s.attention_window[1] = 16;
+  EXPECT_FALSE(runtime::supports(s));
+  const std::string why = runtime::gpu_refusal(s);
+  EXPECT_NE(why.find("attention block: it uses sliding-window attention (use_sliding_window)"), std::string::npos) << why;
+}

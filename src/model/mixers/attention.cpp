@@ -1,7 +1,9 @@
 // Built-in GQA attention (model/mixers/attention.h), fp32. Linear layers are OpenBLAS sgemm calls in
 // PyTorch layout; the plain-loop twin is the oracle. The non-obvious decision: causal blocking — query
 // rows [r0, r0 + m) only need keys [0, r0 + m), so scores and P·V are computed per block of
-// kAttnBlockM rows over that prefix (≈ half the FLOPs of a full T × T product at T = 512).
+// kAttnBlockM rows over that prefix (≈ half the FLOPs of a full T × T product at T = 512). A
+// sliding-window layer masks the keys before t − window + 1 in the softmax (the scores of the block
+// prefix are still computed: simple, and the window layers of these families are rare).
 #include "model/mixers/attention.h"
 
 #include <cblas.h>
@@ -18,17 +20,22 @@ namespace moesq::model {
 
 namespace {
 
-// Causal softmax of one score row s[0..t] in place (fp32, max-subtracted); entries > t set to 0.
-void causal_softmax_row(float* s, int64_t t, int64_t T) {
-  float mx = s[0];
-  for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, s[j]);
+// First key row t sees: 0, or t − window + 1 on a sliding-window layer (window > 0).
+int64_t first_key(int64_t t, int64_t window) { return window > 0 ? std::max<int64_t>(0, t - window + 1) : 0; }
+
+// Causal softmax of one score row over s[lo..t] in place (fp32, max-subtracted); the other entries of
+// s[0..T) set to 0. lo = first_key(t, window).
+void causal_softmax_row(float* s, int64_t lo, int64_t t, int64_t T) {
+  float mx = s[lo];
+  for (int64_t j = lo + 1; j <= t; ++j) mx = std::max(mx, s[j]);
   float sum = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = lo; j <= t; ++j) {
     s[j] = std::exp(s[j] - mx);
     sum += s[j];
   }
   const float inv = 1.0f / sum;
-  for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
+  for (int64_t j = lo; j <= t; ++j) s[j] *= inv;
+  for (int64_t j = 0; j < lo; ++j) s[j] = 0.0f;
   for (int64_t j = t + 1; j < T; ++j) s[j] = 0.0f;
 }
 
@@ -84,7 +91,8 @@ std::vector<float> gqa_attention(const io::ModelSpec& s, const LayerWeights& L, 
           const int64_t m = std::min<int64_t>(kAttnBlockM, T - r0), cols = r0 + m;
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, cols, hd, scale,
                       q.data() + r0 * qw + i * hd, qw, k.data() + kv * hd, kw, 0.0f, S.data(), cols);
-          for (int64_t rr = 0; rr < m; ++rr) causal_softmax_row(&S[rr * cols], r0 + rr, cols);
+          for (int64_t rr = 0; rr < m; ++rr)
+            causal_softmax_row(&S[rr * cols], first_key(r0 + rr, L.attention_window), r0 + rr, cols);
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, cols, 1.0f, S.data(), cols,
                       v.data() + kv * hd, kw, 0.0f, attn.data() + r0 * qw + i * hd, qw);
         }
@@ -110,13 +118,14 @@ std::vector<float> gqa_attention_ref(const io::ModelSpec& s, const LayerWeights&
   for (int64_t i = 0; i < nh; ++i) {
     const int64_t kv = i / (nh / nkv);
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j <= t; ++j) {
+      const int64_t lo = first_key(t, L.attention_window);
+      for (int64_t j = lo; j <= t; ++j) {
         float d = 0.0f;
         for (int64_t c = 0; c < hd; ++c) d += q[t * qw + i * hd + c] * k[j * kw + kv * hd + c];
         p[j] = d * scale;
       }
-      causal_softmax_row(p.data(), t, T);
-      for (int64_t j = 0; j <= t; ++j)
+      causal_softmax_row(p.data(), lo, t, T);
+      for (int64_t j = lo; j <= t; ++j)
         for (int64_t c = 0; c < hd; ++c) attn[t * qw + i * hd + c] += p[j] * v[j * kw + kv * hd + c];
     }
   }

@@ -14,6 +14,7 @@ namespace moesq::model {
 // x [T, H] = input_layernorm(h) of one causal sequence → o_proj(attention) [T, H]. GQA: query head i
 // reads kv head i / (nh / nkv); q/k norm before RoPE; scores · hd^-½; fp32 softmax. Parallel over heads
 // (at most fo.threads, 0 = moesq::num_threads()); fo.rope_bf16_inv_freq selects the RoPE frequencies.
+// L.attention_window > 0: query t sees only keys j with t − j < window (sliding-window layers).
 std::vector<float> gqa_attention(const io::ModelSpec& s, const LayerWeights& L, const float* x, int64_t T,
                                  const ForwardOptions& fo);
 // Plain-loop twin (no BLAS, no blocking): the oracle of gqa_attention.

@@ -19,6 +19,7 @@ std::string attention_block_refusal(const io::ModelSpec& s) {
   no(s.qk_norm != io::QkNorm::PerHead, "its q/k norm is not per head");
   no(s.attention_bias || s.qkv_bias, "its attention projections have biases");
   no(s.rms_norm_unit_offset, "its RMSNorm weights are zero-centred");
+  no(s.has_sliding_window(), "it uses sliding-window attention (use_sliding_window), which the GPU attention is not built for");
   return why;
 }
 
