@@ -2,6 +2,7 @@
 // Writes OUT (the compressed checkpoint, docs/FORMAT.md) and OUT/report.json; nothing on failure.
 // Under mpirun / srun every rank runs this command; the experts are shared among the ranks and rank 0
 // alone writes the work dir (crash-safe resume), OUT and stdout (docs/PARALLEL.md).
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -133,7 +134,11 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   model::DecoderModel m(ckpt);
   if (opt.device == compress::Device::kCuda)
     progress("compress", "refinement on the GPU (--device " + args->device + "); every other stage on the CPU");
+  // The calibration's own time (data-free: sampling the sequences from the model, often minutes) is
+  // reported beside the compression's (report.json "calibration_seconds", the summary line).
+  const auto t_calib = std::chrono::steady_clock::now();
   const compress::CalibSet calib = args->flags.calibration(m, args->dir);
+  const double calib_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_calib).count();
   std::optional<compress::WorkDir> work;
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);
   const compress::CompressResult r = compress::compress_model(m, calib, opt, {&comm, work ? &*work : nullptr});
@@ -156,7 +161,8 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   } tmp{fmt == io::ExportFormat::Moesq ? "" : moesq_out};
   const OnInterrupt tmp_on_interrupt = tmp.dir.empty() ? OnInterrupt() : OnInterrupt::remove(tmp.dir);  // SIGINT
   const compress::ExportSummary s =
-      compress::write_compressed(ckpt, r, opt, calib, moesq_out, {{"source", args->dir}});
+      compress::write_compressed(ckpt, r, opt, calib, moesq_out,
+                                 {{"source", args->dir}, {"calibration_seconds", calib_seconds}});
   nlohmann::json exported;
   if (fmt != io::ExportFormat::Moesq) exported = io::export_checkpoint(moesq_out, fmt, args->out, "report.json");
   work->remove();  // OUT is complete: nothing left to resume
@@ -195,8 +201,9 @@ void run_compress(const Args* args, dist::Communicator& comm) {
     if (!exported.is_null()) j["export"] = exported;
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    std::printf("method %s: %.4f bits/expert weight (measured), %.1f s, mean relative error %s -> %s\n",
-                opt.method->name, s.bits_per_expert_weight, r.seconds,
+    std::printf("method %s: %.4f bits/expert weight (measured), %.1f s (+ %.1f s %s), mean relative error %s -> %s\n",
+                opt.method->name, s.bits_per_expert_weight, r.seconds, calib_seconds,
+                args->flags.calib.empty() ? "sampling the calibration from the model" : "reading the calibration",
                 s.report["mean_rel_error"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), args->out.c_str());
   }
 }

@@ -460,3 +460,19 @@ TEST_F(CliCompress, LayerWideScheduleEndToEnd) {
 }
 
 }  // namespace
+
+namespace {
+
+// The data-free summary counts the sampling: report.json "calibration_seconds" and the summary line.
+TEST_F(CliCompress, DataFreeSummaryCountsTheSampling) {
+  const std::string out = (tmp_ / "o").string();
+  const CmdResult r = run("compress " + model_ + " --method rtn-nvfp4 --calib-samples 4 --seq-len 16 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("s sampling the calibration from the model)"), std::string::npos) << r.out;
+  std::ifstream rep(fs::path(out) / "report.json");
+  const nlohmann::json j = nlohmann::json::parse(rep);
+  ASSERT_TRUE(j.contains("calibration_seconds"));
+  EXPECT_GE(j.at("calibration_seconds").get<double>(), 0.0);
+}
+
+}  // namespace
