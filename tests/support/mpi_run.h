@@ -29,7 +29,8 @@ inline std::string mpirun(int ranks) {
 }
 
 // File name → SHA-256 of every file of `dir`. report.json is compared without its wall-clock fields
-// ("seconds", "epoch_seconds" at any depth): they are the only bytes that differ run to run.
+// ("seconds", "epoch_seconds", "calibration_seconds" at any depth): they are the only bytes that
+// differ run to run.
 inline std::map<std::string, std::string> dir_digest(const std::filesystem::path& dir) {
   std::map<std::string, std::string> d;
   for (const auto& f : std::filesystem::directory_iterator(dir)) {
@@ -44,6 +45,7 @@ inline std::map<std::string, std::string> dir_digest(const std::filesystem::path
       if (x.is_object()) {
         x.erase("seconds");
         x.erase("epoch_seconds");
+        x.erase("calibration_seconds");
       }
       if (x.is_structured())
         for (auto& v : x) self(self, v);
