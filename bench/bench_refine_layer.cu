@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
       compress::RefineOptions op = o;
       op.epochs = 1;
       op.device = compress::refine::make_cuda_step_backend;
+      op.tf32_gemm = gemms.rfind("tf32", 0) == 0;  // the first of --gemm
       compress::refine::set_stage_timing(true);
       const RunStats one = refine_all(ex, 1, n, H, I, op, 1);  // one thread: the caller's (parallel_for inline)
       const compress::refine::StageTimes t = compress::refine::stage_times();

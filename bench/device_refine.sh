@@ -5,7 +5,7 @@
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
-# STEPS: any of "tests quality datafree datafree_cuda profile tf32 bench kimi" (default: tests quality datafree bench).
+# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu tf32 bench kimi" (default: tests quality datafree bench).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -93,6 +93,22 @@ fi
 if has profile; then
   timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile > "$W/profile.log" 2>&1
   log "bench_refine_layer --profile rc=$?"; sed 's/^/  /' "$W/profile.log" | tee -a "$S"
+fi
+if has scaling; then  # one epoch of 16 experts on T threads: does the throughput grow with the streams?
+  for g in fp32 tf32; do for T in 1 4 16; do
+    timeout 120 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 16 --threads $T --gemm $g > "$W/scal.$g.$T.log" 2>&1
+    log "scaling $g T=$T rc=$? $(grep -E 'profile, 16 experts' "$W/scal.$g.$T.log")"
+  done; done
+  grep -E 'one expert alone' "$W/scal.fp32.1.log" "$W/scal.tf32.1.log" | sed 's/^/  /' | tee -a "$S"
+  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 16 --threads 16 > "$W/scal.conn32.log" 2>&1
+  log "scaling fp32 T=16 CUDA_DEVICE_MAX_CONNECTIONS=32 rc=$? $(grep -E 'profile, 16 experts' "$W/scal.conn32.log")"
+fi
+if has ncu; then  # per-kernel time and DRAM/SM throughput of one expert's steps (kernels serialized by ncu)
+  timeout 200 ncu --clock-control none --launch-skip 400 --launch-count 40 \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum \
+    --csv "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 1 --threads 1 > "$W/ncu.csv" 2> "$W/ncu.log"
+  log "ncu rc=$?"; cp "$W/ncu.csv" "$O/ncu.csv"
+  python3 bench/ncu_summary.py "$W/ncu.csv" | tee -a "$S"
 fi
 if has tf32; then  # TF32 GEMMs vs fp32 at real shapes (TF32_EXPERTS of the layer), then on the fixture
   timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${TF32_EXPERTS:-128} --gemm fp32,tf32 \
