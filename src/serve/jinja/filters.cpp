@@ -11,13 +11,7 @@
 namespace moesq::serve::jinja {
 namespace {
 
-const Value& arg(const CallArgs& a, size_t i, const char* kw) {
-  static const Value kUndef;
-  if (i < a.args.size()) return a.args[i];
-  for (const auto& [k, v] : a.kwargs)
-    if (k == kw) return v;
-  return kUndef;
-}
+const Value& arg(const CallArgs& a, size_t i, const char* kw) { return arg_at(a, i, kw); }
 
 Value f_tojson(const Value& v, const CallArgs& a) {
   // transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)

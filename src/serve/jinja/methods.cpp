@@ -8,13 +8,7 @@
 namespace moesq::serve::jinja {
 namespace {
 
-const Value& arg(const CallArgs& a, size_t i, const char* kw) {
-  static const Value kUndef;
-  if (i < a.args.size()) return a.args[i];
-  for (const auto& [k, v] : a.kwargs)
-    if (k == kw) return v;
-  return kUndef;
-}
+const Value& arg(const CallArgs& a, size_t i, const char* kw) { return arg_at(a, i, kw); }
 
 const std::string& str_arg(const CallArgs& a, size_t i, const char* kw, const std::string& method) {
   const Value& v = arg(a, i, kw);

@@ -28,13 +28,6 @@ using ScopePtr = std::shared_ptr<Scope>;
 
 enum class Flow { Normal, Break, Continue };
 
-const Value& kwarg_or(const CallArgs& a, size_t i, const char* kw) {
-  static const Value kUndef;
-  if (i < a.args.size()) return a.args[i];
-  for (const auto& [k, v] : a.kwargs)
-    if (k == kw) return v;
-  return kUndef;
-}
 
 std::string op_types(const char* op, const Value& l, const Value& r) {
   return std::string("unsupported operand type(s) for ") + op + ": '" + l.type_name() + "' and '" + r.type_name() + "'";
@@ -394,7 +387,7 @@ class Renderer {
       }
       for (size_t i = 0; i < node->params.size(); ++i) {
         const auto& [pname, def] = node->params[i];
-        Value v = kwarg_or(a, i, pname.c_str());
+        Value v = arg_at(a, i, pname.c_str());
         if (v.is_undefined() && i >= a.args.size() && def) v = eval(*def, s);
         else if (v.is_undefined() && i >= a.args.size())
           v = Value::undefined("parameter '" + pname + "' of macro '" + name + "' was not given");

@@ -78,6 +78,14 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
   }
 }
 
+const Value& arg_at(const CallArgs& a, size_t i, const char* kw) {
+  static const Value kUndef;
+  if (i < a.args.size()) return a.args[i];
+  for (const auto& [k, v] : a.kwargs)
+    if (k == kw) return v;
+  return kUndef;
+}
+
 double Value::as_double() const { return kind_ == Kind::Float ? d_ : static_cast<double>(i_); }
 
 const Value* Value::find(const std::string& key) const {

@@ -32,6 +32,8 @@ struct CallArgs {
   std::vector<std::pair<std::string, Value>> kwargs;
 };
 using Function = std::function<Value(const CallArgs&)>;
+// Argument `i` by position, else by keyword `kw`; Undefined when neither was given.
+const Value& arg_at(const CallArgs& a, size_t i, const char* kw);
 
 class Value {
  public:
