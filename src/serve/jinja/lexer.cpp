@@ -64,7 +64,7 @@ class Lexer {
       if (!text.empty()) emit(Token::Kind::Text, text, line_);
       line_ += count_newlines(src_, pos_, tag);
       pos_ = tag + 2 + (sign ? 1 : 0);
-      if (type == '#') comment(tag);
+      if (type == '#') comment();
       else inside_tag(type == '%');
     }
     emit(Token::Kind::End, "", line_);
@@ -96,12 +96,11 @@ class Lexer {
     pos_ = p;
   }
 
-  void comment(size_t tag) {
+  void comment() {
     const int start_line = line_;
     const size_t close = src_.find("#}", pos_);
     if (close == std::string::npos) fail(start_line, "comment '{#' opened here is never closed with '#}'");
     const char sign = close > pos_ && (src_[close - 1] == '-' || src_[close - 1] == '+') ? src_[close - 1] : 0;
-    (void)tag;
     after_end(close + 2, sign, true);
   }
 

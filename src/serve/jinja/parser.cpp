@@ -238,7 +238,7 @@ class Parser {
   }
 
   // ---- expressions ----
-  // A comma-separated list becomes a tuple; `explicit_parens` is the caller's '(' (then "()" is empty).
+  // A comma-separated list becomes a tuple when `allow_tuple`; without `with_condexpr` it stops below `a if b`.
   ExprPtr parse_tuple(bool allow_tuple, bool with_condexpr = true) {
     const int line = cur().line;
     ExprPtr first = with_condexpr ? parse_expression() : parse_or();
