@@ -5,7 +5,7 @@
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
-# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu tf32 bench kimi" (default: tests quality datafree bench).
+# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu layer tf32 bench kimi" (default: tests quality datafree bench).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -109,6 +109,11 @@ if has ncu; then  # per-kernel time and DRAM/SM throughput of one expert's steps
     --csv "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 1 --threads 1 > "$W/ncu.csv" 2> "$W/ncu.log"
   log "ncu rc=$?"; cp "$W/ncu.csv" "$O/ncu.csv"
   python3 bench/ncu_summary.py "$W/ncu.csv" | tee -a "$S"
+fi
+if has layer; then  # the whole layer (LAYER_EXPERTS), fp32 and TF32 GEMMs, no CPU peer
+  timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${LAYER_EXPERTS:-128} --gemm fp32,tf32 \
+    --cpu-experts 0 --out "$O/bench_refine_qwen3_layer.json" > "$W/bench_layer.log" 2>&1
+  log "bench_refine_layer layer --gemm fp32,tf32 rc=$?"; sed 's/^/  /' "$W/bench_layer.log" | tee -a "$S"
 fi
 if has tf32; then  # TF32 GEMMs vs fp32 at real shapes (TF32_EXPERTS of the layer), then on the fixture
   timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${TF32_EXPERTS:-128} --gemm fp32,tf32 \

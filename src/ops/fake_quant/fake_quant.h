@@ -20,7 +20,8 @@ struct FakeQuantArgs {
                                  // are then unspecified; the CPU functions throw instead)
 };
 
-// Errors (moesq::Error): bad sizes, block not 16 or 32, K % block != 0, a null pointer.
+// Errors (moesq::Error): bad sizes, block not 16 or 32, K % block != 0, a null pointer; a tensor scale
+// (per_row = false) on the GPU also needs x 16-byte aligned.
 void fake_quant(const FakeQuantArgs& a, cudaStream_t stream);
 void fake_quant_check(const FakeQuantArgs& a);
 

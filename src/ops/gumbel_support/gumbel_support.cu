@@ -1,6 +1,9 @@
 // Kernels of the gumbel_support launchers (gumbel_support.h): one thread per group of 8 weights, the
 // per-group code of gumbel_math.h (shared with the CPU twins), vectorized 32-byte loads of V / W.
+#include <cstdint>
+
 #include "core/cuda/check.cuh"
+#include "core/error.h"
 #include "ops/gumbel_support/gumbel_math.h"
 #include "ops/gumbel_support/gumbel_support.h"
 
@@ -21,18 +24,31 @@ __device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
   reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
 }
 
+// The 6 logits / probabilities of group r: 24 bytes at an 8-byte-aligned address, as three 8-byte
+// accesses (scalar 4-byte accesses at a 24-byte stride cost twice the load/store instructions).
+__device__ __forceinline__ void load6(const float* p, float (&x)[6]) {
+  const float2* q = reinterpret_cast<const float2*>(p);
+  const float2 a = q[0], b = q[1], c = q[2];
+  x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y, x[4] = c.x, x[5] = c.y;
+}
+__device__ __forceinline__ void store6(float* p, const float (&x)[6]) {
+  float2* q = reinterpret_cast<float2*>(p);
+  q[0] = make_float2(x[0], x[1]);
+  q[1] = make_float2(x[2], x[3]);
+  q[2] = make_float2(x[4], x[5]);
+}
+
 __global__ void __launch_bounds__(kThreads) forward_kernel(GumbelSupportArgs a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (r >= a.R) return;
   float v[kGroup], z[kGroup], av[kNumPatterns], g[kNumPatterns], pi[kNumPatterns];
   load8(a.V + r * kGroup, v);
-  if (a.mode != SupportMode::kFixed)
-    for (int p = 0; p < kNumPatterns; ++p) av[p] = a.A[r * kNumPatterns + p];
+  if (a.mode != SupportMode::kFixed) load6(a.A + r * kNumPatterns, av);
   if (a.mode == SupportMode::kGumbel || a.mode == SupportMode::kNoiseFree) {
     if (a.mode == SupportMode::kGumbel)
       for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
     soft_group_forward<float>(av, a.mode == SupportMode::kGumbel ? g : nullptr, a.kappa, a.tau, pi, z);
-    for (int p = 0; p < kNumPatterns; ++p) a.pi[r * kNumPatterns + p] = pi[p];
+    store6(a.pi + r * kNumPatterns, pi);
   } else {
     const int p = a.mode == SupportMode::kArgmax ? argmax_pattern<float>(av) : min(static_cast<int>(a.fixed[r]), kNumPatterns - 1);
     if (a.mode == SupportMode::kArgmax && a.patterns) a.patterns[r] = static_cast<uint8_t>(p);
@@ -50,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(GumbelSupportLionArgs a,
   const bool relaxed = a.pi != nullptr;
   float z[kGroup], pi[kNumPatterns], da[kNumPatterns], dv[kGroup], v[kGroup], dw[kGroup], mv[kGroup];
   if (relaxed) {
-    for (int p = 0; p < kNumPatterns; ++p) pi[p] = a.pi[r * kNumPatterns + p];
+    load6(a.pi + r * kNumPatterns, pi);
     z_from_pi<float>(pi, z);
   } else {
     z_of_pattern<float>(min(static_cast<int>(a.fixed[r]), kNumPatterns - 1), z);
@@ -59,12 +75,25 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(GumbelSupportLionArgs a,
   load8(a.dW + r * kGroup, dw);
   load8(a.mom_V + r * kGroup, mv);
   soft_group_backward<float>(dw, v, z, relaxed ? pi : nullptr, scale, relaxed ? da : nullptr, dv);
-  if (relaxed)
-    for (int p = 0; p < kNumPatterns; ++p)
-      lion_update(a.A[r * kNumPatterns + p], a.mom_A[r * kNumPatterns + p], da[p], b1, b2, step_A, decay_A);
+  if (relaxed) {
+    float A[kNumPatterns], mA[kNumPatterns];
+    load6(a.A + r * kNumPatterns, A);
+    load6(a.mom_A + r * kNumPatterns, mA);
+    for (int p = 0; p < kNumPatterns; ++p) lion_update(A[p], mA[p], da[p], b1, b2, step_A, decay_A);
+    store6(a.A + r * kNumPatterns, A);
+    store6(a.mom_A + r * kNumPatterns, mA);
+  }
   for (int j = 0; j < kGroup; ++j) lion_update(v[j], mv[j], dv[j], b1, b2, step_V, decay_V);
   store8(a.V + r * kGroup, v);
   store8(a.mom_V + r * kGroup, mv);
+}
+
+bool aligned(const void* p, uintptr_t a) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % a == 0; }
+void check_alignment(const char* op, const void* const* vec8, int n8, const void* const* vec6, int n6) {
+  for (int i = 0; i < n8; ++i)
+    MOESQ_CHECK(aligned(vec8[i], 16), op, ": the [R, 8] arrays (V, W, dW, mom_V) must be 16-byte aligned");
+  for (int i = 0; i < n6; ++i)
+    MOESQ_CHECK(aligned(vec6[i], 8), op, ": the [R, 6] arrays (A, pi, mom_A) must be 8-byte aligned");
 }
 
 unsigned blocks_for(int64_t R) { return static_cast<unsigned>((R + kThreads - 1) / kThreads); }
@@ -73,6 +102,9 @@ unsigned blocks_for(int64_t R) { return static_cast<unsigned>((R + kThreads - 1)
 
 void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream) {
   gumbel_support_check(a);
+  const void* v8[] = {a.V, a.W};
+  const void* v6[] = {a.A, a.pi};
+  check_alignment("gumbel_support_forward", v8, 2, v6, 2);
   if (a.R == 0) return;
   forward_kernel<<<blocks_for(a.R), kThreads, 0, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("gumbel_support_forward");
@@ -80,6 +112,9 @@ void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream) {
 
 void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream) {
   gumbel_support_check(a);
+  const void* v8[] = {a.V, a.dW, a.mom_V};
+  const void* v6[] = {a.A, a.pi, a.mom_A};
+  check_alignment("gumbel_support_lion", v8, 3, v6, 3);
   if (a.R == 0) return;
   lion_kernel<<<blocks_for(a.R), kThreads, 0, stream>>>(
       a, static_cast<float>(a.kappa / a.tau), static_cast<float>(a.beta1), static_cast<float>(a.beta2),

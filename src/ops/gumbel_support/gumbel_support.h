@@ -48,7 +48,8 @@ struct GumbelSupportLionArgs {
   double beta1 = 0.9, beta2 = 0.95, weight_decay = 1.0;  // Lion
 };
 
-// Errors (moesq::Error): R < 0, a null pointer the mode needs, τ ≤ 0.
+// Errors (moesq::Error): R < 0, a null pointer the mode needs, τ ≤ 0; the launchers also need the
+// [R, 8] arrays 16-byte and the [R, 6] arrays 8-byte aligned (vector accesses; cudaMalloc'd is).
 void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream);
 void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream);
 void gumbel_support_check(const GumbelSupportArgs& a);
