@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "support/cli_run.h"
 #include "support/reference_layout.h"
 #include "support/temp_dir.h"
@@ -79,6 +81,41 @@ TEST_F(CliReferenceLayout, ReferenceCheckpointsEvaluateToTheMoesqNats) {
       run_moesq("export " + rtn + " --format compressed-tensors --scale-block 32 --out " + dir_.file("bad"), dir_.path);
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--scale-block 32 needs paired 4:8"), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// Integer expert codes with no quantization_config are refused naming the tensor, not read as floats.
+TEST(CliIntegerExperts, IntegerExpertWeightWithoutConfigIsRefusedNamingIt) {
+  moesq::test::TempDir dir("moesq_test_cli_integer_experts");
+  const std::filesystem::path out = dir.path / "int8";
+  std::filesystem::create_directories(out);
+  const moesq::io::Checkpoint src(MOESQ_DEFAULT_MODEL);
+  moesq::io::SafetensorsWriter w;
+  std::string victim;
+  std::vector<int8_t> codes;
+  for (const std::string& name : src.names()) {
+    const moesq::io::TensorView& t = src.get(name);
+    if (victim.empty() && name.find(".experts.0.up_proj.weight") != std::string::npos) {
+      victim = name;
+      codes.assign(static_cast<size_t>(t.numel()), 3);
+      w.add(name, moesq::io::DType::I8, t.shape, codes.data(), codes.size());
+      continue;
+    }
+    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+  }
+  ASSERT_FALSE(victim.empty());
+  w.write((out / "model.safetensors").string());
+  for (const auto& e : std::filesystem::directory_iterator(MOESQ_DEFAULT_MODEL))
+    if (e.path().extension() != ".safetensors" && e.path().filename() != "model.safetensors.index.json")
+      std::filesystem::copy_file(e.path(), out / e.path().filename());
+  std::ofstream(dir.file("text.txt")) << "def f(x):\n    return x\n";
+  const moesq::test::CliRun r =
+      run_moesq("eval " + out.string() + " --data " + dir.file("text.txt") + " --seq-len 8", dir.path.string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("tensor " + victim + " has integer dtype I8"), std::string::npos) << r.err;
 }
 
 }  // namespace
