@@ -44,10 +44,11 @@ def gscale(t):
     return struct.unpack("<f", t[2])[0]
 
 
-def dense(packed, scale, g):  # §8: [N, K/2] codes, [N, K/16] scales
+def dense(packed, scale, g):  # §8: [N, K/2] codes, [N, K/G] scales (G = group_size, 16 or 32)
     N, K = packed[1][0], packed[1][1] * 2
     q, s = list(nibbles(packed[2])), scale[2]
-    return [f32(E2M1[q[i]] * e4m3(s[i // 16]) / g) for i in range(N * K)]
+    G = K // scale[1][1]
+    return [f32(E2M1[q[i]] * e4m3(s[i // G]) / g) for i in range(N * K)]
 
 
 def moesq48(vals, meta, scale, g):  # §4

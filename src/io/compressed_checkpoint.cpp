@@ -233,6 +233,17 @@ ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const Quantiza
 }
 
 void check_expert_storage(const Checkpoint& ckpt, const QuantizationConfig& q, bool allow_mixed) {
+  // An integer routed-expert `.weight` (int8 / uint8 / int32 codes, often beside a weight_scale) is a
+  // quantized tensor whose scheme config.json does not declare; read as floats it would be raw codes.
+  for (const std::string& name : ckpt.names()) {
+    const auto t = parse_expert_tensor(name);
+    if (!t || !expert_proj_of(t->proj) || name.size() < 7 || name.compare(name.size() - 7, 7, kWeight) != 0) continue;
+    const DType dt = ckpt.get(name).dtype;
+    MOESQ_CHECK(dt != DType::I8 && dt != DType::U8 && dt != DType::I32 && dt != DType::I64, ckpt.dir(), ": tensor ", name,
+                " has integer dtype ", dtype_name(dt), " but config.json declares no quantization scheme for it (",
+                q.storage == ExpertStorage::Dense ? "no quantization_config" : "format \"" + q.format_name + "\"",
+                "); moesq reads expert .weight tensors as bf16/f16/f32 only");
+  }
   const ExpertStorageCensus c = census_expert_storage(ckpt, q);
   if (c.mismatches == 0 || allow_mixed) return;
   MOESQ_FAIL(ckpt.dir(), ": tensor ", c.first_mismatch, " does not match config.json's quantization_config (",

@@ -32,6 +32,8 @@ struct QuantizationConfig {
   CheckpointLayout layout = CheckpointLayout::Moesq;
   bool act_quant = true;             // false: weight-only (compressed-tensors input_activations null)
   int weight_group = 0;              // CtInt4: elements per scale along K
+  int scale_group = 16;              // CtNvfp4 / CtPairBitmask: elements per weight_scale along K (16 or 32)
+  int act_group = 0;                 // compressed-tensors input_activations.group_size (0 when null)
 };
 // Error naming DIR/config.json for an unknown format or a bad input_activations.block_size.
 QuantizationConfig read_quantization_config(const Checkpoint& ckpt);

@@ -25,8 +25,8 @@ using nlohmann::json;
 
 std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"; }
 
-json nvfp4_args(bool input) {
-  return {{"num_bits", 4},     {"type", "float"},   {"strategy", "tensor_group"},  {"group_size", 16},
+json nvfp4_args(bool input, int group) {
+  return {{"num_bits", 4},     {"type", "float"},   {"strategy", "tensor_group"},  {"group_size", group},
           {"symmetric", true}, {"dynamic", input ? json("local") : json(false)}, {"actorder", nullptr},
           {"block_structure", nullptr}, {"observer", input ? "static_minmax" : "minmax"}, {"observer_kwargs", json::object()}};
 }
@@ -130,7 +130,8 @@ void add_per_expert_biases(SafetensorsWriter& w, const Checkpoint& src, const La
   }
 }
 
-json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask) {
+json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask, int scale_block) {
+  MOESQ_CHECK(scale_block == 16 || scale_block == 32, "--scale-block ", scale_block, " is not 16 or 32");
   json qc = {
       {"quant_method", "compressed-tensors"},
       {"format", "nvfp4-pack-quantized"},
@@ -139,8 +140,8 @@ json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask) {
        {{"group_0",
          {{"targets", {"Linear"}},
           {"format", "nvfp4-pack-quantized"},
-          {"weights", nvfp4_args(false)},
-          {"input_activations", nvfp4_args(true)},
+          {"weights", nvfp4_args(false, scale_block)},
+          {"input_activations", nvfp4_args(true, scale_block)},
           {"output_activations", nullptr}}}}},
       {"ignore", unquantized_modules(src)},
       {"kv_cache_scheme", nullptr},
@@ -150,7 +151,9 @@ json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask) {
   return qc;
 }
 
-json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir) {
+json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir, int scale_block) {
+  MOESQ_CHECK(scale_block == 0 || scale_block == 16 || scale_block == 32, "--scale-block ", scale_block,
+              " is not 16 or 32");
   const ModelSpec& spec = src.spec();
   const QuantizationConfig q = read_quantization_config(src);
   MOESQ_CHECK(q.storage != ExpertStorage::Dense && q.storage != ExpertStorage::Int4, src.dir(),
@@ -187,6 +190,12 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
         first.is_sparse48(), method, dir);
   } else {
     const bool pb = f == ExportFormat::PairBitmask;
+    // Default: group 32 (the reference's layout) when the experts are paired 4:8, else 16.
+    if (scale_block == 0) {
+      int64_t first_moe = 0;
+      while (first_moe + 1 < spec.num_layers && !spec.is_moe_layer(first_moe)) ++first_moe;
+      scale_block = read(first_moe, 0, ExpertProj::Gate).is_sparse48() ? 32 : 16;
+    }
     SafetensorsWriter w;
     // Fused expert biases (gpt-oss) are written per expert Linear instead (add_per_expert_biases).
     const LayerTensorNames& names = layer_tensor_names(spec.model_type);
@@ -223,7 +232,14 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
           } else {
             w.add(prefix + kWeightPacked, DType::U8, {N, K / 2}, d.values.data(), d.values.size());
           }
-          w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}, d.scales.data(), d.scales.size());
+          if (scale_block == 32) {
+            MOESQ_CHECK(pw.is_sparse48(), "tensor ", prefix, " in ", src.dir(), " is dense NVFP4, not paired 4:8; "
+                        "--scale-block 32 needs paired 4:8 experts (use --scale-block 16)");
+            const std::vector<uint8_t>& s32 = pw.sparse48()->scales;  // [N, K/32]
+            w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 32}, s32.data(), s32.size());
+          } else {
+            w.add(prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}, d.scales.data(), d.scales.size());
+          }
           w.add(prefix + kWeightGlobalScale, DType::F32, {1}, &d.global_scale, sizeof(float));
           bool cal = false;
           const float gsa = input_global_scale(amax, p, &cal);
@@ -236,7 +252,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
     }
     write_checkpoint_tensors(dir, w);
     json cfg = src.config();
-    cfg["quantization_config"] = compressed_tensors_config_json(src, pb);
+    cfg["quantization_config"] = compressed_tensors_config_json(src, pb, scale_block);
     write_file_atomic((fs::path(dir) / "config.json").string(), dump(src.stored_config(cfg)));
     copy_side_files(src, dir);
   }
@@ -248,6 +264,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
   json s = {{"source", src.dir()},
             {"format", export_format_name(f)},
             {"source_format", q.format_name},
+            {"scale_block", f == ExportFormat::Moesq ? json(nullptr) : json(scale_block)},
             {"projections", projections},
             {"paired48_projections", sparse},
             {"expert_bytes", bytes},
@@ -260,10 +277,10 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
 }
 
 json export_checkpoint(const std::string& src_dir, ExportFormat f, const std::string& out_dir,
-                       const std::string& marker) {
+                       const std::string& marker, int scale_block) {
   AtomicDir dir(out_dir, "--out", marker, {src_dir});
   const Checkpoint src(src_dir);
-  json s = write_exported_checkpoint(src, f, dir.path());
+  json s = write_exported_checkpoint(src, f, dir.path(), scale_block);
   s["out"] = out_dir;
   write_file_atomic((fs::path(dir.path()) / "export.json").string(), dump(s));
   dir.commit();

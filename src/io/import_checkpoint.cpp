@@ -56,6 +56,19 @@ float scalar_scale(const Checkpoint& ckpt, const std::string& name) {
   return g;
 }
 
+// weight_scale as UE4M3 bytes [N, K/16]: stored so (group_size 16), or [N, K/32] (group_size 32, the
+// reference's paired 4:8 layout) with each 32-block scale written for both of its 16-blocks — the
+// same scale on the same 32 weights, so the dequantized values are unchanged.
+std::vector<uint8_t> scales_per_16(const Checkpoint& ckpt, const QuantizationConfig& q, const std::string& prefix,
+                                   int64_t N, int64_t K) {
+  if (q.scale_group != 32) return bytes_of(tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}));
+  MOESQ_CHECK(K % 32 == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of weights.group_size 32");
+  const TensorView& t = tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 32});
+  std::vector<uint8_t> s(static_cast<size_t>(N * K / 16));
+  for (int64_t i = 0; i < N * K / 32; ++i) s[2 * i] = s[2 * i + 1] = t.data[i];
+  return s;
+}
+
 }  // namespace
 
 QuantizationConfig read_compressed_tensors_config(const json& qc, const std::string& where) {
@@ -68,6 +81,7 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
 
   QuantizationConfig q;
   std::string fmt;
+  int groups_seen = 0;  // nvfp4 groups read so far
   for (const auto& [gname, g] : qc["config_groups"].items()) {
     const std::string path = "config_groups." + gname;
     const std::string f = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : top;
@@ -84,16 +98,22 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
       expect_field(w, where, path + ".weights", "type", {"float"});
       expect_field(w, where, path + ".weights", "num_bits", {4});
       expect_field(w, where, path + ".weights", "strategy", {"tensor_group"});
-      expect_field(w, where, path + ".weights", "group_size", {16});
+      expect_field(w, where, path + ".weights", "group_size", {16, 32});
       if (w.contains("symmetric")) expect_field(w, where, path + ".weights", "symmetric", {true});
+      const int wg = w["group_size"].get<int>();
+      MOESQ_CHECK(groups_seen == 0 || wg == q.scale_group, where, ": ", path, ".weights.group_size is ", wg,
+                  " but another group uses ", q.scale_group, "; moesq reads one weight group size per checkpoint");
+      q.scale_group = wg;
       q.act_quant = !in.is_null();
       if (q.act_quant) {
         expect_field(in, where, path + ".input_activations", "type", {"float"});
         expect_field(in, where, path + ".input_activations", "num_bits", {4});
         expect_field(in, where, path + ".input_activations", "strategy", {"tensor_group"});
-        expect_field(in, where, path + ".input_activations", "group_size", {16});
+        expect_field(in, where, path + ".input_activations", "group_size", {16, 32});
         expect_field(in, where, path + ".input_activations", "dynamic", {"local", true});
+        q.act_group = in["group_size"].get<int>();
       }
+      ++groups_seen;
     } else if (fmt == "pack-quantized") {
       expect_field(w, where, path + ".weights", "type", {"int"});
       expect_field(w, where, path + ".weights", "num_bits", {4});
@@ -123,7 +143,7 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
   } else {
     q.storage = ExpertStorage::Nvfp4;  // per tensor: Sparse48 when the data is paired 4:8
     q.layout = CheckpointLayout::CtNvfp4;
-    q.act_block = format::kDenseScaleBlock;
+    q.act_block = q.act_group == format::kSparseScaleBlock ? format::kSparseScaleBlock : format::kDenseScaleBlock;
   }
   if (qc.contains("paired48_sparse")) {
     const json& p = qc["paired48_sparse"];
@@ -143,7 +163,7 @@ format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, cons
   MOESQ_CHECK(K % format::kDenseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
               format::kDenseScaleBlock);
   const float gs = scalar_scale(ckpt, prefix + kWeightGlobalScale);
-  const std::vector<uint8_t> scales = bytes_of(tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}));
+  const std::vector<uint8_t> scales = scales_per_16(ckpt, q, prefix, N, K);
   if (q.layout == CheckpointLayout::CtPairBitmask) {
     PairBitmaskTensor b;
     b.N = N;
@@ -242,6 +262,7 @@ ProjectionStorage read_projection_storage(const Checkpoint& ckpt, const Quantiza
 
 int deployed_act_block(const QuantizationConfig& q, int64_t num_sparse48, int64_t num_nvfp4) {
   if (q.layout == CheckpointLayout::Moesq || q.storage == ExpertStorage::Int4) return q.act_block;
+  if (q.act_group == format::kSparseScaleBlock) return format::kSparseScaleBlock;  // stated by the config
   return num_nvfp4 == 0 && num_sparse48 > 0 ? format::kSparseScaleBlock : format::kDenseScaleBlock;
 }
 

@@ -171,6 +171,11 @@ CheckpointInspection inspect_checkpoint(const std::string& dir, bool allow_mixed
   r.expert_storage = census.mismatches ? "mixed" : census.packed ? "packed" : "dense";
   if (r.compressed) {
     r.layout = checkpoint_layout_name(q.layout);
+    // The weight_scale granularity of compressed-tensors NVFP4: group 32 ([N, K/32]) is what the
+    // paper's reference (IST-DASLab/MoESQ) writes for paired 4:8 experts; group 16 is moesq's
+    // duplicated variant and stock dense NVFP4.
+    if (q.layout == CheckpointLayout::CtNvfp4 || q.layout == CheckpointLayout::CtPairBitmask)
+      r.layout += q.scale_group == 32 ? " group_size 32 (reference layout)" : " group_size 16";
     // What eval / generate run with (the loader's rule, io::deployed_act_block).
     r.activations = q.act_quant && q.storage != ExpertStorage::Int4
                         ? "nvfp4 block " + std::to_string(deployed_act_block(q, num_sparse48, num_nvfp4))

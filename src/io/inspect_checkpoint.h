@@ -51,7 +51,8 @@ struct CheckpointInspection {
   bool compressed = false;                  // config.json has a non-null quantization_config
   std::string expert_storage;               // "dense", "packed" or "mixed"
   std::vector<ProjectionInspection> projections;  // gate, up, down order; those with no tensors left out
-  // Compressed only: io::checkpoint_layout_name, what eval / generate run with ("nvfp4 block 32" or
+  // Compressed only: io::checkpoint_layout_name (+ " group_size 16" or " group_size 32 (reference
+  // layout)" for compressed-tensors NVFP4), what eval / generate run with ("nvfp4 block 32" or
   // "none (weight-only)"), the INT4 weight group (CtInt4 only) and the quantization_config as stored.
   std::string layout, activations;
   std::optional<int64_t> weight_group;

@@ -51,7 +51,7 @@ class InspectLayouts : public ::testing::Test {
     const std::string m = std::string("'") + MOESQ_DEFAULT_MODEL + "'";
     must("compress " + m + " --method magnitude --out '" + dir("mag") + "' --calib-samples 2 --seq-len 16");
     must("compress " + m + " --method rtn-nvfp4 --out '" + dir("rtn") + "' --calib-samples 2 --seq-len 16");
-    must("export '" + dir("mag") + "' --format compressed-tensors --out '" + dir("mag_ct") + "'");
+    must("export '" + dir("mag") + "' --format compressed-tensors --scale-block 16 --out '" + dir("mag_ct") + "'");
     must("export '" + dir("mag") + "' --format moesq-pair-bitmask --out '" + dir("mag_pb") + "'");
     must("export '" + dir("rtn") + "' --format compressed-tensors --out '" + dir("rtn_ct") + "'");
     moesq::test::write_int4_checkpoint(moesq::io::Checkpoint(MOESQ_DEFAULT_MODEL), dir("int4"), 32);
@@ -121,9 +121,9 @@ class InspectLayouts : public ::testing::Test {
 
 TEST_F(InspectLayouts, EachLayoutReportsWhatItsProjectionsHold) {
   expect_all("mag", "moesq", "paired-4:8-nvfp4");
-  expect_all("mag_ct", "compressed-tensors/nvfp4-pack-quantized", "paired-4:8-nvfp4");  // detected from data
-  expect_all("mag_pb", "compressed-tensors/nvfp4-pack-quantized+pair-bitmask", "paired-4:8-nvfp4");
-  expect_all("rtn_ct", "compressed-tensors/nvfp4-pack-quantized", "nvfp4");
+  expect_all("mag_ct", "compressed-tensors/nvfp4-pack-quantized group_size 16", "paired-4:8-nvfp4");  // detected from data
+  expect_all("mag_pb", "compressed-tensors/nvfp4-pack-quantized+pair-bitmask group_size 32 (reference layout)", "paired-4:8-nvfp4");
+  expect_all("rtn_ct", "compressed-tensors/nvfp4-pack-quantized group_size 16", "nvfp4");
   expect_all("int4", "compressed-tensors/pack-quantized", "int4");
   EXPECT_EQ(inspect(dir("int4"))["weight_group"], 32);
   // The byte-level layouts differ: 2.75 (moesq) < 3.0 (pair-bitmask, 16-blocks) < 4.5 (dense NVFP4).

@@ -78,7 +78,8 @@ TEST_F(ExportCheckpoint, PairedExportsReadBackWithIdenticalBits) {
       }
       if (f != ExportFormat::Moesq) {
         EXPECT_EQ(ck.get(prefix + kWeightScale).dtype, DType::F8_E4M3);
-        EXPECT_EQ(ck.get(prefix + kWeightScale).shape, (std::vector<int64_t>{N, K / 16}));
+        // Group 32 by default for paired 4:8 (the reference's layout, one UE4M3 scale per 32 weights).
+        EXPECT_EQ(ck.get(prefix + kWeightScale).shape, (std::vector<int64_t>{N, K / 32}));
         EXPECT_EQ(ck.get_f32(prefix + kInputGlobalScale, {1})[0], 1.0f);
       }
       int64_t changed = 0;
@@ -105,7 +106,7 @@ TEST_F(ExportCheckpoint, CompressedTensorsConfigNamesEveryUncompressedModule) {
       EXPECT_EQ(g[k]["type"], "float");
       EXPECT_EQ(g[k]["num_bits"], 4);
       EXPECT_EQ(g[k]["strategy"], "tensor_group");
-      EXPECT_EQ(g[k]["group_size"], 16);
+      EXPECT_EQ(g[k]["group_size"], 32);  // paired 4:8 source: the reference's group
       EXPECT_EQ(g[k]["symmetric"], true);
     }
     EXPECT_EQ(g["input_activations"]["dynamic"], "local");
@@ -205,8 +206,16 @@ TEST(ImportConfig, UnsupportedSchemesNameTheFieldAndValue) {
   EXPECT_NE(error_of(a8).find("config_groups.group_0.input_activations.num_bits is 8"), std::string::npos)
       << error_of(a8);
   json w8 = base;
-  w8["config_groups"]["group_0"]["weights"]["group_size"] = 32;
-  EXPECT_NE(error_of(w8).find("weights.group_size is 32"), std::string::npos) << error_of(w8);
+  w8["config_groups"]["group_0"]["weights"]["group_size"] = 64;
+  EXPECT_NE(error_of(w8).find("weights.group_size is 64"), std::string::npos) << error_of(w8);
+  json gs32 = base;  // the reference's layout: weights and activations at group 32
+  gs32["config_groups"]["group_0"]["weights"]["group_size"] = 32;
+  gs32["config_groups"]["group_0"]["input_activations"]["group_size"] = 32;
+  EXPECT_EQ(error_of(gs32), "");
+  json two = gs32;  // two groups that disagree on the weight group
+  two["config_groups"]["group_1"] = base["config_groups"]["group_0"];
+  EXPECT_NE(error_of(two).find("weights.group_size is 16 but another group uses 32"), std::string::npos)
+      << error_of(two);
   json pb = base;
   pb["paired48_sparse"] = {{"layout", "pair-bitmask"}, {"version", 2}};
   EXPECT_NE(error_of(pb).find("paired48_sparse.version is 2"), std::string::npos) << error_of(pb);
