@@ -371,7 +371,11 @@ class Renderer {
 
   Value make_macro(const Node& n, const ScopePtr& def_scope) {
     const Node* node = &n;
-    return Value::callable(n.targets[0], [this, node, def_scope](const CallArgs& a) {
+    // The defining scope holds this macro, so the macro may only refer to it weakly (a strong reference
+    // is a cycle that outlives the render); macro_scopes_ keeps it alive until the render ends.
+    macro_scopes_.push_back(def_scope);
+    std::weak_ptr<Scope> weak_scope = def_scope;
+    return Value::callable(n.targets[0], [this, node, weak_scope](const CallArgs& a) {
       const std::string& name = node->targets[0];
       if (a.args.size() > node->params.size())
         throw EvalError("macro '" + name + "' takes not more than " + std::to_string(node->params.size()) +
@@ -379,7 +383,8 @@ class Renderer {
       if (depth_ >= kMaxMacroDepth)
         throw EvalError("macro '" + name + "' recursed deeper than " + std::to_string(kMaxMacroDepth) + " calls");
       auto s = std::make_shared<Scope>();
-      s->parent = def_scope;
+      s->parent = weak_scope.lock();
+      if (!s->parent) throw EvalError("macro '" + name + "' called after its template finished rendering");
       for (const auto& [k, v] : a.kwargs) {
         bool known = false;
         for (const auto& p : node->params) known = known || p.first == k;
@@ -408,6 +413,7 @@ class Renderer {
 
   const Template& t_;
   ScopePtr globals_;
+  std::vector<ScopePtr> macro_scopes_;
   int depth_ = 0;
 };
 
