@@ -5,7 +5,7 @@
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
-# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu layer tf32 bench kimi" (default: tests quality datafree bench).
+# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi" (default: tests quality datafree bench).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -109,6 +109,18 @@ if has ncu; then  # per-kernel time and DRAM/SM throughput of one expert's steps
     --csv "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 1 --threads 1 > "$W/ncu.csv" 2> "$W/ncu.log"
   log "ncu rc=$?"; cp "$W/ncu.csv" "$O/ncu.csv"
   python3 bench/ncu_summary.py "$W/ncu.csv" | tee -a "$S"
+fi
+if has nsys; then  # the concurrent run's timeline: is the GPU busy, and what do the host's launches cost?
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$NSYS" ] || log "nsys: not on this machine (the H200 image of 2026-12-02 has ncu and compute-sanitizer only)"
+  for T in $([ -n "$NSYS" ] && echo 1 16); do
+    timeout 240 "$NSYS" profile -t cuda --force-overwrite true -o "$W/nsys$T" "$B/bench_refine_layer" --model qwen3-30b-a3b \
+      --experts 16 --epochs 2 --threads $T --gemm fp32 --cpu-experts 0 > "$W/nsys$T.log" 2>&1
+    log "nsys T=$T rc=$? $(grep -E 'GPU fp32' "$W/nsys$T.log")"
+    "$NSYS" stats -q --report cuda_gpu_trace --format csv -o "$W/nsys$T" "$W/nsys$T.nsys-rep" > /dev/null 2>&1
+    "$NSYS" stats -q --report cuda_api_sum --format csv -o "$W/nsys$T" "$W/nsys$T.nsys-rep" > /dev/null 2>&1
+    python3 bench/nsys_summary.py "$W/nsys${T}_cuda_gpu_trace.csv" "$W/nsys${T}_cuda_api_sum.csv" 2>&1 | sed 's/^/  /' | tee -a "$S"
+  done
 fi
 if has layer; then  # the whole layer (LAYER_EXPERTS), fp32 and TF32 GEMMs, no CPU peer
   timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${LAYER_EXPERTS:-128} --gemm fp32,tf32 \
