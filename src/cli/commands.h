@@ -15,6 +15,7 @@ void register_audit(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_generate(CLI::App& app);  // cmd_generate.cpp
 void register_bench_e2e(CLI::App* bench);  // cmd_bench_e2e.cpp, under `bench`
+void register_bench_serve(CLI::App* bench);  // cmd_bench_serve.cpp, under `bench`
 void register_export(CLI::App& app);
 
 }  // namespace moesq::cli
