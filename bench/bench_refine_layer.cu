@@ -113,7 +113,18 @@ struct RunStats {
   double seconds = 0, flops = 0;
   int64_t steps = 0, experts = 0;
   double mean_init = 0, mean_final = 0;
+  double thread_seconds = 0, epoch_seconds = 0;  // Σ over experts of refine_expert's wall, of its epochs' wall
 };
+
+// Where a worker thread's time goes: the optimizer epochs (steps issued, the per-epoch evals and
+// their syncs) against the rest of refine_expert (Q_a of X, the split, uploads, the final packed loss
+// on the CPU, argmax and pack).
+void print_thread_split(const char* what, const RunStats& st) {
+  const double per = st.thread_seconds / static_cast<double>(st.experts);
+  const double ep = st.epoch_seconds / static_cast<double>(st.experts);
+  std::printf("  %s thread wall per expert %.3f s = epochs %.3f s (%.0f us per step) + other %.3f s\n", what, per, ep,
+              1e6 * st.epoch_seconds / static_cast<double>(std::max<int64_t>(st.steps, 1)), per - ep);
+}
 
 RunStats refine_all(std::vector<Expert>& ex, int64_t count, int64_t n, int64_t H, int64_t I,
                     const compress::RefineOptions& o, int threads) {
@@ -145,6 +156,8 @@ RunStats refine_all(std::vector<Expert>& ex, int64_t count, int64_t n, int64_t H
     const int64_t rows_stepped = r.epochs * (full * r.batch + rem);  // Σ m over the steps
     st.flops += 14.0 * static_cast<double>(rows_stepped) * I * H;
     st.flops += 6.0 * static_cast<double>(held) * I * H * (1 + 2 * r.epochs);  // init + soft & hard per epoch
+    st.thread_seconds += r.seconds;
+    for (double e : r.curves.epoch_seconds) st.epoch_seconds += e;
     st.mean_init += r.init_hard_loss / count;
     st.mean_final += r.final_hard_loss / count;
   }
@@ -293,10 +306,13 @@ int main(int argc, char** argv) {
                   gemm.c_str(), gpu.seconds, static_cast<long long>(gpu.steps), gpu.flops / 1e12,
                   gpu.flops / gpu.seconds / 1e12, 100.0 * gpu.flops / gpu.seconds / 1e12 / rate, peak_gb, gpu.mean_init,
                   gpu.mean_final);
+      print_thread_split(gemm.c_str(), gpu);
       gpu_rows.push_back({{"gemm", gemm}, {"seconds", gpu.seconds}, {"steps", gpu.steps}, {"tflop", gpu.flops / 1e12},
                           {"tflops", gpu.flops / gpu.seconds / 1e12},
                           {"fraction_of_fp32_rate", gpu.flops / gpu.seconds / 1e12 / rate}, {"peak_gpu_gb", peak_gb},
-                          {"init_loss", gpu.mean_init}, {"final_loss", gpu.mean_final}});
+                          {"init_loss", gpu.mean_init}, {"final_loss", gpu.mean_final},
+                          {"thread_seconds_per_expert", gpu.thread_seconds / static_cast<double>(gpu.experts)},
+                          {"epoch_seconds_per_expert", gpu.epoch_seconds / static_cast<double>(gpu.experts)}});
     }
 
     RunStats cpu;
