@@ -123,7 +123,7 @@ if has nsys; then  # the concurrent run's timeline: is the GPU busy, and what do
   done
 fi
 if has layer; then  # the whole layer (LAYER_EXPERTS), fp32 and TF32 GEMMs, no CPU peer
-  timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${LAYER_EXPERTS:-128} --gemm fp32,tf32 \
+  timeout 300 "$B/bench_refine_layer" --model qwen3-30b-a3b --experts ${LAYER_EXPERTS:-128} --gemm ${LAYER_GEMMS:-fp32,tf32} \
     --cpu-experts 0 --out "$O/bench_refine_qwen3_layer.json" > "$W/bench_layer.log" 2>&1
   log "bench_refine_layer layer --gemm fp32,tf32 rc=$?"; sed 's/^/  /' "$W/bench_layer.log" | tee -a "$S"
 fi
