@@ -42,6 +42,7 @@
 #include "compress/refine/loop.h"
 #include "compress/refine/options.h"
 #include "compress/refine/schedule.h"
+#include "core/blas_threads.h"
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
@@ -114,21 +115,27 @@ struct RunStats {
   int64_t steps = 0, experts = 0;
   double mean_init = 0, mean_final = 0;
   double thread_seconds = 0, epoch_seconds = 0;  // Σ over experts of refine_expert's wall, of its epochs' wall
+  compress::RefineResult::StageSeconds stages;    // Σ over experts
 };
 
-// Where a worker thread's time goes: the optimizer epochs (steps issued, the per-epoch evals and
-// their syncs) against the rest of refine_expert (Q_a of X, the split, uploads, the final packed loss
-// on the CPU, argmax and pack).
+// Where a worker thread's time goes (RefineResult::stage_seconds), per expert: preparation (Q_a of
+// X on the CPU, split), start (uploads, initial loss), the epochs' step issue, the per-epoch evals
+// (which wait for the queued steps), finish (argmax, pack, the final packed loss on the CPU).
 void print_thread_split(const char* what, const RunStats& st) {
-  const double per = st.thread_seconds / static_cast<double>(st.experts);
-  const double ep = st.epoch_seconds / static_cast<double>(st.experts);
-  std::printf("  %s thread wall per expert %.3f s = epochs %.3f s (%.0f us per step) + other %.3f s\n", what, per, ep,
-              1e6 * st.epoch_seconds / static_cast<double>(std::max<int64_t>(st.steps, 1)), per - ep);
+  const double e = static_cast<double>(st.experts);
+  const double issue = st.epoch_seconds / e, eval = st.stages.optimize / e - issue;
+  std::printf("  %s thread wall per expert %.3f s = prepare %.3f + start %.3f + step issue %.3f (%.0f us per step) + "
+              "evals/waits %.3f + finish %.3f\n",
+              what, st.thread_seconds / e, st.stages.prepare / e, st.stages.start / e, issue,
+              1e6 * st.epoch_seconds / static_cast<double>(std::max<int64_t>(st.steps, 1)), eval, st.stages.finish / e);
 }
 
 RunStats refine_all(std::vector<Expert>& ex, int64_t count, int64_t n, int64_t H, int64_t I,
                     const compress::RefineOptions& o, int threads) {
   std::vector<compress::RefineResult> res(static_cast<size_t>(count));
+  // As compress's pipeline does: moesq parallelizes over experts, BLAS stays single-threaded (the CPU
+  // parts of refine_expert would otherwise oversubscribe the cores, 16 workers × OpenBLAS's threads).
+  ScopedBlasSingleThread single_blas;
   const auto t0 = Clock::now();
   parallel_for(count, [&](int64_t e) {
     Expert& x = ex[static_cast<size_t>(e)];
@@ -158,6 +165,10 @@ RunStats refine_all(std::vector<Expert>& ex, int64_t count, int64_t n, int64_t H
     st.flops += 6.0 * static_cast<double>(held) * I * H * (1 + 2 * r.epochs);  // init + soft & hard per epoch
     st.thread_seconds += r.seconds;
     for (double e : r.curves.epoch_seconds) st.epoch_seconds += e;
+    st.stages.prepare += r.stage_seconds.prepare;
+    st.stages.start += r.stage_seconds.start;
+    st.stages.optimize += r.stage_seconds.optimize;
+    st.stages.finish += r.stage_seconds.finish;
     st.mean_init += r.init_hard_loss / count;
     st.mean_final += r.final_hard_loss / count;
   }

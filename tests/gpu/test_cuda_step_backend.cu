@@ -2,7 +2,8 @@
 // to end through compress::refine_expert on a small random expert (H = 64, I = 32, 300 rows): the same
 // options (2 epochs, batch 32, seed 1) give the same held-out curves and final loss within a named
 // tolerance, nearly the same patterns, and two CUDA runs give the same packed bytes — with the support
-// learned and with the V-only ablation (fixed support).
+// learned and with the V-only ablation (fixed support). And StepBackend::weights_loss (the loss of
+// given, already packed weights) on both backends, from the same prepared rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "compress/refine/cuda_step_backend.h"
 #include "compress/refine/loop.h"
 #include "compress/refine/options.h"
+#include "compress/refine/step_backend.h"
 #include "format/nvfp4.h"
 #include "support/gpu_test_main.h"
 
@@ -155,6 +157,49 @@ TEST(CudaStepBackend, FollowsTheCpuBackendAndIsReproducible) {
     EXPECT_EQ(gpu.curves.hard_loss, gpu2.curves.hard_loss);
     EXPECT_EQ(gpu.final_hard_loss, gpu2.final_hard_loss);
   }
+}
+
+TEST(CudaStepBackend, WeightsLossMatchesTheCpuBackend) {
+  const Expert e = make_expert(300, 64, 32, 12);
+  const int64_t n = e.n, H = e.H, I = e.I;
+  std::vector<float> Xq = e.X;  // the loop's preparation: Q_a on the inputs once
+  for (int64_t i = 0; i < n; ++i) format::quantize_activation_row(&Xq[i * H], H, 32);
+  std::vector<int64_t> rows(n);
+  double w_sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) rows[i] = i, w_sum += e.g[i];
+  compress::refine::StepData sd;
+  sd.n = n, sd.H = H, sd.I = I, sd.Xq = Xq.data(), sd.Y_ref = e.Y.data(), sd.w = e.g.data();
+  sd.eval_rows = rows.data(), sd.n_eval = n, sd.eval_inv_norm = 1.0 / (w_sum * static_cast<double>(H));
+  sd.max_batch = 32, sd.act_block = 32;
+  const RefineOptions o = options(true);
+  const int64_t N[3] = {I, I, H}, K[3] = {H, H, I};
+  // Packed-and-dequantized weights of another random expert: what weights_loss is given.
+  const Expert other = make_expert(8, H, I, 13);
+  std::vector<float> W[3];
+  for (int j = 0; j < 3; ++j) {
+    const auto t = format::sparse48_quantize(other.W[j].data(), N[j], K[j], other.prior[j].data(),
+                                             format::nvfp4_tensor_scale(format::amax_abs(other.W[j].data(), N[j] * K[j])),
+                                             "test");
+    W[j].resize(N[j] * K[j]);
+    format::sparse48_dequantize(t, W[j].data());
+  }
+  double loss[2], eval_before = 0, eval_after = 0;
+  for (int dev = 0; dev < 2; ++dev) {
+    std::array<compress::refine::ProjState<float>, 3> P;
+    for (int j = 0; j < 3; ++j) {
+      P[j].N = N[j], P[j].K = K[j], P[j].V = e.W[j];
+      P[j].A.assign(static_cast<size_t>(P[j].groups() * 6), 0.0f);
+    }
+    auto backend = dev ? compress::refine::make_cuda_step_backend() : compress::refine::make_cpu_step_backend();
+    backend->start(sd, P, {nullptr, nullptr, nullptr}, o);
+    if (dev) eval_before = backend->eval_loss(true, 1.0, 1.0);
+    loss[dev] = backend->weights_loss(W[0].data(), W[1].data(), W[2].data());
+    if (dev) eval_after = backend->eval_loss(true, 1.0, 1.0);
+  }
+  std::printf("weights_loss cpu %.8g gpu %.8g\n", loss[0], loss[1]);
+  EXPECT_GT(loss[0], 0.0);
+  EXPECT_NEAR(loss[1], loss[0], kInitLossRelTol * loss[0]);
+  EXPECT_EQ(eval_before, eval_after) << "weights_loss must not disturb the backend's own weights";
 }
 
 int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

@@ -100,6 +100,13 @@ DevBuf<T> upload(const T* host, size_t n, cudaStream_t s) {
   return d;
 }
 
+// The stage profile covers training steps only: evals switch it off for their duration.
+struct ProfilePause {
+  bool was = stage_timer().on;
+  ProfilePause() { stage_timer().on = false; }
+  ~ProfilePause() { stage_timer().on = was; }
+};
+
 class CudaStepBackend final : public StepBackend {
  public:
   void start(const StepData& d, std::array<ProjState<float>, 3>& P, const std::array<const uint8_t*, 3>& fixed,
@@ -214,14 +221,37 @@ class CudaStepBackend final : public StepBackend {
   }
 
   double eval_loss(bool hard, double kappa, double tau) override {
-    const cudaStream_t s = ctx_->stream;
-    struct Pause {  // the stage profile covers training steps only
-      StageTimer& T;
-      bool was;
-      ~Pause() { T.on = was; }
-    } pause{stage_timer(), stage_timer().on};
-    stage_timer().on = false;
+    const ProfilePause pause;
     weights(hard ? ops::SupportMode::kArgmax : ops::SupportMode::kNoiseFree, kappa, tau, nullptr);
+    return eval_rows_loss();
+  }
+
+  double weights_loss(const float* W_gate, const float* W_up, const float* W_down) override {
+    const cudaStream_t s = ctx_->stream;
+    const ProfilePause pause;
+    const size_t n_gu = static_cast<size_t>(I_ * H_);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_gu_.p, W_gate, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_gu_.p + n_gu, W_up, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_d_.p, W_down, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
+    // The next step or eval recomputes W̃ from A and V (weights()), so overwriting it here is safe.
+    return eval_rows_loss();
+  }
+
+  void sync(std::array<ProjState<float>, 3>& P) override {
+    const cudaStream_t s = ctx_->stream;
+    for (int j = 0; j < 3; ++j) {
+      MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].V.data(), V_[j].p, V_[j].bytes(), cudaMemcpyDeviceToHost, s));
+      if (!fixed_[j])
+        MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].A.data(), A_[j].p, A_[j].bytes(), cudaMemcpyDeviceToHost, s));
+    }
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+    check_finite();
+  }
+
+ private:
+  // Σ over the eval rows of the Eq. 4 row losses of the weights now in W_gu_ / W_d_, normalized.
+  double eval_rows_loss() {
+    const cudaStream_t s = ctx_->stream;
     double sum = 0.0;
     std::vector<double> rows(static_cast<size_t>(C_));
     for (int64_t r0 = 0; r0 < d_.n_eval; r0 += C_) {
@@ -239,18 +269,6 @@ class CudaStepBackend final : public StepBackend {
     return sum * d_.eval_inv_norm;
   }
 
-  void sync(std::array<ProjState<float>, 3>& P) override {
-    const cudaStream_t s = ctx_->stream;
-    for (int j = 0; j < 3; ++j) {
-      MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].V.data(), V_[j].p, V_[j].bytes(), cudaMemcpyDeviceToHost, s));
-      if (!fixed_[j])
-        MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].A.data(), A_[j].p, A_[j].bytes(), cudaMemcpyDeviceToHost, s));
-    }
-    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
-    check_finite();
-  }
-
- private:
   // W̃ = Q_w(Z ⊙ V) of the three projections into W_gu_ (gate rows, then up rows) and W_d_.
   void weights(ops::SupportMode relaxed_mode, double kappa, double tau, const std::array<uint64_t, 3>* keys) {
     const cudaStream_t s = ctx_->stream;

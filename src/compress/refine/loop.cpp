@@ -153,6 +153,10 @@ class CpuStepBackend final : public StepBackend {
     }
     return objective_grad(in, *P_, true, o_->micro_batch, nullptr, ws_);
   }
+  double weights_loss(const float* W_gate, const float* W_up, const float* W_down) override {
+    return expert_loss(input_of(eval_rows_, d_.H, d_.I, d_.act_block, d_.variant), W_gate, W_up, W_down, true,
+                       o_->micro_batch, ws_);
+  }
   void sync(std::array<ProjState<float>, 3>&) override {}
 
  private:
@@ -194,15 +198,16 @@ void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector
                                        g_d, "refine down_proj");
 }
 
-double packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
-                   const format::Sparse48Tensor& d, const Rows& rows, int64_t H, int64_t I,
-                   const RefineOptions& o, const model::ExpertVariant& v, ObjectiveWorkspace& ws) {
-  std::vector<float> Wg(I * H), Wu(I * H), Wd(H * I);
+// The held-out loss of packed tensors: their dequantized values through the step backend
+// (StepBackend::weights_loss: on the device that holds the rows).
+double packed_loss(StepBackend& backend, const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
+                   const format::Sparse48Tensor& d) {
+  std::vector<float> Wg(static_cast<size_t>(g.N * g.K)), Wu(static_cast<size_t>(u.N * u.K)),
+      Wd(static_cast<size_t>(d.N * d.K));
   format::sparse48_dequantize(g, Wg.data());
   format::sparse48_dequantize(u, Wu.data());
   format::sparse48_dequantize(d, Wd.data());
-  return expert_loss(input_of(rows, H, I, o.act_block, v), Wg.data(), Wu.data(), Wd.data(), true,
-                     o.micro_batch, ws);
+  return backend.weights_loss(Wg.data(), Wu.data(), Wd.data());
 }
 
 }  // namespace
@@ -369,8 +374,7 @@ class ExpertRefinement {
     sd.variant = data_.variant;
     backend_->start(sd, P_, fixed_, o_);
     if (all_packed_) {
-      res.init_hard_loss = packed_loss(*init_[0]->packed, *init_[1]->packed, *init_[2]->packed, eval_rows_, H_, I_,
-                                       o_, data_.variant, ws_);
+      res.init_hard_loss = packed_loss(*backend_, *init_[0]->packed, *init_[1]->packed, *init_[2]->packed);
     } else {
       res.init_hard_loss = eval_loss(true, o_.kappa0, o_.tau0);
     }
@@ -513,7 +517,7 @@ class ExpertRefinement {
     // pruned position would give the packed expert a coarser γ than the one that was selected.
     if (select_best_) zero_pruned(pat);
     pack(P_, pat, res);
-    res.final_hard_loss = packed_loss(res.gate, res.up, res.down, eval_rows_, H_, I_, o_, data_.variant, ws_);
+    res.final_hard_loss = packed_loss(*backend_, res.gate, res.up, res.down);
     if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
       return_init("refined expert worse on held-out rows than SGPTQ: kept the SGPTQ solution", res);
       res.final_hard_loss = res.init_hard_loss;
@@ -582,7 +586,6 @@ class ExpertRefinement {
   int best_epoch_ = 0;
   std::array<std::vector<float>, 3> best_V_;
   std::array<std::vector<uint8_t>, 3> best_pat_;
-  ObjectiveWorkspace ws_;
 };
 
 }  // namespace
@@ -600,11 +603,20 @@ RefineResult refine_expert(const ExpertData& data, const ProjInit& gate, const P
   if (run.skip(res)) {
     run.record_schedule(res);
   } else {
+    auto lap = Clock::now();
+    auto stage = [&lap](double& seconds) {
+      seconds = seconds_since(lap);
+      lap = Clock::now();
+    };
     run.prepare_rows(res);
     run.apply_schedule(res);
+    stage(res.stage_seconds.prepare);
     run.init_parameters(res);
+    stage(res.stage_seconds.start);
     run.optimize(res);
+    stage(res.stage_seconds.optimize);
     run.finish(res);
+    stage(res.stage_seconds.finish);
   }
   res.seconds = seconds_since(t_start);
   return res;

@@ -82,6 +82,13 @@ struct RefineResult {
   int selected_epoch = 0;
   double pattern_change = 0.0;   // fraction of groups whose pattern differs from the prior
   double seconds = 0.0;          // wall time of refine_expert
+  // Its stages' wall time, seconds: prepare = Q_a of X, router weights, split, schedule; start = the
+  // step backend's set-up (uploads) and the initial loss; optimize = the epochs (their steps' issue
+  // time is curves.epoch_seconds, the rest the per-epoch evals, which wait for the steps on a GPU);
+  // finish = argmax, pack and the final packed loss.
+  struct StageSeconds {
+    double prepare = 0, start = 0, optimize = 0, finish = 0;
+  } stage_seconds;
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };

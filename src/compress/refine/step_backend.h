@@ -60,6 +60,11 @@ class StepBackend {
   // Eq. 4 loss on the eval rows, with Q_w and Q_a: hard = the argmax support (what is packed), else the
   // noise-free relaxation at (κ, τ).
   virtual double eval_loss(bool hard, double kappa, double tau) = 0;
+  // Eq. 4 loss on the eval rows of GIVEN weights, with Q_a and without Q_w: the dequantized values of a
+  // packed expert (W_gate, W_up [I, H], W_down [H, I], fp32 host memory), i.e. the loss of exactly what
+  // is written. The CPU backend's bits are refine's former packed_loss (objective.h expert_loss); a
+  // device backend computes it where the rows already are (uploads the weights only).
+  virtual double weights_loss(const float* W_gate, const float* W_up, const float* W_down) = 0;
   // The current A and V into P (the CPU backend works on P itself: nothing to do).
   virtual void sync(std::array<ProjState<float>, 3>& P) = 0;
 };
