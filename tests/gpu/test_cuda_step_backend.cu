@@ -162,13 +162,11 @@ TEST(CudaStepBackend, FollowsTheCpuBackendAndIsReproducible) {
 TEST(CudaStepBackend, WeightsLossMatchesTheCpuBackend) {
   const Expert e = make_expert(300, 64, 32, 12);
   const int64_t n = e.n, H = e.H, I = e.I;
-  std::vector<float> Xq = e.X;  // the loop's preparation: Q_a on the inputs once
-  for (int64_t i = 0; i < n; ++i) format::quantize_activation_row(&Xq[i * H], H, 32);
   std::vector<int64_t> rows(n);
   double w_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) rows[i] = i, w_sum += e.g[i];
   compress::refine::StepData sd;
-  sd.n = n, sd.H = H, sd.I = I, sd.Xq = Xq.data(), sd.Y_ref = e.Y.data(), sd.w = e.g.data();
+  sd.n = n, sd.H = H, sd.I = I, sd.X = e.X.data(), sd.Y_ref = e.Y.data(), sd.w = e.g.data();
   sd.eval_rows = rows.data(), sd.n_eval = n, sd.eval_inv_norm = 1.0 / (w_sum * static_cast<double>(H));
   sd.max_batch = 32, sd.act_block = 32;
   const RefineOptions o = options(true);

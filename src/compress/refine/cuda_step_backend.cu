@@ -127,7 +127,18 @@ class CudaStepBackend final : public StepBackend {
     H_ = d.H;
     I_ = d.I;
     C_ = std::max<int64_t>({d.max_batch, int64_t{256}, 1});  // rows per GEMM pass
-    X_ = upload(d.Xq, static_cast<size_t>(d.n * H_), s);
+    flag_ = DevBuf<int32_t>(1);
+    MOESQ_CUDA_CHECK(cudaMemsetAsync(flag_.p, 0, sizeof(int32_t), s));
+    // Q_a on the inputs, once, here (bit-exact with the CPU backend's format::quantize_activation_row).
+    X_ = upload(d.X, static_cast<size_t>(d.n * H_), s);
+    if (d.n > 0)
+      ops::fake_quant({.x = X_.p, .rows = d.n, .K = H_, .block = d.act_block, .per_row = true, .amax = nullptr,
+                       .nonfinite = flag_.p},
+                      s);
+    int32_t bad_x = 0;
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(&bad_x, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+    MOESQ_CHECK(bad_x == 0, "refine on the GPU: the expert's calibration inputs X hold a NaN or an infinity");
     Y_ = upload(d.Y_ref, static_cast<size_t>(d.n * H_), s);
     w_ = upload(d.w, static_cast<size_t>(d.n), s);
     eval_idx_ = upload(d.eval_rows, static_cast<size_t>(d.n_eval), s);
@@ -164,8 +175,6 @@ class CudaStepBackend final : public StepBackend {
     dab_ = DevBuf<float>(C * 2 * I_);
     row_loss_ = DevBuf<double>(C);
     amax_ = DevBuf<float>(2);
-    flag_ = DevBuf<int32_t>(1);
-    MOESQ_CUDA_CHECK(cudaMemsetAsync(flag_.p, 0, sizeof(int32_t), s));
   }
 
   void begin_epoch(const std::vector<int64_t>& order) override {

@@ -108,11 +108,14 @@ class CpuStepBackend final : public StepBackend {
       mom_A_[j].assign(P[j].A.size(), 0.0f);
       mom_V_[j].assign(P[j].V.size(), 0.0f);
     }
-    gather(d.Xq, d.Y_ref, d.w, d.eval_rows, d.n_eval, d.H, eval_rows_);
+    // Q_a on the inputs, once (a row's Q_a does not depend on the parameters).
+    Xq_.assign(d.X, d.X + d.n * d.H);
+    for (int64_t i = 0; i < d.n; ++i) format::quantize_activation_row(&Xq_[i * d.H], d.H, d.act_block);
+    gather(Xq_.data(), d.Y_ref, d.w, d.eval_rows, d.n_eval, d.H, eval_rows_);
   }
   void begin_epoch(const std::vector<int64_t>& order) override { order_ = order; }
   void step(const StepInput& s) override {
-    gather(d_.Xq, d_.Y_ref, d_.w, &order_[static_cast<size_t>(s.b0)], s.m, d_.H, batch_);
+    gather(Xq_.data(), d_.Y_ref, d_.w, &order_[static_cast<size_t>(s.b0)], s.m, d_.H, batch_);
     batch_.inv_norm = s.inv_norm;
     ObjectiveInput<float> in = input_of(batch_, d_.H, d_.I, d_.act_block, d_.variant);
     in.kappa = s.kappa;
@@ -166,6 +169,7 @@ class CpuStepBackend final : public StepBackend {
   const RefineOptions* o_ = nullptr;
   std::array<std::vector<float>, 3> mom_A_, mom_V_;  // Lion momenta
   std::vector<int64_t> order_;                       // this epoch's training rows in order
+  std::vector<float> Xq_;                            // [n, H] Q_a(X)
   Rows batch_, eval_rows_;
   std::array<ProjState<float>, 3> grad_;
   std::array<std::vector<float>, 3> G_;
@@ -258,13 +262,12 @@ class ExpertRefinement {
     return true;
   }
 
-  // Q_a on the inputs, once; router-weighted row weights g^p (Eq. 4); the held-out split.
+  // Router-weighted row weights g^p (Eq. 4); the held-out split. (Q_a on the inputs is the step
+  // backend's, once, where the rows live: StepData::X.)
   void prepare_rows(RefineResult& res) {
     const int64_t n = data_.n, H = H_;
     MOESQ_CHECK(data_.X && data_.g && data_.Y_ref, "refine: expert stream ", data_.stream, " has n=", n,
                 " rows but no X/g/Y_ref");
-    Xq_.assign(data_.X, data_.X + n * H);
-    for (int64_t i = 0; i < n; ++i) format::quantize_activation_row(&Xq_[i * H], H, o_.act_block);
     w_.resize(n);
     for (int64_t i = 0; i < n; ++i) {
       MOESQ_CHECK(std::isfinite(data_.g[i]) && data_.g[i] >= 0, "refine: router weight g[", i, "] = ", data_.g[i],
@@ -280,7 +283,7 @@ class ExpertRefinement {
     if (n_held_ == 0 && o_.heldout_fraction > 0) res.note = "too few rows to hold out: curves on the training rows";
     const std::vector<int64_t>& eval_idx = n_held_ > 0 ? held : train_;
     eval_idx_ = eval_idx;
-    gather(Xq_.data(), data_.Y_ref, w_.data(), eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H, eval_rows_);
+    eval_inv_norm_ = batch_inv_norm(w_.data(), eval_idx.data(), static_cast<int64_t>(eval_idx.size()), H);
   }
 
   // The schedule rule (refine/schedule.h) for every one of batch / epochs / rates the options
@@ -362,12 +365,12 @@ class ExpertRefinement {
     sd.n = data_.n;
     sd.H = H_;
     sd.I = I_;
-    sd.Xq = Xq_.data();
+    sd.X = data_.X;
     sd.Y_ref = data_.Y_ref;
     sd.w = w_.data();
     sd.eval_rows = eval_idx_.data();
     sd.n_eval = static_cast<int64_t>(eval_idx_.size());
-    sd.eval_inv_norm = eval_rows_.inv_norm;
+    sd.eval_inv_norm = eval_inv_norm_;
     sd.max_batch = std::max<int64_t>(
         1, o_.step_sequences > 0 ? max_step_rows_ : std::min<int64_t>(o_.batch, static_cast<int64_t>(train_.size())));
     sd.act_block = o_.act_block;
@@ -572,13 +575,13 @@ class ExpertRefinement {
   std::array<const uint8_t*, 3> fixed_{};         // support held at the prior (V-only ablation)
   std::unique_ptr<StepBackend> backend_;          // runs the steps (init_parameters on)
   bool all_packed_ = false;
-  std::vector<float> Xq_, w_;                     // [n, H] Q_a(X), [n] g^p
+  std::vector<float> w_;                          // [n] g^p
   std::vector<int64_t> train_;                    // training row ids
   std::vector<int64_t> eval_idx_;                 // the curves' row ids (held-out, or training)
   std::vector<std::vector<int64_t>> rows_of_seq_;  // layer-wide schedule: training rows per sequence
   int64_t max_step_rows_ = 0;                      // layer-wide schedule: most rows one step can take
   int64_t n_held_ = 0;
-  Rows eval_rows_;                                // held-out rows (or training rows if none)
+  double eval_inv_norm_ = 0.0;                    // 1 / (Σ w · H) over the held-out rows (or training rows if none)
   // Best-epoch restore (RefineOptions::restore_best): the lowest held-out hard loss so far, its
   // epoch (0 = initial solution) and its state.
   bool select_best_ = false;

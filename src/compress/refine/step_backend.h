@@ -26,7 +26,8 @@ namespace moesq::compress::refine {
 // The prepared rows of one expert (host memory; valid until the backend is destroyed).
 struct StepData {
   int64_t n = 0, H = 0, I = 0;
-  const float* Xq = nullptr;     // [n, H] inputs, activation-quantized once (Q_a)
+  const float* X = nullptr;      // [n, H] inputs, raw: the backend applies Q_a (act_block) to them once, in
+                                 // start() (format::quantize_activation_row; ops::fake_quant per row on a GPU)
   const float* Y_ref = nullptr;  // [n, H] the original expert's outputs
   const float* w = nullptr;      // [n] row weights g^p
   const int64_t* eval_rows = nullptr;  // [n_eval] the rows the curves are measured on (held-out, or training)
