@@ -96,6 +96,7 @@ void run_serve(const ServeArgs& a) {
     eo.max_seqs = a.max_num_seqs, eo.max_len = max_len, eo.max_tokens = max_len;
     eng.emplace(ckpt, eo);
     backend_name = runtime::expert_backend_name(eng->backend());
+    kv_bytes = static_cast<double>(eng->kv_bytes());
     backend = std::make_unique<runtime::EngineDecodeBackend>(*eng);
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");

@@ -144,13 +144,18 @@ void Scheduler::end_unslotted(Running& r, const std::string& reason, const std::
   end(r, reason, error);
 }
 
+// The slot is counted free before the client hears of the end: a client that submits again at once
+// must find room.
 void Scheduler::end(Running& r, const std::string& reason, const std::string& error) {
   if (r.slot >= 0) slot_busy_[r.slot] = 0;
-  r.stream->finish(reason, error);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --num_running_;
+    metrics_.set_load(num_running_, static_cast<int64_t>(waiting_.size()), num_slots_);
+  }
   metrics_.request_finished(reason);
   metrics_.e2e_s.observe(since(r.arrival));
-  std::lock_guard<std::mutex> lk(mu_);
-  --num_running_;
+  r.stream->finish(reason, error);
 }
 
 // Generator::step's order: sample, stop?, then one decode of the sequences that go on.

@@ -60,6 +60,12 @@ struct Server {
       if (std::regex_search(text, m, re)) port = std::stoi(m[1]);
       else std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    for (int i = 0; i < 100 && port > 0; ++i) {  // until it answers (10 s)
+      httplib::Client c("127.0.0.1", port);
+      auto r = c.Get("/health");
+      if (r && r->status == 200) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
   std::string log() const { return test::slurp(scratch.file("stderr.txt")); }
   // SIGTERM; the exit status (-1 if it did not exit within 30 s or died of a signal).
@@ -122,7 +128,7 @@ struct Answer {
 Answer post(httplib::Client& c, const std::string& path, const json& body) {
   Answer a;
   auto r = c.Post(path.c_str(), body.dump(), "application/json");
-  if (!r) return a;
+  if (!r) return a.last = json{{"client_error", httplib::to_string(r.error())}}, a;
   a.status = r->status;
   if (r->status != 200 || !body.value("stream", false)) {
     a.last = json::parse(r->body);
@@ -249,9 +255,11 @@ TEST(Serve, QueueFullIs503AndAGoneClientIsCancelled) {
 TEST(Serve, QueueFullIs503) {
   Server s(MOESQ_DEFAULT_MODEL, {"--max-num-seqs", "1", "--max-queue", "0", "--max-model-len", "1024"});
   ASSERT_GT(s.port, 0) << s.log();
-  std::thread longr([&] {
+  std::atomic<int> long_status{0};
+  std::thread longr([&] {  // until it gets the slot (a short request below may hold it a moment)
     httplib::Client c = s.client();
-    post(c, "/v1/completions", json{{"prompt", "a"}, {"max_tokens", 600}});
+    for (int i = 0; i < 200 && long_status != 200; ++i)
+      long_status = post(c, "/v1/completions", json{{"prompt", "a"}, {"max_tokens", 600}}).status;
   });
   httplib::Client c = s.client();
   int status = 0;
@@ -261,6 +269,7 @@ TEST(Serve, QueueFullIs503) {
   }
   EXPECT_EQ(status, 503);
   longr.join();
+  EXPECT_EQ(long_status, 200);
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
