@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   moesq::cli::register_tokenize(app);
   moesq::cli::register_generate(app);
   moesq::cli::register_export(app);
+  moesq::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

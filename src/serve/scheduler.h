@@ -1,0 +1,126 @@
+// Continuous batching for `moesq serve`: requests from any thread, ONE engine thread that owns the
+// runtime::DecodeBackend. Every step it admits waiting requests into free KV slots (a whole-prompt
+// prefill each), then, for every running sequence, samples the next token from that sequence's own
+// runtime::Sampler, applies the stop conditions and sends the rest through one batched decode.
+// The non-obvious decision: the per-sequence order is exactly runtime::Generator's (prefill; then
+// sample, stop?, decode), so a request's tokens equal Generator::generate of that request alone on
+// the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs.
+// Not built: chunked prefill beside decode, a paged KV cache (each slot holds max_len tokens), and
+// preemption (a request waits until a slot is free).
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/decode_backend.h"
+#include "runtime/generator.h"
+#include "runtime/sampler.h"
+#include "serve/metrics.h"
+
+namespace moesq::serve {
+
+// One request: prompt ids in [0, V), sampling, and the token stop conditions (max_new_tokens >= 1).
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  runtime::SamplerOptions sampling;
+  runtime::StopOptions stop;
+};
+
+// The tokens of one request as the engine produces them. Engine side: push / finish; client side:
+// next / cancel. Thread-safe.
+class Stream {
+ public:
+  struct Chunk {
+    std::vector<int32_t> tokens;  // generated since the previous next()
+    bool done = false;
+    std::string finish_reason;    // when done: "stop", "length", "cancelled" or "error"
+    std::string error;            // when finish_reason is "error": what failed
+  };
+  // Waits up to `timeout` for new tokens or the end; returns what came (possibly nothing).
+  Chunk next(std::chrono::milliseconds timeout);
+  // Ends the request at the next step (its slot is freed); finish_reason "cancelled" unless it had
+  // finished already.
+  void cancel();
+  bool cancelled() const;
+
+  void push(int32_t token);
+  void finish(const std::string& reason, const std::string& error = "");
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> pending_;
+  bool done_ = false, cancel_ = false;
+  std::string reason_, error_;
+};
+
+// Refused submit(): the waiting queue is full or the scheduler is shutting down (HTTP 503).
+class SchedulerBusy : public Error {
+ public:
+  using Error::Error;
+};
+
+struct SchedulerOptions {
+  int64_t max_queue = 256;  // waiting requests beyond the running ones; more are refused
+};
+
+class Scheduler {
+ public:
+  // Starts the engine thread. `backend` and `metrics` must outlive the scheduler.
+  Scheduler(runtime::DecodeBackend& backend, const SchedulerOptions& opt, Metrics& metrics);
+  ~Scheduler();  // shutdown(false)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request (thread-safe). Errors: moesq::Error for an empty prompt or max_new_tokens < 1
+  // or bad sampler options (checked here, not on the engine thread); SchedulerBusy when full.
+  std::shared_ptr<Stream> submit(GenRequest req);
+  // Refuses new requests; drain = finish the waiting and running ones first, else cancel them.
+  // Joins the engine thread. Idempotent.
+  void shutdown(bool drain);
+  int num_slots() const { return num_slots_; }
+
+ private:
+  struct Waiting {
+    GenRequest req;
+    std::shared_ptr<Stream> stream;
+    std::chrono::steady_clock::time_point arrival;
+  };
+  struct Running {
+    int slot = -1;
+    runtime::Sampler sampler;
+    runtime::StopOptions stop;
+    std::shared_ptr<Stream> stream;
+    std::vector<float> logits;  // [V] for the next token
+    int64_t generated = 0;
+    std::chrono::steady_clock::time_point arrival, last_token;
+  };
+  void loop();
+  void admit(std::vector<Waiting>& batch);
+  void step();
+  void end(Running& r, const std::string& reason, const std::string& error = "");
+  void end_unslotted(Running& r, const std::string& reason, const std::string& error = "");
+
+  runtime::DecodeBackend& backend_;
+  SchedulerOptions opt_;
+  Metrics& metrics_;
+  const int num_slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Waiting> waiting_;  // guarded by mu_
+  bool stopping_ = false, drain_ = false;
+  int64_t num_running_ = 0;  // admitted and not yet ended (guarded by mu_)
+  // Engine thread only:
+  std::vector<Running> running_;
+  std::vector<char> slot_busy_;  // [num_slots]
+  std::thread thread_;
+};
+
+}  // namespace moesq::serve

@@ -1,0 +1,149 @@
+// The scheduler against runtime::Generator on the tiny model (CPU backend): 64 requests submitted
+// from 8 threads at once, with different prompt lengths, max_tokens, seeds and temperatures, each
+// equal to Generator::generate of that request alone; stop ids, cancel, queue full, drain.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "io/checkpoint.h"
+#include "model/decoder.h"
+#include "runtime/decode_backend.h"
+#include "runtime/generator.h"
+#include "serve/scheduler.h"
+
+using namespace moesq;
+
+namespace {
+
+constexpr int64_t kMaxLen = 64;
+
+struct Tiny {
+  io::Checkpoint ckpt{MOESQ_DEFAULT_MODEL};
+  model::DecoderModel m{ckpt};
+};
+Tiny& tiny() {
+  static Tiny t;
+  return t;
+}
+
+serve::GenRequest request(int i) {
+  serve::GenRequest r;
+  for (int k = 0; k < 1 + i % 7; ++k) r.prompt.push_back(static_cast<int32_t>((37 * i + 11 * k) % 256));
+  r.sampling.temperature = i % 3 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 4);
+  r.sampling.top_p = i % 2 ? 0.9f : 1.0f;
+  r.sampling.seed = static_cast<uint64_t>(1000 + i);
+  r.stop.max_new_tokens = 1 + i % 9;
+  return r;
+}
+
+// Reads a stream to its end (bounded: 30 s).
+serve::Stream::Chunk drain(serve::Stream& s) {
+  serve::Stream::Chunk all;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!all.done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    serve::Stream::Chunk c = s.next(std::chrono::milliseconds(100));
+    all.tokens.insert(all.tokens.end(), c.tokens.begin(), c.tokens.end());
+    all.done = c.done, all.finish_reason = c.finish_reason, all.error = c.error;
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST(Scheduler, SixtyFourConcurrentRequestsEqualGeneratorAlone) {
+  const int kN = 64;
+  std::vector<std::vector<int32_t>> expected(kN);
+  {
+    runtime::CpuDecodeBackend one(tiny().m, kMaxLen, 1, tiny().m.default_forward_options());
+    runtime::Generator gen(one);
+    for (int i = 0; i < kN; ++i) {
+      const serve::GenRequest r = request(i);
+      expected[i] = gen.generate(r.prompt, r.sampling, r.stop);
+    }
+  }
+  runtime::CpuDecodeBackend backend(tiny().m, kMaxLen, 6, tiny().m.default_forward_options());
+  serve::Metrics metrics;
+  serve::Scheduler sched(backend, serve::SchedulerOptions{kN}, metrics);
+  std::vector<serve::Stream::Chunk> got(kN);
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t)
+    clients.emplace_back([&, t] {
+      for (int i = t; i < kN; i += 8) got[i] = drain(*sched.submit(request(i)));
+    });
+  for (auto& c : clients) c.join();
+  int64_t total = 0;
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(got[i].done) << "request " << i;
+    EXPECT_EQ(got[i].finish_reason, "length") << "request " << i;
+    EXPECT_EQ(got[i].tokens, expected[i]) << "request " << i;
+    total += static_cast<int64_t>(expected[i].size());
+  }
+  EXPECT_GT(total, kN);
+  const std::string text = metrics.prometheus_text();
+  EXPECT_NE(text.find("moesq:generation_tokens_total " + std::to_string(total) + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("moesq:time_to_first_token_seconds_count 64\n"), std::string::npos) << text;
+}
+
+TEST(Scheduler, StopIdEndsWithStopAndKeepsTheId) {
+  runtime::CpuDecodeBackend backend(tiny().m, kMaxLen, 2, tiny().m.default_forward_options());
+  runtime::Generator gen(backend);
+  serve::GenRequest r = request(3);
+  r.stop.max_new_tokens = 8;
+  const std::vector<int32_t> free_run = gen.generate(r.prompt, r.sampling, r.stop);
+  ASSERT_GE(free_run.size(), 3u);
+  serve::Metrics metrics;
+  serve::Scheduler sched(backend, {}, metrics);
+  r.stop.stop_ids = {free_run[2]};
+  const auto c = drain(*sched.submit(r));
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[2]);
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.tokens, std::vector<int32_t>(free_run.begin(), first + 1));
+}
+
+TEST(Scheduler, CancelFreesTheSlotAndQueueFullIsRefused) {
+  runtime::CpuDecodeBackend backend(tiny().m, kMaxLen, 1, tiny().m.default_forward_options());
+  serve::Metrics metrics;
+  serve::Scheduler sched(backend, serve::SchedulerOptions{1}, metrics);
+  serve::GenRequest longr = request(0);
+  longr.stop.max_new_tokens = kMaxLen - 8;
+  auto a = sched.submit(longr);  // takes the slot
+  auto b = sched.submit(longr);  // waits
+  EXPECT_THROW(sched.submit(longr), serve::SchedulerBusy);
+  a->cancel();
+  b->cancel();
+  EXPECT_EQ(drain(*a).finish_reason, "cancelled");
+  EXPECT_EQ(drain(*b).finish_reason, "cancelled");
+  const auto c = drain(*sched.submit(request(5)));  // the slot is free again
+  EXPECT_EQ(c.finish_reason, "length");
+  EXPECT_EQ(c.tokens.size(), static_cast<size_t>(request(5).stop.max_new_tokens));
+}
+
+TEST(Scheduler, BadRequestsAreRefusedAtSubmit) {
+  runtime::CpuDecodeBackend backend(tiny().m, kMaxLen, 1, tiny().m.default_forward_options());
+  serve::Metrics metrics;
+  serve::Scheduler sched(backend, {}, metrics);
+  serve::GenRequest r = request(1);
+  r.stop.max_new_tokens = 0;
+  EXPECT_THROW(sched.submit(r), Error);
+  r = request(1);
+  r.prompt.clear();
+  EXPECT_THROW(sched.submit(r), Error);
+  r = request(1);
+  r.sampling.top_p = 0.0f;
+  EXPECT_THROW(sched.submit(r), Error);
+}
+
+TEST(Scheduler, ShutdownDrainFinishesInFlightThenRefuses) {
+  runtime::CpuDecodeBackend backend(tiny().m, kMaxLen, 2, tiny().m.default_forward_options());
+  serve::Metrics metrics;
+  serve::Scheduler sched(backend, {}, metrics);
+  std::vector<std::shared_ptr<serve::Stream>> s;
+  for (int i = 0; i < 5; ++i) s.push_back(sched.submit(request(i)));
+  sched.shutdown(true);
+  for (int i = 0; i < 5; ++i) {
+    const auto c = drain(*s[i]);
+    EXPECT_EQ(c.finish_reason, "length") << i;
+    EXPECT_EQ(c.tokens.size(), static_cast<size_t>(request(i).stop.max_new_tokens)) << i;
+  }
+  EXPECT_THROW(sched.submit(request(0)), serve::SchedulerBusy);
+}
