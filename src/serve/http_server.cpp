@@ -73,12 +73,13 @@ struct HttpServer::Impl {
   Impl(ServeContext& c, int num_threads) : ctx(c) {
     svr.new_task_queue = [num_threads] { return new httplib::ThreadPool(static_cast<size_t>(num_threads)); };
     svr.set_payload_max_length(64u << 20);
+    svr.set_tcp_nodelay(true);  // a streamed token leaves at once (Nagle + delayed ACK held them ~40 ms)
     svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { guard(r, [&] { completions(q, r, false); }); });
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { guard(r, [&] { completions(q, r, true); }); });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
       guard(r, [&] {
         json m = {{"id", ctx.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "moesq"},
-                  {"max_model_len", ctx.limits.max_model_len}};
+                  {"max_model_len", ctx.limits.max_model_len}, {"vocab_size", ctx.limits.vocab_size}};
         send_json(r, 200, json{{"object", "list"}, {"data", json::array({m})}});
       });
     });

@@ -179,6 +179,7 @@ TEST(Serve, ConcurrentRequestsEqualGeneratorAlone) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], MOESQ_DEFAULT_MODEL);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["vocab_size"], io::Checkpoint(MOESQ_DEFAULT_MODEL).spec().vocab_size);
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
@@ -186,6 +187,35 @@ TEST(Serve, ConcurrentRequestsEqualGeneratorAlone) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("moesq:request_success_total{finished_reason=\"length\"} 64"), std::string::npos)
       << metrics->body;
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// `moesq bench serve` against the real server: every request answered, the token totals exact
+// (no stop ids: each request runs to max_tokens), the latency figures ordered as defined.
+TEST(Serve, BenchServeMeasuresTheServer) {
+  Server s(MOESQ_DEFAULT_MODEL, {"--max-num-seqs", "4", "--max-model-len", "64"});
+  ASSERT_GT(s.port, 0) << s.log();
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.port);
+  const test::TempDir out("moesq_bench_serve");  // not the server's scratch: it holds the server's stderr
+  const test::CliRun r = test::run_moesq("bench serve --url " + url +
+                                             " --input-len 8 --output-len 5 --num-requests 12 --concurrency 4 --json",
+                                         out.path.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["completed"], 12);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["input_tokens"], 12 * 8);
+  EXPECT_EQ(j["output_tokens"], 12 * 5);
+  // At most 4 gaps per request: the byte-level model's partial UTF-8 characters are held back.
+  EXPECT_LE(j["itl_ms"]["count"].get<int64_t>(), 12 * 4);
+  EXPECT_EQ(j["ttft_ms"]["count"], 12);
+  EXPECT_LE(j["ttft_ms"]["max"].get<double>(), j["e2e_latency_ms"]["max"].get<double>());
+  EXPECT_GT(j["output_throughput"].get<double>(), 0.0);
+  // An unknown workload name is an error naming the flag.
+  const test::CliRun bad = test::run_moesq("bench serve --url " + url + " --workload chat --num-requests 1",
+                                           out.path.string());
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--workload: 'chat'"), std::string::npos) << bad.err;
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 

@@ -64,6 +64,9 @@ class FakeServer {
               "data: " + nlohmann::json{{"choices", {{{"index", 0}, {"text", "t"}}}}}.dump() + "\n\n";
           sink.write(ev.data(), ev.size());
         }
+        const std::string fin =  // the final chunk: a finish_reason and no text (not a token event)
+            "data: " + nlohmann::json{{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}}.dump() + "\n\n";
+        sink.write(fin.data(), fin.size());
         if (usage) {
           const std::string ev =
               "data: " + nlohmann::json{{"choices", nlohmann::json::array()}, {"usage", {{"completion_tokens", n}}}}.dump() + "\n\n";
@@ -115,7 +118,7 @@ TEST(LoadClient, CountsTokensAndLatencies) {
   EXPECT_EQ(r.output_tokens, 12 * 5);
   EXPECT_EQ(r.ttft_ms.count, 12);
   EXPECT_EQ(r.tpot_ms.count, 12);
-  EXPECT_EQ(r.itl_ms.count, 12 * 4);  // 5 choice chunks: 4 gaps each (the usage chunk has no choice)
+  EXPECT_EQ(r.itl_ms.count, 12 * 4);  // 5 text chunks: 4 gaps each (the finish and usage chunks carry no text)
   EXPECT_GT(r.ttft_ms.min, 0);
   EXPECT_LE(r.ttft_ms.max, r.e2e_ms.max);
   EXPECT_GE(r.itl_ms.median, 1.0) << "ttft " << r.ttft_ms.mean << " e2e " << r.e2e_ms.mean << " itl max " << r.itl_ms.max;  // the fake sleeps 2 ms per token
