@@ -18,8 +18,8 @@ if [ -n "${CORPUS_TAR:-}" ]; then mkdir -p .dev && tar -C .dev -xJf "$CORPUS_TAR
 GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
-B=$W/b
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON > "$W/cfg.log" 2>&1 &&
+B=${BUILD_DIR:-$W/b}  # BUILD_DIR: keep the build for a later script of the same call (bench/device_serve.sh)
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON ${CMAKE_EXTRA:-} > "$W/cfg.log" 2>&1 &&
   cmake --build "$B" -j16 --target moesq bench_refine_layer $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
   { log "FAIL: build"; tail -40 "$W/build.log" | tee -a "$S"; cp "$W"/*.log "$O/"; exit 1; }
 log "build $(( $(date +%s) - t0 )) s"
