@@ -28,6 +28,8 @@
 #include <cuda_runtime.h>
 
 #include "compress/refine/cuda_step_backend.h"
+#include "compress/expert_cuda.h"
+#include "compress/sgptq_cuda.h"
 #include "core/cuda/require_device.h"
 #endif
 
@@ -72,10 +74,12 @@ void register_compress(CLI::App& app) {
                 "continue an interrupted run from the layers committed in OUT.work (refused, naming what\n"
                 "differs, if the options, calibration or source changed; no OUT.work: start from layer 1)");
   cmd->add_option("--device", args->device,
-                  "where the refinement of --method moesq runs: cuda (its optimizer steps on the GPU, one\n"
-                  "expert per thread on its own stream; fp32, the CPU's schedule and noise) | cpu (the\n"
-                  "reference) | auto (cuda when this build has CUDA, a GPU is present, the method refines and\n"
-                  "the experts are plain SwiGLU; else cpu). Every other stage runs on the CPU so far.")
+                  "where the experts of --method sgptq / moesq are solved: cuda (Hessians, SGPTQ and the\n"
+                  "refinement's steps on the GPU, one expert per thread on its own stream; fp64 SGPTQ, fp32\n"
+                  "refinement with the CPU's schedule and noise) | cpu (the reference) | auto (cuda when this\n"
+                  "build has CUDA, a GPU is present, the method is sgptq or moesq and the experts are plain\n"
+                  "SwiGLU; else cpu). The experts' targets and errors run there too; routing and the\n"
+                  "propagation run on the CPU so far.")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   add_compress_flags(cmd, args->flags);
   cmd->callback([args] {
@@ -92,8 +96,8 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   const bool plain_experts = !spec.expert_bias && !spec.clamped_swiglu;
   if (flag == "cpu") return;
   if (flag == "cuda") {
-    MOESQ_CHECK(opt.method->refines, "--device cuda: only the refinement of --method moesq runs on the GPU (--method ",
-                opt.method->name, " runs on the CPU: use --device cpu)");
+    MOESQ_CHECK(compress::gpu_method(*opt.method), "--device cuda: --method ", opt.method->name,
+                " runs on the CPU only (the GPU runs sgptq and moesq): use --device cpu");
     MOESQ_CHECK(plain_experts, "--device cuda: this checkpoint's experts have biases / a clamped SwiGLU (gpt-oss), "
                                "which the GPU refinement does not implement; use --device cpu");
   }
@@ -102,9 +106,11 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   int n = 0;
   const bool gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
   (void)cudaGetLastError();  // a failed query leaves a sticky error
-  if (!gpu || !opt.method->refines || !plain_experts) return;  // auto: the CPU
+  if (!gpu || !compress::gpu_method(*opt.method) || !plain_experts) return;  // auto: the CPU
   opt.device = compress::Device::kCuda;
-  opt.refine.device = compress::refine::make_cuda_step_backend;
+  opt.sgptq.device = compress::sgptq_expert_cuda;
+  opt.expert_device = compress::expert_device_cuda();
+  if (opt.method->refines) opt.refine.device = compress::refine::make_cuda_step_backend;
 #else
   MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");
 #endif
@@ -133,7 +139,9 @@ void run_compress(const Args* args, dist::Communicator& comm) {
               args->device, ")");
   model::DecoderModel m(ckpt);
   if (opt.device == compress::Device::kCuda)
-    progress("compress", "refinement on the GPU (--device " + args->device + "); every other stage on the CPU");
+    progress("compress", std::string("SGPTQ") + (opt.method->refines ? " and the refinement" : "") +
+                             " on the GPU (--device " + args->device +
+                             "); routing and propagation on the CPU");
   // The calibration's own time (data-free: sampling the sequences from the model, often minutes) is
   // reported beside the compression's (report.json "calibration_seconds", the summary line).
   const auto t_calib = std::chrono::steady_clock::now();

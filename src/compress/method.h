@@ -25,6 +25,14 @@ struct CompressOptions;
 struct ExpertCalib;
 struct ExpertReport;
 
+// Device copies of one expert's calibration rows (compress --device cuda; compress/expert_cuda.h):
+// X [n, H] the raw inputs and Y [n, H] the original expert's outputs on them, fp32, in GPU memory of
+// the worker thread that runs the expert (valid for that expert's task).
+struct DeviceRows {
+  const float* X = nullptr;
+  const float* Y = nullptr;
+};
+
 // One expert as every method gets it (built once by compress_expert).
 struct ExpertJob {
   const model::ExpertWeights& w;  // original weights: gate/up [I, H], down [H, I] fp32
@@ -34,6 +42,7 @@ struct ExpertJob {
   model::ExpertVariant variant;    // the family's biases and activation (gpt-oss), plain SwiGLU otherwise
   float gs_gu = 0, gs_d = 0;       // tensor scales γ: gate and up share one (DESIGN.md §3), down its own
   std::string names[3];            // the three tensor names (errors), io::ExpertProj order
+  const DeviceRows* dev = nullptr;  // the rows on the GPU (GPU runs; then y_ref may be empty), else null
 
   // Projection p's weights [N, K] with N, K and its tensor scale: (I, H, γ_gu) for gate and up,
   // (H, I, γ_d) for down.

@@ -25,6 +25,8 @@ namespace moesq::compress {
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
+bool gpu_method(const Method& m) { return &m == &methods::kSgptq || &m == &methods::kMoesq; }
+
 void validate(const CompressOptions& opt) {
   MOESQ_CHECK(opt.threads >= 0, "--threads: ", opt.threads, " must be >= 0 (0 = all cores)");
   MOESQ_CHECK(opt.sgptq.percdamp >= 0 && std::isfinite(opt.sgptq.percdamp), "--percdamp: ",
@@ -34,9 +36,11 @@ void validate(const CompressOptions& opt) {
               format::kSparseScaleBlock);
   MOESQ_CHECK(opt.method, "compress: no method");
   if (opt.method->validate) opt.method->validate(opt);
-  MOESQ_CHECK(opt.device == Device::kCpu || (opt.method->refines && opt.refine.device),
-              "--device cuda: only the refinement of --method moesq runs on the GPU (", opt.method->name,
-              " runs on the CPU: use --device cpu)");
+  MOESQ_CHECK(opt.device == Device::kCpu || gpu_method(*opt.method), "--device cuda: --method ", opt.method->name,
+              " runs on the CPU only (the GPU runs sgptq and moesq): use --device cpu");
+  MOESQ_CHECK(opt.device == Device::kCpu ||
+                  (opt.sgptq.device && opt.expert_device && (!opt.method->refines || opt.refine.device)),
+              "--device cuda: the GPU solvers are not set (a build without CUDA?)");
 }
 
 namespace {
@@ -58,7 +62,7 @@ double rel_sq_error(const std::vector<float>& a, const std::vector<float>& b) {
 
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
-                             ExpertReport& rep) {
+                             ExpertReport& rep, const DeviceRows* dev) {
   // Biases and the clamped activation where the family has them (gpt-oss): every forward of the
   // expert below (down's Hessian inputs, the refinement) runs the family's expert, not plain SwiGLU.
   const model::ExpertVariant variant = model::expert_variant(spec, w);
@@ -66,7 +70,7 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
   const float gs_gu = format::gate_up_tensor_scale(w.gate.data(), w.up.data(), I * H);
   const float gs_d = format::nvfp4_tensor_scale(format::amax_abs(w.down.data(), H * I));
   ExpertJob job{.w = w, .H = H, .I = I, .calib = c, .y_ref = y_ref, .variant = variant, .gs_gu = gs_gu, .gs_d = gs_d,
-               .names = {}};
+               .names = {}, .dev = dev};
   for (int p = 0; p < 3; ++p)
     job.names[p] = io::expert_tensor_prefix(spec, rep.layer, rep.expert, static_cast<io::ExpertProj>(p)) + io::kWeight;
   return opt.method->compress(job, opt, rep);
@@ -138,15 +142,21 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
   // The original expert runs once: its outputs are the refinement targets and the reference of
   // the reconstruction error.
   const model::ExpertVariant variant = model::expert_variant(spec, w);  // biases stay in w throughout
+  // On the GPU (the rows and targets stay there for every stage), or on the CPU.
+  const ExpertDevice* gpu = c.n > 0 ? opt.expert_device : nullptr;
+  const DeviceRows rows = gpu ? gpu->rows(w, H, I, c) : DeviceRows{};
   const std::vector<float> y_ref =
-      model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
-  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep);
+      gpu ? std::vector<float>()
+          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
+  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep, gpu ? &rows : nullptr);
   // Dequantized once: measured here, then installed.
   std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
                                            pe.proj[2].dequantize()};
   if (c.n == 0) {
     rep.rel_error = std::numeric_limits<double>::quiet_NaN();
     if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
+  } else if (gpu) {
+    rep.rel_error = gpu->rel_error(rows, c.n, H, I, deq[0].data(), deq[1].data(), deq[2].data(), act_block);
   } else {
     const std::vector<float> yq =
         model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
@@ -245,7 +255,7 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
     if (d % 8 == 0 || d == n_mine)
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
                                "/" + std::to_string(n_mine) + " experts" + share + " (" + opt.method->name +
-                               (opt.device == Device::kCuda ? ", refined on the GPU" : "") + ")");
+                               (opt.device == Device::kCuda ? ", on the GPU" : "") + ")");
   }, opt.threads);
   if (comm.size() == 1) return own;
   return exchange_layer(m, l, std::move(own), comm);

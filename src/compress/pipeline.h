@@ -30,10 +30,27 @@ namespace moesq::compress {
 
 class WorkDir;
 
-// Where the refinement's optimizer steps run (method moesq; every other stage of Algorithm 1 runs on
-// the CPU so far). kCuda goes with RefineOptions::device = refine::make_cuda_step_backend.
+// Where an expert's SGPTQ and refinement run (methods sgptq and moesq; routing, the targets and the
+// propagation run on the CPU so far). kCuda goes with SgptqOptions::device = sgptq_expert_cuda
+// (compress/sgptq_cuda.h) and RefineOptions::device = refine::make_cuda_step_backend.
 enum class Device { kCpu, kCuda };
 const char* device_name(Device d);  // "cpu", "cuda"
+// True for the methods with a GPU solver (sgptq, moesq).
+bool gpu_method(const Method& m);
+
+struct ExpertCalib;
+
+// The GPU half of an expert's task around its solver (compress --device cuda; compress/expert_cuda.h):
+// its rows uploaded and its targets computed once, and its W4A4 error measured where they are.
+struct ExpertDevice {
+  // Uploads c.X and computes Y = the ORIGINAL expert (w: gate/up [I, H], down [H, I], plain SwiGLU,
+  // no activation quant) on it. The pointers stay valid until the next call on the calling thread.
+  DeviceRows (*rows)(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c) = nullptr;
+  // ‖Y − Ŷ‖²_F / ‖Y‖²_F over the n rows, Ŷ the W4A4 forward (activation block act_block) of the
+  // dequantized weights gate/up [I, H], down [H, I] (host fp32); NaN when ‖Y‖ = 0 and Ŷ ≠ Y.
+  double (*rel_error)(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, const float* gate, const float* up,
+                      const float* down, int act_block) = nullptr;
+};
 
 // Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its
 // flags to these fields).
@@ -45,6 +62,7 @@ struct CompressOptions {
   ObrOptions obr;        // method obr (compress/obr.h; percdamp and GPTQ block from `sgptq`)
   int threads = 0;       // 0: all cores
   Device device = Device::kCpu;  // recorded in report.json and the resume manifest (the bits differ by device)
+  const ExpertDevice* expert_device = nullptr;  // kCuda: the rows, targets and error on the GPU (null: CPU)
 };
 
 // What happened to one expert.
@@ -87,9 +105,10 @@ struct ExpertCalib {
 // [c.n, H] their outputs on the expert's calibration rows (the refinement's targets; unused by the
 // one-shot methods). rep.layer / rep.expert name the tensors in errors, in spec's family layout
 // (io::expert_tensor_prefix); fallbacks and notes go to rep.
+// dev: the rows on the GPU (ExpertDevice::rows; then y_ref may be empty), or null.
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
-                             ExpertReport& rep);
+                             ExpertReport& rep, const DeviceRows* dev = nullptr);
 
 // Every option checked once (moesq::Error naming the option), before any work: the shared ones, then
 // the method's own (its row's validate). The CLI calls it when it builds the options, compress_model

@@ -40,20 +40,11 @@ struct Prepared {
 
 Prepared prepare(const float* W, int64_t N, int64_t K, const Hessian& h, const SgptqOptions& opt,
                  const std::string& name, bool use_blas) {
-  MOESQ_CHECK(N > 0 && K > 0, "sgptq: tensor ", name, " has an empty shape [", N, ", ", K, "]");
-  MOESQ_CHECK(K % kSparseScaleBlock == 0, "sgptq: tensor ", name, " has K=", K,
-              ", not a multiple of ", kSparseScaleBlock, " (paired 4:8 NVFP4 scale block)");
-  MOESQ_CHECK(opt.block_size > 0 && opt.block_size % kSparseScaleBlock == 0, "sgptq: block_size=",
-              opt.block_size, " must be a positive multiple of ", kSparseScaleBlock);
-  MOESQ_CHECK(opt.percdamp >= 0.0 && std::isfinite(opt.percdamp), "sgptq: percdamp=", opt.percdamp,
-              " must be finite and >= 0");
+  sgptq_check_weights(W, N, K, opt, name);
   MOESQ_CHECK(h.n == 0 || h.K == K, "sgptq: tensor ", name, " has K=", K,
               " but its Hessian has K=", h.K);
   MOESQ_CHECK(h.n == 0 || static_cast<int64_t>(h.H.size()) == K * K, "sgptq: Hessian of ", name,
               " holds ", h.H.size(), " values, expected K*K with K=", K);
-  for (int64_t idx = 0; idx < N * K; ++idx)
-    MOESQ_CHECK(std::isfinite(W[idx]), "sgptq: tensor ", name, " has a non-finite weight at [",
-                idx / K, ", ", idx % K, "]");
 
   Prepared p;
   p.Wt.resize(static_cast<size_t>(K * N));
@@ -244,30 +235,6 @@ void update_after_block(const double* U, int64_t N, int64_t K, int64_t b0, int64
     }
 }
 
-// Packs the codes (layout of format/nvfp4.h: values [N, K/4], meta [N, K/16], scales [N, K/32]).
-format::Sparse48Tensor pack_codes(int64_t N, int64_t K, float gamma, const std::vector<uint8_t>& patterns,
-                                  Codes& codes) {
-  const int64_t G = K / kGroup;
-  format::Sparse48Tensor t;
-  t.N = N;
-  t.K = K;
-  t.global_scale = gamma;
-  t.values.assign(static_cast<size_t>(N * K / 4), 0);
-  t.meta.assign(static_cast<size_t>(N * K / 16), 0);
-  t.scales = std::move(codes.scale);
-  for (int64_t r = 0; r < N; ++r) {
-    for (int64_t kv = 0; kv < K / 2; ++kv) {
-      const uint8_t code = codes.value[r * (K / 2) + kv] & 0xF;
-      t.values[r * (K / 4) + kv / 2] |= (kv % 2 == 0) ? code : static_cast<uint8_t>(code << 4);
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      const uint8_t nib = format::pattern_nibble(patterns[r * G + g]);
-      t.meta[r * (K / 16) + g / 2] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
-    }
-  }
-  return t;
-}
-
 // Core column loop. block = lazy-update block; use_blas = LAPACK factorisation and BLAS updates.
 // block == K with no BLAS is the _ref twin. fixed: a given support [N, K/8] (null: SparseGPT choice);
 // columns before gptq_from are rounded without propagating their error (RTN).
@@ -318,11 +285,47 @@ SgptqResult solve(const float* W, int64_t N, int64_t K, const Hessian& h, float 
     if (b1 < K) update_after_block(U, N, K, b0, b1, err, Wt, use_blas);
   }
   res.gptq_loss = loss;
-  res.packed = pack_codes(N, K, gamma, res.patterns, codes);
+  res.packed = sgptq_pack(N, K, gamma, res.patterns, std::move(codes.scale), codes.value);
   return res;
 }
 
 }  // namespace
+
+void sgptq_check_weights(const float* W, int64_t N, int64_t K, const SgptqOptions& opt, const std::string& name) {
+  MOESQ_CHECK(N > 0 && K > 0, "sgptq: tensor ", name, " has an empty shape [", N, ", ", K, "]");
+  MOESQ_CHECK(K % kSparseScaleBlock == 0, "sgptq: tensor ", name, " has K=", K,
+              ", not a multiple of ", kSparseScaleBlock, " (paired 4:8 NVFP4 scale block)");
+  MOESQ_CHECK(opt.block_size > 0 && opt.block_size % kSparseScaleBlock == 0, "sgptq: block_size=",
+              opt.block_size, " must be a positive multiple of ", kSparseScaleBlock);
+  MOESQ_CHECK(opt.percdamp >= 0.0 && std::isfinite(opt.percdamp), "sgptq: percdamp=", opt.percdamp,
+              " must be finite and >= 0");
+  for (int64_t idx = 0; idx < N * K; ++idx)
+    MOESQ_CHECK(std::isfinite(W[idx]), "sgptq: tensor ", name, " has a non-finite weight at [",
+                idx / K, ", ", idx % K, "]");
+}
+
+format::Sparse48Tensor sgptq_pack(int64_t N, int64_t K, float gamma, const std::vector<uint8_t>& patterns,
+                                  std::vector<uint8_t> scale_codes, const std::vector<uint8_t>& value_codes) {
+  const int64_t G = K / kGroup;
+  format::Sparse48Tensor t;
+  t.N = N;
+  t.K = K;
+  t.global_scale = gamma;
+  t.values.assign(static_cast<size_t>(N * K / 4), 0);
+  t.meta.assign(static_cast<size_t>(N * K / 16), 0);
+  t.scales = std::move(scale_codes);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t kv = 0; kv < K / 2; ++kv) {
+      const uint8_t code = value_codes[r * (K / 2) + kv] & 0xF;
+      t.values[r * (K / 4) + kv / 2] |= (kv % 2 == 0) ? code : static_cast<uint8_t>(code << 4);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t nib = format::pattern_nibble(patterns[r * G + g]);
+      t.meta[r * (K / 16) + g / 2] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
+    }
+  }
+  return t;
+}
 
 SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                   const SgptqOptions& opt, const std::string& name) {

@@ -30,11 +30,19 @@
 
 namespace moesq::compress {
 
+struct ExpertJob;
+struct ExpertReport;
+struct SgptqExpert;
+
 struct SgptqOptions {
   double percdamp = 0.01;      // damping λ = percdamp · mean(diag H), added to diag H
   int64_t block_size = 128;    // GPTQ lazy-update block (columns); a multiple of 32
   int64_t min_tokens = 0;      // fewer calibration rows than this → identity-Hessian fallback
   bool pattern_at_group = true;  // SparseGPT per-group support choice (see header comment)
+  // Where an expert's SGPTQ runs (methods/sgptq_expert.h): null = the CPU solver below; `compress
+  // --device cuda` sets the GPU one (compress/sgptq_cuda.h). Not part of the options JSON: report.json
+  // and the resume manifest record the device separately.
+  SgptqExpert (*device)(const ExpertJob& job, const SgptqOptions& opt, ExpertReport& rep) = nullptr;
 };
 
 struct SgptqResult {
@@ -59,6 +67,15 @@ struct SgptqResult {
 // threads and 2.7–6.3 s with OPENBLAS_NUM_THREADS=1 (shared 2-core machine, load average 8–10).
 SgptqResult sgptq(const float* W, int64_t N, int64_t K, const Hessian& H, float global_scale,
                   const SgptqOptions& opt = {}, const std::string& name = "weight");
+
+// The input checks every SGPTQ solve runs first (Error naming `name`): shape, block size, percdamp,
+// every weight finite.
+void sgptq_check_weights(const float* W, int64_t N, int64_t K, const SgptqOptions& opt, const std::string& name);
+
+// Packs a solve's codes into the paired 4:8 layout of format/nvfp4.h: patterns [N, K/8] ids, scale
+// codes [N, K/32] UE4M3, value codes [N, K/2] one E2M1 code per byte (the kept values in group order).
+format::Sparse48Tensor sgptq_pack(int64_t N, int64_t K, float gamma, const std::vector<uint8_t>& patterns,
+                                  std::vector<uint8_t> scale_codes, const std::vector<uint8_t>& value_codes);
 
 // Plain-loop twin: no lazy block updates (every column's error is applied to all later columns at
 // once), no BLAS. Same result up to fp64 summation order.

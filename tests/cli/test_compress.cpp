@@ -405,13 +405,14 @@ TEST_F(CliCompress, LossPerLayerWithoutGnuplotIsANote) {
 
 namespace {
 
-// --device: only the refinement of --method moesq has a GPU path; a flag that cannot apply is an error
+// --device: only --method sgptq and moesq have a GPU path; a flag that cannot apply is an error
 // naming it before any work (no output), in CPU and CUDA builds alike.
 TEST_F(CliCompress, DeviceFlagErrorsNameWhatCannotRunOnTheGpu) {
   const std::string out = (tmp_ / "o").string();
-  CmdResult r = run("compress " + model_ + " --method sgptq --device cuda --out " + out);
+  CmdResult r = run("compress " + model_ + " --method jsq --device cuda --out " + out);
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("--device cuda: only the refinement of --method moesq runs on the GPU"), std::string::npos)
+  EXPECT_NE(r.err.find("--device cuda: --method jsq runs on the CPU only (the GPU runs sgptq and moesq)"),
+            std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(out));
   r = run("compress " + model_ + " --method moesq --device cpu --gpu-gemm tf32 --out " + out);

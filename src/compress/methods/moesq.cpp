@@ -30,7 +30,11 @@ PackedExpert compress_moesq(const ExpertJob& job, const CompressOptions& opt, Ex
   data.I = job.I;
   data.X = c.X.data();
   data.g = c.g.data();
-  data.Y_ref = job.y_ref.data();
+  data.Y_ref = job.y_ref.empty() ? nullptr : job.y_ref.data();
+  if (job.dev) {  // the rows on the GPU already: the device step backend reads them there
+    data.X_dev = job.dev->X;
+    data.Y_ref_dev = job.dev->Y;
+  }
   data.stream = static_cast<uint64_t>(rep.layer) * 1000003ull + static_cast<uint64_t>(rep.expert);
   data.schedule_rows = c.schedule_rows;
   data.seq = c.seq.empty() ? nullptr : c.seq.data();

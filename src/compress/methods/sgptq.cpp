@@ -8,7 +8,17 @@
 
 namespace moesq::compress {
 
+void note_sgptq_fallbacks(const SgptqExpert& s, ExpertReport& rep) {
+  const SgptqResult &rg = s.proj[0], &ru = s.proj[1], &rd = s.proj[2];
+  if (rg.fallback || ru.fallback || rd.fallback) {
+    rep.fallback = true;
+    rep.note = !rg.fallback_reason.empty() ? rg.fallback_reason
+               : !rd.fallback_reason.empty() ? rd.fallback_reason : ru.fallback_reason;
+  }
+}
+
 SgptqExpert sgptq_expert(const ExpertJob& job, const SgptqOptions& opt, ExpertReport& rep) {
+  if (opt.device) return opt.device(job, opt, rep);
   const ExpertCalib& c = job.calib;
   const int64_t H = job.H, I = job.I;
   const Hessian Hx = accumulate_hessian(c.X.data(), c.n, H);
@@ -22,12 +32,7 @@ SgptqExpert sgptq_expert(const ExpertJob& job, const SgptqOptions& opt, ExpertRe
   model::swiglu_forward(gq.data(), uq.data(), job.w.down.data(), H, I, c.X.data(), c.n, 0, &inter, job.variant);
   const Hessian Hz = accumulate_hessian(inter.data(), c.n, I);
   s.proj[2] = sgptq(job.w.down.data(), H, I, Hz, job.gs_d, opt, job.names[2]);
-  const SgptqResult &rg = s.proj[0], &ru = s.proj[1], &rd = s.proj[2];
-  if (rg.fallback || ru.fallback || rd.fallback) {
-    rep.fallback = true;
-    rep.note = !rg.fallback_reason.empty() ? rg.fallback_reason
-               : !rd.fallback_reason.empty() ? rd.fallback_reason : ru.fallback_reason;
-  }
+  note_sgptq_fallbacks(s, rep);
   return s;
 }
 

@@ -12,6 +12,9 @@ namespace moesq::compress {
 struct SgptqExpert {
   SgptqResult proj[3];
 };
+// Runs on opt.device when it is set (the GPU solver, compress/sgptq_cuda.h), else on the CPU.
 SgptqExpert sgptq_expert(const ExpertJob& job, const SgptqOptions& opt, ExpertReport& rep);
+// A fallback of any projection → rep.fallback and rep.note (gate's reason first, then down's, then up's).
+void note_sgptq_fallbacks(const SgptqExpert& s, ExpertReport& rep);
 
 }  // namespace moesq::compress

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "compress/cuda_context.cuh"
 #include "compress/refine/cuda_step_backend.h"
 #include "compress/refine/options.h"
 #include "core/cuda/check.cuh"
@@ -25,31 +26,33 @@ namespace moesq::compress::refine {
 
 namespace {
 
-#define MOESQ_CUBLAS_CHECK(call)                                                                   \
-  do {                                                                                             \
-    const cublasStatus_t moesq_st_ = (call);                                                       \
-    MOESQ_CHECK(moesq_st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: cuBLAS status ",              \
-                static_cast<int>(moesq_st_));                                                      \
-  } while (0)
+using gpu::Scratch;
 
-// The calling thread's stream and cuBLAS handle (created on first use, kept for the thread's life):
-// the experts refined on different threads run on different streams.
-struct ThreadContext {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  ThreadContext() {
-    MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    MOESQ_CUBLAS_CHECK(cublasCreate(&blas));
-    MOESQ_CUBLAS_CHECK(cublasSetStream(blas, stream));
-  }
-  ~ThreadContext() {
-    if (blas) cublasDestroy(blas);
-    if (stream) cudaStreamDestroy(stream);
-  }
+// A view of n elements of a thread's scratch (the backend's buffers: valid while it runs).
+template <typename T>
+struct View {
+  T* p = nullptr;
+  size_t n = 0;
+  size_t bytes() const { return sizeof(T) * n; }
 };
-ThreadContext& thread_context() {
-  thread_local ThreadContext ctx;
-  return ctx;
+template <typename T>
+View<T> take(Scratch<T>& s, size_t n) {
+  return {s.get(n), n};
+}
+
+// The calling thread's device memory for its experts' refinements (one backend runs at a time on a
+// thread): kept across experts, so starting one allocates nothing once the largest has been seen.
+struct Workspace {
+  Scratch<float> X, Y, w, W_gu, W_d, dW_gu, dW_d, xb, yb, wb, ab, h, y, dy, dh, dab, amax;
+  std::array<Scratch<float>, 3> A, V, mom_A, mom_V, pi;
+  std::array<Scratch<uint8_t>, 3> fixed_pat;
+  Scratch<int64_t> eval_idx, order;
+  Scratch<double> row_loss;
+  Scratch<int32_t> flag;
+};
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
 }
 
 // The calling thread's stage profile (set_stage_timing): events recorded around each stage.
@@ -93,11 +96,12 @@ void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K
                                  static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
 }
 
+// n host elements into a view of scratch s (stream-ordered).
 template <typename T>
-DevBuf<T> upload(const T* host, size_t n, cudaStream_t s) {
-  DevBuf<T> d(n);
-  if (n) MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, host, sizeof(T) * n, cudaMemcpyHostToDevice, s));
-  return d;
+View<T> upload(Scratch<T>& s, const T* host, size_t n, cudaStream_t st) {
+  View<T> v = take(s, n);
+  if (n) MOESQ_CUDA_CHECK(cudaMemcpyAsync(v.p, host, sizeof(T) * n, cudaMemcpyHostToDevice, st));
+  return v;
 }
 
 // The stage profile covers training steps only: evals switch it off for their duration.
@@ -119,7 +123,8 @@ class CudaStepBackend final : public StepBackend {
     int devices = 0;
     MOESQ_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
                 "refine on the GPU: no CUDA device found (use --device cpu)");
-    ctx_ = &thread_context();
+    ctx_ = &gpu::thread_context();
+    Workspace& ws = workspace();
     MOESQ_CUBLAS_CHECK(cublasSetMathMode(ctx_->blas, o.tf32_gemm ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     const cudaStream_t s = ctx_->stream;
     d_ = d;
@@ -127,10 +132,17 @@ class CudaStepBackend final : public StepBackend {
     H_ = d.H;
     I_ = d.I;
     C_ = std::max<int64_t>({d.max_batch, int64_t{256}, 1});  // rows per GEMM pass
-    flag_ = DevBuf<int32_t>(1);
+    flag_ = take(ws.flag, 1);
     MOESQ_CUDA_CHECK(cudaMemsetAsync(flag_.p, 0, sizeof(int32_t), s));
-    // Q_a on the inputs, once, here (bit-exact with the CPU backend's format::quantize_activation_row).
-    X_ = upload(d.X, static_cast<size_t>(d.n * H_), s);
+    // Q_a on the inputs, once, here (bit-exact with the CPU backend's format::quantize_activation_row),
+    // on a copy of the rows already on the device (DeviceRows) or of the host rows.
+    const size_t nH = static_cast<size_t>(d.n * H_);
+    if (d.X_dev) {
+      X_ = take(ws.X, nH);
+      if (nH) MOESQ_CUDA_CHECK(cudaMemcpyAsync(X_.p, d.X_dev, sizeof(float) * nH, cudaMemcpyDeviceToDevice, s));
+    } else {
+      X_ = upload(ws.X, d.X, nH, s);
+    }
     if (d.n > 0)
       ops::fake_quant({.x = X_.p, .rows = d.n, .K = H_, .block = d.act_block, .per_row = true, .amax = nullptr,
                        .nonfinite = flag_.p},
@@ -139,46 +151,49 @@ class CudaStepBackend final : public StepBackend {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(&bad_x, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
     MOESQ_CHECK(bad_x == 0, "refine on the GPU: the expert's calibration inputs X hold a NaN or an infinity");
-    Y_ = upload(d.Y_ref, static_cast<size_t>(d.n * H_), s);
-    w_ = upload(d.w, static_cast<size_t>(d.n), s);
-    eval_idx_ = upload(d.eval_rows, static_cast<size_t>(d.n_eval), s);
+    // Y_ref is only read: the device rows are used in place.
+    Y_ = d.Y_ref_dev ? View<float>{const_cast<float*>(d.Y_ref_dev), nH} : upload(ws.Y, d.Y_ref, nH, s);
+    w_ = upload(ws.w, d.w, static_cast<size_t>(d.n), s);
+    eval_idx_ = upload(ws.eval_idx, d.eval_rows, static_cast<size_t>(d.n_eval), s);
     for (int j = 0; j < 3; ++j) {
       N_[j] = P[j].N;
       K_[j] = P[j].K;
       R_[j] = P[j].groups();
       fixed_[j] = fixed[j] != nullptr;
-      V_[j] = upload(P[j].V.data(), P[j].V.size(), s);
-      mom_V_[j] = DevBuf<float>(P[j].V.size());
+      V_[j] = upload(ws.V[j], P[j].V.data(), P[j].V.size(), s);
+      mom_V_[j] = take(ws.mom_V[j], P[j].V.size());
       MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_V_[j].p, 0, mom_V_[j].bytes(), s));
       if (fixed_[j]) {
-        fixed_pat_[j] = upload(fixed[j], static_cast<size_t>(R_[j]), s);
+        fixed_pat_[j] = upload(ws.fixed_pat[j], fixed[j], static_cast<size_t>(R_[j]), s);
       } else {
-        A_[j] = upload(P[j].A.data(), P[j].A.size(), s);
-        mom_A_[j] = DevBuf<float>(P[j].A.size());
+        A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), s);
+        mom_A_[j] = take(ws.mom_A[j], P[j].A.size());
         MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
-        pi_[j] = DevBuf<float>(P[j].A.size());
+        pi_[j] = take(ws.pi[j], P[j].A.size());
       }
     }
-    W_gu_ = DevBuf<float>(static_cast<size_t>(2 * I_ * H_));
-    W_d_ = DevBuf<float>(static_cast<size_t>(H_ * I_));
-    dW_gu_ = DevBuf<float>(W_gu_.n);
-    dW_d_ = DevBuf<float>(W_d_.n);
+    W_gu_ = take(ws.W_gu, static_cast<size_t>(2 * I_ * H_));
+    W_d_ = take(ws.W_d, static_cast<size_t>(H_ * I_));
+    dW_gu_ = take(ws.dW_gu, W_gu_.n);
+    dW_d_ = take(ws.dW_d, W_d_.n);
     const size_t C = static_cast<size_t>(C_);
-    xb_ = DevBuf<float>(C * H_);
-    yb_ = DevBuf<float>(C * H_);
-    wb_ = DevBuf<float>(C);
-    ab_ = DevBuf<float>(C * 2 * I_);
-    h_ = DevBuf<float>(C * I_);
-    y_ = DevBuf<float>(C * H_);
-    dy_ = DevBuf<float>(C * H_);
-    dh_ = DevBuf<float>(C * I_);
-    dab_ = DevBuf<float>(C * 2 * I_);
-    row_loss_ = DevBuf<double>(C);
-    amax_ = DevBuf<float>(2);
+    xb_ = take(ws.xb, C * H_);
+    yb_ = take(ws.yb, C * H_);
+    wb_ = take(ws.wb, C);
+    ab_ = take(ws.ab, C * 2 * I_);
+    h_ = take(ws.h, C * I_);
+    y_ = take(ws.y, C * H_);
+    dy_ = take(ws.dy, C * H_);
+    dh_ = take(ws.dh, C * I_);
+    dab_ = take(ws.dab, C * 2 * I_);
+    row_loss_ = take(ws.row_loss, C);
+    amax_ = take(ws.amax, 2);
+    // The host arrays uploaded above may be freed by the caller once start() returns.
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   void begin_epoch(const std::vector<int64_t>& order) override {
-    if (order_.n != order.size()) order_ = DevBuf<int64_t>(order.size());
+    order_ = take(workspace().order, order.size());
     if (!order.empty())
       MOESQ_CUDA_CHECK(cudaMemcpyAsync(order_.p, order.data(), sizeof(int64_t) * order.size(), cudaMemcpyHostToDevice,
                                        ctx_->stream));
@@ -343,21 +358,22 @@ class CudaStepBackend final : public StepBackend {
                           "diverged; try smaller --lr-a / --lr-v)");
   }
 
-  ThreadContext* ctx_ = nullptr;
+  gpu::ThreadContext* ctx_ = nullptr;
   StepData d_;
   const RefineOptions* o_ = nullptr;
   int64_t H_ = 0, I_ = 0, C_ = 0;
   std::array<int64_t, 3> N_{}, K_{}, R_{};
   std::array<bool, 3> fixed_{};
-  DevBuf<float> X_, Y_, w_;                // [n, H], [n, H], [n]
-  DevBuf<int64_t> eval_idx_, order_;      // [n_eval], [n_train]
-  std::array<DevBuf<float>, 3> A_, V_, mom_A_, mom_V_, pi_;
-  std::array<DevBuf<uint8_t>, 3> fixed_pat_;
-  DevBuf<float> W_gu_, W_d_, dW_gu_, dW_d_;  // [2I, H], [H, I]
-  DevBuf<float> xb_, yb_, wb_, ab_, h_, y_, dy_, dh_, dab_;  // per-pass rows (C_)
-  DevBuf<double> row_loss_;
-  DevBuf<float> amax_;     // [2] Q_w amax scratch: gate|up, down
-  DevBuf<int32_t> flag_;   // [1] non-finite seen
+  // Views of the thread's Workspace (workspace()).
+  View<float> X_, Y_, w_;                // [n, H], [n, H], [n]
+  View<int64_t> eval_idx_, order_;      // [n_eval], [n_train]
+  std::array<View<float>, 3> A_, V_, mom_A_, mom_V_, pi_;
+  std::array<View<uint8_t>, 3> fixed_pat_;
+  View<float> W_gu_, W_d_, dW_gu_, dW_d_;  // [2I, H], [H, I]
+  View<float> xb_, yb_, wb_, ab_, h_, y_, dy_, dh_, dab_;  // per-pass rows (C_)
+  View<double> row_loss_;
+  View<float> amax_;     // [2] Q_w amax scratch: gate|up, down
+  View<int32_t> flag_;   // [1] non-finite seen
 };
 
 }  // namespace

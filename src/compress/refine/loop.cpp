@@ -266,8 +266,10 @@ class ExpertRefinement {
   // backend's, once, where the rows live: StepData::X.)
   void prepare_rows(RefineResult& res) {
     const int64_t n = data_.n, H = H_;
-    MOESQ_CHECK(data_.X && data_.g && data_.Y_ref, "refine: expert stream ", data_.stream, " has n=", n,
-                " rows but no X/g/Y_ref");
+    MOESQ_CHECK(data_.g && (data_.X || data_.X_dev) && (data_.Y_ref || data_.Y_ref_dev), "refine: expert stream ",
+                data_.stream, " has n=", n, " rows but no X/g/Y_ref");
+    MOESQ_CHECK((data_.X && data_.Y_ref) || o_.device, "refine: expert stream ", data_.stream,
+                " has its rows on the GPU only, and the refinement runs on the CPU");
     w_.resize(n);
     for (int64_t i = 0; i < n; ++i) {
       MOESQ_CHECK(std::isfinite(data_.g[i]) && data_.g[i] >= 0, "refine: router weight g[", i, "] = ", data_.g[i],
@@ -367,6 +369,8 @@ class ExpertRefinement {
     sd.I = I_;
     sd.X = data_.X;
     sd.Y_ref = data_.Y_ref;
+    sd.X_dev = data_.X_dev;
+    sd.Y_ref_dev = data_.Y_ref_dev;
     sd.w = w_.data();
     sd.eval_rows = eval_idx_.data();
     sd.n_eval = static_cast<int64_t>(eval_idx_.size());

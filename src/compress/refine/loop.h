@@ -44,6 +44,10 @@ struct ExpertData {
   // The expert's biases and activation beyond plain SwiGLU (gpt-oss; model::expert_variant): the
   // biases stay constant, the loss and its gradient run through them.
   model::ExpertVariant variant;
+  // Device copies of X and Y_ref (GPU runs, DeviceRows): a device step backend reads them instead of
+  // uploading X and Y_ref, which may then be null (the CPU backend needs the host arrays).
+  const float* X_dev = nullptr;
+  const float* Y_ref_dev = nullptr;
 };
 
 // Initial solution of one projection W [N, K] (gate/up [I, H], down [H, I]).

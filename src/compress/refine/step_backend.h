@@ -29,6 +29,9 @@ struct StepData {
   const float* X = nullptr;      // [n, H] inputs, raw: the backend applies Q_a (act_block) to them once, in
                                  // start() (format::quantize_activation_row; ops::fake_quant per row on a GPU)
   const float* Y_ref = nullptr;  // [n, H] the original expert's outputs
+  // Device copies (GPU runs; ExpertData::X_dev): a device backend reads these instead of X / Y_ref.
+  const float* X_dev = nullptr;
+  const float* Y_ref_dev = nullptr;
   const float* w = nullptr;      // [n] row weights g^p
   const int64_t* eval_rows = nullptr;  // [n_eval] the rows the curves are measured on (held-out, or training)
   int64_t n_eval = 0;
