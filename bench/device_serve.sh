@@ -14,6 +14,8 @@
 #              V × 4 KV heads × 128 × 2 bytes) that is 25.5 and 23.4 GiB, beside 61.06 GB (bf16) /
 #              13.05 GB (sparse-w4a4) of weights (bench e2e, bench/NOTES.md).
 #              E2E=1 adds `bench e2e` at batch 64 on the reference shape (TPOT vs the server's).
+#              Every wait is capped so that the step ends within SYNTH_BUDGET_S (480) seconds;
+#              REF_N / DEC_N / PRE_N make it shorter.
 # The H200 image has no cpp-httplib package: carry upstream's header-only httplib.h (v0.11.4, the
 # Debian version) in build-httplib/ and configure with MOESQ_HTTPLIB_HEADER_DIR (done here).
 #   BUILD_DIR=/tmp/b bash bench/device_serve.sh     (reuses a build of bench/device_refine.sh when given)
@@ -33,10 +35,18 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOES
 grep -q "cpp-httplib 1\|cpp-httplib ON" "$O/serve_cfg.log" || log "WARNING: configured without cpp-httplib"
 log "build $(( $(date +%s) - t0 )) s; steps: $STEPS"
 
+# Seconds left of the budget of the running step (DEADLINE, epoch seconds; none: 3600): every wait
+# below is capped by it, so a slow or stuck run still ends (and writes its summary) inside the
+# device's per-call limit.
+DEADLINE=$(( $(date +%s) + 3600 ))
+cap() { local left=$(( DEADLINE - $(date +%s) )); [ $left -lt 1 ] && left=1; echo $(( $1 < left ? $1 : left )); }
+spent() { [ $(date +%s) -ge $DEADLINE ] && log "skipped $1: the step's time budget is spent"; }
+
 # start_server NAME WAIT_S ARGS...: `moesq serve ARGS --port 0` in the background, its stderr in
 # $O/serve_NAME.log; sets PID and URL (URL empty when it did not start within WAIT_S seconds).
 start_server() {
-  local name=$1 wait_s=$2 port=""; shift 2
+  local name=$1 wait_s=$(cap $2) port=""; shift 2
+  URL=""; spent "serve $name" && return
   "$B/moesq" serve "$@" --port 0 2> "$O/serve_$name.log" &
   PID=$!
   for i in $(seq 1 $(( wait_s * 10 ))); do
@@ -55,9 +65,11 @@ stop_server() { kill -TERM $PID; wait $PID; log "serve $1: SIGTERM -> exit $?"; 
 # bench_serve NAME TIMEOUT_S ARGS...: `moesq bench serve --url $URL ARGS --json` into
 # $O/bench_serve_NAME.json, and one summary line.
 bench_serve() {
-  local name=$1 tmo=$2; shift 2
+  local name=$1 tmo=$(cap $2); shift 2
+  spent "bench serve $name" && return
   timeout "$tmo" "$B/moesq" bench serve --url "$URL" "$@" --json > "$O/bench_serve_$name.json" 2> "$O/bench_serve_$name.err"
   local rc=$?
+  [ -s "$O/bench_serve_$name.json" ] || { log "bench serve $name rc=$rc (no JSON; timeout ${tmo} s): $(tail -1 "$O/bench_serve_$name.err")"; return; }
   log "bench serve $name rc=$rc $(python3 -c "
 import json,sys; j=json.load(open(sys.argv[1])); t=j['ttft_ms']; p=j['tpot_ms']
 print('req %d ok %d fail; %.1f s; out %.0f tok/s, total %.0f tok/s; TTFT mean %.1f median %.1f p99 %.1f ms; TPOT mean %.2f median %.2f p99 %.2f ms; ITL median %.2f ms' % (
@@ -82,6 +94,7 @@ step_tiny() {
 
 step_synthetic() {
   local layers=${SYNTH_LAYERS:-0} experts=${SYNTH_EXPERTS:-sparse-w4a4 bf16}
+  DEADLINE=$(( $(date +%s) + ${SYNTH_BUDGET_S:-480} ))
   local syn=(--synthetic qwen3-30b-a3b --layers "$layers" --device "$DEV")
   if [ $DEV != cuda ]; then  # dry run: the refusal only
     "$B/moesq" serve "${syn[@]}" --experts sparse-w4a4 --port 0 2> "$O/serve_synthetic_dry.log"
@@ -104,7 +117,7 @@ step_synthetic() {
     log "synthetic $e: $(( $(date +%s) - ts )) s"
   done
   if [ "${E2E:-0}" = 1 ]; then
-    timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --layers "$layers" --experts "${experts// /,}" --batch 64 \
+    timeout $(cap 300) "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --layers "$layers" --experts "${experts// /,}" --batch 64 \
       --prompt-len 1024 --gen 256 --json > "$O/e2e_reference.json" 2> "$O/e2e_reference.err"
     log "bench e2e B=64 1024/256 rc=$?: $(grep -oE '\[bench e2e\].*TPOT +[0-9.]+ ms' "$O/e2e_reference.err" | tr '\n' ';')"
   fi
