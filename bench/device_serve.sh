@@ -20,6 +20,8 @@
 # Debian version) in build-httplib/ and configure with MOESQ_HTTPLIB_HEADER_DIR (done here).
 #   BUILD_DIR=/tmp/b bash bench/device_serve.sh     (reuses a build of bench/device_refine.sh when given)
 #   STEPS=synthetic bash bench/device_serve.sh      (the real-shape serving numbers only)
+#   STEPS=build BUILD_DIR=build-device bash bench/device_serve.sh, then STEPS=synthetic with the same
+#                                                   BUILD_DIR in a second call (ignored build-* dirs stay)
 #   DEV=cpu STEPS="tiny synthetic" bash bench/device_serve.sh   (a dry run: the synthetic step only
 #                                                   checks that the server refuses --device cpu)
 # Writes $OUT/serve_summary.txt (and each run's JSON and logs beside it).
@@ -140,7 +142,8 @@ for st in $STEPS; do
   case $st in
     tiny) step_tiny ;;
     synthetic) step_synthetic ;;
-    *) log "FAIL: unknown step '$st' (tiny, synthetic)" ;;
+    build) ;;  # the build above only
+    *) log "FAIL: unknown step '$st' (build, tiny, synthetic)" ;;
   esac
 done
 log "total $(( $(date +%s) - t0 )) s"
