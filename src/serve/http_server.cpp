@@ -120,6 +120,7 @@ struct HttpServer::Impl {
     std::string param = chat ? "messages" : "prompt";
     if (chat) {
       ChatCompletionRequest c = parse_chat_request(body, ctx.limits);
+      if (!ctx.tokenizer) throw chat_without_tokenizer(ctx.model_name);
       if (!ctx.chat_template) throw ApiError(400, ctx.no_template_reason, "messages");
       std::string text;
       try {
@@ -131,6 +132,7 @@ struct HttpServer::Impl {
       common = std::move(c.common);
     } else {
       CompletionRequest c = parse_completion_request(body, ctx.limits);
+      if (!ctx.tokenizer) require_token_ids(c, ctx.model_name);
       prompt = c.prompt_text ? tokenize(*c.prompt_text, true, param) : std::move(c.prompt_ids);
       common = std::move(c.common);
     }
@@ -140,7 +142,7 @@ struct HttpServer::Impl {
     g.sampling = common.sampling;
     g.stop.max_new_tokens = max_tokens;
     g.stop.stop_ids = common.stop_token_ids;
-    auto gen = std::make_shared<Generation>(Generation{nullptr, StopStringFilter(*ctx.tokenizer, common.stop),
+    auto gen = std::make_shared<Generation>(Generation{nullptr, StopStringFilter(ctx.tokenizer, common.stop),
                                                        static_cast<int64_t>(prompt.size())});
     try {
       gen->stream = ctx.scheduler->submit(std::move(g));

@@ -21,6 +21,8 @@ namespace moesq::serve {
 struct ServeContext {
   Scheduler* scheduler = nullptr;
   Metrics* metrics = nullptr;
+  // null: a model without a tokenizer (synthetic): completions take token-id prompts only and
+  // answer the ids with an empty text, chat requests get 400 (openai_protocol.h require_token_ids).
   const io::Tokenizer* tokenizer = nullptr;
   std::optional<ChatTemplate> chat_template;  // none: chat requests get 400 with no_template_reason
   std::string no_template_reason;

@@ -44,15 +44,17 @@ std::vector<int64_t> prompt_ids(const LoadOptions& o, int64_t i) {
   return ids;
 }
 
-// A streamed chunk that carries generated text (completions' choices[0].text, chat's
-// choices[0].delta.content): the events TTFT and ITL are timed on. A final chunk with only a
+// A streamed chunk that carries generated tokens: non-empty text (completions' choices[0].text,
+// chat's choices[0].delta.content) or non-empty choices[0].token_ids (a server without a tokenizer
+// sends ids and no text): the events TTFT and ITL are timed on. A final chunk with only a
 // finish_reason, or the usage chunk, carries none.
-bool carries_text(const nlohmann::json& j) {
+bool carries_tokens(const nlohmann::json& j) {
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() || !j["choices"][0].is_object())
     return false;
   const nlohmann::json& c = j["choices"][0];
   auto non_empty = [](const nlohmann::json& v) { return v.is_string() && !v.get_ref<const std::string&>().empty(); };
   if (c.contains("text") && non_empty(c["text"])) return true;
+  if (c.contains("token_ids") && c["token_ids"].is_array() && !c["token_ids"].empty()) return true;
   return c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") && non_empty(c["delta"]["content"]);
 }
 
@@ -196,7 +198,7 @@ RequestResult one_request(httplib::Client& cli, const LoadOptions& o, const std:
       if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens") &&
           j["usage"]["completion_tokens"].is_number_integer())
         usage_tokens = j["usage"]["completion_tokens"].get<int64_t>();
-      if (carries_text(j)) {
+      if (carries_tokens(j)) {
         if (chunks == 0) r.ttft_ms = ms_between(t0, now);
         else r.itl_ms.push_back(ms_between(last, now));
         last = now;

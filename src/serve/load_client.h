@@ -4,11 +4,11 @@
 // token throughput; TTFT, TPOT, inter-token and end-to-end latency (mean, median, p99); failures.
 //
 // Definitions (per request, milliseconds), as vLLM's benchmark times them: TTFT = the first streamed
-// chunk carrying non-empty text − request sent; E2E = `data: [DONE]` − request sent; ITL = the gaps
-// between successive text-carrying chunks (a server that holds back a partial UTF-8 character sends
-// fewer chunks than tokens); TPOT = (E2E − TTFT) ÷ (output tokens − 1), for requests of ≥ 2 output
+// chunk carrying tokens (non-empty text, or non-empty `token_ids` from a server without a tokenizer)
+// − request sent; E2E = `data: [DONE]` − request sent; ITL = the gaps between successive such chunks
+// (a server that holds back a partial UTF-8 character sends fewer chunks than tokens); TPOT = (E2E − TTFT) ÷ (output tokens − 1), for requests of ≥ 2 output
 // tokens. Output tokens are the stream's final `usage.completion_tokens` when the server sends it
-// (the request asks for it with `stream_options.include_usage`), else the number of text chunks.
+// (the request asks for it with `stream_options.include_usage`), else the number of such chunks.
 // Throughput = completed requests (or their tokens) ÷ the wall time from the first request sent to
 // the last response ended. A failure is a transport error, a non-200 status, an `error` object in
 // the stream, or a stream that ends without `[DONE]`; its first messages are kept.

@@ -202,6 +202,23 @@ ChatCompletionRequest parse_chat_request(const json& body, const ProtocolLimits&
   return r;
 }
 
+void require_token_ids(CompletionRequest& r, const std::string& model) {
+  if (r.prompt_text)
+    bad("prompt", "'prompt' is text, but this server's model (" + model +
+                      ") has no tokenizer: send 'prompt' as a list of token ids");
+  if (!r.common.stop.empty())
+    bad("stop", "'stop' strings need a tokenizer, which this server's model (" + model + ") lacks: use stop_token_ids");
+  r.common.return_token_ids = true;
+}
+
+ApiError chat_without_tokenizer(const std::string& model) {
+  return ApiError(400,
+                  "this server's model (" + model +
+                      ") has no tokenizer and no chat template, so /v1/chat/completions is not served: POST "
+                      "/v1/completions with 'prompt' as a list of token ids",
+                  "messages");
+}
+
 int64_t check_prompt(const std::vector<int32_t>& prompt, const SamplingRequest& req, const ProtocolLimits& lim,
                      const std::string& prompt_param) {
   const int64_t n = static_cast<int64_t>(prompt.size());

@@ -70,6 +70,14 @@ ChatCompletionRequest parse_chat_request(const nlohmann::json& body, const Proto
 // A body that is not JSON: ApiError 400.
 nlohmann::json parse_body(const std::string& text);
 
+// A server whose model has no tokenizer (`moesq serve --synthetic`, named `model` in the messages):
+// a completion must give `prompt` as token ids and no stop strings; its responses carry the
+// generated ids (return_token_ids is set) beside an empty text. Throws ApiError 400 naming "prompt"
+// (a text prompt) or "stop". chat_without_tokenizer: the answer to every chat request there (400,
+// param "messages": it needs a tokenizer and a chat template).
+void require_token_ids(CompletionRequest& r, const std::string& model);
+ApiError chat_without_tokenizer(const std::string& model);
+
 // The tokenized prompt against the limits: non-empty, ids in [0, V), prompt + max_tokens <=
 // max_model_len (a chat request without max_tokens gets the rest of the context). Returns the
 // max_tokens to run. Throws ApiError 400 (param "prompt" / "messages" / "max_tokens").

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace moesq::serve {
 
 namespace {
@@ -19,14 +21,16 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }
 }  // namespace
 
-StopStringFilter::StopStringFilter(const io::Tokenizer& tok, std::vector<std::string> stop) : tok_(tok), stop_(std::move(stop)) {
+StopStringFilter::StopStringFilter(const io::Tokenizer* tok, std::vector<std::string> stop) : tok_(tok), stop_(std::move(stop)) {
+  MOESQ_CHECK(tok_ || stop_.empty(), "stop strings need a tokenizer (this model has none): use stop_token_ids");
   for (const std::string& s : stop_) holdback_ = std::max(holdback_, s.size() - 1);
 }
 
 std::string StopStringFilter::add(const std::vector<int32_t>& ids) {
   if (stopped_ || ids.empty()) return "";
   ids_.insert(ids_.end(), ids.begin(), ids.end());
-  text_ = tok_.decode(ids_);
+  if (!tok_) return "";
+  text_ = tok_->decode(ids_);
   // A stop string may start inside the held-back text, never before what was sent.
   size_t cut = std::string::npos;
   for (const std::string& s : stop_) {

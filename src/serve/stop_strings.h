@@ -2,6 +2,8 @@
 // tokenizer's decode of ALL its generated ids so far (so multi-token characters come out whole),
 // cut before the first stop string found; text that could still become the start of a stop string,
 // or an unfinished UTF-8 character, is held back until the next tokens decide it.
+// Without a tokenizer (a synthetic model: `moesq serve --synthetic`) it only collects the ids and
+// the text is always empty; stop strings then need a tokenizer (the constructor refuses them).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,7 +15,8 @@ namespace moesq::serve {
 
 class StopStringFilter {
  public:
-  StopStringFilter(const io::Tokenizer& tok, std::vector<std::string> stop);
+  // `tok` null: no text (see above). Error: stop strings without a tokenizer.
+  StopStringFilter(const io::Tokenizer* tok, std::vector<std::string> stop);
   // Appends generated ids; returns the text now safe to send. Errors: the tokenizer's (an id it lacks).
   std::string add(const std::vector<int32_t>& ids);
   // At the end of the sequence: the text held back.
@@ -22,7 +25,7 @@ class StopStringFilter {
   const std::vector<int32_t>& ids() const { return ids_; }
 
  private:
-  const io::Tokenizer& tok_;
+  const io::Tokenizer* tok_;
   std::vector<std::string> stop_;
   size_t holdback_ = 0;  // longest stop string - 1
   std::vector<int32_t> ids_;

@@ -2,7 +2,7 @@
 // httplib::Client: concurrent requests (half streamed) each equal to runtime::Generator of the same
 // request alone, the GET endpoints, bad requests (400 naming the field), queue full (503), a client
 // that goes away mid-stream, chat through a checkpoint's template, SIGTERM with requests in flight.
-// Every wait is bounded in time.
+// Every wait is bounded in time. Also (any build): the flag errors of `serve --synthetic`.
 #include <gtest/gtest.h>
 
 #ifdef MOESQ_HAVE_HTTPLIB
@@ -362,3 +362,51 @@ TEST(Serve, ChatPrefillsTheRenderedTemplate) {
 #else
 TEST(Serve, NeedsHttplib) { GTEST_SKIP() << "built without cpp-httplib"; }
 #endif
+
+// `serve --synthetic`: every wrong combination of flags is an error naming the flag, before any
+// model is built (so these run without a GPU, in any build).
+#include "support/cli_run.h"
+#include "support/temp_dir.h"
+
+namespace {
+void expect_refused(const std::string& args, const std::string& says) {
+  const moesq::test::TempDir t("moesq_serve_flags");
+  const moesq::test::CliRun r = moesq::test::run_moesq("serve " + args, t.path.string());
+  EXPECT_EQ(r.rc, 1) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+}  // namespace
+
+TEST(ServeSynthetic, FlagErrorsNameTheFlag) {
+  const std::string dir = MOESQ_DEFAULT_MODEL;
+  const std::string syn = "--synthetic qwen3-30b-a3b --device cuda --experts sparse-w4a4";
+  expect_refused("--port 0", "give a checkpoint DIR or --synthetic MODEL");
+  expect_refused(dir + " " + syn, "are exclusive");
+  expect_refused("--synthetic qwen3-30b-a3b --experts bf16", "--synthetic: the synthetic weights are drawn on the GPU: add --device cuda");
+  expect_refused("--synthetic qwen3-30b-a3b --device cpu --experts bf16", "add --device cuda (got --device cpu)");
+  expect_refused("--synthetic qwen3-30b-a3b --device cuda", "--synthetic: give --experts bf16, sparse-w4a4 or sparse-w4a16");
+  expect_refused("--synthetic qwen9-moe --device cuda --experts bf16", "--synthetic: \"qwen9-moe\" is not one of qwen3-30b-a3b");
+  expect_refused(syn + " --layers 49", "--layers: 49 not in [0, 48]");
+  expect_refused("--synthetic qwen3-30b-a3b --device cuda --experts fp8", "--experts");
+  expect_refused(syn + " --chat-template " + dir + "/config.json", "--chat-template: the synthetic model has no tokenizer");
+  expect_refused(dir + " --layers 2", "--layers and --seed apply to --synthetic only");
+  expect_refused(dir + " --seed 3", "--layers and --seed apply to --synthetic only");
+}
+
+// The valid flags reach the engine: in a CPU build "built without CUDA" (before anything is built),
+// in a CUDA build without a GPU "no CUDA device found"; with a GPU the one-layer engine is built and
+// the address that cannot be bound (TEST-NET-1, not this machine's) ends the server (so this never leaves a server running).
+TEST(ServeSynthetic, WithoutCudaOrAGpuSaysSo) {
+  const moesq::test::TempDir t("moesq_serve_flags");
+  const moesq::test::CliRun r = moesq::test::run_moesq(
+      "serve --synthetic qwen3-30b-a3b --layers 1 --device cuda --experts sparse-w4a4 --max-num-seqs 1 "
+      "--max-model-len 16 --host 192.0.2.1 --port 0",
+      t.path.string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  const bool no_build = r.err.find("--synthetic --device cuda: this moesq was built without CUDA") != std::string::npos;
+  const bool no_device = r.err.find("no CUDA device found") != std::string::npos;
+  const bool gpu = r.err.find("--host 192.0.2.1 --port 0: cannot listen there") != std::string::npos;
+  EXPECT_TRUE(no_build || no_device || gpu) << r.err;
+}

@@ -118,6 +118,29 @@ TEST(OpenaiProtocol, PromptLengthAgainstMaxModelLen) {
   EXPECT_EQ(check_prompt(std::vector<int32_t>(60, 1), chat, kLim, "messages"), 4);
 }
 
+TEST(OpenaiProtocol, WithoutATokenizerPromptsAreIds) {
+  CompletionRequest text = parse_completion_request(json{{"prompt", "hi"}}, kLim);
+  try {
+    require_token_ids(text, "synthetic:m");
+    ADD_FAILURE() << "a text prompt was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "prompt");
+    EXPECT_NE(std::string(e.what()).find("synthetic:m) has no tokenizer"), std::string::npos) << e.what();
+  }
+  CompletionRequest stop = parse_completion_request(json{{"prompt", {1}}, {"stop", {"a"}}}, kLim);
+  int status = 0;
+  EXPECT_EQ(param_of([&] { require_token_ids(stop, "m"); }, &status), "stop");
+  EXPECT_EQ(status, 400);
+  CompletionRequest ids = parse_completion_request(json{{"prompt", {1, 2}}, {"stop_token_ids", {3}}}, kLim);
+  require_token_ids(ids, "m");
+  EXPECT_TRUE(ids.common.return_token_ids);  // the ids are the whole answer
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2}));
+  const ApiError chat = chat_without_tokenizer("m");
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_EQ(chat.param, "messages");
+}
+
 TEST(OpenaiProtocol, ResponsesAndSse) {
   const ResponseMeta meta{"cmpl-1", "m", 5, false};
   const std::vector<int32_t> ids{1, 2};
@@ -140,7 +163,7 @@ TEST(OpenaiProtocol, ResponsesAndSse) {
 
 TEST(StopStrings, CutBeforeTheFirstStopAcrossTokens) {
   const moesq::io::Tokenizer tok = moesq::io::load_tokenizer_for_checkpoint(MOESQ_DEFAULT_MODEL);  // bytes
-  StopStringFilter f(tok, {"cd", "xyz"});
+  StopStringFilter f(&tok, {"cd", "xyz"});
   std::string out;
   for (char ch : std::string("abcdef")) {
     out += f.add({static_cast<int32_t>(static_cast<unsigned char>(ch))});
@@ -149,7 +172,7 @@ TEST(StopStrings, CutBeforeTheFirstStopAcrossTokens) {
   EXPECT_TRUE(f.stopped());
   EXPECT_EQ(out, "ab");
   EXPECT_EQ(f.ids().size(), 4u);  // a b c d: the ids up to the one completing the stop string
-  StopStringFilter g(tok, {"zz"});
+  StopStringFilter g(&tok, {"zz"});
   std::string o2 = g.add({'a', 'z'});
   EXPECT_EQ(o2, "a");  // "z" could start "zz": held back
   o2 += g.add({'b'});
