@@ -5,7 +5,11 @@
 # closed), two CUDA runs compared byte for byte, and bench_refine_layer at Qwen3-30B-A3B shapes.
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
-# STEPS: any of "tests quality datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi" (default: tests quality datafree bench).
+# STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
+#   compress_layer compress_kimi" (default: tests quality datafree bench).
+# quality_gpu: SGPTQ and moesq with --device cuda against the CPU's SGPTQ on the fixture (held-out nats), two
+#   GPU runs of each compared byte for byte. compress_layer: bench_compress_layer (targets + SGPTQ + refinement
+#   + error of a whole Qwen3-30B-A3B layer on the GPU, the CPU's SGPTQ as the peer).
 set -uo pipefail
 O=${OUT:-/tmp/moesq_refine}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -15,12 +19,12 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "$*" | tee -a "$S"; }
 ROOT=$(pwd); CORPUS=${CORPUS:-.dev/corpus}
 if [ -n "${CORPUS_TAR:-}" ]; then mkdir -p .dev && tar -C .dev -xJf "$CORPUS_TAR" && CORPUS=.dev/corpus; fi
-GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
+GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu tests/gpu/test_sgptq_cuda.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
 B=${BUILD_DIR:-$W/b}  # BUILD_DIR: keep the build for a later script of the same call (bench/device_serve.sh)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON ${CMAKE_EXTRA:-} > "$W/cfg.log" 2>&1 &&
-  cmake --build "$B" -j16 --target moesq bench_refine_layer $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
+  cmake --build "$B" -j16 --target moesq bench_refine_layer bench_compress_layer $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
   { log "FAIL: build"; tail -40 "$W/build.log" | tee -a "$S"; cp "$W"/*.log "$O/"; exit 1; }
 log "build $(( $(date +%s) - t0 )) s"
 finish() { (cd "$W" && tar czf "$O/logs.tgz" *.log 2>/dev/null); log "total $(( $(date +%s) - t0 )) s"; }
@@ -77,6 +81,28 @@ if has quality; then
   compress cuda_calib_s1 --method moesq "${CAL[@]}" --device cuda --seed 1
   for r in bf16 sg_calib cpu_calib cuda_calib cuda_calib_s1; do evaluate $r; done
   log "quality $(( $(date +%s) - t0 )) s"
+fi
+if has quality_gpu; then
+  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
+  compress sg_calib --method sgptq "${CAL[@]}" --device cpu
+  compress sg_cuda --method sgptq "${CAL[@]}" --device cuda
+  compress sg_cuda2 --method sgptq "${CAL[@]}" --device cuda
+  cmp -s "$W/sg_cuda/model.safetensors" "$W/sg_cuda2/model.safetensors" && log "two sgptq cuda runs: byte-identical" || log "two sgptq cuda runs: DIFFER"
+  compress cuda_calib --method moesq "${CAL[@]}" --device cuda
+  compress cuda_calib2 --method moesq "${CAL[@]}" --device cuda
+  cmp -s "$W/cuda_calib/model.safetensors" "$W/cuda_calib2/model.safetensors" && log "two moesq cuda runs: byte-identical" || log "two moesq cuda runs: DIFFER"
+  for r in bf16 sg_calib sg_cuda cuda_calib; do evaluate $r; done
+  log "quality_gpu $(( $(date +%s) - t0 )) s"
+fi
+if has compress_layer; then
+  timeout 420 "$B/bench_compress_layer" --model qwen3-30b-a3b --methods ${LAYER_METHODS:-sgptq,moesq} --cpu-experts ${CPU_EXPERTS:-16} \
+    --out "$O/bench_compress_qwen3_layer.json" > "$W/compress_layer.log" 2>&1
+  log "bench_compress_layer qwen3 rc=$?"; sed 's/^/  /' "$W/compress_layer.log" | tee -a "$S"
+fi
+if has compress_kimi; then
+  timeout 400 "$B/bench_compress_layer" --model kimi-k2.5 --experts ${KIMI_EXPERTS:-48} --methods sgptq --cpu-experts 0 \
+    --out "$O/bench_compress_kimi.json" > "$W/compress_kimi.log" 2>&1
+  log "bench_compress_layer kimi rc=$?"; sed 's/^/  /' "$W/compress_kimi.log" | tee -a "$S"
 fi
 if has datafree; then
   compress sg_df --method sgptq --device cpu

@@ -76,6 +76,49 @@ PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeigh
   return opt.method->compress(job, opt, rep);
 }
 
+PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeights& w, int64_t H, int64_t I,
+                                  const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep) {
+  // The original expert runs once: its outputs are the refinement targets and the reference of
+  // the reconstruction error.
+  const model::ExpertVariant variant = model::expert_variant(spec, w);  // biases stay in w throughout
+  // On the GPU (the rows and targets stay there for every stage), or on the CPU.
+  const ExpertDevice* gpu = c.n > 0 ? opt.expert_device : nullptr;
+  using Clock = std::chrono::steady_clock;
+  auto t = Clock::now();
+  auto lap = [&t](double& into) {
+    const auto now = Clock::now();
+    into += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
+  const DeviceRows rows = gpu ? gpu->rows(w, H, I, c) : DeviceRows{};
+  const std::vector<float> y_ref =
+      gpu ? std::vector<float>()
+          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
+  lap(rep.stage_seconds.targets);
+  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep, gpu ? &rows : nullptr);
+  lap(rep.stage_seconds.solve);
+  // Dequantized once: measured here, then installed.
+  std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
+                                           pe.proj[2].dequantize()};
+  if (c.n == 0) {
+    rep.rel_error = std::numeric_limits<double>::quiet_NaN();
+    if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
+  } else if (gpu) {
+    rep.rel_error = gpu->rel_error(rows, c.n, H, I, deq[0].data(), deq[1].data(), deq[2].data(), act_block);
+  } else {
+    const std::vector<float> yq =
+        model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
+                              variant);
+    rep.rel_error = rel_sq_error(y_ref, yq);
+  }
+  lap(rep.stage_seconds.error);
+  w.gate = std::move(deq[0]);
+  w.up = std::move(deq[1]);
+  w.down = std::move(deq[2]);
+  return pe;
+}
+
+
 namespace {
 
 // Algorithm 1 line 2: H_1 = Embed(D), one [T, H] state per sequence, and where each sequence's rows
@@ -133,40 +176,6 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const mo
   }
   for (ExpertCalib& c : cal) c.num_sequences = static_cast<int64_t>(offset.size()) - 1;
   return cal;
-}
-
-// Lines 5–16 for one expert: compress, measure the W4A4 reconstruction error, install the
-// dequantized weights in place of the original ones (no other task reads this expert).
-PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeights& w, int64_t H, int64_t I,
-                                  const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep) {
-  // The original expert runs once: its outputs are the refinement targets and the reference of
-  // the reconstruction error.
-  const model::ExpertVariant variant = model::expert_variant(spec, w);  // biases stay in w throughout
-  // On the GPU (the rows and targets stay there for every stage), or on the CPU.
-  const ExpertDevice* gpu = c.n > 0 ? opt.expert_device : nullptr;
-  const DeviceRows rows = gpu ? gpu->rows(w, H, I, c) : DeviceRows{};
-  const std::vector<float> y_ref =
-      gpu ? std::vector<float>()
-          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
-  PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep, gpu ? &rows : nullptr);
-  // Dequantized once: measured here, then installed.
-  std::array<std::vector<float>, 3> deq = {pe.proj[0].dequantize(), pe.proj[1].dequantize(),
-                                           pe.proj[2].dequantize()};
-  if (c.n == 0) {
-    rep.rel_error = std::numeric_limits<double>::quiet_NaN();
-    if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
-  } else if (gpu) {
-    rep.rel_error = gpu->rel_error(rows, c.n, H, I, deq[0].data(), deq[1].data(), deq[2].data(), act_block);
-  } else {
-    const std::vector<float> yq =
-        model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
-                              variant);
-    rep.rel_error = rel_sq_error(y_ref, yq);
-  }
-  w.gate = std::move(deq[0]);
-  w.up = std::move(deq[1]);
-  w.down = std::move(deq[2]);
-  return pe;
 }
 
 // Installs the dequantized weights of an expert compressed elsewhere (another rank, or a committed

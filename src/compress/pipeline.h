@@ -73,6 +73,11 @@ struct ExpertReport {
   bool fallback = false;       // no/too few tokens: documented fallback used
   std::string note;
   nlohmann::json extra;        // method-specific (refinement curves, …)
+  // Wall seconds of the expert's task (compress_and_install; not in report.json): the rows and targets
+  // (GPU: upload + Y on the device; CPU: Y with cblas), the method's solve, the error + dequantization.
+  struct StageSeconds {
+    double targets = 0, solve = 0, error = 0;
+  } stage_seconds;
 };
 
 struct CompressResult {
@@ -109,6 +114,14 @@ struct ExpertCalib {
 PackedExpert compress_expert(const io::ModelSpec& spec, const model::ExpertWeights& w, int64_t H, int64_t I,
                              const ExpertCalib& c, const std::vector<float>& y_ref, const CompressOptions& opt,
                              ExpertReport& rep, const DeviceRows* dev = nullptr);
+
+// Algorithm 1 lines 5–16 for one expert, as compress_model runs it: the targets Y = expert(X), the
+// method's solve (compress_expert), the W4A4 reconstruction error into rep.rel_error, then the
+// dequantized weights installed in w in place of the original ones. On the GPU when
+// opt.expert_device is set (the rows stay there for every stage), else on the CPU. act_block: the
+// activation block of the deployed format (32 sparse, 16 dense).
+PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeights& w, int64_t H, int64_t I,
+                                  const ExpertCalib& c, const CompressOptions& opt, int act_block, ExpertReport& rep);
 
 // Every option checked once (moesq::Error naming the option), before any work: the shared ones, then
 // the method's own (its row's validate). The CLI calls it when it builds the options, compress_model

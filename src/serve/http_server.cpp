@@ -142,8 +142,10 @@ struct HttpServer::Impl {
     g.sampling = common.sampling;
     g.stop.max_new_tokens = max_tokens;
     g.stop.stop_ids = common.stop_token_ids;
-    auto gen = std::make_shared<Generation>(Generation{nullptr, StopStringFilter(ctx.tokenizer, common.stop),
-                                                       static_cast<int64_t>(prompt.size())});
+    auto gen = std::make_shared<Generation>(Generation{.stream = nullptr,
+                                                       .filter = StopStringFilter(ctx.tokenizer, common.stop),
+                                                       .prompt_tokens = static_cast<int64_t>(prompt.size()),
+                                                       .done = false, .finish_reason = {}});
     try {
       gen->stream = ctx.scheduler->submit(std::move(g));
     } catch (const SchedulerBusy& e) {
