@@ -236,6 +236,8 @@ int main(int argc, char** argv) {
     for (const std::string& mname : split(methods)) {
       compress::CompressOptions opt;
       opt.method = compress::parse_method(mname);
+      // `moesq compress` without --batch / --epochs / --lr-a / --lr-v: the schedule rule sets all four.
+      opt.refine.rule_batch = opt.refine.rule_epochs = opt.refine.rule_lr_A = opt.refine.rule_lr_V = true;
       const int64_t train = n - compress::heldout_rows(opt.refine, n);
       for (Expert& x : ex) x.c.schedule_rows = train;
       compress::CompressOptions og = opt;

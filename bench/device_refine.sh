@@ -19,7 +19,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "$*" | tee -a "$S"; }
 ROOT=$(pwd); CORPUS=${CORPUS:-.dev/corpus}
 if [ -n "${CORPUS_TAR:-}" ]; then mkdir -p .dev && tar -C .dev -xJf "$CORPUS_TAR" && CORPUS=.dev/corpus; fi
-GPU_TESTS=$(ls tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu tests/gpu/test_sgptq_cuda.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
+GPU_TESTS=$(ls ${GPU_TEST_FILES:-tests/gpu/test_refine_ops.cu tests/gpu/test_cuda_step_backend.cu tests/gpu/test_sgptq_cuda.cu} 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//')
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
 B=${BUILD_DIR:-$W/b}  # BUILD_DIR: keep the build for a later script of the same call (bench/device_serve.sh)
@@ -100,7 +100,7 @@ if has compress_layer; then
   log "bench_compress_layer qwen3 rc=$?"; sed 's/^/  /' "$W/compress_layer.log" | tee -a "$S"
 fi
 if has compress_kimi; then
-  timeout 400 "$B/bench_compress_layer" --model kimi-k2.5 --experts ${KIMI_EXPERTS:-48} --methods sgptq --cpu-experts 0 \
+  timeout 400 "$B/bench_compress_layer" --model kimi-k2.5 --experts ${KIMI_EXPERTS:-32} --methods ${KIMI_METHODS:-sgptq,moesq} --cpu-experts 0 \
     --out "$O/bench_compress_kimi.json" > "$W/compress_kimi.log" 2>&1
   log "bench_compress_layer kimi rc=$?"; sed 's/^/  /' "$W/compress_kimi.log" | tee -a "$S"
 fi

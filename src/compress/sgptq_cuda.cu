@@ -37,8 +37,8 @@ struct Context {
   cudaStream_t s = t.stream;
   cublasHandle_t blas = t.blas;
   cusolverDnHandle_t solver = t.solver;
-  Scratch<float> X, ab, h, wq, dense;
-  Scratch<double> chunk, H, M, Wt, err, row_loss, work;
+  Scratch<float> X, ab, h, wq, dense, wf;
+  Scratch<double> chunk, H, M, Wt, w64, err, row_loss, work;
   Scratch<uint8_t> patterns, scale_codes, value_codes, trtri_work;
   Scratch<int32_t> flags;  // [0] cuSOLVER info, [1] non-finite GPTQ error
   void sync() { t.sync(); }
@@ -191,12 +191,21 @@ SgptqResult solve(Context& g, const float* W, int64_t N, int64_t K, const double
   MOESQ_CHECK(std::isfinite(gamma), "sgptq: tensor ", name, " has a non-finite global scale");
   const int64_t G = K / format::kGroup, S = K / format::kSparseScaleBlock;
   const int64_t block = opt.block_size;
-  // Wt [K, N] fp64 with the dead inputs' weights zeroed (not on a fallback: plain magnitude + RTN).
-  std::vector<double> wt(static_cast<size_t>(K * N));
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t c = 0; c < K; ++c) wt[c * N + r] = f.dead[c] ? 0.0 : static_cast<double>(W[r * K + c]);
-  double* Wt = g.Wt.get(wt.size());
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(Wt, wt.data(), sizeof(double) * wt.size(), cudaMemcpyHostToDevice, g.s));
+  // Wt [K, N] fp64 with the dead inputs' weights zeroed (not on a fallback: plain magnitude + RTN):
+  // W uploaded as fp32, widened (ops/widen_f64), transposed (cuBLAS DGEAM), dead rows of Wt cleared.
+  const size_t NK = static_cast<size_t>(N * K);
+  float* wf = g.wf.get(NK);
+  double* w64 = g.w64.get(NK);
+  double* Wt = g.Wt.get(NK);
+  MOESQ_CUDA_CHECK(cudaMemcpyAsync(wf, W, sizeof(float) * NK, cudaMemcpyHostToDevice, g.s));
+  ops::widen_f64({.x = wf, .rows = N, .K = K, .w = nullptr, .out = w64}, g.s);
+  {
+    const double one = 1.0, zero = 0.0;  // column-major: Wt [N, K] (ld N) = (w64 [K, N], ld K)ᵀ
+    MOESQ_CUBLAS_CHECK(cublasDgeam(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(K), &one,
+                                   w64, static_cast<int>(K), &zero, Wt, static_cast<int>(N), Wt, static_cast<int>(N)));
+  }
+  for (int64_t c = 0; c < K; ++c)
+    if (f.dead[c]) MOESQ_CUDA_CHECK(cudaMemsetAsync(Wt + c * N, 0, sizeof(double) * N, g.s));
   uint8_t* pat = g.patterns.get(static_cast<size_t>(N * G));
   uint8_t* sc = g.scale_codes.get(static_cast<size_t>(N * S));
   uint8_t* vc = g.value_codes.get(static_cast<size_t>(N * K / 2));

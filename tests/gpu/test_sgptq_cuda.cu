@@ -48,7 +48,8 @@ TEST(SgptqColumnsKernel, MatchesTheTwinBitwise) {
   ASSERT_TRUE(mc::inverse_cholesky_upper(h.H, K, U));
   const float gamma = format::nvfp4_tensor_scale(format::amax_abs(l.W.data(), l.W.size()));
   for (const auto& [b0, b1, choose, from] : {std::tuple<int64_t, int64_t, bool, int64_t>{0, 128, true, 0},
-                                             {128, 256, true, 0}, {64, 192, false, 100}}) {
+                                             {128, 256, true, 0}, {64, 192, false, 100},
+                                             {0, 256, true, 0}}) {  // wider than 128: the global-memory kernel
     std::vector<double> Wt(K * N), err((b1 - b0) * N, -1.0), loss(N, 0.25);
     for (int64_t r = 0; r < N; ++r)
       for (int64_t c = 0; c < K; ++c) Wt[c * N + r] = l.W[r * K + c];

@@ -22,7 +22,10 @@ void sgptq_columns_check(const SgptqColumnsArgs& a) {
 void sgptq_columns_ref(const SgptqColumnsArgs& a) {
   sgptq_columns_check(a);
   bool finite = true;
-  for (int64_t r = 0; r < a.N; ++r) finite = sgptq_detail::sgptq_row(a, r) && finite;
+  for (int64_t r = 0; r < a.N; ++r) {
+    const sgptq_detail::RowBlock b{a.Wt + r, a.N, a.U, a.K, 0};  // in place, global layouts
+    finite = sgptq_detail::sgptq_row(a, r, b) && finite;
+  }
   if (!finite && a.nonfinite) *a.nonfinite = 1;
 }
 

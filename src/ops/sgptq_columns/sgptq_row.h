@@ -85,14 +85,26 @@ MOESQ_SGPTQ_HD float e2m1_decode(uint8_t c) {
 #endif
 }
 
-// SparseGPT's choice for the group at column c0 of row r: the 2 pairs with the largest Σ w²/d².
-MOESQ_SGPTQ_HD uint8_t choose_pattern(const SgptqColumnsArgs& a, int64_t r, int64_t c0) {
+// Where one row's block lives: weight of column j at w[(j − c0)·ldw], U_ij at u[(i − c0)·ldu + (j − c0)],
+// for the columns j, i of the block being solved (global memory in the twin, shared memory in the kernel).
+struct RowBlock {
+  double* w;
+  int64_t ldw;
+  const double* u;
+  int64_t ldu;
+  int64_t c0;
+  MOESQ_SGPTQ_HD double& W(int64_t j) const { return w[(j - c0) * ldw]; }
+  MOESQ_SGPTQ_HD double U(int64_t i, int64_t j) const { return u[(i - c0) * ldu + (j - c0)]; }
+};
+
+// SparseGPT's choice for the group at column g0: the 2 pairs with the largest Σ w²/d².
+MOESQ_SGPTQ_HD uint8_t choose_pattern(const RowBlock& b, int64_t g0) {
   double score[kPairs];
   for (int p = 0; p < kPairs; ++p) {
     double s = 0.0;
     for (int e = 0; e < 2; ++e) {
-      const int64_t j = c0 + 2 * p + e;
-      const double w = a.Wt[j * a.N + r], d = a.U[j * a.K + j];
+      const int64_t j = g0 + 2 * p + e;
+      const double w = b.W(j), d = b.U(j, j);
       s = dadd(s, dmul(w, w) / dmul(d, d));
     }
     score[p] = s;
@@ -109,8 +121,8 @@ MOESQ_SGPTQ_HD uint8_t choose_pattern(const SgptqColumnsArgs& a, int64_t r, int6
   return static_cast<uint8_t>(best);
 }
 
-// Row r over columns [b0, b1) (see sgptq_columns.h). Returns false when an e is not finite.
-MOESQ_SGPTQ_HD bool sgptq_row(const SgptqColumnsArgs& a, int64_t r) {
+// Row r over columns [b0, b1) (see sgptq_columns.h), its block in b. Returns false when an e is not finite.
+MOESQ_SGPTQ_HD bool sgptq_row(const SgptqColumnsArgs& a, int64_t r, const RowBlock& b) {
   const int64_t N = a.N, K = a.K, G = K / kGroup, S = K / kScaleBlock;
   uint8_t* rp = a.patterns + r * G;
   float s = 0.0f;  // decoded UE4M3 code of the current scale block
@@ -119,21 +131,21 @@ MOESQ_SGPTQ_HD bool sgptq_row(const SgptqColumnsArgs& a, int64_t r) {
   for (int64_t i = a.b0; i < a.b1; ++i) {
     if (i % kScaleBlock == 0) {
       if (a.choose)
-        for (int g = 0; g < kScaleBlock / kGroup; ++g) rp[i / kGroup + g] = choose_pattern(a, r, i + g * kGroup);
+        for (int g = 0; g < kScaleBlock / kGroup; ++g) rp[i / kGroup + g] = choose_pattern(b, i + g * kGroup);
       float amax = 0.0f;
       for (int64_t j = i; j < i + kScaleBlock; ++j) {
         if (kept_slot(rp[j / kGroup], static_cast<int>(j % kGroup)) < 0) continue;
-        const float v = fabsf(static_cast<float>(a.Wt[j * N + r]));
+        const float v = fabsf(static_cast<float>(b.W(j)));
         amax = v > amax ? v : amax;  // std::max(amax, v) for finite values
       }
       const uint8_t c = ue4m3_encode(a.gamma * amax / 6.0f);
       a.scale_codes[r * S + i / kScaleBlock] = c;
       s = ue4m3_decode(c);
     } else if (a.choose && a.pattern_at_group && i % kGroup == 0) {
-      rp[i / kGroup] = choose_pattern(a, r, i);
+      rp[i / kGroup] = choose_pattern(b, i);
     }
     const int slot = kept_slot(rp[i / kGroup], static_cast<int>(i % kGroup));
-    const double w = a.Wt[i * N + r];
+    const double w = b.W(i);
     double q = 0.0;
     if (slot >= 0) {
       uint8_t code = 0;
@@ -150,13 +162,12 @@ MOESQ_SGPTQ_HD bool sgptq_row(const SgptqColumnsArgs& a, int64_t r) {
       a.dense_rounded[r * K + i] = static_cast<float>(w);
       if (a.dequant) a.dequant[r * K + i] = 0.0f;
     }
-    double e = (w - q) / a.U[i * K + i];
+    double e = (w - q) / b.U(i, i);
     loss = dadd(loss, dmul(dmul(0.5, e), e));
     finite = finite && (e - e == 0.0);
     if (i < a.gptq_from) e = 0.0;
     a.err[(i - a.b0) * N + r] = e;
-    const double* Ui = a.U + i * K;
-    for (int64_t j = i + 1; j < a.b1; ++j) a.Wt[j * N + r] -= dmul(e, Ui[j]);
+    for (int64_t j = i + 1; j < a.b1; ++j) b.W(j) -= dmul(e, b.U(i, j));
   }
   a.row_loss[r] = loss;
   return finite;
