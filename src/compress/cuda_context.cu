@@ -1,6 +1,8 @@
 // The per-thread stream and handles of the GPU compression stages (compress/cuda_context.cuh).
 #include "compress/cuda_context.cuh"
 
+#include <cstring>
+
 namespace moesq::compress::gpu {
 
 ThreadContext::ThreadContext() {
@@ -9,9 +11,54 @@ ThreadContext::ThreadContext() {
   MOESQ_CUBLAS_CHECK(cublasSetStream(blas, stream));
   MOESQ_CUSOLVER_CHECK(cusolverDnCreate(&solver));
   MOESQ_CUSOLVER_CHECK(cusolverDnSetStream(solver, stream));
+  for (int b = 0; b < 2; ++b) {
+    MOESQ_CUDA_CHECK(cudaHostAlloc(&pinned_[b], kStageBytes, cudaHostAllocDefault));
+    MOESQ_CUDA_CHECK(cudaEventCreateWithFlags(&drained_[b], cudaEventDisableTiming));
+  }
+}
+
+void ThreadContext::wait(int b) {
+  if (pending_[b]) MOESQ_CUDA_CHECK(cudaEventSynchronize(drained_[b]));
+  pending_[b] = false;
+}
+
+void ThreadContext::h2d(void* dst, const void* src, size_t bytes) {
+  for (size_t off = 0, k = 0; off < bytes; off += kStageBytes, ++k) {
+    const int b = static_cast<int>(k % 2);
+    const size_t len = std::min(kStageBytes, bytes - off);
+    wait(b);  // the DMA of this buffer's previous chunk is done
+    std::memcpy(pinned_[b], static_cast<const char*>(src) + off, len);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, pinned_[b], len, cudaMemcpyHostToDevice, stream));
+    MOESQ_CUDA_CHECK(cudaEventRecord(drained_[b], stream));
+    pending_[b] = true;
+  }
+}
+
+void ThreadContext::d2h(void* dst, const void* src, size_t bytes) {
+  const size_t chunks = (bytes + kStageBytes - 1) / kStageBytes;
+  auto issue = [&](size_t k) {
+    const int b = static_cast<int>(k % 2);
+    wait(b);
+    const size_t off = k * kStageBytes, len = std::min(kStageBytes, bytes - off);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(pinned_[b], static_cast<const char*>(src) + off, len, cudaMemcpyDeviceToHost, stream));
+    MOESQ_CUDA_CHECK(cudaEventRecord(drained_[b], stream));
+    pending_[b] = true;
+  };
+  if (chunks > 0) issue(0);
+  for (size_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) issue(k + 1);  // the next chunk lands while this one is copied out
+    const int b = static_cast<int>(k % 2);
+    wait(b);
+    const size_t off = k * kStageBytes, len = std::min(kStageBytes, bytes - off);
+    std::memcpy(static_cast<char*>(dst) + off, pinned_[b], len);
+  }
 }
 
 ThreadContext::~ThreadContext() {
+  for (int b = 0; b < 2; ++b) {
+    if (drained_[b]) cudaEventSynchronize(drained_[b]), cudaEventDestroy(drained_[b]);
+    if (pinned_[b]) cudaFreeHost(pinned_[b]);
+  }
   if (solver) cusolverDnDestroy(solver);
   if (blas) cublasDestroy(blas);
   if (stream) cudaStreamDestroy(stream);

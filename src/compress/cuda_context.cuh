@@ -49,6 +49,20 @@ struct ThreadContext {
   ThreadContext(const ThreadContext&) = delete;
   ThreadContext& operator=(const ThreadContext&) = delete;
   void sync() const { MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+  // Host ↔ device copies of pageable host memory through the thread's two pinned staging buffers
+  // (kStageBytes each, double-buffered: the CPU fills one while the DMA engine drains the other), on
+  // `stream`. Pageable copies from 16 threads serialize in the driver's own staging and reach a few
+  // GB/s in all; these reach the DMA rate. h2d returns once `src` may be reused (the device copy is
+  // stream-ordered); d2h returns once `dst` holds the data (it waits for the stream).
+  void h2d(void* dst, const void* src, size_t bytes);
+  void d2h(void* dst, const void* src, size_t bytes);
+  static constexpr size_t kStageBytes = size_t{8} << 20;
+
+ private:
+  void* pinned_[2] = {nullptr, nullptr};
+  cudaEvent_t drained_[2] = {nullptr, nullptr};  // the last copy out of / into pinned_[b] is done
+  bool pending_[2] = {false, false};
+  void wait(int b);
 };
 
 // The calling thread's context (created on first use; Error on a CUDA / library failure).

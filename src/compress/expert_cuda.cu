@@ -33,10 +33,9 @@ void upload_weights(Context& g, const float* gate, const float* up, const float*
   const size_t n = static_cast<size_t>(I * H);
   float* gu = g.w_gu.get(2 * n);
   float* d = g.w_d.get(n);
-  const cudaStream_t s = g.t.stream;
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(gu, gate, sizeof(float) * n, cudaMemcpyHostToDevice, s));
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(gu + n, up, sizeof(float) * n, cudaMemcpyHostToDevice, s));
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(d, down, sizeof(float) * n, cudaMemcpyHostToDevice, s));
+  g.t.h2d(gu, gate, sizeof(float) * n);
+  g.t.h2d(gu + n, up, sizeof(float) * n);
+  g.t.h2d(d, down, sizeof(float) * n);
 }
 
 // y [m, H] = (silu(x·gateᵀ) ⊙ (x·upᵀ)) · downᵀ on m device rows x [m, H], with Q_a on h when
@@ -78,7 +77,7 @@ DeviceRows rows_cuda(const model::ExpertWeights& w, int64_t H, int64_t I, const 
   float* Y = g.Y.get(nH);
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
   if (n > 0)
-    MOESQ_CUDA_CHECK(cudaMemcpyAsync(X, c.X.data(), sizeof(float) * n * H, cudaMemcpyHostToDevice, g.t.stream));
+    g.t.h2d(X, c.X.data(), sizeof(float) * n * H);
   upload_weights(g, w.gate.data(), w.up.data(), w.down.data(), H, I);
   reset_flag(g);
   for (int64_t t0 = 0; t0 < n; t0 += kChunkRows)

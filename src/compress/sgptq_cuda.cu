@@ -197,7 +197,7 @@ SgptqResult solve(Context& g, const float* W, int64_t N, int64_t K, const double
   float* wf = g.wf.get(NK);
   double* w64 = g.w64.get(NK);
   double* Wt = g.Wt.get(NK);
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(wf, W, sizeof(float) * NK, cudaMemcpyHostToDevice, g.s));
+  g.t.h2d(wf, W, sizeof(float) * NK);
   ops::widen_f64({.x = wf, .rows = N, .K = K, .w = nullptr, .out = w64}, g.s);
   {
     const double one = 1.0, zero = 0.0;  // column-major: Wt [N, K] (ld N) = (w64 [K, N], ld K)ᵀ
@@ -239,11 +239,10 @@ SgptqResult solve(Context& g, const float* W, int64_t N, int64_t K, const double
   std::vector<uint8_t> scales(static_cast<size_t>(N * S)), values(static_cast<size_t>(N * K / 2));
   std::vector<double> losses(static_cast<size_t>(N));
   int32_t nonfinite = 0;
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(res.patterns.data(), pat, res.patterns.size(), cudaMemcpyDeviceToHost, g.s));
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(scales.data(), sc, scales.size(), cudaMemcpyDeviceToHost, g.s));
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(values.data(), vc, values.size(), cudaMemcpyDeviceToHost, g.s));
-  MOESQ_CUDA_CHECK(cudaMemcpyAsync(res.dense_rounded.data(), dense, sizeof(float) * res.dense_rounded.size(),
-                                   cudaMemcpyDeviceToHost, g.s));
+  g.t.d2h(res.patterns.data(), pat, res.patterns.size());
+  g.t.d2h(scales.data(), sc, scales.size());
+  g.t.d2h(values.data(), vc, values.size());
+  g.t.d2h(res.dense_rounded.data(), dense, sizeof(float) * res.dense_rounded.size());
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(losses.data(), row_loss, sizeof(double) * N, cudaMemcpyDeviceToHost, g.s));
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(&nonfinite, bad, sizeof(int32_t), cudaMemcpyDeviceToHost, g.s));
   g.sync();
@@ -270,7 +269,7 @@ SgptqExpert sgptq_expert_cuda(const ExpertJob& job, const SgptqOptions& opt, Exp
   const float* X = job.dev ? job.dev->X : nullptr;  // the rows already on the device, else uploaded here
   if (!X) {
     float* up = g.X.get(static_cast<size_t>(std::max<int64_t>(n, 1) * H));
-    if (n > 0) MOESQ_CUDA_CHECK(cudaMemcpyAsync(up, c.X.data(), sizeof(float) * n * H, cudaMemcpyHostToDevice, g.s));
+    if (n > 0) g.t.h2d(up, c.X.data(), sizeof(float) * n * H);
     X = up;
   }
   const size_t sq = static_cast<size_t>(std::max(H * H, I * I));

@@ -96,11 +96,11 @@ void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K
                                  static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
 }
 
-// n host elements into a view of scratch s (stream-ordered).
+// n host elements into a view of scratch s (stream-ordered, through the thread's pinned staging).
 template <typename T>
-View<T> upload(Scratch<T>& s, const T* host, size_t n, cudaStream_t st) {
+View<T> upload(Scratch<T>& s, const T* host, size_t n, gpu::ThreadContext& ctx) {
   View<T> v = take(s, n);
-  if (n) MOESQ_CUDA_CHECK(cudaMemcpyAsync(v.p, host, sizeof(T) * n, cudaMemcpyHostToDevice, st));
+  if (n) ctx.h2d(v.p, host, sizeof(T) * n);
   return v;
 }
 
@@ -141,7 +141,7 @@ class CudaStepBackend final : public StepBackend {
       X_ = take(ws.X, nH);
       if (nH) MOESQ_CUDA_CHECK(cudaMemcpyAsync(X_.p, d.X_dev, sizeof(float) * nH, cudaMemcpyDeviceToDevice, s));
     } else {
-      X_ = upload(ws.X, d.X, nH, s);
+      X_ = upload(ws.X, d.X, nH, *ctx_);
     }
     if (d.n > 0)
       ops::fake_quant({.x = X_.p, .rows = d.n, .K = H_, .block = d.act_block, .per_row = true, .amax = nullptr,
@@ -152,21 +152,21 @@ class CudaStepBackend final : public StepBackend {
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
     MOESQ_CHECK(bad_x == 0, "refine on the GPU: the expert's calibration inputs X hold a NaN or an infinity");
     // Y_ref is only read: the device rows are used in place.
-    Y_ = d.Y_ref_dev ? View<float>{const_cast<float*>(d.Y_ref_dev), nH} : upload(ws.Y, d.Y_ref, nH, s);
-    w_ = upload(ws.w, d.w, static_cast<size_t>(d.n), s);
-    eval_idx_ = upload(ws.eval_idx, d.eval_rows, static_cast<size_t>(d.n_eval), s);
+    Y_ = d.Y_ref_dev ? View<float>{const_cast<float*>(d.Y_ref_dev), nH} : upload(ws.Y, d.Y_ref, nH, *ctx_);
+    w_ = upload(ws.w, d.w, static_cast<size_t>(d.n), *ctx_);
+    eval_idx_ = upload(ws.eval_idx, d.eval_rows, static_cast<size_t>(d.n_eval), *ctx_);
     for (int j = 0; j < 3; ++j) {
       N_[j] = P[j].N;
       K_[j] = P[j].K;
       R_[j] = P[j].groups();
       fixed_[j] = fixed[j] != nullptr;
-      V_[j] = upload(ws.V[j], P[j].V.data(), P[j].V.size(), s);
+      V_[j] = upload(ws.V[j], P[j].V.data(), P[j].V.size(), *ctx_);
       mom_V_[j] = take(ws.mom_V[j], P[j].V.size());
       MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_V_[j].p, 0, mom_V_[j].bytes(), s));
       if (fixed_[j]) {
-        fixed_pat_[j] = upload(ws.fixed_pat[j], fixed[j], static_cast<size_t>(R_[j]), s);
+        fixed_pat_[j] = upload(ws.fixed_pat[j], fixed[j], static_cast<size_t>(R_[j]), *ctx_);
       } else {
-        A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), s);
+        A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), *ctx_);
         mom_A_[j] = take(ws.mom_A[j], P[j].A.size());
         MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
         pi_[j] = take(ws.pi[j], P[j].A.size());
@@ -251,12 +251,11 @@ class CudaStepBackend final : public StepBackend {
   }
 
   double weights_loss(const float* W_gate, const float* W_up, const float* W_down) override {
-    const cudaStream_t s = ctx_->stream;
     const ProfilePause pause;
     const size_t n_gu = static_cast<size_t>(I_ * H_);
-    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_gu_.p, W_gate, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
-    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_gu_.p + n_gu, W_up, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
-    MOESQ_CUDA_CHECK(cudaMemcpyAsync(W_d_.p, W_down, sizeof(float) * n_gu, cudaMemcpyHostToDevice, s));
+    ctx_->h2d(W_gu_.p, W_gate, sizeof(float) * n_gu);
+    ctx_->h2d(W_gu_.p + n_gu, W_up, sizeof(float) * n_gu);
+    ctx_->h2d(W_d_.p, W_down, sizeof(float) * n_gu);
     // The next step or eval recomputes W̃ from A and V (weights()), so overwriting it here is safe.
     return eval_rows_loss();
   }
@@ -264,9 +263,8 @@ class CudaStepBackend final : public StepBackend {
   void sync(std::array<ProjState<float>, 3>& P) override {
     const cudaStream_t s = ctx_->stream;
     for (int j = 0; j < 3; ++j) {
-      MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].V.data(), V_[j].p, V_[j].bytes(), cudaMemcpyDeviceToHost, s));
-      if (!fixed_[j])
-        MOESQ_CUDA_CHECK(cudaMemcpyAsync(P[j].A.data(), A_[j].p, A_[j].bytes(), cudaMemcpyDeviceToHost, s));
+      ctx_->d2h(P[j].V.data(), V_[j].p, V_[j].bytes());
+      if (!fixed_[j]) ctx_->d2h(P[j].A.data(), A_[j].p, A_[j].bytes());
     }
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
     check_finite();
