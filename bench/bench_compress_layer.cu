@@ -16,8 +16,15 @@
 // refinement, error; per worker thread), the peak GPU memory (sampled), the mean rel_error — and for
 // the experts both devices ran, the GPU's rel_error against the CPU's.
 //
+// Refinement variants (moesq only; each a GPU row of its own, the CPU peer runs the first):
+//   --gemm fp32,tf32        the refinement's GEMM precision (compress --gpu-gemm)
+//   --step-sequences 0,64   0 = the per-expert row batches; S > 0 = the layer-wide schedule (compress
+//                           --step-sequences S): each row gets one of --sequences calibration sequences
+//                           (uniform, seeded), every step consumes S of them
+//
 // Usage: bench_compress_layer [--model qwen3-30b-a3b|kimi-k2.5] [--methods sgptq,moesq] [--experts E]
 //                             [--rows N] [--threads T] [--cpu-experts 16] [--cpu-methods sgptq] [--out R.json]
+//                             [--gemm fp32] [--step-sequences 0] [--sequences 2048]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -181,8 +188,9 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   try {
-    std::string model = "qwen3-30b-a3b", methods = "sgptq,moesq", cpu_methods = "sgptq", out;
-    int64_t experts = -1, rows = -1, cpu_experts = 16;
+    std::string model = "qwen3-30b-a3b", methods = "sgptq,moesq", cpu_methods = "sgptq", out, gemms = "fp32",
+                step_sequences = "0";
+    int64_t experts = -1, rows = -1, cpu_experts = 16, sequences = 2048;
     int threads = static_cast<int>(std::thread::hardware_concurrency());
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -198,6 +206,9 @@ int main(int argc, char** argv) {
       else if (a == "--threads") threads = std::stoi(next());
       else if (a == "--cpu-experts") cpu_experts = std::stoll(next());
       else if (a == "--out") out = next();
+      else if (a == "--gemm") gemms = next();
+      else if (a == "--step-sequences") step_sequences = next();
+      else if (a == "--sequences") sequences = std::stoll(next());
       else MOESQ_FAIL("unknown flag ", a, " (see the header of bench/bench_compress_layer.cu)");
     }
     const Shape* sh = nullptr;
@@ -228,14 +239,42 @@ int main(int argc, char** argv) {
       SplitMix64 r(s + 5);
       for (float& v : x.c.g) v = 0.05f + 0.45f * static_cast<float>(r.uniform());
       x.c.n = n;
+      x.c.num_sequences = sequences;  // the layer-wide schedule: which calibration sequence a row comes from
+      x.c.seq.resize(n);
+      for (int32_t& q : x.c.seq) q = static_cast<int32_t>(r.next() % static_cast<uint64_t>(sequences));
     }, threads);
     std::printf("data: %.1f s (host %.1f GB)\n", std::chrono::duration<double>(Clock::now() - tp).count(),
                 E * (1.0 * n * H + 3.0 * I * H) * 4 / 1e9);
 
     nlohmann::json rows_json = nlohmann::json::array();
+    struct Variant {
+      std::string method, gemm;
+      int64_t step_sequences = 0;
+      bool first = true;  // the method's first row (the CPU peer runs it)
+    };
+    std::vector<Variant> variants;
     for (const std::string& mname : split(methods)) {
+      const bool refines = compress::parse_method(mname)->refines;
+      bool first = true;
+      for (const std::string& g : refines ? split(gemms) : std::vector<std::string>{"fp32"})
+        for (const std::string& q : refines ? split(step_sequences) : std::vector<std::string>{"0"}) {
+          MOESQ_CHECK(g == "fp32" || g == "tf32", "--gemm: '", g, "' is not fp32 or tf32");
+          variants.push_back({mname, g, std::stoll(q), first});
+          first = false;
+        }
+    }
+    for (const Variant& v : variants) {
+      const std::string& mname = v.method;
+      const std::string label = compress::parse_method(mname)->refines
+                                    ? mname + " [" + v.gemm + ", " +
+                                          (v.step_sequences > 0 ? "layer-wide " + std::to_string(v.step_sequences) +
+                                                                      " sequences/step"
+                                                                : std::string("per-expert batches")) + "]"
+                                    : mname;
       compress::CompressOptions opt;
       opt.method = compress::parse_method(mname);
+      opt.refine.step_sequences = v.step_sequences;
+      opt.refine.tf32_gemm = v.gemm == "tf32";
       // `moesq compress` without --batch / --epochs / --lr-a / --lr-v: the schedule rule sets all four.
       opt.refine.rule_batch = opt.refine.rule_epochs = opt.refine.rule_lr_A = opt.refine.rule_lr_V = true;
       const int64_t train = n - compress::heldout_rows(opt.refine, n);
@@ -247,13 +286,18 @@ int main(int argc, char** argv) {
       if (opt.method->refines) og.refine.device = compress::refine::make_cuda_step_backend;
       compress::validate(og);
       const Run gpu = run_layer(spec, ex, E, og, threads, true);
-      nlohmann::json row = describe("GPU", mname, gpu, gpu.seconds, false);
+      nlohmann::json row = describe("GPU", label, gpu, gpu.seconds, false);
+      row["gemm"] = v.gemm;
+      row["step_sequences"] = v.step_sequences;
       const std::vector<std::string> on_cpu = split(cpu_methods);
-      const bool cpu_peer = cpu_experts > 0 && std::find(on_cpu.begin(), on_cpu.end(), mname) != on_cpu.end();
+      const bool cpu_peer =
+          v.first && cpu_experts > 0 && std::find(on_cpu.begin(), on_cpu.end(), mname) != on_cpu.end();
       if (cpu_peer) {
-        const Run cpu = run_layer(spec, ex, cpu_experts, opt, threads, false);
+        compress::CompressOptions oc = opt;
+        oc.refine.tf32_gemm = false;  // the CPU ignores it; validate refuses it there
+        const Run cpu = run_layer(spec, ex, cpu_experts, oc, threads, false);
         const double layer = cpu.seconds * static_cast<double>(E) / static_cast<double>(cpu_experts);
-        nlohmann::json crow = describe("CPU", mname, cpu, layer, cpu_experts < E);
+        nlohmann::json crow = describe("CPU", label, cpu, layer, cpu_experts < E);
         double worst = 0;
         for (int64_t e = 0; e < cpu_experts; ++e)
           worst = std::max(worst, std::fabs(gpu.rel_error[e] - cpu.rel_error[e]) / cpu.rel_error[e]);

@@ -6,7 +6,11 @@
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
-#   compress_layer compress_kimi" (default: tests quality datafree bench).
+#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x" (default: tests quality datafree bench).
+# schedule_*: the refinement's GEMM precision and step schedule (ARMS, each NAME:FLAGS) compared — at
+#   Qwen3-30B-A3B shapes (schedule_layer: bench_compress_layer, one row per arm), and on the fixture with
+#   --calib (schedule_calib) and data-free (schedule_df), seeds 0 and 1, against SGPTQ of the same
+#   calibration. tokens8x: 16 experts of the layer at 1x and 8x the default rows per expert.
 # quality_gpu: SGPTQ and moesq with --device cuda against the CPU's SGPTQ on the fixture (held-out nats), two
 #   GPU runs of each compared byte for byte. compress_layer: bench_compress_layer (targets + SGPTQ + refinement
 #   + error of a whole Qwen3-30B-A3B layer on the GPU, the CPU's SGPTQ as the peer).
@@ -103,6 +107,41 @@ if has compress_kimi; then
   timeout 400 "$B/bench_compress_layer" --model kimi-k2.5 --experts ${KIMI_EXPERTS:-32} --methods ${KIMI_METHODS:-sgptq,moesq} --cpu-experts 0 \
     --out "$O/bench_compress_kimi.json" > "$W/compress_kimi.log" 2>&1
   log "bench_compress_layer kimi rc=$?"; sed 's/^/  /' "$W/compress_kimi.log" | tee -a "$S"
+fi
+ARMS=${ARMS:-"fp32pe: tf32pe:--gpu-gemm,tf32 tf32lw:--gpu-gemm,tf32,--step-sequences,64"}
+if has schedule_layer; then
+  timeout 420 "$B/bench_compress_layer" --model qwen3-30b-a3b --methods moesq --gemm fp32,tf32 --step-sequences 0,64 \
+    --cpu-experts 0 --out "$O/bench_compress_schedule.json" > "$W/schedule_layer.log" 2>&1
+  log "bench_compress_layer schedules rc=$?"; sed 's/^/  /' "$W/schedule_layer.log" | tee -a "$S"
+fi
+# schedule_arms TAG CALIB_FLAGS...: SGPTQ and every arm x seeds 0, 1 on the GPU, then their held-out nats.
+schedule_arms() {
+  local tag=$1; shift
+  compress sg_$tag --method sgptq "$@" --device cuda
+  local runs="sg_$tag"
+  for arm in $ARMS; do for seed in 0 1; do
+    local name=${arm%%:*}_${tag}_s$seed flags=${arm#*:}
+    compress $name --method moesq "$@" --device cuda --seed $seed ${flags//,/ }
+    runs="$runs $name"
+  done; done
+  for r in $runs; do evaluate $r; done
+}
+if has schedule_calib; then
+  evaluate bf16
+  schedule_arms calib --calib "$ROOT/$CORPUS"/* --calib-split train
+  log "schedule_calib $(( $(date +%s) - t0 )) s"
+fi
+if has schedule_df; then
+  schedule_arms df
+  log "schedule_df $(( $(date +%s) - t0 )) s"
+fi
+if has tokens8x; then  # time per layer at 1x and 8x the rows (16 experts; the layer-wide arm and the default)
+  for rows in 16384 131072; do
+    timeout 300 "$B/bench_compress_layer" --model qwen3-30b-a3b --experts 16 --rows $rows --methods sgptq,moesq \
+      --gemm ${T8_GEMM:-tf32} --step-sequences ${T8_SEQ:-0,64} --cpu-experts 0 --out "$O/bench_compress_rows$rows.json" \
+      > "$W/tokens8x.$rows.log" 2>&1
+    log "bench_compress_layer 16 experts x $rows rows rc=$?"; sed 's/^/  /' "$W/tokens8x.$rows.log" | tee -a "$S"
+  done
 fi
 if has datafree; then
   compress sg_df --method sgptq --device cpu

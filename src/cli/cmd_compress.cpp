@@ -137,7 +137,9 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   MOESQ_CHECK(!opt.refine.tf32_gemm || opt.device == compress::Device::kCuda,
               "--gpu-gemm tf32 applies to the refinement on the GPU, and this run refines on the CPU (--device ",
               args->device, ")");
-  model::DecoderModel m(ckpt);
+  // Host memory bounded by one layer's experts (plus the rest of the model and the calibration):
+  // compress_model loads each layer's experts when it reaches it and frees them after.
+  model::DecoderModel m(ckpt, {.experts_on_demand = true});
   if (opt.device == compress::Device::kCuda)
     progress("compress", std::string("SGPTQ") + (opt.method->refines ? " and the refinement" : "") +
                              " on the GPU (--device " + args->device +
@@ -145,7 +147,12 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   // The calibration's own time (data-free: sampling the sequences from the model, often minutes) is
   // reported beside the compression's (report.json "calibration_seconds", the summary line).
   const auto t_calib = std::chrono::steady_clock::now();
+  // Data-free calibration samples from the whole model: every layer's experts are read for it (the
+  // whole model in host memory while sampling), then freed again.
+  const bool sample = args->flags.calib.empty();
+  for (int64_t l = 0; sample && l < m.spec().num_layers; ++l) m.load_experts(l);
   const compress::CalibSet calib = args->flags.calibration(m, args->dir);
+  for (int64_t l = 0; sample && l < m.spec().num_layers; ++l) m.release_experts(l);
   const double calib_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_calib).count();
   std::optional<compress::WorkDir> work;
   if (root) work.emplace(args->out, compress::run_manifest(ckpt, calib, opt), args->resume);

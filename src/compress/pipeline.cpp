@@ -343,6 +343,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
                              std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
     const bool moe = spec.is_moe_layer(l);  // a dense MLP layer is kept as stored: only propagated
+    if (moe) m.load_experts(l);  // experts on demand: this layer's only, until it is propagated
     const size_t reports_before = res.reports.size();
     std::string committed_next_sha256;
     model::Routes routes;
@@ -365,6 +366,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     const std::vector<float> y = moe ? m.moe_block(l, X, routes, deployed) : m.dense_mlp(l, X, st.n_total());
     for (size_t i = 0; i < st.h.size(); ++i)
       for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+    m.release_experts(l);  // experts on demand: res holds the packed layer from here on
     if (resumed) {
       const std::string sha = states_sha256(st);
       MOESQ_CHECK(sha == committed_next_sha256, "--resume: the inputs of layer ", l + 2,

@@ -130,7 +130,9 @@ void validate(const CompressOptions& opt);
 
 // Compresses every routed expert of `m` (which must be the ORIGINAL model; it is modified in place:
 // on return its experts hold the dequantized compressed weights; how it runs is never changed: every
-// forward gets its model::ForwardOptions per call). Collective over run.comm: every rank calls it
+// forward gets its model::ForwardOptions per call). A model whose experts load on demand
+// (model::LoadOptions::experts_on_demand) holds one layer's experts at a time: layer l's are loaded
+// after its attention and routing and released after its propagation (on return none are loaded). Collective over run.comm: every rank calls it
 // with the same model, calibration and options, and every rank returns the whole result.
 // Resumed layers are installed from their records and the next layer's inputs recomputed through
 // them; their SHA-256 must equal the committed one (Error otherwise: the run is not reproducible).

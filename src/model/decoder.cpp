@@ -30,7 +30,9 @@
 
 namespace moesq::model {
 
-DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
+DecoderModel::DecoderModel(io::ModelSpec spec) : DecoderModel(std::move(spec), true) {}
+
+DecoderModel::DecoderModel(io::ModelSpec spec, bool allocate_experts) : spec_(std::move(spec)) {
   const auto& s = spec_;
   MOESQ_CHECK(s.hidden_size > 0 && s.num_layers > 0 && s.num_heads > 0 && s.num_kv_heads > 0 &&
                   s.head_dim > 0 && s.vocab_size > 0,
@@ -76,7 +78,7 @@ DecoderModel::DecoderModel(io::ModelSpec spec) : spec_(std::move(spec)) {
         L.shared_expert.down.assign(H * Is, 0.0f);
         if (s.shared_expert_gate) L.shared_expert_gate.assign(H, 0.0f);
       }
-      L.experts.resize(s.num_experts);
+      L.experts.resize(allocate_experts ? s.num_experts : 0);
       for (auto& e : L.experts) {
         e.gate.assign(I * H, 0.0f);
         e.up.assign(I * H, 0.0f);
@@ -251,9 +253,38 @@ std::vector<float> swiglu_forward_ref(const float* gate, const float* up, const 
   return expert_mlp(linear_ref, gate, up, down, H, I, x, n, act_block, inter, v);
 }
 
+bool DecoderModel::experts_loaded(int64_t l) const {
+  MOESQ_CHECK(l >= 0 && l < spec_.num_layers, "layer ", l, " of a ", spec_.num_layers, "-layer model");
+  return !spec_.is_moe_layer(l) || static_cast<int64_t>(layers_[l].experts.size()) == spec_.num_experts;
+}
+
+void DecoderModel::load_experts(int64_t l) {
+  if (experts_loaded(l)) return;
+  std::vector<ExpertWeights> experts(static_cast<size_t>(spec_.num_experts));
+  load_experts_fn_(l, experts);
+  layers_[l].experts = std::move(experts);
+}
+
+void DecoderModel::release_experts(int64_t l) {
+  MOESQ_CHECK(l >= 0 && l < spec_.num_layers, "layer ", l, " of a ", spec_.num_layers, "-layer model");
+  if (experts_on_demand()) std::vector<ExpertWeights>().swap(layers_[l].experts);
+}
+
+namespace {
+// Expert e of layer l, which must be loaded (an on-demand model's released layer is an Error, not a read
+// past the end).
+const ExpertWeights& loaded_expert(const std::vector<LayerWeights>& layers, const io::ModelSpec& s, int64_t l,
+                                   int64_t e) {
+  const std::vector<ExpertWeights>& ex = layers.at(l).experts;
+  MOESQ_CHECK(!ex.empty() || !s.is_moe_layer(l), layer_label(l, s.num_layers),
+              ": the routed experts are not loaded (the model reads them on demand: load_experts(", l, ") first)");
+  return ex.at(e);
+}
+}  // namespace
+
 std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const float* x, int64_t n,
                                             const ForwardOptions& fo) const {
-  const ExpertWeights& W = layers_.at(l).experts.at(e);
+  const ExpertWeights& W = loaded_expert(layers_, spec_, l, e);
   try {
     return swiglu_forward(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size, spec_.moe_intermediate_size,
                           x, n, fo.expert_act_block(), nullptr, expert_variant(spec_, W));
@@ -264,7 +295,7 @@ std::vector<float> DecoderModel::expert_forward(int64_t l, int64_t e, const floa
 
 std::vector<float> DecoderModel::expert_forward_ref(int64_t l, int64_t e, const float* x, int64_t n,
                                                 const ForwardOptions& fo) const {
-  const ExpertWeights& W = layers_.at(l).experts.at(e);
+  const ExpertWeights& W = loaded_expert(layers_, spec_, l, e);
   try {
     return swiglu_forward_ref(W.gate.data(), W.up.data(), W.down.data(), spec_.hidden_size,
                               spec_.moe_intermediate_size, x, n, fo.expert_act_block(), nullptr,

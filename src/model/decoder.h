@@ -10,6 +10,7 @@
 // per sequence, causal); routing and experts act on any [n, H] set of rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,12 @@ struct LoadOptions {
   // packed): each projection is read as stored. Without it that is an Error naming the first
   // mismatching tensor (io::check_expert_storage).
   bool allow_mixed = false;
+  // Routed experts read per layer when asked (load_experts / release_experts) instead of all at load:
+  // host memory then holds the non-expert weights plus the layers loaded at the time (a real
+  // Qwen3-30B-A3B's experts are ≈ 116 GB in fp32; one layer's ≈ 2.4 GB). What `compress` uses. The
+  // checkpoint must outlive the model. Applies to checkpoints whose experts are stored dense
+  // (bf16/f16/f32, the sources of compression); packed experts are loaded at once regardless.
+  bool experts_on_demand = false;
 };
 
 class DecoderModel {
@@ -111,6 +118,16 @@ class DecoderModel {
   const ForwardOptions& default_forward_options() const { return default_options_; }
   // Weight format of the routed experts: "bf16" (or the source dtype), "paired-4:8-nvfp4", "nvfp4".
   const std::string& expert_format() const { return expert_format_; }
+
+  // Experts on demand (LoadOptions::experts_on_demand): true when the model was loaded so. Then
+  // load_experts(l) reads MoE layer l's routed experts from the checkpoint (a no-op when they are
+  // loaded, or when the model is not on demand: every layer is loaded then), and release_experts(l)
+  // frees them (a no-op when not on demand). A forward through an unloaded layer's experts is an
+  // Error naming the layer. Errors of load_experts name the tensor and the directory.
+  bool experts_on_demand() const { return static_cast<bool>(load_experts_fn_); }
+  void load_experts(int64_t l);
+  void release_experts(int64_t l);
+  bool experts_loaded(int64_t l) const;  // MoE layer l's experts are in memory (dense layers: true)
 
   std::vector<float>& embed_weight() { return embed_; }          // [V, H]
   std::vector<float>& final_norm_weight() { return final_norm_; }  // [H]
@@ -172,6 +189,10 @@ class DecoderModel {
   std::vector<float> lm_head_;     // [V, H]
   ForwardOptions default_options_;
   std::string expert_format_ = "bf16";
+  // Experts on demand: reads layer l's routed experts into the vector (set by the loader; empty otherwise).
+  std::function<void(int64_t, std::vector<ExpertWeights>&)> load_experts_fn_;
+  // The spec's shapes, with the routed experts left unallocated when !allocate_experts.
+  DecoderModel(io::ModelSpec spec, bool allocate_experts);
   friend class ModelLoader;
 };
 

@@ -125,6 +125,33 @@ void load_fused_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig
   }
 }
 
+// The routed experts of MoE layer l, from whichever layout the family stores (fused or per expert).
+void load_layer_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, const io::ModelSpec& s,
+                        const io::LayerTensorNames& names, int64_t l, std::vector<ExpertWeights>& experts,
+                        PackedCount& count, bool& any_packed) {
+  const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
+  if (names.fused_gate_up) {
+    load_fused_experts(ckpt, q, s, names, l, experts, count, any_packed);
+    return;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& W = experts[e];
+    std::string prefix[3];
+    for (int p = 0; p < 3; ++p) {
+      prefix[p] = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
+      if (io::has_packed_projection(ckpt, prefix[p])) any_packed = true;
+    }
+    W.gate = load_projection(ckpt, q, prefix[0], I, H, count);
+    W.up = load_projection(ckpt, q, prefix[1], I, H, count);
+    W.down = load_projection(ckpt, q, prefix[2], H, I, count);
+  }
+}
+
+// Experts on demand apply to dense-stored experts only (LoadOptions::experts_on_demand).
+bool loads_experts_on_demand(const io::Checkpoint& ckpt, const LoadOptions& lo) {
+  return lo.experts_on_demand && io::read_quantization_config(ckpt).storage == io::ExpertStorage::Dense;
+}
+
 }  // namespace
 
 class ModelLoader {
@@ -134,10 +161,10 @@ class ModelLoader {
     const ModelFamily* family = find_model_family(s.model_type);
     MOESQ_CHECK(family, ckpt.dir(), ": model_type \"", s.model_type, "\" has no CPU forward (model/families.cpp)");
     const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
-    const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts,
-                  I = s.moe_intermediate_size;
+    const int64_t H = s.hidden_size, V = s.vocab_size, hd = s.head_dim, E = s.num_experts;
     const io::QuantizationConfig q = io::read_quantization_config(ckpt);
     io::check_expert_storage(ckpt, q, lo.allow_mixed);
+    const bool on_demand = loads_experts_on_demand(ckpt, lo);
 
     m.embed_ = dense_weight(ckpt, io::kEmbedTokens, {V, H});
     m.final_norm_ = dense_weight(ckpt, io::kFinalNorm, {H});
@@ -215,21 +242,16 @@ class ModelLoader {
       if (s.router_logit_bias)
         L.router_logit_bias =
             dense_weight(ckpt, io::family_layer_tensor(s, l, names.router_logit_bias, "router logit bias"), {E});
-      if (names.fused_gate_up) {
-        load_fused_experts(ckpt, q, s, names, l, L.experts, count, any_packed);
-        continue;
-      }
-      for (int64_t e = 0; e < E; ++e) {
-        ExpertWeights& W = L.experts[e];
-        std::string prefix[3];
-        for (int p = 0; p < 3; ++p) {
-          prefix[p] = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
-          if (io::has_packed_projection(ckpt, prefix[p])) any_packed = true;
-        }
-        W.gate = load_projection(ckpt, q, prefix[0], I, H, count);
-        W.up = load_projection(ckpt, q, prefix[1], I, H, count);
-        W.down = load_projection(ckpt, q, prefix[2], H, I, count);
-      }
+      if (!on_demand) load_layer_experts(ckpt, q, s, names, l, L.experts, count, any_packed);
+    }
+    if (on_demand) {
+      // Dense experts only (experts_on_demand): nothing packed to count. The spec is copied: the
+      // model may move, the checkpoint may not.
+      m.load_experts_fn_ = [&ckpt, q, spec = s, &names](int64_t l, std::vector<ExpertWeights>& experts) {
+        PackedCount unused_count;
+        bool unused_packed = false;
+        load_layer_experts(ckpt, q, spec, names, l, experts, unused_count, unused_packed);
+      };
     }
     if (q.storage != io::ExpertStorage::Dense) {
       MOESQ_CHECK(any_packed, ckpt.dir(), "/config.json declares quantization_config format \"",
@@ -257,7 +279,8 @@ const io::ModelSpec& checked_spec(const io::Checkpoint& ckpt) {
 }
 }  // namespace
 
-DecoderModel::DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo) : DecoderModel(checked_spec(ckpt)) {
+DecoderModel::DecoderModel(const io::Checkpoint& ckpt, const LoadOptions& lo)
+    : DecoderModel(checked_spec(ckpt), !loads_experts_on_demand(ckpt, lo)) {
   ModelLoader::load(*this, ckpt, lo);
 }
 
