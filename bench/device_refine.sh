@@ -6,7 +6,7 @@
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
-#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x" (default: tests quality datafree bench).
+#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress" (default: tests quality datafree bench).
 # schedule_*: the refinement's GEMM precision and step schedule (ARMS, each NAME:FLAGS) compared — at
 #   Qwen3-30B-A3B shapes (schedule_layer: bench_compress_layer, one row per arm), and on the fixture with
 #   --calib (schedule_calib) and data-free (schedule_df), seeds 0 and 1, against SGPTQ of the same
@@ -142,6 +142,14 @@ if has tokens8x; then  # time per layer at 1x and 8x the rows (16 experts; the l
       > "$W/tokens8x.$rows.log" 2>&1
     log "bench_compress_layer 16 experts x $rows rows rc=$?"; sed 's/^/  /' "$W/tokens8x.$rows.log" | tee -a "$S"
   done
+fi
+if has bench_compress; then  # Algorithm 1 per stage at real shapes (moesq bench compress), GPU then the CPU's SGPTQ
+  timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers ${BC_LAYERS:-1} --methods ${BC_METHODS:-sgptq,moesq} \
+    --device cuda --threads 16 --json > "$O/bench_compress_synthetic.json" 2> "$W/bench_compress.log"
+  log "moesq bench compress --device cuda rc=$?"; grep -v '^\[' "$W/bench_compress.log" | sed 's/^/  /' | tee -a "$S"
+  timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers 1 --methods sgptq --device cpu --threads 16 \
+    --json > "$O/bench_compress_synthetic_cpu.json" 2> "$W/bench_compress_cpu.log"
+  log "moesq bench compress --device cpu rc=$?"; grep -v '^\[' "$W/bench_compress_cpu.log" | sed 's/^/  /' | tee -a "$S"
 fi
 if has datafree; then
   compress sg_df --method sgptq --device cpu

@@ -1,4 +1,4 @@
-// `moesq bench` (e2e: cmd_bench_e2e.cpp; serve: cmd_bench_serve.cpp). `moesq bench gemm` points at
+// `moesq bench` (e2e: cmd_bench_e2e.cpp; serve: cmd_bench_serve.cpp; compress: cmd_bench_compress.cpp). `moesq bench gemm` points at
 // the GPU benchmark program. The timing itself lives in
 // bench/bench_gemm.cu (a separate binary, built whenever nvcc is present) so that the CLI never
 // touches CUDA: CI machines have nvcc but no GPU, and `moesq` must run there.
@@ -14,6 +14,7 @@ void register_bench(CLI::App& app) {
   cmd->require_subcommand(1);
   register_bench_e2e(cmd);
   register_bench_serve(cmd);
+  register_bench_compress(cmd);
   auto* gemm = cmd->add_subcommand("gemm", "Grouped sparse GEMM vs dense peers: explains how to run build/bench_gemm");
   gemm->callback([] {
     std::printf(

@@ -88,8 +88,6 @@ void register_compress(CLI::App& app) {
   });
 }
 
-namespace {
-
 // --device → where the refinement runs (compress::Device, RefineOptions::device). Errors: cuda asked
 // for a build without CUDA, a machine without a GPU, or experts the GPU refinement does not implement.
 void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt) {
@@ -115,6 +113,8 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");
 #endif
 }
+
+namespace {
 
 void run_compress(const Args* args, dist::Communicator& comm) {
   const bool root = comm.rank() == 0;

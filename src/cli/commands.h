@@ -16,6 +16,7 @@ void register_tokenize(CLI::App& app);
 void register_generate(CLI::App& app);  // cmd_generate.cpp
 void register_bench_e2e(CLI::App* bench);  // cmd_bench_e2e.cpp, under `bench`
 void register_bench_serve(CLI::App* bench);  // cmd_bench_serve.cpp, under `bench`
+void register_bench_compress(CLI::App* bench);  // cmd_bench_compress.cpp, under `bench`
 void register_export(CLI::App& app);
 void register_serve(CLI::App& app);  // cmd_serve.cpp
 

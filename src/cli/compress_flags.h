@@ -48,6 +48,12 @@ struct CompressFlags {
 
 void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files = true);
 
+// --device auto|cpu|cuda of `compress` and `bench compress` → opt.device and the GPU solvers (cuda when
+// asked, or for auto when this build has CUDA, a GPU is present, the method has a GPU path and the
+// experts are plain SwiGLU). Errors name the flag: cuda without CUDA or a GPU, a CPU-only method,
+// experts the GPU does not implement. (cmd_compress.cpp)
+void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt);
+
 // The --method help: every row of the method table (compress/method.h) as "name (help)", " | " between
 // them, wrapped.
 std::string method_help();

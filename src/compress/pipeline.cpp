@@ -337,8 +337,17 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
                            std::to_string(res.resumed_layers + 1));
 
   CalibStates st = embed_calibration(m, calib);
+  using Clock = std::chrono::steady_clock;
   for (int64_t l = 0; l < L; ++l) {
     const bool resumed = l < res.resumed_layers;
+    LayerSeconds& ls = res.layer_seconds.emplace_back();
+    ls.layer = l;
+    auto t = Clock::now();
+    auto lap = [&t](double& into) {
+      const auto now = Clock::now();
+      into = std::chrono::duration<double>(now - t).count();
+      t = now;
+    };
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
@@ -349,8 +358,10 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     model::Routes routes;
     if (moe) routes = m.route(l, X, st.n_total());
     if (!moe) {
+      lap(ls.routing);
       if (resumed) committed_layer(m, l, run.work, *comm, committed_next_sha256);
     } else if (resumed) {
+      lap(ls.routing);
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
       std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H, st.offset);
@@ -359,8 +370,20 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       for (const ExpertCalib& c : cal)
         train_sum += static_cast<double>(c.n - heldout_rows(opt.refine, c.n));
       for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
-      place_layer(l, compress_layer(m, l, cal, opt, act_block, *comm), res);
+      lap(ls.routing);
+      std::vector<ExpertResult> layer = compress_layer(m, l, cal, opt, act_block, *comm);
+      for (const ExpertResult& x : layer) {
+        if (dist::expert_owner(x.report.expert, comm->size()) != comm->rank()) continue;  // timed by its rank
+        ls.targets += x.report.stage_seconds.targets;
+        ls.solve += x.report.stage_seconds.solve;
+        ls.error += x.report.stage_seconds.error;
+        if (x.report.extra.is_object() && x.report.extra.contains("seconds") &&
+            x.report.extra["seconds"].is_number())
+          ls.refinement += x.report.extra["seconds"].get<double>();
+      }
+      place_layer(l, std::move(layer), res);
     }
+    lap(ls.experts);
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
     // any, runs as stored inside moe_block).
     const std::vector<float> y = moe ? m.moe_block(l, X, routes, deployed) : m.dense_mlp(l, X, st.n_total());
@@ -385,6 +408,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       }
       run.work->commit(std::move(rec));
     }
+    lap(ls.propagation);
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

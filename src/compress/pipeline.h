@@ -80,9 +80,21 @@ struct ExpertReport {
   } stage_seconds;
 };
 
+// Wall seconds of each stage of Algorithm 1 for one layer (compress_model; `moesq bench compress`).
+struct LayerSeconds {
+  int64_t layer = 0;
+  double routing = 0;      // attention + post-attention norm over the calibration, router + top-k, per-expert row cache
+  double experts = 0;      // the layer's experts (this rank's, exchanged with the others), or a committed layer's install
+  double propagation = 0;  // H_{l+1} through the compressed layer (W4A4), the next-inputs hash and the commit
+  // Σ over the experts this rank solved of their worker-thread wall (ExpertReport::stage_seconds; the
+  // refinement's share of `solve` separately): shows which stage the `experts` wall is made of.
+  double targets = 0, solve = 0, refinement = 0, error = 0;
+};
+
 struct CompressResult {
   std::vector<std::vector<PackedExpert>> experts;  // [L][E]
   std::vector<ExpertReport> reports;               // [L·E]
+  std::vector<LayerSeconds> layer_seconds;         // [L]
   double seconds = 0;
   int64_t resumed_layers = 0;                      // layers taken from the work dir (--resume), not recomputed
 };
