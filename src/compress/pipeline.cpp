@@ -247,6 +247,7 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
                                                      std::to_string(comm.size()) + " ranks)";
   std::vector<ExpertResult> own(mine.size());
   std::atomic<int64_t> done{0};
+  const auto t0 = std::chrono::steady_clock::now();
   parallel_for(n_mine, [&](int64_t i) {
     const int64_t e = mine[static_cast<size_t>(i)];
     ExpertReport& rep = own[static_cast<size_t>(i)].report;
@@ -261,10 +262,14 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
       MOESQ_FAIL(layer_label(l, L), " expert ", e, " (--method ", opt.method->name, "): ", err.what());
     }
     const int64_t d = ++done;
-    if (d % 8 == 0 || d == n_mine)
+    if (d % 8 == 0 || d == n_mine) {
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string eta = eta_text(t, static_cast<double>(d), static_cast<double>(n_mine));
       progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": " + std::to_string(d) +
                                "/" + std::to_string(n_mine) + " experts" + share + " (" + opt.method->name +
-                               (opt.device == Device::kCuda ? ", on the GPU" : "") + ")");
+                               (opt.device == Device::kCuda ? ", on the GPU" : "") + "), " + duration_text(t) +
+                               (eta.empty() ? "" : ", " + eta + " for the layer"));
+    }
   }, opt.threads);
   if (comm.size() == 1) return own;
   return exchange_layer(m, l, std::move(own), comm);
@@ -409,6 +414,21 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       run.work->commit(std::move(rec));
     }
     lap(ls.propagation);
+    // The run's ETA from the mean of the layers computed so far (committed ones cost a fraction).
+    double spent = 0;
+    int64_t computed = 0;
+    for (const LayerSeconds& x : res.layer_seconds) {
+      if (x.layer < res.resumed_layers) continue;
+      spent += x.routing + x.experts + x.propagation;
+      ++computed;
+    }
+    const std::string eta = computed > 0 ? eta_text(spent, static_cast<double>(computed),
+                                                    static_cast<double>(L - res.resumed_layers))
+                                         : std::string();
+    progress("compress", layer_label(l, L) + " done in " +
+                             duration_text(ls.routing + ls.experts + ls.propagation) + " (routing " +
+                             duration_text(ls.routing) + ", experts " + duration_text(ls.experts) + ", propagation " +
+                             duration_text(ls.propagation) + ")" + (eta.empty() ? "" : "; " + eta + " for the run"));
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

@@ -1,5 +1,6 @@
 #include "core/progress.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -27,6 +28,26 @@ void set_progress_enabled(bool on) {
 
 std::string layer_label(int64_t layer, int64_t num_layers) {
   return "layer " + std::to_string(layer + 1) + "/" + std::to_string(num_layers);
+}
+
+std::string duration_text(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "?";
+  char buf[64];
+  if (seconds < 59.95) {
+    std::snprintf(buf, sizeof buf, "%.1f s", seconds);
+  } else if (seconds < 3599.5) {
+    const auto s = static_cast<long long>(std::llround(seconds));
+    std::snprintf(buf, sizeof buf, "%lld min %02lld s", s / 60, s % 60);
+  } else {
+    const auto m = static_cast<long long>(std::llround(seconds / 60));
+    std::snprintf(buf, sizeof buf, "%lld h %02lld min", m / 60, m % 60);
+  }
+  return buf;
+}
+
+std::string eta_text(double elapsed, double done, double total) {
+  if (!(done > 0) || !(total > done) || !(elapsed >= 0)) return "";
+  return "ETA " + duration_text(elapsed / done * (total - done));
 }
 
 void progress(const std::string& stage, const std::string& message) {

@@ -13,5 +13,11 @@ bool progress_enabled();
 // (model.layers.2.*), and so do report.json's "layer" fields and loss_per_layer.csv.
 std::string layer_label(int64_t layer, int64_t num_layers);
 void set_progress_enabled(bool on);
+// A duration for a human: "8.4 s" under a minute, "4 min 05 s" under an hour, else "2 h 03 min".
+// Negative or non-finite: "?".
+std::string duration_text(double seconds);
+// "ETA 4 min 05 s": the time left at the rate so far, `elapsed` seconds for `done` of `total` units;
+// "" while nothing is done (no rate yet) or when all is.
+std::string eta_text(double elapsed, double done, double total);
 
 }  // namespace moesq
