@@ -140,7 +140,7 @@ void run_bench_compress(const BenchCompressArgs& a) {
     draw_weights(m, a.weight_seed);
     const double draw_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress("bench compress", std::string(opt.method->name) + " on " + compress::device_name(opt.device) +
-                                   " (weights drawn in " + std::to_string(draw_s).substr(0, 5) + " s)");
+                                   " (weights drawn in " + duration_text(draw_s) + ")");
     const compress::CompressResult r = compress::compress_model(m, calib, opt);
     nlohmann::json layers = nlohmann::json::array();
     double sum = 0;
