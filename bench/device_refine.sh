@@ -147,7 +147,7 @@ if has bench_compress; then  # Algorithm 1 per stage at real shapes (moesq bench
   timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers ${BC_LAYERS:-1} --methods ${BC_METHODS:-sgptq,moesq} \
     --device cuda --threads 16 --json > "$O/bench_compress_synthetic.json" 2> "$W/bench_compress.log"
   log "moesq bench compress --device cuda rc=$?"; grep -v '^\[' "$W/bench_compress.log" | sed 's/^/  /' | tee -a "$S"
-  timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers 1 --methods sgptq --device cpu --threads 16 \
+  [ "${BC_CPU:-1}" = 1 ] && timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers 1 --methods sgptq --device cpu --threads 16 \
     --json > "$O/bench_compress_synthetic_cpu.json" 2> "$W/bench_compress_cpu.log"
   log "moesq bench compress --device cpu rc=$?"; grep -v '^\[' "$W/bench_compress_cpu.log" | sed 's/^/  /' | tee -a "$S"
 fi

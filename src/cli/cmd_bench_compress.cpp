@@ -148,12 +148,13 @@ void run_bench_compress(const BenchCompressArgs& a) {
     for (const compress::LayerSeconds& x : r.layer_seconds) {
       const double total = x.routing + x.experts + x.propagation;
       sum += total;
-      std::fprintf(table, "  layer %lld: routing %.2f s | experts %.2f s (per-expert worker wall summed: targets %.2f, "
+      std::fprintf(table, "  layer %lld: routing %.2f s (attention %.2f) | experts %.2f s (per-expert worker wall summed: targets %.2f, "
                   "solve %.2f, refinement %.2f, error %.2f) | propagation %.2f s | %.2f s\n",
-                  static_cast<long long>(x.layer + 1), x.routing, x.experts, x.targets, x.solve - x.refinement,
+                  static_cast<long long>(x.layer + 1), x.routing, x.attention, x.experts, x.targets, x.solve - x.refinement,
                   x.refinement, x.error, x.propagation, total);
       layers.push_back({{"layer", x.layer},
                         {"routing_s", x.routing},
+                        {"attention_s", x.attention},
                         {"experts_s", x.experts},
                         {"propagation_s", x.propagation},
                         {"total_s", total},

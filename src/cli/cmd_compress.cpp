@@ -108,6 +108,7 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   opt.device = compress::Device::kCuda;
   opt.sgptq.device = compress::sgptq_expert_cuda;
   opt.expert_device = compress::expert_device_cuda();
+  opt.layer_device = compress::layer_device_cuda();
   if (opt.method->refines) opt.refine.device = compress::refine::make_cuda_step_backend;
 #else
   MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");

@@ -6,6 +6,8 @@
 #include "compress/cuda_context.cuh"
 #include "compress/expert_cuda.h"
 #include "ops/fake_quant/fake_quant.h"
+#include "ops/gather_f32/gather_f32.h"
+#include "ops/scatter_add_f32/scatter_add_f32.h"
 #include "ops/swiglu_train/swiglu_train.h"
 #include "ops/weighted_mse/weighted_mse.h"
 
@@ -22,6 +24,9 @@ struct Context {
   Scratch<float> X, Y, w_gu, w_d, ab, h, xq, yq, zeros, ones;
   Scratch<double> row_loss;
   Scratch<int32_t> flag;
+  // The layer's propagation (routed_experts_cuda): its inputs, outputs, routes and one chunk of rows.
+  Scratch<float> lx, ly, lw, lxe, lye;
+  Scratch<int64_t> lidx;
 };
 Context& context() {
   thread_local Context ctx;
@@ -134,8 +139,84 @@ double rel_error_cuda(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, c
 
 const ExpertDevice kExpertDeviceCuda{.rows = rows_cuda, .rel_error = rel_error_cuda};
 
+// The routed part of DecoderModel::moe_block (layer_device_cuda): X uploaded and Q_a'd once (Q_a is per
+// row, so every expert sees the same quantized row the CPU's per-expert Q_a gives), then per expert in
+// ascending id order, per chunk of its rows: gather → gate|up GEMM → SwiGLU (+ Q_a) → down GEMM →
+// y[token] += weight · out (ops/scatter_add_f32). Every expert's weights pass once through the
+// thread's pinned staging.
+std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
+                                       const std::vector<float>& X, const model::Routes& r, int act_block) {
+  const int64_t n = r.n, k = r.k, E = static_cast<int64_t>(experts.size());
+  MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H && static_cast<int64_t>(r.expert.size()) == n * k &&
+                  static_cast<int64_t>(r.weight.size()) == n * k,
+              "routed experts on the GPU: X holds ", X.size(), " values and the routes ", r.expert.size(),
+              " ids for n = ", n, ", H = ", H, ", top-k ", k);
+  std::vector<float> y(static_cast<size_t>(n * H), 0.0f);
+  if (n == 0) return y;
+  // The routes of each expert in token order (a counting sort by expert id).
+  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int32_t e = r.expert[static_cast<size_t>(i)];
+    MOESQ_CHECK(e >= 0 && e < E, "routed experts on the GPU: route ", i, " names expert ", e, " of ", E);
+    ++start[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+  std::vector<int64_t> idx(static_cast<size_t>(n * k));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const size_t at = static_cast<size_t>(fill[static_cast<size_t>(r.expert[static_cast<size_t>(i)])]++);
+      idx[at] = i / k;
+      w[at] = r.weight[static_cast<size_t>(i)];
+    }
+  }
+  Context& g = context();
+  const cudaStream_t s = g.t.stream;
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
+  float* dx = g.lx.get(static_cast<size_t>(n * H));
+  float* dy = g.ly.get(static_cast<size_t>(n * H));
+  float* dw = g.lw.get(static_cast<size_t>(n * k));
+  int64_t* didx = g.lidx.get(static_cast<size_t>(n * k));
+  float* xe = g.lxe.get(static_cast<size_t>(kChunkRows * H));
+  float* ye = g.lye.get(static_cast<size_t>(kChunkRows * H));
+  reset_flag(g);
+  g.t.h2d(dx, X.data(), sizeof(float) * n * H);
+  g.t.h2d(didx, idx.data(), sizeof(int64_t) * n * k);
+  g.t.h2d(dw, w.data(), sizeof(float) * n * k);
+  MOESQ_CUDA_CHECK(cudaMemsetAsync(dy, 0, sizeof(float) * n * H, s));
+  if (act_block > 0)
+    ops::fake_quant({.x = dx, .rows = n, .K = H, .block = act_block, .per_row = true, .amax = nullptr,
+                     .nonfinite = g.flag.b.p},
+                    s);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = start[static_cast<size_t>(e)], ne = start[static_cast<size_t>(e) + 1] - b;
+    if (ne == 0) continue;
+    const model::ExpertWeights& ew = experts[static_cast<size_t>(e)];
+    MOESQ_CHECK(static_cast<int64_t>(ew.gate.size()) == I * H && static_cast<int64_t>(ew.up.size()) == I * H &&
+                    static_cast<int64_t>(ew.down.size()) == H * I,
+                "routed experts on the GPU: expert ", e, " is not loaded with [", I, ", ", H, "] weights");
+    upload_weights(g, ew.gate.data(), ew.up.data(), ew.down.data(), H, I);
+    for (int64_t t0 = 0; t0 < ne; t0 += kChunkRows) {
+      const int64_t m = std::min(kChunkRows, ne - t0);
+      ops::gather_f32({.src = dx, .src_rows = n, .C = H, .idx = didx + b + t0, .m = m, .out = xe}, s);
+      forward(g, xe, m, H, I, act_block, ye);
+      ops::scatter_add_f32({.src = ye, .w = dw + b + t0, .idx = didx + b + t0, .m = m, .C = H, .y = dy, .y_rows = n},
+                           s);
+    }
+  }
+  g.t.d2h(y.data(), dy, sizeof(float) * n * H);
+  MOESQ_CHECK(read_flag(g) == 0, "the layer's W4A4 expert outputs hold a NaN or an infinity (its MoE inputs or "
+                                 "compressed weights are not finite)");
+  return y;
+}
+
+const LayerDevice kLayerDeviceCuda{.routed_experts = routed_experts_cuda};
+
 }  // namespace
 
 const ExpertDevice* expert_device_cuda() { return &kExpertDeviceCuda; }
+
+const LayerDevice* layer_device_cuda() { return &kLayerDeviceCuda; }
 
 }  // namespace moesq::compress

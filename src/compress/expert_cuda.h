@@ -5,7 +5,8 @@
 // expert measured on those rows (ops/fake_quant per row, SwiGLU with Q_a, ops/weighted_mse in fp64).
 // The CPU path computes the same quantities with cblas (pipeline.cpp); the values differ by fp32
 // summation order only. Memory: the calling thread's scratch (compress/cuda_context.cuh), reused by
-// its next expert. Defined in CUDA builds only (moesq_compress_cuda).
+// its next expert. The same forward, over every expert of a layer, is the layer's propagation
+// (layer_device_cuda). Defined in CUDA builds only (moesq_compress_cuda).
 #pragma once
 #include "compress/pipeline.h"
 
@@ -14,5 +15,10 @@ namespace moesq::compress {
 // Errors (moesq::Error): a CUDA / cuBLAS failure naming the call; X holding a NaN or an infinity
 // (rel_error).
 const ExpertDevice* expert_device_cuda();
+
+// The layer's propagation through its compressed routed experts on the GPU (CompressOptions::
+// layer_device), in the same thread context: the routed part of DecoderModel::moe_block with the
+// experts' W4A4 forward above. Errors: the launchers' and cuBLAS's; a non-finite output.
+const LayerDevice* layer_device_cuda();
 
 }  // namespace moesq::compress

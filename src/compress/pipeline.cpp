@@ -158,23 +158,39 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
 }
 
 // Algorithm 1 line 4: the rows routed to each expert with their router weights and the sequence each
-// row comes from (offset: [S + 1] first row of each sequence), cached once.
+// row comes from (offset: [S + 1] first row of each sequence), cached once. Each expert's rows are in
+// token order; the experts are filled in parallel (a real layer copies ≈ 17 GB here: n·k rows of H).
 std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const model::Routes& routes, int64_t E,
-                                           int64_t H, const std::vector<int64_t>& offset) {
-  const int64_t k = routes.k;
-  std::vector<ExpertCalib> cal(static_cast<size_t>(E));
-  int32_t q = 0;  // the sequence of row r
-  for (int64_t r = 0; r < routes.n; ++r) {
-    while (r >= offset[static_cast<size_t>(q) + 1]) ++q;
-    for (int64_t j = 0; j < k; ++j) {
-      ExpertCalib& c = cal[static_cast<size_t>(routes.expert[r * k + j])];
-      c.X.insert(c.X.end(), X.begin() + r * H, X.begin() + (r + 1) * H);
-      c.g.push_back(routes.weight[r * k + j]);
-      c.seq.push_back(q);
-      ++c.n;
-    }
+                                           int64_t H, const std::vector<int64_t>& offset, int threads) {
+  const int64_t k = routes.k, n = routes.n;
+  // The routes of each expert as flat route ids t·k + j, ascending (a counting sort by expert id).
+  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < n * k; ++i) ++start[static_cast<size_t>(routes.expert[static_cast<size_t>(i)]) + 1];
+  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+  std::vector<int64_t> ids(static_cast<size_t>(n * k));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n * k; ++i) ids[static_cast<size_t>(fill[static_cast<size_t>(routes.expert[i])]++)] = i;
   }
-  for (ExpertCalib& c : cal) c.num_sequences = static_cast<int64_t>(offset.size()) - 1;
+  std::vector<int32_t> seq_of(static_cast<size_t>(n));  // the sequence of each row
+  for (size_t q = 0; q + 1 < offset.size(); ++q)
+    std::fill(seq_of.begin() + offset[q], seq_of.begin() + offset[q + 1], static_cast<int32_t>(q));
+  std::vector<ExpertCalib> cal(static_cast<size_t>(E));
+  parallel_for(E, [&](int64_t e) {
+    ExpertCalib& c = cal[static_cast<size_t>(e)];
+    const int64_t b = start[static_cast<size_t>(e)];
+    c.n = start[static_cast<size_t>(e) + 1] - b;
+    c.X.resize(static_cast<size_t>(c.n * H));
+    c.g.resize(static_cast<size_t>(c.n));
+    c.seq.resize(static_cast<size_t>(c.n));
+    for (int64_t i = 0; i < c.n; ++i) {
+      const int64_t route = ids[static_cast<size_t>(b + i)], r = route / k;
+      std::copy(X.begin() + r * H, X.begin() + (r + 1) * H, c.X.begin() + i * H);
+      c.g[static_cast<size_t>(i)] = routes.weight[static_cast<size_t>(route)];
+      c.seq[static_cast<size_t>(i)] = seq_of[static_cast<size_t>(r)];
+    }
+    c.num_sequences = static_cast<int64_t>(offset.size()) - 1;
+  }, threads);
   return cal;
 }
 
@@ -356,6 +372,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
     const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
+    ls.attention = std::chrono::duration<double>(Clock::now() - t).count();
     const bool moe = spec.is_moe_layer(l);  // a dense MLP layer is kept as stored: only propagated
     if (moe) m.load_experts(l);  // experts on demand: this layer's only, until it is propagated
     const size_t reports_before = res.reports.size();
@@ -369,7 +386,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       lap(ls.routing);
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
-      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H, st.offset);
+      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H, st.offset, opt.threads);
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)
@@ -390,8 +407,19 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     }
     lap(ls.experts);
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
-    // any, runs as stored inside moe_block).
-    const std::vector<float> y = moe ? m.moe_block(l, X, routes, deployed) : m.dense_mlp(l, X, st.n_total());
+    // any, runs as stored: inside moe_block, or on the CPU after the GPU's routed experts).
+    std::vector<float> y;
+    if (!moe) {
+      y = m.dense_mlp(l, X, st.n_total());
+    } else if (opt.layer_device) {
+      y = opt.layer_device->routed_experts(m.layer(l).experts, H, spec.moe_intermediate_size, X, routes, act_block);
+      if (!m.layer(l).shared_expert.gate.empty()) {  // routed + shared, as moe_block adds them
+        const std::vector<float> ys = m.shared_expert_forward(l, X, st.n_total());
+        for (size_t i = 0; i < y.size(); ++i) y[i] += ys[i];
+      }
+    } else {
+      y = m.moe_block(l, X, routes, deployed);
+    }
     for (size_t i = 0; i < st.h.size(); ++i)
       for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
     m.release_experts(l);  // experts on demand: res holds the packed layer from here on

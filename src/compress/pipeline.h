@@ -52,6 +52,17 @@ struct ExpertDevice {
                       const float* down, int act_block) = nullptr;
 };
 
+// The GPU half of a layer's propagation H_{l+1} = H_l + MoE(H_l) (CompressOptions::layer_device;
+// compress/expert_cuda.h).
+struct LayerDevice {
+  // The routed part of DecoderModel::moe_block with W4A4 (act_block > 0; 0 = no Q_a): y [n, H] =
+  // Σ over each row's routes, in ascending expert order, of weight · expert_e(Q_a(x)), for plain
+  // SwiGLU experts [E] (gate/up [I, H], down [H, I] fp32, the installed compressed ones), X [n, H] fp32
+  // and routes r (n rows, top-k). Values differ from the CPU's by fp32 GEMM summation order only.
+  std::vector<float> (*routed_experts)(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
+                                       const std::vector<float>& X, const model::Routes& r, int act_block) = nullptr;
+};
+
 // Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its
 // flags to these fields).
 struct CompressOptions {
@@ -63,6 +74,7 @@ struct CompressOptions {
   int threads = 0;       // 0: all cores
   Device device = Device::kCpu;  // recorded in report.json and the resume manifest (the bits differ by device)
   const ExpertDevice* expert_device = nullptr;  // kCuda: the rows, targets and error on the GPU (null: CPU)
+  const LayerDevice* layer_device = nullptr;    // kCuda: the propagation's routed experts on the GPU (null: CPU)
 };
 
 // What happened to one expert.
@@ -84,6 +96,7 @@ struct ExpertReport {
 struct LayerSeconds {
   int64_t layer = 0;
   double routing = 0;      // attention + post-attention norm over the calibration, router + top-k, per-expert row cache
+  double attention = 0;    // of `routing`: the attention blocks and the post-attention norm alone
   double experts = 0;      // the layer's experts (this rank's, exchanged with the others), or a committed layer's install
   double propagation = 0;  // H_{l+1} through the compressed layer (W4A4), the next-inputs hash and the commit
   // Σ over the experts this rank solved of their worker-thread wall (ExpertReport::stage_seconds; the
