@@ -39,6 +39,7 @@ if has tests; then
     timeout 300 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
+    [[ " ${NO_MEMCHECK:-} " == *" $t "* ]] && continue  # NO_MEMCHECK: test programs run without memcheck
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done

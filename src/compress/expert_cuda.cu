@@ -3,6 +3,7 @@
 #include <limits>
 #include <vector>
 
+#include "compress/attention_cuda.h"
 #include "compress/cuda_context.cuh"
 #include "compress/expert_cuda.h"
 #include "ops/fake_quant/fake_quant.h"
@@ -211,7 +212,7 @@ std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& 
   return y;
 }
 
-const LayerDevice kLayerDeviceCuda{.routed_experts = routed_experts_cuda};
+const LayerDevice kLayerDeviceCuda{.moe_inputs = moe_inputs_cuda, .routed_experts = routed_experts_cuda};
 
 }  // namespace
 

@@ -16,9 +16,10 @@ namespace moesq::compress {
 // (rel_error).
 const ExpertDevice* expert_device_cuda();
 
-// The layer's propagation through its compressed routed experts on the GPU (CompressOptions::
-// layer_device), in the same thread context: the routed part of DecoderModel::moe_block with the
-// experts' W4A4 forward above. Errors: the launchers' and cuBLAS's; a non-finite output.
+// The layer's GPU half (CompressOptions::layer_device), in the calling thread's context: the routing's
+// input (compress/attention_cuda.h) and the propagation through the compressed routed experts (the
+// routed part of DecoderModel::moe_block with the experts' W4A4 forward above). Errors: the
+// launchers' and cuBLAS's; a non-finite output.
 const LayerDevice* layer_device_cuda();
 
 }  // namespace moesq::compress

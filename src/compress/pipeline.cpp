@@ -43,6 +43,22 @@ void validate(const CompressOptions& opt) {
               "--device cuda: the GPU solvers are not set (a build without CUDA?)");
 }
 
+std::string gpu_attention_refusal(const io::ModelSpec& s, const model::LayerWeights& L) {
+  if (L.mixer) return "its token mixer is not the built-in GQA attention";
+  std::string why;
+  auto no = [&](bool bad, const std::string& what) {
+    if (bad) why += (why.empty() ? "" : ", ") + what;
+  };
+  no(s.qk_norm != io::QkNorm::PerHead, "its q/k norm is not per head");
+  no(!L.q_bias.empty() || !L.k_bias.empty() || !L.v_bias.empty() || !L.o_bias.empty(),
+     "its attention projections have biases");
+  no(s.rms_norm_unit_offset, "its RMSNorm weights are zero-centred");
+  no(s.head_dim % 64 != 0 || s.head_dim > 256, "head_dim " + std::to_string(s.head_dim) +
+                                                  " is not a multiple of 64 up to 256");
+  no(s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0, "its query heads are not a multiple of its KV heads");
+  return why;
+}
+
 namespace {
 
 // ‖a − b‖²_F / ‖a‖²_F, the report's reconstruction error (NaN when ‖a‖ = 0 and a ≠ b; 0 when both
@@ -142,8 +158,12 @@ CalibStates embed_calibration(const model::DecoderModel& m, const CalibSet& cali
 }
 
 // Attention of layer l on every sequence (states updated in place), then the MoE inputs of all rows,
-// X [n_total, H]. Parallel over sequences, each forward single-threaded inside.
-std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, CalibStates& st, int threads) {
+// X [n_total, H]. On the GPU when `dev` is given and the layer allows it (gpu_attention_refusal);
+// else parallel over sequences, each forward single-threaded inside.
+std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, CalibStates& st, int threads,
+                                    const LayerDevice* dev) {
+  if (dev && dev->moe_inputs && gpu_attention_refusal(m.spec(), m.layer(l)).empty())
+    return dev->moe_inputs(m.spec(), m.layer(l), st.h);
   const int64_t H = m.spec().hidden_size, S = static_cast<int64_t>(st.h.size());
   model::ForwardOptions per_task;
   per_task.threads = 1;
@@ -371,7 +391,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     };
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
-    const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads);  // [n_total, H]
+    const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads, opt.layer_device);  // [n_total, H]
     ls.attention = std::chrono::duration<double>(Clock::now() - t).count();
     const bool moe = spec.is_moe_layer(l);  // a dense MLP layer is kept as stored: only propagated
     if (moe) m.load_experts(l);  // experts on demand: this layer's only, until it is propagated

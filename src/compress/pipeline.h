@@ -55,6 +55,11 @@ struct ExpertDevice {
 // The GPU half of a layer's propagation H_{l+1} = H_l + MoE(H_l) (CompressOptions::layer_device;
 // compress/expert_cuda.h).
 struct LayerDevice {
+  // The routing's input: layer L's attention block over every calibration sequence (h: [S] sequences
+  // [T_i, H] fp32, updated in place) and X = post_attention_layernorm(h) [Σ T_i, H], as
+  // DecoderModel::attention_block + moe_input compute it, for layers gpu_attention_refusal accepts.
+  std::vector<float> (*moe_inputs)(const io::ModelSpec& spec, const model::LayerWeights& L,
+                                   std::vector<std::vector<float>>& h) = nullptr;
   // The routed part of DecoderModel::moe_block with W4A4 (act_block > 0; 0 = no Q_a): y [n, H] =
   // Σ over each row's routes, in ascending expert order, of weight · expert_e(Q_a(x)), for plain
   // SwiGLU experts [E] (gate/up [I, H], down [H, I] fp32, the installed compressed ones), X [n, H] fp32
@@ -62,6 +67,12 @@ struct LayerDevice {
   std::vector<float> (*routed_experts)(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
                                        const std::vector<float>& X, const model::Routes& r, int act_block) = nullptr;
 };
+
+// Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
+// "" when it can: the built-in GQA attention with a per-head q/k RMSNorm, no projection biases, plain
+// RMSNorm weights and head_dim a multiple of 64 up to 256 (sliding windows are fine). Such a layer's
+// attention stays on the CPU (the experts and the propagation still use the GPU).
+std::string gpu_attention_refusal(const io::ModelSpec& spec, const model::LayerWeights& L);
 
 // Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its
 // flags to these fields).

@@ -1,5 +1,9 @@
-// The layer's propagation on the GPU (compress::layer_device_cuda) and its scatter op:
-//   * ops::scatter_add_f32 against its `_ref` twin, bit for bit (one product, one sum per element);
+// The layer's GPU half (compress::layer_device_cuda) and its ops:
+//   * ops::scatter_add_f32, ops::rmsnorm's fp32 output and ops::qk_rope's fp32 k/v rows against their
+//     `_ref` twins, bit for bit; ops::causal_attention_f32 against its twin within kAttnAbsTol;
+//   * moe_inputs (the routing's input: attention blocks + post norm over packed sequences, more rows
+//     than one chunk) against DecoderModel::attention_block + moe_input per sequence within
+//     kMoeInputsRelFro (full causal and a sliding window), the same bits twice;
 //   * routed_experts on the GPU against DecoderModel::moe_block on the CPU (the propagation it
 //     replaces) on a random layer: without Q_a within fp32 GEMM summation order, with Q_a (blocks 32
 //     and 16) within the E2M1 flips that order causes; experts with more rows than one GPU chunk and an
@@ -18,6 +22,10 @@
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
 #include "model/decoder.h"
+#include "model/rope.h"
+#include "ops/causal_attention_f32/causal_attention_f32.h"
+#include "ops/qk_rope/qk_rope.h"
+#include "ops/rmsnorm/rmsnorm.h"
 #include "ops/scatter_add_f32/scatter_add_f32.h"
 #include "support/gpu_test_main.h"
 
@@ -30,6 +38,11 @@ constexpr double kNoQuantRelFro = 1e-5;
 // Q_a on: an ulp-level difference moves a value across an E2M1 rounding boundary in a few elements
 // (up to one E2M1 step), as in tests/model/test_forward.cpp.
 constexpr double kActQuantRelFro = 2e-2;
+// Online softmax on the device (a rescale per key, expf ≤ 2 ulp, FMA dots) vs the two-pass twin, on
+// unit-variance q, k, v: absolute error of an output element (a convex combination of values).
+constexpr double kAttnAbsTol = 2e-5;
+// The routing input: cuBLAS vs OpenBLAS GEMM order, the online softmax, then the post norm.
+constexpr double kMoeInputsRelFro = 1e-5;
 
 std::vector<float> random_vec(size_t n, uint64_t seed, float sd) {
   std::mt19937_64 g(seed);
@@ -156,6 +169,145 @@ TEST(LayerDeviceCuda, NonFiniteInputIsAnError) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("NaN or an infinity"), std::string::npos) << e.what();
+  }
+}
+
+
+TEST(LayerOpsGpu, CausalAttentionMatchesTheTwin) {
+  const int nh = 8, nkv = 2;
+  for (const int hd : {64, 128, 96})
+    for (const int64_t window : {0, 7}) {
+      std::vector<int64_t> start;
+      for (const int64_t T : {1, 300, 45, 2, 129})
+        for (int64_t t = 0; t < T; ++t) start.push_back(static_cast<int64_t>(start.size()) - t);
+      const int64_t n = static_cast<int64_t>(start.size()), qw = nh * hd, kw = nkv * hd;
+      const auto q = random_vec(n * qw, 1 + hd, 1.0f), k = random_vec(n * kw, 2 + hd, 1.0f),
+                 v = random_vec(n * kw, 3 + hd, 1.0f);
+      std::vector<float> want(n * qw);
+      ops::CausalAttentionF32Args a{.q = q.data(), .k = k.data(), .v = v.data(), .row_start = start.data(),
+                                    .out = want.data(), .n = n, .nh = nh, .nkv = nkv, .hd = hd, .window = window,
+                                    .scale = 1.0f / std::sqrt(static_cast<float>(hd))};
+      ops::causal_attention_f32_ref(a);
+      DevBuf<float> dq(q), dk(k), dv(v), dout(n * qw);
+      DevBuf<int64_t> dstart(start);
+      ops::CausalAttentionF32Args d = a;
+      d.q = dq.p;
+      d.k = dk.p;
+      d.v = dv.p;
+      d.row_start = dstart.p;
+      d.out = dout.p;
+      ops::causal_attention_f32(d, nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = dout.download();
+      double worst = 0;
+      for (int64_t i = 0; i < n * qw; ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+      EXPECT_LE(worst, kAttnAbsTol) << "hd " << hd << " window " << window;
+    }
+}
+
+TEST(LayerOpsGpu, Fp32NormAndRopeOutputsMatchTheTwinsBitwise) {
+  const int64_t n = 333, D = 2048;
+  const auto x = random_vec(n * D, 5, 2.0f), w = random_vec(D, 6, 0.1f);
+  std::vector<float> want(n * D);
+  ops::rmsnorm_ref({.x = x.data(), .w = w.data(), .y = nullptr, .y_lo = nullptr, .y_f32 = want.data(), .n = n, .D = D});
+  DevBuf<float> dx(x), dw(w);
+  ops::rmsnorm({.x = dx.p, .w = dw.p, .y = nullptr, .y_lo = nullptr, .y_f32 = dx.p, .n = n, .D = D}, nullptr);  // in place
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = dx.download();
+  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+
+  const int nh = 4, nkv = 2, hd = 128;
+  const int64_t T = 301, max_len = 512, heads = nh + 2 * nkv;
+  const auto qkv = random_vec(T * heads * hd, 7, 1.0f), qn = random_vec(hd, 8, 0.1f), kn = random_vec(hd, 9, 0.1f);
+  std::vector<float> cos_t, sin_t;
+  model::rope_tables(max_len, hd, 1e6, cos_t, sin_t, false);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 37) % max_len);
+  std::vector<float> q(T * nh * hd), k(T * nkv * hd), v(T * nkv * hd);
+  ops::QkRopeArgs a;
+  a.qkv = qkv.data();
+  a.q_norm = qn.data();
+  a.k_norm = kn.data();
+  a.cos = cos_t.data();
+  a.sin = sin_t.data();
+  a.tok_pos = pos.data();
+  a.q_out = q.data();
+  a.k_out = k.data();
+  a.v_out = v.data();
+  a.T = T;
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.max_len = max_len;
+  ops::qk_rope_ref(a);
+  DevBuf<float> dqkv(qkv), dqn(qn), dkn(kn), dcos(cos_t), dsin(sin_t), dq(q.size()), dk(k.size()), dv(v.size());
+  DevBuf<int32_t> dpos(pos);
+  ops::QkRopeArgs d = a;
+  d.qkv = dqkv.p;
+  d.q_norm = dqn.p;
+  d.k_norm = dkn.p;
+  d.cos = dcos.p;
+  d.sin = dsin.p;
+  d.tok_pos = dpos.p;
+  d.q_out = dq.p;
+  d.k_out = dk.p;
+  d.v_out = dv.p;
+  ops::qk_rope(d, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(dq.download() == q);
+  EXPECT_TRUE(dk.download() == k);
+  EXPECT_TRUE(dv.download() == v);
+}
+
+TEST(LayerDeviceCuda, MoeInputsMatchTheCpuAttentionBlock) {
+  io::ModelSpec spec = layer_spec(4, 2);
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  for (const int64_t window : {0, 50}) {
+    model::DecoderModel m(spec);
+    const int64_t H = spec.hidden_size;
+    model::LayerWeights& L = m.layer(0);
+    const float ws = 1.0f / std::sqrt(static_cast<float>(H));
+    L.input_norm = random_vec(H, 21, 0.1f);
+    for (float& x : L.input_norm) x += 1.0f;
+    L.post_norm = random_vec(H, 22, 0.1f);
+    for (float& x : L.post_norm) x += 1.0f;
+    L.q_norm = random_vec(spec.head_dim, 23, 0.1f);
+    for (float& x : L.q_norm) x += 1.0f;
+    L.k_norm = random_vec(spec.head_dim, 24, 0.1f);
+    for (float& x : L.k_norm) x += 1.0f;
+    L.q_proj = random_vec(L.q_proj.size(), 25, ws);
+    L.k_proj = random_vec(L.k_proj.size(), 26, ws);
+    L.v_proj = random_vec(L.v_proj.size(), 27, ws);
+    L.o_proj = random_vec(L.o_proj.size(), 28, ws);
+    L.attention_window = window;
+    ASSERT_EQ(compress::gpu_attention_refusal(spec, L), "");
+    // Sequences of 1..256 rows, more rows in all than one 65,536-row chunk.
+    std::vector<std::vector<float>> h;
+    std::mt19937_64 g(31);
+    int64_t rows = 0;
+    while (rows < 70000) {
+      const int64_t T = 1 + static_cast<int64_t>(g() % 256);
+      h.push_back(random_vec(T * H, 100 + h.size(), 1.0f));
+      rows += T;
+    }
+    std::vector<std::vector<float>> h_cpu = h, h_gpu = h, h_again = h;
+    std::vector<float> X_cpu, h_cpu_flat, h_gpu_flat;
+    for (auto& hs : h_cpu) {
+      const int64_t T = static_cast<int64_t>(hs.size()) / H;
+      m.attention_block(0, hs, T, {});
+      const std::vector<float> x = m.moe_input(0, hs, T);
+      X_cpu.insert(X_cpu.end(), x.begin(), x.end());
+      h_cpu_flat.insert(h_cpu_flat.end(), hs.begin(), hs.end());
+    }
+    const std::vector<float> X = compress::layer_device_cuda()->moe_inputs(spec, L, h_gpu);
+    for (const auto& hs : h_gpu) h_gpu_flat.insert(h_gpu_flat.end(), hs.begin(), hs.end());
+    ASSERT_EQ(X.size(), X_cpu.size());
+    EXPECT_LE(rel_fro(h_gpu_flat, h_cpu_flat), kMoeInputsRelFro) << "window " << window;
+    EXPECT_LE(rel_fro(X, X_cpu), kMoeInputsRelFro) << "window " << window;
+    const std::vector<float> X2 = compress::layer_device_cuda()->moe_inputs(spec, L, h_again);
+    EXPECT_EQ(0, std::memcmp(X.data(), X2.data(), X.size() * sizeof(float))) << "window " << window;
+    EXPECT_TRUE(h_again == h_gpu) << "window " << window;
   }
 }
 

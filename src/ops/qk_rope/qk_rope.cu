@@ -21,14 +21,18 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
   if (item >= a.T * heads) return;
   const int64_t t = item / heads;
   const int j = static_cast<int>(item % heads);
-  const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
+  const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
   if (pos < 0 || pos >= a.max_len) return;  // caller's bug; the host twin reports it
   const float* x = a.qkv + item * a.hd;
   const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
   const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
   const int64_t cache_off = ((slot * a.max_len + pos) * a.nkv + kv) * a.hd;
+  const int64_t out_off = (t * a.nkv + kv) * a.hd;  // k_out / v_out row of the head
   if (!is_q && !is_k) {
-    for (int i = lane; i < a.hd; i += 32) a.v_cache[cache_off + i] = to_bf16(x[i]);
+    for (int i = lane; i < a.hd; i += 32) {
+      if (a.v_out) a.v_out[out_off + i] = x[i];
+      else a.v_cache[cache_off + i] = to_bf16(x[i]);
+    }
     return;
   }
   double s = 0.0;
@@ -47,6 +51,9 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
     if (is_q) {
       a.q_out[(t * a.nh + j) * a.hd + i] = r0;
       a.q_out[(t * a.nh + j) * a.hd + i + half] = r1;
+    } else if (a.k_out) {
+      a.k_out[out_off + i] = r0;
+      a.k_out[out_off + i + half] = r1;
     } else {
       a.k_cache[cache_off + i] = to_bf16(r0);
       a.k_cache[cache_off + i + half] = to_bf16(r1);

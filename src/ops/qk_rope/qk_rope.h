@@ -1,6 +1,7 @@
 // Launcher: after the fused q|k|v projection, per-head RMSNorm of q and k (Qwen3's q_norm/k_norm),
 // RoPE with the CPU forward's tables (model::rope_tables, uploaded once), and the append of k and v
-// to the bf16 KV cache at each token's (sequence slot, position). q stays fp32 for the attention.
+// to the bf16 KV cache at each token's (sequence slot, position) — or into fp32 k/v rows (k_out, v_out).
+// q stays fp32 for the attention.
 // CPU twin: qk_rope_ref, bitwise equal: the head norm's fp64 sum is a warp butterfly that the twin
 // replays, and every fp32 product/sum is rounded as written (no fma), as in model::apply_rope.
 #pragma once
@@ -25,6 +26,10 @@ struct QkRopeArgs {
   float* q_out = nullptr;          // [T, nh·hd] fp32 normalized + rotated queries
   uint16_t* k_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
   uint16_t* v_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
+  // Instead of the cache (compression's fp32 layer forward, compress/attention_cuda): k and v as fp32
+  // rows [T, nkv·hd]; then k_cache, v_cache and tok_slot are unused (may be null). Both or neither.
+  float* k_out = nullptr;
+  float* v_out = nullptr;
   int64_t T = 0;
   int nh = 0, nkv = 0, hd = 0;     // hd % 64 == 0, hd ≤ 256
   int64_t max_len = 0;

@@ -13,6 +13,7 @@ void qk_rope_check(const QkRopeArgs& a) {
   MOESQ_CHECK(a.hd > 0 && a.hd % 64 == 0 && a.hd <= 256, "qk_rope: head_dim ", a.hd,
               " not supported (a multiple of 64, at most 256)");
   MOESQ_CHECK(a.max_len > 0, "qk_rope: max_len must be > 0");
+  MOESQ_CHECK(!a.k_out == !a.v_out, "qk_rope: k_out and v_out must be given together");
 }
 
 namespace {
@@ -40,15 +41,19 @@ void qk_rope_ref(const QkRopeArgs& a) {
   const int heads = a.nh + 2 * a.nkv, half = a.hd / 2;
   std::vector<float> v(a.hd);
   for (int64_t t = 0; t < a.T; ++t) {
-    const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
+    const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "qk_rope: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
     for (int j = 0; j < heads; ++j) {
       const float* x = a.qkv + (t * heads + j) * a.hd;
       const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
       const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
       const int64_t cache_off = ((slot * a.max_len + pos) * a.nkv + kv) * a.hd;
+      const int64_t out_off = (t * a.nkv + kv) * a.hd;
       if (!is_q && !is_k) {
-        for (int i = 0; i < a.hd; ++i) a.v_cache[cache_off + i] = f32_to_bf16(x[i]);
+        for (int i = 0; i < a.hd; ++i) {
+          if (a.v_out) a.v_out[out_off + i] = x[i];
+          else a.v_cache[cache_off + i] = f32_to_bf16(x[i]);
+        }
         continue;
       }
       const float* w = is_q ? a.q_norm : a.k_norm;
@@ -62,6 +67,9 @@ void qk_rope_ref(const QkRopeArgs& a) {
         if (is_q) {
           a.q_out[(t * a.nh + j) * a.hd + i] = r0;
           a.q_out[(t * a.nh + j) * a.hd + i + half] = r1;
+        } else if (a.k_out) {
+          a.k_out[out_off + i] = r0;
+          a.k_out[out_off + i + half] = r1;
         } else {
           a.k_cache[cache_off + i] = f32_to_bf16(r0);
           a.k_cache[cache_off + i + half] = f32_to_bf16(r1);

@@ -23,14 +23,14 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
     __syncthreads();
   }
   const float inv = static_cast<float>(1.0 / sqrt(s_part[0] / static_cast<double>(a.D) + a.eps));
-  uint16_t* yr = a.y + static_cast<int64_t>(blockIdx.x) * a.D;
-  for (int64_t i = threadIdx.x; i < a.D; i += kThreads) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * a.D;
+  for (int64_t i = threadIdx.x; i < a.D; i += kThreads) {  // each thread reads x[i] before writing i
     const float v = __fmul_rn(a.w[i], __fmul_rn(xr[i], inv));
+    if (a.y_f32) a.y_f32[row + i] = v;
+    if (!a.y) continue;
     const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    yr[i] = __bfloat16_as_ushort(hi);
-    if (a.y_lo)
-      a.y_lo[static_cast<int64_t>(blockIdx.x) * a.D + i] =
-          __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(v, __bfloat162float(hi))));
+    a.y[row + i] = __bfloat16_as_ushort(hi);
+    if (a.y_lo) a.y_lo[row + i] = __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(v, __bfloat162float(hi))));
   }
 }
 
@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
 
 void rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(a.D > 0 && a.n >= 0, "rmsnorm: bad sizes n=", a.n, " D=", a.D);
+  MOESQ_CHECK(a.y || a.y_f32, "rmsnorm: no output (y and y_f32 are null)");
   if (a.n == 0) return;
   rmsnorm_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("rmsnorm_kernel");

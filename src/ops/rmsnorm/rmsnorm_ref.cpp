@@ -10,6 +10,7 @@ namespace moesq::ops {
 
 void rmsnorm_ref(const RmsNormArgs& a) {
   MOESQ_CHECK(a.D > 0 && a.n >= 0, "rmsnorm: bad sizes n=", a.n, " D=", a.D);
+  MOESQ_CHECK(a.y || a.y_f32, "rmsnorm: no output (y and y_f32 are null)");
   constexpr int kThreads = 256;
   std::vector<double> part(kThreads);
   for (int64_t r = 0; r < a.n; ++r) {
@@ -24,6 +25,8 @@ void rmsnorm_ref(const RmsNormArgs& a) {
     const float inv = static_cast<float>(1.0 / std::sqrt(part[0] / static_cast<double>(a.D) + a.eps));
     for (int64_t i = 0; i < a.D; ++i) {
       const float v = a.w[i] * (xr[i] * inv);
+      if (a.y_f32) a.y_f32[r * a.D + i] = v;
+      if (!a.y) continue;
       a.y[r * a.D + i] = f32_to_bf16(v);
       if (a.y_lo) a.y_lo[r * a.D + i] = f32_to_bf16(v - bf16_to_f32(a.y[r * a.D + i]));
     }
