@@ -41,22 +41,14 @@ void sgemm_nt(cublasHandle_t blas, const float* A, int64_t m, int64_t K, const f
 
 }  // namespace
 
-std::vector<float> moe_inputs_cuda(const io::ModelSpec& spec, const model::LayerWeights& L,
-                                   std::vector<std::vector<float>>& h) {
+void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L, float* dh, float* dX,
+                         const std::vector<int64_t>& offset) {
   const int64_t H = spec.hidden_size, hd = spec.head_dim, nh = spec.num_heads, nkv = spec.num_kv_heads;
   const int64_t qw = nh * hd, kw = nkv * hd, qkv_w = qw + 2 * kw;
-  const size_t S = h.size();
-  std::vector<int64_t> offset(S + 1, 0);
+  const size_t S = offset.size() - 1;
   int64_t max_T = 1;
-  for (size_t i = 0; i < S; ++i) {
-    const int64_t T = static_cast<int64_t>(h[i].size()) / H;
-    MOESQ_CHECK(T * H == static_cast<int64_t>(h[i].size()), "attention on the GPU: sequence ", i, " holds ",
-                h[i].size(), " values, not a multiple of H = ", H);
-    offset[i + 1] = offset[i] + T;
-    max_T = std::max(max_T, T);
-  }
-  std::vector<float> X(static_cast<size_t>(offset[S] * H));
-  if (offset[S] == 0) return X;
+  for (size_t i = 0; i < S; ++i) max_T = std::max(max_T, offset[i + 1] - offset[i]);
+  if (offset[S] == 0) return;
   Context& g = context();
   const cudaStream_t s = g.t.stream;
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
@@ -88,28 +80,25 @@ std::vector<float> moe_inputs_cuda(const io::ModelSpec& spec, const model::Layer
     size_t b = a + 1;
     while (b < S && offset[b + 1] - offset[a] <= kChunkRows) ++b;
     const int64_t r0 = offset[a], n = offset[b] - r0;
-    float* dh = g.h.get(static_cast<size_t>(n * H));
+    float* h = dh + r0 * H;
     float* xn = g.xn.get(static_cast<size_t>(n * H));
     float* qkv = g.qkv.get(static_cast<size_t>(n * qkv_w));
     float* q = g.q.get(static_cast<size_t>(n * qw));
     float* k = g.k.get(static_cast<size_t>(n * kw));
     float* v = g.v.get(static_cast<size_t>(n * kw));
     float* attn = g.attn.get(static_cast<size_t>(n * qw));
-    float* dX = g.X.get(static_cast<size_t>(n * H));
     std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::vector<int64_t> start(static_cast<size_t>(n));
-    for (size_t i = a; i < b; ++i) {
+    std::vector<int64_t> start(static_cast<size_t>(n));  // chunk-local first row of each row's sequence
+    for (size_t i = a; i < b; ++i)
       for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
         pos[static_cast<size_t>(r - r0)] = static_cast<int32_t>(r - offset[i]);
         start[static_cast<size_t>(r - r0)] = offset[i] - r0;
       }
-      g.t.h2d(dh + (offset[i] - r0) * H, h[i].data(), sizeof(float) * h[i].size());
-    }
     int32_t* dpos = g.pos.get(pos.size());
     int64_t* dstart = g.start.get(start.size());
     g.t.h2d(dpos, pos.data(), sizeof(int32_t) * pos.size());
     g.t.h2d(dstart, start.data(), sizeof(int64_t) * start.size());
-    ops::rmsnorm({.x = dh, .w = in_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = xn, .n = n, .D = H,
+    ops::rmsnorm({.x = h, .w = in_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = xn, .n = n, .D = H,
                   .eps = spec.rms_norm_eps},
                  s);
     sgemm_nt(g.t.blas, xn, n, H, w_qkv, qkv_w, qkv, 0.0f);
@@ -134,14 +123,37 @@ std::vector<float> moe_inputs_cuda(const io::ModelSpec& spec, const model::Layer
                                .nh = static_cast<int>(nh), .nkv = static_cast<int>(nkv), .hd = static_cast<int>(hd),
                                .window = L.attention_window, .scale = scale},
                               s);
-    sgemm_nt(g.t.blas, attn, n, qw, w_o, H, dh, 1.0f);  // h += o_proj(attention)
-    ops::rmsnorm({.x = dh, .w = post_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = dX, .n = n, .D = H,
+    sgemm_nt(g.t.blas, attn, n, qw, w_o, H, h, 1.0f);  // h += o_proj(attention)
+    ops::rmsnorm({.x = h, .w = post_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = dX + r0 * H, .n = n, .D = H,
                   .eps = spec.rms_norm_eps},
                  s);
-    for (size_t i = a; i < b; ++i) g.t.d2h(h[i].data(), dh + (offset[i] - r0) * H, sizeof(float) * h[i].size());
-    g.t.d2h(X.data() + r0 * H, dX, sizeof(float) * n * H);
     a = b;
+    // The next chunk's host-side pos/start vectors are rebuilt while this one runs; its uploads wait
+    // for the staging buffers (ThreadContext::h2d), so this chunk's inputs are never overwritten early.
   }
+}
+
+std::vector<float> moe_inputs_cuda(const io::ModelSpec& spec, const model::LayerWeights& L,
+                                   std::vector<std::vector<float>>& h) {
+  const int64_t H = spec.hidden_size;
+  const size_t S = h.size();
+  std::vector<int64_t> offset(S + 1, 0);
+  for (size_t i = 0; i < S; ++i) {
+    const int64_t T = static_cast<int64_t>(h[i].size()) / H;
+    MOESQ_CHECK(T * H == static_cast<int64_t>(h[i].size()), "attention on the GPU: sequence ", i, " holds ",
+                h[i].size(), " values, not a multiple of H = ", H);
+    offset[i + 1] = offset[i] + T;
+  }
+  const int64_t n = offset[S];
+  std::vector<float> X(static_cast<size_t>(n * H));
+  if (n == 0) return X;
+  Context& g = context();
+  float* dh = g.h.get(static_cast<size_t>(n * H));
+  float* dX = g.X.get(static_cast<size_t>(n * H));
+  for (size_t i = 0; i < S; ++i) g.t.h2d(dh + offset[i] * H, h[i].data(), sizeof(float) * h[i].size());
+  attention_rows_cuda(spec, L, dh, dX, offset);
+  for (size_t i = 0; i < S; ++i) g.t.d2h(h[i].data(), dh + offset[i] * H, sizeof(float) * h[i].size());
+  g.t.d2h(X.data(), dX, sizeof(float) * n * H);
   return X;
 }
 

@@ -16,6 +16,12 @@
 
 namespace moesq::compress {
 
+// The same on device memory: dh [n, H] fp32 rows of the sequences packed row after row (offset [S + 1]:
+// the first row of each, offset[S] = n), updated in place; dX [n, H] receives X. Launched on the calling
+// thread's stream (compress/cuda_context.cuh), not waited for.
+void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L, float* dh, float* dX,
+                         const std::vector<int64_t>& offset);
+
 // h: [S] sequences of [T_i, H] fp32, updated in place (h += attention(input_norm(h))); returns
 // X = post_attention_layernorm(h) [Σ T_i, H] in sequence order. The layer must pass
 // gpu_attention_refusal (pipeline.h). Errors: CUDA / cuBLAS failures naming the call.

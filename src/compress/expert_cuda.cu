@@ -82,8 +82,16 @@ DeviceRows rows_cuda(const model::ExpertWeights& w, int64_t H, int64_t I, const 
   float* X = g.X.get(nH);
   float* Y = g.Y.get(nH);
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
-  if (n > 0)
+  if (n > 0 && c.dev_X) {  // device-resident states: gathered from the layer's X on the device
+    MOESQ_CHECK(static_cast<int64_t>(c.rows.size()) == n, "expert rows on the GPU: ", c.rows.size(),
+                " row ids for ", n, " rows");
+    int64_t* idx = g.lidx.get(static_cast<size_t>(n));
+    g.t.h2d(idx, c.rows.data(), sizeof(int64_t) * n);
+    const int64_t src_rows = *std::max_element(c.rows.begin(), c.rows.end()) + 1;
+    ops::gather_f32({.src = c.dev_X, .src_rows = src_rows, .C = H, .idx = idx, .m = n, .out = X}, g.t.stream);
+  } else if (n > 0) {
     g.t.h2d(X, c.X.data(), sizeof(float) * n * H);
+  }
   upload_weights(g, w.gate.data(), w.up.data(), w.down.data(), H, I);
   reset_flag(g);
   for (int64_t t0 = 0; t0 < n; t0 += kChunkRows)
@@ -140,20 +148,17 @@ double rel_error_cuda(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, c
 
 const ExpertDevice kExpertDeviceCuda{.rows = rows_cuda, .rel_error = rel_error_cuda};
 
-// The routed part of DecoderModel::moe_block (layer_device_cuda): X uploaded and Q_a'd once (Q_a is per
-// row, so every expert sees the same quantized row the CPU's per-expert Q_a gives), then per expert in
-// ascending id order, per chunk of its rows: gather → gate|up GEMM → SwiGLU (+ Q_a) → down GEMM →
-// y[token] += weight · out (ops/scatter_add_f32). Every expert's weights pass once through the
-// thread's pinned staging.
-std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
-                                       const std::vector<float>& X, const model::Routes& r, int act_block) {
+// The routed part of DecoderModel::moe_block on device rows dX [n, H] (unquantized; Q_a'd here into a
+// copy, once: Q_a is per row, so every expert sees the same quantized row the CPU's per-expert Q_a
+// gives), then per expert in ascending id order, per chunk of its rows: gather → gate|up GEMM → SwiGLU
+// (+ Q_a) → down GEMM → y[token] += weight · out (ops/scatter_add_f32). Every expert's weights pass once
+// through the thread's pinned staging. Returns y [n, H] in the thread's scratch (valid until the next
+// call), on the thread's stream.
+float* routed_experts_device(Context& g, const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
+                             const float* dX, const model::Routes& r, int act_block) {
   const int64_t n = r.n, k = r.k, E = static_cast<int64_t>(experts.size());
-  MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H && static_cast<int64_t>(r.expert.size()) == n * k &&
-                  static_cast<int64_t>(r.weight.size()) == n * k,
-              "routed experts on the GPU: X holds ", X.size(), " values and the routes ", r.expert.size(),
-              " ids for n = ", n, ", H = ", H, ", top-k ", k);
-  std::vector<float> y(static_cast<size_t>(n * H), 0.0f);
-  if (n == 0) return y;
+  MOESQ_CHECK(static_cast<int64_t>(r.expert.size()) == n * k && static_cast<int64_t>(r.weight.size()) == n * k,
+              "routed experts on the GPU: the routes hold ", r.expert.size(), " ids for n = ", n, ", top-k ", k);
   // The routes of each expert in token order (a counting sort by expert id).
   std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
   for (int64_t i = 0; i < n * k; ++i) {
@@ -172,22 +177,21 @@ std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& 
       w[at] = r.weight[static_cast<size_t>(i)];
     }
   }
-  Context& g = context();
   const cudaStream_t s = g.t.stream;
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
-  float* dx = g.lx.get(static_cast<size_t>(n * H));
-  float* dy = g.ly.get(static_cast<size_t>(n * H));
-  float* dw = g.lw.get(static_cast<size_t>(n * k));
-  int64_t* didx = g.lidx.get(static_cast<size_t>(n * k));
+  float* dxq = g.lx.get(static_cast<size_t>(std::max<int64_t>(n, 1) * H));
+  float* dy = g.ly.get(static_cast<size_t>(std::max<int64_t>(n, 1) * H));
+  float* dw = g.lw.get(static_cast<size_t>(std::max<int64_t>(n * k, 1)));
+  int64_t* didx = g.lidx.get(static_cast<size_t>(std::max<int64_t>(n * k, 1)));
   float* xe = g.lxe.get(static_cast<size_t>(kChunkRows * H));
   float* ye = g.lye.get(static_cast<size_t>(kChunkRows * H));
-  reset_flag(g);
-  g.t.h2d(dx, X.data(), sizeof(float) * n * H);
+  if (n == 0) return dy;
   g.t.h2d(didx, idx.data(), sizeof(int64_t) * n * k);
   g.t.h2d(dw, w.data(), sizeof(float) * n * k);
   MOESQ_CUDA_CHECK(cudaMemsetAsync(dy, 0, sizeof(float) * n * H, s));
+  if (dxq != dX) MOESQ_CUDA_CHECK(cudaMemcpyAsync(dxq, dX, sizeof(float) * n * H, cudaMemcpyDeviceToDevice, s));
   if (act_block > 0)
-    ops::fake_quant({.x = dx, .rows = n, .K = H, .block = act_block, .per_row = true, .amax = nullptr,
+    ops::fake_quant({.x = dxq, .rows = n, .K = H, .block = act_block, .per_row = true, .amax = nullptr,
                      .nonfinite = g.flag.b.p},
                     s);
   for (int64_t e = 0; e < E; ++e) {
@@ -200,19 +204,112 @@ std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& 
     upload_weights(g, ew.gate.data(), ew.up.data(), ew.down.data(), H, I);
     for (int64_t t0 = 0; t0 < ne; t0 += kChunkRows) {
       const int64_t m = std::min(kChunkRows, ne - t0);
-      ops::gather_f32({.src = dx, .src_rows = n, .C = H, .idx = didx + b + t0, .m = m, .out = xe}, s);
+      ops::gather_f32({.src = dxq, .src_rows = n, .C = H, .idx = didx + b + t0, .m = m, .out = xe}, s);
       forward(g, xe, m, H, I, act_block, ye);
       ops::scatter_add_f32({.src = ye, .w = dw + b + t0, .idx = didx + b + t0, .m = m, .C = H, .y = dy, .y_rows = n},
                            s);
     }
   }
+  return dy;
+}
+
+constexpr const char* kNonFiniteLayerOutput =
+    "the layer's W4A4 expert outputs hold a NaN or an infinity (its MoE inputs or compressed weights are not finite)";
+
+// routed_experts_device on host rows X (LayerDevice::routed_experts).
+std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
+                                       const std::vector<float>& X, const model::Routes& r, int act_block) {
+  const int64_t n = r.n;
+  MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H, "routed experts on the GPU: X holds ", X.size(),
+              " values for n = ", n, " rows of H = ", H);
+  std::vector<float> y(static_cast<size_t>(n * H), 0.0f);
+  if (n == 0) return y;
+  Context& g = context();
+  reset_flag(g);
+  float* dx = g.lx.get(static_cast<size_t>(n * H));
+  g.t.h2d(dx, X.data(), sizeof(float) * n * H);
+  const float* dy = routed_experts_device(g, experts, H, I, dx, r, act_block);  // Q_a in place in dx
   g.t.d2h(y.data(), dy, sizeof(float) * n * H);
-  MOESQ_CHECK(read_flag(g) == 0, "the layer's W4A4 expert outputs hold a NaN or an infinity (its MoE inputs or "
-                                 "compressed weights are not finite)");
+  MOESQ_CHECK(read_flag(g) == 0, kNonFiniteLayerOutput);
   return y;
 }
 
-const LayerDevice kLayerDeviceCuda{.moe_inputs = moe_inputs_cuda, .routed_experts = routed_experts_cuda};
+// The calibration states on the device (DeviceStates): h and X whole, packed row after row.
+class DeviceStatesCuda final : public DeviceStates {
+ public:
+  void upload(const std::vector<std::vector<float>>& h, int64_t H) override {
+    H_ = H;
+    offset_.assign(h.size() + 1, 0);
+    for (size_t i = 0; i < h.size(); ++i) {
+      MOESQ_CHECK(static_cast<int64_t>(h[i].size()) % H == 0, "device states: sequence ", i, " holds ", h[i].size(),
+                  " values, not a multiple of H = ", H);
+      offset_[i + 1] = offset_[i] + static_cast<int64_t>(h[i].size()) / H;
+    }
+    const int64_t n = offset_.back();
+    h_.alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * H));
+    X_.alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * H));
+    Context& g = context();
+    for (size_t i = 0; i < h.size(); ++i) g.t.h2d(h_.p + offset_[i] * H, h[i].data(), sizeof(float) * h[i].size());
+    g.t.sync();
+  }
+  const float* attention(const io::ModelSpec& spec, const model::LayerWeights& L) override {
+    attention_rows_cuda(spec, L, h_.p, X_.p, offset_);
+    context().t.sync();
+    return X_.p;
+  }
+  std::vector<float> router_logits(const std::vector<float>& router, int64_t E) override {
+    const int64_t n = offset_.back();
+    MOESQ_CHECK(static_cast<int64_t>(router.size()) == E * H_, "device states: the router holds ", router.size(),
+                " values, expected E·H = ", E * H_);
+    std::vector<float> logits(static_cast<size_t>(n * E));
+    if (n == 0) return logits;
+    Context& g = context();
+    MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
+    float* w = g.w_d.get(static_cast<size_t>(E * H_));
+    float* out = g.ly.get(static_cast<size_t>(n * E));
+    g.t.h2d(w, router.data(), sizeof(float) * E * H_);
+    const float one = 1.0f, zero = 0.0f;
+    MOESQ_CUBLAS_CHECK(cublasSgemm(g.t.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E), static_cast<int>(n),
+                                   static_cast<int>(H_), &one, w, static_cast<int>(H_), X_.p, static_cast<int>(H_),
+                                   &zero, out, static_cast<int>(E)));
+    g.t.d2h(logits.data(), out, sizeof(float) * n * E);
+    return logits;
+  }
+  void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r,
+                 int act_block) override {
+    const int64_t n = offset_.back();
+    MOESQ_CHECK(r.n == n, "device states: routes of ", r.n, " rows for ", n, " states");
+    if (n == 0) return;
+    Context& g = context();
+    reset_flag(g);
+    const float* dy = routed_experts_device(g, experts, H_, I, X_.p, r, act_block);
+    // h += y (the CPU's order: the routed sum first, then the add), in pieces the int count holds.
+    const float one = 1.0f;
+    const int64_t total = n * H_, piece = int64_t{1} << 30;
+    for (int64_t o = 0; o < total; o += piece)
+      MOESQ_CUBLAS_CHECK(cublasSaxpy(g.t.blas, static_cast<int>(std::min(piece, total - o)), &one, dy + o, 1, h_.p + o, 1));
+    MOESQ_CHECK(read_flag(g) == 0, kNonFiniteLayerOutput);
+  }
+  void download(std::vector<std::vector<float>>& h) override {
+    MOESQ_CHECK(h.size() + 1 == offset_.size(), "device states: ", h.size(), " host sequences for ",
+                offset_.size() - 1, " on the device");
+    Context& g = context();
+    for (size_t i = 0; i < h.size(); ++i) {
+      h[i].resize(static_cast<size_t>((offset_[i + 1] - offset_[i]) * H_));
+      g.t.d2h(h[i].data(), h_.p + offset_[i] * H_, sizeof(float) * h[i].size());
+    }
+  }
+
+ private:
+  int64_t H_ = 0;
+  std::vector<int64_t> offset_;  // [S + 1] first row of each sequence
+  DevBuf<float> h_, X_;          // [n, H] each
+};
+
+std::unique_ptr<DeviceStates> make_states_cuda() { return std::make_unique<DeviceStatesCuda>(); }
+
+const LayerDevice kLayerDeviceCuda{
+    .moe_inputs = moe_inputs_cuda, .routed_experts = routed_experts_cuda, .make_states = make_states_cuda};
 
 }  // namespace
 

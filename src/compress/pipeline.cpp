@@ -59,6 +59,15 @@ std::string gpu_attention_refusal(const io::ModelSpec& s, const model::LayerWeig
   return why;
 }
 
+bool device_resident(const model::DecoderModel& m, const CompressOptions& opt) {
+  if (!opt.layer_device || !opt.layer_device->make_states) return false;
+  const io::ModelSpec& s = m.spec();
+  if (s.num_shared_experts > 0) return false;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (!s.is_moe_layer(l) || !gpu_attention_refusal(s, m.layer(l)).empty()) return false;
+  return true;
+}
+
 namespace {
 
 // ‖a − b‖²_F / ‖a‖²_F, the report's reconstruction error (NaN when ‖a‖ = 0 and a ≠ b; 0 when both
@@ -180,8 +189,9 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
 // Algorithm 1 line 4: the rows routed to each expert with their router weights and the sequence each
 // row comes from (offset: [S + 1] first row of each sequence), cached once. Each expert's rows are in
 // token order; the experts are filled in parallel (a real layer copies ≈ 17 GB here: n·k rows of H).
-std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const model::Routes& routes, int64_t E,
-                                           int64_t H, const std::vector<int64_t>& offset, int threads) {
+// With dev_X (device-resident states) the experts get the row ids into it (c.rows, c.dev_X) and X is unused.
+std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const float* dev_X, const model::Routes& routes,
+                                           int64_t E, int64_t H, const std::vector<int64_t>& offset, int threads) {
   const int64_t k = routes.k, n = routes.n;
   // The routes of each expert as flat route ids t·k + j, ascending (a counting sort by expert id).
   std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
@@ -200,12 +210,15 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const mo
     ExpertCalib& c = cal[static_cast<size_t>(e)];
     const int64_t b = start[static_cast<size_t>(e)];
     c.n = start[static_cast<size_t>(e) + 1] - b;
-    c.X.resize(static_cast<size_t>(c.n * H));
+    c.dev_X = dev_X;
+    if (dev_X) c.rows.resize(static_cast<size_t>(c.n));
+    else c.X.resize(static_cast<size_t>(c.n * H));
     c.g.resize(static_cast<size_t>(c.n));
     c.seq.resize(static_cast<size_t>(c.n));
     for (int64_t i = 0; i < c.n; ++i) {
       const int64_t route = ids[static_cast<size_t>(b + i)], r = route / k;
-      std::copy(X.begin() + r * H, X.begin() + (r + 1) * H, c.X.begin() + i * H);
+      if (dev_X) c.rows[static_cast<size_t>(i)] = r;
+      else std::copy(X.begin() + r * H, X.begin() + (r + 1) * H, c.X.begin() + i * H);
       c.g[static_cast<size_t>(i)] = routes.weight[static_cast<size_t>(route)];
       c.seq[static_cast<size_t>(i)] = seq_of[static_cast<size_t>(r)];
     }
@@ -378,6 +391,14 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
                            std::to_string(res.resumed_layers + 1));
 
   CalibStates st = embed_calibration(m, calib);
+  // Every layer on the GPU: the states stay there (no per-layer round trips of H_l and X).
+  std::unique_ptr<DeviceStates> dev;
+  if (device_resident(m, opt)) {
+    dev = opt.layer_device->make_states();
+    dev->upload(st.h, H);
+    progress("compress", "the " + std::to_string(st.n_total()) + " calibration states stay on the GPU (" +
+                             std::to_string(st.n_total() * H * 4 / 1000000) + " MB)");
+  }
   using Clock = std::chrono::steady_clock;
   for (int64_t l = 0; l < L; ++l) {
     const bool resumed = l < res.resumed_layers;
@@ -391,14 +412,18 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     };
     progress("compress", "layer " + std::to_string(l + 1) + "/" + std::to_string(L) + ": attention + routing over " +
                              std::to_string(st.n_total()) + " calibration tokens" + (resumed ? " (committed)" : ""));
-    const std::vector<float> X = layer_moe_inputs(m, l, st, opt.threads, opt.layer_device);  // [n_total, H]
+    // [n_total, H]: on the host, or on the device (dev_X) with device-resident states
+    const float* dev_X = dev ? dev->attention(spec, m.layer(l)) : nullptr;
+    const std::vector<float> X = dev ? std::vector<float>() : layer_moe_inputs(m, l, st, opt.threads, opt.layer_device);
     ls.attention = std::chrono::duration<double>(Clock::now() - t).count();
     const bool moe = spec.is_moe_layer(l);  // a dense MLP layer is kept as stored: only propagated
     if (moe) m.load_experts(l);  // experts on demand: this layer's only, until it is propagated
     const size_t reports_before = res.reports.size();
     std::string committed_next_sha256;
     model::Routes routes;
-    if (moe) routes = m.route(l, X, st.n_total());
+    if (moe)
+      routes = dev ? m.route_logits(l, dev->router_logits(m.layer(l).router, E), st.n_total())
+                   : m.route(l, X, st.n_total());
     if (!moe) {
       lap(ls.routing);
       if (resumed) committed_layer(m, l, run.work, *comm, committed_next_sha256);
@@ -406,7 +431,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       lap(ls.routing);
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
-      std::vector<ExpertCalib> cal = cache_expert_rows(X, routes, E, H, st.offset, opt.threads);
+      std::vector<ExpertCalib> cal = cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads);
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)
@@ -429,7 +454,10 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
     // any, runs as stored: inside moe_block, or on the CPU after the GPU's routed experts).
     std::vector<float> y;
-    if (!moe) {
+    if (dev) {  // device-resident: h += routed experts on the device; H_l comes back only to be hashed
+      dev->propagate(m.layer(l).experts, spec.moe_intermediate_size, routes, act_block);
+      if (resumed || run.work) dev->download(st.h);
+    } else if (!moe) {
       y = m.dense_mlp(l, X, st.n_total());
     } else if (opt.layer_device) {
       y = opt.layer_device->routed_experts(m.layer(l).experts, H, spec.moe_intermediate_size, X, routes, act_block);
@@ -440,8 +468,9 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     } else {
       y = m.moe_block(l, X, routes, deployed);
     }
-    for (size_t i = 0; i < st.h.size(); ++i)
-      for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+    if (!dev)
+      for (size_t i = 0; i < st.h.size(); ++i)
+        for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
     m.release_experts(l);  // experts on demand: res holds the packed layer from here on
     if (resumed) {
       const std::string sha = states_sha256(st);

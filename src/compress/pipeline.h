@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,8 @@ struct ExpertDevice {
                       const float* down, int act_block) = nullptr;
 };
 
+class DeviceStates;
+
 // The GPU half of a layer's propagation H_{l+1} = H_l + MoE(H_l) (CompressOptions::layer_device;
 // compress/expert_cuda.h).
 struct LayerDevice {
@@ -66,6 +69,31 @@ struct LayerDevice {
   // and routes r (n rows, top-k). Values differ from the CPU's by fp32 GEMM summation order only.
   std::vector<float> (*routed_experts)(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
                                        const std::vector<float>& X, const model::Routes& r, int act_block) = nullptr;
+  // The calibration states kept on the GPU from layer to layer (device_resident), or nullptr.
+  std::unique_ptr<DeviceStates> (*make_states)() = nullptr;
+};
+
+// The calibration states H_l on the GPU for the whole run (compress --device cuda when every layer runs
+// there, device_resident): the attention, the router logits, the experts' rows and the propagation
+// read and write them in place, so no state crosses PCIe per layer but the router logits (and H_l for
+// the work dir's hash). The same math as moe_inputs + routed_experts; one object per run, used by the
+// thread that made it. Errors: CUDA / cuBLAS failures naming the call; a non-finite expert output.
+class DeviceStates {
+ public:
+  virtual ~DeviceStates() = default;
+  // H_1: [S] sequences of [T_i, H] fp32, packed row after row on the device.
+  virtual void upload(const std::vector<std::vector<float>>& h, int64_t H) = 0;
+  // Layer L's attention block on every sequence (h += attention(input_norm(h))), then X =
+  // post_attention_layernorm(h) [n, H] on the device: returned, valid until the next call, the work
+  // finished (other threads' streams may read it).
+  virtual const float* attention(const io::ModelSpec& spec, const model::LayerWeights& L) = 0;
+  // X · routerᵀ: the router logits [n, E] fp32 on the host (router [E, H]).
+  virtual std::vector<float> router_logits(const std::vector<float>& router, int64_t E) = 0;
+  // h += the routed part of moe_block on X (LayerDevice::routed_experts' math) for the routes r.
+  virtual void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r,
+                         int act_block) = 0;
+  // H_l to the host, in upload's shape.
+  virtual void download(std::vector<std::vector<float>>& h) = 0;
 };
 
 // Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
@@ -87,6 +115,12 @@ struct CompressOptions {
   const ExpertDevice* expert_device = nullptr;  // kCuda: the rows, targets and error on the GPU (null: CPU)
   const LayerDevice* layer_device = nullptr;    // kCuda: the propagation's routed experts on the GPU (null: CPU)
 };
+
+// True when compress_model keeps the calibration states on the GPU for the whole run (DeviceStates):
+// opt.layer_device can make them, and every layer is an MoE layer without a shared expert whose
+// attention runs on the GPU (gpu_attention_refusal). Otherwise each layer's attention that can runs on
+// the GPU with host states (LayerDevice::moe_inputs), the rest on the CPU.
+bool device_resident(const model::DecoderModel& m, const CompressOptions& opt);
 
 // What happened to one expert.
 struct ExpertReport {
@@ -139,6 +173,10 @@ struct ExpertCalib {
   int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)
   std::vector<int32_t> seq;   // [n] the calibration sequence each row comes from (layer-wide schedule)
   int64_t num_sequences = 0;  // calibration sequences of the run
+  // Device-resident states (DeviceStates): X is left empty; the expert's rows are rows[i] of the
+  // layer's X on the GPU (dev_X [n_total, H] fp32, valid while the layer is compressed).
+  const float* dev_X = nullptr;
+  std::vector<int64_t> rows;  // [n]
 };
 
 // Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert;

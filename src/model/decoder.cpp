@@ -158,6 +158,15 @@ Routes DecoderModel::route(int64_t l, const std::vector<float>& x, int64_t n) co
               " values, expected n·H = ", n * H);
   std::vector<float> logits(n * E);  // [n, E]
   linear(x.data(), n, H, layers_.at(l).router.data(), E, logits.data());
+  return route_logits(l, std::move(logits), n);
+}
+
+Routes DecoderModel::route_logits(int64_t l, std::vector<float> logits, int64_t n) const {
+  const auto& s = spec_;
+  const int64_t E = s.num_experts;
+  MOESQ_CHECK(s.is_moe_layer(l), "route: layer ", l, " is a dense MLP layer (mlp_only_layers)");
+  MOESQ_CHECK(static_cast<int64_t>(logits.size()) == n * E, "route: ", logits.size(), " logits, expected n·E = ",
+              n * E);
   add_bias_rows(logits.data(), n, E, layers_.at(l).router_logit_bias);  // gpt-oss: x Wᵀ + b
   const std::vector<float>& bias = layers_.at(l).router_bias;
   return select_routes(router_spec(s), std::move(logits), n, bias.empty() ? nullptr : bias.data());

@@ -144,6 +144,9 @@ class DecoderModel {
   // x = post_attention_layernorm(h): [n, H] → [n, H]
   std::vector<float> moe_input(int64_t l, const std::vector<float>& h, int64_t n) const;
   Routes route(int64_t l, const std::vector<float>& x, int64_t n) const;
+  // The second half of route: the family's selection on router logits x·Wgᵀ [n, E] computed elsewhere
+  // (compression's GPU path computes them on the device); route(x) = route_logits(x·Wgᵀ).
+  Routes route_logits(int64_t l, std::vector<float> logits, int64_t n) const;
   // Expert e on rows x [n, H] → y [n, H] (fo.act_quant applies).
   std::vector<float> expert_forward(int64_t l, int64_t e, const float* x, int64_t n, const ForwardOptions& fo) const;
   // Plain-loop twin of expert_forward (no BLAS): the oracle of the fast path.

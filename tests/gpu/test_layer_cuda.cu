@@ -4,6 +4,9 @@
 //   * moe_inputs (the routing's input: attention blocks + post norm over packed sequences, more rows
 //     than one chunk) against DecoderModel::attention_block + moe_input per sequence within
 //     kMoeInputsRelFro (full causal and a sliding window), the same bits twice;
+//   * the device-resident states (DeviceStates: H_l kept on the GPU) give the same bits as the
+//     per-layer host-state path (moe_inputs + routed_experts + the host add), and compress_model gives
+//     the same packed experts with and without them;
 //   * routed_experts on the GPU against DecoderModel::moe_block on the CPU (the propagation it
 //     replaces) on a random layer: without Q_a within fp32 GEMM summation order, with Q_a (blocks 32
 //     and 16) within the E2M1 flips that order causes; experts with more rows than one GPU chunk and an
@@ -18,11 +21,15 @@
 #include <vector>
 
 #include "compress/expert_cuda.h"
+#include "compress/method.h"
+#include "compress/sgptq_cuda.h"
+#include "support/packed_weight_eq.h"
 #include "compress/pipeline.h"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
 #include "model/decoder.h"
 #include "model/rope.h"
+#include "model/tensor_math.h"
 #include "ops/causal_attention_f32/causal_attention_f32.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -309,6 +316,111 @@ TEST(LayerDeviceCuda, MoeInputsMatchTheCpuAttentionBlock) {
     EXPECT_EQ(0, std::memcmp(X.data(), X2.data(), X.size() * sizeof(float))) << "window " << window;
     EXPECT_TRUE(h_again == h_gpu) << "window " << window;
   }
+}
+
+
+namespace {
+
+// A random two-layer qwen3_moe model (attention, router, experts) of the device-resident shapes.
+model::DecoderModel random_model(uint64_t seed) {
+  io::ModelSpec spec = layer_spec(8, 2);
+  spec.num_layers = 2;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.vocab_size = 64;
+  model::DecoderModel m(spec);
+  const int64_t H = spec.hidden_size;
+  const float ws = 1.0f / std::sqrt(static_cast<float>(H));
+  m.embed_weight() = random_vec(m.embed_weight().size(), seed, 1.0f);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    model::LayerWeights& L = m.layer(l);
+    const uint64_t q = seed + 100 * (l + 1);
+    for (auto* v : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm}) {
+      *v = random_vec(v->size(), q + v->size(), 0.1f);
+      for (float& x : *v) x += 1.0f;
+    }
+    L.q_proj = random_vec(L.q_proj.size(), q + 1, ws);
+    L.k_proj = random_vec(L.k_proj.size(), q + 2, ws);
+    L.v_proj = random_vec(L.v_proj.size(), q + 3, ws);
+    L.o_proj = random_vec(L.o_proj.size(), q + 4, ws);
+  }
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    // randomize_moe fills layer 0; do each layer through a view of it
+    std::swap(m.layer(0), m.layer(l));
+    randomize_moe(m, seed + 7 * l);
+    std::swap(m.layer(0), m.layer(l));
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST(DeviceStatesCuda, SameBitsAsTheHostStatePath) {
+  model::DecoderModel m = random_model(3);
+  const io::ModelSpec& spec = m.spec();
+  const int64_t H = spec.hidden_size, E = spec.num_experts, I = spec.moe_intermediate_size;
+  std::vector<std::vector<float>> h;
+  for (const int64_t T : {40, 1, 77, 128}) h.push_back(random_vec(T * H, 50 + T, 1.0f));
+  const int64_t n = 40 + 1 + 77 + 128;
+  const compress::LayerDevice* dev = compress::layer_device_cuda();
+  std::unique_ptr<compress::DeviceStates> states = dev->make_states();
+  states->upload(h, H);
+  std::vector<std::vector<float>> h_host = h;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const float* dX = states->attention(spec, m.layer(l));
+    const std::vector<float> X = dev->moe_inputs(spec, m.layer(l), h_host);
+    std::vector<float> X_dev(X.size());
+    MOESQ_CUDA_CHECK(cudaMemcpy(X_dev.data(), dX, X.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    ASSERT_EQ(0, std::memcmp(X.data(), X_dev.data(), X.size() * sizeof(float))) << "layer " << l << " X";
+    const std::vector<float> logits = states->router_logits(m.layer(l).router, E);
+    std::vector<float> cpu_logits(n * E);
+    model::linear(X.data(), n, H, m.layer(l).router.data(), E, cpu_logits.data());
+    EXPECT_LE(rel_fro(logits, cpu_logits), kNoQuantRelFro) << "layer " << l << " router logits";
+    const model::Routes r = m.route_logits(l, logits, n);
+    states->propagate(m.layer(l).experts, I, r, 32);
+    const std::vector<float> y = dev->routed_experts(m.layer(l).experts, H, I, X, r, 32);
+    int64_t at = 0;
+    for (auto& hs : h_host)
+      for (float& v : hs) v += y[at++];
+    std::vector<std::vector<float>> got = h;
+    states->download(got);
+    for (size_t i = 0; i < h_host.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(got[i].data(), h_host[i].data(), h_host[i].size() * sizeof(float)))
+          << "layer " << l << " sequence " << i;
+  }
+}
+
+TEST(DeviceStatesCuda, CompressModelGivesTheSameExpertsWithAndWithout) {
+  compress::CalibSet calib;
+  std::mt19937_64 g(9);
+  for (const int64_t T : {64, 64, 31, 64, 64, 64, 5, 64})
+    calib.sequences.push_back(std::vector<int32_t>(T));
+  for (auto& sq : calib.sequences)
+    for (int32_t& t : sq) t = static_cast<int32_t>(g() % 64);
+  compress::LayerDevice host_states = *compress::layer_device_cuda();
+  host_states.make_states = nullptr;
+  std::vector<compress::CompressResult> results;
+  const std::vector<const compress::LayerDevice*> arms = {compress::layer_device_cuda(), &host_states};
+  for (const compress::LayerDevice* ld : arms) {
+    model::DecoderModel m = random_model(5);
+    compress::CompressOptions opt;
+    opt.method = &compress::methods::kSgptq;
+    opt.device = compress::Device::kCuda;
+    opt.sgptq.device = compress::sgptq_expert_cuda;
+    opt.expert_device = compress::expert_device_cuda();
+    opt.layer_device = ld;
+    opt.threads = 2;
+    EXPECT_EQ(compress::device_resident(m, opt), ld == compress::layer_device_cuda());
+    results.push_back(compress::compress_model(m, calib, opt));
+  }
+  const auto& a = results[0].experts;
+  const auto& b = results[1].experts;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t l = 0; l < a.size(); ++l)
+    for (size_t e = 0; e < a[l].size(); ++e)
+      for (int p = 0; p < 3; ++p)
+        test::expect_same_bits(a[l][e].proj[p], b[l][e].proj[p],
+                               "layer " + std::to_string(l) + " expert " + std::to_string(e) + " proj " + std::to_string(p));
 }
 
 int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }
