@@ -6,7 +6,8 @@
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
-#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress" (default: tests quality datafree bench).
+#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress resume_gpu" (default: tests quality datafree bench).
+# resume_gpu (after quality_gpu): a GPU moesq run killed with SIGKILL after KILL_AFTER s, then --resume, compared byte for byte.
 # schedule_*: the refinement's GEMM precision and step schedule (ARMS, each NAME:FLAGS) compared — at
 #   Qwen3-30B-A3B shapes (schedule_layer: bench_compress_layer, one row per arm), and on the fixture with
 #   --calib (schedule_calib) and data-free (schedule_df), seeds 0 and 1, against SGPTQ of the same
@@ -98,6 +99,14 @@ if has quality_gpu; then
   cmp -s "$W/cuda_calib/model.safetensors" "$W/cuda_calib2/model.safetensors" && log "two moesq cuda runs: byte-identical" || log "two moesq cuda runs: DIFFER"
   for r in bf16 sg_calib sg_cuda cuda_calib; do evaluate $r; done
   log "quality_gpu $(( $(date +%s) - t0 )) s"
+fi
+if has resume_gpu; then  # kill -9 a GPU moesq run mid-way, --resume it: byte-identical to quality_gpu's cuda_calib
+  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
+  "$B/moesq" compress "$M" --out "$W/resume_run" --threads 16 --json --method moesq "${CAL[@]}" --device cuda > /dev/null 2> "$W/resume1.log" &
+  pid=$!; sleep ${KILL_AFTER:-6}; kill -9 $pid; wait $pid 2>/dev/null
+  "$B/moesq" compress "$M" --out "$W/resume_run" --threads 16 --json --method moesq "${CAL[@]}" --device cuda --resume > /dev/null 2> "$W/resume2.log"; rc=$?
+  log "resume_gpu: killed after ${KILL_AFTER:-6} s; --resume rc=$rc: $(grep -m1 -E '^\[resume\]|resume' "$W/resume2.log" | head -c 200)"
+  cmp -s "$W/cuda_calib/model.safetensors" "$W/resume_run/model.safetensors" && log "resume_gpu: model.safetensors byte-identical to the uninterrupted run" || log "resume_gpu: model.safetensors DIFFER from the uninterrupted run"
 fi
 if has compress_layer; then
   timeout 420 "$B/bench_compress_layer" --model qwen3-30b-a3b --methods ${LAYER_METHODS:-sgptq,moesq} --cpu-experts ${CPU_EXPERTS:-16} \
