@@ -6,7 +6,8 @@
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
-#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress resume_gpu" (default: tests quality datafree bench).
+#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress resume_gpu mpi_gpu" (default: tests quality datafree bench).
+# mpi_gpu: `mpirun -np 1` and `-np 2` of a GPU compress on the one GPU, compared byte for byte (MPI_METHOD).
 # resume_gpu (after quality_gpu): a GPU moesq run killed with SIGKILL after KILL_AFTER s, then --resume, compared byte for byte.
 # schedule_*: the refinement's GEMM precision and step schedule (ARMS, each NAME:FLAGS) compared — at
 #   Qwen3-30B-A3B shapes (schedule_layer: bench_compress_layer, one row per arm), and on the fixture with
@@ -107,6 +108,17 @@ if has resume_gpu; then  # kill -9 a GPU moesq run mid-way, --resume it: byte-id
   "$B/moesq" compress "$M" --out "$W/resume_run" --threads 16 --json --method moesq "${CAL[@]}" --device cuda --resume > /dev/null 2> "$W/resume2.log"; rc=$?
   log "resume_gpu: killed after ${KILL_AFTER:-6} s; --resume rc=$rc: $(grep -m1 -E '^\[resume\]|resume' "$W/resume2.log" | head -c 200)"
   cmp -s "$W/cuda_calib/model.safetensors" "$W/resume_run/model.safetensors" && log "resume_gpu: model.safetensors byte-identical to the uninterrupted run" || log "resume_gpu: model.safetensors DIFFER from the uninterrupted run"
+fi
+if has mpi_gpu; then  # the rank protocol on one GPU: 1 and 2 ranks of a GPU moesq run, compared byte for byte
+  CAL=(--calib "$ROOT/$CORPUS"/* --calib-split train)
+  for np in 1 2; do
+    s0=$(date +%s.%N)
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np "$B/moesq" compress "$M" --out "$W/mpi$np" \
+      --threads $((16 / np)) --method ${MPI_METHOD:-moesq} "${CAL[@]}" --device cuda > /dev/null 2> "$W/mpi$np.log"
+    log "mpirun -np $np compress --device cuda rc=$? wall $(python3 -c "print(f'{$(date +%s.%N)-$s0:.1f}')") s"
+    [ -f "$W/mpi$np/model.safetensors" ] || tail -5 "$W/mpi$np.log" | sed 's/^/  /' | tee -a "$S"
+  done
+  cmp -s "$W/mpi1/model.safetensors" "$W/mpi2/model.safetensors" && log "mpi_gpu: 1 and 2 ranks byte-identical" || log "mpi_gpu: 1 and 2 ranks DIFFER"
 fi
 if has compress_layer; then
   timeout 420 "$B/bench_compress_layer" --model qwen3-30b-a3b --methods ${LAYER_METHODS:-sgptq,moesq} --cpu-experts ${CPU_EXPERTS:-16} \
