@@ -159,23 +159,15 @@ float* routed_experts_device(Context& g, const std::vector<model::ExpertWeights>
   const int64_t n = r.n, k = r.k, E = static_cast<int64_t>(experts.size());
   MOESQ_CHECK(static_cast<int64_t>(r.expert.size()) == n * k && static_cast<int64_t>(r.weight.size()) == n * k,
               "routed experts on the GPU: the routes hold ", r.expert.size(), " ids for n = ", n, ", top-k ", k);
-  // The routes of each expert in token order (a counting sort by expert id).
-  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
-  for (int64_t i = 0; i < n * k; ++i) {
-    const int32_t e = r.expert[static_cast<size_t>(i)];
-    MOESQ_CHECK(e >= 0 && e < E, "routed experts on the GPU: route ", i, " names expert ", e, " of ", E);
-    ++start[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+  // The routes of each expert in token order: the destination row and weight of each.
+  const RoutesByExpert by = routes_by_expert(r, E);
+  const std::vector<int64_t>& start = by.start;
+  const std::vector<int64_t>& ids = by.ids;
   std::vector<int64_t> idx(static_cast<size_t>(n * k));
   std::vector<float> w(static_cast<size_t>(n * k));
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t i = 0; i < n * k; ++i) {
-      const size_t at = static_cast<size_t>(fill[static_cast<size_t>(r.expert[static_cast<size_t>(i)])]++);
-      idx[at] = i / k;
-      w[at] = r.weight[static_cast<size_t>(i)];
-    }
+  for (size_t at = 0; at < ids.size(); ++at) {
+    idx[at] = ids[at] / k;
+    w[at] = r.weight[static_cast<size_t>(ids[at])];
   }
   const cudaStream_t s = g.t.stream;
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));

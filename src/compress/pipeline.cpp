@@ -43,6 +43,27 @@ void validate(const CompressOptions& opt) {
               "--device cuda: the GPU solvers are not set (a build without CUDA?)");
 }
 
+RoutesByExpert routes_by_expert(const model::Routes& r, int64_t E) {
+  const int64_t nk = r.n * r.k;
+  MOESQ_CHECK(static_cast<int64_t>(r.expert.size()) == nk, "routes: ", r.expert.size(), " expert ids for n = ", r.n,
+              ", top-k ", r.k);
+  RoutesByExpert out;
+  out.start.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < nk; ++i) {
+    const int32_t e = r.expert[static_cast<size_t>(i)];
+    MOESQ_CHECK(e >= 0 && e < E, "routes: route ", i, " names expert ", e, " of ", E);
+    ++out.start[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) out.start[static_cast<size_t>(e) + 1] += out.start[static_cast<size_t>(e)];
+  out.ids.resize(static_cast<size_t>(nk));
+  std::vector<int64_t> fill(out.start.begin(), out.start.end() - 1);
+  for (int64_t i = 0; i < nk; ++i) {
+    int64_t& at = fill[static_cast<size_t>(r.expert[static_cast<size_t>(i)])];
+    out.ids[static_cast<size_t>(at++)] = i;
+  }
+  return out;
+}
+
 std::string gpu_attention_refusal(const io::ModelSpec& s, const model::LayerWeights& L) {
   if (L.mixer) return "its token mixer is not the built-in GQA attention";
   std::string why;
@@ -193,15 +214,9 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
 std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const float* dev_X, const model::Routes& routes,
                                            int64_t E, int64_t H, const std::vector<int64_t>& offset, int threads) {
   const int64_t k = routes.k, n = routes.n;
-  // The routes of each expert as flat route ids t·k + j, ascending (a counting sort by expert id).
-  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
-  for (int64_t i = 0; i < n * k; ++i) ++start[static_cast<size_t>(routes.expert[static_cast<size_t>(i)]) + 1];
-  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
-  std::vector<int64_t> ids(static_cast<size_t>(n * k));
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t i = 0; i < n * k; ++i) ids[static_cast<size_t>(fill[static_cast<size_t>(routes.expert[i])]++)] = i;
-  }
+  const RoutesByExpert by = routes_by_expert(routes, E);
+  const std::vector<int64_t>& start = by.start;
+  const std::vector<int64_t>& ids = by.ids;
   std::vector<int32_t> seq_of(static_cast<size_t>(n));  // the sequence of each row
   for (size_t q = 0; q + 1 < offset.size(); ++q)
     std::fill(seq_of.begin() + offset[q], seq_of.begin() + offset[q + 1], static_cast<int32_t>(q));

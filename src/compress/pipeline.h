@@ -53,6 +53,15 @@ struct ExpertDevice {
                       const float* down, int act_block) = nullptr;
 };
 
+// The routes of each expert: flat route ids t·k + j grouped by expert, ascending within each (= token
+// order): expert e's are ids[start[e] .. start[e + 1]). A counting sort; an expert id outside [0, E) is
+// an Error naming the route. (The per-expert row cache and the GPU propagation share it.)
+struct RoutesByExpert {
+  std::vector<int64_t> start;  // [E + 1]
+  std::vector<int64_t> ids;    // [n·k]
+};
+RoutesByExpert routes_by_expert(const model::Routes& r, int64_t E);
+
 class DeviceStates;
 
 // The GPU half of a layer's propagation H_{l+1} = H_l + MoE(H_l) (CompressOptions::layer_device;
