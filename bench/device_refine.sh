@@ -6,7 +6,7 @@
 # Everything lands in $OUT: summary.txt (read this), logs.tgz, bench JSON.
 #   CORPUS_TAR=.dev/corpus.tar.xz bash bench/device_refine.sh   (the fixture's corpus, corpus/*, packed to fit a call)
 # STEPS: any of "tests quality quality_gpu datafree datafree_cuda profile scaling ncu nsys layer tf32 bench kimi
-#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress resume_gpu mpi_gpu" (default: tests quality datafree bench).
+#   compress_layer compress_kimi schedule_layer schedule_calib schedule_df tokens8x bench_compress ncu_sgptq resume_gpu mpi_gpu" (default: tests quality datafree bench).
 # mpi_gpu: `mpirun -np 1` and `-np 2` of a GPU compress on the one GPU, compared byte for byte (MPI_METHOD).
 # resume_gpu (after quality_gpu): a GPU moesq run killed with SIGKILL after KILL_AFTER s, then --resume, compared byte for byte.
 # schedule_*: the refinement's GEMM precision and step schedule (ARMS, each NAME:FLAGS) compared — at
@@ -166,9 +166,15 @@ if has tokens8x; then  # time per layer at 1x and 8x the rows (16 experts; the l
   done
 fi
 if has bench_compress; then  # Algorithm 1 per stage at real shapes (moesq bench compress), GPU then the CPU's SGPTQ
-  timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers ${BC_LAYERS:-1} --methods ${BC_METHODS:-sgptq,moesq} \
-    --device cuda --threads 16 --json > "$O/bench_compress_synthetic.json" 2> "$W/bench_compress.log"
-  log "moesq bench compress --device cuda rc=$?"; grep -v '^\[' "$W/bench_compress.log" | sed 's/^/  /' | tee -a "$S"
+  # BC_THREADS: worker threads (one CUDA stream each), a list to sweep; BC_EXTRA: more flags, ';' between variants
+  IFS=';' read -ra extras <<< "${BC_EXTRA:-}"; [ ${#extras[@]} -eq 0 ] && extras=("")
+  v=0
+  for T in ${BC_THREADS:-16}; do for X in "${extras[@]}"; do
+    v=$((v + 1))
+    timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers ${BC_LAYERS:-1} --methods ${BC_METHODS:-sgptq,moesq} \
+      --device cuda --threads $T $X --json > "$O/bench_compress_synthetic_$v.json" 2> "$W/bench_compress.$v.log"
+    log "moesq bench compress --device cuda --threads $T $X rc=$?"; grep -v '^\[' "$W/bench_compress.$v.log" | sed 's/^/  /' | tee -a "$S"
+  done; done
   [ "${BC_CPU:-1}" = 1 ] && timeout 300 "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers 1 --methods sgptq --device cpu --threads 16 \
     --json > "$O/bench_compress_synthetic_cpu.json" 2> "$W/bench_compress_cpu.log"
   log "moesq bench compress --device cpu rc=$?"; grep -v '^\[' "$W/bench_compress_cpu.log" | sed 's/^/  /' | tee -a "$S"
@@ -184,6 +190,18 @@ if has datafree_cuda; then  # the GPU arm alone (the CPU arm's nats: docs/RESULT
   compress cuda_df --method moesq --device cuda
   for r in bf16 cuda_df; do evaluate $r; done
   log "datafree_cuda $(( $(date +%s) - t0 )) s"
+fi
+if has ncu_sgptq; then  # per-kernel time of one expert's GPU SGPTQ (targets, Hessians, factorisation, column loop, error)
+  timeout 300 ncu --clock-control none --launch-count ${NCU_COUNT:-400} \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum \
+    --csv "$B/bench_compress_layer" --model qwen3-30b-a3b --methods sgptq --experts 1 --threads 1 --cpu-experts 0 > "$W/ncu_sgptq.csv" 2> "$W/ncu_sgptq.log"
+  log "ncu sgptq rc=$?"; cp "$W/ncu_sgptq.csv" "$O/ncu_sgptq.csv"
+  python3 bench/ncu_summary.py "$W/ncu_sgptq.csv" --by-kernel | tee -a "$S"
+  for T in 1 16; do
+    timeout 200 "$B/bench_compress_layer" --model qwen3-30b-a3b --methods sgptq --experts $((T == 1 ? 4 : 128)) --threads $T --cpu-experts 0 \
+      > "$W/sgptq_t$T.log" 2>&1
+    log "bench_compress_layer sgptq threads $T rc=$?"; sed 's/^/  /' "$W/sgptq_t$T.log" | tee -a "$S"
+  done
 fi
 if has profile; then
   timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile > "$W/profile.log" 2>&1

@@ -88,8 +88,9 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   g->add_option("--gpu-gemm", f.gpu_gemm,
                 "precision of the refinement's GEMMs on the GPU: fp32 (as the CPU) | tf32 (tensor cores, 10-bit\n"
                 "mantissa inputs, fp32 accumulation: 1.44x faster at Qwen3-30B-A3B shapes, ~1 point less of the\n"
-                "SGPTQ gap closed on the fixture; docs/RESULTS.md)")
-      ->check(CLI::IsMember({"fp32", "tf32"}));
+                "SGPTQ gap closed on the fixture; docs/RESULTS.md) | tf32-backward (the forward GEMMs fp32, the\n"
+                "three gradient GEMMs TF32)")
+      ->check(CLI::IsMember({"fp32", "tf32", "tf32-backward"}));
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
   f.baseline_group = b;
   b->add_option("--jsq-rho", f.opt.jsq.rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
@@ -127,6 +128,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_per_expert = schedule_scope == "expert";
   r.restore_best = select_epoch == "best";
   r.tf32_gemm = gpu_gemm == "tf32";
+  r.tf32_backward = gpu_gemm == "tf32-backward";
   MOESQ_CHECK(r.step_sequences == 0 || !(batch_opt && batch_opt->count() > 0),
               "--batch applies to the per-expert schedule; --step-sequences ", r.step_sequences,
               " chooses the layer-wide one, whose steps take whole sequences");

@@ -419,6 +419,10 @@ TEST_F(CliCompress, DeviceFlagErrorsNameWhatCannotRunOnTheGpu) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--gpu-gemm tf32 applies to the refinement on the GPU"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
+  r = run("compress " + model_ + " --method moesq --device cpu --gpu-gemm tf32-backward --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--gpu-gemm tf32-backward applies to the refinement on the GPU"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
   r = run("compress " + model_ + " --method moesq --device tpu --out " + out);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;

@@ -571,6 +571,9 @@ TEST(Refine, OptionsJsonRoundTripAndErrors) {
   EXPECT_FALSE(j.contains("tf32_gemm"));
   o.tf32_gemm = true;
   EXPECT_TRUE(compress::refine_options_from_json(compress::refine_options_to_json(o)).tf32_gemm);
+  EXPECT_FALSE(j.contains("tf32_backward"));
+  o.tf32_backward = true;
+  EXPECT_TRUE(compress::refine_options_from_json(compress::refine_options_to_json(o)).tf32_backward);
   // Missing keys keep their defaults.
   EXPECT_EQ(compress::refine_options_from_json({{"epochs", 4}}).lr_V, RefineOptions{}.lr_V);
   EXPECT_EQ(compress::refine_options_from_json(nullptr).epochs, RefineOptions{}.epochs);

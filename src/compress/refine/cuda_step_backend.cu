@@ -218,6 +218,7 @@ class CudaStepBackend final : public StepBackend {
                       s);
     T.end(s, &StageTimes::loss);
     cublasHandle_t b = ctx_->blas;
+    if (o_->tf32_backward) MOESQ_CUBLAS_CHECK(cublasSetMathMode(b, CUBLAS_TF32_TENSOR_OP_MATH));
     T.begin(s);
     gemm_rm(b, true, false, H_, I_, m, dy_.p, H_, h_.p, I_, dW_d_.p, I_);        // dW̃_down = dŶᵀ · h
     gemm_rm(b, false, false, m, I_, H_, dy_.p, H_, W_d_.p, I_, dh_.p, I_);       // dh = dŶ · W̃_down
@@ -230,6 +231,7 @@ class CudaStepBackend final : public StepBackend {
     T.begin(s);
     gemm_rm(b, true, false, 2 * I_, H_, m, dab_.p, 2 * I_, xb_.p, H_, dW_gu_.p, H_);  // dW̃_gu = [da|db]ᵀ · X
     T.end(s, &StageTimes::gemm);
+    if (o_->tf32_backward) MOESQ_CUBLAS_CHECK(cublasSetMathMode(b, CUBLAS_PEDANTIC_MATH));  // the next forward
     T.begin(s);
     const float* dW[3] = {dW_gu_.p, dW_gu_.p + I_ * H_, dW_d_.p};
     for (int j = 0; j < 3; ++j)

@@ -8,7 +8,8 @@
 // Non-obvious decisions:
 //  * The GEMMs run in fp32 (cuBLAS pedantic math: no TF32) like the CPU's cblas_sgemm, so a GPU run
 //    follows the CPU run's trajectory up to summation order (RefineOptions::tf32_gemm: TF32 tensor
-//    cores instead, measured in bench/NOTES.md); the kernels draw the same counter-based
+//    cores instead, RefineOptions::tf32_backward: TF32 for the three gradient GEMMs only, both measured
+//    in bench/NOTES.md); the kernels draw the same counter-based
 //    noise (ops/gumbel_support/gumbel_math.h). A GPU run is bitwise reproducible on one GPU model.
 //  * A training step needs no host synchronization: the epoch's row order is uploaded once, the step's
 //    scalars are kernel arguments. The host waits only for the per-epoch curves.

@@ -64,6 +64,7 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("rule_lr_V", o.rule_lr_V);
   fn("rule_per_expert", o.rule_per_expert);
   fn("tf32_gemm", o.tf32_gemm);
+  fn("tf32_backward", o.tf32_backward);
   fn("step_sequences", o.step_sequences);
 }
 
@@ -102,6 +103,7 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   // Written only when set: the options of every earlier run (all fp32) keep their bytes, so their
   // resume manifests still match (tests/compress/test_method_table.cpp).
   if (!o.tf32_gemm) j.erase("tf32_gemm");
+  if (!o.tf32_backward) j.erase("tf32_backward");
   if (o.step_sequences == 0) j.erase("step_sequences");
   return j;
 }

@@ -67,6 +67,10 @@ struct RefineOptions {
   // GPU backend only: the five GEMMs of a step on TF32 tensor cores (inputs rounded to a 10-bit
   // mantissa, fp32 accumulation) instead of fp32 FMA (`--gpu-gemm tf32`). The CPU ignores it.
   bool tf32_gemm = false;
+  // GPU backend only: the three BACKWARD GEMMs of a step (dW̃_down, dh, dW̃_gu) on TF32 tensor cores,
+  // the two forward GEMMs (the loss, the activation quantization's inputs) in fp32
+  // (`--gpu-gemm tf32-backward`); Lion consumes the gradients through a sign. The CPU ignores it.
+  bool tf32_backward = false;
 };
 
 // Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it
