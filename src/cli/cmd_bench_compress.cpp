@@ -121,7 +121,7 @@ void run_bench_compress(const BenchCompressArgs& a) {
   std::vector<compress::CompressOptions> opts;
   for (const std::string& name : methods) {
     opts.push_back(a.flags.options(name));  // compress's defaults and flags, validated
-    resolve_device(a.device, spec, opts.back());
+    resolve_device(a.device, spec, opts.back(), a.flags.gpu_gemm);
   }
   const compress::CalibSet calib = random_calibration(a.flags.calib_samples, a.flags.seq_len, spec.vocab_size,
                                                       a.flags.opt.refine.seed);

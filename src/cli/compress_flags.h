@@ -25,7 +25,7 @@ struct CompressFlags {
   compress::CompressOptions opt;
   // The text forms of RefineOptions::p, update_A, rule_per_expert and restore_best; add_compress_flags
   // sets their defaults from `opt`.
-  std::string objective, update, schedule_scope, select_epoch, gpu_gemm = "fp32";
+  std::string objective, update, schedule_scope, select_epoch, gpu_gemm;  // gpu_gemm "": the default (resolve_device)
   // true: epochs / batch / lr_A / lr_V in `opt` are used as they are (a command's own preset, e.g.
   // `moesq demo`), like flags the user gave.
   bool schedule_preset = false;
@@ -50,9 +50,11 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files =
 
 // --device auto|cpu|cuda of `compress` and `bench compress` → opt.device and the GPU solvers (cuda when
 // asked, or for auto when this build has CUDA, a GPU is present, the method has a GPU path and the
-// experts are plain SwiGLU). Errors name the flag: cuda without CUDA or a GPU, a CPU-only method,
-// experts the GPU does not implement. (cmd_compress.cpp)
-void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt);
+// experts are plain SwiGLU). A GPU refinement without --gpu-gemm (gpu_gemm "") gets the default
+// precision, tf32-backward (RefineOptions::tf32_backward). Errors name the flag: cuda without CUDA or a
+// GPU, a CPU-only method, experts the GPU does not implement. (cmd_compress.cpp)
+void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt,
+                    const std::string& gpu_gemm);
 
 // The --method help: every row of the method table (compress/method.h) as "name (help)", " | " between
 // them, wrapped.

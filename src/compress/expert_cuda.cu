@@ -102,7 +102,7 @@ DeviceRows rows_cuda(const model::ExpertWeights& w, int64_t H, int64_t I, const 
 }
 
 double rel_error_cuda(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, const float* gate, const float* up,
-                      const float* down, int act_block) {
+                      const float* down, int act_block, float* y_out) {
   Context& g = context();
   const cudaStream_t s = g.t.stream;
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
@@ -125,10 +125,12 @@ double rel_error_cuda(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, c
     ops::fake_quant({.x = xq, .rows = m, .K = H, .block = act_block, .per_row = true, .amax = nullptr,
                      .nonfinite = g.flag.b.p},
                     s);
-    forward(g, xq, m, H, I, act_block, yq);
+    // Ŷ into y_out when given: the chunks and GEMM shapes of routed_experts_device, so the same bits.
+    float* yo = y_out ? y_out + t0 * H : yq;
+    forward(g, xq, m, H, I, act_block, yo);
     const float* y_ref = rows.Y + t0 * H;
     // Σ_o (ŷ − y)² and Σ_o (0 − y)² per row, in fp64 (weights 1, no scaling).
-    ops::weighted_mse({.rows = m, .H = H, .y = yq, .y_ref = y_ref, .w = ones, .inv_norm = 1.0, .dy = nullptr,
+    ops::weighted_mse({.rows = m, .H = H, .y = yo, .y_ref = y_ref, .w = ones, .inv_norm = 1.0, .dy = nullptr,
                        .row_loss = rl},
                       s);
     ops::weighted_mse({.rows = m, .H = H, .y = zeros, .y_ref = y_ref, .w = ones, .inv_norm = 1.0, .dy = nullptr,
@@ -152,10 +154,13 @@ const ExpertDevice kExpertDeviceCuda{.rows = rows_cuda, .rel_error = rel_error_c
 // copy, once: Q_a is per row, so every expert sees the same quantized row the CPU's per-expert Q_a
 // gives), then per expert in ascending id order, per chunk of its rows: gather → gate|up GEMM → SwiGLU
 // (+ Q_a) → down GEMM → y[token] += weight · out (ops/scatter_add_f32). Every expert's weights pass once
-// through the thread's pinned staging. Returns y [n, H] in the thread's scratch (valid until the next
-// call), on the thread's stream.
+// through the thread's pinned staging. stored / kept (DeviceStates::expert_outputs, or null): an expert
+// with kept[e] = 1 has its outputs at stored + (its first route in routes_by_expert order) · H already
+// (rel_error_cuda's y_out: the same chunks, so the same bits) and is only added. Returns y [n, H] in the
+// thread's scratch (valid until the next call), on the thread's stream.
 float* routed_experts_device(Context& g, const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
-                             const float* dX, const model::Routes& r, int act_block) {
+                             const float* dX, const model::Routes& r, int act_block, const float* stored = nullptr,
+                             const uint8_t* kept = nullptr) {
   const int64_t n = r.n, k = r.k, E = static_cast<int64_t>(experts.size());
   MOESQ_CHECK(static_cast<int64_t>(r.expert.size()) == n * k && static_cast<int64_t>(r.weight.size()) == n * k,
               "routed experts on the GPU: the routes hold ", r.expert.size(), " ids for n = ", n, ", top-k ", k);
@@ -181,14 +186,25 @@ float* routed_experts_device(Context& g, const std::vector<model::ExpertWeights>
   g.t.h2d(didx, idx.data(), sizeof(int64_t) * n * k);
   g.t.h2d(dw, w.data(), sizeof(float) * n * k);
   MOESQ_CUDA_CHECK(cudaMemsetAsync(dy, 0, sizeof(float) * n * H, s));
-  if (dxq != dX) MOESQ_CUDA_CHECK(cudaMemcpyAsync(dxq, dX, sizeof(float) * n * H, cudaMemcpyDeviceToDevice, s));
-  if (act_block > 0)
+  auto is_kept = [&](int64_t e) { return stored && kept && kept[e]; };
+  bool compute = false;  // some expert with rows is not kept: X is needed, Q_a'd
+  for (int64_t e = 0; e < E; ++e) compute |= start[static_cast<size_t>(e) + 1] > start[static_cast<size_t>(e)] && !is_kept(e);
+  if (compute && dxq != dX)
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(dxq, dX, sizeof(float) * n * H, cudaMemcpyDeviceToDevice, s));
+  if (compute && act_block > 0)
     ops::fake_quant({.x = dxq, .rows = n, .K = H, .block = act_block, .per_row = true, .amax = nullptr,
                      .nonfinite = g.flag.b.p},
                     s);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = start[static_cast<size_t>(e)], ne = start[static_cast<size_t>(e) + 1] - b;
     if (ne == 0) continue;
+    if (is_kept(e)) {
+      for (int64_t t0 = 0; t0 < ne; t0 += kChunkRows)
+        ops::scatter_add_f32({.src = stored + (b + t0) * H, .w = dw + b + t0, .idx = didx + b + t0,
+                              .m = std::min(kChunkRows, ne - t0), .C = H, .y = dy, .y_rows = n},
+                             s);
+      continue;
+    }
     const model::ExpertWeights& ew = experts[static_cast<size_t>(e)];
     MOESQ_CHECK(static_cast<int64_t>(ew.gate.size()) == I * H && static_cast<int64_t>(ew.up.size()) == I * H &&
                     static_cast<int64_t>(ew.down.size()) == H * I,
@@ -267,14 +283,27 @@ class DeviceStatesCuda final : public DeviceStates {
     g.t.d2h(logits.data(), out, sizeof(float) * n * E);
     return logits;
   }
-  void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r,
-                 int act_block) override {
+  float* expert_outputs(int64_t routes) override {
+    const size_t need = static_cast<size_t>(std::max<int64_t>(routes, 1) * H_);
+    if (Yq_.p && Yq_.n >= need) return Yq_.p;
+    Yq_ = DevBuf<float>();  // frees a smaller one first
+    size_t free = 0, total = 0;
+    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    if (sizeof(float) * need > free / 4) return nullptr;  // the workers' rows and scratch come first
+    Yq_.alloc(need);
+    return Yq_.p;
+  }
+  void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r, int act_block,
+                 const std::vector<uint8_t>& kept) override {
     const int64_t n = offset_.back();
     MOESQ_CHECK(r.n == n, "device states: routes of ", r.n, " rows for ", n, " states");
+    MOESQ_CHECK(kept.empty() || (static_cast<int64_t>(kept.size()) == static_cast<int64_t>(experts.size()) && Yq_.p),
+                "device states: ", kept.size(), " kept-output flags for ", experts.size(), " experts");
     if (n == 0) return;
     Context& g = context();
     reset_flag(g);
-    const float* dy = routed_experts_device(g, experts, H_, I, X_.p, r, act_block);
+    const float* dy = routed_experts_device(g, experts, H_, I, X_.p, r, act_block, kept.empty() ? nullptr : Yq_.p,
+                                            kept.empty() ? nullptr : kept.data());
     // h += y (the CPU's order: the routed sum first, then the add), in pieces the int count holds.
     const float one = 1.0f;
     const int64_t total = n * H_, piece = int64_t{1} << 30;
@@ -296,6 +325,7 @@ class DeviceStatesCuda final : public DeviceStates {
   int64_t H_ = 0;
   std::vector<int64_t> offset_;  // [S + 1] first row of each sequence
   DevBuf<float> h_, X_;          // [n, H] each
+  DevBuf<float> Yq_;             // [routes, H] the experts' W4A4 outputs (expert_outputs), or empty
 };
 
 std::unique_ptr<DeviceStates> make_states_cuda() { return std::make_unique<DeviceStatesCuda>(); }

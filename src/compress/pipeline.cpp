@@ -150,7 +150,9 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
     rep.rel_error = std::numeric_limits<double>::quiet_NaN();
     if (rep.note.empty()) rep.note = "no calibration tokens (reconstruction error not measured)";
   } else if (gpu) {
-    rep.rel_error = gpu->rel_error(rows, c.n, H, I, deq[0].data(), deq[1].data(), deq[2].data(), act_block);
+    rep.rel_error =
+        gpu->rel_error(rows, c.n, H, I, deq[0].data(), deq[1].data(), deq[2].data(), act_block, c.dev_Yq);
+    if (c.dev_Yq && c.dev_Yq_kept) *c.dev_Yq_kept = 1;  // after the stream work above finished (rel_error waits)
   } else {
     const std::vector<float> yq =
         model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
@@ -210,9 +212,12 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
 // Algorithm 1 line 4: the rows routed to each expert with their router weights and the sequence each
 // row comes from (offset: [S + 1] first row of each sequence), cached once. Each expert's rows are in
 // token order; the experts are filled in parallel (a real layer copies ≈ 17 GB here: n·k rows of H).
-// With dev_X (device-resident states) the experts get the row ids into it (c.rows, c.dev_X) and X is unused.
+// With dev_X (device-resident states) the experts get the row ids into it (c.rows, c.dev_X) and X is unused;
+// with dev_Yq ([n·k, H], DeviceStates::expert_outputs) expert e's outputs go to its rows' slots there, and
+// kept[e] (E entries) is set when they are written.
 std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const float* dev_X, const model::Routes& routes,
-                                           int64_t E, int64_t H, const std::vector<int64_t>& offset, int threads) {
+                                           int64_t E, int64_t H, const std::vector<int64_t>& offset, int threads,
+                                           float* dev_Yq = nullptr, uint8_t* kept = nullptr) {
   const int64_t k = routes.k, n = routes.n;
   const RoutesByExpert by = routes_by_expert(routes, E);
   const std::vector<int64_t>& start = by.start;
@@ -226,6 +231,10 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const fl
     const int64_t b = start[static_cast<size_t>(e)];
     c.n = start[static_cast<size_t>(e) + 1] - b;
     c.dev_X = dev_X;
+    if (dev_Yq && kept) {
+      c.dev_Yq = dev_Yq + b * H;
+      c.dev_Yq_kept = kept + e;
+    }
     if (dev_X) c.rows.resize(static_cast<size_t>(c.n));
     else c.X.resize(static_cast<size_t>(c.n * H));
     c.g.resize(static_cast<size_t>(c.n));
@@ -435,6 +444,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     if (moe) m.load_experts(l);  // experts on demand: this layer's only, until it is propagated
     const size_t reports_before = res.reports.size();
     std::string committed_next_sha256;
+    std::vector<uint8_t> kept;  // [E] or empty: the experts whose W4A4 outputs the error stage left on the GPU
     model::Routes routes;
     if (moe)
       routes = dev ? m.route_logits(l, dev->router_logits(m.layer(l).router, E), st.n_total())
@@ -446,7 +456,10 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       lap(ls.routing);
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
-      std::vector<ExpertCalib> cal = cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads);
+      float* dev_Yq = dev ? dev->expert_outputs(routes.n * routes.k) : nullptr;
+      if (dev_Yq) kept.assign(static_cast<size_t>(E), 0);
+      std::vector<ExpertCalib> cal =
+          cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads, dev_Yq, dev_Yq ? kept.data() : nullptr);
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)
@@ -470,7 +483,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     // any, runs as stored: inside moe_block, or on the CPU after the GPU's routed experts).
     std::vector<float> y;
     if (dev) {  // device-resident: h += routed experts on the device; H_l comes back only to be hashed
-      dev->propagate(m.layer(l).experts, spec.moe_intermediate_size, routes, act_block);
+      dev->propagate(m.layer(l).experts, spec.moe_intermediate_size, routes, act_block, kept);
       if (resumed || run.work) dev->download(st.h);
     } else if (!moe) {
       y = m.dense_mlp(l, X, st.n_total());

@@ -49,8 +49,10 @@ struct ExpertDevice {
   DeviceRows (*rows)(const model::ExpertWeights& w, int64_t H, int64_t I, const ExpertCalib& c) = nullptr;
   // ‖Y − Ŷ‖²_F / ‖Y‖²_F over the n rows, Ŷ the W4A4 forward (activation block act_block) of the
   // dequantized weights gate/up [I, H], down [H, I] (host fp32); NaN when ‖Y‖ = 0 and Ŷ ≠ Y.
+  // y_out (device [n, H], or null): receives Ŷ, the bits DeviceStates::propagate computes for these
+  // rows (the same Q_a, GEMM shapes and row chunks), so the propagation adds it instead.
   double (*rel_error)(const DeviceRows& rows, int64_t n, int64_t H, int64_t I, const float* gate, const float* up,
-                      const float* down, int act_block) = nullptr;
+                      const float* down, int act_block, float* y_out) = nullptr;
 };
 
 // The routes of each expert: flat route ids t·k + j grouped by expert, ascending within each (= token
@@ -98,9 +100,15 @@ class DeviceStates {
   virtual const float* attention(const io::ModelSpec& spec, const model::LayerWeights& L) = 0;
   // X · routerᵀ: the router logits [n, E] fp32 on the host (router [E, H]).
   virtual std::vector<float> router_logits(const std::vector<float>& router, int64_t E) = 0;
-  // h += the routed part of moe_block on X (LayerDevice::routed_experts' math) for the routes r.
+  // A device buffer [routes, H] fp32 for the experts' W4A4 outputs on their rows, in routes_by_expert
+  // order (ExpertCalib::dev_Yq), kept from layer to layer; nullptr when it would take more than a
+  // quarter of the free GPU memory (the propagation then recomputes every expert).
+  virtual float* expert_outputs(int64_t routes) = 0;
+  // h += the routed part of moe_block on X (LayerDevice::routed_experts' math) for the routes r. kept
+  // ([E] or empty): kept[e] = 1 when expert e's outputs are already in expert_outputs' buffer (its
+  // error stage wrote them); those are added as they are, the others computed here — the same bits.
   virtual void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r,
-                         int act_block) = 0;
+                         int act_block, const std::vector<uint8_t>& kept) = 0;
   // H_l to the host, in upload's shape.
   virtual void download(std::vector<std::vector<float>>& h) = 0;
 };
@@ -186,6 +194,10 @@ struct ExpertCalib {
   // layer's X on the GPU (dev_X [n_total, H] fp32, valid while the layer is compressed).
   const float* dev_X = nullptr;
   std::vector<int64_t> rows;  // [n]
+  // Device-resident states with room for the layer's expert outputs (DeviceStates::expert_outputs):
+  // the GPU error stage writes Ŷ [n, H] here and sets *dev_Yq_kept = 1 (the propagation reuses it).
+  float* dev_Yq = nullptr;
+  uint8_t* dev_Yq_kept = nullptr;
 };
 
 // Compresses one expert with `opt.method` (its row's compress; what compress_model runs per expert;

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace moesq::model {
 
@@ -88,38 +89,48 @@ Routes select_routes(const RouterSpec& rs, std::vector<float> logits, int64_t n,
   r.logits = std::move(logits);
   r.expert.resize(n * K);
   r.weight.resize(n * K);
-  std::vector<float> p(E), c(E);
-  std::vector<int32_t> order(E);
   const bool sigmoid = rs.scoring == io::RouterScoring::Sigmoid;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* z = &r.logits[t * E];
-    if (rs.scoring == io::RouterScoring::TopkSoftmax) {
-      topk_softmax_row(z, E, K, order, &r.expert[t * K], &r.weight[t * K]);
-      continue;
+  // Rows [t0, t1) with their own scratch: every row is independent, so chunks on threads give the bits
+  // of one pass (a calibration layer routes 262,144 rows; the engine's calls route a few).
+  auto route_rows = [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(E), c(E);
+    std::vector<int32_t> order(E);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* z = &r.logits[t * E];
+      if (rs.scoring == io::RouterScoring::TopkSoftmax) {
+        topk_softmax_row(z, E, K, order, &r.expert[t * K], &r.weight[t * K]);
+        continue;
+      }
+      if (sigmoid) {
+        for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
+        grouped_choice(rs, p.data(), rs.correction_bias ? bias : nullptr, c.data());
+      } else {
+        const float mx = *std::max_element(z, z + E);
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(z[e] - mx));
+        for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+      }
+      const std::vector<float>& score = sigmoid ? c : p;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return score[a] > score[b] || (score[a] == score[b] && a < b);
+      });
+      float wsum = 0.0f;
+      for (int64_t j = 0; j < K; ++j) wsum += p[order[j]];
+      if (sigmoid) wsum += 1e-20f;
+      for (int64_t j = 0; j < K; ++j) {
+        float w = rs.norm_topk_prob ? p[order[j]] / wsum : p[order[j]];
+        if (rs.routed_scaling_factor != 1.0) w *= static_cast<float>(rs.routed_scaling_factor);
+        r.expert[t * K + j] = order[j];
+        r.weight[t * K + j] = w;
+      }
     }
-    if (sigmoid) {
-      for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
-      grouped_choice(rs, p.data(), rs.correction_bias ? bias : nullptr, c.data());
-    } else {
-      const float mx = *std::max_element(z, z + E);
-      float sum = 0.0f;
-      for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(z[e] - mx));
-      for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    }
-    const std::vector<float>& score = sigmoid ? c : p;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-      return score[a] > score[b] || (score[a] == score[b] && a < b);
-    });
-    float wsum = 0.0f;
-    for (int64_t j = 0; j < K; ++j) wsum += p[order[j]];
-    if (sigmoid) wsum += 1e-20f;
-    for (int64_t j = 0; j < K; ++j) {
-      float w = rs.norm_topk_prob ? p[order[j]] / wsum : p[order[j]];
-      if (rs.routed_scaling_factor != 1.0) w *= static_cast<float>(rs.routed_scaling_factor);
-      r.expert[t * K + j] = order[j];
-      r.weight[t * K + j] = w;
-    }
+  };
+  constexpr int64_t kChunk = 4096;
+  if (n < 2 * kChunk) {
+    route_rows(0, n);
+  } else {
+    parallel_for((n + kChunk - 1) / kChunk, [&](int64_t i) { route_rows(i * kChunk, std::min(n, (i + 1) * kChunk)); });
   }
   return r;
 }

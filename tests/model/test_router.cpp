@@ -109,6 +109,39 @@ TEST(Router, SigmoidGroupedMatchesPlainDefinition) {
   check_against_plain(rs, 41, 9, true);
 }
 
+// Many rows take the chunked, threaded path: every row's experts and weights are the bits the same row
+// gets routed alone (one row, the serial path), for each scoring.
+TEST(Router, ThreadedRowsEqualRowsRoutedAlone) {
+  const int64_t n = 20000;  // > 2 chunks of 4,096 rows
+  for (auto scoring : {moesq::io::RouterScoring::Softmax, moesq::io::RouterScoring::Sigmoid,
+                       moesq::io::RouterScoring::TopkSoftmax}) {
+    RouterSpec rs;
+    rs.scoring = scoring;
+    rs.num_experts = 64;
+    rs.top_k = 6;
+    if (scoring == moesq::io::RouterScoring::Sigmoid) {
+      rs.correction_bias = true;
+      rs.n_group = 8;
+      rs.topk_group = 4;
+    }
+    std::mt19937 rng(11 + static_cast<uint32_t>(scoring));
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> logits(n * rs.num_experts), bias(rs.num_experts);
+    for (auto& v : logits) v = nd(rng);
+    for (auto& v : bias) v = 0.1f * nd(rng);
+    const float* b = rs.correction_bias ? bias.data() : nullptr;
+    const Routes all = select_routes(rs, logits, n, b);
+    for (int64_t t = 0; t < n; t += 97) {
+      const std::vector<float> row(logits.begin() + t * rs.num_experts, logits.begin() + (t + 1) * rs.num_experts);
+      const Routes one = select_routes(rs, row, 1, b);
+      for (int64_t j = 0; j < rs.top_k; ++j) {
+        ASSERT_EQ(all.expert[t * rs.top_k + j], one.expert[j]) << "row " << t;
+        ASSERT_EQ(all.weight[t * rs.top_k + j], one.weight[j]) << "row " << t;
+      }
+    }
+  }
+}
+
 // E = 4 in 2 groups of 2, keep 1 group, k = 1. Group 0 = {0, 1}, group 1 = {2, 3}. Expert 0 has the
 // highest single score, but group 1's top-2 sum is larger, so expert 0 is masked out and expert 2 wins.
 TEST(Router, GroupMaskingHandWorked) {
