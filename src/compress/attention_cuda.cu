@@ -24,19 +24,20 @@ struct Context {
   Scratch<float> h, xn, qkv, q, k, v, attn, X;
   Scratch<int32_t> pos;
   Scratch<int64_t> start;
+  gpu::SplitOperand w_qkv_s, w_o_s, a_s;  // the TF32 parts of the projections' operands
 };
 Context& context() {
   thread_local Context ctx;
   return ctx;
 }
 
-// Row-major C [m, N] (+)= A [m, K] · Bᵀ (B [N, K]) as column-major Cᵀ = B · Aᵀ, fp32.
-void sgemm_nt(cublasHandle_t blas, const float* A, int64_t m, int64_t K, const float* B, int64_t N, float* C,
+// Row-major C [m, N] (+)= A [m, K] · Bᵀ (B [N, K], already split: the layer's weights) as column-major
+// Cᵀ = B · Aᵀ, 3xTF32 (gpu::sgemm_3xtf32: fp32-class accuracy on tensor cores).
+void sgemm_nt(Context& g, const float* A, int64_t m, int64_t K, const gpu::SplitOperand& B, int64_t N, float* C,
               float beta) {
-  const float one = 1.0f;
-  MOESQ_CUBLAS_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(m),
-                                 static_cast<int>(K), &one, B, static_cast<int>(K), A, static_cast<int>(K), &beta, C,
-                                 static_cast<int>(N)));
+  g.a_s.split(g.t, A, static_cast<size_t>(m * K));
+  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(m), static_cast<int>(K), B,
+                    static_cast<int>(K), g.a_s, static_cast<int>(K), beta, C, static_cast<int>(N));
 }
 
 }  // namespace
@@ -59,6 +60,8 @@ void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L
   g.t.h2d(w_qkv + (qw + kw) * H, L.v_proj.data(), sizeof(float) * kw * H);
   float* w_o = g.w_o.get(static_cast<size_t>(H * qw));
   g.t.h2d(w_o, L.o_proj.data(), sizeof(float) * H * qw);
+  g.w_qkv_s.split(g.t, w_qkv, static_cast<size_t>(qkv_w * H));
+  g.w_o_s.split(g.t, w_o, static_cast<size_t>(H * qw));
   float* in_norm = g.in_norm.get(static_cast<size_t>(H));
   float* post_norm = g.post_norm.get(static_cast<size_t>(H));
   float* q_norm = g.q_norm.get(static_cast<size_t>(hd));
@@ -101,7 +104,7 @@ void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L
     ops::rmsnorm({.x = h, .w = in_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = xn, .n = n, .D = H,
                   .eps = spec.rms_norm_eps},
                  s);
-    sgemm_nt(g.t.blas, xn, n, H, w_qkv, qkv_w, qkv, 0.0f);
+    sgemm_nt(g, xn, n, H, g.w_qkv_s, qkv_w, qkv, 0.0f);
     ops::QkRopeArgs rope;
     rope.qkv = qkv;
     rope.q_norm = q_norm;
@@ -123,7 +126,7 @@ void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L
                                .nh = static_cast<int>(nh), .nkv = static_cast<int>(nkv), .hd = static_cast<int>(hd),
                                .window = L.attention_window, .scale = scale},
                               s);
-    sgemm_nt(g.t.blas, attn, n, qw, w_o, H, h, 1.0f);  // h += o_proj(attention)
+    sgemm_nt(g, attn, n, qw, g.w_o_s, H, h, 1.0f);  // h += o_proj(attention)
     ops::rmsnorm({.x = h, .w = post_norm, .y = nullptr, .y_lo = nullptr, .y_f32 = dX + r0 * H, .n = n, .D = H,
                   .eps = spec.rms_norm_eps},
                  s);

@@ -1,9 +1,10 @@
 // The routing's input on the GPU (compress --device cuda; LayerDevice::moe_inputs): a layer's
 // attention block over every calibration sequence in fp32, then the post-attention RMSNorm — what
 // layer_moe_inputs computes with model::DecoderModel::attention_block and moe_input on the CPU:
-//   rmsnorm (ops/rmsnorm, fp32 out) → q|k|v cuBLAS SGEMM (one fused weight) → q/k head norm + RoPE
+//   rmsnorm (ops/rmsnorm, fp32 out) → q|k|v GEMM (one fused weight) → q/k head norm + RoPE
 //   (ops/qk_rope with fp32 k/v rows, the CPU's RoPE tables) → causal GQA attention
-//   (ops/causal_attention_f32) → o_proj SGEMM accumulated into h → rmsnorm (post) → X.
+//   (ops/causal_attention_f32) → o_proj GEMM accumulated into h → rmsnorm (post) → X; both GEMMs
+//   3xTF32 (gpu::sgemm_3xtf32: fp32-class accuracy on tensor cores).
 // Sequences go in chunks of whole sequences (≈ kChunkRows rows), so device memory is bounded for any
 // calibration size. Values differ from the CPU's by fp32 summation order (GEMMs, the online softmax)
 // and expf's ulps. Defined in CUDA builds only (moesq_compress_cuda).

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "ops/split_tf32/split_tf32.h"
+
 namespace moesq::compress::gpu {
 
 ThreadContext::ThreadContext() {
@@ -62,6 +64,26 @@ ThreadContext::~ThreadContext() {
   if (solver) cusolverDnDestroy(solver);
   if (blas) cublasDestroy(blas);
   if (stream) cudaStreamDestroy(stream);
+}
+
+void SplitOperand::split(ThreadContext& t, const float* x, size_t n) {
+  float* h = hi_s.get(std::max<size_t>(n, 1));
+  float* l = lo_s.get(std::max<size_t>(n, 1));
+  ops::split_tf32({.x = x, .n = static_cast<int64_t>(n), .hi = h, .lo = l}, t.stream);
+  hi = h;
+  lo = l;
+}
+
+void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const SplitOperand& A,
+                  int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc) {
+  MOESQ_CHECK(A.hi && A.lo && B.hi && B.lo, "sgemm_3xtf32: an operand was not split");
+  const float one = 1.0f;
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, CUBLAS_TF32_TENSOR_OP_MATH));
+  // The small terms first: the one rounding of the large term's add comes last.
+  MOESQ_CUBLAS_CHECK(cublasSgemm(t.blas, ta, tb, m, n, k, &one, A.lo, lda, B.hi, ldb, &beta, C, ldc));
+  MOESQ_CUBLAS_CHECK(cublasSgemm(t.blas, ta, tb, m, n, k, &one, A.hi, lda, B.lo, ldb, &one, C, ldc));
+  MOESQ_CUBLAS_CHECK(cublasSgemm(t.blas, ta, tb, m, n, k, &one, A.hi, lda, B.hi, ldb, &one, C, ldc));
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, CUBLAS_PEDANTIC_MATH));
 }
 
 ThreadContext& thread_context() {

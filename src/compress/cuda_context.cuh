@@ -68,4 +68,23 @@ struct ThreadContext {
 // The calling thread's context (created on first use; Error on a CUDA / library failure).
 ThreadContext& thread_context();
 
+// An fp32 operand split into TF32 parts (ops/split_tf32: x ≈ hi + lo, both TF32-exact), kept in
+// scratch so an operand used many times (an expert's weights) is split once.
+struct SplitOperand {
+  Scratch<float> hi_s, lo_s;
+  const float* hi = nullptr;
+  const float* lo = nullptr;
+  // Splits n values of x (device) on t's stream.
+  void split(ThreadContext& t, const float* x, size_t n);
+};
+
+// C = op(A)·op(B) + beta·C in cuBLAS's column-major convention (cublasSgemm's arguments), at fp32-class
+// accuracy on TF32 tensor cores ("3xTF32"): C = beta·C + A_lo·B_hi, then + A_hi·B_lo, then + A_hi·B_hi
+// (each product of TF32-exact parts is exact in the fp32 accumulator; the dropped A_lo·B_lo and the
+// rounding of the lo parts are ≤ 2⁻²¹ of a product, against 2⁻²⁴ per fp32 product and ~√K·2⁻²⁴ of
+// an fp32 SIMT GEMM's summation). Deterministic for a given shape (cuBLAS's kernel choice). Leaves
+// t.blas in CUBLAS_PEDANTIC_MATH (the compression stages' fp32 mode). Errors: cuBLAS's, naming the call.
+void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const SplitOperand& A,
+                  int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc);
+
 }  // namespace moesq::compress::gpu

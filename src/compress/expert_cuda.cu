@@ -23,6 +23,7 @@ constexpr int64_t kChunkRows = 4096;  // rows per GEMM pass (bounds the [rows, 2
 struct Context {
   gpu::ThreadContext& t = gpu::thread_context();
   Scratch<float> X, Y, w_gu, w_d, ab, h, xq, yq, zeros, ones;
+  gpu::SplitOperand w_gu_s, w_d_s, x_s, h_s;  // the TF32 parts of forward's GEMM operands
   Scratch<double> row_loss;
   Scratch<int32_t> flag;
   // The layer's propagation (routed_experts_cuda): its inputs, outputs, routes and one chunk of rows.
@@ -42,25 +43,27 @@ void upload_weights(Context& g, const float* gate, const float* up, const float*
   g.t.h2d(gu, gate, sizeof(float) * n);
   g.t.h2d(gu + n, up, sizeof(float) * n);
   g.t.h2d(d, down, sizeof(float) * n);
+  g.w_gu_s.split(g.t, gu, 2 * n);  // once per expert: every chunk's GEMMs read the parts
+  g.w_d_s.split(g.t, d, n);
 }
 
 // y [m, H] = (silu(x·gateᵀ) ⊙ (x·upᵀ)) · downᵀ on m device rows x [m, H], with Q_a on h when
-// act_block > 0 (the caller quantizes x), through the thread's w_gu / w_d.
+// act_block > 0 (the caller quantizes x), through the thread's w_gu / w_d (their TF32 parts: both
+// GEMMs are 3xTF32, gpu::sgemm_3xtf32, fp32-class accuracy at tensor-core rates).
 void forward(Context& g, const float* x, int64_t m, int64_t H, int64_t I, int act_block, float* y) {
   float* ab = g.ab.get(static_cast<size_t>(kChunkRows * 2 * I));
   float* h = g.h.get(static_cast<size_t>(kChunkRows * I));
-  const float one = 1.0f, zero = 0.0f;
-  // Row-major C [m, N] = A [m, K] · Bᵀ (B [N, K]) is column-major Cᵀ = B · Aᵀ.
-  MOESQ_CUBLAS_CHECK(cublasSgemm(g.t.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I), static_cast<int>(m),
-                                 static_cast<int>(H), &one, g.w_gu.b.p, static_cast<int>(H), x, static_cast<int>(H),
-                                 &zero, ab, static_cast<int>(2 * I)));
+  // Row-major C [m, N] = A [m, K] · Bᵀ (B [N, K]) is column-major Cᵀ = B · Aᵀ; 3xTF32 (fp32-class).
+  g.x_s.split(g.t, x, static_cast<size_t>(m * H));
+  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I), static_cast<int>(m), static_cast<int>(H),
+                    g.w_gu_s, static_cast<int>(H), g.x_s, static_cast<int>(H), 0.0f, ab, static_cast<int>(2 * I));
   ops::swiglu_train_forward({.rows = m, .I = I, .ab = ab, .h = h, .quantize = act_block > 0,
                              .block = act_block > 0 ? act_block : 32, .nonfinite = g.flag.b.p, .dh = nullptr,
                              .dab = nullptr},
                             g.t.stream);
-  MOESQ_CUBLAS_CHECK(cublasSgemm(g.t.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), static_cast<int>(m),
-                                 static_cast<int>(I), &one, g.w_d.b.p, static_cast<int>(I), h, static_cast<int>(I),
-                                 &zero, y, static_cast<int>(H)));
+  g.h_s.split(g.t, h, static_cast<size_t>(m * I));
+  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), static_cast<int>(m), static_cast<int>(I), g.w_d_s,
+                    static_cast<int>(I), g.h_s, static_cast<int>(I), 0.0f, y, static_cast<int>(H));
 }
 
 void reset_flag(Context& g) {

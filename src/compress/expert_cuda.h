@@ -1,11 +1,11 @@
 // The GPU half of an expert's task around its solver (compress --device cuda; CompressOptions::
 // expert_device): the calibration rows X uploaded once and the original expert's outputs Y computed
-// on the device (cuBLAS fp32 GEMMs + ops/swiglu_train, no activation quant), shared by the GPU SGPTQ
-// and the GPU refinement through DeviceRows, then the W4A4 reconstruction error of the compressed
-// expert measured on those rows (ops/fake_quant per row, SwiGLU with Q_a, ops/weighted_mse in fp64).
-// The CPU path computes the same quantities with cblas (pipeline.cpp); the values differ by fp32
-// summation order only. Memory: the calling thread's scratch (compress/cuda_context.cuh), reused by
-// its next expert. The same forward, over every expert of a layer, is the layer's propagation
+// on the device (3xTF32 GEMMs, gpu::sgemm_3xtf32: fp32-class accuracy, + ops/swiglu_train, no
+// activation quant), shared by the GPU SGPTQ and the GPU refinement through DeviceRows, then the W4A4
+// reconstruction error of the compressed expert measured on those rows (ops/fake_quant per row,
+// SwiGLU with Q_a, ops/weighted_mse in fp64). The CPU path computes the same quantities with cblas
+// (pipeline.cpp); the values differ at the fp32 rounding level (summation order, the 3xTF32 split)
+// only. Memory: the calling thread's scratch (compress/cuda_context.cuh), reused by its next expert. The same forward, over every expert of a layer, is the layer's propagation
 // (layer_device_cuda). Defined in CUDA builds only (moesq_compress_cuda).
 #pragma once
 #include "compress/pipeline.h"

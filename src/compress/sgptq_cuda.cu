@@ -41,6 +41,7 @@ struct Context {
   Scratch<double> chunk, H, M, Wt, w64, err, row_loss, work;
   Scratch<uint8_t> patterns, scale_codes, value_codes, trtri_work;
   Scratch<int32_t> flags;  // [0] cuSOLVER info, [1] non-finite GPTQ error
+  gpu::SplitOperand wq_s, x_s;  // the TF32 parts of inter_hessian's GEMM operands
   void sync() { t.sync(); }
 };
 Context& context() {
@@ -76,13 +77,13 @@ void inter_hessian(Context& g, const float* X, int64_t n, int64_t H, int64_t I, 
   const int64_t C = std::min(kChunkRows, n);
   float* ab = g.ab.get(static_cast<size_t>(C * 2 * I));
   float* z = g.h.get(static_cast<size_t>(C * I));
-  const float one = 1.0f, zero = 0.0f;
+  g.wq_s.split(g.t, wq, static_cast<size_t>(2 * I * H));
   for (int64_t t0 = 0; t0 < n; t0 += C) {
     const int64_t m = std::min(C, n - t0);
-    // Row-major ab [m, 2I] = X[t0:t0+m] · wqᵀ (column-major: abᵀ = wq · Xᵀ).
-    MOESQ_CUBLAS_CHECK(cublasSgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I), static_cast<int>(m),
-                                   static_cast<int>(H), &one, wq, static_cast<int>(H), X + t0 * H, static_cast<int>(H),
-                                   &zero, ab, static_cast<int>(2 * I)));
+    // Row-major ab [m, 2I] = X[t0:t0+m] · wqᵀ (column-major: abᵀ = wq · Xᵀ), 3xTF32 (fp32-class).
+    g.x_s.split(g.t, X + t0 * H, static_cast<size_t>(m * H));
+    gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I), static_cast<int>(m), static_cast<int>(H),
+                      g.wq_s, static_cast<int>(H), g.x_s, static_cast<int>(H), 0.0f, ab, static_cast<int>(2 * I));
     ops::swiglu_train_forward({.rows = m, .I = I, .ab = ab, .h = z, .quantize = false, .block = 32,
                                .nonfinite = nullptr, .dh = nullptr, .dab = nullptr},
                               g.s);

@@ -8,7 +8,8 @@
 //     potrf), its triangular inverse (cuSOLVER trtri), reversed back (thrust); the same pivot test;
 //   * the column loop: per lazy block, ops/sgptq_columns (one thread per row), then cuBLAS DGEMM
 //     applies the block's error to the later columns;
-//   * down's Hessian on ITS inputs through the compressed gate/up (cuBLAS fp32 GEMM + SwiGLU, no Q_a).
+//   * down's Hessian on ITS inputs through the compressed gate/up (a 3xTF32 GEMM, fp32-class accuracy:
+//     gpu::sgemm_3xtf32, + SwiGLU, no Q_a).
 // The result is a CPU solve's up to fp64 summation order (GEMM and factorisation order), so it is
 // not bit-equal to `--device cpu`; two GPU runs are (fixed launch configurations, no atomics).
 // Non-obvious: a non-finite Hessian is detected on its diagonal only (x² of a NaN or an infinity

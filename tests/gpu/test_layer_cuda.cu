@@ -10,16 +10,22 @@
 //   * routed_experts on the GPU against DecoderModel::moe_block on the CPU (the propagation it
 //     replaces) on a random layer: without Q_a within fp32 GEMM summation order, with Q_a (blocks 32
 //     and 16) within the E2M1 flips that order causes; experts with more rows than one GPU chunk and an
-//     expert with no rows; two GPU runs give the same bits; a NaN input is an Error.
+//     expert with no rows; two GPU runs give the same bits; a NaN input is an Error;
+//   * ops::split_tf32 against its twin bit for bit, and gpu::sgemm_3xtf32 (the GEMMs of all of the above)
+//     against an fp64 product: within kThreeTf32RelFro, as accurate as cuBLAS's fp32 SGEMM, and far
+//     more than one TF32 GEMM.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "compress/cuda_context.cuh"
 #include "compress/expert_cuda.h"
 #include "compress/method.h"
 #include "compress/sgptq_cuda.h"
@@ -34,6 +40,7 @@
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/scatter_add_f32/scatter_add_f32.h"
+#include "ops/split_tf32/split_tf32.h"
 #include "support/gpu_test_main.h"
 
 namespace {
@@ -50,6 +57,9 @@ constexpr double kActQuantRelFro = 2e-2;
 constexpr double kAttnAbsTol = 2e-5;
 // The routing input: cuBLAS vs OpenBLAS GEMM order, the online softmax, then the post norm.
 constexpr double kMoeInputsRelFro = 1e-5;
+// A 3xTF32 GEMM (K = 2048, unit-variance operands) against the fp64 product: the dropped lo·lo terms
+// and the lo parts' rounding (≤ 2⁻²¹ of a product) plus fp32 accumulation, relative Frobenius error.
+constexpr double kThreeTf32RelFro = 1e-6;
 
 std::vector<float> random_vec(size_t n, uint64_t seed, float sd) {
   std::mt19937_64 g(seed);
@@ -121,6 +131,68 @@ TEST(ScatterAddF32Gpu, MatchesTheTwinBitwise) {
       const std::vector<float> got = dy.download();
       ASSERT_EQ(0, std::memcmp(got.data(), y.data(), y.size() * sizeof(float))) << "C=" << C << " m=" << m;
     }
+}
+
+TEST(SplitTf32Gpu, MatchesTheTwinBitwise) {
+  std::vector<float> x = random_vec(100003, 71, 3.0f);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] = std::ldexp(x[i], static_cast<int>(i % 200) - 100);
+  x[5] = std::numeric_limits<float>::infinity();
+  x[6] = std::numeric_limits<float>::quiet_NaN();
+  x[7] = FLT_MAX;
+  x[8] = std::numeric_limits<float>::denorm_min() * 777;
+  const int64_t n = static_cast<int64_t>(x.size());
+  DevBuf<float> dx(x), dhi(x.size()), dlo(x.size());
+  ops::split_tf32({.x = dx.p, .n = n, .hi = dhi.p, .lo = dlo.p}, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> hi = dhi.download(), lo = dlo.download();
+  std::vector<float> hi_ref(x.size()), lo_ref(x.size());
+  ops::split_tf32_ref({.x = x.data(), .n = n, .hi = hi_ref.data(), .lo = lo_ref.data()});
+  EXPECT_EQ(0, std::memcmp(hi.data(), hi_ref.data(), sizeof(float) * x.size()));
+  EXPECT_EQ(0, std::memcmp(lo.data(), lo_ref.data(), sizeof(float) * x.size()));
+}
+
+TEST(SplitTf32Gpu, ThreeTf32GemmIsAsAccurateAsFp32) {
+  const int64_t m = 300, N = 200, K = 2048;
+  const std::vector<float> A = random_vec(m * K, 81, 1.0f), B = random_vec(N * K, 82, 1.0f);
+  std::vector<double> want(static_cast<size_t>(m * N));  // row-major C = A · Bᵀ in fp64
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(A[i * K + k]) * B[j * K + k];
+      want[static_cast<size_t>(i * N + j)] = acc;
+    }
+  auto err = [&](const std::vector<float>& got) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    return std::sqrt(num / den);
+  };
+  compress::gpu::ThreadContext& t = compress::gpu::thread_context();
+  DevBuf<float> dA(A), dB(B), dC(static_cast<size_t>(m * N));
+  compress::gpu::SplitOperand a, b;
+  a.split(t, dA.p, A.size());
+  b.split(t, dB.p, B.size());
+  std::vector<float> three, fp32, tf32;
+  // Column-major Cᵀ [N, m] = B · Aᵀ.
+  compress::gpu::sgemm_3xtf32(t, CUBLAS_OP_T, CUBLAS_OP_N, N, m, K, b, K, a, K, 0.0f, dC.p, N);
+  t.sync();
+  three = dC.download();
+  const float one = 1.0f, zero = 0.0f;
+  for (const auto mode : {CUBLAS_PEDANTIC_MATH, CUBLAS_TF32_TENSOR_OP_MATH}) {
+    MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, mode));
+    MOESQ_CUBLAS_CHECK(cublasSgemm(t.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, m, K, &one, dB.p, K, dA.p, K, &zero, dC.p, N));
+    t.sync();
+    (mode == CUBLAS_PEDANTIC_MATH ? fp32 : tf32) = dC.download();
+  }
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, CUBLAS_PEDANTIC_MATH));
+  const double e3 = err(three), e32 = err(fp32), etf = err(tf32);
+  std::printf("C = A·Bᵀ, K = %lld: relative Frobenius error 3xTF32 %.3g, fp32 SGEMM %.3g, TF32 %.3g\n",
+              static_cast<long long>(K), e3, e32, etf);
+  EXPECT_LE(e3, kThreeTf32RelFro);
+  EXPECT_LE(e3, 2.0 * e32);
+  EXPECT_GT(etf, 20.0 * e3);  // one TF32 GEMM is not enough: the split is what buys the accuracy
 }
 
 TEST(LayerDeviceCuda, RoutedExpertsMatchTheCpuMoeBlock) {
