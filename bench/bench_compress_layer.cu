@@ -41,6 +41,7 @@
 #include "compress/expert_cuda.h"
 #include "compress/method.h"
 #include "compress/pipeline.h"
+#include "core/cuda/gpu_memory_peak.h"
 #include "compress/refine/cuda_step_backend.h"
 #include "compress/sgptq_cuda.h"
 #include "core/blas_threads.h"
@@ -80,34 +81,6 @@ struct Expert {
 };
 
 // The lowest free GPU memory seen while it lives (a 20 ms sampler thread).
-class PeakMemory {
- public:
-  PeakMemory() {
-    size_t total = 0;
-    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free0_, &total));
-    min_free_ = free0_;
-    t_ = std::thread([this] {
-      while (!done_) {
-        size_t f = 0, t = 0;
-        if (cudaMemGetInfo(&f, &t) == cudaSuccess && f < min_free_) min_free_ = f;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
-  ~PeakMemory() { stop(); }
-  double stop() {
-    done_ = true;
-    if (t_.joinable()) t_.join();
-    return static_cast<double>(free0_ - min_free_) / 1e9;
-  }
-
- private:
-  size_t free0_ = 0;
-  std::atomic<size_t> min_free_{0};
-  std::atomic<bool> done_{false};
-  std::thread t_;
-};
-
 struct Run {
   double seconds = 0, peak_gb = 0;
   int64_t experts = 0;
@@ -122,8 +95,8 @@ Run run_layer(const io::ModelSpec& spec, const std::vector<Expert>& ex, int64_t 
   r.rel_error.assign(static_cast<size_t>(count), 0.0);
   std::vector<compress::ExpertReport> reps(static_cast<size_t>(count));
   ScopedBlasSingleThread single_blas;  // as compress_model: the workers parallelize, BLAS does not
-  std::unique_ptr<PeakMemory> peak;
-  if (gpu) peak = std::make_unique<PeakMemory>();
+  std::unique_ptr<GpuMemoryPeak> peak;
+  if (gpu) peak = std::make_unique<GpuMemoryPeak>();
   const auto t0 = Clock::now();
   parallel_for(count, [&](int64_t e) {
     const Expert& x = ex[static_cast<size_t>(e)];
@@ -135,7 +108,10 @@ Run run_layer(const io::ModelSpec& spec, const std::vector<Expert>& ex, int64_t 
     compress::compress_and_install(spec, w, spec.hidden_size, spec.moe_intermediate_size, x.c, opt, 32, rep);
   }, threads);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (peak) r.peak_gb = peak->stop();
+  if (peak) {
+    peak->stop();
+    r.peak_gb = peak->peak_added_gb();
+  }
   for (int64_t e = 0; e < count; ++e) {
     const compress::ExpertReport& rep = reps[static_cast<size_t>(e)];
     r.targets += rep.stage_seconds.targets;

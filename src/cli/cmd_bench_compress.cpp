@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@
 #include "core/threads.h"
 #include "model/decoder.h"
 #include "runtime/weights.h"
+#ifdef MOESQ_HAVE_CUDA
+#include "core/cuda/gpu_memory_peak.h"
+#endif
 
 namespace moesq::cli {
 
@@ -141,7 +145,18 @@ void run_bench_compress(const BenchCompressArgs& a) {
     const double draw_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress("bench compress", std::string(opt.method->name) + " on " + compress::device_name(opt.device) +
                                    " (weights drawn in " + duration_text(draw_s) + ")");
+    double peak_gpu_gb = -1;  // < 0: not measured (a CPU run, or a build without CUDA)
+#ifdef MOESQ_HAVE_CUDA
+    std::unique_ptr<GpuMemoryPeak> peak;
+    if (opt.device == compress::Device::kCuda) peak = std::make_unique<GpuMemoryPeak>();
+#endif
     const compress::CompressResult r = compress::compress_model(m, calib, opt);
+#ifdef MOESQ_HAVE_CUDA
+    if (peak) {
+      peak->stop();
+      peak_gpu_gb = peak->peak_in_use_gb();
+    }
+#endif
     nlohmann::json layers = nlohmann::json::array();
     double sum = 0;
     std::fprintf(table, "%s (--device %s):\n", opt.method->name, compress::device_name(opt.device));
@@ -163,14 +178,17 @@ void run_bench_compress(const BenchCompressArgs& a) {
                           {"error", x.error}}}});
     }
     const double per_layer = sum / static_cast<double>(a.layers);
-    std::fprintf(table, "  mean %.2f s per layer -> %d layers: %.1f min (extrapolated); peak host memory %.1f GB\n", per_layer,
+    std::fprintf(table, "  mean %.2f s per layer -> %d layers: %.1f min (extrapolated); peak host memory %.1f GB", per_layer,
                 static_cast<int>(model_layers), per_layer * static_cast<double>(model_layers) / 60.0, peak_host_gb());
+    if (peak_gpu_gb >= 0) std::fprintf(table, "; peak GPU memory in use %.1f GB (device-wide, sampled)", peak_gpu_gb);
+    std::fprintf(table, "\n");
     runs.push_back({{"method", opt.method->name},
                     {"device", compress::device_name(opt.device)},
                     {"layers", layers},
                     {"mean_layer_s", per_layer},
                     {"model_extrapolated_s", per_layer * static_cast<double>(model_layers)},
                     {"peak_host_gb", peak_host_gb()},
+                    {"peak_gpu_gb", peak_gpu_gb >= 0 ? nlohmann::json(peak_gpu_gb) : nlohmann::json(nullptr)},
                     {"weights_drawn_s", draw_s}});
   }
   if (a.json) {
@@ -194,7 +212,8 @@ void register_bench_compress(CLI::App* bench) {
   auto* cmd = bench->add_subcommand(
       "compress",
       "Algorithm 1 (compress's own pipeline and flags) on a synthetic model of a real config's shapes: per layer the\n"
-      "seconds of routing, the experts (targets / solve / refinement / error) and the propagation, peak host memory");
+      "seconds of routing, the experts (targets / solve / refinement / error) and the propagation, peak host memory,\n"
+      "and on the GPU the peak device memory in use (sampled every 10 ms)");
   cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b (weights drawn from --weight-seed)")
       ->required();
   cmd->add_option("--layers", args->layers, "decoder layers to build and compress (the whole model is extrapolated)")

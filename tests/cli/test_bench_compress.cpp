@@ -44,6 +44,7 @@ TEST(CliBenchCompress, StagesPerLayerAddUpAndTheModelIsExtrapolated) {
     EXPECT_NEAR(run["mean_layer_s"].get<double>(), sum / 2, 1e-9);
     EXPECT_NEAR(run["model_extrapolated_s"].get<double>(), sum / 2 * 48, 1e-6);
     EXPECT_GT(run["peak_host_gb"].get<double>(), 0.0);
+    EXPECT_TRUE(run["peak_gpu_gb"].is_null());  // measured on the GPU only
   }
   // SGPTQ's expert stage is made of its solve: the summed per-expert worker time says so.
   EXPECT_GT(j["runs"][1]["layers"][0]["expert_stages_summed_s"]["solve"].get<double>(), 0.0);
