@@ -6,11 +6,12 @@
 // RefineOptions::device to it.
 //
 // Non-obvious decisions:
-//  * The GEMMs run in fp32 (cuBLAS pedantic math: no TF32) like the CPU's cblas_sgemm, so a GPU run
-//    follows the CPU run's trajectory up to summation order (RefineOptions::tf32_gemm: TF32 tensor
-//    cores instead, RefineOptions::tf32_backward: TF32 for the three gradient GEMMs only, both measured
-//    in bench/NOTES.md); the kernels draw the same counter-based
-//    noise (ops/gumbel_support/gumbel_math.h). A GPU run is bitwise reproducible on one GPU model.
+//  * The GEMMs run in fp32 (cuBLAS pedantic math: no TF32) like the CPU's cblas_sgemm unless asked
+//    (RefineOptions::tf32_backward: the three gradient GEMMs on TF32, what `compress --device cuda`
+//    sets by default; RefineOptions::tf32_gemm: all five; both measured in bench/NOTES.md), so a GPU
+//    run follows the CPU run's trajectory up to summation order and the gradients' TF32 rounding; the
+//    kernels draw the same counter-based noise (ops/gumbel_support/gumbel_math.h). A GPU run is bitwise
+//    reproducible on one GPU model.
 //  * A training step needs no host synchronization: the epoch's row order is uploaded once, the step's
 //    scalars are kernel arguments. The host waits only for the per-epoch curves.
 //  * A non-finite weight or activation (a diverged refinement) raises a device flag that the next
