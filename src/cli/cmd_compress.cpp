@@ -113,7 +113,7 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   if (opt.method->refines) opt.refine.device = compress::refine::make_cuda_step_backend;
   // The default precision: fp32 forward, TF32 gradients (the fixture's held-out nats as fp32's within
   // seed noise, 12 % faster at Qwen3-30B-A3B shapes; bench/NOTES.md "GPU compression v4").
-  if (gpu_gemm.empty()) opt.refine.tf32_backward = true;
+  if (gpu_gemm.empty() && opt.method->refines) opt.refine.tf32_backward = true;
 #else
   (void)gpu_gemm;
   MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");
