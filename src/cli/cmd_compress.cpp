@@ -141,7 +141,8 @@ void run_compress(const Args* args, dist::Communicator& comm) {
               " is already quantized (config.json has quantization_config); compress the original");
   resolve_device(args->device, ckpt.spec(), opt, args->flags.gpu_gemm);  // before the weights are read
   MOESQ_CHECK((!opt.refine.tf32_gemm && !opt.refine.tf32_backward) || opt.device == compress::Device::kCuda,
-              "--gpu-gemm ", opt.refine.tf32_gemm ? "tf32" : "tf32-backward", " applies to the refinement on the GPU, and this run refines on the CPU (--device ",
+              "--gpu-gemm ", opt.refine.tf32_gemm ? "tf32" : "tf32-backward",
+              " applies to the refinement on the GPU, and this run refines on the CPU (--device ",
               args->device, ")");
   // Host memory bounded by one layer's experts (plus the rest of the model and the calibration):
   // compress_model loads each layer's experts when it reaches it and frees them after.

@@ -74,8 +74,8 @@ void SplitOperand::split(ThreadContext& t, const float* x, size_t n) {
   lo = l;
 }
 
-void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const SplitOperand& A,
-                  int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc) {
+void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                  const SplitOperand& A, int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc) {
   MOESQ_CHECK(A.hi && A.lo && B.hi && B.lo, "sgemm_3xtf32: an operand was not split");
   const float one = 1.0f;
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, CUBLAS_TF32_TENSOR_OP_MATH));

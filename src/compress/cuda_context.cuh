@@ -84,7 +84,7 @@ struct SplitOperand {
 // rounding of the lo parts are ≤ 2⁻²¹ of a product, against 2⁻²⁴ per fp32 product and ~√K·2⁻²⁴ of
 // an fp32 SIMT GEMM's summation). Deterministic for a given shape (cuBLAS's kernel choice). Leaves
 // t.blas in CUBLAS_PEDANTIC_MATH (the compression stages' fp32 mode). Errors: cuBLAS's, naming the call.
-void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const SplitOperand& A,
-                  int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc);
+void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                  const SplitOperand& A, int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc);
 
 }  // namespace moesq::compress::gpu

@@ -62,8 +62,8 @@ void forward(Context& g, const float* x, int64_t m, int64_t H, int64_t I, int ac
                              .dab = nullptr},
                             g.t.stream);
   g.h_s.split(g.t, h, static_cast<size_t>(m * I));
-  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), static_cast<int>(m), static_cast<int>(I), g.w_d_s,
-                    static_cast<int>(I), g.h_s, static_cast<int>(I), 0.0f, y, static_cast<int>(H));
+  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), static_cast<int>(m), static_cast<int>(I),
+                    g.w_d_s, static_cast<int>(I), g.h_s, static_cast<int>(I), 0.0f, y, static_cast<int>(H));
 }
 
 void reset_flag(Context& g) {
@@ -191,7 +191,8 @@ float* routed_experts_device(Context& g, const std::vector<model::ExpertWeights>
   MOESQ_CUDA_CHECK(cudaMemsetAsync(dy, 0, sizeof(float) * n * H, s));
   auto is_kept = [&](int64_t e) { return stored && kept && kept[e]; };
   bool compute = false;  // some expert with rows is not kept: X is needed, Q_a'd
-  for (int64_t e = 0; e < E; ++e) compute |= start[static_cast<size_t>(e) + 1] > start[static_cast<size_t>(e)] && !is_kept(e);
+  for (int64_t e = 0; e < E; ++e)
+    compute |= start[static_cast<size_t>(e) + 1] > start[static_cast<size_t>(e)] && !is_kept(e);
   if (compute && dxq != dX)
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(dxq, dX, sizeof(float) * n * H, cudaMemcpyDeviceToDevice, s));
   if (compute && act_block > 0)

@@ -5,8 +5,8 @@
 // reconstruction error of the compressed expert measured on those rows (ops/fake_quant per row,
 // SwiGLU with Q_a, ops/weighted_mse in fp64). The CPU path computes the same quantities with cblas
 // (pipeline.cpp); the values differ at the fp32 rounding level (summation order, the 3xTF32 split)
-// only. Memory: the calling thread's scratch (compress/cuda_context.cuh), reused by its next expert. The same forward, over every expert of a layer, is the layer's propagation
-// (layer_device_cuda). Defined in CUDA builds only (moesq_compress_cuda).
+// only. Memory: the calling thread's scratch (compress/cuda_context.cuh), reused by its next expert.
+// The same forward, over every expert of a layer, is the layer's propagation (layer_device_cuda). Defined in CUDA builds only (moesq_compress_cuda).
 #pragma once
 #include "compress/pipeline.h"
 
