@@ -24,6 +24,16 @@ enum class ExpertStorage { Dense, Sparse48, Nvfp4, Int4 };
 // Which tensor layout carries the experts (docs/FORMAT.md §7–§10; io/import_checkpoint.h).
 enum class CheckpointLayout { Moesq, CtNvfp4, CtPairBitmask, CtInt4 };
 
+// One compressed-tensors config group (config_groups.<name>), as read by io/import_checkpoint.h.
+struct CtConfigGroup {
+  std::string name;                  // the key under config_groups ("group_0")
+  std::vector<std::string> targets;  // module names, "re:" patterns (Python re.match), class names ("Linear")
+  int scale_group = 16;              // NVFP4 weights.group_size (16 or 32)
+  int weight_group = 0;              // INT4 weights.group_size
+  bool act_quant = false;            // input_activations is not null (W4A4)
+  int act_group = 0;                 // input_activations.group_size (0 when null)
+};
+
 // What config.json's quantization_config says (Dense when it has none).
 struct QuantizationConfig {
   ExpertStorage storage = ExpertStorage::Dense;
@@ -34,6 +44,11 @@ struct QuantizationConfig {
   int weight_group = 0;              // CtInt4: elements per scale along K
   int scale_group = 16;              // CtNvfp4 / CtPairBitmask: elements per weight_scale along K (16 or 32)
   int act_group = 0;                 // compressed-tensors input_activations.group_size (0 when null)
+  // compressed-tensors: every config group and the ignore entries; a routed-expert projection is read
+  // with the group that targets its module (ct_group_of), and act_quant / act_group / scale_group
+  // above are those of the routed experts' group(s) (read_quantization_config resolves them).
+  std::vector<CtConfigGroup> groups;
+  std::vector<std::string> ignore;
 };
 // Error naming DIR/config.json for an unknown format or a bad input_activations.block_size.
 QuantizationConfig read_quantization_config(const Checkpoint& ckpt);
