@@ -141,7 +141,7 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
 }
 
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
-                                 const std::string& method, const std::string& dir) {
+                                 const std::string& method, const std::string& dir, size_t max_shard_bytes) {
   const ModelSpec& spec = src.spec();
   SafetensorsWriter w;
   // Names as the source stores them (a nested hub layout keeps its prefix, io/hub_layout.h); routed
@@ -159,7 +159,7 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
         add_packed_weight(w, src.stored_name(expert_tensor_prefix(spec, l, e, proj)), packed(l, e, proj));
       }
   }
-  write_checkpoint_tensors(dir, w);
+  write_checkpoint_tensors(dir, w, max_shard_bytes);
 
   nlohmann::json cfg = src.config();
   cfg["quantization_config"] = quantization_config_json(sparse48, method);

@@ -66,8 +66,10 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
 // `packed(layer, expert, proj)`, config.json = src's plus quantization_config, and the other files of
 // src (tokenizer, generation config) copied.
 using PackedExpertSource = std::function<const format::PackedWeight&(int64_t layer, int64_t expert, ExpertProj proj)>;
+// Shards of at most max_shard_bytes (+ model.safetensors.index.json when more than one).
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
-                                 const std::string& method, const std::string& dir);
+                                 const std::string& method, const std::string& dir,
+                                 size_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // Routed-expert tensors of `src` that compression does not replace (!is_compressed_expert_tensor, e.g. a
 // multi-token-prediction layer past num_hidden_layers): write_compressed_checkpoint and the exports copy
