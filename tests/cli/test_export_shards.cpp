@@ -1,5 +1,7 @@
-// `moesq export` with sharded output (--max-shard-size: shards of at most that many bytes +
-// model.safetensors.index.json, as hub checkpoints are), read back bit-exact.
+// `moesq export` between the two compressed-tensors storages of the paper's reference layout
+// (tests/support/reference_layout.h: dense weight_packed and pair-bitmask, group 32, 0-d
+// input_global_scale, one shard per layer) and sharded output (--max-shard-size: shards of at most
+// that many bytes + model.safetensors.index.json, as hub checkpoints are), read back bit-exact.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "support/cli_run.h"
+#include "support/reference_layout.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -70,6 +73,29 @@ void expect_same_expert_tensors(const std::string& a, const std::string& b) {
   }
   EXPECT_GT(compared, 0);
   EXPECT_EQ(ca.names().size(), cb.names().size()) << a << " vs " << b;
+}
+
+// Reference checkpoints in either storage convert into the other and back bit-exactly; the converted
+// one evaluates to the same nats.
+TEST_F(CliExportShards, ReferenceStoragesConvertIntoEachOtherBitExactly) {
+  const std::string formats[2] = {"compressed-tensors", "moesq-pair-bitmask"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string& f = formats[i];
+    const std::string& other = formats[1 - i];
+    const std::string x = file("x-" + f), ref = file("ref-" + f);
+    must("export " + file("mag") + " --format " + f + " --out " + x);
+    moesq::test::write_reference_layout(x, ref, layers_);
+    const std::string a = file("a-" + f), b = file("b-" + f), c = file("c-" + f);
+    must("export " + ref + " --format " + other + " --out " + a);  // reference f -> other storage
+    must("export " + a + " --format " + f + " --out " + b);         // and back
+    must("export " + b + " --format " + other + " --out " + c);     // and across again
+    expect_same_expert_tensors(ref, b);
+    expect_same_expert_tensors(a, c);
+    const json qa = json::parse(std::ifstream(a + "/config.json"))["quantization_config"];
+    EXPECT_EQ(qa.contains("paired48_sparse"), other == "moesq-pair-bitmask") << qa;
+    EXPECT_EQ(qa["config_groups"]["group_0"]["weights"]["group_size"], 32) << qa;
+    EXPECT_EQ(nats(a), nats(ref)) << f << " -> " << other;
+  }
 }
 
 // --max-shard-size cuts the output into several shards with an index; every reader reads it back,
