@@ -32,6 +32,7 @@ struct CtConfigGroup {
   int weight_group = 0;              // INT4 weights.group_size
   bool act_quant = false;            // input_activations is not null (W4A4)
   int act_group = 0;                 // input_activations.group_size (0 when null)
+  bool act_static = false;           // input_activations.dynamic false: the stored input_global_scale is γ_a
 };
 
 // What config.json's quantization_config says (Dense when it has none).
@@ -44,6 +45,7 @@ struct QuantizationConfig {
   int weight_group = 0;              // CtInt4: elements per scale along K
   int scale_group = 16;              // CtNvfp4 / CtPairBitmask: elements per weight_scale along K (16 or 32)
   int act_group = 0;                 // compressed-tensors input_activations.group_size (0 when null)
+  bool act_static = false;           // compressed-tensors input_activations.dynamic false (static γ_a)
   // compressed-tensors: every config group and the ignore entries; a routed-expert projection is read
   // with the group that targets its module (ct_group_of), and act_quant / act_group / scale_group
   // above are those of the routed experts' group(s) (read_quantization_config resolves them).

@@ -121,7 +121,8 @@ bool target_covers(const std::string& t, TargetKind k, const std::string& module
 }
 
 std::string activations_text(const CtConfigGroup& g) {
-  return g.act_quant ? "NVFP4 group " + std::to_string(g.act_group) : std::string("null (weight-only)");
+  if (!g.act_quant) return "null (weight-only)";
+  return "NVFP4 group " + std::to_string(g.act_group) + (g.act_static ? ", static input_global_scale" : ", dynamic");
 }
 
 }  // namespace
@@ -182,13 +183,16 @@ void resolve_ct_expert_groups(const Checkpoint& ckpt, QuantizationConfig& q, con
       return x.name == "(none)" ? std::string("unquantized (ignored or untargeted), activations not quantized")
                                 : "config_groups." + x.name + ".input_activations: " + activations_text(x);
     };
-    MOESQ_CHECK(g->act_quant == first->act_quant && g->act_group == first->act_group, where, ": routed-expert modules ",
+    MOESQ_CHECK(g->act_quant == first->act_quant && g->act_group == first->act_group &&
+                    g->act_static == first->act_static,
+                where, ": routed-expert modules ",
                 first_module, " (", text(*first), ") and ", module, " (", text(*g),
                 ") run different activation schemes; moesq runs one activation scheme for all routed experts");
   }
   if (!first_packed) return;
   q.act_quant = first_packed->act_quant;
   q.act_group = first_packed->act_group;
+  q.act_static = first_packed->act_static;
   q.scale_group = first_packed->scale_group;
   q.weight_group = first_packed->weight_group;
   if (q.layout == CheckpointLayout::CtNvfp4)
@@ -245,8 +249,11 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
         expect_field(in, where, path + ".input_activations", "num_bits", {4});
         expect_field(in, where, path + ".input_activations", "strategy", {"tensor_group"});
         expect_field(in, where, path + ".input_activations", "group_size", {16, 32});
-        expect_field(in, where, path + ".input_activations", "dynamic", {"local", true});
+        // "local" / true: γ_a per token (moesq's dynamic quantization, §5); false: the stored
+        // input_global_scale of each projection is γ_a.
+        expect_field(in, where, path + ".input_activations", "dynamic", {"local", true, false});
         group.act_group = in["group_size"].get<int>();
+        group.act_static = in["dynamic"] == false;
       }
     } else if (fmt == "pack-quantized") {
       expect_field(w, where, path + ".weights", "type", {"int"});
@@ -270,6 +277,7 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
   const CtConfigGroup& g0 = q.groups.front();
   q.act_quant = g0.act_quant;
   q.act_group = g0.act_group;
+  q.act_static = g0.act_static;
   q.scale_group = g0.scale_group;
   q.weight_group = g0.weight_group;
   // The top-level format names the checkpoint's one format ("mixed-precision" when groups differ); a
@@ -297,6 +305,10 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
     q.act_block = format::kSparseScaleBlock;
   }
   return q;
+}
+
+float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix) {
+  return scalar_scale(ckpt, prefix + kInputGlobalScale);
 }
 
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,

@@ -43,6 +43,10 @@ const CtConfigGroup& ct_group_of_projection(const Checkpoint& ckpt, const Quanti
 // different input activations (moesq runs one activation scheme for all routed experts).
 void resolve_ct_expert_groups(const Checkpoint& ckpt, QuantizationConfig& q, const std::string& where);
 
+// The static activation global scale γ_a of projection `prefix` (its input_global_scale: one finite
+// positive element, shape [1] or 0-d), for input_activations.dynamic false; Error naming the tensor.
+float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix);
+
 // One NVFP4 projection of a compressed-tensors checkpoint (CtNvfp4 or CtPairBitmask layout).
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
                                                     const std::string& prefix, int64_t N, int64_t K);

@@ -21,17 +21,38 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using moesq::test::run_moesq;
 
-json nvfp4_args(int group, bool input) {
+json nvfp4_args(int group, bool dynamic) {
   json a = {{"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", group}, {"symmetric", true}};
-  a["dynamic"] = input ? json("local") : json(false);
+  a["dynamic"] = dynamic ? json("local") : json(false);
   return a;
 }
-// One config group: weights at `wgroup`, activations at `agroup` (0: null, weight-only).
-json group(const json& targets, int wgroup, int agroup) {
+// One config group: weights at `wgroup`, activations at `agroup` (0: null, weight-only), dynamic
+// "local" or static (dynamic false: the stored input_global_scale is γ_a).
+json group(const json& targets, int wgroup, int agroup, bool static_act = false) {
   return {{"targets", targets},
           {"weights", nvfp4_args(wgroup, false)},
-          {"input_activations", agroup ? nvfp4_args(agroup, true) : json(nullptr)},
+          {"input_activations", agroup ? nvfp4_args(agroup, !static_act) : json(nullptr)},
           {"output_activations", nullptr}};
+}
+
+// Rewrites DIR/model.safetensors with every input_global_scale set by `value(name)`.
+template <class Value>
+void set_input_global_scales(const std::string& dir, Value value) {
+  const std::string path = dir + "/model.safetensors";
+  moesq::io::SafetensorsWriter w;
+  {
+    const moesq::io::SafetensorsFile f(path);
+    for (const std::string& n : f.names()) {
+      const moesq::io::TensorView& t = f.get(n);
+      if (n.size() > 19 && n.compare(n.size() - 19, 19, ".input_global_scale") == 0) {
+        const float v = value(n);
+        w.add(n, moesq::io::DType::F32, t.shape, &v, sizeof v);
+      } else {
+        w.add(n, t.dtype, t.shape, t.data, t.nbytes);
+      }
+    }
+  }
+  w.write(path);
 }
 
 class CliConfigGroups : public ::testing::Test {
@@ -212,6 +233,37 @@ TEST_F(CliConfigGroups, IgnoredDenseExpertsLoadWhenTheSchemesAgree) {
   EXPECT_GT(nats(wo), 0);
   const std::string err = refused(with_dense_layer0("dense0-a4", 32));
   EXPECT_NE(err.find("unquantized (ignored or untargeted)"), std::string::npos) << err;
+}
+
+// input_activations.dynamic false: each projection's stored input_global_scale is its γ_a (the
+// exact rule is tests/model/test_static_act_scale.cpp); gate and up must agree; static and dynamic
+// routed experts are not mixed.
+TEST_F(CliConfigGroups, StaticInputGlobalScaleIsTheActivationScale) {
+  auto static_ckpt = [&](const std::string& name) {
+    return variant(name, [](json& q) { q["config_groups"] = {{"group_0", group({"Linear"}, 32, 32, true)}}; });
+  };
+  const std::string one = static_ckpt("static-1");  // the export's default input_global_scale 1.0
+  const double nats_one = nats(one);
+  EXPECT_GT(nats_one, 0);
+  EXPECT_NE(nats_one, w4a4_) << "a static γ_a = 1 quantized like the per-token one";
+  EXPECT_EQ(json::parse(must("inspect " + one + " --json"))["activations"], "nvfp4 block 32, static input_global_scale");
+  const std::string other = static_ckpt("static-0.3");
+  set_input_global_scales(other, [](const std::string&) { return 0.3f; });
+  EXPECT_NE(nats(other), nats_one) << "the stored input_global_scale was not used";
+  const std::string gu = static_ckpt("static-gu");
+  const std::string victim = "model.layers.1.mlp.experts.3.up_proj.input_global_scale";
+  set_input_global_scales(gu, [&](const std::string& n) { return n == victim ? 2.0f : 1.0f; });
+  std::string err = refused(gu);
+  EXPECT_NE(err.find("model.layers.1.mlp.experts.3.gate_proj.input_global_scale (1) and " + victim + " (2) differ"),
+            std::string::npos)
+      << err;
+  const std::string mixed = variant("static-mixed", [](json& q) {
+    q["config_groups"] = {{"group_0", group({"re:model\\.layers\\.0\\.mlp\\.experts\\."}, 32, 32, true)},
+                          {"group_1", group({"Linear"}, 32, 32)}};
+  });
+  err = refused(mixed);
+  EXPECT_NE(err.find("NVFP4 group 32, static input_global_scale"), std::string::npos) << err;
+  EXPECT_NE(err.find("NVFP4 group 32, dynamic"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -219,10 +219,14 @@ TEST(ImportConfig, UnsupportedSchemesNameTheFieldAndValue) {
   untargeted["config_groups"]["group_0"].erase("targets");
   EXPECT_NE(error_of(untargeted).find("config_groups.group_0.targets is missing"), std::string::npos)
       << error_of(untargeted);
-  json static_act = base;  // static activation scales are not what moesq runs
+  json static_act = base;  // a static activation global scale: the stored input_global_scale
   static_act["config_groups"]["group_0"]["input_activations"]["dynamic"] = false;
-  EXPECT_NE(error_of(static_act).find("config_groups.group_0.input_activations.dynamic is false"), std::string::npos)
-      << error_of(static_act);
+  EXPECT_EQ(error_of(static_act), "");
+  json odd_dynamic = base;
+  odd_dynamic["config_groups"]["group_0"]["input_activations"]["dynamic"] = "global";
+  EXPECT_NE(error_of(odd_dynamic).find("config_groups.group_0.input_activations.dynamic is \"global\""),
+            std::string::npos)
+      << error_of(odd_dynamic);
   json pb = base;
   pb["paired48_sparse"] = {{"layout", "pair-bitmask"}, {"version", 2}};
   EXPECT_NE(error_of(pb).find("paired48_sparse.version is 2"), std::string::npos) << error_of(pb);
