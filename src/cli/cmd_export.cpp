@@ -11,7 +11,7 @@ namespace moesq::cli {
 
 void register_export(CLI::App& app) {
   struct Args {
-    std::string src, out, format;
+    std::string src, out, format, max_shard_size = "5GB";
     int scale_block = 0;
     bool json = false;
   };
@@ -44,10 +44,17 @@ void register_export(CLI::App& app) {
                   "weight_scale group for compressed-tensors / moesq-pair-bitmask: 32 (default for paired 4:8, "
                   "the reference's layout) or 16 (duplicated scales)")
       ->check(CLI::IsMember({16, 32}));
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "largest safetensors shard: more tensors than this go to model-0000i-of-0000n.safetensors\n"
+                  "files with model.safetensors.index.json, as hub checkpoints are (bytes, or with B, KB, MB,\n"
+                  "GB, KiB, MiB, GiB)")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print the summary as one JSON object on stdout");
   cmd->callback([args] {
     const io::ExportFormat f = io::parse_export_format(args->format);
-    const nlohmann::json s = io::export_checkpoint(args->src, f, args->out, "export.json", args->scale_block);
+    const size_t max_shard = io::parse_shard_size(args->max_shard_size);
+    const nlohmann::json s =
+        io::export_checkpoint(args->src, f, args->out, "export.json", args->scale_block, max_shard);
     if (args->json) {
       std::printf("%s\n", s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -151,6 +152,22 @@ std::vector<std::string> Checkpoint::shard_files() const {
   std::vector<std::string> out;
   for (const auto& s : shards_) out.push_back(fs::absolute(s->path()).lexically_normal().string());
   return out;
+}
+
+size_t parse_shard_size(const std::string& text, const std::string& flag) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string unit = text.substr(digits);
+  static const std::map<std::string, uint64_t> units = {{"", 1},           {"B", 1},
+                                                        {"KB", 1000},      {"MB", 1000000},
+                                                        {"GB", 1000000000}, {"KiB", uint64_t(1) << 10},
+                                                        {"MiB", uint64_t(1) << 20}, {"GiB", uint64_t(1) << 30}};
+  const auto u = units.find(unit);
+  MOESQ_CHECK(digits > 0 && digits <= 12 && u != units.end(), flag, " is \"", text,
+              "\"; expected a byte count, optionally with B, KB, MB, GB, KiB, MiB or GiB (e.g. 5GB)");
+  const uint64_t n = std::stoull(text.substr(0, digits)) * u->second;
+  MOESQ_CHECK(n > 0, flag, " is \"", text, "\"; a shard must hold at least one byte");
+  return static_cast<size_t>(n);
 }
 
 void write_checkpoint_tensors(const std::string& dir, const SafetensorsWriter& all, size_t max_shard_bytes) {

@@ -59,7 +59,14 @@ class Checkpoint {
 
 // Writes a sharded or single-file checkpoint: shards of at most `max_shard_bytes`, plus the index
 // when there is more than one shard. Files land in `dir`, which the caller made (AtomicDir).
+// The default is transformers' save_pretrained max_shard_size "5GB" (5·10^9 bytes), what hub
+// checkpoints are cut to.
+inline constexpr size_t kDefaultMaxShardBytes = size_t(5'000'000'000);
 void write_checkpoint_tensors(const std::string& dir, const SafetensorsWriter& all,
-                              size_t max_shard_bytes = size_t(2) << 30);
+                              size_t max_shard_bytes = kDefaultMaxShardBytes);
+// A shard size as transformers writes it: bytes, or a number with B, KB, MB, GB (powers of 1000) or
+// KiB, MiB, GiB (powers of 1024), e.g. "5GB", "500MB", "64KiB"; Error naming `flag` and the value
+// for anything else, zero included.
+size_t parse_shard_size(const std::string& text, const std::string& flag = "--max-shard-size");
 
 }  // namespace moesq::io

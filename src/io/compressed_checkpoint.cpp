@@ -56,7 +56,11 @@ QuantizationConfig read_quantization_config(const Checkpoint& ckpt) {
   // quant_method (fp8, gptq, awq, ...) quantizes tensors moesq would otherwise read as plain weights.
   if (qc.contains("quant_method")) {
     const auto& m = qc["quant_method"];
-    if (m == "compressed-tensors") return read_compressed_tensors_config(qc, where);
+    if (m == "compressed-tensors") {
+      q = read_compressed_tensors_config(qc, where);
+      resolve_ct_expert_groups(ckpt, q, where);
+      return q;
+    }
     MOESQ_CHECK(m == "moesq", where, ": quant_method ", m.dump(), " is not supported (expected \"moesq\" or "
                 "\"compressed-tensors\"; moesq also reads bf16/f16/f32 checkpoints)");
   }
@@ -137,7 +141,7 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
 }
 
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
-                                 const std::string& method, const std::string& dir) {
+                                 const std::string& method, const std::string& dir, size_t max_shard_bytes) {
   const ModelSpec& spec = src.spec();
   SafetensorsWriter w;
   // Names as the source stores them (a nested hub layout keeps its prefix, io/hub_layout.h); routed
@@ -155,7 +159,7 @@ void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource
         add_packed_weight(w, src.stored_name(expert_tensor_prefix(spec, l, e, proj)), packed(l, e, proj));
       }
   }
-  write_checkpoint_tensors(dir, w);
+  write_checkpoint_tensors(dir, w, max_shard_bytes);
 
   nlohmann::json cfg = src.config();
   cfg["quantization_config"] = quantization_config_json(sparse48, method);
@@ -221,8 +225,11 @@ ExpertStorageCensus census_expert_storage(const Checkpoint& ckpt, const Quantiza
     const auto [packed, dense] = state;
     c.packed += packed;
     c.dense += dense;
-    // Dense config: any packed tensor disagrees; packed config: a dense .weight does.
-    const bool bad = q.storage == ExpertStorage::Dense ? packed : dense;
+    // Dense config: any packed tensor disagrees; packed config: a dense .weight does, unless the
+    // compressed-tensors config leaves its module unquantized (ignored or targeted by no group).
+    bool bad = q.storage == ExpertStorage::Dense ? packed : dense;
+    if (bad && dense && q.layout != CheckpointLayout::Moesq)
+      bad = ct_group_of(q, ckpt.stored_name(expert_tensor_prefix(s, l, e, static_cast<ExpertProj>(p)))) != nullptr;
     if (!bad) continue;
     if (c.first_mismatch.empty())
       c.first_mismatch =

@@ -24,6 +24,17 @@ enum class ExpertStorage { Dense, Sparse48, Nvfp4, Int4 };
 // Which tensor layout carries the experts (docs/FORMAT.md §7–§10; io/import_checkpoint.h).
 enum class CheckpointLayout { Moesq, CtNvfp4, CtPairBitmask, CtInt4 };
 
+// One compressed-tensors config group (config_groups.<name>), as read by io/import_checkpoint.h.
+struct CtConfigGroup {
+  std::string name;                  // the key under config_groups ("group_0")
+  std::vector<std::string> targets;  // module names, "re:" patterns (Python re.match), class names ("Linear")
+  int scale_group = 16;              // NVFP4 weights.group_size (16 or 32)
+  int weight_group = 0;              // INT4 weights.group_size
+  bool act_quant = false;            // input_activations is not null (W4A4)
+  int act_group = 0;                 // input_activations.group_size (0 when null)
+  bool act_static = false;           // input_activations.dynamic false: the stored input_global_scale is γ_a
+};
+
 // What config.json's quantization_config says (Dense when it has none).
 struct QuantizationConfig {
   ExpertStorage storage = ExpertStorage::Dense;
@@ -34,6 +45,12 @@ struct QuantizationConfig {
   int weight_group = 0;              // CtInt4: elements per scale along K
   int scale_group = 16;              // CtNvfp4 / CtPairBitmask: elements per weight_scale along K (16 or 32)
   int act_group = 0;                 // compressed-tensors input_activations.group_size (0 when null)
+  bool act_static = false;           // compressed-tensors input_activations.dynamic false (static γ_a)
+  // compressed-tensors: every config group and the ignore entries; a routed-expert projection is read
+  // with the group that targets its module (ct_group_of), and act_quant / act_group / scale_group
+  // above are those of the routed experts' group(s) (read_quantization_config resolves them).
+  std::vector<CtConfigGroup> groups;
+  std::vector<std::string> ignore;
 };
 // Error naming DIR/config.json for an unknown format or a bad input_activations.block_size.
 QuantizationConfig read_quantization_config(const Checkpoint& ckpt);
@@ -51,8 +68,10 @@ format::PackedWeight read_packed_weight(const Checkpoint& ckpt, const Quantizati
 // `packed(layer, expert, proj)`, config.json = src's plus quantization_config, and the other files of
 // src (tokenizer, generation config) copied.
 using PackedExpertSource = std::function<const format::PackedWeight&(int64_t layer, int64_t expert, ExpertProj proj)>;
+// Shards of at most max_shard_bytes (+ model.safetensors.index.json when more than one).
 void write_compressed_checkpoint(const Checkpoint& src, const PackedExpertSource& packed, bool sparse48,
-                                 const std::string& method, const std::string& dir);
+                                 const std::string& method, const std::string& dir,
+                                 size_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // Routed-expert tensors of `src` that compression does not replace (!is_compressed_expert_tensor, e.g. a
 // multi-token-prediction layer past num_hidden_layers): write_compressed_checkpoint and the exports copy

@@ -151,7 +151,8 @@ json compressed_tensors_config_json(const Checkpoint& src, bool pair_bitmask, in
   return qc;
 }
 
-json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir, int scale_block) {
+json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir, int scale_block,
+                               size_t max_shard_bytes) {
   MOESQ_CHECK(scale_block == 0 || scale_block == 16 || scale_block == 32, "--scale-block ", scale_block,
               " is not 16 or 32");
   const ModelSpec& spec = src.spec();
@@ -187,7 +188,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
           sparse += cur.is_sparse48();
           return cur;
         },
-        first.is_sparse48(), method, dir);
+        first.is_sparse48(), method, dir, max_shard_bytes);
   } else {
     const bool pb = f == ExportFormat::PairBitmask;
     // Default: group 32 (the reference's layout) when the experts are paired 4:8, else 16.
@@ -250,7 +251,7 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
         }
       }
     }
-    write_checkpoint_tensors(dir, w);
+    write_checkpoint_tensors(dir, w, max_shard_bytes);
     json cfg = src.config();
     cfg["quantization_config"] = compressed_tensors_config_json(src, pb, scale_block);
     write_file_atomic((fs::path(dir) / "config.json").string(), dump(src.stored_config(cfg)));
@@ -277,10 +278,10 @@ json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std:
 }
 
 json export_checkpoint(const std::string& src_dir, ExportFormat f, const std::string& out_dir,
-                       const std::string& marker, int scale_block) {
+                       const std::string& marker, int scale_block, size_t max_shard_bytes) {
   AtomicDir dir(out_dir, "--out", marker, {src_dir});
   const Checkpoint src(src_dir);
-  json s = write_exported_checkpoint(src, f, dir.path(), scale_block);
+  json s = write_exported_checkpoint(src, f, dir.path(), scale_block, max_shard_bytes);
   s["out"] = out_dir;
   write_file_atomic((fs::path(dir.path()) / "export.json").string(), dump(s));
   dir.commit();

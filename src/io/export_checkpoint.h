@@ -38,12 +38,15 @@ std::vector<std::string> unquantized_modules(const Checkpoint& src);
 // group_size 32, the layout of the paper's reference (IST-DASLab/MoESQ), paired 4:8 experts only
 // (Error naming the tensor otherwise); 16 writes [N, K/16] with each 32-block scale twice (what a
 // stock server's dense NVFP4 path takes); 0 = 32 when the experts are paired 4:8, else 16.
+// The tensors go to shards of at most max_shard_bytes, with model.safetensors.index.json when there is
+// more than one (write_checkpoint_tensors).
 nlohmann::json write_exported_checkpoint(const Checkpoint& src, ExportFormat f, const std::string& dir,
-                                         int scale_block = 0);
+                                         int scale_block = 0, size_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // AtomicDir around write_exported_checkpoint: OUT replaced only when it is empty or holds `marker`;
 // writes OUT/export.json (the summary).
 nlohmann::json export_checkpoint(const std::string& src_dir, ExportFormat f, const std::string& out_dir,
-                                 const std::string& marker = "export.json", int scale_block = 0);
+                                 const std::string& marker = "export.json", int scale_block = 0,
+                                 size_t max_shard_bytes = kDefaultMaxShardBytes);
 
 }  // namespace moesq::io

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <regex>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -59,9 +61,9 @@ float scalar_scale(const Checkpoint& ckpt, const std::string& name) {
 // weight_scale as UE4M3 bytes [N, K/16]: stored so (group_size 16), or [N, K/32] (group_size 32, the
 // reference's paired 4:8 layout) with each 32-block scale written for both of its 16-blocks — the
 // same scale on the same 32 weights, so the dequantized values are unchanged.
-std::vector<uint8_t> scales_per_16(const Checkpoint& ckpt, const QuantizationConfig& q, const std::string& prefix,
-                                   int64_t N, int64_t K) {
-  if (q.scale_group != 32) return bytes_of(tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}));
+std::vector<uint8_t> scales_per_16(const Checkpoint& ckpt, int scale_group, const std::string& prefix, int64_t N,
+                                   int64_t K) {
+  if (scale_group != 32) return bytes_of(tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 16}));
   MOESQ_CHECK(K % 32 == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of weights.group_size 32");
   const TensorView& t = tensor(ckpt, prefix + kWeightScale, DType::F8_E4M3, {N, K / 32});
   std::vector<uint8_t> s(static_cast<size_t>(N * K / 16));
@@ -69,7 +71,145 @@ std::vector<uint8_t> scales_per_16(const Checkpoint& ckpt, const QuantizationCon
   return s;
 }
 
+// A list of strings at obj[key] (missing or null: empty unless `required`).
+std::vector<std::string> string_list(const json& obj, const std::string& where, const std::string& path,
+                                     const char* key, bool required) {
+  const bool present = obj.is_object() && obj.contains(key) && !obj[key].is_null();
+  MOESQ_CHECK(present || !required, where, ": ", path, ".", key, " is missing; expected a list of module names, "
+              "\"re:\" patterns or class names");
+  std::vector<std::string> out;
+  if (!present) return out;
+  const json& v = obj[key];
+  MOESQ_CHECK(v.is_array(), where, ": ", path, ".", key, " is ", v.dump(), "; expected a list of strings");
+  for (const json& e : v) {
+    MOESQ_CHECK(e.is_string(), where, ": ", path, ".", key, " holds ", e.dump(), "; expected strings");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// compressed-tensors matches "re:" entries with Python's re.match: anchored at the start of the module
+// name, not at its end. std::regex (ECMAScript) reads the patterns these configs use (".*", "\\.",
+// "$", classes, alternation); one it cannot parse is an Error naming the entry.
+bool regex_matches(const std::string& pattern, const std::string& module) {
+  thread_local std::unordered_map<std::string, std::regex> cache;
+  auto it = cache.find(pattern);
+  if (it == cache.end()) {
+    try {
+      it = cache.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
+    } catch (const std::regex_error& e) {
+      MOESQ_FAIL("quantization_config: \"re:", pattern, "\" is not a regular expression moesq can read (", e.what(),
+                 ")");
+    }
+  }
+  return std::regex_search(module, it->second, std::regex_constants::match_continuous);
+}
+
+enum class TargetKind { Name, Regex, Class };
+TargetKind target_kind(const std::string& t) {
+  if (t.rfind("re:", 0) == 0) return TargetKind::Regex;
+  return t == "Linear" ? TargetKind::Class : TargetKind::Name;
+}
+// Does target `t` (of kind k) cover `module`, a Linear module (every routed-expert projection is one)?
+bool target_covers(const std::string& t, TargetKind k, const std::string& module) {
+  switch (k) {
+    case TargetKind::Name: return t == module;
+    case TargetKind::Regex: return regex_matches(t.substr(3), module);
+    case TargetKind::Class: return true;  // "Linear"
+  }
+  return false;
+}
+
+std::string activations_text(const CtConfigGroup& g) {
+  if (!g.act_quant) return "null (weight-only)";
+  return "NVFP4 group " + std::to_string(g.act_group) + (g.act_static ? ", static input_global_scale" : ", dynamic");
+}
+
 }  // namespace
+
+const CtConfigGroup* ct_group_of(const QuantizationConfig& q, const std::string& module, std::string* ignored_by) {
+  for (const std::string& t : q.ignore)
+    if (target_covers(t, target_kind(t), module)) {
+      if (ignored_by) *ignored_by = t;
+      return nullptr;
+    }
+  // compressed-tensors' priority: an exact module name, then a "re:" pattern, then a class name; among
+  // targets of one kind the first group in config order.
+  for (TargetKind k : {TargetKind::Name, TargetKind::Regex, TargetKind::Class})
+    for (const CtConfigGroup& g : q.groups)
+      for (const std::string& t : g.targets)
+        if (target_kind(t) == k && target_covers(t, k, module)) return &g;
+  return nullptr;
+}
+
+void resolve_ct_expert_groups(const Checkpoint& ckpt, QuantizationConfig& q, const std::string& where) {
+  if (q.layout == CheckpointLayout::Moesq) return;
+  const ModelSpec& s = ckpt.spec();
+  // An unquantized module (ignored, or targeted by no group, stored as a dense .weight) runs without
+  // activation quantization: it takes part in the comparison as this pseudo group.
+  CtConfigGroup unquantized;
+  unquantized.name = "(none)";
+  const CtConfigGroup* first = nullptr;
+  const CtConfigGroup* first_packed = nullptr;
+  std::string first_module;
+  // Walks the stored tensors (bounded by the files, like census_expert_storage).
+  for (const std::string& name : ckpt.names()) {
+    const auto t = parse_expert_tensor(name);
+    if (!t || t->layer >= s.num_layers || t->expert >= s.num_experts || !s.is_moe_layer(t->layer)) continue;
+    const std::optional<ExpertProj> proj = expert_proj_of(t->proj);
+    if (!proj) continue;
+    const std::string prefix = expert_tensor_prefix(s, t->layer, t->expert, *proj);
+    const bool packed = name == prefix + kWeightPacked || name == prefix + kWeightSparsePacked;
+    if (!packed && name != prefix + kWeight) continue;
+    const std::string module = ckpt.stored_name(prefix);
+    std::string ignored_by;
+    const CtConfigGroup* g = ct_group_of(q, module, &ignored_by);
+    if (packed) {
+      MOESQ_CHECK(g, where, ": module ", module, " stores packed weights (", ckpt.stored_name(name), ") but ",
+                  ignored_by.empty() ? std::string("no config_groups entry targets it")
+                                     : "ignore entry \"" + ignored_by + "\" excludes it",
+                  "; its scheme is unknown");
+      if (!first_packed) first_packed = g;
+    } else {
+      if (g) continue;  // a dense .weight the config says is quantized: census_expert_storage reports it
+      g = &unquantized;
+    }
+    if (!first) {
+      first = g;
+      first_module = module;
+      continue;
+    }
+    auto text = [](const CtConfigGroup& x) {
+      return x.name == "(none)" ? std::string("unquantized (ignored or untargeted), activations not quantized")
+                                : "config_groups." + x.name + ".input_activations: " + activations_text(x);
+    };
+    MOESQ_CHECK(g->act_quant == first->act_quant && g->act_group == first->act_group &&
+                    g->act_static == first->act_static,
+                where, ": routed-expert modules ",
+                first_module, " (", text(*first), ") and ", module, " (", text(*g),
+                ") run different activation schemes; moesq runs one activation scheme for all routed experts");
+  }
+  if (!first_packed) return;
+  q.act_quant = first_packed->act_quant;
+  q.act_group = first_packed->act_group;
+  q.act_static = first_packed->act_static;
+  q.scale_group = first_packed->scale_group;
+  q.weight_group = first_packed->weight_group;
+  if (q.layout == CheckpointLayout::CtNvfp4)
+    q.act_block = q.act_group == format::kSparseScaleBlock ? format::kSparseScaleBlock : format::kDenseScaleBlock;
+}
+
+const CtConfigGroup& ct_group_of_projection(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                            const std::string& prefix) {
+  std::string ignored_by;
+  const std::string module = ckpt.stored_name(prefix);
+  const CtConfigGroup* g = ct_group_of(q, module, &ignored_by);
+  MOESQ_CHECK(g, ckpt.dir(), "/config.json quantization_config: module ", module, " stores packed weights but ",
+              ignored_by.empty() ? std::string("no config_groups entry targets it")
+                                 : "ignore entry \"" + ignored_by + "\" excludes it",
+              "; its scheme is unknown");
+  return *g;
+}
 
 QuantizationConfig read_compressed_tensors_config(const json& qc, const std::string& where) {
   MOESQ_CHECK(qc.contains("config_groups") && qc["config_groups"].is_object() && !qc["config_groups"].empty(),
@@ -81,9 +221,11 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
 
   QuantizationConfig q;
   std::string fmt;
-  int groups_seen = 0;  // nvfp4 groups read so far
   for (const auto& [gname, g] : qc["config_groups"].items()) {
     const std::string path = "config_groups." + gname;
+    CtConfigGroup group;
+    group.name = gname;
+    group.targets = string_list(g, where, path, "targets", true);
     const std::string f = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : top;
     MOESQ_CHECK(fmt.empty() || f == fmt, where, ": ", path, ".format is \"", f, "\" but another group uses \"", fmt,
                 "\"; moesq reads one format per checkpoint");
@@ -100,20 +242,19 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
       expect_field(w, where, path + ".weights", "strategy", {"tensor_group"});
       expect_field(w, where, path + ".weights", "group_size", {16, 32});
       if (w.contains("symmetric")) expect_field(w, where, path + ".weights", "symmetric", {true});
-      const int wg = w["group_size"].get<int>();
-      MOESQ_CHECK(groups_seen == 0 || wg == q.scale_group, where, ": ", path, ".weights.group_size is ", wg,
-                  " but another group uses ", q.scale_group, "; moesq reads one weight group size per checkpoint");
-      q.scale_group = wg;
-      q.act_quant = !in.is_null();
-      if (q.act_quant) {
+      group.scale_group = w["group_size"].get<int>();
+      group.act_quant = !in.is_null();
+      if (group.act_quant) {
         expect_field(in, where, path + ".input_activations", "type", {"float"});
         expect_field(in, where, path + ".input_activations", "num_bits", {4});
         expect_field(in, where, path + ".input_activations", "strategy", {"tensor_group"});
         expect_field(in, where, path + ".input_activations", "group_size", {16, 32});
-        expect_field(in, where, path + ".input_activations", "dynamic", {"local", true});
-        q.act_group = in["group_size"].get<int>();
+        // "local" / true: γ_a per token (moesq's dynamic quantization, §5); false: the stored
+        // input_global_scale of each projection is γ_a.
+        expect_field(in, where, path + ".input_activations", "dynamic", {"local", true, false});
+        group.act_group = in["group_size"].get<int>();
+        group.act_static = in["dynamic"] == false;
       }
-      ++groups_seen;
     } else if (fmt == "pack-quantized") {
       expect_field(w, where, path + ".weights", "type", {"int"});
       expect_field(w, where, path + ".weights", "num_bits", {4});
@@ -122,15 +263,23 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
       if (w.contains("actorder")) expect_field(w, where, path + ".weights", "actorder", {nullptr, "static", "weight"});
       MOESQ_CHECK(w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int>() > 0,
                   where, ": ", path, ".weights.group_size is ", shown(w, "group_size"), "; expected a positive integer");
-      q.weight_group = w["group_size"].get<int>();
+      group.weight_group = w["group_size"].get<int>();
       MOESQ_CHECK(in.is_null(), where, ": ", path, ".input_activations is ", in.dump(),
                   "; moesq reads pack-quantized INT4 as weight-only (null)");
-      q.act_quant = false;
     } else {
       MOESQ_FAIL(where, ": format \"", fmt, "\" is not supported (moesq reads compressed-tensors "
                  "\"nvfp4-pack-quantized\" and \"pack-quantized\")");
     }
+    q.groups.push_back(std::move(group));
   }
+  q.ignore = string_list(qc, where, "quantization_config", "ignore", false);
+  // Until the routed experts' own group is resolved (resolve_ct_expert_groups): the first group's.
+  const CtConfigGroup& g0 = q.groups.front();
+  q.act_quant = g0.act_quant;
+  q.act_group = g0.act_group;
+  q.act_static = g0.act_static;
+  q.scale_group = g0.scale_group;
+  q.weight_group = g0.weight_group;
   // The top-level format names the checkpoint's one format ("mixed-precision" when groups differ); a
   // group format that contradicts it means the file is not what either says.
   MOESQ_CHECK(top.empty() || top == fmt || top == "mixed-precision", where, ": format \"", top,
@@ -158,12 +307,16 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
   return q;
 }
 
+float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix) {
+  return scalar_scale(ckpt, prefix + kInputGlobalScale);
+}
+
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
                                                     const std::string& prefix, int64_t N, int64_t K) {
   MOESQ_CHECK(K % format::kDenseScaleBlock == 0, "tensor ", prefix, ": K = ", K, " is not a multiple of ",
               format::kDenseScaleBlock);
   const float gs = scalar_scale(ckpt, prefix + kWeightGlobalScale);
-  const std::vector<uint8_t> scales = scales_per_16(ckpt, q, prefix, N, K);
+  const std::vector<uint8_t> scales = scales_per_16(ckpt, ct_group_of_projection(ckpt, q, prefix).scale_group, prefix, N, K);
   if (q.layout == CheckpointLayout::CtPairBitmask) {
     PairBitmaskTensor b;
     b.N = N;
@@ -188,7 +341,7 @@ format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, cons
 
 std::vector<float> read_int4_weight(const Checkpoint& ckpt, const QuantizationConfig& q, const std::string& prefix,
                                     int64_t N, int64_t K) {
-  const int64_t G = q.weight_group, words = (K + 7) / 8, groups = (K + G - 1) / G;
+  const int64_t G = ct_group_of_projection(ckpt, q, prefix).weight_group, words = (K + 7) / 8, groups = (K + G - 1) / G;
   MOESQ_CHECK(G > 0, "tensor ", prefix, ": INT4 group size ", G, " is not positive");
   MOESQ_CHECK(!ckpt.has(prefix + ".weight_zero_point"), "tensor ", prefix, ".weight_zero_point in ", ckpt.dir(),
               ": asymmetric INT4 is not supported");

@@ -25,6 +25,28 @@ namespace moesq::io {
 // config.json quantization_config with quant_method "compressed-tensors"; `where` prefixes errors.
 QuantizationConfig read_compressed_tensors_config(const nlohmann::json& qc, const std::string& where);
 
+// The config group of a routed-expert projection module (its stored name, e.g.
+// "model.layers.3.mlp.experts.7.gate_proj"), as compressed-tensors applies a config: an `ignore` entry
+// that covers it → nullptr (the entry in *ignored_by); else the group with a target naming the module
+// exactly, else one whose "re:" pattern matches (Python re.match: anchored at the start only), else
+// one targeting the class "Linear" (every routed-expert projection is a Linear); among targets of one
+// kind, the first group in config order. nullptr when no group covers it.
+const CtConfigGroup* ct_group_of(const QuantizationConfig& q, const std::string& module,
+                                 std::string* ignored_by = nullptr);
+// The group of projection `prefix` (canonical name), which stores packed tensors: Error naming the
+// module (and the ignore entry) when no group covers it.
+const CtConfigGroup& ct_group_of_projection(const Checkpoint& ckpt, const QuantizationConfig& q,
+                                            const std::string& prefix);
+// Sets q.act_quant / act_group / act_block / scale_group / weight_group from the group(s) of the
+// checkpoint's PACKED routed-expert projections (read_quantization_config calls it): an Error names a
+// packed module that is ignored or targeted by no group, and two modules whose groups ask for
+// different input activations (moesq runs one activation scheme for all routed experts).
+void resolve_ct_expert_groups(const Checkpoint& ckpt, QuantizationConfig& q, const std::string& where);
+
+// The static activation global scale γ_a of projection `prefix` (its input_global_scale: one finite
+// positive element, shape [1] or 0-d), for input_activations.dynamic false; Error naming the tensor.
+float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix);
+
 // One NVFP4 projection of a compressed-tensors checkpoint (CtNvfp4 or CtPairBitmask layout).
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
                                                     const std::string& prefix, int64_t N, int64_t K);

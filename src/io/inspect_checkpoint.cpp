@@ -178,7 +178,8 @@ CheckpointInspection inspect_checkpoint(const std::string& dir, bool allow_mixed
       r.layout += q.scale_group == 32 ? " group_size 32 (reference layout)" : " group_size 16";
     // What eval / generate run with (the loader's rule, io::deployed_act_block).
     r.activations = q.act_quant && q.storage != ExpertStorage::Int4
-                        ? "nvfp4 block " + std::to_string(deployed_act_block(q, num_sparse48, num_nvfp4))
+                        ? "nvfp4 block " + std::to_string(deployed_act_block(q, num_sparse48, num_nvfp4)) +
+                              (q.act_static ? ", static input_global_scale" : "")
                         : "none (weight-only)";
     if (q.layout == CheckpointLayout::CtInt4) r.weight_group = q.weight_group;
     r.quantization_config = cfg["quantization_config"];

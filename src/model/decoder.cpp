@@ -177,11 +177,20 @@ Routes DecoderModel::route_logits(int64_t l, std::vector<float> logits, int64_t 
 // before the GEMMs that consume them (paper Eq. 4, Q_a).
 namespace {
 // Q_a over the rows x [n, K]; a non-finite activation is an Error naming the row and the projection
-// whose input it is (the caller adds layer and expert).
-void quantize_activation_rows(float* x, int64_t n, int64_t K, int block, const char* what) {
+// whose input it is (the caller adds layer and expert). static_scale > 0: that γ_a for every row (a
+// checkpoint's static input_global_scale; block scales still per block), the same block rule.
+void quantize_activation_rows(float* x, int64_t n, int64_t K, int block, const char* what, float static_scale) {
   for (int64_t r = 0; r < n; ++r) {
     try {
-      format::quantize_activation_row(&x[r * K], K, block);
+      if (static_scale > 0.0f) {
+        for (int64_t k = 0; k < K; ++k)
+          MOESQ_CHECK(std::isfinite(x[r * K + k]), "activation quantization: non-finite activation ", x[r * K + k],
+                      " at column ", k, " of K=", K);
+        MOESQ_CHECK(K % block == 0, "activation quantization: K=", K, " is not a multiple of the block size ", block);
+        format::nvfp4_fake_quant_blocks(&x[r * K], K, block, static_scale);
+      } else {
+        format::quantize_activation_row(&x[r * K], K, block);
+      }
     } catch (const Error& e) {
       MOESQ_FAIL(what, " row ", r, ": ", e.what());
     }
@@ -197,6 +206,8 @@ ExpertVariant expert_variant(const io::ModelSpec& spec, const ExpertWeights& w) 
   v.clamped = spec.clamped_swiglu;
   v.alpha = static_cast<float>(spec.swiglu_alpha);
   v.limit = static_cast<float>(spec.swiglu_limit);
+  v.gate_up_act_scale = w.gate_up_act_scale;
+  v.down_act_scale = w.down_act_scale;
   return v;
 }
 
@@ -234,14 +245,14 @@ std::vector<float> expert_mlp(LinearFn lin, const float* gate, const float* up, 
   std::vector<float> xq;  // [n, H] quantized copy of x (act_block > 0 only)
   if (act_block > 0) {
     xq.assign(x, x + n * H);
-    quantize_activation_rows(xq.data(), n, H, act_block, "gate_proj/up_proj input");
+    quantize_activation_rows(xq.data(), n, H, act_block, "gate_proj/up_proj input", v.gate_up_act_scale);
     x = xq.data();
   }
   std::vector<float> g(n * I), u(n * I);  // [n, I]
   lin(x, n, H, gate, I, g.data());
   lin(x, n, H, up, I, u.data());
   expert_activation(g.data(), u.data(), n, I, v);
-  if (act_block > 0) quantize_activation_rows(g.data(), n, I, act_block, "down_proj input");
+  if (act_block > 0) quantize_activation_rows(g.data(), n, I, act_block, "down_proj input", v.down_act_scale);
   lin(g.data(), n, I, down, H, y.data());
   add_down_bias(y.data(), n, H, v);
   if (inter) *inter = std::move(g);

@@ -32,6 +32,9 @@ struct ExpertWeights {
   // Biases of a routed expert where the family has them (spec.expert_bias, gpt-oss): [I], [I], [H]
   // (y = x Wᵀ + b); empty otherwise. Never compressed (kept bf16 as stored).
   std::vector<float> gate_bias, up_bias, down_bias;
+  // Static activation global scales γ_a (compressed-tensors input_activations.dynamic false: the stored
+  // input_global_scale of gate|up and of down); 0 = dynamic, γ_a per token row (format::quantize_activation_row).
+  float gate_up_act_scale = 0.0f, down_act_scale = 0.0f;
 };
 
 // What a routed expert computes beyond plain SwiGLU, as a view for swiglu_forward: biases after each
@@ -43,6 +46,7 @@ struct ExpertVariant {
   const float* down_bias = nullptr;  // [H] or null
   bool clamped = false;
   float alpha = 1.702f, limit = 7.0f;
+  float gate_up_act_scale = 0.0f, down_act_scale = 0.0f;  // static γ_a of the two inputs; 0 = dynamic
 };
 // The variant of expert `w` of a `spec` model (pointers into w's biases: w must outlive it).
 ExpertVariant expert_variant(const io::ModelSpec& spec, const ExpertWeights& w);

@@ -68,6 +68,17 @@ io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
 
 io::ExpertStorage checkpoint_expert_storage(const io::Checkpoint& ckpt, const io::QuantizationConfig& q) {
   io::check_expert_storage(ckpt, q, false);
+  // A compressed-tensors config may leave some routed experts unquantized (ignored, stored dense) beside
+  // packed ones; the CPU forward reads both, the engine uploads one expert format per model.
+  MOESQ_CHECK(!(q.act_static && q.act_quant), ckpt.dir(), "/config.json quantization_config: the routed experts' "
+              "input_activations.dynamic is false (static input_global_scale); the GPU engine quantizes activations "
+              "per token only (evaluate this checkpoint with --device cpu)");
+  if (q.layout != io::CheckpointLayout::Moesq && q.storage != io::ExpertStorage::Dense) {
+    const io::ExpertStorageCensus c = io::census_expert_storage(ckpt, q);
+    MOESQ_CHECK(c.dense == 0, ckpt.dir(), ": ", c.dense, " routed-expert projections are stored dense (modules that "
+                "config.json quantization_config.ignore leaves unquantized) beside ", c.packed, " packed ones; the GPU "
+                "engine runs one expert format per model (evaluate this checkpoint with --device cpu)");
+  }
   if (q.storage != io::ExpertStorage::Nvfp4 || q.layout == io::CheckpointLayout::Moesq) return q.storage;
   const io::ModelSpec& s = ckpt.spec();
   int64_t l = 0;

@@ -87,35 +87,47 @@ TEST_F(CliReferenceLayout, ReferenceCheckpointsEvaluateToTheMoesqNats) {
 
 namespace {
 
-// Integer expert codes with no quantization_config are refused naming the tensor, not read as floats.
+// Integer expert codes with no quantization_config (int8 / uint8 / int32 .weight, with a weight_scale
+// beside them as quantizers store them) are refused naming the tensor, not read as floats.
 TEST(CliIntegerExperts, IntegerExpertWeightWithoutConfigIsRefusedNamingIt) {
-  moesq::test::TempDir dir("moesq_test_cli_integer_experts");
-  const std::filesystem::path out = dir.path / "int8";
-  std::filesystem::create_directories(out);
-  const moesq::io::Checkpoint src(MOESQ_DEFAULT_MODEL);
-  moesq::io::SafetensorsWriter w;
-  std::string victim;
-  std::vector<int8_t> codes;
-  for (const std::string& name : src.names()) {
-    const moesq::io::TensorView& t = src.get(name);
-    if (victim.empty() && name.find(".experts.0.up_proj.weight") != std::string::npos) {
-      victim = name;
-      codes.assign(static_cast<size_t>(t.numel()), 3);
-      w.add(name, moesq::io::DType::I8, t.shape, codes.data(), codes.size());
-      continue;
+  using moesq::io::DType;
+  for (const DType dtype : {DType::I8, DType::U8, DType::I32}) {
+    const std::string dname = moesq::io::dtype_name(dtype);
+    moesq::test::TempDir dir("moesq_test_cli_integer_experts");
+    const std::filesystem::path out = dir.path / "int";
+    std::filesystem::create_directories(out);
+    const moesq::io::Checkpoint src(MOESQ_DEFAULT_MODEL);
+    moesq::io::SafetensorsWriter w;
+    std::string victim;
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    for (const std::string& name : src.names()) {
+      const moesq::io::TensorView& t = src.get(name);
+      if (victim.empty() && name.find(".experts.0.up_proj.weight") != std::string::npos) {
+        victim = name;
+        const size_t width = dtype == DType::I32 ? 4 : 1;
+        codes.assign(static_cast<size_t>(t.numel()) * width, 3);
+        w.add(name, dtype, t.shape, codes.data(), codes.size());
+        scale.assign(static_cast<size_t>(t.shape[0]), 0.01f);
+        w.add_f32(name.substr(0, name.size() - 7) + ".weight_scale", {t.shape[0], 1}, scale);
+        continue;
+      }
+      w.add(name, t.dtype, t.shape, t.data, t.nbytes);
     }
-    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+    ASSERT_FALSE(victim.empty());
+    w.write((out / "model.safetensors").string());
+    for (const auto& e : std::filesystem::directory_iterator(MOESQ_DEFAULT_MODEL))
+      if (e.path().extension() != ".safetensors" && e.path().filename() != "model.safetensors.index.json")
+        std::filesystem::copy_file(e.path(), out / e.path().filename());
+    std::ofstream(dir.file("text.txt")) << "def f(x):\n    return x\n";
+    for (const std::string cmd : {"eval " + out.string() + " --data " + dir.file("text.txt") + " --seq-len 8",
+                                  "inspect " + out.string()}) {
+      const moesq::test::CliRun r = run_moesq(cmd, dir.path.string());
+      EXPECT_EQ(r.rc, 1) << dname << ": " << cmd << "\n" << r.err;
+      EXPECT_NE(r.err.find("tensor " + victim + " has integer dtype " + dname), std::string::npos) << cmd << "\n" << r.err;
+      EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    }
   }
-  ASSERT_FALSE(victim.empty());
-  w.write((out / "model.safetensors").string());
-  for (const auto& e : std::filesystem::directory_iterator(MOESQ_DEFAULT_MODEL))
-    if (e.path().extension() != ".safetensors" && e.path().filename() != "model.safetensors.index.json")
-      std::filesystem::copy_file(e.path(), out / e.path().filename());
-  std::ofstream(dir.file("text.txt")) << "def f(x):\n    return x\n";
-  const moesq::test::CliRun r =
-      run_moesq("eval " + out.string() + " --data " + dir.file("text.txt") + " --seq-len 8", dir.path.string());
-  EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("tensor " + victim + " has integer dtype I8"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -195,7 +195,7 @@ TEST(ImportConfig, UnsupportedSchemesNameTheFieldAndValue) {
   const json nvfp4 = {{"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16}, {"symmetric", true}};
   json base = {{"quant_method", "compressed-tensors"},
                {"format", "nvfp4-pack-quantized"},
-               {"config_groups", {{"group_0", {{"weights", nvfp4}, {"input_activations", nvfp4}}}}}};
+               {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", nvfp4}, {"input_activations", nvfp4}}}}}};
   base["config_groups"]["group_0"]["input_activations"]["dynamic"] = "local";
   EXPECT_EQ(error_of(base), "");
   json fp8 = base;
@@ -212,10 +212,21 @@ TEST(ImportConfig, UnsupportedSchemesNameTheFieldAndValue) {
   gs32["config_groups"]["group_0"]["weights"]["group_size"] = 32;
   gs32["config_groups"]["group_0"]["input_activations"]["group_size"] = 32;
   EXPECT_EQ(error_of(gs32), "");
-  json two = gs32;  // two groups that disagree on the weight group
+  json two = gs32;  // two groups with different weight groups: each module reads its own group's
   two["config_groups"]["group_1"] = base["config_groups"]["group_0"];
-  EXPECT_NE(error_of(two).find("weights.group_size is 16 but another group uses 32"), std::string::npos)
-      << error_of(two);
+  EXPECT_EQ(error_of(two), "");
+  json untargeted = base;  // a group must say which modules it covers
+  untargeted["config_groups"]["group_0"].erase("targets");
+  EXPECT_NE(error_of(untargeted).find("config_groups.group_0.targets is missing"), std::string::npos)
+      << error_of(untargeted);
+  json static_act = base;  // a static activation global scale: the stored input_global_scale
+  static_act["config_groups"]["group_0"]["input_activations"]["dynamic"] = false;
+  EXPECT_EQ(error_of(static_act), "");
+  json odd_dynamic = base;
+  odd_dynamic["config_groups"]["group_0"]["input_activations"]["dynamic"] = "global";
+  EXPECT_NE(error_of(odd_dynamic).find("config_groups.group_0.input_activations.dynamic is \"global\""),
+            std::string::npos)
+      << error_of(odd_dynamic);
   json pb = base;
   pb["paired48_sparse"] = {{"layout", "pair-bitmask"}, {"version", 2}};
   EXPECT_NE(error_of(pb).find("paired48_sparse.version is 2"), std::string::npos) << error_of(pb);

@@ -5,8 +5,11 @@
 // on its exact bf16 products; a dense NVFP4 export is refused by the paired backends naming the tensor.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -128,6 +131,38 @@ TEST_F(RuntimeWeightsLayouts, DenseNvfp4ExportIsRefusedByThePairedBackendsNaming
     const runtime::HostMoeLayer b = runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kBf16);
     EXPECT_EQ(b.expert_storage, io::ExpertStorage::Nvfp4);
     EXPECT_FALSE(dense(b.weights).gu.empty());
+  }
+}
+
+// A compressed-tensors checkpoint whose config ignores layer 0's routed experts, stored bf16 beside the
+// packed rest, loads on the CPU (tests/cli/test_config_groups.cpp) and is refused by the GPU loader.
+TEST_F(RuntimeWeightsLayouts, IgnoredDenseExpertsBesidePackedOnesAreRefusedNamingTheConfig) {
+  const std::string moesq_dir = test::write_moesq_checkpoint(src_, test::pack_all_experts(src_, true), true,
+                                                             tmp_.path / "moesq");
+  const std::string ct = (tmp_.path / "ct").string();
+  io::export_checkpoint(moesq_dir, io::ExportFormat::CompressedTensors, ct);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(ct + "/config.json"));
+  cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"] = nullptr;
+  cfg["quantization_config"]["ignore"] = {"lm_head", "re:model\\.layers\\.0\\.mlp\\.experts\\."};
+  std::ofstream(ct + "/config.json") << cfg.dump(2);
+  const io::Checkpoint exported(ct);
+  io::SafetensorsWriter w;
+  const std::string layer0 = "model.layers.0.mlp.experts.";
+  for (const std::string& n : exported.names())
+    if (n.rfind(layer0, 0) != 0) w.add(n, exported.get(n).dtype, exported.get(n).shape, exported.get(n).data, exported.get(n).nbytes);
+  for (const std::string& n : src_.names())
+    if (n.rfind(layer0, 0) == 0) w.add(n, src_.get(n).dtype, src_.get(n).shape, src_.get(n).data, src_.get(n).nbytes);
+  const std::string mixed = (tmp_.path / "mixed").string();
+  std::filesystem::create_directories(mixed);
+  std::filesystem::copy_file(ct + "/config.json", mixed + "/config.json");
+  w.write(mixed + "/model.safetensors");
+  const io::Checkpoint ck(mixed);
+  try {
+    runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kAuto);
+    ADD_FAILURE() << "dense ignored experts beside packed ones were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantization_config.ignore"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(mixed), std::string::npos) << e.what();
   }
 }
 
