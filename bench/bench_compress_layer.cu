@@ -17,7 +17,7 @@
 // the experts both devices ran, the GPU's rel_error against the CPU's.
 //
 // Refinement variants (moesq only; each a GPU row of its own, the CPU peer runs the first):
-//   --gemm fp32,tf32        the refinement's GEMM precision (compress --gpu-gemm: fp32 | tf32 | tf32-backward)
+//   --gemm fp32,tf32        the refinement's GEMM precision (compress --gpu-gemm: fp32 | tf32 | tf32-backward | bf16-forward)
 //   --step-sequences 0,64   0 = the per-expert row batches; S > 0 = the layer-wide schedule (compress
 //                           --step-sequences S): each row gets one of --sequences calibration sequences
 //                           (uniform, seeded), every step consumes S of them
@@ -234,8 +234,8 @@ int main(int argc, char** argv) {
       bool first = true;
       for (const std::string& g : refines ? split(gemms) : std::vector<std::string>{"fp32"})
         for (const std::string& q : refines ? split(step_sequences) : std::vector<std::string>{"0"}) {
-          MOESQ_CHECK(g == "fp32" || g == "tf32" || g == "tf32-backward", "--gemm: '", g,
-                      "' is not fp32, tf32 or tf32-backward");
+          compress::RefineOptions probe;
+          compress::set_gpu_gemm(probe, g, "--gemm");  // an Error for an unknown name, before any work
           variants.push_back({mname, g, std::stoll(q), first});
           first = false;
         }
@@ -251,8 +251,7 @@ int main(int argc, char** argv) {
       compress::CompressOptions opt;
       opt.method = compress::parse_method(mname);
       opt.refine.step_sequences = v.step_sequences;
-      opt.refine.tf32_gemm = v.gemm == "tf32";
-      opt.refine.tf32_backward = v.gemm == "tf32-backward";
+      compress::set_gpu_gemm(opt.refine, v.gemm, "--gemm");
       // `moesq compress` without --batch / --epochs / --lr-a / --lr-v: the schedule rule sets all four.
       opt.refine.rule_batch = opt.refine.rule_epochs = opt.refine.rule_lr_A = opt.refine.rule_lr_V = true;
       const int64_t train = n - compress::heldout_rows(opt.refine, n);
@@ -272,7 +271,7 @@ int main(int argc, char** argv) {
           v.first && cpu_experts > 0 && std::find(on_cpu.begin(), on_cpu.end(), mname) != on_cpu.end();
       if (cpu_peer) {
         compress::CompressOptions oc = opt;
-        oc.refine.tf32_gemm = oc.refine.tf32_backward = false;  // the CPU ignores them; validate refuses them there
+        oc.refine.tf32_gemm = oc.refine.tf32_backward = oc.refine.bf16_forward = false;  // the CPU ignores them; validate refuses them there
         const Run cpu = run_layer(spec, ex, cpu_experts, oc, threads, false);
         const double layer = cpu.seconds * static_cast<double>(E) / static_cast<double>(cpu_experts);
         nlohmann::json crow = describe("CPU", label, cpu, layer, cpu_experts < E);

@@ -17,8 +17,8 @@
 //
 // Usage: bench_refine_layer [--model qwen3-30b-a3b|kimi-k2.5] [--experts E] [--rows N] [--threads T]
 //                           [--epochs 10] [--cpu-experts 16] [--cpu-epochs 1] [--out R.json]
-//                           [--gemm fp32,tf32] [--profile]
-// --gemm: the GPU layer once per listed GEMM precision (RefineOptions::tf32_gemm), same data.
+//                           [--gemm fp32,tf32,tf32-backward,bf16-forward] [--profile]
+// --gemm: the GPU layer once per listed GEMM precision (compress --gpu-gemm's names), same data.
 // --cpu-experts 0 skips the CPU peer.
 // --profile: instead of the layer, one expert alone on one thread for one epoch with the step
 // backend's stage timing on (refine/cuda_step_backend.h StageTimes: each stage timed alone), then the
@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
       compress::RefineOptions op = o;
       op.epochs = 1;
       op.device = compress::refine::make_cuda_step_backend;
-      op.tf32_gemm = gemms.rfind("tf32", 0) == 0;  // the first of --gemm
+      compress::set_gpu_gemm(op, gemms.substr(0, gemms.find(',')), "--gemm");  // the first of --gemm
       compress::refine::set_stage_timing(true);
       const RunStats one = refine_all(ex, 1, n, H, I, op, 1);  // one thread: the caller's (parallel_for inline)
       const compress::refine::StageTimes t = compress::refine::stage_times();
@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
       if (p1 == std::string::npos) p1 = gemms.size();
       const std::string gemm = gemms.substr(p0, p1 - p0);
       p0 = p1 + 1;
-      MOESQ_CHECK(gemm == "fp32" || gemm == "tf32", "--gemm: '", gemm, "' is not fp32 or tf32");
+      compress::RefineOptions probe;
+      compress::set_gpu_gemm(probe, gemm, "--gemm");  // an Error for an unknown name, before any work
       // Peak GPU memory, sampled while the GPU layer runs.
       size_t free0 = 0, total = 0;
       MOESQ_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
@@ -307,7 +308,7 @@ int main(int argc, char** argv) {
         JoinOnExit join{done, sampler};
         compress::RefineOptions og = o;
         og.device = compress::refine::make_cuda_step_backend;
-        og.tf32_gemm = gemm == "tf32";
+        compress::set_gpu_gemm(og, gemm, "--gemm");
         gpu = refine_all(ex, E, n, H, I, og, threads);
       }
       const double peak_gb = static_cast<double>(free0 - min_free) / 1e9;

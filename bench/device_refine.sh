@@ -203,9 +203,11 @@ if has ncu_sgptq; then  # per-kernel time of one expert's GPU SGPTQ (targets, He
     log "bench_compress_layer sgptq threads $T rc=$?"; sed 's/^/  /' "$W/sgptq_t$T.log" | tee -a "$S"
   done
 fi
-if has profile; then
-  timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile > "$W/profile.log" 2>&1
-  log "bench_refine_layer --profile rc=$?"; sed 's/^/  /' "$W/profile.log" | tee -a "$S"
+if has profile; then  # PROFILE_GEMMS: the --gpu-gemm precisions to profile (one run each)
+  for g in ${PROFILE_GEMMS:-fp32}; do
+    timeout 200 "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --gemm $g > "$W/profile.$g.log" 2>&1
+    log "bench_refine_layer --profile --gemm $g rc=$?"; grep -E 'profile|schedule' "$W/profile.$g.log" | sed 's/^/  /' | tee -a "$S"
+  done
 fi
 if has scaling; then  # one epoch of 16 experts on T threads: does the throughput grow with the streams?
   for g in fp32 tf32; do for T in 1 4 16; do

@@ -140,8 +140,9 @@ void run_compress(const Args* args, dist::Communicator& comm) {
               "checkpoint ", args->dir,
               " is already quantized (config.json has quantization_config); compress the original");
   resolve_device(args->device, ckpt.spec(), opt, args->flags.gpu_gemm);  // before the weights are read
-  MOESQ_CHECK((!opt.refine.tf32_gemm && !opt.refine.tf32_backward) || opt.device == compress::Device::kCuda,
-              "--gpu-gemm ", opt.refine.tf32_gemm ? "tf32" : "tf32-backward",
+  MOESQ_CHECK((!opt.refine.tf32_gemm && !opt.refine.tf32_backward && !opt.refine.bf16_forward) ||
+                  opt.device == compress::Device::kCuda,
+              "--gpu-gemm ", args->flags.gpu_gemm,
               " applies to the refinement on the GPU, and this run refines on the CPU (--device ",
               args->device, ")");
   // Host memory bounded by one layer's experts (plus the rest of the model and the calibration):

@@ -90,8 +90,11 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                 "two forward GEMMs fp32, the three gradient GEMMs on TF32 tensor cores; the fixture's held-out\n"
                 "nats as fp32's within seed noise, 12 % faster per Qwen3-30B-A3B layer) | fp32 (as the CPU) |\n"
                 "tf32 (all five on TF32: 10-bit mantissa inputs, fp32 accumulation; 1.44x faster than fp32,\n"
-                "~1 point less of the SGPTQ gap closed)")
-      ->check(CLI::IsMember({"fp32", "tf32", "tf32-backward"}));
+                "~1 point less of the SGPTQ gap closed) | bf16-forward (the gradients as tf32-backward; the two\n"
+                "forward GEMMs on bf16 tensor cores over the unscaled NVFP4 operands, which bf16 holds exactly:\n"
+                "every product exact, fp32 sums, the tensor scales divided out after)")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(compress::kGpuGemmModes),
+                                                     std::end(compress::kGpuGemmModes))));
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");
   f.baseline_group = b;
   b->add_option("--jsq-rho", f.opt.jsq.rho, "JSQ: weight of the quantization-range salience ss against |W|·‖X‖ (compress/jsq.h)")
@@ -128,8 +131,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_lr_V = by_rule(lr_v_opt);
   r.rule_per_expert = schedule_scope == "expert";
   r.restore_best = select_epoch == "best";
-  r.tf32_gemm = gpu_gemm == "tf32";
-  r.tf32_backward = gpu_gemm == "tf32-backward";
+  if (!gpu_gemm.empty()) compress::set_gpu_gemm(r, gpu_gemm);
   MOESQ_CHECK(r.step_sequences == 0 || !(batch_opt && batch_opt->count() > 0),
               "--batch applies to the per-expert schedule; --step-sequences ", r.step_sequences,
               " chooses the layer-wide one, whose steps take whole sequences");

@@ -351,7 +351,7 @@ std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K) {
 
 // ---- fake quant and activations ---------------------------------------------------------------
 
-void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale) {
+void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale, float* unscaled) {
   MOESQ_CHECK(block > 0 && n % block == 0, "nvfp4_fake_quant_blocks: n=", n, " is not a multiple of block=", block);
   const int64_t bad = first_non_finite(x, n);
   MOESQ_CHECK(bad < 0, "NVFP4 quantization: non-finite value ", x[bad], " at index ", bad, " of ", n);
@@ -360,16 +360,22 @@ void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale)
   for (int64_t b = 0; b < n; b += block) {
     float* xb = x + b;
     const BlockScale bs = block_scale(max_abs(xb, block), gamma);
-    for (int j = 0; j < block; ++j) xb[j] = dequant_value(quant_value(xb[j], bs), bs.scale, gamma);
+    for (int j = 0; j < block; ++j) {
+      const uint8_t q = quant_value(xb[j], bs);
+      xb[j] = dequant_value(q, bs.scale, gamma);
+      if (unscaled) unscaled[b + j] = e2m1_decode(q) * bs.scale;
+    }
   }
 }
 
-void quantize_activation_row(float* x, int64_t K, int block) {
+void quantize_activation_row(float* x, int64_t K, int block, float* unscaled, float* gamma_out) {
   MOESQ_CHECK(block > 0 && K % block == 0, "activation quantization: K=", K, " is not a multiple of the block size ",
               block);
   const int64_t bad = first_non_finite(x, K);
   MOESQ_CHECK(bad < 0, "activation quantization: non-finite activation ", x[bad], " at column ", bad, " of K=", K);
-  nvfp4_fake_quant_blocks(x, K, block, nvfp4_tensor_scale(max_abs(x, K)));
+  const float gamma = nvfp4_tensor_scale(max_abs(x, K));
+  if (gamma_out) *gamma_out = gamma;
+  nvfp4_fake_quant_blocks(x, K, block, gamma, unscaled);
 }
 
 double bits_per_weight(size_t packed_bytes, int64_t N, int64_t K) {

@@ -101,15 +101,19 @@ std::vector<uint8_t> magnitude_patterns(const float* W, int64_t N, int64_t K);
 // under tensor scale γ, in place: the Q_w of Eq. 3 on a dense vector. Used by RTN, GPTQ and the
 // refinement forward. `x`: [n], n % block == 0. global_scale <= 0 → Eq. 5 on amax(x).
 // Bit-exact with quantize→dequantize of the same values and γ (the same fp32 expressions).
-// Error for a non-finite entry of x.
-void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale);
+// Error for a non-finite entry of x. `unscaled` (optional, [n]): each value's dec(q)·s before the
+// division by γ — an E2M1 value times a UE4M3 scale, ≤ 6 significant bits, so exact in bf16 — the
+// operand the GPU refinement's bf16 forward GEMMs read (x = unscaled / γ, bit for bit).
+void nvfp4_fake_quant_blocks(float* x, int64_t n, int block, float global_scale, float* unscaled = nullptr);
 
 // Dynamic NVFP4 activation quantization of one token row x [K] (W4A4 eval, Eq. 4's Q_a):
 // per-token tensor scale from amax(x), `block`-element UE4M3 blocks (32 for paired 4:8 experts,
 // 16 for dense NVFP4: the same block size as the weights), in place. K % block == 0.
 // A non-finite entry is an Error naming its column (the caller adds layer / expert / projection):
 // the amax would skip a NaN and E2M1 has no NaN code, so quantizing it would hide it.
-void quantize_activation_row(float* x, int64_t K, int block = kActScaleBlock);
+// `unscaled` / `gamma_out` (optional): as nvfp4_fake_quant_blocks' unscaled values, and the row's γ.
+void quantize_activation_row(float* x, int64_t K, int block = kActScaleBlock, float* unscaled = nullptr,
+                             float* gamma_out = nullptr);
 
 // Measured bits per weight of a packed tensor: 8 · packed bytes / (N·K).
 double bits_per_weight(size_t packed_bytes, int64_t N, int64_t K);

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "format/nvfp4.h"
+#include "support/expect_error.h"
 
 using namespace moesq;
 using compress::ProjInit;
@@ -574,6 +575,18 @@ TEST(Refine, OptionsJsonRoundTripAndErrors) {
   EXPECT_FALSE(j.contains("tf32_backward"));
   o.tf32_backward = true;
   EXPECT_TRUE(compress::refine_options_from_json(compress::refine_options_to_json(o)).tf32_backward);
+  EXPECT_FALSE(j.contains("bf16_forward"));
+  o.bf16_forward = true;
+  EXPECT_TRUE(compress::refine_options_from_json(compress::refine_options_to_json(o)).bf16_forward);
+  // --gpu-gemm's names: bf16-forward keeps TF32 gradients; an unknown name is an Error naming the flag.
+  RefineOptions m;
+  compress::set_gpu_gemm(m, "bf16-forward");
+  EXPECT_TRUE(m.bf16_forward && m.tf32_backward && !m.tf32_gemm);
+  compress::set_gpu_gemm(m, "tf32");
+  EXPECT_TRUE(!m.bf16_forward && !m.tf32_backward && m.tf32_gemm);
+  compress::set_gpu_gemm(m, "fp32");
+  EXPECT_TRUE(!m.bf16_forward && !m.tf32_backward && !m.tf32_gemm);
+  EXPECT_ERROR_CONTAINING(compress::set_gpu_gemm(m, "bf16", "--gemm"), "--gemm: 'bf16' is not one of");
   // Missing keys keep their defaults.
   EXPECT_EQ(compress::refine_options_from_json({{"epochs", 4}}).lr_V, RefineOptions{}.lr_V);
   EXPECT_EQ(compress::refine_options_from_json(nullptr).epochs, RefineOptions{}.epochs);

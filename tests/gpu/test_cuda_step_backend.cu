@@ -118,16 +118,22 @@ void expect_close(double gpu, double cpu, const char* what, size_t epoch) {
 
 }  // namespace
 
+// fp32 GEMMs, and the forward's two GEMMs on bf16 tensor cores over the unscaled NVFP4 operands
+// (RefineOptions::bf16_forward: exact products, so the same tolerances hold).
 TEST(CudaStepBackend, FollowsTheCpuBackendAndIsReproducible) {
   const Expert e = make_expert(300, 64, 32, 11);
+  for (const bool bf16_forward : {false, true})
   for (const bool update_A : {true, false}) {
     RefineOptions o = options(update_A);
     const RefineResult cpu = refine(e, o);
     o.device = compress::refine::make_cuda_step_backend;
+    o.bf16_forward = bf16_forward;
     const RefineResult gpu = refine(e, o);
     const RefineResult gpu2 = refine(e, o);
-    std::printf("update_A=%d: held-out hard loss init %.6g, final cpu %.6g gpu %.6g; patterns agree %.4f\n", update_A,
-                cpu.init_hard_loss, cpu.final_hard_loss, gpu.final_hard_loss, pattern_agreement(cpu, gpu));
+    std::printf("bf16_forward=%d update_A=%d: held-out hard loss init %.6g, final cpu %.6g gpu %.6g; patterns agree "
+                "%.4f\n",
+                bf16_forward, update_A, cpu.init_hard_loss, cpu.final_hard_loss, gpu.final_hard_loss,
+                pattern_agreement(cpu, gpu));
     ASSERT_FALSE(cpu.skipped);
     ASSERT_FALSE(gpu.skipped);
     EXPECT_EQ(gpu.steps, cpu.steps);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
+#include "ops/descale_rows/descale_rows.h"
 #include "ops/fake_quant/fake_quant.h"
 #include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_math.h"
@@ -143,6 +145,64 @@ TEST(FakeQuantGpu, MatchesRefBitwise) {
         for (float v : gpu.x) nonzero += v != 0.0f;
         EXPECT_GT(nonzero, 0);
       }
+}
+
+// The unscaled outputs (bf16 bits of dec(q)·s) and γ of the bf16 forward: the twin's bits, and x = u / γ.
+TEST(FakeQuantGpu, UnscaledBf16AndGammaMatchRefBitwise) {
+  for (const int block : {16, 32})
+    for (const bool per_row : {false, true})
+      for (const auto& s : kQuantShapes) {
+        const int64_t rows = s[0], K = s[1];
+        if (K % block || (!per_row && (rows * K) % 32)) continue;
+        const auto x = quant_rows(rows, K, block, 3000 * block + 10 * rows + per_row);
+        const size_t n = static_cast<size_t>(rows * K), ng = per_row ? static_cast<size_t>(rows) : 1;
+        std::vector<float> ref = x, ref_gamma(ng, -1.0f);
+        std::vector<uint16_t> ref_u(n, 0xffff);
+        fake_quant_ref({.x = ref.data(), .rows = rows, .K = K, .block = block, .per_row = per_row, .amax = nullptr,
+                        .nonfinite = nullptr, .unscaled_bf16 = ref_u.data(), .gamma = ref_gamma.data()});
+        DevBuf<float> d_x(x), d_amax(1), d_gamma(std::vector<float>(ng, -1.0f));
+        DevBuf<uint16_t> d_u(std::vector<uint16_t>(n, 0xffff));
+        fake_quant({.x = d_x.p, .rows = rows, .K = K, .block = block, .per_row = per_row, .amax = d_amax.p,
+                    .nonfinite = nullptr, .unscaled_bf16 = d_u.p, .gamma = d_gamma.p},
+                   nullptr);
+        MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto gx = d_x.download();
+        const auto gu = d_u.download();
+        const auto gg = d_gamma.download();
+        EXPECT_EQ(first_diff(gx, ref), -1) << "x, block=" << block << " per_row=" << per_row << " rows=" << rows;
+        EXPECT_EQ(first_diff(gu, ref_u), -1) << "unscaled, block=" << block << " per_row=" << per_row << " rows=" << rows;
+        EXPECT_EQ(first_diff(gg, ref_gamma), -1) << "gamma, block=" << block << " per_row=" << per_row;
+        int64_t bad = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const uint32_t bits = static_cast<uint32_t>(gu[i]) << 16;
+          float u;
+          std::memcpy(&u, &bits, sizeof u);
+          const float q = u / gg[per_row ? i / static_cast<size_t>(K) : 0];
+          bad += std::memcmp(&q, &gx[i], sizeof q) != 0;
+        }
+        EXPECT_EQ(bad, 0) << "x != unscaled / gamma, block=" << block << " per_row=" << per_row << " rows=" << rows;
+      }
+}
+
+// ---- descale_rows ----------------------------------------------------------------------------------
+TEST(DescaleRowsGpu, MatchesRefBitwise) {
+  std::mt19937_64 g(17);
+  std::normal_distribution<float> nd(0.0f, 100.0f);
+  std::uniform_real_distribution<float> ud(0.5f, 5000.0f);
+  for (const auto& s : std::vector<std::array<int64_t, 2>>{{1, 1}, {3, 1536}, {256, 2048}, {70000, 3}}) {
+    const int64_t rows = s[0], C = s[1];
+    std::vector<float> x(rows * C), rg(rows), gamma{ud(g)};
+    for (auto& v : x) v = nd(g);
+    for (auto& v : rg) v = ud(g);
+    rg[0] = 0.0f;  // a padding row
+    std::vector<float> ref = x;
+    descale_rows_ref({.x = ref.data(), .rows = rows, .C = C, .row_gamma = rg.data(), .gamma = gamma.data()});
+    DevBuf<float> d_x(x), d_rg(rg), d_g(gamma);
+    descale_rows({.x = d_x.p, .rows = rows, .C = C, .row_gamma = d_rg.p, .gamma = d_g.p}, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(first_diff(d_x.download(), ref), -1) << "rows=" << rows << " C=" << C;
+    for (int64_t c = 0; c < C; ++c) EXPECT_EQ(ref[c], 0.0f) << "the padding row";
+  }
 }
 
 TEST(FakeQuantGpu, NonFiniteSetsTheFlag) {

@@ -198,3 +198,62 @@ TEST(FakeQuant, ArgumentErrorsNameTheProblem) {
   b.x = nullptr;
   EXPECT_ERROR_CONTAINING(moesq::ops::fake_quant_ref(b), "x is null");
 }
+
+// The unscaled outputs of the bf16 forward: each value's dec(E2M1 code)·dec(UE4M3 scale), from the plain
+// definition's codes, as exact bf16 bits; γ the plain γ; and x = u / γ bit for bit — so a GEMM of the
+// unscaled operands divided by the two γ is the GEMM of the fake-quantized values with exact products.
+TEST(FakeQuant, UnscaledBf16IsTheCodeTimesTheBlockScale) {
+  for (const int block : {16, 32})
+    for (const bool per_row : {false, true})
+      for (const auto& s : kShapes) {
+        const int64_t rows = s[0], K = s[1];
+        if (K % block) continue;
+        const auto x = random_rows(rows, K, block, 3000 * block + rows + per_row);
+        const size_t n = static_cast<size_t>(rows * K);
+        auto got = x;
+        std::vector<uint16_t> u(n, 0xffff);
+        std::vector<float> gamma(per_row ? rows : 1, -1.0f);
+        moesq::ops::fake_quant_ref({.x = got.data(), .rows = rows, .K = K, .block = block, .per_row = per_row,
+                                    .amax = nullptr, .nonfinite = nullptr, .unscaled_bf16 = u.data(),
+                                    .gamma = gamma.data()});
+        auto plain = x;  // the values must not change when the extra outputs are asked for
+        if (per_row) {
+          for (int64_t r = 0; r < rows; ++r) plain_fake_quant(plain.data() + r * K, K, block, plain_gamma(x.data() + r * K, K));
+        } else {
+          plain_fake_quant(plain.data(), rows * K, block, plain_gamma(x.data(), rows * K));
+        }
+        EXPECT_EQ(first_diff(got, plain), -1) << "block=" << block << " per_row=" << per_row << " rows=" << rows;
+        int64_t bad_u = 0, bad_x = 0, nonzero = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float g = per_row ? plain_gamma(x.data() + r * K, K) : plain_gamma(x.data(), rows * K);
+          EXPECT_EQ(gamma[per_row ? r : 0], g) << "gamma, row " << r;
+          for (int64_t b = 0; b < K; b += block) {
+            float bmax = 0.0f;
+            for (int j = 0; j < block; ++j) bmax = std::max(bmax, std::fabs(x[r * K + b + j]));
+            const float sc = format::e4m3_decode(format::ue4m3_encode(g * bmax / 6.0f));
+            for (int j = 0; j < block; ++j) {
+              const size_t i = static_cast<size_t>(r * K + b + j);
+              const float want = sc > 0.0f ? format::e2m1_decode(format::e2m1_encode(x[i] * (g / sc))) * sc : 0.0f;
+              const uint32_t bits = static_cast<uint32_t>(u[i]) << 16;
+              float have;
+              std::memcpy(&have, &bits, sizeof have);
+              bad_u += have != want;
+              const float q = have / g;
+              bad_x += std::memcmp(&q, &got[i], sizeof q) != 0;
+              nonzero += have != 0.0f;
+            }
+          }
+        }
+        EXPECT_EQ(bad_u, 0) << "block=" << block << " per_row=" << per_row << " rows=" << rows << " K=" << K;
+        EXPECT_EQ(bad_x, 0) << "x != u / gamma, block=" << block << " per_row=" << per_row << " rows=" << rows;
+        EXPECT_GT(nonzero, 0);
+      }
+  float x[32] = {1.0f}, gamma = 0.0f;
+  uint16_t u[32];
+  EXPECT_ERROR_CONTAINING(moesq::ops::fake_quant_ref({.x = x, .rows = 1, .K = 32, .block = 32, .per_row = true,
+                                                      .amax = nullptr, .nonfinite = nullptr, .unscaled_bf16 = u}),
+                          "unscaled_bf16 and gamma are given together");
+  EXPECT_ERROR_CONTAINING(moesq::ops::fake_quant_ref({.x = x, .rows = 1, .K = 32, .block = 32, .per_row = true,
+                                                      .amax = nullptr, .nonfinite = nullptr, .gamma = &gamma}),
+                          "unscaled_bf16 and gamma are given together");
+}

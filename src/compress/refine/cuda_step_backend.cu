@@ -4,6 +4,9 @@
 //   → dW̃_down = dŶᵀ·h, dh = dŶ·W̃_down → da|db (swiglu_train_backward) → dW̃_gu = [da|db]ᵀ·X
 //   → dA, dV and Lion on A, V (gumbel_support_lion ×3)
 // — refine/objective.cpp's objective_grad and refine/lion.cpp's lion_step, in the same order.
+// With RefineOptions::bf16_forward the two forward GEMMs read the unscaled NVFP4 operands in bf16
+// (exact) on tensor cores and divide the γ out after (ops/descale_rows); the fp32 copies of X, h and
+// W̃_down stay for the gradients.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -16,6 +19,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
+#include "ops/descale_rows/descale_rows.h"
 #include "ops/fake_quant/fake_quant.h"
 #include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_support.h"
@@ -44,6 +48,8 @@ View<T> take(Scratch<T>& s, size_t n) {
 // thread): kept across experts, so starting one allocates nothing once the largest has been seen.
 struct Workspace {
   Scratch<float> X, Y, w, W_gu, W_d, dW_gu, dW_d, xb, yb, wb, ab, h, y, dy, dh, dab, amax;
+  Scratch<float> gX, gxb, gh, gW;                 // bf16_forward: γ of X's rows, of the batch, of h, of W̃
+  Scratch<uint16_t> uX, uxb, uh, uW_gu, uW_d;     // bf16_forward: the unscaled operands (bf16 bits)
   std::array<Scratch<float>, 3> A, V, mom_A, mom_V, pi;
   std::array<Scratch<uint8_t>, 3> fixed_pat;
   Scratch<int64_t> eval_idx, order;
@@ -84,6 +90,20 @@ struct StageTimer {
 StageTimer& stage_timer() {
   thread_local StageTimer st;
   return st;
+}
+
+// Row-major C[M, N] = A · Bᵀ, A [M, K] and B [N, K] bf16 (bits), C fp32, fp32 accumulation on tensor
+// cores (cuBLAS's default math for bf16 inputs; the handle's mode is restored).
+void gemm_bf16_nt(cublasHandle_t h, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B, float* C) {
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasMath_t mode;
+  MOESQ_CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  MOESQ_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                                  static_cast<int>(K), &alpha, B, CUDA_R_16BF, static_cast<int>(K), A, CUDA_R_16BF,
+                                  static_cast<int>(K), &beta, C, CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(h, mode));
 }
 
 // Row-major C[M, N] = op(A) · op(B) (+ beta·C) in fp32; op = transpose when ta / tb. lda, ldb, ldc are
@@ -143,9 +163,17 @@ class CudaStepBackend final : public StepBackend {
     } else {
       X_ = upload(ws.X, d.X, nH, *ctx_);
     }
+    bf16_ = o.bf16_forward;
+    MOESQ_CHECK(!bf16_ || H_ % 2 == 0, "refine on the GPU: --gpu-gemm bf16-forward needs an even hidden size, got ",
+                H_);
+    if (bf16_) {
+      uX_ = take(ws.uX, nH);
+      gX_ = take(ws.gX, static_cast<size_t>(d.n));
+    }
     if (d.n > 0)
       ops::fake_quant({.x = X_.p, .rows = d.n, .K = H_, .block = d.act_block, .per_row = true, .amax = nullptr,
-                       .nonfinite = flag_.p},
+                       .nonfinite = flag_.p, .unscaled_bf16 = bf16_ ? uX_.p : nullptr,
+                       .gamma = bf16_ ? gX_.p : nullptr},
                       s);
     int32_t bad_x = 0;
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(&bad_x, flag_.p, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
@@ -188,6 +216,15 @@ class CudaStepBackend final : public StepBackend {
     dab_ = take(ws.dab, C * 2 * I_);
     row_loss_ = take(ws.row_loss, C);
     amax_ = take(ws.amax, 2);
+    if (bf16_) {
+      gxb_ = take(ws.gxb, C);
+      gh_ = take(ws.gh, C);
+      gW_ = take(ws.gW, 2);
+      uxb_ = take(ws.uxb, C * H_);
+      uh_ = take(ws.uh, C * I_);
+      uW_gu_ = take(ws.uW_gu, W_gu_.n);
+      uW_d_ = take(ws.uW_d, W_d_.n);
+    }
     // The host arrays uploaded above may be freed by the caller once start() returns.
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -211,7 +248,7 @@ class CudaStepBackend final : public StepBackend {
     T.begin(s);
     gather(order_.p + in.b0, m);
     T.end(s, &StageTimes::gather);
-    forward(m);
+    forward(m, bf16_);
     T.begin(s);
     ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = in.inv_norm,
                        .dy = dy_.p, .row_loss = nullptr},
@@ -249,7 +286,7 @@ class CudaStepBackend final : public StepBackend {
   double eval_loss(bool hard, double kappa, double tau) override {
     const ProfilePause pause;
     weights(hard ? ops::SupportMode::kArgmax : ops::SupportMode::kNoiseFree, kappa, tau, nullptr);
-    return eval_rows_loss();
+    return eval_rows_loss(bf16_);
   }
 
   double weights_loss(const float* W_gate, const float* W_up, const float* W_down) override {
@@ -259,7 +296,8 @@ class CudaStepBackend final : public StepBackend {
     ctx_->h2d(W_gu_.p + n_gu, W_up, sizeof(float) * n_gu);
     ctx_->h2d(W_d_.p, W_down, sizeof(float) * n_gu);
     // The next step or eval recomputes W̃ from A and V (weights()), so overwriting it here is safe.
-    return eval_rows_loss();
+    // These weights come as fp32 values without their unscaled operands: the fp32 forward.
+    return eval_rows_loss(/*bf16=*/false);
   }
 
   void sync(std::array<ProjState<float>, 3>& P) override {
@@ -274,14 +312,14 @@ class CudaStepBackend final : public StepBackend {
 
  private:
   // Σ over the eval rows of the Eq. 4 row losses of the weights now in W_gu_ / W_d_, normalized.
-  double eval_rows_loss() {
+  double eval_rows_loss(bool bf16) {
     const cudaStream_t s = ctx_->stream;
     double sum = 0.0;
     std::vector<double> rows(static_cast<size_t>(C_));
     for (int64_t r0 = 0; r0 < d_.n_eval; r0 += C_) {
       const int64_t m = std::min(C_, d_.n_eval - r0);
       gather(eval_idx_.p + r0, m);
-      forward(m);
+      forward(m, bf16);
       ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = d_.eval_inv_norm,
                          .dy = nullptr, .row_loss = row_loss_.p},
                         s);
@@ -316,37 +354,59 @@ class CudaStepBackend final : public StepBackend {
     T.end(s, &StageTimes::support);
     T.begin(s);
     ops::fake_quant({.x = W_gu_.p, .rows = 2 * I_, .K = H_, .block = 32, .per_row = false, .amax = amax_.p,
-                     .nonfinite = flag_.p},
+                     .nonfinite = flag_.p, .unscaled_bf16 = bf16_ ? uW_gu_.p : nullptr,
+                     .gamma = bf16_ ? gW_.p : nullptr},
                     s);
     ops::fake_quant({.x = W_d_.p, .rows = H_, .K = I_, .block = 32, .per_row = false, .amax = amax_.p + 1,
-                     .nonfinite = flag_.p},
+                     .nonfinite = flag_.p, .unscaled_bf16 = bf16_ ? uW_d_.p : nullptr,
+                     .gamma = bf16_ ? gW_.p + 1 : nullptr},
                     s);
     T.end(s, &StageTimes::weight_quant);
   }
 
-  // Rows idx [m] (device) of X, Y_ref, w into xb_, yb_, wb_.
+  // Rows idx [m] (device) of X, Y_ref, w into xb_, yb_, wb_ (and with bf16_ X's unscaled rows and γ
+  // into uxb_, gxb_: a bf16 row of H values is moved as H/2 fp32 words; a padding row gets γ 0, which
+  // ops/descale_rows maps to a zero row).
   void gather(const int64_t* idx, int64_t m) {
     const cudaStream_t s = ctx_->stream;
     ops::gather_f32({.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p}, s);
+    if (bf16_) {
+      ops::gather_f32({.src = reinterpret_cast<const float*>(uX_.p), .src_rows = d_.n, .C = H_ / 2, .idx = idx,
+                       .m = m, .out = reinterpret_cast<float*>(uxb_.p)},
+                      s);
+      ops::gather_f32({.src = gX_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = gxb_.p}, s);
+    }
     ops::gather_f32({.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p}, s);
     ops::gather_f32({.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p}, s);
   }
 
-  // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows.
-  void forward(int64_t m) {
+  // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows; with bf16, both
+  // GEMMs over the unscaled operands, then the γ divided out.
+  void forward(int64_t m, bool bf16) {
     cublasHandle_t b = ctx_->blas;
     const cudaStream_t s = ctx_->stream;
     StageTimer& T = stage_timer();
     T.begin(s);
-    gemm_rm(b, false, true, m, 2 * I_, H_, xb_.p, H_, W_gu_.p, H_, ab_.p, 2 * I_);
+    if (bf16) {
+      gemm_bf16_nt(b, m, 2 * I_, H_, uxb_.p, uW_gu_.p, ab_.p);
+      ops::descale_rows({.x = ab_.p, .rows = m, .C = 2 * I_, .row_gamma = gxb_.p, .gamma = gW_.p}, s);
+    } else {
+      gemm_rm(b, false, true, m, 2 * I_, H_, xb_.p, H_, W_gu_.p, H_, ab_.p, 2 * I_);
+    }
     T.end(s, &StageTimes::gemm);
     T.begin(s);
     ops::swiglu_train_forward({.rows = m, .I = I_, .ab = ab_.p, .h = h_.p, .quantize = true, .block = d_.act_block,
-                               .nonfinite = flag_.p, .dh = nullptr, .dab = nullptr},
+                               .nonfinite = flag_.p, .h_unscaled_bf16 = bf16 ? uh_.p : nullptr,
+                               .h_gamma = bf16 ? gh_.p : nullptr, .dh = nullptr, .dab = nullptr},
                               s);
     T.end(s, &StageTimes::swiglu);
     T.begin(s);
-    gemm_rm(b, false, true, m, H_, I_, h_.p, I_, W_d_.p, I_, y_.p, H_);
+    if (bf16) {
+      gemm_bf16_nt(b, m, H_, I_, uh_.p, uW_d_.p, y_.p);
+      ops::descale_rows({.x = y_.p, .rows = m, .C = H_, .row_gamma = gh_.p, .gamma = gW_.p + 1}, s);
+    } else {
+      gemm_rm(b, false, true, m, H_, I_, h_.p, I_, W_d_.p, I_, y_.p, H_);
+    }
     T.end(s, &StageTimes::gemm);
   }
 
@@ -364,6 +424,7 @@ class CudaStepBackend final : public StepBackend {
   int64_t H_ = 0, I_ = 0, C_ = 0;
   std::array<int64_t, 3> N_{}, K_{}, R_{};
   std::array<bool, 3> fixed_{};
+  bool bf16_ = false;  // RefineOptions::bf16_forward
   // Views of the thread's Workspace (workspace()).
   View<float> X_, Y_, w_;                // [n, H], [n, H], [n]
   View<int64_t> eval_idx_, order_;      // [n_eval], [n_train]
@@ -373,6 +434,9 @@ class CudaStepBackend final : public StepBackend {
   View<float> xb_, yb_, wb_, ab_, h_, y_, dy_, dh_, dab_;  // per-pass rows (C_)
   View<double> row_loss_;
   View<float> amax_;     // [2] Q_w amax scratch: gate|up, down
+  // bf16_forward: the unscaled operands (bf16 bits) and their γ (ops/fake_quant.h).
+  View<uint16_t> uX_, uxb_, uh_, uW_gu_, uW_d_;  // [n, H], [C, H], [C, I], [2I, H], [H, I]
+  View<float> gX_, gxb_, gh_, gW_;              // [n], [C], [C], [2]: gate|up, down
   View<int32_t> flag_;   // [1] non-finite seen
 };
 

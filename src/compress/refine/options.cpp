@@ -65,10 +65,21 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("rule_per_expert", o.rule_per_expert);
   fn("tf32_gemm", o.tf32_gemm);
   fn("tf32_backward", o.tf32_backward);
+  fn("bf16_forward", o.bf16_forward);
   fn("step_sequences", o.step_sequences);
 }
 
 }  // namespace
+
+const char* const kGpuGemmModes[4] = {"fp32", "tf32", "tf32-backward", "bf16-forward"};
+
+void set_gpu_gemm(RefineOptions& o, const std::string& mode, const char* flag) {
+  MOESQ_CHECK(mode == "fp32" || mode == "tf32" || mode == "tf32-backward" || mode == "bf16-forward", flag, ": '",
+              mode, "' is not one of fp32, tf32, tf32-backward, bf16-forward");
+  o.tf32_gemm = mode == "tf32";
+  o.tf32_backward = mode == "tf32-backward" || mode == "bf16-forward";
+  o.bf16_forward = mode == "bf16-forward";
+}
 
 RefineOptions refine_options_from_json(const nlohmann::json& j) {
   MOESQ_CHECK(j.is_null() || j.is_object(), "refine options: expected a JSON object, got ", j.dump());
@@ -104,6 +115,7 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   // resume manifests still match (tests/compress/test_method_table.cpp).
   if (!o.tf32_gemm) j.erase("tf32_gemm");
   if (!o.tf32_backward) j.erase("tf32_backward");
+  if (!o.bf16_forward) j.erase("bf16_forward");
   if (o.step_sequences == 0) j.erase("step_sequences");
   return j;
 }

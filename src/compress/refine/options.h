@@ -3,6 +3,7 @@
 // once before any work, refine_expert reads it.
 // JSON only in report.json ("refine_options") and the resume manifest (compress/work_dir.h).
 #pragma once
+#include <string>
 #include <cstdint>
 #include <memory>
 
@@ -71,7 +72,19 @@ struct RefineOptions {
   // the two forward GEMMs (the loss, the activation quantization's inputs) in fp32
   // (`--gpu-gemm tf32-backward`); Lion consumes the gradients through a sign. The CPU ignores it.
   bool tf32_backward = false;
+  // GPU backend only: the two FORWARD GEMMs on bf16 tensor cores over the unscaled NVFP4 operands
+  // (ops/fake_quant's unscaled_bf16: Q_a(X), Q_a(h) per row and Q_w(W̃) per tensor are E2M1 · UE4M3
+  // values over a γ, exact in bf16), then divided by the two γ (ops/descale_rows): every product is
+  // exact, the sum is fp32 — fp32-class accuracy at the bf16 tensor-core rate (`--gpu-gemm bf16-forward`,
+  // with tf32_backward). The CPU ignores it.
+  bool bf16_forward = false;
 };
+
+// The GPU GEMM precision by its `--gpu-gemm` name — fp32 | tf32 | tf32-backward | bf16-forward — into
+// tf32_gemm / tf32_backward / bf16_forward (bf16-forward keeps the gradients on TF32). Error naming
+// `flag` for another name.
+void set_gpu_gemm(RefineOptions& o, const std::string& mode, const char* flag = "--gpu-gemm");
+extern const char* const kGpuGemmModes[4];
 
 // Every refinement option in range (moesq::Error naming the option otherwise). refine_expert calls it
 // too, but callers validate once up front (compress::validate) so a bad value fails before any work.

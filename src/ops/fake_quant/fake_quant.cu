@@ -3,6 +3,8 @@
 // the quantization); a per-row γ is one CTA per row. Inside, each `block` values are `block` adjacent
 // lanes of a warp: the block max is a shuffle reduction, then one value per lane through the
 // codecs of ops/common/nvfp4_row.cuh, in format/nvfp4.cpp's fp32 order.
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "core/cuda/check.cuh"
@@ -27,14 +29,26 @@ __device__ __forceinline__ float tensor_scale(float amax) {
   return isfinite(g) ? g : 1.0f;
 }
 
-// Fake-quantizes value v whose `block`-lane group (aligned in the warp) shares one code under γ.
-__device__ __forceinline__ float fake_quant_value(float v, float gamma, int block) {
+// Fake-quantizes value v whose `block`-lane group (aligned in the warp) shares one code under γ;
+// *unscaled = dec(q)·s (the value before the division by γ: exact in bf16).
+__device__ __forceinline__ float fake_quant_value(float v, float gamma, int block, float* unscaled) {
   float bmax = fabsf(v);
   for (int o = block / 2; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
   const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
+  *unscaled = 0.0f;
   if (!(s > 0.0f)) return 0.0f;
   const float mult = gamma / s;
-  return e2m1_decode(e2m1_encode(v * mult)) * s / gamma;
+  *unscaled = e2m1_decode(e2m1_encode(v * mult)) * s;
+  return *unscaled / gamma;
+}
+
+// Four unscaled values as bf16 (exact: ≤ 6 significant bits) in one 8-byte store.
+__device__ __forceinline__ void store_bf16x4(uint16_t* out, float4 u) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(u.x, u.y), hi = __floats2bfloat162_rn(u.z, u.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out) = packed;
 }
 
 __device__ __forceinline__ void flag_nonfinite(float v, int32_t* nonfinite) {
@@ -56,46 +70,63 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const float* x, int64_t 
 // Four adjacent values per lane (one float4): a `block` shares its code across block/4 adjacent
 // lanes, so the block max is the lane's own max of 4, then log2(block/4) shuffles — the same max and
 // the same per-value arithmetic as fake_quant_value, in fewer instructions.
-__device__ __forceinline__ float4 fake_quant_4(float4 v, float gamma, int block) {
+// *unscaled: the four values before the division by γ (fake_quant_value).
+__device__ __forceinline__ float4 fake_quant_4(float4 v, float gamma, int block, float4* unscaled) {
   float bmax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   for (int o = block / 8; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
   const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
-  if (!(s > 0.0f)) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *unscaled = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (!(s > 0.0f)) return *unscaled;
   const float mult = gamma / s;
-  auto q = [&](float x) { return e2m1_decode(e2m1_encode(x * mult)) * s / gamma; };
-  return make_float4(q(v.x), q(v.y), q(v.z), q(v.w));
+  auto u = [&](float x) { return e2m1_decode(e2m1_encode(x * mult)) * s; };
+  *unscaled = make_float4(u(v.x), u(v.y), u(v.z), u(v.w));
+  return make_float4(unscaled->x / gamma, unscaled->y / gamma, unscaled->z / gamma, unscaled->w / gamma);
 }
 
 // n % 32 == 0 (K % block == 0 and block | 32 … block is 16 or 32) and x 16-byte aligned: whole warps
 // cover whole blocks, 4 values per lane.
-__global__ void __launch_bounds__(kThreads) tensor_quant_kernel(float* x, int64_t n, int block, const float* amax) {
+__global__ void __launch_bounds__(kThreads) tensor_quant_kernel(float* x, int64_t n, int block, const float* amax,
+                                                                uint16_t* unscaled_bf16, float* gamma_out) {
   const float gamma = tensor_scale(*amax);
+  if (gamma_out && blockIdx.x == 0 && threadIdx.x == 0) *gamma_out = gamma;
   float4* x4 = reinterpret_cast<float4*>(x);
   // The loop runs to whole warps (the shuffles need every lane); n/4 % 8 == 0, so a padded lane's
   // block is padding only and changes no real block's max.
   const int64_t n4 = n / 4, n4_warps = (n4 + 31) / 32 * 32;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n4_warps;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float4 q = fake_quant_4(i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f), gamma, block);
-    if (i < n4) x4[i] = q;
+    float4 u;
+    const float4 q = fake_quant_4(i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f), gamma, block, &u);
+    if (i < n4) {
+      x4[i] = q;
+      if (unscaled_bf16) store_bf16x4(unscaled_bf16 + 4 * i, u);
+    }
   }
 }
 
-__global__ void __launch_bounds__(kThreads) row_quant_kernel(float* x, int64_t K, int block, int32_t* nonfinite) {
+__global__ void __launch_bounds__(kThreads) row_quant_kernel(float* x, int64_t K, int block, int32_t* nonfinite,
+                                                             uint16_t* unscaled_bf16, float* gamma_out) {
   __shared__ float s_red[32];
   float* row = x + static_cast<int64_t>(blockIdx.x) * K;
+  __nv_bfloat16* urow =
+      unscaled_bf16 ? reinterpret_cast<__nv_bfloat16*>(unscaled_bf16) + static_cast<int64_t>(blockIdx.x) * K : nullptr;
   float m = 0.0f;
   for (int64_t k = threadIdx.x; k < K; k += kThreads) {
     flag_nonfinite(row[k], nonfinite);
     m = fmaxf(m, fabsf(row[k]));
   }
   const float gamma = tensor_scale(detail::block_max(m, s_red));
+  if (gamma_out && threadIdx.x == 0) gamma_out[blockIdx.x] = gamma;
   // K % 32 == 0 is not guaranteed for block 16: pad the loop to whole warps, lanes past K idle.
   const int64_t K_warps = (K + 31) / 32 * 32;
   for (int64_t k = threadIdx.x; k < K_warps; k += kThreads) {
     const float v = k < K ? row[k] : 0.0f;
-    const float q = fake_quant_value(v, gamma, block);
-    if (k < K) row[k] = q;
+    float u;
+    const float q = fake_quant_value(v, gamma, block, &u);
+    if (k < K) {
+      row[k] = q;
+      if (urow) urow[k] = __float2bfloat16_rn(u);
+    }
   }
 }
 
@@ -106,7 +137,8 @@ void fake_quant(const FakeQuantArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.K;
   if (n == 0) return;
   if (a.per_row) {
-    row_quant_kernel<<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a.x, a.K, a.block, a.nonfinite);
+    row_quant_kernel<<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a.x, a.K, a.block, a.nonfinite,
+                                                                             a.unscaled_bf16, a.gamma);
     MOESQ_CUDA_LAUNCH_CHECK("fake_quant (rows)");
     return;
   }
@@ -118,7 +150,8 @@ void fake_quant(const FakeQuantArgs& a, cudaStream_t stream) {
   amax_kernel<<<blocks, kThreads, 0, stream>>>(a.x, n, a.amax, a.nonfinite);
   MOESQ_CUDA_LAUNCH_CHECK("fake_quant (amax)");
   const unsigned blocks4 = static_cast<unsigned>(std::min<int64_t>((n / 4 + kThreads - 1) / kThreads, 4096));
-  tensor_quant_kernel<<<blocks4, kThreads, 0, stream>>>(a.x, n, a.block, a.amax);
+  MOESQ_CHECK(reinterpret_cast<uintptr_t>(a.unscaled_bf16) % 8 == 0, "fake_quant: unscaled_bf16 must be 8-byte aligned");
+  tensor_quant_kernel<<<blocks4, kThreads, 0, stream>>>(a.x, n, a.block, a.amax, a.unscaled_bf16, a.gamma);
   MOESQ_CUDA_LAUNCH_CHECK("fake_quant (values)");
 }
 

@@ -18,6 +18,13 @@ struct FakeQuantArgs {
   float* amax = nullptr;       // [1] device scratch (per_row = false): amax(x) is reduced here
   int32_t* nonfinite = nullptr;  // [1] optional: set to 1 when x holds a NaN or an infinity (the values
                                  // are then unspecified; the CPU functions throw instead)
+  // Optional, for GEMMs on bf16 tensor cores that lose nothing: each value before the division by γ,
+  // dec(E2M1 code)·dec(UE4M3 scale) (≤ 6 significant bits: exact in bf16), as bf16 bits [rows, K], and
+  // γ ([rows] per_row, [1] otherwise). x = float(unscaled) / γ bit for bit, so a GEMM of unscaled
+  // operands divided by the two γ afterwards (ops/descale_rows) is the fp32 GEMM of x without rounding
+  // of the products. Both or neither.
+  uint16_t* unscaled_bf16 = nullptr;
+  float* gamma = nullptr;
 };
 
 // Errors (moesq::Error): bad sizes, block not 16 or 32, K % block != 0, a null pointer; a tensor scale

@@ -45,7 +45,7 @@ void swiglu_train_forward(const SwigluTrainArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_train_forward");
   if (a.quantize)
     fake_quant({.x = a.h, .rows = a.rows, .K = a.I, .block = a.block, .per_row = true, .amax = nullptr,
-                .nonfinite = a.nonfinite},
+                .nonfinite = a.nonfinite, .unscaled_bf16 = a.h_unscaled_bf16, .gamma = a.h_gamma},
                stream);
 }
 

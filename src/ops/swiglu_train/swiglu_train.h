@@ -19,6 +19,8 @@ struct SwigluTrainArgs {
   bool quantize = true;         // forward: Q_a on h (per-row γ, `block`-value UE4M3 codes)
   int block = 32;
   int32_t* nonfinite = nullptr; // [1] optional: set to 1 when h holds a NaN or an infinity
+  uint16_t* h_unscaled_bf16 = nullptr;  // forward with quantize, optional: Q_a(h) before the division by
+  float* h_gamma = nullptr;             // its row γ, as bf16 bits [rows, I], and the γ [rows] (fake_quant.h)
   const float* dh = nullptr;    // backward in [rows, I]
   float* dab = nullptr;         // backward out [rows, 2I] da|db
 };

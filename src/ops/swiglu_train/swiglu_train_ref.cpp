@@ -21,7 +21,8 @@ void swiglu_train_forward_ref(const SwigluTrainArgs& a) {
       a.h[i * I + c] = silu_mul_with_sigmoid(x, sigmoid(x), a.ab[i * 2 * I + I + c]);
     }
   if (a.quantize) fake_quant_ref({.x = a.h, .rows = a.rows, .K = I, .block = a.block, .per_row = true,
-                                  .amax = nullptr, .nonfinite = a.nonfinite});
+                                  .amax = nullptr, .nonfinite = a.nonfinite, .unscaled_bf16 = a.h_unscaled_bf16,
+                                  .gamma = a.h_gamma});
 }
 
 void swiglu_train_backward_ref(const SwigluTrainArgs& a) {
