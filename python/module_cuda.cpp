@@ -1,6 +1,7 @@
 // CUDA builds: the whole model on one GPU through the runtime engine (runtime/engine.h), as
-// `moesq eval --device cuda` runs it. moesq.Engine(dir, experts="auto").logits(tokens) → float32
-// [T, V] logits of one causal sequence (host tensor: the engine returns logits to the host).
+// `moesq eval --device cuda` runs it. moesq.Engine(dir, experts="auto", check_finite=False).logits(tokens)
+// → float32 [T, V] logits of one causal sequence (host tensor: the engine returns logits to the host);
+// check_finite: the engine's NaN / inf check (--check-finite), its error raised as moesq.Error.
 // Token ids are read on the host: a CUDA tensor of ids is refused by name (copy it with .cpu()) —
 // the engine takes host ids, so there is no device memory whose stream would need honouring here.
 #include <pybind11/pybind11.h>
@@ -41,7 +42,7 @@ void register_cuda(pyb::module_& m) {
       },
       "True when this module was built with CUDA and the CUDA runtime sees at least one GPU");
   pyb::class_<EnginePy>(m, "Engine", "The whole model on one GPU (runtime::Engine): weights uploaded once")
-      .def(pyb::init([](const std::string& dir, const std::string& experts, int64_t max_len) {
+      .def(pyb::init([](const std::string& dir, const std::string& experts, int64_t max_len, bool check_finite) {
              pyb::gil_scoped_release nogil;
              const io::Checkpoint ck(dir);
              runtime::EngineOptions eo;
@@ -49,9 +50,10 @@ void register_cuda(pyb::module_& m) {
              eo.max_seqs = 1;
              eo.max_len = max_len;
              eo.max_tokens = max_len;
+             eo.check_finite = check_finite;  // logits() raises naming the layer / expert of the first NaN or inf
              return EnginePy{std::make_shared<runtime::Engine>(ck, eo)};
            }),
-           pyb::arg("dir"), pyb::arg("experts") = "auto", pyb::arg("max_len") = 1024)
+           pyb::arg("dir"), pyb::arg("experts") = "auto", pyb::arg("max_len") = 1024, pyb::arg("check_finite") = false)
       .def_property_readonly("backend", [](const EnginePy& e) { return runtime::expert_backend_name(e.eng->backend()); })
       .def_property_readonly("expert_format", [](const EnginePy& e) { return e.eng->expert_format(); })
       .def_property_readonly("act_quant", [](const EnginePy& e) { return e.eng->act_quant(); })

@@ -36,6 +36,7 @@ struct E2eArgs {
   int64_t layers = 0, prompt_len = 2048, gen = 128, prefill_tokens = 16384;
   uint64_t seed = 1;
   bool json = false;
+  bool check_finite = false;  // runtime::EngineOptions::check_finite: the timings then include the check
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -109,6 +110,7 @@ void run_e2e(const E2eArgs& a) {
     runtime::EngineOptions eo;
     eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
     eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
+    eo.check_finite = a.check_finite;
     runtime::Engine eng(spec, backend, a.seed, eo);
     std::mt19937_64 rng(a.seed);
     // Warm-up: one prefill (first-use costs: attributes, caches).
@@ -157,6 +159,7 @@ void run_e2e(const E2eArgs& a) {
       r["experts"] = runtime::expert_backend_name(backend);
       r["batch"] = B;
       r["deterministic"] = det;
+      r["check_finite"] = a.check_finite;
       r["ttft_ms"] = ttft * 1e3;
       r["tpot_ms"] = tpot * 1e3;
       r["output_tokens_per_s"] = B / tpot;
@@ -205,6 +208,7 @@ void register_bench_e2e(CLI::App* bench) {
                   "on: batch-invariant GEMMs (a sequence's logits bitwise equal alone or in any batch); off: cuBLAS "
                   "for q|k|v, o_proj, router, lm_head; on,off: both, per backend")
       ->capture_default_str();
+  add_check_finite_flag(cmd, args->check_finite);
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_e2e(*args); });
 }

@@ -33,11 +33,13 @@ struct EvalArgs {
   std::string experts = "auto";   // GPU expert backend
   std::string deterministic = "on";  // GPU engine: batch-invariant logits (on) or the faster cuBLAS path (off)
   bool allow_mixed = false;
+  bool check_finite = false;      // GPU engine: runtime::EngineOptions::check_finite
 };
 
 void run_eval(const EvalArgs& a) {
   MOESQ_CHECK(a.seq_len >= 2, "--seq-len: ", a.seq_len, " is too short (a window needs >= 2 tokens)");
   MOESQ_CHECK(a.threads >= 0, "--threads: ", a.threads, " must be >= 0 (0 = all cores)");
+  check_finite_needs_cuda(a.check_finite, a.device);
   if (a.threads > 0) set_num_threads(a.threads);
   model::EvalOptions opt;
   opt.seq_len = a.seq_len;
@@ -53,6 +55,7 @@ void run_eval(const EvalArgs& a) {
     co.eval = opt;
     co.experts = runtime::parse_expert_backend(a.experts);
     co.deterministic = a.deterministic == "on";
+    co.check_finite = a.check_finite;
     r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend);
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
@@ -135,6 +138,7 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--allow-mixed", args->allow_mixed,
                 "load a half-compressed checkpoint (some routed-expert projections dense, the rest packed)");
+  add_check_finite_flag(cmd, args->check_finite);
   cmd->callback([args] { run_eval(*args); });
 }
 

@@ -48,6 +48,7 @@ struct GenerateArgs {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool json = false;
+  bool check_finite = false;  // GPU engine: runtime::EngineOptions::check_finite
   int num_prompts = 0;    // how many of --prompt, --prompt-ids were given (an empty --prompt counts)
   bool from_ids = false;  // --prompt-ids was given
 };
@@ -70,6 +71,7 @@ std::vector<int32_t> read_ids(const std::string& path, int64_t V) {
 void run_generate(const GenerateArgs& a) {
   MOESQ_CHECK(a.num_prompts == 1, "generate: give exactly one of --prompt, --prompt-ids");
   MOESQ_CHECK(a.max_new >= 1, "--max-new-tokens: ", a.max_new, " must be >= 1");
+  check_finite_needs_cuda(a.check_finite, a.device);
   const io::Checkpoint ckpt(a.dir);
   const int64_t V = ckpt.spec().vocab_size;
   // The tokenizer, when the checkpoint has one (a --prompt needs it: the error names DIR).
@@ -117,6 +119,7 @@ void run_generate(const GenerateArgs& a) {
     runtime::EngineOptions eo;
     eo.experts = runtime::parse_expert_backend(a.experts);
     eo.deterministic = a.deterministic == "on";
+    eo.check_finite = a.check_finite;
     eo.max_seqs = 1, eo.max_len = total, eo.max_tokens = total;
     runtime::Engine eng(ckpt, eo);
     backend = runtime::expert_backend_name(eng.backend());
@@ -219,6 +222,7 @@ void register_generate(CLI::App& app) {
                   "outside the experts (faster)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  add_check_finite_flag(cmd, args->check_finite);
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_generate(*args); });
 }

@@ -51,6 +51,7 @@ struct ServeArgs {
   int64_t layers = 0;         // --synthetic: decoder layers (0 = all)
   uint64_t seed = 1;          // --synthetic: weight seed
   bool layers_given = false, seed_given = false;
+  bool check_finite = false;  // GPU engine: runtime::EngineOptions::check_finite
 };
 
 // --max-model-len of a synthetic server: the prefill workload of `bench serve` (4,096 in + 1 out)
@@ -85,6 +86,7 @@ std::string slurp(const std::string& path) {
 
 // DIR or --synthetic, and the flags that go with each. Errors name the flags.
 void check_source(const ServeArgs& a) {
+  check_finite_needs_cuda(a.check_finite, a.device);
   MOESQ_CHECK(!a.dir.empty() || !a.synthetic.empty(), "moesq serve: give a checkpoint DIR or --synthetic MODEL");
   MOESQ_CHECK(a.dir.empty() || a.synthetic.empty(), "moesq serve: DIR (", a.dir, ") and --synthetic ", a.synthetic,
               " are exclusive: give one");
@@ -129,6 +131,7 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
     runtime::EngineOptions eo;
     eo.experts = runtime::parse_expert_backend(a.experts);
     eo.deterministic = a.deterministic == "on";
+    eo.check_finite = a.check_finite;
     // A forward holds one whole prompt (prefill) or one token of every slot (decode).
     eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = std::max<int64_t>(m.max_len, a.max_num_seqs);
     runtime::Engine& eng = m.eng.emplace(ckpt, eo);
@@ -162,6 +165,7 @@ void open_synthetic(const ServeArgs& a, ServedModel& m) {
   runtime::require_built(backend);
   runtime::EngineOptions eo;
   eo.deterministic = a.deterministic == "on";
+  eo.check_finite = a.check_finite;
   eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = std::max<int64_t>(m.max_len, a.max_num_seqs);
   progress("serve", "building " + std::string(runtime::expert_backend_name(backend)) + " " + m.name);
   runtime::Engine& eng = m.eng.emplace(spec, backend, a.seed, eo);
@@ -254,6 +258,7 @@ void register_serve(CLI::App& app) {
                   "Jinja chat template file for /v1/chat/completions (default: DIR's tokenizer_config.json or "
                   "chat_template.jinja)")
       ->check(CLI::ExistingFile);
+  add_check_finite_flag(cmd, args->check_finite);
   cmd->callback([args, layers, seed] {
     args->layers_given = layers->count() > 0, args->seed_given = seed->count() > 0;
     run_serve(*args);

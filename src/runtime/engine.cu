@@ -21,6 +21,7 @@
 #include "ops/argmax/argmax.h"
 #include "ops/attention/attention.h"
 #include "ops/embed/embed.h"
+#include "ops/finite_check/finite_check.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -28,6 +29,7 @@
 #include "runtime/layers/attention_block_device.cuh"
 #include "io/import_checkpoint.h"
 #include "runtime/experts/registry.h"
+#include "runtime/finite_check.h"
 #include "runtime/layers/moe_block_device.cuh"
 
 namespace moesq::runtime {
@@ -70,6 +72,8 @@ struct Engine::Impl {
   double attn_ms = 0, moe_ms = 0;
   std::vector<cudaEvent_t> events;
   std::map<int, cudaGraphExec_t> graphs;  // decode graph per batch size
+  bool check_finite = false;              // EngineOptions::check_finite
+  DevBuf<uint64_t> finite_record;         // [1] ops::finite_check record (allocated when first switched on)
 
   void upload(HostModel&& m, const EngineOptions& opt);
   void sizes(const EngineOptions& opt);
@@ -79,6 +83,13 @@ struct Engine::Impl {
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
+  // --check-finite (runtime/finite_check.h): the switch, the launches of one stage, the read-back.
+  void set_check_finite(bool on);
+  void check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols);
+  void check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T, int64_t cols);
+  void check_moe_layer(int64_t l, int64_t T);
+  void read_finite_record(uint64_t* host);  // enqueued before the forward's sync
+  [[noreturn]] void throw_non_finite(uint64_t key, const FiniteRows& rows);
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
@@ -98,6 +109,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   MOESQ_CHECK(max_tokens <= (int64_t(1) << 20), "engine: max_tokens ", max_tokens, " too large");
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   deterministic = opt.deterministic;
+  set_check_finite(opt.check_finite);
   std::vector<float> c, sn;
   model::rope_tables(max_len, hd, s.rope_theta, c, sn);
   rope_cos.upload(c);
@@ -203,10 +215,59 @@ void Engine::Impl::linear(const ops::GemmBf16Args& g) {
   if (g.x_lo) gemm(g.x_lo, &one);  // hi + lo input as in gemm_bf16 (same precision, other order)
 }
 
+void Engine::Impl::set_check_finite(bool on) {
+  if (on && !finite_record.p) {
+    MOESQ_CHECK(s.num_layers <= kFiniteMaxLayers, "--check-finite: ", s.num_layers, " layers, more than the ",
+                kFiniteMaxLayers, " the check numbers");
+    MOESQ_CHECK(E <= ops::kFiniteMaxGroups, "--check-finite: ", E, " experts, more than the ", ops::kFiniteMaxGroups,
+                " the check numbers");
+    finite_record.alloc(1);
+    MOESQ_CUDA_CHECK(cudaMemsetAsync(finite_record.p, 0xff, sizeof(uint64_t), stream));  // kFiniteRecordNone
+  }
+  check_finite = on;
+}
+
+void Engine::Impl::check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols) {
+  ops::FiniteCheckArgs a;
+  a.x_f32 = x, a.rows = rows, a.cols = cols, a.ld = cols;
+  a.site = finite_site(l, stage), a.record = finite_record.p;
+  ops::finite_check(a, stream);
+}
+
+// The routed rows of every expert ([E, capacity T, cols], counts rows each), named by token.
+void Engine::Impl::check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T,
+                                 int64_t cols) {
+  ops::FiniteCheckArgs a;
+  a.x_f32 = x_f32, a.x_bf16 = x_bf16, a.cols = cols, a.ld = cols;
+  a.groups = E, a.capacity = T, a.counts = moe_bufs.counts, a.row_ids = moe_bufs.route_of_slot;
+  a.row_div = static_cast<int>(moe_dims.top_k);
+  a.site = finite_site(l, stage), a.record = finite_record.p;
+  ops::finite_check(a, stream);
+}
+
+// After moe_block: its buffers still hold the layer's router logits and expert outputs.
+void Engine::Impl::check_moe_layer(int64_t l, int64_t T) {
+  check_rows(FiniteStage::kRouterLogits, l, moe_bufs.router_logits, T, E);
+  check_experts(FiniteStage::kExpertGateUp, l, moe_bufs.hbuf, nullptr, T, 2 * moe_dims.I);
+  check_experts(FiniteStage::kExpertOutput, l, nullptr, moe_bufs.ybuf, T, H);
+  check_rows(FiniteStage::kMoeOutput, l, h.p, T, H);
+}
+
+void Engine::Impl::read_finite_record(uint64_t* host) {
+  MOESQ_CUDA_CHECK(cudaMemcpyAsync(host, finite_record.p, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+}
+
+// After the forward's sync, a finding: NonFiniteError, the record emptied for the next forward.
+void Engine::Impl::throw_non_finite(uint64_t key, const FiniteRows& rows) {
+  MOESQ_CUDA_CHECK(cudaMemsetAsync(finite_record.p, 0xff, sizeof(uint64_t), stream));  // before any later forward
+  throw NonFiniteError(ops::decode_finite_key(key), s.num_layers, rows);
+}
+
 void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::EmbedArgs em;
   em.ids = tok_ids.p, em.table = embed.p, em.out = h.p, em.T = T, em.H = H;
   ops::embed(em, stream);
+  if (check_finite) check_rows(FiniteStage::kEmbedding, -1, h.p, T, H);
   const LinearFn lin = [this](const ops::GemmBf16Args& g) { linear(g); };
   AttentionCall call;
   ops::RmsNormArgs& rn = call.norm;
@@ -236,12 +297,14 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     AttentionMarks marks;
     if (timing) marks.after_qkv = events[4 * l], marks.after_attention = events[4 * l + 1];
     attention_block(L.attn, call, lin, stream, marks);
+    if (check_finite) check_rows(FiniteStage::kAttention, l, h.p, T, H);
     ops::RmsNormArgs pn = rn;
     pn.w = L.post_norm.p;
     ops::rmsnorm(pn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     moe_block(moe_dims, L.moe, moe_bufs, xb.p, xb_lo.p, h.p, T, stream, lin);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
+    if (check_finite) check_moe_layer(l, T);
   }
   ops::RmsNormArgs fn = rn;
   fn.w = final_norm.p;
@@ -254,6 +317,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::GemmBf16Args g;
   g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
   linear(g);
+  if (check_finite) check_rows(FiniteStage::kLogits, s.num_layers, logits.p, n_out, V);
   ops::ArgmaxArgs am;
   am.logits = logits.p, am.out = next_ids.p, am.n = n_out, am.V = V;
   ops::argmax(am, stream);
@@ -311,6 +375,15 @@ void Engine::set_deterministic(bool on) {
   m.deterministic = on;
 }
 bool Engine::deterministic() const { return impl_->deterministic; }
+void Engine::set_check_finite(bool on) {
+  Impl& m = *impl_;
+  if (m.check_finite == on) return;
+  MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (auto& [b, g] : m.graphs) cudaGraphExecDestroy(g);
+  m.graphs.clear();
+  m.set_check_finite(on);
+}
+bool Engine::check_finite() const { return impl_->check_finite; }
 void Engine::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
 void Engine::reset(int slot) {
   MOESQ_CHECK(slot >= 0 && slot < impl_->max_seqs, "engine: slot ", slot, " outside [0, ", impl_->max_seqs, ")");
@@ -349,7 +422,10 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
   m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2));
   std::vector<float> out(rows.size() * m.V);
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  uint64_t finite_rec = ops::kFiniteRecordNone;  // stays none when the check is off
+  if (m.check_finite) m.read_finite_record(&finite_rec);
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  if (finite_rec != ops::kFiniteRecordNone) m.throw_non_finite(finite_rec, FiniteRows{slot, pos, rows});
   if (m.timing) {
     m.attn_ms = m.moe_ms = 0;
     for (int64_t l = 0; l < m.s.num_layers; ++l) {
@@ -442,7 +518,10 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     next->resize(B);
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(next->data(), m.next_ids.p, B * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   }
+  uint64_t finite_rec = ops::kFiniteRecordNone;  // stays none when the check is off
+  if (m.check_finite) m.read_finite_record(&finite_rec);
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  if (finite_rec != ops::kFiniteRecordNone) m.throw_non_finite(finite_rec, FiniteRows{slots, pos, rows});
   for (int b = 0; b < B; ++b) ++m.lengths[slots[b]];
 }
 

@@ -35,6 +35,11 @@ struct EngineOptions {
   // lm_head GEMMs go to cuBLAS (algorithm chosen by shape: a row's bits may depend on the batch), for
   // measuring what determinism costs. Attention and the experts are batch-invariant either way.
   bool deterministic = true;
+  // Debug check for non-finite activations (runtime/finite_check.h): after the embedding, each layer's
+  // attention, router logits, every expert's gate|up and down outputs and the MoE output, and the
+  // logits, a small kernel records the first NaN / ±inf; forward and decode then throw NonFiniteError
+  // naming the layer, stage, expert and token. false (default): no extra launch, copy or sync at all.
+  bool check_finite = false;
 };
 
 // A run of new tokens for one slot, appended at the slot's current length.
@@ -65,13 +70,15 @@ class Engine {
   int64_t max_len() const;
 
   // Appends each chunk to its slot; returns fp32 logits [Σ tokens, V] (all_logits) or [chunks, V]
-  // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens.
+  // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens; with
+  // check_finite, NonFiniteError (the slots' lengths then stay as they were).
   std::vector<float> forward(const std::vector<SeqChunk>& chunks, bool all_logits);
   // One token for each of `slots` (any B = slots.size() distinct live slots, in any order), appended
   // at each slot's current length; returns logits [B, V], row b for slots[b]. Replayed from a CUDA
   // graph captured per B on first use: the slot list, positions and tokens are device data the graph
   // reads, so one graph serves every set of B slots. Errors: B outside [1, min(max_seqs, max_tokens)],
-  // slots.size() != tokens.size(), a slot out of range, repeated or full, a token outside [0, V).
+  // slots.size() != tokens.size(), a slot out of range, repeated or full, a token outside [0, V); with
+  // check_finite, NonFiniteError.
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens);
   // The same step returning only the greedy next token of each row (argmax on the GPU, lowest id on
   // ties), so a benchmark step does not copy B·V logits to the host.
@@ -82,6 +89,9 @@ class Engine {
   // Switches the mode of EngineOptions::deterministic (drops the captured decode graphs).
   void set_deterministic(bool on);
   bool deterministic() const;
+  // Switches EngineOptions::check_finite (drops the captured decode graphs).
+  void set_check_finite(bool on);
+  bool check_finite() const;
   void reset();                     // every slot empty (the KV cache is simply overwritten)
   void reset(int slot);             // this slot empty (a new sequence can be prefilled into it)
   int64_t length(int slot) const;   // tokens in the slot

@@ -36,6 +36,7 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
   EngineOptions eo;
   eo.max_seqs = opt.batch, eo.max_len = opt.eval.seq_len, eo.max_tokens = opt.batch * opt.eval.seq_len;
   eo.deterministic = opt.deterministic;
+  eo.check_finite = opt.check_finite;
   Engine eng(std::move(host), eo);
   if (backend_used) *backend_used = expert_backend_name(eng.backend());
 
@@ -91,7 +92,10 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
     }
     progress("eval", std::to_string(w1) + "/" + std::to_string(windows.size()) + " windows (cuda)");
   }
-  model::reduce_window_sums(&res, file_of, sum, count, "the GPU engine");
+  model::reduce_window_sums(&res, file_of, sum, count,
+                            opt.check_finite ? "the GPU engine"
+                                             : "the GPU engine (--check-finite names the layer, expert and token where "
+                                               "the first NaN / inf appears)");
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

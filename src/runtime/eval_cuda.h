@@ -15,6 +15,7 @@ struct CudaEvalOptions {
   ExpertBackend experts = ExpertBackend::kAuto;   // act_quant none + auto on paired 4:8 → sparse-w4a16
   int batch = 8;                                  // windows per prefill
   bool deterministic = true;                      // EngineOptions::deterministic (batch-invariant logits)
+  bool check_finite = false;                      // EngineOptions::check_finite (stop at the first NaN / inf)
 };
 
 model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::vector<std::string>& files,
