@@ -221,7 +221,7 @@ fi
 if has ncu; then  # per-kernel time and DRAM/SM throughput of one expert's steps (kernels serialized by ncu)
   timeout 200 ncu --clock-control none --launch-skip 400 --launch-count 40 \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum \
-    --csv "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --experts 1 --threads 1 > "$W/ncu.csv" 2> "$W/ncu.log"
+    --csv "$B/bench_refine_layer" --model qwen3-30b-a3b --profile --gemm ${NCU_GEMM:-fp32} --experts 1 --threads 1 > "$W/ncu.csv" 2> "$W/ncu.log"
   log "ncu rc=$?"; cp "$W/ncu.csv" "$O/ncu.csv"
   python3 bench/ncu_summary.py "$W/ncu.csv" | tee -a "$S"
 fi

@@ -184,6 +184,33 @@ TEST(FakeQuantGpu, UnscaledBf16AndGammaMatchRefBitwise) {
       }
 }
 
+// amax_given (the support pass reduced it) and write_x = false (only the unscaled operand): the same
+// unscaled bits and γ as the plain call, x untouched.
+TEST(FakeQuantGpu, GivenAmaxAndNoXWriteMatchThePlainCall) {
+  for (const auto& s : kQuantShapes) {
+    const int64_t rows = s[0], K = s[1];
+    if (K % 32 || (rows * K) % 32) continue;
+    const auto x = quant_rows(rows, K, 32, 5000 + rows);
+    const size_t n = static_cast<size_t>(rows * K);
+    std::vector<float> ref = x, ref_gamma(1), ref_amax(1);
+    std::vector<uint16_t> ref_u(n);
+    fake_quant_ref({.x = ref.data(), .rows = rows, .K = K, .block = 32, .per_row = false, .amax = ref_amax.data(),
+                    .nonfinite = nullptr, .unscaled_bf16 = ref_u.data(), .gamma = ref_gamma.data()});
+    for (const bool write_x : {true, false}) {
+      DevBuf<float> d_x(x), d_amax(ref_amax), d_gamma(1);
+      DevBuf<uint16_t> d_u(n);
+      fake_quant({.x = d_x.p, .rows = rows, .K = K, .block = 32, .per_row = false, .amax = d_amax.p,
+                  .nonfinite = nullptr, .unscaled_bf16 = d_u.p, .gamma = d_gamma.p, .amax_given = true,
+                  .write_x = write_x},
+                 nullptr);
+      MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_diff(d_u.download(), ref_u), -1) << "rows=" << rows << " write_x=" << write_x;
+      EXPECT_EQ(d_gamma.download()[0], ref_gamma[0]) << "rows=" << rows;
+      EXPECT_EQ(first_diff(d_x.download(), write_x ? ref : x), -1) << "rows=" << rows << " write_x=" << write_x;
+    }
+  }
+}
+
 // ---- descale_rows ----------------------------------------------------------------------------------
 TEST(DescaleRowsGpu, MatchesRefBitwise) {
   std::mt19937_64 g(17);
@@ -267,22 +294,30 @@ Support random_support(int64_t R, uint64_t seed) {
 struct SupportOut {
   std::vector<float> pi, W;
   std::vector<uint8_t> patterns;
+  float amax = 0.0f;  // the fused Q_w amax (started at 0)
+  int32_t flag = 0;   // the non-finite flag
 };
 SupportOut support_forward(const Support& s, SupportMode mode, double kappa, double tau, uint64_t key, bool gpu) {
   SupportOut o{std::vector<float>(s.R * kP, -1.0f), std::vector<float>(s.R * kG, -1.0f), std::vector<uint8_t>(s.R, 99)};
   if (!gpu) {
     gumbel_support_forward_ref({.R = s.R, .mode = mode, .A = s.A.data(), .V = s.V.data(), .fixed = s.fixed.data(),
                                 .kappa = kappa, .tau = tau, .key = key, .pi = o.pi.data(), .W = o.W.data(),
-                                .patterns = o.patterns.data()});
+                                .patterns = o.patterns.data(), .amax = &o.amax, .nonfinite = &o.flag});
     return o;
   }
-  DevBuf<float> A(s.A), V(s.V), pi(o.pi), W(o.W);
+  DevBuf<float> A(s.A), V(s.V), pi(o.pi), W(o.W), amax(std::vector<float>{0.0f});
   DevBuf<uint8_t> fixed(s.fixed), pat(o.patterns);
+  DevBuf<int32_t> flag(std::vector<int32_t>{0});
   gumbel_support_forward({.R = s.R, .mode = mode, .A = A.p, .V = V.p, .fixed = fixed.p, .kappa = kappa, .tau = tau,
-                          .key = key, .pi = pi.p, .W = W.p, .patterns = pat.p},
+                          .key = key, .pi = pi.p, .W = W.p, .patterns = pat.p, .amax = amax.p, .nonfinite = flag.p},
                          nullptr);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
-  return {pi.download(), W.download(), pat.download()};
+  return {pi.download(), W.download(), pat.download(), amax.download()[0], flag.download()[0]};
+}
+float max_abs_of(const std::vector<float>& w) {
+  float m = 0.0f;
+  for (float v : w) m = std::max(m, std::fabs(v));
+  return m;
 }
 
 const int64_t kGroupCounts[] = {1, 255, 257, 1000, 768 * 2048 / 8};
@@ -295,7 +330,17 @@ TEST(GumbelSupportGpu, HardModesMatchRefBitwise) {
       const SupportOut gpu = support_forward(s, mode, 100.0, 2.0, 0, true);
       EXPECT_EQ(first_diff(gpu.W, ref.W), -1) << "R=" << R << " mode " << static_cast<int>(mode);
       EXPECT_EQ(first_diff(gpu.patterns, ref.patterns), -1) << "R=" << R << " mode " << static_cast<int>(mode);
+      EXPECT_EQ(gpu.amax, ref.amax) << "the fused amax, R=" << R;
+      EXPECT_EQ(gpu.amax, max_abs_of(gpu.W)) << "R=" << R;
+      EXPECT_EQ(gpu.flag, 0);
     }
+  }
+  // A NaN or an infinity in V raises the flag; the amax ignores the NaN (as fake_quant's own pass).
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Support s = random_support(1000, 5);
+    for (int j = 0; j < kG; ++j) s.V[377 * kG + j] = bad;
+    EXPECT_EQ(support_forward(s, SupportMode::kFixed, 100.0, 2.0, 0, true).flag, 1) << bad;
+    EXPECT_EQ(support_forward(s, SupportMode::kFixed, 100.0, 2.0, 0, false).flag, 1) << bad;
   }
 }
 
@@ -326,6 +371,8 @@ TEST(GumbelSupportGpu, RelaxedModesMatchRefWithinTolerance) {
         std::printf("gumbel_support mode %d kappa=%g tau=%g R=%lld: %lld of %lld pi exact, %lld dominant flips\n",
                     static_cast<int>(mode), kt[0], kt[1], static_cast<long long>(R), static_cast<long long>(exact),
                     static_cast<long long>(R * kP), static_cast<long long>(dominant));
+        EXPECT_EQ(gpu.amax, max_abs_of(gpu.W)) << "the fused amax is max |W| exactly, R=" << R;
+        EXPECT_EQ(ref.amax, max_abs_of(ref.W)) << "R=" << R;
         EXPECT_EQ(bad_pi, 0) << "R=" << R << " mode " << static_cast<int>(mode) << " kappa=" << kt[0];
         EXPECT_EQ(bad_w, 0) << "R=" << R << " mode " << static_cast<int>(mode) << " kappa=" << kt[0];
         EXPECT_LE(frac, R >= 1000 ? kMaxDominantMismatchFraction : 0.0) << "R=" << R;

@@ -257,3 +257,37 @@ TEST(FakeQuant, UnscaledBf16IsTheCodeTimesTheBlockScale) {
                                                       .amax = nullptr, .nonfinite = nullptr, .gamma = &gamma}),
                           "unscaled_bf16 and gamma are given together");
 }
+
+// amax_given (the producer reduced amax(|x|) and checked finiteness) and write_x = false (x only read):
+// the same unscaled bits and γ as the plain call; a wrong given amax is an Error in the twin.
+TEST(FakeQuant, GivenAmaxAndReadOnlyXGiveThePlainCallsOutputs) {
+  const int64_t rows = 17, K = 768;
+  const auto x = random_rows(rows, K, 32, 91);
+  const size_t n = static_cast<size_t>(rows * K);
+  auto plain = x;
+  std::vector<uint16_t> u_plain(n), u(n);
+  float g_plain = 0.0f, g = 0.0f, amax_plain = 0.0f;
+  moesq::ops::fake_quant_ref({.x = plain.data(), .rows = rows, .K = K, .block = 32, .per_row = false,
+                              .amax = &amax_plain, .nonfinite = nullptr, .unscaled_bf16 = u_plain.data(),
+                              .gamma = &g_plain});
+  for (const bool write_x : {true, false}) {
+    auto got = x;
+    float amax = format::amax_abs(x.data(), rows * K);
+    moesq::ops::fake_quant_ref({.x = got.data(), .rows = rows, .K = K, .block = 32, .per_row = false, .amax = &amax,
+                                .nonfinite = nullptr, .unscaled_bf16 = u.data(), .gamma = &g, .amax_given = true,
+                                .write_x = write_x});
+    EXPECT_EQ(u, u_plain) << "write_x=" << write_x;
+    EXPECT_EQ(g, g_plain);
+    EXPECT_EQ(first_diff(got, write_x ? plain : x), -1) << "write_x=" << write_x;
+  }
+  auto got = x;
+  float wrong = 2.0f * amax_plain;
+  EXPECT_ERROR_CONTAINING(moesq::ops::fake_quant_ref({.x = got.data(), .rows = rows, .K = K, .block = 32,
+                                                      .per_row = false, .amax = &wrong, .nonfinite = nullptr,
+                                                      .amax_given = true}),
+                          "is not amax(|x|)");
+  EXPECT_ERROR_CONTAINING(moesq::ops::fake_quant_ref({.x = got.data(), .rows = rows, .K = K, .block = 32,
+                                                      .per_row = true, .amax = nullptr, .nonfinite = nullptr,
+                                                      .write_x = false}),
+                          "write_x = false needs a tensor scale");
+}

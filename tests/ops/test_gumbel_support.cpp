@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -347,4 +348,39 @@ TEST(GumbelSupport, EmptyAndArgumentErrors) {
   c.pi = nullptr;
   c.fixed = bad.data();
   EXPECT_ERROR_CONTAINING(gumbel_support_lion_ref(c), "pattern id 6 of group 3 is not in [0, 6)");
+}
+
+// The fused Q_w amax: max |W| over the launch folded into *amax (two launches into one: gate and up
+// share a γ), and the non-finite flag — what fake_quant's amax_given then relies on.
+TEST(GumbelSupport, FusedAmaxIsMaxAbsWAndNonFiniteRaisesTheFlag) {
+  for (const SupportMode mode : {SupportMode::kGumbel, SupportMode::kNoiseFree, SupportMode::kArgmax, SupportMode::kFixed}) {
+    const Params P = random_params(300, 21), Q = random_params(200, 22);
+    std::vector<float> pi(300 * kP), W(300 * kG), pi2(200 * kP), W2(200 * kG);
+    float amax = 0.0f;
+    int32_t flag = 0;
+    gumbel_support_forward_ref({.R = 300, .mode = mode, .A = P.A.data(), .V = P.V.data(), .fixed = P.fixed.data(),
+                                .key = 9, .pi = pi.data(), .W = W.data(), .amax = &amax, .nonfinite = &flag});
+    float want = 0.0f;
+    for (float w : W) want = std::max(want, std::fabs(w));
+    EXPECT_EQ(amax, want) << "mode " << static_cast<int>(mode);
+    EXPECT_GT(amax, 0.0f);
+    gumbel_support_forward_ref({.R = 200, .mode = mode, .A = Q.A.data(), .V = Q.V.data(), .fixed = Q.fixed.data(),
+                                .key = 9, .pi = pi2.data(), .W = W2.data(), .amax = &amax, .nonfinite = &flag});
+    for (float w : W2) want = std::max(want, std::fabs(w));
+    EXPECT_EQ(amax, want) << "two launches fold into one amax, mode " << static_cast<int>(mode);
+    EXPECT_EQ(flag, 0);
+    // And the plain call (no amax) writes the same W.
+    std::vector<float> pi3(300 * kP), W3(300 * kG);
+    gumbel_support_forward_ref({.R = 300, .mode = mode, .A = P.A.data(), .V = P.V.data(), .fixed = P.fixed.data(),
+                                .key = 9, .pi = pi3.data(), .W = W3.data()});
+    EXPECT_EQ(W3, W);
+  }
+  Params P = random_params(50, 23);
+  P.V[17 * kG + 3] = std::numeric_limits<float>::infinity();
+  std::vector<float> pi(50 * kP), W(50 * kG);
+  float amax = 0.0f;
+  int32_t flag = 0;
+  gumbel_support_forward_ref({.R = 50, .mode = SupportMode::kFixed, .A = P.A.data(), .V = P.V.data(),
+                              .fixed = P.fixed.data(), .pi = pi.data(), .W = W.data(), .amax = &amax, .nonfinite = &flag});
+  EXPECT_EQ(flag, 1);
 }

@@ -337,6 +337,8 @@ class CudaStepBackend final : public StepBackend {
     StageTimer& T = stage_timer();
     float* W[3] = {W_gu_.p, W_gu_.p + I_ * H_, W_d_.p};
     T.begin(s);
+    // Q_w's amax (gate|up one, down one) is reduced by the support pass itself (fake_quant amax_given).
+    MOESQ_CUDA_CHECK(cudaMemsetAsync(amax_.p, 0, amax_.bytes(), s));
     for (int j = 0; j < 3; ++j) {
       ops::GumbelSupportArgs g;
       g.R = R_[j];
@@ -349,17 +351,21 @@ class CudaStepBackend final : public StepBackend {
       g.key = keys ? (*keys)[j] : 0;
       g.pi = fixed_[j] ? nullptr : pi_[j].p;
       g.W = W[j];
+      g.amax = amax_.p + (j == 2 ? 1 : 0);
+      g.nonfinite = flag_.p;
       ops::gumbel_support_forward(g, s);
     }
     T.end(s, &StageTimes::support);
     T.begin(s);
+    // With bf16_ the fp32 W̃_gate|up is not read again (the forward reads the unscaled operand, the
+    // gradients do not use it): only the unscaled values are written. W̃_down stays fp32 for dh.
     ops::fake_quant({.x = W_gu_.p, .rows = 2 * I_, .K = H_, .block = 32, .per_row = false, .amax = amax_.p,
                      .nonfinite = flag_.p, .unscaled_bf16 = bf16_ ? uW_gu_.p : nullptr,
-                     .gamma = bf16_ ? gW_.p : nullptr},
+                     .gamma = bf16_ ? gW_.p : nullptr, .amax_given = true, .write_x = !bf16_},
                     s);
     ops::fake_quant({.x = W_d_.p, .rows = H_, .K = I_, .block = 32, .per_row = false, .amax = amax_.p + 1,
                      .nonfinite = flag_.p, .unscaled_bf16 = bf16_ ? uW_d_.p : nullptr,
-                     .gamma = bf16_ ? gW_.p + 1 : nullptr},
+                     .gamma = bf16_ ? gW_.p + 1 : nullptr, .amax_given = true},
                     s);
     T.end(s, &StageTimes::weight_quant);
   }

@@ -70,7 +70,9 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const float* x, int64_t 
 // Four adjacent values per lane (one float4): a `block` shares its code across block/4 adjacent
 // lanes, so the block max is the lane's own max of 4, then log2(block/4) shuffles — the same max and
 // the same per-value arithmetic as fake_quant_value, in fewer instructions.
-// *unscaled: the four values before the division by γ (fake_quant_value).
+// *unscaled: the four values before the division by γ (fake_quant_value); !kDivide: only those (the
+// returned values are not computed).
+template <bool kDivide>
 __device__ __forceinline__ float4 fake_quant_4(float4 v, float gamma, int block, float4* unscaled) {
   float bmax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   for (int o = block / 8; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
@@ -80,11 +82,13 @@ __device__ __forceinline__ float4 fake_quant_4(float4 v, float gamma, int block,
   const float mult = gamma / s;
   auto u = [&](float x) { return e2m1_decode(e2m1_encode(x * mult)) * s; };
   *unscaled = make_float4(u(v.x), u(v.y), u(v.z), u(v.w));
+  if (!kDivide) return *unscaled;
   return make_float4(unscaled->x / gamma, unscaled->y / gamma, unscaled->z / gamma, unscaled->w / gamma);
 }
 
 // n % 32 == 0 (K % block == 0 and block | 32 … block is 16 or 32) and x 16-byte aligned: whole warps
 // cover whole blocks, 4 values per lane.
+template <bool kWriteX>
 __global__ void __launch_bounds__(kThreads) tensor_quant_kernel(float* x, int64_t n, int block, const float* amax,
                                                                 uint16_t* unscaled_bf16, float* gamma_out) {
   const float gamma = tensor_scale(*amax);
@@ -96,9 +100,9 @@ __global__ void __launch_bounds__(kThreads) tensor_quant_kernel(float* x, int64_
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n4_warps;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     float4 u;
-    const float4 q = fake_quant_4(i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f), gamma, block, &u);
+    const float4 q = fake_quant_4<kWriteX>(i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f), gamma, block, &u);
     if (i < n4) {
-      x4[i] = q;
+      if (kWriteX) x4[i] = q;
       if (unscaled_bf16) store_bf16x4(unscaled_bf16 + 4 * i, u);
     }
   }
@@ -146,12 +150,17 @@ void fake_quant(const FakeQuantArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(n % 32 == 0, "fake_quant: rows*K=", n, " must be a multiple of 32");
   MOESQ_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "fake_quant: x must be 16-byte aligned (a tensor scale)");
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
-  MOESQ_CUDA_CHECK(cudaMemsetAsync(a.amax, 0, sizeof(float), stream));
-  amax_kernel<<<blocks, kThreads, 0, stream>>>(a.x, n, a.amax, a.nonfinite);
-  MOESQ_CUDA_LAUNCH_CHECK("fake_quant (amax)");
+  if (!a.amax_given) {
+    MOESQ_CUDA_CHECK(cudaMemsetAsync(a.amax, 0, sizeof(float), stream));
+    amax_kernel<<<blocks, kThreads, 0, stream>>>(a.x, n, a.amax, a.nonfinite);
+    MOESQ_CUDA_LAUNCH_CHECK("fake_quant (amax)");
+  }
   const unsigned blocks4 = static_cast<unsigned>(std::min<int64_t>((n / 4 + kThreads - 1) / kThreads, 4096));
   MOESQ_CHECK(reinterpret_cast<uintptr_t>(a.unscaled_bf16) % 8 == 0, "fake_quant: unscaled_bf16 must be 8-byte aligned");
-  tensor_quant_kernel<<<blocks4, kThreads, 0, stream>>>(a.x, n, a.block, a.amax, a.unscaled_bf16, a.gamma);
+  if (a.write_x)
+    tensor_quant_kernel<true><<<blocks4, kThreads, 0, stream>>>(a.x, n, a.block, a.amax, a.unscaled_bf16, a.gamma);
+  else
+    tensor_quant_kernel<false><<<blocks4, kThreads, 0, stream>>>(a.x, n, a.block, a.amax, a.unscaled_bf16, a.gamma);
   MOESQ_CUDA_LAUNCH_CHECK("fake_quant (values)");
 }
 

@@ -25,6 +25,12 @@ struct FakeQuantArgs {
   // of the products. Both or neither.
   uint16_t* unscaled_bf16 = nullptr;
   float* gamma = nullptr;
+  // A tensor γ only (per_row = false): *amax already holds amax(|x|), reduced by the producer of x
+  // (ops/gumbel_support's amax, which also raised the non-finite flag): no amax pass, no check here.
+  bool amax_given = false;
+  // false: x is read only — the caller needs only unscaled_bf16 and gamma (then required) — which
+  // saves the fp32 stores and their divisions by γ.
+  bool write_x = true;
 };
 
 // Errors (moesq::Error): bad sizes, block not 16 or 32, K % block != 0, a null pointer; a tensor scale

@@ -1,4 +1,5 @@
 // CPU twin of the fake_quant launcher (fake_quant.h) on the format library's quantizers.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,6 +17,9 @@ void fake_quant_check(const FakeQuantArgs& a) {
   MOESQ_CHECK(a.x, "fake_quant: x is null");
   MOESQ_CHECK((a.unscaled_bf16 == nullptr) == (a.gamma == nullptr),
               "fake_quant: unscaled_bf16 and gamma are given together or not at all");
+  MOESQ_CHECK(!a.amax_given || (!a.per_row && a.amax), "fake_quant: amax_given needs a tensor scale and amax");
+  MOESQ_CHECK(a.write_x || (a.unscaled_bf16 && !a.per_row),
+              "fake_quant: write_x = false needs a tensor scale and the unscaled_bf16 output");
 }
 
 namespace {
@@ -39,9 +43,19 @@ void fake_quant_ref(const FakeQuantArgs& a) {
   const int64_t n = a.rows * a.K;
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(a.x[i])) {
-      if (a.nonfinite) *a.nonfinite = 1;
+      if (a.nonfinite && !a.amax_given) *a.nonfinite = 1;  // amax_given: the producer flagged it
       return;
     }
+  // write_x = false: work on a copy, so x is only read.
+  std::vector<float> copy(a.write_x ? 0 : static_cast<size_t>(n));
+  if (!a.write_x) {
+    std::copy(a.x, a.x + n, copy.begin());
+    FakeQuantArgs b = a;
+    b.x = copy.data();
+    b.write_x = true;
+    fake_quant_ref(b);
+    return;
+  }
   const bool unscaled = a.unscaled_bf16 != nullptr;
   if (a.per_row) {
     std::vector<float> u(unscaled ? static_cast<size_t>(a.K) : 0);
@@ -52,6 +66,9 @@ void fake_quant_ref(const FakeQuantArgs& a) {
     }
     return;
   }
+  if (a.amax_given)
+    MOESQ_CHECK(*a.amax == format::amax_abs(a.x, n), "fake_quant: the given amax ", *a.amax, " is not amax(|x|) = ",
+                format::amax_abs(a.x, n));
   const float gamma = format::nvfp4_tensor_scale(format::amax_abs(a.x, n));
   if (a.amax) *a.amax = format::amax_abs(a.x, n);
   if (a.gamma) *a.gamma = gamma;

@@ -38,25 +38,44 @@ __device__ __forceinline__ void store6(float* p, const float (&x)[6]) {
   q[2] = make_float2(x[4], x[5]);
 }
 
+// The group's |W| max folded into *amax (one atomic per warp; fp32 bits of values >= 0 order like
+// unsigned ints, so the max is exact and order-free), and the non-finite flag. Every lane of the warp
+// calls it (lanes past R with w = 0).
+__device__ __forceinline__ void fold_amax(const float (&w)[kGroup], float* amax, int32_t* nonfinite) {
+  float m = 0.0f;
+  bool bad = false;
+  for (int j = 0; j < kGroup; ++j) {
+    m = fmaxf(m, fabsf(w[j]));
+    bad = bad || !isfinite(w[j]);
+  }
+  if (nonfinite && __any_sync(0xffffffffu, bad) && (threadIdx.x % 32) == 0) *nonfinite = 1;
+  if (!amax) return;
+  const unsigned warp_max = __reduce_max_sync(0xffffffffu, __float_as_uint(m));
+  if ((threadIdx.x % 32) == 0 && warp_max) atomicMax(reinterpret_cast<unsigned*>(amax), warp_max);
+}
+
 __global__ void __launch_bounds__(kThreads) forward_kernel(GumbelSupportArgs a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (r >= a.R) return;
-  float v[kGroup], z[kGroup], av[kNumPatterns], g[kNumPatterns], pi[kNumPatterns];
-  load8(a.V + r * kGroup, v);
-  if (a.mode != SupportMode::kFixed) load6(a.A + r * kNumPatterns, av);
-  if (a.mode == SupportMode::kGumbel || a.mode == SupportMode::kNoiseFree) {
-    if (a.mode == SupportMode::kGumbel)
-      for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
-    soft_group_forward<float>(av, a.mode == SupportMode::kGumbel ? g : nullptr, a.kappa, a.tau, pi, z);
-    store6(a.pi + r * kNumPatterns, pi);
-  } else {
-    const int p = a.mode == SupportMode::kArgmax ? argmax_pattern<float>(av) : min(static_cast<int>(a.fixed[r]), kNumPatterns - 1);
-    if (a.mode == SupportMode::kArgmax && a.patterns) a.patterns[r] = static_cast<uint8_t>(p);
-    z_of_pattern<float>(p, z);
+  float w[kGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (r < a.R) {  // no early return: fold_amax's warp reduction needs every lane
+    float v[kGroup], z[kGroup], av[kNumPatterns], g[kNumPatterns], pi[kNumPatterns];
+    load8(a.V + r * kGroup, v);
+    if (a.mode != SupportMode::kFixed) load6(a.A + r * kNumPatterns, av);
+    if (a.mode == SupportMode::kGumbel || a.mode == SupportMode::kNoiseFree) {
+      if (a.mode == SupportMode::kGumbel)
+        for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
+      soft_group_forward<float>(av, a.mode == SupportMode::kGumbel ? g : nullptr, a.kappa, a.tau, pi, z);
+      store6(a.pi + r * kNumPatterns, pi);
+    } else {
+      const int p = a.mode == SupportMode::kArgmax ? argmax_pattern<float>(av)
+                                                   : min(static_cast<int>(a.fixed[r]), kNumPatterns - 1);
+      if (a.mode == SupportMode::kArgmax && a.patterns) a.patterns[r] = static_cast<uint8_t>(p);
+      z_of_pattern<float>(p, z);
+    }
+    for (int j = 0; j < kGroup; ++j) w[j] = z[j] * v[j];
+    store8(a.W + r * kGroup, w);
   }
-  float w[kGroup];
-  for (int j = 0; j < kGroup; ++j) w[j] = z[j] * v[j];
-  store8(a.W + r * kGroup, w);
+  if (a.amax || a.nonfinite) fold_amax(w, a.amax, a.nonfinite);
 }
 
 __global__ void __launch_bounds__(kThreads) lion_kernel(GumbelSupportLionArgs a, float scale, float b1, float b2,

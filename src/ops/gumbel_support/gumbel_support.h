@@ -32,6 +32,11 @@ struct GumbelSupportArgs {
   float* pi = nullptr;             // [R, 6] out: π (relaxed modes; may be null in hard modes)
   float* W = nullptr;              // [R, 8] out: Z ⊙ V
   uint8_t* patterns = nullptr;     // [R] out: the argmax pattern ids (kArgmax; may be null)
+  // Optional, for the Q_w that follows (ops/fake_quant's amax_given): *amax = max(*amax, max |W|) —
+  // the caller zeroes it, and several launches may fold into one amax (gate and up share one γ) —
+  // and *nonfinite = 1 when W holds a NaN or an infinity. Saves the separate amax pass over W.
+  float* amax = nullptr;
+  int32_t* nonfinite = nullptr;
 };
 
 struct GumbelSupportLionArgs {

@@ -1,4 +1,7 @@
 // CPU twins of the gumbel_support launchers (gumbel_support.h), and their shared argument checks.
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "ops/gumbel_support/gumbel_math.h"
 #include "ops/gumbel_support/gumbel_support.h"
@@ -49,7 +52,11 @@ void gumbel_support_forward_ref(const GumbelSupportArgs& a) {
         z_of_pattern<float>(a.fixed[r], z);
         break;
     }
-    for (int j = 0; j < kGroup; ++j) w[j] = z[j] * v[j];
+    for (int j = 0; j < kGroup; ++j) {
+      w[j] = z[j] * v[j];
+      if (a.nonfinite && !std::isfinite(w[j])) *a.nonfinite = 1;
+      if (a.amax) *a.amax = std::max(*a.amax, std::fabs(w[j]));
+    }
   }
 }
 
