@@ -379,6 +379,60 @@ TEST(GumbelSupportGpu, RelaxedModesMatchRefWithinTolerance) {
       }
 }
 
+// Three projections of different sizes (an expert's gate, up, down) in one launch: the same bits as
+// three single launches, forward (Gumbel noise, fused amax into two accumulators) and Lion (one relaxed
+// projection beside a fixed one).
+TEST(GumbelSupportGpu, ThreeProjectionsInOneLaunchAreThreeLaunches) {
+  const int64_t Rs[3] = {1000, 257, 768 * 2048 / 8};
+  std::vector<Support> S;
+  for (int j = 0; j < 3; ++j) S.push_back(random_support(Rs[j], 40 + j));
+  struct Dev {
+    DevBuf<float> A, V, pi, W, dW, mA, mV;
+    DevBuf<uint8_t> fixed;
+  };
+  auto make = [&](int j) {
+    const int64_t R = Rs[j];
+    return Dev{DevBuf<float>(S[j].A), DevBuf<float>(S[j].V), DevBuf<float>(R * kP), DevBuf<float>(R * kG),
+               DevBuf<float>(normal(R * kG, 1e-3f, 50 + j)), DevBuf<float>(normal(R * kP, 1e-2f, 60 + j)),
+               DevBuf<float>(normal(R * kG, 1e-3f, 70 + j)), DevBuf<uint8_t>(S[j].fixed)};
+  };
+  std::vector<Dev> one, multi;
+  for (int j = 0; j < 3; ++j) one.push_back(make(j)), multi.push_back(make(j));
+  DevBuf<float> amax_one(std::vector<float>{0.0f, 0.0f}), amax_multi(std::vector<float>{0.0f, 0.0f});
+  auto fwd = [&](std::vector<Dev>& d, float* amax, int j) {
+    return GumbelSupportArgs{.R = Rs[j], .mode = SupportMode::kGumbel, .A = d[j].A.p, .V = d[j].V.p,
+                             .kappa = 300.0, .tau = 0.8, .key = gumbel::rng_key(3, 1, 2, 5, j), .pi = d[j].pi.p,
+                             .W = d[j].W.p, .amax = amax + (j == 2 ? 1 : 0)};
+  };
+  auto lion = [&](std::vector<Dev>& d, int j) {
+    const bool relaxed = j != 1;
+    return GumbelSupportLionArgs{.R = Rs[j], .dW = d[j].dW.p, .pi = relaxed ? d[j].pi.p : nullptr,
+                                 .fixed = d[j].fixed.p, .kappa = 300.0, .tau = 0.8, .A = relaxed ? d[j].A.p : nullptr,
+                                 .V = d[j].V.p, .mom_A = relaxed ? d[j].mA.p : nullptr, .mom_V = d[j].mV.p,
+                                 .lr_A = 2e-3, .lr_V = 4e-4};
+  };
+  GumbelSupportArgs f[3];
+  GumbelSupportLionArgs l[3];
+  for (int j = 0; j < 3; ++j) gumbel_support_forward(fwd(one, amax_one.p, j), nullptr);
+  for (int j = 0; j < 3; ++j) f[j] = fwd(multi, amax_multi.p, j);
+  gumbel_support_forward(f, 3, nullptr);
+  for (int j = 0; j < 3; ++j) gumbel_support_lion(lion(one, j), nullptr);
+  for (int j = 0; j < 3; ++j) l[j] = lion(multi, j);
+  gumbel_support_lion(l, 3, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(first_diff(amax_one.download(), amax_multi.download()), -1);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(first_diff(one[j].W.download(), multi[j].W.download()), -1) << "W, projection " << j;
+    EXPECT_EQ(first_diff(one[j].pi.download(), multi[j].pi.download()), -1) << "pi, projection " << j;
+    EXPECT_EQ(first_diff(one[j].A.download(), multi[j].A.download()), -1) << "A, projection " << j;
+    EXPECT_EQ(first_diff(one[j].V.download(), multi[j].V.download()), -1) << "V, projection " << j;
+    EXPECT_EQ(first_diff(one[j].mA.download(), multi[j].mA.download()), -1) << "mom_A, projection " << j;
+    EXPECT_EQ(first_diff(one[j].mV.download(), multi[j].mV.download()), -1) << "mom_V, projection " << j;
+  }
+  EXPECT_THROW(gumbel_support_forward(f, 4, nullptr), Error);
+  EXPECT_THROW(gumbel_support_lion(l, 0, nullptr), Error);
+}
+
 TEST(GumbelSupportGpu, LionMatchesRefWithinTolerance) {
   const double kappa = 300.0, tau = 0.8, lr_A = 2e-3, lr_V = 4e-4;
   for (const int64_t R : kGroupCounts)

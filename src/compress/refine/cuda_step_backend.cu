@@ -1,8 +1,8 @@
 // The CUDA step backend (refine/cuda_step_backend.h). One step, for the batch rows order[b0, b0+m):
-//   support (gumbel_support_forward ×3) → W̃ = Q_w(Z ⊙ V) (fake_quant: gate|up one γ, down its own)
+//   support (gumbel_support_forward, 3 projections in one launch) → W̃ = Q_w(Z ⊙ V) (fake_quant: gate|up one γ, down its own)
 //   → gather X, Y_ref, w → a|b = X·W̃_guᵀ → h = Q_a(silu(a)·b) → Ŷ = h·W̃_downᵀ → dŶ (weighted_mse)
 //   → dW̃_down = dŶᵀ·h, dh = dŶ·W̃_down → da|db (swiglu_train_backward) → dW̃_gu = [da|db]ᵀ·X
-//   → dA, dV and Lion on A, V (gumbel_support_lion ×3)
+//   → dA, dV and Lion on A, V (gumbel_support_lion, 3 projections in one launch)
 // — refine/objective.cpp's objective_grad and refine/lion.cpp's lion_step, in the same order.
 // With RefineOptions::bf16_forward the two forward GEMMs read the unscaled NVFP4 operands in bf16
 // (exact) on tensor cores and divide the γ out after (ops/descale_rows); the fp32 copies of X, h and
@@ -271,14 +271,14 @@ class CudaStepBackend final : public StepBackend {
     if (o_->tf32_backward) MOESQ_CUBLAS_CHECK(cublasSetMathMode(b, CUBLAS_PEDANTIC_MATH));  // the next forward
     T.begin(s);
     const float* dW[3] = {dW_gu_.p, dW_gu_.p + I_ * H_, dW_d_.p};
+    ops::GumbelSupportLionArgs lion[3];
     for (int j = 0; j < 3; ++j)
-      ops::gumbel_support_lion({.R = R_[j], .dW = dW[j], .pi = fixed_[j] ? nullptr : pi_[j].p,
-                                .fixed = fixed_[j] ? fixed_pat_[j].p : nullptr, .kappa = in.kappa, .tau = in.tau,
-                                .A = fixed_[j] ? nullptr : A_[j].p, .V = V_[j].p,
-                                .mom_A = fixed_[j] ? nullptr : mom_A_[j].p, .mom_V = mom_V_[j].p, .lr_A = in.lr_A,
-                                .lr_V = in.lr_V, .beta1 = o_->beta1, .beta2 = o_->beta2,
-                                .weight_decay = o_->weight_decay},
-                               s);
+      lion[j] = {.R = R_[j], .dW = dW[j], .pi = fixed_[j] ? nullptr : pi_[j].p,
+                 .fixed = fixed_[j] ? fixed_pat_[j].p : nullptr, .kappa = in.kappa, .tau = in.tau,
+                 .A = fixed_[j] ? nullptr : A_[j].p, .V = V_[j].p, .mom_A = fixed_[j] ? nullptr : mom_A_[j].p,
+                 .mom_V = mom_V_[j].p, .lr_A = in.lr_A, .lr_V = in.lr_V, .beta1 = o_->beta1, .beta2 = o_->beta2,
+                 .weight_decay = o_->weight_decay};
+    ops::gumbel_support_lion(lion, 3, s);  // the three projections in one launch
     T.end(s, &StageTimes::lion);
     if (T.on) ++T.t.steps;
   }
@@ -339,8 +339,9 @@ class CudaStepBackend final : public StepBackend {
     T.begin(s);
     // Q_w's amax (gate|up one, down one) is reduced by the support pass itself (fake_quant amax_given).
     MOESQ_CUDA_CHECK(cudaMemsetAsync(amax_.p, 0, amax_.bytes(), s));
+    ops::GumbelSupportArgs support[3];
     for (int j = 0; j < 3; ++j) {
-      ops::GumbelSupportArgs g;
+      ops::GumbelSupportArgs& g = support[j];
       g.R = R_[j];
       g.mode = fixed_[j] ? ops::SupportMode::kFixed : relaxed_mode;
       g.A = fixed_[j] ? nullptr : A_[j].p;
@@ -353,8 +354,8 @@ class CudaStepBackend final : public StepBackend {
       g.W = W[j];
       g.amax = amax_.p + (j == 2 ? 1 : 0);
       g.nonfinite = flag_.p;
-      ops::gumbel_support_forward(g, s);
     }
+    ops::gumbel_support_forward(support, 3, s);  // the three projections in one launch
     T.end(s, &StageTimes::support);
     T.begin(s);
     // With bf16_ the fp32 W̃_gate|up is not read again (the forward reads the unscaled operand, the

@@ -54,8 +54,25 @@ __device__ __forceinline__ void fold_amax(const float (&w)[kGroup], float* amax,
   if ((threadIdx.x % 32) == 0 && warp_max) atomicMax(reinterpret_cast<unsigned*>(amax), warp_max);
 }
 
-__global__ void __launch_bounds__(kThreads) forward_kernel(GumbelSupportArgs a) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+// Up to kMaxProjections launches of one op in one grid: projection j owns blocks
+// [first_block[j], first_block[j + 1]), so every block works on one projection (no divergence), and the
+// per-group code is the single launch's — the same bits.
+constexpr int kMaxProjections = 3;
+template <typename Args>
+struct Multi {
+  Args a[kMaxProjections];
+  unsigned first_block[kMaxProjections + 1] = {};
+  int n = 0;
+  // The projection of this block and the block's first group.
+  __device__ __forceinline__ int which(int64_t* r0) const {
+    int j = 0;
+    while (j + 1 < n && blockIdx.x >= first_block[j + 1]) ++j;
+    *r0 = static_cast<int64_t>(blockIdx.x - first_block[j]) * kThreads;
+    return j;
+  }
+};
+
+__device__ __forceinline__ void forward_groups(const GumbelSupportArgs& a, int64_t r) {
   float w[kGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (r < a.R) {  // no early return: fold_amax's warp reduction needs every lane
     float v[kGroup], z[kGroup], av[kNumPatterns], g[kNumPatterns], pi[kNumPatterns];
@@ -78,10 +95,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(GumbelSupportArgs a) 
   if (a.amax || a.nonfinite) fold_amax(w, a.amax, a.nonfinite);
 }
 
-__global__ void __launch_bounds__(kThreads) lion_kernel(GumbelSupportLionArgs a, float scale, float b1, float b2,
-                                                        float step_A, float decay_A, float step_V, float decay_V) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+__global__ void __launch_bounds__(kThreads) forward_kernel(Multi<GumbelSupportArgs> m) {
+  int64_t r0 = 0;
+  const int j = m.which(&r0);
+  forward_groups(m.a[j], r0 + threadIdx.x);
+}
+
+// Lion's fp32 scalars of one launch (the launcher rounds them from the fp64 arguments once).
+struct LionScalars {
+  float scale, b1, b2, step_A, decay_A, step_V, decay_V;
+};
+LionScalars lion_scalars(const GumbelSupportLionArgs& a) {
+  return {static_cast<float>(a.kappa / a.tau), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
+          static_cast<float>(a.lr_A), static_cast<float>(a.lr_A * a.weight_decay), static_cast<float>(a.lr_V),
+          static_cast<float>(a.lr_V * a.weight_decay)};
+}
+
+__device__ __forceinline__ void lion_groups(const GumbelSupportLionArgs& a, const LionScalars& c, int64_t r) {
   if (r >= a.R) return;
+  const float scale = c.scale, b1 = c.b1, b2 = c.b2, step_A = c.step_A, decay_A = c.decay_A, step_V = c.step_V,
+              decay_V = c.decay_V;
   const bool relaxed = a.pi != nullptr;
   float z[kGroup], pi[kNumPatterns], da[kNumPatterns], dv[kGroup], v[kGroup], dw[kGroup], mv[kGroup];
   if (relaxed) {
@@ -107,6 +140,16 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(GumbelSupportLionArgs a,
   store8(a.mom_V + r * kGroup, mv);
 }
 
+struct LionMulti {
+  Multi<GumbelSupportLionArgs> m;
+  LionScalars c[kMaxProjections];
+};
+__global__ void __launch_bounds__(kThreads) lion_kernel(LionMulti l) {
+  int64_t r0 = 0;
+  const int j = l.m.which(&r0);
+  lion_groups(l.m.a[j], l.c[j], r0 + threadIdx.x);
+}
+
 bool aligned(const void* p, uintptr_t a) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % a == 0; }
 void check_alignment(const char* op, const void* const* vec8, int n8, const void* const* vec6, int n6) {
   for (int i = 0; i < n8; ++i)
@@ -119,27 +162,41 @@ unsigned blocks_for(int64_t R) { return static_cast<unsigned>((R + kThreads - 1)
 
 }  // namespace
 
-void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream) {
-  gumbel_support_check(a);
-  const void* v8[] = {a.V, a.W};
-  const void* v6[] = {a.A, a.pi};
-  check_alignment("gumbel_support_forward", v8, 2, v6, 2);
-  if (a.R == 0) return;
-  forward_kernel<<<blocks_for(a.R), kThreads, 0, stream>>>(a);
+void gumbel_support_forward(const GumbelSupportArgs* a, int n, cudaStream_t stream) {
+  MOESQ_CHECK(n >= 1 && n <= kMaxProjections, "gumbel_support_forward: ", n, " projections (1 to 3 in one launch)");
+  Multi<GumbelSupportArgs> m;
+  m.n = n;
+  for (int j = 0; j < n; ++j) {
+    gumbel_support_check(a[j]);
+    const void* v8[] = {a[j].V, a[j].W};
+    const void* v6[] = {a[j].A, a[j].pi};
+    check_alignment("gumbel_support_forward", v8, 2, v6, 2);
+    m.a[j] = a[j];
+    m.first_block[j + 1] = m.first_block[j] + blocks_for(a[j].R);
+  }
+  if (m.first_block[n] == 0) return;
+  forward_kernel<<<m.first_block[n], kThreads, 0, stream>>>(m);
   MOESQ_CUDA_LAUNCH_CHECK("gumbel_support_forward");
 }
+void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream) { gumbel_support_forward(&a, 1, stream); }
 
-void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream) {
-  gumbel_support_check(a);
-  const void* v8[] = {a.V, a.dW, a.mom_V};
-  const void* v6[] = {a.A, a.pi, a.mom_A};
-  check_alignment("gumbel_support_lion", v8, 3, v6, 3);
-  if (a.R == 0) return;
-  lion_kernel<<<blocks_for(a.R), kThreads, 0, stream>>>(
-      a, static_cast<float>(a.kappa / a.tau), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
-      static_cast<float>(a.lr_A), static_cast<float>(a.lr_A * a.weight_decay), static_cast<float>(a.lr_V),
-      static_cast<float>(a.lr_V * a.weight_decay));
+void gumbel_support_lion(const GumbelSupportLionArgs* a, int n, cudaStream_t stream) {
+  MOESQ_CHECK(n >= 1 && n <= kMaxProjections, "gumbel_support_lion: ", n, " projections (1 to 3 in one launch)");
+  LionMulti l;
+  l.m.n = n;
+  for (int j = 0; j < n; ++j) {
+    gumbel_support_check(a[j]);
+    const void* v8[] = {a[j].V, a[j].dW, a[j].mom_V};
+    const void* v6[] = {a[j].A, a[j].pi, a[j].mom_A};
+    check_alignment("gumbel_support_lion", v8, 3, v6, 3);
+    l.m.a[j] = a[j];
+    l.c[j] = lion_scalars(a[j]);
+    l.m.first_block[j + 1] = l.m.first_block[j] + blocks_for(a[j].R);
+  }
+  if (l.m.first_block[n] == 0) return;
+  lion_kernel<<<l.m.first_block[n], kThreads, 0, stream>>>(l);
   MOESQ_CUDA_LAUNCH_CHECK("gumbel_support_lion");
 }
+void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream) { gumbel_support_lion(&a, 1, stream); }
 
 }  // namespace moesq::ops

@@ -57,6 +57,11 @@ struct GumbelSupportLionArgs {
 // [R, 8] arrays 16-byte and the [R, 6] arrays 8-byte aligned (vector accesses; cudaMalloc'd is).
 void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream);
 void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream);
+// The same for n (1 to 3) projections in ONE launch — an expert's gate, up and down, a third of the
+// launches — bit-identical to n single launches (each block works on one projection with the single
+// launch's code). Errors as the single launchers', naming the first bad projection; n out of range.
+void gumbel_support_forward(const GumbelSupportArgs* a, int n, cudaStream_t stream);
+void gumbel_support_lion(const GumbelSupportLionArgs* a, int n, cudaStream_t stream);
 void gumbel_support_check(const GumbelSupportArgs& a);
 void gumbel_support_check(const GumbelSupportLionArgs& a);
 
