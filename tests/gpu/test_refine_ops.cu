@@ -212,6 +212,36 @@ TEST(FakeQuantGpu, GivenAmaxAndNoXWriteMatchThePlainCall) {
 }
 
 // ---- descale_rows ----------------------------------------------------------------------------------
+// The descale fused into the SwiGLU forward (a|b) and the loss (Ŷ) on the GPU: the same bits as the
+// descale_rows kernel followed by the plain kernels (padding row included).
+TEST(DescaleRowsGpu, FusedIntoSwigluAndLossIsTheSeparatePass) {
+  const int64_t rows = 256, I = 768, H = 2048;
+  const auto ab = normal(rows * 2 * I, 3000.0f, 1), y = normal(rows * H, 3000.0f, 2), y_ref = normal(rows * H, 1.0f, 3);
+  std::vector<float> rg = normal(rows, 1.0f, 4), w(rows, 0.25f), gw{1234.5f};
+  for (auto& v : rg) v = 100.0f + std::fabs(v) * 1000.0f;
+  rg[7] = 0.0f, w[7] = 0.0f;
+  DevBuf<float> d_ab(ab), d_ab2(ab), d_h(rows * I), d_h2(rows * I), d_rg(rg), d_g(gw), d_y(y), d_y2(y), d_yref(y_ref),
+      d_w(w), d_dy(rows * H), d_dy2(rows * H);
+  DevBuf<double> d_l(rows), d_l2(rows);
+  descale_rows({.x = d_ab.p, .rows = rows, .C = 2 * I, .row_gamma = d_rg.p, .gamma = d_g.p}, nullptr);
+  swiglu_train_forward({.rows = rows, .I = I, .ab = d_ab.p, .h = d_h.p, .quantize = true, .block = 32}, nullptr);
+  swiglu_train_forward({.rows = rows, .I = I, .ab = d_ab2.p, .h = d_h2.p, .quantize = true, .block = 32,
+                        .ab_row_gamma = d_rg.p, .ab_gamma = d_g.p, .ab_out = d_ab2.p},
+                       nullptr);
+  descale_rows({.x = d_y.p, .rows = rows, .C = H, .row_gamma = d_rg.p, .gamma = d_g.p}, nullptr);
+  weighted_mse({.rows = rows, .H = H, .y = d_y.p, .y_ref = d_yref.p, .w = d_w.p, .inv_norm = 1e-6, .dy = d_dy.p,
+                .row_loss = d_l.p},
+               nullptr);
+  weighted_mse({.rows = rows, .H = H, .y = d_y2.p, .y_ref = d_yref.p, .w = d_w.p, .inv_norm = 1e-6, .dy = d_dy2.p,
+                .row_loss = d_l2.p, .y_row_gamma = d_rg.p, .y_gamma = d_g.p},
+               nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(first_diff(d_ab.download(), d_ab2.download()), -1);
+  EXPECT_EQ(first_diff(d_h.download(), d_h2.download()), -1);
+  EXPECT_EQ(first_diff(d_dy.download(), d_dy2.download()), -1);
+  EXPECT_EQ(first_diff(d_l.download(), d_l2.download()), -1);
+}
+
 TEST(DescaleRowsGpu, MatchesRefBitwise) {
   std::mt19937_64 g(17);
   std::normal_distribution<float> nd(0.0f, 100.0f);
@@ -253,6 +283,33 @@ TEST(FakeQuantGpu, NonFiniteSetsTheFlag) {
 }
 
 // ---- gather_f32 ------------------------------------------------------------------------------------
+// A refinement step's gathers in one launch (different widths, one index list with padding rows): the
+// same bytes as the single launches.
+TEST(GatherF32Gpu, SeveralGathersInOneLaunch) {
+  const int64_t src_rows = 60, m = 37, Cs[5] = {2048, 2048, 1, 1024, 1};
+  std::mt19937_64 g(3);
+  std::vector<int64_t> idx(m);
+  for (int64_t i = 0; i < m; ++i) idx[i] = i % 5 == 4 ? -1 : static_cast<int64_t>(g() % src_rows);
+  DevBuf<int64_t> d_idx(idx);
+  std::vector<DevBuf<float>> src, one, multi;
+  GatherF32Args a[5], b[5];
+  for (int j = 0; j < 5; ++j) {
+    src.emplace_back(normal(src_rows * Cs[j], 1.0f, 80 + j));
+    one.emplace_back(std::vector<float>(m * Cs[j], -1.0f));
+    multi.emplace_back(std::vector<float>(m * Cs[j], -2.0f));
+  }
+  for (int j = 0; j < 5; ++j) {
+    a[j] = {.src = src[j].p, .src_rows = src_rows, .C = Cs[j], .idx = d_idx.p, .m = m, .out = one[j].p};
+    b[j] = a[j];
+    b[j].out = multi[j].p;
+    gather_f32(a[j], nullptr);
+  }
+  gather_f32(b, 5, nullptr);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(first_diff(one[j].download(), multi[j].download()), -1) << "gather " << j;
+  EXPECT_THROW(gather_f32(b, 9, nullptr), Error);
+}
+
 TEST(GatherF32Gpu, MatchesPlainGatherBitwise) {
   for (const int64_t C : {1, 7, 300, 2048})
     for (const int64_t m : {1, 33, 257}) {

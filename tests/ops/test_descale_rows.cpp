@@ -10,6 +10,8 @@
 
 #include "ops/descale_rows/descale_rows.h"
 #include "ops/fake_quant/fake_quant.h"
+#include "ops/swiglu_train/swiglu_train.h"
+#include "ops/weighted_mse/weighted_mse.h"
 #include "support/expect_error.h"
 
 namespace {
@@ -77,4 +79,49 @@ TEST(DescaleRows, TwoDivisionsAndAZeroPaddingRow) {
   EXPECT_ERROR_CONTAINING(descale_rows_ref({.x = &v, .rows = 1, .C = 0, .row_gamma = &v, .gamma = &v}), "bad shape");
   EXPECT_ERROR_CONTAINING(descale_rows_ref({.x = &v, .rows = 1, .C = 1, .row_gamma = nullptr, .gamma = &v}),
                           "null pointer");
+}
+
+// The descale fused into the passes that read the GEMM outputs (swiglu_train forward for a|b, weighted_mse
+// for Ŷ): the same bits as descale_rows then the plain pass, padding rows included.
+TEST(DescaleRows, FusedIntoSwigluAndLossIsTheSeparatePass) {
+  const int64_t rows = 9, I = 64, H = 96;
+  std::mt19937_64 g(8);
+  std::normal_distribution<float> nd(0.0f, 3000.0f);
+  std::uniform_real_distribution<float> ud(100.0f, 3000.0f);
+  std::vector<float> ab(rows * 2 * I), y(rows * H), y_ref(rows * H), w(rows), rg(rows), gw{ud(g)};
+  for (auto& v : ab) v = nd(g);
+  for (auto& v : y) v = nd(g);
+  for (auto& v : y_ref) v = 0.001f * nd(g);
+  for (auto& v : w) v = 0.5f;
+  for (auto& v : rg) v = ud(g);
+  rg[4] = 0.0f, w[4] = 0.0f;  // a padding row
+  // a|b: separate pass, then SwiGLU (+ Q_a).
+  std::vector<float> ab_sep = ab, h_sep(rows * I), h_fused(rows * I), ab_fused(rows * 2 * I, -1.0f);
+  moesq::ops::descale_rows_ref({.x = ab_sep.data(), .rows = rows, .C = 2 * I, .row_gamma = rg.data(), .gamma = gw.data()});
+  moesq::ops::swiglu_train_forward_ref({.rows = rows, .I = I, .ab = ab_sep.data(), .h = h_sep.data(), .quantize = true,
+                                        .block = 32});
+  moesq::ops::swiglu_train_forward_ref({.rows = rows, .I = I, .ab = ab.data(), .h = h_fused.data(), .quantize = true,
+                                        .block = 32, .ab_row_gamma = rg.data(), .ab_gamma = gw.data(),
+                                        .ab_out = ab_fused.data()});
+  EXPECT_EQ(0, std::memcmp(ab_sep.data(), ab_fused.data(), ab.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(h_sep.data(), h_fused.data(), h_sep.size() * sizeof(float)));
+  // Ŷ: separate pass, then the loss and its gradient.
+  std::vector<float> y_sep = y, dy_sep(rows * H), dy_fused(rows * H);
+  std::vector<double> l_sep(rows), l_fused(rows);
+  moesq::ops::descale_rows_ref({.x = y_sep.data(), .rows = rows, .C = H, .row_gamma = rg.data(), .gamma = gw.data()});
+  moesq::ops::weighted_mse_ref({.rows = rows, .H = H, .y = y_sep.data(), .y_ref = y_ref.data(), .w = w.data(),
+                                .inv_norm = 1e-3, .dy = dy_sep.data(), .row_loss = l_sep.data()});
+  moesq::ops::weighted_mse_ref({.rows = rows, .H = H, .y = y.data(), .y_ref = y_ref.data(), .w = w.data(),
+                                .inv_norm = 1e-3, .dy = dy_fused.data(), .row_loss = l_fused.data(),
+                                .y_row_gamma = rg.data(), .y_gamma = gw.data()});
+  EXPECT_EQ(0, std::memcmp(dy_sep.data(), dy_fused.data(), dy_sep.size() * sizeof(float)));
+  EXPECT_EQ(l_sep, l_fused);
+  EXPECT_GT(l_sep[0], 0.0);
+  EXPECT_ERROR_CONTAINING(moesq::ops::weighted_mse_ref({.rows = rows, .H = H, .y = y.data(), .y_ref = y_ref.data(),
+                                                        .w = w.data(), .inv_norm = 1e-3, .dy = dy_fused.data(),
+                                                        .y_gamma = gw.data()}),
+                          "given together");
+  EXPECT_ERROR_CONTAINING(moesq::ops::swiglu_train_forward_ref({.rows = rows, .I = I, .ab = ab.data(), .h = h_fused.data(),
+                                                                .ab_gamma = gw.data()}),
+                          "given together");
 }

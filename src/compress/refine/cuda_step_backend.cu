@@ -5,13 +5,15 @@
 //   → dA, dV and Lion on A, V (gumbel_support_lion, 3 projections in one launch)
 // — refine/objective.cpp's objective_grad and refine/lion.cpp's lion_step, in the same order.
 // With RefineOptions::bf16_forward the two forward GEMMs read the unscaled NVFP4 operands in bf16
-// (exact) on tensor cores and divide the γ out after (ops/descale_rows); the fp32 copies of X, h and
-// W̃_down stay for the gradients.
+// (exact) on tensor cores, and the passes after them divide the γ out as they read (descale_value of
+// ops/descale_rows.h, fused into swiglu_train and weighted_mse); the fp32 copies of X, h and W̃_down
+// stay for the gradients.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "compress/cuda_context.cuh"
 #include "compress/refine/cuda_step_backend.h"
@@ -19,7 +21,6 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
-#include "ops/descale_rows/descale_rows.h"
 #include "ops/fake_quant/fake_quant.h"
 #include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_support.h"
@@ -251,7 +252,8 @@ class CudaStepBackend final : public StepBackend {
     forward(m, bf16_);
     T.begin(s);
     ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = in.inv_norm,
-                       .dy = dy_.p, .row_loss = nullptr},
+                       .dy = dy_.p, .row_loss = nullptr, .y_row_gamma = y_scale(bf16_).first,
+                       .y_gamma = y_scale(bf16_).second},
                       s);
     T.end(s, &StageTimes::loss);
     cublasHandle_t b = ctx_->blas;
@@ -321,7 +323,8 @@ class CudaStepBackend final : public StepBackend {
       gather(eval_idx_.p + r0, m);
       forward(m, bf16);
       ops::weighted_mse({.rows = m, .H = H_, .y = y_.p, .y_ref = yb_.p, .w = wb_.p, .inv_norm = d_.eval_inv_norm,
-                         .dy = nullptr, .row_loss = row_loss_.p},
+                         .dy = nullptr, .row_loss = row_loss_.p, .y_row_gamma = y_scale(bf16).first,
+                         .y_gamma = y_scale(bf16).second},
                         s);
       MOESQ_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_loss_.p, sizeof(double) * m, cudaMemcpyDeviceToHost, s));
       MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -375,28 +378,32 @@ class CudaStepBackend final : public StepBackend {
   // into uxb_, gxb_: a bf16 row of H values is moved as H/2 fp32 words; a padding row gets γ 0, which
   // ops/descale_rows maps to a zero row).
   void gather(const int64_t* idx, int64_t m) {
-    const cudaStream_t s = ctx_->stream;
-    ops::gather_f32({.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p}, s);
-    if (bf16_) {
-      ops::gather_f32({.src = reinterpret_cast<const float*>(uX_.p), .src_rows = d_.n, .C = H_ / 2, .idx = idx,
-                       .m = m, .out = reinterpret_cast<float*>(uxb_.p)},
-                      s);
-      ops::gather_f32({.src = gX_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = gxb_.p}, s);
-    }
-    ops::gather_f32({.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p}, s);
-    ops::gather_f32({.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p}, s);
+    ops::GatherF32Args g[5] = {
+        {.src = X_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = xb_.p},
+        {.src = Y_.p, .src_rows = d_.n, .C = H_, .idx = idx, .m = m, .out = yb_.p},
+        {.src = w_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = wb_.p},
+        {.src = reinterpret_cast<const float*>(uX_.p), .src_rows = d_.n, .C = H_ / 2, .idx = idx, .m = m,
+         .out = reinterpret_cast<float*>(uxb_.p)},
+        {.src = gX_.p, .src_rows = d_.n, .C = 1, .idx = idx, .m = m, .out = gxb_.p}};
+    ops::gather_f32(g, bf16_ ? 5 : 3, ctx_->stream);  // one launch
+  }
+
+  // After a bf16 forward, y_ holds the raw GEMM of the unscaled operands: the loss divides it by h's row
+  // γ and W̃_down's γ as it reads (weighted_mse's y_row_gamma / y_gamma); {null, null} otherwise.
+  std::pair<const float*, const float*> y_scale(bool bf16) const {
+    return bf16 ? std::pair<const float*, const float*>{gh_.p, gW_.p + 1} : std::pair<const float*, const float*>{};
   }
 
   // a|b = X·W̃_guᵀ, h = Q_a(silu(a)·b), Ŷ = h·W̃_downᵀ on the first m gathered rows; with bf16, both
-  // GEMMs over the unscaled operands, then the γ divided out.
+  // GEMMs over the unscaled operands, the γ divided out by the passes that read their outputs (the
+  // SwiGLU for a|b, the loss for Ŷ — ops/descale_rows.h's descale_value).
   void forward(int64_t m, bool bf16) {
     cublasHandle_t b = ctx_->blas;
     const cudaStream_t s = ctx_->stream;
     StageTimer& T = stage_timer();
     T.begin(s);
     if (bf16) {
-      gemm_bf16_nt(b, m, 2 * I_, H_, uxb_.p, uW_gu_.p, ab_.p);
-      ops::descale_rows({.x = ab_.p, .rows = m, .C = 2 * I_, .row_gamma = gxb_.p, .gamma = gW_.p}, s);
+      gemm_bf16_nt(b, m, 2 * I_, H_, uxb_.p, uW_gu_.p, ab_.p);  // descaled by the SwiGLU pass below
     } else {
       gemm_rm(b, false, true, m, 2 * I_, H_, xb_.p, H_, W_gu_.p, H_, ab_.p, 2 * I_);
     }
@@ -404,13 +411,14 @@ class CudaStepBackend final : public StepBackend {
     T.begin(s);
     ops::swiglu_train_forward({.rows = m, .I = I_, .ab = ab_.p, .h = h_.p, .quantize = true, .block = d_.act_block,
                                .nonfinite = flag_.p, .h_unscaled_bf16 = bf16 ? uh_.p : nullptr,
-                               .h_gamma = bf16 ? gh_.p : nullptr, .dh = nullptr, .dab = nullptr},
+                               .h_gamma = bf16 ? gh_.p : nullptr, .ab_row_gamma = bf16 ? gxb_.p : nullptr,
+                               .ab_gamma = bf16 ? gW_.p : nullptr, .ab_out = bf16 ? ab_.p : nullptr, .dh = nullptr,
+                               .dab = nullptr},
                               s);
     T.end(s, &StageTimes::swiglu);
     T.begin(s);
     if (bf16) {
-      gemm_bf16_nt(b, m, H_, I_, uh_.p, uW_d_.p, y_.p);
-      ops::descale_rows({.x = y_.p, .rows = m, .C = H_, .row_gamma = gh_.p, .gamma = gW_.p + 1}, s);
+      gemm_bf16_nt(b, m, H_, I_, uh_.p, uW_d_.p, y_.p);  // raw: the loss reads it descaled (y_scale)
     } else {
       gemm_rm(b, false, true, m, H_, I_, h_.p, I_, W_d_.p, I_, y_.p, H_);
     }

@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kThreads) descale_kernel(float* x, int64_t row
     float* row = x + r * C;
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; c < C;
          c += static_cast<int64_t>(gridDim.x) * kThreads)
-      row[c] = gr == 0.0f ? 0.0f : __fdiv_rn(__fdiv_rn(row[c], gr), g);
+      row[c] = descale_value(row[c], gr, g);  // IEEE divisions (no fast math in this build)
   }
 }
 

@@ -13,6 +13,15 @@
 
 namespace moesq::ops {
 
+// One value: (x / row_gamma) / gamma, or 0 for a padding row (row_gamma 0). Shared by the kernel, the
+// twin and the consumers that fuse the division into their own reads (swiglu_train, weighted_mse).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float descale_value(float x, float row_gamma, float gamma) {
+  return row_gamma == 0.0f ? 0.0f : (x / row_gamma) / gamma;
+}
+
 struct DescaleRowsArgs {
   float* x = nullptr;                // [rows, C] fp32, in place
   int64_t rows = 0, C = 0;

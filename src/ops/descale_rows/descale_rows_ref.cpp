@@ -15,7 +15,7 @@ void descale_rows_ref(const DescaleRowsArgs& a) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const float gr = a.row_gamma[r];
     float* row = a.x + r * a.C;
-    for (int64_t c = 0; c < a.C; ++c) row[c] = gr == 0.0f ? 0.0f : (row[c] / gr) / g;
+    for (int64_t c = 0; c < a.C; ++c) row[c] = descale_value(row[c], gr, g);
   }
 }
 

@@ -20,6 +20,9 @@ struct GatherF32Args {
 // Errors (moesq::Error): bad sizes, a null pointer; the twin also an index >= src_rows (the kernel
 // writes zeros for it).
 void gather_f32(const GatherF32Args& a, cudaStream_t stream);
+// n (1 to 8) gathers in ONE launch (a refinement step's X, its unscaled bf16 copy, γ, Y_ref and w by the
+// same batch indices): the same bytes as n single launches.
+void gather_f32(const GatherF32Args* a, int n, cudaStream_t stream);
 void gather_f32_check(const GatherF32Args& a);
 void gather_f32_ref(const GatherF32Args& a);
 

@@ -1,6 +1,7 @@
 // Kernels of the swiglu_train launchers (swiglu_train.h): elementwise over [rows, I]; the forward's
 // Q_a is the fake_quant launcher on the result.
 #include "core/cuda/check.cuh"
+#include "ops/descale_rows/descale_rows.h"
 #include "ops/fake_quant/fake_quant.h"
 #include "ops/swiglu_train/swiglu_train.h"
 
@@ -12,13 +13,22 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__global__ void __launch_bounds__(kThreads) forward_kernel(const float* ab, float* h, int64_t rows, int64_t I) {
+// row_gamma / gamma / ab_out: the fused descale (swiglu_train.h), null when ab is already descaled.
+__global__ void __launch_bounds__(kThreads) forward_kernel(const float* ab, float* h, int64_t rows, int64_t I,
+                                                           const float* row_gamma, const float* gamma, float* ab_out) {
   const int64_t n = rows * I;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t r = i / I, c = i % I;
-    const float x = ab[r * 2 * I + c];
-    h[i] = __fmul_rn(__fmul_rn(x, sigmoid_f(x)), ab[r * 2 * I + I + c]);
+    float x = ab[r * 2 * I + c], y = ab[r * 2 * I + I + c];
+    if (gamma) {
+      const float gr = row_gamma[r], g = *gamma;
+      x = descale_value(x, gr, g);
+      y = descale_value(y, gr, g);
+      ab_out[r * 2 * I + c] = x;
+      ab_out[r * 2 * I + I + c] = y;
+    }
+    h[i] = __fmul_rn(__fmul_rn(x, sigmoid_f(x)), y);
   }
 }
 
@@ -41,7 +51,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(
 void swiglu_train_forward(const SwigluTrainArgs& a, cudaStream_t stream) {
   swiglu_train_check(a, false);
   if (a.rows == 0) return;
-  forward_kernel<<<blocks_for(a.rows * a.I), kThreads, 0, stream>>>(a.ab, a.h, a.rows, a.I);
+  forward_kernel<<<blocks_for(a.rows * a.I), kThreads, 0, stream>>>(a.ab, a.h, a.rows, a.I, a.ab_row_gamma, a.ab_gamma,
+                                                                    a.ab_out);
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_train_forward");
   if (a.quantize)
     fake_quant({.x = a.h, .rows = a.rows, .K = a.I, .block = a.block, .per_row = true, .amax = nullptr,

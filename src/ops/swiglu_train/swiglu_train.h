@@ -21,6 +21,12 @@ struct SwigluTrainArgs {
   int32_t* nonfinite = nullptr; // [1] optional: set to 1 when h holds a NaN or an infinity
   uint16_t* h_unscaled_bf16 = nullptr;  // forward with quantize, optional: Q_a(h) before the division by
   float* h_gamma = nullptr;             // its row γ, as bf16 bits [rows, I], and the γ [rows] (fake_quant.h)
+  // Forward, optional, all three or none: ab is a raw GEMM output over unscaled NVFP4 operands; the
+  // forward reads a|b as ops::descale_value(ab, ab_row_gamma[r], *ab_gamma) (ops/descale_rows.h) and
+  // writes the descaled a|b to ab_out (may be ab itself) for the backward — the descale pass fused.
+  const float* ab_row_gamma = nullptr;
+  const float* ab_gamma = nullptr;
+  float* ab_out = nullptr;
   const float* dh = nullptr;    // backward in [rows, I]
   float* dab = nullptr;         // backward out [rows, 2I] da|db
 };

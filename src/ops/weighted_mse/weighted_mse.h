@@ -17,6 +17,10 @@ struct WeightedMseArgs {
   double inv_norm = 0.0;         // 1 / (Σ_batch w · H)
   float* dy = nullptr;           // [rows, H] out (may be null: loss only)
   double* row_loss = nullptr;    // [rows] out: w_i · Σ_o r² (may be null: gradient only)
+  // Optional, both or neither: y is a raw GEMM output over unscaled NVFP4 operands, read as
+  // ops::descale_value(y, y_row_gamma[i], *y_gamma) (ops/descale_rows.h) — the descale pass fused.
+  const float* y_row_gamma = nullptr;
+  const float* y_gamma = nullptr;
 };
 
 // Errors (moesq::Error): bad sizes, a null input, both outputs null.
