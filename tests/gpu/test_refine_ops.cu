@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cuda/check.cuh"
@@ -605,6 +606,41 @@ TEST(SwigluTrainGpu, ForwardMatchesRef) {
   int32_t flag = 0;
   swiglu_forward_gpu(n, true, 32, &flag);
   EXPECT_EQ(flag, 1);
+}
+
+// The forward with Q_a in one launch (SwiGLU into shared memory, then the row's Q_a) against the two
+// passes it replaces (SwiGLU without Q_a, then fake_quant per row): the same bits, with the unscaled
+// outputs and the fused descale, over widths that are and are not multiples of the CTA.
+TEST(SwigluTrainGpu, ForwardWithQaInOneLaunchIsTheTwoPasses) {
+  for (const int64_t I : {32, 96, 768, 2048})
+    for (const int block : {16, 32})
+      for (const bool descale : {false, true}) {
+        const int64_t rows = 37;
+        const auto ab = normal(rows * 2 * I, descale ? 2000.0f : 2.0f, I + block);
+        std::vector<float> rg(rows, 700.0f), gw{1500.0f};
+        rg[3] = 0.0f;
+        DevBuf<float> d_ab(ab), d_ab2(ab), d_h(rows * I), d_h2(rows * I), d_rg(rg), d_g(gw), d_gam(rows), d_gam2(rows);
+        DevBuf<uint16_t> d_u(rows * I), d_u2(rows * I);
+        DevBuf<int32_t> d_f(std::vector<int32_t>{0}), d_f2(std::vector<int32_t>{0});
+        if (descale) descale_rows({.x = d_ab.p, .rows = rows, .C = 2 * I, .row_gamma = d_rg.p, .gamma = d_g.p}, nullptr);
+        swiglu_train_forward({.rows = rows, .I = I, .ab = d_ab.p, .h = d_h.p, .quantize = false, .block = block}, nullptr);
+        fake_quant({.x = d_h.p, .rows = rows, .K = I, .block = block, .per_row = true, .amax = nullptr,
+                    .nonfinite = d_f.p, .unscaled_bf16 = d_u.p, .gamma = d_gam.p},
+                   nullptr);
+        swiglu_train_forward({.rows = rows, .I = I, .ab = d_ab2.p, .h = d_h2.p, .quantize = true, .block = block,
+                              .nonfinite = d_f2.p, .h_unscaled_bf16 = d_u2.p, .h_gamma = d_gam2.p,
+                              .ab_row_gamma = descale ? d_rg.p : nullptr, .ab_gamma = descale ? d_g.p : nullptr,
+                              .ab_out = descale ? d_ab2.p : nullptr},
+                             nullptr);
+        MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::string what = "I=" + std::to_string(I) + " block=" + std::to_string(block) + " descale=" +
+                                 std::to_string(descale);
+        EXPECT_EQ(first_diff(d_h.download(), d_h2.download()), -1) << what;
+        EXPECT_EQ(first_diff(d_u.download(), d_u2.download()), -1) << what;
+        EXPECT_EQ(first_diff(d_gam.download(), d_gam2.download()), -1) << what;
+        EXPECT_EQ(first_diff(d_ab.download(), d_ab2.download()), -1) << what;
+        EXPECT_EQ(d_f2.download()[0], 0) << what;
+      }
 }
 
 TEST(SwigluTrainGpu, BackwardMatchesRefWithinTolerance) {

@@ -10,6 +10,7 @@
 #include "core/cuda/check.cuh"
 #include "ops/common/nvfp4_row.cuh"
 #include "ops/fake_quant/fake_quant.h"
+#include "ops/fake_quant/fake_quant_device.cuh"
 
 namespace moesq::ops {
 
@@ -17,30 +18,13 @@ namespace {
 
 using detail::e2m1_decode;
 using detail::e2m1_encode;
+using detail::fake_quant_value;
+using detail::flag_nonfinite;
+using detail::tensor_scale;
 using detail::ue4m3_decode;
 using detail::ue4m3_encode;
 
 constexpr int kThreads = 256;
-
-// γ of Eq. 5 from an amax (format::nvfp4_tensor_scale).
-__device__ __forceinline__ float tensor_scale(float amax) {
-  if (!(amax > 0.0f)) return 1.0f;
-  const float g = 2688.0f / amax;
-  return isfinite(g) ? g : 1.0f;
-}
-
-// Fake-quantizes value v whose `block`-lane group (aligned in the warp) shares one code under γ;
-// *unscaled = dec(q)·s (the value before the division by γ: exact in bf16).
-__device__ __forceinline__ float fake_quant_value(float v, float gamma, int block, float* unscaled) {
-  float bmax = fabsf(v);
-  for (int o = block / 2; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
-  const float s = ue4m3_decode(ue4m3_encode(gamma * bmax / 6.0f));
-  *unscaled = 0.0f;
-  if (!(s > 0.0f)) return 0.0f;
-  const float mult = gamma / s;
-  *unscaled = e2m1_decode(e2m1_encode(v * mult)) * s;
-  return *unscaled / gamma;
-}
 
 // Four unscaled values as bf16 (exact: ≤ 6 significant bits) in one 8-byte store.
 __device__ __forceinline__ void store_bf16x4(uint16_t* out, float4 u) {
@@ -49,10 +33,6 @@ __device__ __forceinline__ void store_bf16x4(uint16_t* out, float4 u) {
   packed.x = *reinterpret_cast<const uint32_t*>(&lo);
   packed.y = *reinterpret_cast<const uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(out) = packed;
-}
-
-__device__ __forceinline__ void flag_nonfinite(float v, int32_t* nonfinite) {
-  if (nonfinite && !isfinite(v)) *nonfinite = 1;
 }
 
 __global__ void __launch_bounds__(kThreads) amax_kernel(const float* x, int64_t n, float* amax, int32_t* nonfinite) {
@@ -112,26 +92,9 @@ __global__ void __launch_bounds__(kThreads) row_quant_kernel(float* x, int64_t K
                                                              uint16_t* unscaled_bf16, float* gamma_out) {
   __shared__ float s_red[32];
   float* row = x + static_cast<int64_t>(blockIdx.x) * K;
-  __nv_bfloat16* urow =
-      unscaled_bf16 ? reinterpret_cast<__nv_bfloat16*>(unscaled_bf16) + static_cast<int64_t>(blockIdx.x) * K : nullptr;
-  float m = 0.0f;
-  for (int64_t k = threadIdx.x; k < K; k += kThreads) {
-    flag_nonfinite(row[k], nonfinite);
-    m = fmaxf(m, fabsf(row[k]));
-  }
-  const float gamma = tensor_scale(detail::block_max(m, s_red));
-  if (gamma_out && threadIdx.x == 0) gamma_out[blockIdx.x] = gamma;
-  // K % 32 == 0 is not guaranteed for block 16: pad the loop to whole warps, lanes past K idle.
-  const int64_t K_warps = (K + 31) / 32 * 32;
-  for (int64_t k = threadIdx.x; k < K_warps; k += kThreads) {
-    const float v = k < K ? row[k] : 0.0f;
-    float u;
-    const float q = fake_quant_value(v, gamma, block, &u);
-    if (k < K) {
-      row[k] = q;
-      if (urow) urow[k] = __float2bfloat16_rn(u);
-    }
-  }
+  detail::quantize_row_q_a(row, row, K, block, nonfinite,
+                           unscaled_bf16 ? unscaled_bf16 + static_cast<int64_t>(blockIdx.x) * K : nullptr,
+                           gamma_out ? gamma_out + blockIdx.x : nullptr, s_red);
 }
 
 }  // namespace
