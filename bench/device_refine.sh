@@ -136,12 +136,13 @@ if has schedule_layer; then
     --cpu-experts 0 --out "$O/bench_compress_schedule.json" > "$W/schedule_layer.log" 2>&1
   log "bench_compress_layer schedules rc=$?"; sed 's/^/  /' "$W/schedule_layer.log" | tee -a "$S"
 fi
-# schedule_arms TAG CALIB_FLAGS...: SGPTQ and every arm x seeds 0, 1 on the GPU, then their held-out nats.
+# schedule_arms TAG CALIB_FLAGS...: SGPTQ and every arm x seeds (SEEDS, default "0 1") on the GPU, then their
+# held-out nats. SCHED_SG=0 skips the SGPTQ run (its nats are in docs/RESULTS.md).
 schedule_arms() {
   local tag=$1; shift
-  compress sg_$tag --method sgptq "$@" --device cuda
-  local runs="sg_$tag"
-  for arm in $ARMS; do for seed in 0 1; do
+  local runs=""
+  if [ "${SCHED_SG:-1}" = 1 ]; then compress sg_$tag --method sgptq "$@" --device cuda; runs="sg_$tag"; fi
+  for arm in $ARMS; do for seed in ${SEEDS:-0 1}; do
     local name=${arm%%:*}_${tag}_s$seed flags=${arm#*:}
     compress $name --method moesq "$@" --device cuda --seed $seed ${flags//,/ }
     runs="$runs $name"
@@ -149,12 +150,12 @@ schedule_arms() {
   for r in $runs; do evaluate $r; done
 }
 if has schedule_calib; then
-  evaluate bf16
-  schedule_arms calib --calib "$ROOT/$CORPUS"/* --calib-split train
+  [ "${SCHED_SG:-1}" = 1 ] && evaluate bf16
+  SEEDS=${SEEDS_CALIB:-${SEEDS:-0 1}} schedule_arms calib --calib "$ROOT/$CORPUS"/* --calib-split train
   log "schedule_calib $(( $(date +%s) - t0 )) s"
 fi
 if has schedule_df; then
-  schedule_arms df
+  SEEDS=${SEEDS_DF:-${SEEDS:-0 1}} schedule_arms df
   log "schedule_df $(( $(date +%s) - t0 )) s"
 fi
 if has tokens8x; then  # time per layer at 1x and 8x the rows (16 experts; the layer-wide arm and the default)

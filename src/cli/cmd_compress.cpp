@@ -111,9 +111,10 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
   opt.expert_device = compress::expert_device_cuda();
   opt.layer_device = compress::layer_device_cuda();
   if (opt.method->refines) opt.refine.device = compress::refine::make_cuda_step_backend;
-  // The default precision: fp32 forward, TF32 gradients (the fixture's held-out nats as fp32's within
-  // seed noise, 12 % faster at Qwen3-30B-A3B shapes; bench/NOTES.md "GPU compression v4").
-  if (gpu_gemm.empty() && opt.method->refines) opt.refine.tf32_backward = true;
+  // The default precision: bf16-forward (the forward GEMMs on bf16 tensor cores over the exact NVFP4
+  // operands, TF32 gradients): a Qwen3-30B-A3B layer 14.1 s against tf32-backward's 19.2 s, the fixture's
+  // held-out nats within seed noise of it over 8 runs (bench/NOTES.md "GPU compression v5").
+  if (gpu_gemm.empty() && opt.method->refines) compress::set_gpu_gemm(opt.refine, "bf16-forward");
 #else
   (void)gpu_gemm;
   MOESQ_CHECK(flag != "cuda", "--device cuda: this moesq was built without CUDA (use --device cpu)");

@@ -86,13 +86,13 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                     "on an H200 instead of 23.3 s, closing ~2 points less of the SGPTQ gap on the fixture")
       ->check(kNonNegative);
   g->add_option("--gpu-gemm", f.gpu_gemm,
-                "precision of the refinement's GEMMs on the GPU (docs/RESULTS.md): tf32-backward (the default: the\n"
-                "two forward GEMMs fp32, the three gradient GEMMs on TF32 tensor cores; the fixture's held-out\n"
-                "nats as fp32's within seed noise, 12 % faster per Qwen3-30B-A3B layer) | fp32 (as the CPU) |\n"
-                "tf32 (all five on TF32: 10-bit mantissa inputs, fp32 accumulation; 1.44x faster than fp32,\n"
-                "~1 point less of the SGPTQ gap closed) | bf16-forward (the gradients as tf32-backward; the two\n"
-                "forward GEMMs on bf16 tensor cores over the unscaled NVFP4 operands, which bf16 holds exactly:\n"
-                "every product exact, fp32 sums, the tensor scales divided out after)")
+                "precision of the refinement's GEMMs on the GPU (bench/NOTES.md \"GPU compression v5\"):\n"
+                "bf16-forward (the default: the two forward GEMMs on bf16 tensor cores over the unscaled NVFP4\n"
+                "operands, which bf16 holds exactly, so every product is exact and the sums fp32; the three\n"
+                "gradient GEMMs on TF32; a Qwen3-30B-A3B layer in 14.1 s on an H200, the fixture's held-out nats\n"
+                "within seed noise of tf32-backward's) | tf32-backward (forward GEMMs fp32, gradients TF32; 19.2 s)\n"
+                "| fp32 (as the CPU) | tf32 (all five on TF32: 10-bit mantissa inputs; ~1 point less of the SGPTQ\n"
+                "gap closed)")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(compress::kGpuGemmModes),
                                                      std::end(compress::kGpuGemmModes))));
   auto* b = cmd->add_option_group("baselines (--method jsq | obr)");

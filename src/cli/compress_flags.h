@@ -51,7 +51,7 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files =
 // --device auto|cpu|cuda of `compress` and `bench compress` → opt.device and the GPU solvers (cuda when
 // asked, or for auto when this build has CUDA, a GPU is present, the method has a GPU path and the
 // experts are plain SwiGLU). A GPU refinement without --gpu-gemm (gpu_gemm "") gets the default
-// precision, tf32-backward (RefineOptions::tf32_backward). Errors name the flag: cuda without CUDA or a
+// precision, bf16-forward (RefineOptions::bf16_forward + tf32_backward). Errors name the flag: cuda without CUDA or a
 // GPU, a CPU-only method, experts the GPU does not implement. (cmd_compress.cpp)
 void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress::CompressOptions& opt,
                     const std::string& gpu_gemm);

@@ -423,6 +423,13 @@ TEST_F(CliCompress, DeviceFlagErrorsNameWhatCannotRunOnTheGpu) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--gpu-gemm tf32-backward applies to the refinement on the GPU"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
+  r = run("compress " + model_ + " --method moesq --device cpu --gpu-gemm bf16-forward --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--gpu-gemm bf16-forward applies to the refinement on the GPU"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run("compress " + model_ + " --method moesq --device cpu --gpu-gemm bf16 --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--gpu-gemm"), std::string::npos) << r.err;
   r = run("compress " + model_ + " --method moesq --device tpu --out " + out);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
