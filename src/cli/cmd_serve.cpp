@@ -1,6 +1,6 @@
 // `moesq serve (DIR | --synthetic MODEL [--layers L] [--seed S]) [--device cpu|cuda] [--experts B]
-// [--host H] [--port P] [--max-num-seqs N] [--max-model-len T] [--max-queue N] [--deterministic on|off]
-// [--chat-template FILE]`: an OpenAI-compatible HTTP server (serve/http_server.h) with continuous
+// [--host H] [--port P] [--max-num-seqs N] [--max-model-len T] [--max-num-batched-tokens T]
+// [--max-queue N] [--deterministic on|off] [--chat-template FILE]`: an OpenAI-compatible HTTP server (serve/http_server.h) with continuous
 // batching over the decode backend (serve/scheduler.h). --synthetic serves the GPU engine of
 // `moesq bench e2e --synthetic` (weights drawn on the GPU from --seed, no checkpoint): no tokenizer,
 // so completions take token-id prompts and answer ids (docs/SERVE.md). SIGTERM / SIGINT stop
@@ -48,6 +48,7 @@ struct ServeArgs {
   int max_num_seqs = 16;
   int64_t max_model_len = 0;  // 0: min(max_position_embeddings, 4096); synthetic: kSyntheticMaxLen
   int64_t max_queue = 256;
+  int64_t max_batched = 0;    // --max-num-batched-tokens: tokens per prefill forward (GPU); 0: kDefaultBatchedTokens
   int64_t layers = 0;         // --synthetic: decoder layers (0 = all)
   uint64_t seed = 1;          // --synthetic: weight seed
   bool layers_given = false, seed_given = false;
@@ -57,6 +58,15 @@ struct ServeArgs {
 // --max-model-len of a synthetic server: the prefill workload of `bench serve` (4,096 in + 1 out)
 // and the reference workload (1,024 + 256) fit, with room.
 constexpr int64_t kSyntheticMaxLen = 4096 + 256;
+// Default --max-num-batched-tokens (vLLM's default for online serving), raised to --max-model-len.
+constexpr int64_t kDefaultBatchedTokens = 8192;
+
+// The GPU engine's tokens per forward: the prompts admitted in one step are prefilled together up to
+// --max-num-batched-tokens; a forward must also hold a whole prompt and a decode of every slot.
+int64_t engine_max_tokens(const ServeArgs& a, int64_t max_len) {
+  const int64_t batched = a.max_batched > 0 ? a.max_batched : kDefaultBatchedTokens;
+  return std::max({batched, max_len, static_cast<int64_t>(a.max_num_seqs)});
+}
 
 // What the server runs: a checkpoint (its tokenizer, the CPU model or the GPU engine) or a synthetic
 // GPU engine (no tokenizer). Filled in place: the engine and model are not movable.
@@ -133,7 +143,7 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
     eo.deterministic = a.deterministic == "on";
     eo.check_finite = a.check_finite;
     // A forward holds one whole prompt (prefill) or one token of every slot (decode).
-    eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = std::max<int64_t>(m.max_len, a.max_num_seqs);
+    eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = engine_max_tokens(a, m.max_len);
     runtime::Engine& eng = m.eng.emplace(ckpt, eo);
     m.backend_name = runtime::expert_backend_name(eng.backend());
     m.kv_bytes = static_cast<double>(eng.kv_bytes());
@@ -144,6 +154,8 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
+    MOESQ_CHECK(a.max_batched == 0, "--max-num-batched-tokens applies to --device cuda only (the CPU backend "
+                "prefills one prompt at a time)");
     const model::DecoderModel& cm = m.cpu_model.emplace(ckpt);
     m.kv_bytes = static_cast<double>(model::KvDecoder::cache_bytes(cm, m.max_len)) * a.max_num_seqs;
     m.backend = std::make_unique<runtime::CpuDecodeBackend>(cm, m.max_len, a.max_num_seqs, cm.default_forward_options());
@@ -166,7 +178,7 @@ void open_synthetic(const ServeArgs& a, ServedModel& m) {
   runtime::EngineOptions eo;
   eo.deterministic = a.deterministic == "on";
   eo.check_finite = a.check_finite;
-  eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = std::max<int64_t>(m.max_len, a.max_num_seqs);
+  eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = engine_max_tokens(a, m.max_len);
   progress("serve", "building " + std::string(runtime::expert_backend_name(backend)) + " " + m.name);
   runtime::Engine& eng = m.eng.emplace(spec, backend, a.seed, eo);
   m.backend_name = runtime::expert_backend_name(eng.backend());
@@ -187,6 +199,8 @@ void run_serve(const ServeArgs& a) {
   MOESQ_CHECK(a.port >= 0 && a.port <= 65535, "--port: ", a.port, " is not in [0, 65535]");
   MOESQ_CHECK(a.max_num_seqs >= 1, "--max-num-seqs: ", a.max_num_seqs, " must be >= 1");
   MOESQ_CHECK(a.max_queue >= 0, "--max-queue: ", a.max_queue, " must be >= 0");
+  MOESQ_CHECK(a.max_batched >= 0 && a.max_batched <= (int64_t(1) << 20), "--max-num-batched-tokens: ", a.max_batched,
+              " is not in [0, 1048576]");
   ServedModel m;
   serve::ServeContext ctx;
   if (a.synthetic.empty()) open_checkpoint(a, m, ctx);
@@ -205,6 +219,8 @@ void run_serve(const ServeArgs& a) {
                m.name.c_str(), m.detail.c_str(), a.device.c_str(), m.backend_name.c_str(), a.max_num_seqs,
                static_cast<long long>(max_len) * a.max_num_seqs, a.max_num_seqs, static_cast<long long>(max_len));
   if (m.kv_bytes > 0) std::fprintf(stderr, ", %.3g MiB", m.kv_bytes / 1048576.0);
+  if (m.backend->max_prefill_tokens() > 0)
+    std::fprintf(stderr, ", prefill batches of up to %lld tokens", static_cast<long long>(m.backend->max_prefill_tokens()));
   const char* tail = !ctx.tokenizer      ? ", no tokenizer: token-id prompts only, no chat"
                      : !ctx.chat_template ? ", no chat template"
                                           : "";
@@ -246,6 +262,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-num-seqs", args->max_num_seqs, "KV slots: sequences decoded together")->capture_default_str();
   cmd->add_option("--max-model-len", args->max_model_len,
                   "tokens per slot (prompt + max_tokens); 0 = min(max_position_embeddings, 4096), --synthetic: 4352")
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", args->max_batched,
+                  "GPU engine: the prompts admitted in one step are prefilled together in forwards of up to this many "
+                  "tokens (raised to --max-model-len and --max-num-seqs); 0 = 8192. More: fewer, larger prefill "
+                  "forwards, and more GPU memory for activations")
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "requests that may wait for a slot; more get HTTP 503")
       ->capture_default_str();

@@ -3,7 +3,37 @@
 
 #include "core/error.h"
 
+#include <algorithm>
+
 namespace moesq::runtime {
+
+std::vector<float> DecodeBackend::prefill_batch(const std::vector<int32_t>& slots,
+                                                const std::vector<std::vector<int32_t>>& prompts) {
+  MOESQ_CHECK(slots.size() == prompts.size(), "decode backend: ", slots.size(), " slots for ", prompts.size(),
+              " prompts");
+  std::vector<float> out;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::vector<float> z = prefill(slots[i], prompts[i]);
+    out.insert(out.end(), z.begin(), z.end());
+  }
+  return out;
+}
+
+std::vector<int32_t> DecodeBackend::decode_greedy(const std::vector<int32_t>& slots,
+                                                  const std::vector<int32_t>& tokens) {
+  return greedy_rows(decode(slots, tokens), vocab_size());
+}
+
+std::vector<int32_t> greedy_rows(const std::vector<float>& logits, int64_t V) {
+  MOESQ_CHECK(V >= 1 && static_cast<int64_t>(logits.size()) % V == 0, "greedy_rows: ", logits.size(),
+              " logits are not rows of ", V);
+  std::vector<int32_t> ids(logits.size() / static_cast<size_t>(V));
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const float* z = logits.data() + r * static_cast<size_t>(V);
+    ids[r] = static_cast<int32_t>(std::max_element(z, z + V) - z);
+  }
+  return ids;
+}
 
 CpuDecodeBackend::CpuDecodeBackend(const model::DecoderModel& m, int64_t max_len, int num_slots,
                                    const model::ForwardOptions& fo)

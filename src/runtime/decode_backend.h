@@ -23,7 +23,25 @@ class DecodeBackend {
   // Appends tokens[b] to slots[b] (distinct live slots, any order); returns logits [B, V], row b for
   // slots[b]. Errors: a slot out of range, repeated or full.
   virtual std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) = 0;
+
+  // Starts prompts[i] in slots[i] (distinct slots, non-empty prompts) and returns logits [n, V], row i
+  // for slots[i], each row bitwise what prefill(slots[i], prompts[i]) alone returns (the scheduler's
+  // determinism rests on it). The GPU engine packs the prompts into forwards of at most
+  // max_prefill_tokens() tokens; this default runs prefill() once per prompt. Errors: prefill's; on an
+  // error no slot is left half-started in a way a later prefill of it would notice.
+  virtual std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
+                                           const std::vector<std::vector<int32_t>>& prompts);
+  // decode(), returning only each row's greedy next token: argmax of the row's logits, lowest id on
+  // ties — the token runtime::Sampler picks at temperature 0 — so no [B, V] logits cross to the host
+  // (the GPU engine takes the argmax on the device). Default: decode() then the argmax here.
+  virtual std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens);
+  // Tokens one prefill forward may carry (0: no limit): prompts longer than this are still prefilled,
+  // alone; prefill_batch groups shorter ones up to it.
+  virtual int64_t max_prefill_tokens() const { return 0; }
 };
+
+// The argmax of each [V] row of `logits` ([rows, V]), lowest id on ties (std::max_element's first).
+std::vector<int32_t> greedy_rows(const std::vector<float>& logits, int64_t V);
 
 // The CPU backend: one model::KvDecoder of max_len tokens per slot, all allocated at construction
 // (so a std::bad_alloc comes from the constructor, sized by KvDecoder::cache_bytes per slot). Decode

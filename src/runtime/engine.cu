@@ -361,6 +361,7 @@ bool Engine::act_quant() const { return impl_->host.act_quant; }
 int Engine::act_block() const { return impl_->host.act_block; }
 int Engine::max_seqs() const { return impl_->max_seqs; }
 int64_t Engine::max_len() const { return impl_->max_len; }
+int64_t Engine::max_tokens() const { return impl_->max_tokens; }
 size_t Engine::weight_bytes() const { return impl_->weight_bytes; }
 size_t Engine::kv_bytes() const { return impl_->kv_bytes; }
 void Engine::set_timing(bool on) { impl_->timing = on; }

@@ -68,6 +68,7 @@ class Engine {
   int act_block() const;
   int max_seqs() const;
   int64_t max_len() const;
+  int64_t max_tokens() const;  // tokens one forward may carry (EngineOptions::max_tokens as resolved)
 
   // Appends each chunk to its slot; returns fp32 logits [Σ tokens, V] (all_logits) or [chunks, V]
   // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens; with

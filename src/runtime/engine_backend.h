@@ -1,6 +1,10 @@
 // The GPU engine behind the decode seam (decode_backend.h): slot s is the engine's KV slot s; a
-// prefill is Engine::forward of one chunk into the emptied slot, a decode step Engine::decode over
-// the given slots (one CUDA graph per batch size, any slots). CUDA builds only (engine.h's engine).
+// prefill is Engine::forward of one chunk into the emptied slot (prefill_batch: several chunks per
+// forward, up to the engine's max_tokens), a decode step Engine::decode over the given slots (one CUDA
+// graph per batch size, any slots; decode_greedy: the argmax on the GPU). CUDA builds only.
+// Batched prefill returns each prompt's bits alone only where the engine is batch-invariant: in its
+// deterministic mode (engine.h); with --deterministic off the q|k|v / o_proj / router / lm_head GEMMs
+// may pick another cuBLAS algorithm for another T.
 #pragma once
 #include "runtime/decode_backend.h"
 #include "runtime/engine.h"
@@ -12,12 +16,18 @@ class EngineDecodeBackend final : public DecodeBackend {
   explicit EngineDecodeBackend(Engine& eng) : eng_(eng) {}
   int64_t vocab_size() const override { return eng_.spec().vocab_size; }
   int num_slots() const override { return eng_.max_seqs(); }
+  int64_t max_prefill_tokens() const override { return eng_.max_tokens(); }
   std::vector<float> prefill(int slot, const std::vector<int32_t>& prompt) override {
     eng_.reset(slot);
     return eng_.forward({{slot, prompt}}, false);
   }
+  std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
+                                   const std::vector<std::vector<int32_t>>& prompts) override;
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
     return eng_.decode(slots, tokens);
+  }
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
+    return eng_.decode_greedy(slots, tokens);
   }
 
  private:

@@ -20,6 +20,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplerOptions& opt);  // Error: check_sampler_options
   int32_t next(const float* logits, int64_t V);  // logits [V]
+  // temperature 0: next() is the argmax and draws nothing from the generator (runtime::greedy_rows).
+  bool greedy() const { return opt_.temperature == 0.0f; }
 
  private:
   SamplerOptions opt_;

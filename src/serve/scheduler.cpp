@@ -116,24 +116,50 @@ void Scheduler::loop() {
   }
 }
 
-// Prefills each admitted request into a free slot (its first token is sampled by the next step).
+// Prefills the admitted requests into free slots, all in one prefill_batch (their first tokens are
+// sampled by the next step). When the batch fails, each request is prefilled alone, so that only the
+// one at fault ends with the error.
 void Scheduler::admit(std::vector<Waiting>& batch) {
+  std::vector<Running> fresh;
+  std::vector<int32_t> slots;
+  std::vector<std::vector<int32_t>> prompts;
   for (Waiting& w : batch) {
-    const auto free_slot = std::find(slot_busy_.begin(), slot_busy_.end(), 0);
-    const int slot = static_cast<int>(free_slot - slot_busy_.begin());
-    Running r{slot, runtime::Sampler(w.req.sampling), w.req.stop, w.stream, {}, 0, w.arrival, w.arrival};
+    Running r{-1, runtime::Sampler(w.req.sampling), w.req.stop, w.stream, {}, -1, 0, w.arrival, w.arrival};
     if (w.stream->cancelled()) {
       end_unslotted(r, "cancelled");
       continue;
     }
-    try {
-      r.logits = backend_.prefill(slot, w.req.prompt);
-    } catch (const std::exception& e) {
-      end_unslotted(r, "error", e.what());
-      continue;
+    const auto free_slot = std::find(slot_busy_.begin(), slot_busy_.end(), 0);
+    r.slot = static_cast<int>(free_slot - slot_busy_.begin());
+    slot_busy_[r.slot] = 1;  // taken for this batch; given back below if its prefill fails
+    slots.push_back(r.slot);
+    prompts.push_back(std::move(w.req.prompt));
+    fresh.push_back(std::move(r));
+  }
+  if (fresh.empty()) return;
+  const int64_t V = backend_.vocab_size();
+  std::vector<float> z;
+  try {
+    z = backend_.prefill_batch(slots, prompts);
+    MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(fresh.size()) * V, "scheduler: the backend ",
+                "returned ", z.size(), " prefill logits for ", fresh.size(), " prompts of ", V);
+  } catch (const std::exception&) {
+    z.clear();
+  }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Running& r = fresh[i];
+    if (!z.empty()) {
+      r.logits.assign(z.begin() + static_cast<int64_t>(i) * V, z.begin() + static_cast<int64_t>(i + 1) * V);
+    } else {
+      try {
+        r.logits = backend_.prefill(r.slot, prompts[i]);
+      } catch (const std::exception& e) {
+        slot_busy_[r.slot] = 0;
+        end_unslotted(r, "error", e.what());
+        continue;
+      }
     }
-    metrics_.add_prompt_tokens(static_cast<int64_t>(w.req.prompt.size()));
-    slot_busy_[slot] = 1;
+    metrics_.add_prompt_tokens(static_cast<int64_t>(prompts[i].size()));
     running_.push_back(std::move(r));
   }
 }
@@ -170,7 +196,8 @@ void Scheduler::step() {
       end(r, "cancelled"), gone[i] = 1;
       continue;
     }
-    const int32_t t = r.sampler.next(r.logits.data(), V);
+    const int32_t t = r.next_id >= 0 ? r.next_id : r.sampler.next(r.logits.data(), V);
+    r.next_id = -1;
     const auto now = Clock::now();
     if (r.generated == 0)
       metrics_.ttft_s.observe(std::chrono::duration<double>(now - r.arrival).count());
@@ -188,7 +215,21 @@ void Scheduler::step() {
       slots.push_back(r.slot), tokens.push_back(t), cont.push_back(i);
     }
   }
-  if (!cont.empty()) {
+  const bool all_greedy = std::all_of(cont.begin(), cont.end(), [&](size_t i) { return running_[i].sampler.greedy(); });
+  if (!cont.empty() && all_greedy) {
+    try {
+      const std::vector<int32_t> ids = backend_.decode_greedy(slots, tokens);
+      MOESQ_CHECK(ids.size() == cont.size(), "scheduler: the backend returned ", ids.size(), " greedy tokens for ",
+                  cont.size(), " rows");
+      for (size_t b = 0; b < cont.size(); ++b) {
+        MOESQ_CHECK(ids[b] >= 0 && ids[b] < V, "scheduler: the backend's greedy token ", ids[b], " is outside [0, ", V, ")");
+        running_[cont[b]].next_id = ids[b];
+        running_[cont[b]].logits.clear();
+      }
+    } catch (const std::exception& e) {
+      for (size_t i : cont) end(running_[i], "error", e.what()), gone[i] = 1;
+    }
+  } else if (!cont.empty()) {
     try {
       const std::vector<float> z = backend_.decode(slots, tokens);
       MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(cont.size()) * V, "scheduler: the backend returned ",

@@ -1,12 +1,16 @@
 // Continuous batching for `moesq serve`: requests from any thread, ONE engine thread that owns the
-// runtime::DecodeBackend. Every step it admits waiting requests into free KV slots (a whole-prompt
-// prefill each), then, for every running sequence, samples the next token from that sequence's own
-// runtime::Sampler, applies the stop conditions and sends the rest through one batched decode.
+// runtime::DecodeBackend. Every step it admits waiting requests into free KV slots (their whole prompts
+// in one DecodeBackend::prefill_batch, which the GPU engine packs into forwards of up to
+// --max-num-batched-tokens), then, for every running sequence, samples the next token from that
+// sequence's own runtime::Sampler, applies the stop conditions and sends the rest through one batched
+// decode — DecodeBackend::decode_greedy when every sequence going on is greedy (the argmax on the GPU,
+// no [B, V] logits to the host), else decode() and the samplers on the host.
 // The non-obvious decision: the per-sequence order is exactly runtime::Generator's (prefill; then
 // sample, stop?, decode), so a request's tokens equal Generator::generate of that request alone on
-// the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs.
-// Not built: chunked prefill beside decode, a paged KV cache (each slot holds max_len tokens), and
-// preemption (a request waits until a slot is free).
+// the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs: a batched
+// prefill row is bitwise the prompt's prefill alone there, and a greedy sampler's token is the argmax.
+// Not built: chunked prefill (a prompt is prefilled whole, between decode steps), a paged KV cache
+// (each slot holds max_len tokens), and preemption (a request waits until a slot is free).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -98,7 +102,8 @@ class Scheduler {
     runtime::Sampler sampler;
     runtime::StopOptions stop;
     std::shared_ptr<Stream> stream;
-    std::vector<float> logits;  // [V] for the next token
+    std::vector<float> logits;  // [V] for the next token, or empty when next_id holds it
+    int32_t next_id = -1;       // >= 0: the next token, chosen by decode_greedy (a greedy sampler)
     int64_t generated = 0;
     std::chrono::steady_clock::time_point arrival, last_token;
   };

@@ -283,6 +283,39 @@ TEST(Engine, GeneratorMatchesPlainLoop) {
   EXPECT_EQ(gen.output(ib), want_b);
 }
 
+// The serving seam (EngineDecodeBackend): prefill_batch packs prompts into forwards of at most
+// max_tokens (here 3 forwards for 5 prompts) and each row is BITWISE the prompt's prefill alone;
+// decode_greedy's ids are greedy_rows of decode()'s logits (argmax on the GPU = on the host).
+TEST(Engine, BackendPrefillBatchIsPrefillAloneAndDecodeGreedyIsTheArgmax) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_seqs = 5, opt.max_len = 64, opt.max_tokens = 64;
+  runtime::Engine eng(ckpt, opt);
+  runtime::EngineDecodeBackend dec(eng);
+  const int64_t V = eng.spec().vocab_size;
+  std::vector<int32_t> slots = {3, 0, 4, 1, 2};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(text_tokens(9 + 11 * i, 40 + i));  // 9 .. 53 tokens
+  std::vector<float> alone;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<float> z = dec.prefill(0, prompts[i]);
+    alone.insert(alone.end(), z.begin(), z.end());
+  }
+  eng.reset();
+  const std::vector<float> batch = dec.prefill_batch(slots, prompts);
+  ASSERT_EQ(batch.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i)
+    ASSERT_EQ(bits(batch[i]), bits(alone[i])) << "prompt " << i / V << " logit " << i % V;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(eng.length(slots[i]), static_cast<int64_t>(prompts[i].size())) << i;
+  const std::vector<int32_t> toks = runtime::greedy_rows(batch, V);
+  // The same step twice: from copies of the slots' state is not possible, so compare the greedy ids of
+  // one decode with the argmax of the logits of the same step replayed after re-prefilling.
+  const std::vector<int32_t> ids = dec.decode_greedy(slots, toks);
+  eng.reset();
+  (void)dec.prefill_batch(slots, prompts);
+  EXPECT_EQ(ids, runtime::greedy_rows(dec.decode(slots, toks), V));
+}
+
 TEST(Engine, DeterministicBatchInvarianceBf16) { check_batch_invariance(tiny(), runtime::ExpertBackend::kBf16); }
 
 TEST(Engine, DeterministicBatchInvarianceSparse) {

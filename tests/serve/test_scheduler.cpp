@@ -3,6 +3,10 @@
 // equal to Generator::generate of that request alone; stop ids, cancel, queue full, drain.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "io/checkpoint.h"
@@ -146,4 +150,131 @@ TEST(Scheduler, ShutdownDrainFinishesInFlightThenRefuses) {
     EXPECT_EQ(c.tokens.size(), static_cast<size_t>(request(i).stop.max_new_tokens)) << i;
   }
   EXPECT_THROW(sched.submit(request(0)), serve::SchedulerBusy);
+}
+
+namespace {
+
+// The CPU backend behind a counter of the seam's calls. Its first prefill_batch waits for release(), so
+// that a test can queue requests while the engine thread is busy (the next admission takes them all);
+// a prompt equal to `poison` fails its prefill (alone or in a batch).
+class CountingBackend final : public runtime::DecodeBackend {
+ public:
+  explicit CountingBackend(runtime::DecodeBackend& inner) : in_(inner) {}
+  int64_t vocab_size() const override { return in_.vocab_size(); }
+  int num_slots() const override { return in_.num_slots(); }
+  std::vector<float> prefill(int slot, const std::vector<int32_t>& prompt) override {
+    ++prefills;
+    if (prompt == poison) throw Error("poisoned prompt");
+    return in_.prefill(slot, prompt);
+  }
+  std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
+                                   const std::vector<std::vector<int32_t>>& prompts) override {
+    if (batches++ == 0) {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return released_; });
+    }
+    largest_batch = std::max(largest_batch.load(), static_cast<int>(slots.size()));
+    for (const auto& p : prompts)
+      if (p == poison) throw Error("poisoned prompt");
+    return in_.prefill_batch(slots, prompts);
+  }
+  std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
+    ++decodes;
+    return in_.decode(slots, tokens);
+  }
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
+    ++greedy_decodes;
+    return in_.decode_greedy(slots, tokens);
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::vector<int32_t> poison;
+  std::atomic<int> prefills{0}, batches{0}, largest_batch{0}, decodes{0}, greedy_decodes{0};
+
+ private:
+  runtime::DecodeBackend& in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+serve::GenRequest greedy_request(int i) {
+  serve::GenRequest r = request(i);
+  r.sampling.temperature = 0.0f;
+  r.stop.max_new_tokens = 3 + i % 5;
+  return r;
+}
+
+std::vector<int32_t> generate_alone(const serve::GenRequest& r) {
+  runtime::CpuDecodeBackend one(tiny().m, kMaxLen, 1, tiny().m.default_forward_options());
+  return runtime::Generator(one).generate(r.prompt, r.sampling, r.stop);
+}
+
+// Request 0 is submitted alone (its prefill_batch waits); then `rest` are queued and the gate opens.
+std::vector<serve::Stream::Chunk> run_gated(CountingBackend& b, const std::vector<serve::GenRequest>& reqs) {
+  serve::Metrics metrics;
+  serve::Scheduler sched(b, serve::SchedulerOptions{16}, metrics);
+  std::vector<std::shared_ptr<serve::Stream>> streams{sched.submit(reqs[0])};
+  while (b.batches.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (size_t i = 1; i < reqs.size(); ++i) streams.push_back(sched.submit(reqs[i]));
+  b.release();
+  std::vector<serve::Stream::Chunk> got;
+  for (auto& s : streams) got.push_back(drain(*s));
+  return got;
+}
+
+}  // namespace
+
+TEST(Scheduler, AdmittedRequestsArePrefilledTogetherAndGreedyStepsDecodeIdsOnly) {
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(greedy_request(i));
+  runtime::CpuDecodeBackend cpu(tiny().m, kMaxLen, 6, tiny().m.default_forward_options());
+  CountingBackend b(cpu);
+  const auto got = run_gated(b, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].finish_reason, "length") << "request " << i;
+    EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
+  }
+  EXPECT_EQ(b.batches.load(), 2);        // request 0, then the four queued behind it in ONE batch
+  EXPECT_EQ(b.largest_batch.load(), 4);
+  EXPECT_EQ(b.decodes.load(), 0);        // every sequence greedy: no [B, V] logits
+  EXPECT_GT(b.greedy_decodes.load(), 0);
+}
+
+TEST(Scheduler, ASampledSequenceInTheBatchTakesLogitsForEveryRow) {
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(i));
+  reqs[2].sampling.temperature = 0.8f;
+  reqs[2].stop.max_new_tokens = 7;  // the longest: every decode step has it
+  runtime::CpuDecodeBackend cpu(tiny().m, kMaxLen, 4, tiny().m.default_forward_options());
+  CountingBackend b(cpu);
+  const auto got = run_gated(b, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
+  EXPECT_GT(b.decodes.load(), 0);
+}
+
+TEST(Scheduler, AFailedBatchPrefillEndsOnlyTheRequestAtFault) {
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(i));
+  reqs[2].prompt = {7, 7, 7};
+  runtime::CpuDecodeBackend cpu(tiny().m, kMaxLen, 4, tiny().m.default_forward_options());
+  CountingBackend b(cpu);
+  b.poison = reqs[2].prompt;
+  const auto got = run_gated(b, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i == 2) {
+      EXPECT_EQ(got[i].finish_reason, "error");
+      EXPECT_NE(got[i].error.find("poisoned prompt"), std::string::npos) << got[i].error;
+      EXPECT_TRUE(got[i].tokens.empty());
+    } else {
+      EXPECT_EQ(got[i].finish_reason, "length") << "request " << i;
+      EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
+    }
+  }
+  EXPECT_EQ(b.prefills.load(), 3);  // the failed batch of three, prefilled one by one
 }
