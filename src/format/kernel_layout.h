@@ -54,6 +54,10 @@ struct KernelWeights {
   MetaOrder meta_order = kDefaultMetaOrder;
   std::vector<uint8_t> data;
   std::vector<float> gamma;      // [E] γ_w of each expert (divisor); the GEMM epilogue uses 1/γ_w
+  // [E] γ_w of rows m >= m_split, or empty (every row uses gamma): a fused gate|up whose up half has its
+  // own global scale (ops::SparseGemmArgs::w_inv_gamma_hi).
+  std::vector<float> gamma_hi;
+  int64_t m_split = 0;
   int64_t m_tiles() const { return M_pad / kMmaM; }
   int64_t k_chunks() const { return K_pad / kChunkK; }
   size_t expert_bytes() const { return static_cast<size_t>(m_tiles() * k_chunks()) * kChunkBytes; }

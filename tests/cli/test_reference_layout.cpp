@@ -5,6 +5,7 @@
 // one checkpoint, and the reference checkpoint, convert back to byte-identical moesq checkpoints.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -81,6 +82,25 @@ TEST_F(CliReferenceLayout, ReferenceCheckpointsEvaluateToTheMoesqNats) {
       run_moesq("export " + rtn + " --format compressed-tensors --scale-block 32 --out " + dir_.file("bad"), dir_.path);
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--scale-block 32 needs paired 4:8"), std::string::npos) << r.err;
+}
+
+// The reference quantizes gate and up with separate global scales: up projections rewritten with γ and
+// every block scale doubled or halved (the same weights, a different γ than the gate's) evaluate to the
+// source's nats exactly — a reader that decoded up with the gate's γ would be off by 2× on those rows.
+// The same checkpoint through the GPU engine: tests/gpu/test_engine_reference_layout.cu.
+TEST_F(CliReferenceLayout, SeparateGateUpGlobalScalesAreEachProjectionsOwn) {
+  const std::string src = dir_.file("mag");
+  must("compress " + model_ + " --method magnitude --out " + src + " --calib-samples 2 --seq-len 16");
+  const int64_t layers =
+      nlohmann::json::parse(std::ifstream(src + "/config.json"))["num_hidden_layers"].get<int64_t>();
+  const std::string x32 = dir_.file("x32");
+  must("export " + src + " --format compressed-tensors --out " + x32);
+  const std::string sep = dir_.file("ref-separate");
+  const int changed = moesq::test::write_reference_layout(x32, sep, layers, true);
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  const int64_t experts = layers * cfg["num_local_experts"].get<int64_t>();
+  EXPECT_GT(changed, experts / 2) << "up projections with their own γ, of " << experts;
+  EXPECT_EQ(nats(sep), nats(src));
 }
 
 }  // namespace

@@ -105,11 +105,21 @@ ActBatch relayout(const ActBatch& in, ActLayout layout) {
 // bf16_only: no fp32 output (the wgmma kernel then stores full tiles by TMA); the bf16 values are
 // compared with the ref instead (max_rel_frob of the bf16 output; f32_not_bitwise counts bf16 values
 // that differ from the ref rounded to bf16).
+// hi_factor > 0: rows >= m_split get their own γ = hi_factor·(e + 1)·γ_e (a fused gate|up with separate
+// global scales), in the GPU launch and in the ref alike.
 GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const ActBatch& act_in, MetaOrder mo,
-                         const ops::GemmConfig* cfg, bool bf16_only = false) {
+                         const ops::GemmConfig* cfg, bool bf16_only = false, float hi_factor = 0.0f,
+                         int64_t m_split = 0) {
   std::vector<const format::Sparse48Tensor*> ptrs;
   for (auto& t : ts) ptrs.push_back(&t);
-  const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test", mo);
+  auto with_split = [&](KernelWeights k) {
+    if (hi_factor > 0.0f) {
+      for (int e = 0; e < k.num_experts; ++e) k.gamma_hi.push_back(hi_factor * static_cast<float>(e + 1) * k.gamma[e]);
+      k.m_split = m_split;
+    }
+    return k;
+  };
+  const KernelWeights kw = with_split(kernel_layout_from_sparse48(ptrs, "test", mo));
   int max_tokens = 0;
   for (int c : act_in.counts) max_tokens = std::max(max_tokens, c);
   const ops::GemmConfig chosen =
@@ -119,12 +129,14 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   const int64_t M = kw.M;
   // The `_ref` reads the default metadata order: its own copy of the weights when `mo` differs.
   const std::vector<float> ref = test::sparse_gemm_ref_y(
-      mo == kDefaultMetaOrder ? kw : kernel_layout_from_sparse48(ptrs, "test"), act, 0.0f);
+      mo == kDefaultMetaOrder ? kw : with_split(kernel_layout_from_sparse48(ptrs, "test")), act, 0.0f);
 
   std::vector<float> inv_gamma(E);
   for (int e = 0; e < E; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
   DevBuf<uint8_t> d_w(kw.data);
-  DevBuf<float> d_ig(inv_gamma), d_is(act.inv_scale);
+  std::vector<float> inv_gamma_hi(kw.gamma_hi.size());
+  for (size_t e = 0; e < inv_gamma_hi.size(); ++e) inv_gamma_hi[e] = 1.0f / kw.gamma_hi[e];
+  DevBuf<float> d_ig(inv_gamma), d_is(act.inv_scale), d_igh(inv_gamma_hi.empty() ? std::vector<float>{1.0f} : inv_gamma_hi);
   DevBuf<uint16_t> d_x(act.x);
   DevBuf<int32_t> d_counts(act.counts);
   DevBuf<uint16_t> d_y(std::vector<uint16_t>(ref.size(), kPoisonBf16));
@@ -132,6 +144,8 @@ GemmCheck run_gemm_check(const std::vector<format::Sparse48Tensor>& ts, const Ac
   ops::SparseGemmArgs a;
   a.w = d_w.p;
   a.w_inv_gamma = d_ig.p;
+  a.w_inv_gamma_hi = kw.gamma_hi.empty() ? nullptr : d_igh.p;
+  a.m_split = kw.m_split;
   a.x = d_x.p;
   a.x_layout = act.layout;
   a.x_inv_scale = d_is.p;
@@ -272,6 +286,34 @@ TEST(SparseGemm, IntegerValuedCaseIsBitwiseEqual) {
     const GemmCheck b = run_gemm_check(ts, act, kDefaultMetaOrder, &c, true);  // bf16 only (TMA stores)
     EXPECT_EQ(b.f32_not_bitwise, 0) << c.str() << " bf16 only";
     EXPECT_EQ(b.unwritten + b.overwritten, 0) << c.str() << " bf16 only";
+  }
+}
+
+// A fused gate|up whose halves carry their own γ (the paper's reference checkpoints): rows >= m_split
+// take w_inv_gamma_hi, every kernel and config against the ref; on integer data bitwise (also through
+// the TMA-stored bf16 path). m_split not a multiple of the CTA's row block is covered (M = 2·112,
+// m_split = 112), with ragged counts.
+TEST(SparseGemm, SeparateGammaForRowsFromMSplit) {
+  std::mt19937 rng(31);
+  for (int64_t I : {96, 112}) {
+    const int E = 6, cap = 130;
+    std::vector<format::Sparse48Tensor> ts;
+    for (int e = 0; e < E; ++e) ts.push_back(random_packed(2 * I, 512, rng, ScaleMode::kRandom));
+    const ActBatch act = random_batch(E, cap, 512, {0, 1, 17, 64, 129, 130}, rng, true);
+    for (const auto& c : all_configs()) {
+      const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c, false, 1.75f, I);
+      EXPECT_LE(r.max_rel_frob, kGemmRelFrobTol) << "I=" << I << " " << c.str();
+      EXPECT_EQ(r.unwritten + r.overwritten + r.bf16_mismatch, 0) << "I=" << I << " " << c.str();
+    }
+  }
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < 4; ++e) ts.push_back(random_packed(256, 512, rng, ScaleMode::kOne));
+  const ActBatch act = random_batch(4, 140, 512, {140, 1, 0, 128}, rng, false, true);
+  for (const auto& c : all_configs()) {
+    const GemmCheck r = run_gemm_check(ts, act, kDefaultMetaOrder, &c, false, 0.25f, 128);
+    EXPECT_EQ(r.f32_not_bitwise + r.unwritten + r.overwritten + r.bf16_mismatch, 0) << c.str();
+    const GemmCheck b = run_gemm_check(ts, act, kDefaultMetaOrder, &c, true, 0.25f, 128);
+    EXPECT_EQ(b.f32_not_bitwise + b.unwritten + b.overwritten, 0) << c.str() << " bf16 only";
   }
 }
 

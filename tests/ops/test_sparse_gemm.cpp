@@ -28,6 +28,41 @@ using namespace moesq::test;  // support/ops_fixtures.h
 // format module's scaled dequantization: only the fp32 roundings of α·acc and of ŵ = q·s/γ differ.
 constexpr double kRefVsFormatRelTol = 1e-6;
 
+// Separate γ for rows >= m_split (a fused gate|up from the paper's reference): each half is bitwise the
+// GEMM with that half's γ for every row, and a bad m_split is refused naming it.
+TEST(GroupedSparseGemmRef, RowsFromMSplitTakeTheirOwnGamma) {
+  std::mt19937 rng(23);
+  const int E = 3, cap = 4;
+  const int64_t M = 64, K = 96, split = 32;
+  std::vector<format::Sparse48Tensor> ts;
+  for (int e = 0; e < E; ++e) ts.push_back(random_sparse48(M, K, rng));
+  std::vector<const format::Sparse48Tensor*> ptrs;
+  for (auto& t : ts) ptrs.push_back(&t);
+  auto x = random_rows(4, K, rng);
+  std::vector<int32_t> ids = {0, 1, 2, 0, 1, 2, 0, 1};
+  const ActBatch a = act_dispatch_batch_ref(x.data(), 4, K, ids.data(), 2, E, cap, true);
+  const KernelWeights kw = kernel_layout_from_sparse48(ptrs);
+  KernelWeights hi = kw, both = kw;
+  for (int e = 0; e < E; ++e) hi.gamma[e] = kw.gamma[e] * (1.5f + static_cast<float>(e));
+  both.gamma_hi = hi.gamma, both.m_split = split;
+  const std::vector<float> y_lo = test::sparse_gemm_ref_y(kw, a, -1.0f), y_hi = test::sparse_gemm_ref_y(hi, a, -1.0f);
+  const std::vector<float> y = test::sparse_gemm_ref_y(both, a, -1.0f);
+  int differ = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const bool upper = static_cast<int64_t>(i % M) >= split;
+    ASSERT_EQ(y[i], upper ? y_hi[i] : y_lo[i]) << "element " << i;
+    differ += y_hi[i] != y_lo[i];
+  }
+  EXPECT_GT(differ, 0);
+  both.m_split = 24;  // not a multiple of 16
+  try {
+    (void)test::sparse_gemm_ref_y(both, a, -1.0f);
+    ADD_FAILURE() << "m_split 24 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m_split=24"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GroupedSparseGemmRef, AgreesWithFormatDequantization) {
   std::mt19937 rng(21);
   const int E = 3, cap = 5;

@@ -1,5 +1,6 @@
 // Test helper: runs ops::sparse_gemm_ref (the launcher's descriptor, host pointers) on kernel-layout
-// weights and an activation batch; returns y_f32 [E, capacity, M], untouched slots = `fill`.
+// weights and an activation batch (KernelWeights::gamma_hi / m_split honoured); returns y_f32
+// [E, capacity, M], untouched slots = `fill`.
 #pragma once
 #include <vector>
 
@@ -16,10 +17,14 @@ inline std::vector<float> sparse_gemm_ref_y(const format::KernelWeights& kw, con
               " K_pad=", act.K_pad);
   std::vector<float> inv_gamma(kw.num_experts);
   for (int e = 0; e < kw.num_experts; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
+  std::vector<float> inv_gamma_hi(kw.gamma_hi.size());
+  for (size_t e = 0; e < kw.gamma_hi.size(); ++e) inv_gamma_hi[e] = 1.0f / kw.gamma_hi[e];
   std::vector<float> y(static_cast<size_t>(act.num_experts) * act.capacity * kw.M, fill);
   ops::SparseGemmArgs a;
   a.w = kw.data.data();
   a.w_inv_gamma = inv_gamma.data();
+  a.w_inv_gamma_hi = kw.gamma_hi.empty() ? nullptr : inv_gamma_hi.data();
+  a.m_split = kw.m_split;
   a.x = act.x.data();
   a.x_layout = act.layout;
   a.x_inv_scale = act.inv_scale.data();

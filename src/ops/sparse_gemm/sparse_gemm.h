@@ -2,7 +2,9 @@
 // accumulation, two kernels behind one entry point: mma.sp::ordered_metadata m16n8k32 bf16 (warp
 // tiles, sparse_gemm_mma.cu; the memory-bound small-N regime) and wgmma.mma_async.sp m64nNk32 bf16
 // (sparse_gemm_wgmma.cu; sm_90a, 2 warpgroups, A from registers; the compute-bound regime). For every expert e, in one launch:
-//   Y_e[slot, m] = α(e, slot) · Σ_k Ŵ_e[m, k] · X̂_e[slot, k],   α = (1/γ_w[e]) · (1/γ_a[e, slot])
+//   Y_e[slot, m] = α(e, m, slot) · Σ_k Ŵ_e[m, k] · X̂_e[slot, k],   α = (1/γ_w[e, m]) · (1/γ_a[e, slot])
+// where 1/γ_w[e, m] is w_inv_gamma[e], or w_inv_gamma_hi[e] for rows m ≥ m_split when that is given
+// (a fused gate|up whose halves carry their own γ, as the paper's reference writes them).
 // i.e. Y_eᵀ = W_e X_eᵀ with W on the sparse A operand (DESIGN.md §4, paper §3.4). CPU twin:
 // sparse_gemm_ref (sparse_gemm_ref.cpp), same descriptor on host pointers. Weights: format::KernelWeights;
 // activations: ops::ActBatch layout.
@@ -19,6 +21,11 @@ namespace moesq::ops {
 struct SparseGemmArgs {
   const uint8_t* w = nullptr;            // [E, M_pad/16, K_pad/256, 1408] kernel-layout packed weights
   const float* w_inv_gamma = nullptr;    // [E] 1/γ_w
+  // [E] 1/γ_w of rows m >= m_split (m_split a multiple of 16 in (0, M)), or nullptr: every row uses
+  // w_inv_gamma. The product α is formed in the same order either way, so rows below m_split (and every
+  // row without it) are bitwise what they were.
+  const float* w_inv_gamma_hi = nullptr;
+  int64_t m_split = 0;
   const uint16_t* x = nullptr;           // [E, capacity, K_pad] bf16 activations, kernel K order
   format::ActLayout x_layout = format::ActLayout::kMmaFragment;  // must equal sparse_gemm_act_layout(config)
   const float* x_inv_scale = nullptr;    // [E, capacity] 1/γ_a, or nullptr for 1 (W4A16)

@@ -100,14 +100,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
     }
     // Epilogue factors, loaded now so their latency hides under the K loop.
     const float inv_w = a.w_inv_gamma[e];
-    float alpha[kNT][2];
+    const float inv_w_hi = a.w_inv_gamma_hi ? a.w_inv_gamma_hi[e] : inv_w;
+    float inv_a[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int tok = nb * kBlockN + nt * 8 + 2 * t + j;
-        alpha[nt][j] = inv_w * ((a.x_inv_scale && tok < count)
-                                    ? a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok] : 1.0f);
+        inv_a[nt][j] = (a.x_inv_scale && tok < count) ? a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok] : 1.0f;
       }
 
     float acc[kMT][kNT][4];
@@ -168,11 +168,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           if (mt0 + mi >= MT) continue;
+          // m_split is a multiple of 16: one γ per m16 tile.
+          const float alpha = (static_cast<int64_t>(mt0 + mi) * 16 >= a.m_split && a.w_inv_gamma_hi ? inv_w_hi : inv_w) *
+                              inv_a[nt][j];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int64_t m = static_cast<int64_t>(mt0 + mi) * 16 + g + 8 * h;
             if (m >= a.M) continue;
-            const float v = (acc[mi][nt][2 * h + j] * kAccUnscale) * alpha[nt][j];
+            const float v = (acc[mi][nt][2 * h + j] * kAccUnscale) * alpha;
             const size_t idx = slot * a.ldy + m;
             if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
             if (a.y_f32) a.y_f32[idx] = v;
@@ -281,6 +284,8 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   MOESQ_CHECK(a.w && a.w_inv_gamma && a.x && a.counts && (a.y || a.y_f32) && a.ldy >= a.M, "sparse_gemm: missing ",
               "buffer or ldy=", a.ldy, " < M=", a.M);
   MOESQ_CHECK(a.capacity >= 0 && max_tokens >= 0, "sparse_gemm: capacity=", a.capacity, " max_tokens=", max_tokens);
+  MOESQ_CHECK(!a.w_inv_gamma_hi || (a.m_split > 0 && a.m_split < a.M && a.m_split % 16 == 0), "sparse_gemm: m_split=",
+              a.m_split, " must be a multiple of 16 in (0, M=", a.M, ") when w_inv_gamma_hi is given");
   if (a.capacity == 0 || max_tokens == 0) return;
   max_tokens = std::min(max_tokens, a.capacity);
   const GemmConfig c = config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, max_tokens);

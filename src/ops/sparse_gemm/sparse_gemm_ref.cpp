@@ -22,6 +22,8 @@ void sparse_gemm_ref(const SparseGemmArgs& a) {
               " (M_pad % 16, K_pad % 256 required)");
   MOESQ_CHECK(a.w && a.w_inv_gamma && a.x && a.counts && (a.y || a.y_f32) && a.ldy >= a.M && a.capacity >= 0,
               "sparse_gemm_ref: missing buffer, ldy=", a.ldy, " < M=", a.M, " or capacity=", a.capacity);
+  MOESQ_CHECK(!a.w_inv_gamma_hi || (a.m_split > 0 && a.m_split < a.M && a.m_split % 16 == 0), "sparse_gemm_ref: m_split=",
+              a.m_split, " must be a multiple of 16 in (0, M=", a.M, ") when w_inv_gamma_hi is given");
   const int64_t M = a.M, K = a.K_pad;
   const size_t expert_bytes = static_cast<size_t>(a.M_pad / format::kMmaM) * (a.K_pad / format::kChunkK) * format::kChunkBytes;
   std::vector<float> w(static_cast<size_t>(M * K));
@@ -29,12 +31,14 @@ void sparse_gemm_ref(const SparseGemmArgs& a) {
     format::kernel_layout_unpack_ref(a.w + e * expert_bytes, M, K, a.M_pad, a.K_pad, format::kDefaultMetaOrder, w.data());
     const int n = std::min(a.counts[e], a.capacity);
     const float inv_w = a.w_inv_gamma[e];
+    const float inv_w_hi = a.w_inv_gamma_hi ? a.w_inv_gamma_hi[e] : inv_w;
     parallel_for(n, [&](int64_t slot) {
       const size_t s = static_cast<size_t>(e) * a.capacity + slot;
       std::vector<double> xv(K);
       for (int64_t k = 0; k < K; ++k) xv[k] = bf16_to_f32(a.x[s * a.K_pad + format::act_storage_index(k, a.x_layout)]);
-      const float alpha = inv_w * (a.x_inv_scale ? a.x_inv_scale[s] : 1.0f);
+      const float inv_a = a.x_inv_scale ? a.x_inv_scale[s] : 1.0f;
       for (int64_t m = 0; m < M; ++m) {
+        const float alpha = (a.w_inv_gamma_hi && m >= a.m_split ? inv_w_hi : inv_w) * inv_a;
         double acc = 0.0;
         const float* wr = w.data() + m * K;
         for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(wr[k]) * xv[k];

@@ -175,14 +175,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < KB; ++kb, ++count) {
         if (count >= kStages) mbar_wait(empty_base + 8 * stage, ((count - kStages) / kStages) & 1);
         if (kb == 0) {
-          // Epilogue factors α = (1/γ_w)·(1/γ_a) of the tile, published with its first K block. The
+          // Epilogue factors 1/γ_a of the tile's tokens (the consumers form α = (1/γ_w)·(1/γ_a) with
+          // their m16 tile's 1/γ_w), published with its first K block. The
           // previous reader of s_alpha[parity] (the tile two back) finished its epilogue before it
           // released the K block just waited for (KB ≥ 4).
           for (int n = lane; n < kBN; n += 32) {
             const int tok = pt.nb * kBN + n;
-            s_alpha[parity][n] = a.w_inv_gamma[pt.e] * ((a.x_inv_scale && tok < pt.count)
-                                                          ? a.x_inv_scale[static_cast<size_t>(pt.e) * a.capacity + tok]
-                                                          : 1.0f);
+            s_alpha[parity][n] = (a.x_inv_scale && tok < pt.count)
+                                     ? a.x_inv_scale[static_cast<size_t>(pt.e) * a.capacity + tok]
+                                     : 1.0f;
           }
           __syncwarp();  // the lanes' stores precede lane 0's arrive (release) below
         }
@@ -215,6 +216,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int cw = (warp >> 2) - 1, wi = warp & 3, ct_id = threadIdx.x - 128 * (cw + 1);  // ct_id: 0..127
   auto m_tile = [&](const Tile& tl, int sub) { return tl.mb * kBlockMTiles + cw * 4 * kMW + 4 * sub + wi; };
+  // 1/γ_w of m16 tile `mt` of expert e (m_split is a multiple of 16: one γ per tile).
+  auto w_inv_of = [&](int mt, int e) {
+    return a.w_inv_gamma_hi && static_cast<int64_t>(mt) * 16 >= a.m_split ? a.w_inv_gamma_hi[e] : a.w_inv_gamma[e];
+  };
   int tile = blockIdx.x, stage = 0, parity = 0, r_slot = 0, consumed = 0;
   uint32_t phase = 0;  // parity of the stage barriers' current phase, flips when `stage` wraps
   Tile ct = tile_at(tile, s_prefix, s_count, E, kBN);
@@ -295,12 +300,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int sub = 0; sub < kMW; ++sub) {
         const uint32_t box = c_base + (cw * kMW + sub) * kBN * 128;  // [kBN tokens][64 rows], swizzled
+        const float inv_w = w_inv_of(m_tile(ct, sub), ct.e);
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int n = 8 * j + 2 * t + h2;
-            const float alpha = s_alpha[parity][n];
+            const float alpha = inv_w * s_alpha[parity][n];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // row 16·wi + g + 8h of the box: 16-byte unit 2·wi + h
               const uint32_t addr = box + n * 128 + ((((2 * wi + h) ^ (n & 7))) << 4) + g * 2;
@@ -323,13 +329,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int mt = m_tile(ct, sub);
         if (mt >= MT) continue;
         const int64_t m0 = static_cast<int64_t>(mt) * 16 + g;
+        const float inv_w = w_inv_of(mt, ct.e);
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int n = 8 * j + 2 * t + h2, tok = ct.nb * kBN + n;
             if (tok >= ct.count) continue;
-            const float alpha = s_alpha[parity][n];
+            const float alpha = inv_w * s_alpha[parity][n];
             const size_t row0 = (static_cast<size_t>(ct.e) * a.capacity + tok) * a.ldy;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {

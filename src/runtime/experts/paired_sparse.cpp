@@ -25,11 +25,9 @@ format::Sparse48Tensor read_sparse48(const io::Checkpoint& ckpt, const io::Quant
   return *w.sparse48();  // γ already checked by io's global-scale readers (check_stored_tensor_scale)
 }
 
-// gate [I, H] and up [I, H] → one [2I, H] tensor (gate rows first); both must share γ (FORMAT.md).
-format::Sparse48Tensor fuse_rows(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
-                                 const std::string& where) {
-  MOESQ_CHECK(g.global_scale == u.global_scale, where, ": gate_proj and up_proj have different weight_global_scale (",
-              g.global_scale, " vs ", u.global_scale, "); the fused gate|up GEMM needs one (docs/FORMAT.md)");
+// gate [I, H] and up [I, H] → one [2I, H] tensor (gate rows first) carrying the gate's γ; the up's γ
+// (equal for moesq checkpoints, its own in the reference's) goes to KernelWeights::gamma_hi.
+format::Sparse48Tensor fuse_rows(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u) {
   format::Sparse48Tensor f = g;
   f.N = g.N + u.N;
   f.values.insert(f.values.end(), u.values.begin(), u.values.end());
@@ -58,10 +56,15 @@ class PairedSparseHost final : public ExpertBackendHost {
     const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
     std::vector<format::Sparse48Tensor> gu(E), down(E);
     std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
+    std::vector<float> gamma_up(E);
+    bool separate = false;
     for (int64_t e = 0; e < E; ++e) {
       const std::string gate = io::expert_tensor_prefix(s, l, e, io::ExpertProj::Gate);
       const std::string up = io::expert_tensor_prefix(s, l, e, io::ExpertProj::Up);
-      gu[e] = fuse_rows(read_sparse48(ckpt, q, gate, I, H), read_sparse48(ckpt, q, up, I, H), gate + " | " + up);
+      const format::Sparse48Tensor ug = read_sparse48(ckpt, q, up, I, H);
+      gu[e] = fuse_rows(read_sparse48(ckpt, q, gate, I, H), ug);
+      gamma_up[e] = ug.global_scale;
+      separate = separate || ug.global_scale != gu[e].global_scale;
       down[e] = read_sparse48(ckpt, q, io::expert_tensor_prefix(s, l, e, io::ExpertProj::Down), H, I);
       pgu[e] = &gu[e];
       pdown[e] = &down[e];
@@ -69,6 +72,12 @@ class PairedSparseHost final : public ExpertBackendHost {
     auto out = std::make_unique<PairedSparseHostExperts>();
     const std::string where = ckpt.dir() + " layer " + std::to_string(l);
     out->gu = format::kernel_layout_from_sparse48(pgu, where + " gate|up experts");
+    if (separate) {  // the reference's layout: gate and up each with its own γ
+      MOESQ_CHECK(I % 16 == 0, where, ": moe_intermediate_size ", I, " is not a multiple of 16, which separate gate/up ",
+                  "global scales need on the GPU");
+      out->gu.gamma_hi = std::move(gamma_up);
+      out->gu.m_split = I;
+    }
     out->down = format::kernel_layout_from_sparse48(pdown, where + " down experts");
     return out;
   }

@@ -20,15 +20,24 @@ namespace {
 struct DeviceProjection {
   DevBuf<uint8_t> w;          // [E, M_pad/16, K_pad/256, 1408] kernel layout
   DevBuf<float> inv_gamma;    // [E] 1/γ_w
-  int64_t M_pad = 0;
-  size_t bytes() const { return w.bytes() + inv_gamma.bytes(); }
+  DevBuf<float> inv_gamma_hi; // [E] 1/γ_w of rows >= m_split (the reference's separate up γ), or empty
+  int64_t M_pad = 0, m_split = 0;
+  size_t bytes() const { return w.bytes() + inv_gamma.bytes() + inv_gamma_hi.bytes(); }
+  const float* hi() const { return m_split > 0 ? inv_gamma_hi.p : nullptr; }
 
   // The one place γ_w is inverted: the GEMM epilogue multiplies by 1/γ_w.
   void upload(const format::KernelWeights& k) {
     w.upload(k.data);
-    std::vector<float> inv(k.gamma.size());
-    for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / k.gamma[e];
-    inv_gamma.upload(inv);
+    auto inverse = [](const std::vector<float>& g) {
+      std::vector<float> inv(g.size());
+      for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / g[e];
+      return inv;
+    };
+    inv_gamma.upload(inverse(k.gamma));
+    if (!k.gamma_hi.empty()) {
+      inv_gamma_hi.upload(inverse(k.gamma_hi));
+      m_split = k.m_split;
+    }
     M_pad = k.M_pad;
   }
 };
@@ -52,7 +61,8 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     d.x_lo = quant_ ? s.x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
     if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::SparseGemmArgs g;
-    g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.x = b.xd, g.x_layout = d.layout;
+    g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.w_inv_gamma_hi = gu.hi(), g.m_split = gu.m_split;
+    g.x = b.xd, g.x_layout = d.layout;
     g.x_inv_scale = quant_ ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
     g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
     if (s.stages & kMoeGateUp) ops::sparse_gemm(g, max_tok, stream, &c1);
@@ -60,7 +70,8 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
     sw.quantize = quant_, sw.layout = ops::sparse_gemm_act_layout(c2);
     if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
-    g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.x = b.ad, g.x_layout = sw.layout;
+    g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.w_inv_gamma_hi = nullptr, g.m_split = 0;
+    g.x = b.ad, g.x_layout = sw.layout;
     g.x_inv_scale = quant_ ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = down.M_pad;
     g.K_pad = I_pad, g.ldy = H;
     if (s.stages & kMoeDown) ops::sparse_gemm(g, max_tok, stream, &c2);

@@ -1,9 +1,10 @@
 // The paired 4:8 NVFP4 expert backends: ops::sparse_gemm on the 2.75 bit/weight kernel layout
 // (format/kernel_layout.h), with NVFP4 activations (sparse-w4a4: dispatch and SwiGLU requantize) or bf16
 // activations (sparse-w4a16: same kernel, values only permuted) — ONE backend with W4A4 as its flag.
-// Non-obvious: gate|up is one [2I, H] projection (gate rows first, as ops::swiglu_quant expects), which
-// needs ONE global scale γ for both (docs/FORMAT.md: moesq writes it so; anything else is an Error,
-// never a silently wrong up projection). The GEMM epilogue multiplies by 1/γ_w, inverted at upload.
+// Non-obvious: gate|up is one [2I, H] projection (gate rows first, as ops::swiglu_quant expects). moesq
+// writes one global scale γ for both (docs/FORMAT.md); the paper's reference writes one each, and then
+// the up rows (m >= I) get their own 1/γ in the GEMM epilogue (KernelWeights::gamma_hi) — exact, never
+// a rescale of the block scales. The GEMM epilogue multiplies by 1/γ_w, inverted at upload.
 #pragma once
 #include "format/kernel_layout.h"
 #include "runtime/experts/expert_backend.h"
