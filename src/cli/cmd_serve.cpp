@@ -97,6 +97,10 @@ std::string slurp(const std::string& path) {
 // DIR or --synthetic, and the flags that go with each. Errors name the flags.
 void check_source(const ServeArgs& a) {
   check_finite_needs_cuda(a.check_finite, a.device);
+  MOESQ_CHECK(a.max_batched >= 0 && a.max_batched <= (int64_t(1) << 20), "--max-num-batched-tokens: ", a.max_batched,
+              " is not in [0, 1048576]");
+  MOESQ_CHECK(a.max_batched == 0 || a.device == "cuda", "--max-num-batched-tokens applies to --device cuda only (the "
+              "CPU backend prefills one prompt at a time)");
   MOESQ_CHECK(!a.dir.empty() || !a.synthetic.empty(), "moesq serve: give a checkpoint DIR or --synthetic MODEL");
   MOESQ_CHECK(a.dir.empty() || a.synthetic.empty(), "moesq serve: DIR (", a.dir, ") and --synthetic ", a.synthetic,
               " are exclusive: give one");
@@ -154,8 +158,6 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
-    MOESQ_CHECK(a.max_batched == 0, "--max-num-batched-tokens applies to --device cuda only (the CPU backend "
-                "prefills one prompt at a time)");
     const model::DecoderModel& cm = m.cpu_model.emplace(ckpt);
     m.kv_bytes = static_cast<double>(model::KvDecoder::cache_bytes(cm, m.max_len)) * a.max_num_seqs;
     m.backend = std::make_unique<runtime::CpuDecodeBackend>(cm, m.max_len, a.max_num_seqs, cm.default_forward_options());
@@ -199,8 +201,6 @@ void run_serve(const ServeArgs& a) {
   MOESQ_CHECK(a.port >= 0 && a.port <= 65535, "--port: ", a.port, " is not in [0, 65535]");
   MOESQ_CHECK(a.max_num_seqs >= 1, "--max-num-seqs: ", a.max_num_seqs, " must be >= 1");
   MOESQ_CHECK(a.max_queue >= 0, "--max-queue: ", a.max_queue, " must be >= 0");
-  MOESQ_CHECK(a.max_batched >= 0 && a.max_batched <= (int64_t(1) << 20), "--max-num-batched-tokens: ", a.max_batched,
-              " is not in [0, 1048576]");
   ServedModel m;
   serve::ServeContext ctx;
   if (a.synthetic.empty()) open_checkpoint(a, m, ctx);

@@ -392,6 +392,8 @@ TEST(ServeSynthetic, FlagErrorsNameTheFlag) {
   expect_refused(syn + " --chat-template " + dir + "/config.json", "--chat-template: the synthetic model has no tokenizer");
   expect_refused(dir + " --layers 2", "--layers and --seed apply to --synthetic only");
   expect_refused(dir + " --seed 3", "--layers and --seed apply to --synthetic only");
+  expect_refused(dir + " --max-num-batched-tokens 4096", "--max-num-batched-tokens applies to --device cuda only");
+  expect_refused(dir + " --device cuda --max-num-batched-tokens -5", "--max-num-batched-tokens: -5 is not in [0, 1048576]");
 }
 
 // The valid flags reach the engine: in a CPU build "built without CUDA" (before anything is built),
