@@ -17,14 +17,14 @@
 // the experts both devices ran, the GPU's rel_error against the CPU's.
 //
 // Refinement variants (moesq only; each a GPU row of its own, the CPU peer runs the first):
-//   --gemm fp32,tf32        the refinement's GEMM precision (compress --gpu-gemm: fp32 | tf32 | tf32-backward | bf16-forward)
+//   --gemm fp32,tf32        the refinement's GEMM precision (compress --gpu-gemm: fp32 | tf32 | tf32-backward | bf16-forward; default bf16-forward, as compress)
 //   --step-sequences 0,64   0 = the per-expert row batches; S > 0 = the layer-wide schedule (compress
 //                           --step-sequences S): each row gets one of --sequences calibration sequences
 //                           (uniform, seeded), every step consumes S of them
 //
 // Usage: bench_compress_layer [--model qwen3-30b-a3b|kimi-k2.5] [--methods sgptq,moesq] [--experts E]
 //                             [--rows N] [--threads T] [--cpu-experts 16] [--cpu-methods sgptq] [--out R.json]
-//                             [--gemm fp32] [--step-sequences 0] [--sequences 2048]
+//                             [--gemm bf16-forward] [--step-sequences 0] [--sequences 2048]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -164,7 +164,7 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   try {
-    std::string model = "qwen3-30b-a3b", methods = "sgptq,moesq", cpu_methods = "sgptq", out, gemms = "fp32",
+    std::string model = "qwen3-30b-a3b", methods = "sgptq,moesq", cpu_methods = "sgptq", out, gemms = "bf16-forward",
                 step_sequences = "0";
     int64_t experts = -1, rows = -1, cpu_experts = 16, sequences = 2048;
     int threads = static_cast<int>(std::thread::hardware_concurrency());
