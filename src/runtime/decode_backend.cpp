@@ -2,8 +2,7 @@
 #include "runtime/decode_backend.h"
 
 #include "core/error.h"
-
-#include <algorithm>
+#include "ops/argmax/argmax.h"
 
 namespace moesq::runtime {
 
@@ -28,10 +27,7 @@ std::vector<int32_t> greedy_rows(const std::vector<float>& logits, int64_t V) {
   MOESQ_CHECK(V >= 1 && static_cast<int64_t>(logits.size()) % V == 0, "greedy_rows: ", logits.size(),
               " logits are not rows of ", V);
   std::vector<int32_t> ids(logits.size() / static_cast<size_t>(V));
-  for (size_t r = 0; r < ids.size(); ++r) {
-    const float* z = logits.data() + r * static_cast<size_t>(V);
-    ids[r] = static_cast<int32_t>(std::max_element(z, z + V) - z);
-  }
+  ops::argmax_ref({logits.data(), ids.data(), static_cast<int64_t>(ids.size()), V});  // the GPU argmax's twin
   return ids;
 }
 

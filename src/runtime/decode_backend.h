@@ -40,7 +40,8 @@ class DecodeBackend {
   virtual int64_t max_prefill_tokens() const { return 0; }
 };
 
-// The argmax of each [V] row of `logits` ([rows, V]), lowest id on ties (std::max_element's first).
+// The argmax of each [V] row of `logits` ([rows, V]), lowest id on ties: ops::argmax_ref, the host twin
+// of the engine's GPU argmax (runtime::Sampler's greedy choice on finite logits).
 std::vector<int32_t> greedy_rows(const std::vector<float>& logits, int64_t V);
 
 // The CPU backend: one model::KvDecoder of max_len tokens per slot, all allocated at construction

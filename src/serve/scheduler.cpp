@@ -215,27 +215,28 @@ void Scheduler::step() {
       slots.push_back(r.slot), tokens.push_back(t), cont.push_back(i);
     }
   }
+  // One decode of the rows that go on: ids only when every one is greedy, else logits for the samplers.
   const bool all_greedy = std::all_of(cont.begin(), cont.end(), [&](size_t i) { return running_[i].sampler.greedy(); });
-  if (!cont.empty() && all_greedy) {
+  if (!cont.empty()) {
     try {
-      const std::vector<int32_t> ids = backend_.decode_greedy(slots, tokens);
-      MOESQ_CHECK(ids.size() == cont.size(), "scheduler: the backend returned ", ids.size(), " greedy tokens for ",
-                  cont.size(), " rows");
-      for (size_t b = 0; b < cont.size(); ++b) {
-        MOESQ_CHECK(ids[b] >= 0 && ids[b] < V, "scheduler: the backend's greedy token ", ids[b], " is outside [0, ", V, ")");
-        running_[cont[b]].next_id = ids[b];
-        running_[cont[b]].logits.clear();
+      if (all_greedy) {
+        const std::vector<int32_t> ids = backend_.decode_greedy(slots, tokens);
+        MOESQ_CHECK(ids.size() == cont.size(), "scheduler: the backend returned ", ids.size(), " greedy tokens for ",
+                    cont.size(), " rows");
+        for (size_t b = 0; b < cont.size(); ++b) {
+          MOESQ_CHECK(ids[b] >= 0 && ids[b] < V, "scheduler: the backend's greedy token ", ids[b], " is outside [0, ",
+                      V, ")");
+          running_[cont[b]].next_id = ids[b];
+          running_[cont[b]].logits.clear();
+        }
+      } else {
+        const std::vector<float> z = backend_.decode(slots, tokens);
+        MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(cont.size()) * V, "scheduler: the backend ",
+                    "returned ", z.size(), " logits for ", cont.size(), " rows of ", V);
+        for (size_t b = 0; b < cont.size(); ++b)
+          running_[cont[b]].logits.assign(z.begin() + static_cast<int64_t>(b) * V,
+                                          z.begin() + static_cast<int64_t>(b + 1) * V);
       }
-    } catch (const std::exception& e) {
-      for (size_t i : cont) end(running_[i], "error", e.what()), gone[i] = 1;
-    }
-  } else if (!cont.empty()) {
-    try {
-      const std::vector<float> z = backend_.decode(slots, tokens);
-      MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(cont.size()) * V, "scheduler: the backend returned ",
-                  z.size(), " logits for ", cont.size(), " rows of ", V);
-      for (size_t b = 0; b < cont.size(); ++b)
-        running_[cont[b]].logits.assign(z.begin() + static_cast<int64_t>(b) * V, z.begin() + static_cast<int64_t>(b + 1) * V);
     } catch (const std::exception& e) {
       for (size_t i : cont) end(running_[i], "error", e.what()), gone[i] = 1;
     }
