@@ -12,6 +12,7 @@
 #include "core/half.h"
 #include "format/nvfp4.h"
 #include "io/export_layouts.h"
+#include "io/tensor_names.h"
 
 namespace moesq::io {
 
@@ -309,6 +310,21 @@ QuantizationConfig read_compressed_tensors_config(const json& qc, const std::str
 
 float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix) {
   return scalar_scale(ckpt, prefix + kInputGlobalScale);
+}
+
+StaticActScales read_static_act_scales(const Checkpoint& ckpt, const QuantizationConfig& q, int64_t l, int64_t e) {
+  if (!q.act_static || !q.act_quant) return {};
+  const ModelSpec& s = ckpt.spec();
+  std::string prefix[3];
+  for (int p = 0; p < 3; ++p) {
+    prefix[p] = expert_tensor_prefix(s, l, e, static_cast<ExpertProj>(p));
+    if (!has_packed_projection(ckpt, prefix[p])) return {};  // a fused dense source: nothing static
+  }
+  const float g = read_input_global_scale(ckpt, prefix[0]), u = read_input_global_scale(ckpt, prefix[1]);
+  MOESQ_CHECK(g == u, ckpt.dir(), ": tensors ", prefix[0], kInputGlobalScale, " (", g, ") and ", prefix[1],
+              kInputGlobalScale, " (", u, ") differ; gate_proj and up_proj read the same input, quantized once "
+              "with one static global scale (input_activations.dynamic false)");
+  return {g, read_input_global_scale(ckpt, prefix[2])};
 }
 
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,

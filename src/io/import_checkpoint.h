@@ -47,6 +47,17 @@ void resolve_ct_expert_groups(const Checkpoint& ckpt, QuantizationConfig& q, con
 // positive element, shape [1] or 0-d), for input_activations.dynamic false; Error naming the tensor.
 float read_input_global_scale(const Checkpoint& ckpt, const std::string& prefix);
 
+// The static activation γ_a of routed expert `expert` of MoE layer `layer` when q.act_static and
+// q.act_quant (input_activations.dynamic false): its gate|up input's — gate_proj's and up_proj's
+// input_global_scale, which must be equal (the two read one input, quantized once; Error naming both
+// otherwise) — and its down_proj input's. {0, 0} (dynamic: γ_a per token row, Eq. 5) when the config is
+// dynamic or the expert is stored dense. Shared by the CPU loader and the GPU backends.
+struct StaticActScales {
+  float gate_up = 0.0f, down = 0.0f;
+};
+StaticActScales read_static_act_scales(const Checkpoint& ckpt, const QuantizationConfig& q, int64_t layer,
+                                       int64_t expert);
+
 // One NVFP4 projection of a compressed-tensors checkpoint (CtNvfp4 or CtPairBitmask layout).
 format::PackedWeight read_compressed_tensors_weight(const Checkpoint& ckpt, const QuantizationConfig& q,
                                                     const std::string& prefix, int64_t N, int64_t K);

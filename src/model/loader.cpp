@@ -63,22 +63,12 @@ std::vector<float> load_projection(const io::Checkpoint& ckpt, const io::Quantiz
 }
 
 // Static activation scales (compressed-tensors input_activations.dynamic false): γ_a of each packed
-// projection is its stored input_global_scale. gate_proj and up_proj read the same input rows, which
-// are quantized once for both, so their two scales must be equal (Error naming both otherwise).
-void load_static_act_scales(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, const io::ModelSpec& s,
-                            int64_t l, int64_t e, ExpertWeights& W) {
-  if (!q.act_static || !q.act_quant) return;
-  std::string prefix[3];
-  for (int p = 0; p < 3; ++p) {
-    prefix[p] = io::expert_tensor_prefix(s, l, e, static_cast<io::ExpertProj>(p));
-    if (!io::has_packed_projection(ckpt, prefix[p])) return;  // a fused dense source: nothing static
-  }
-  const float g = io::read_input_global_scale(ckpt, prefix[0]), u = io::read_input_global_scale(ckpt, prefix[1]);
-  MOESQ_CHECK(g == u, ckpt.dir(), ": tensors ", prefix[0], io::kInputGlobalScale, " (", g, ") and ", prefix[1],
-              io::kInputGlobalScale, " (", u, ") differ; gate_proj and up_proj read the same input, quantized once "
-              "with one static global scale (input_activations.dynamic false)");
-  W.gate_up_act_scale = g;
-  W.down_act_scale = io::read_input_global_scale(ckpt, prefix[2]);
+// projection's input is its stored input_global_scale (io::read_static_act_scales).
+void load_static_act_scales(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, int64_t l, int64_t e,
+                            ExpertWeights& W) {
+  const io::StaticActScales a = io::read_static_act_scales(ckpt, q, l, e);
+  W.gate_up_act_scale = a.gate_up;
+  W.down_act_scale = a.down;
 }
 
 // The expert biases of MoE layer l of a fused-expert family as the fused tensors lay them out
@@ -141,7 +131,7 @@ void load_fused_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig
       std::vector<float>& dst = p == 0 ? W.gate : p == 1 ? W.up : W.down;
       dst = load_projection(ckpt, q, prefix, p < 2 ? I : H, p < 2 ? H : I, count);
     }
-    load_static_act_scales(ckpt, q, s, l, e, W);
+    load_static_act_scales(ckpt, q, l, e, W);
   }
 }
 
@@ -164,7 +154,7 @@ void load_layer_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig
     W.gate = load_projection(ckpt, q, prefix[0], I, H, count);
     W.up = load_projection(ckpt, q, prefix[1], I, H, count);
     W.down = load_projection(ckpt, q, prefix[2], H, I, count);
-    load_static_act_scales(ckpt, q, s, l, e, W);
+    load_static_act_scales(ckpt, q, l, e, W);
   }
 }
 

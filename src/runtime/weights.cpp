@@ -70,9 +70,6 @@ io::ExpertStorage checkpoint_expert_storage(const io::Checkpoint& ckpt, const io
   io::check_expert_storage(ckpt, q, false);
   // A compressed-tensors config may leave some routed experts unquantized (ignored, stored dense) beside
   // packed ones; the CPU forward reads both, the engine uploads one expert format per model.
-  MOESQ_CHECK(!(q.act_static && q.act_quant), ckpt.dir(), "/config.json quantization_config: the routed experts' "
-              "input_activations.dynamic is false (static input_global_scale); the GPU engine quantizes activations "
-              "per token only (evaluate this checkpoint with --device cpu)");
   if (q.layout != io::CheckpointLayout::Moesq && q.storage != io::ExpertStorage::Dense) {
     const io::ExpertStorageCensus c = io::census_expert_storage(ckpt, q);
     MOESQ_CHECK(c.dense == 0, ckpt.dir(), ": ", c.dense, " routed-expert projections are stored dense (modules that "

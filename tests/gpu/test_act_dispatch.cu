@@ -41,7 +41,8 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
   std::mt19937 rng(43);
   for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor})
   for (bool quantize : {true, false})
-  for (bool with_lo : {false, true}) {  // x_lo: the fp32-row quantizer (x + x_lo), W4A4 engine path
+  for (bool with_lo : {false, true})  // x_lo: the fp32-row quantizer (x + x_lo), W4A4 engine path
+  for (bool stat : {false, true}) {     // static γ_a per expert (input_global_scale, dynamic false)
     for (int64_t K : {96, 288, 2048}) {  // 288: K_pad = 512, padding columns written as zeros
       const int T = 41, topk = 4, E = 16, cap = 12;
       std::vector<uint16_t> x(T * K);
@@ -61,6 +62,10 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       DevBuf<int32_t> d_ids(ids), d_counts(E), d_ros(static_cast<size_t>(E) * cap);
       DevBuf<int32_t> d_sor(std::vector<int32_t>(static_cast<size_t>(T) * topk, -7));  // -7: never written
       DevBuf<float> d_inv(static_cast<size_t>(E) * cap);
+      // Around the dynamic γ of a unit-normal row (2688/≈5), ×1/4 … ×4: some blocks saturate.
+      std::vector<float> gamma(E);
+      for (int e = 0; e < E; ++e) gamma[e] = 2688.0f / 5.0f * std::ldexp(1.0f, e % 5 - 2) * (1.0f + 0.1f * e);
+      DevBuf<float> d_gamma(gamma);
       ops::DispatchArgs a;
       a.x = d_x.p;
       a.x_lo = with_lo ? d_xl.p : nullptr;
@@ -78,6 +83,7 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
       a.counts = d_counts.p;
       a.route_of_slot = d_ros.p;
       a.slot_of_route = d_sor.p;
+      a.act_gamma = stat ? d_gamma.p : nullptr;
       ops::act_dispatch(a, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out = d_out.download();
@@ -108,14 +114,15 @@ TEST(ActDispatch, MatchesRefPerRouteInBothLayouts) {
             std::vector<float> row(K);
             for (int64_t k = 0; k < K; ++k)
               row[k] = bf16_to_f32(x[(r / topk) * K + k]) + bf16_to_f32(xl[(r / topk) * K + k]);
-            act_quant_row_f32_ref(row.data(), K, want.data(), &want_inv, layout);
+            act_quant_row_f32_ref(row.data(), K, want.data(), &want_inv, layout, stat ? gamma[e] : 0.0f);
           } else {
-            act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, layout);
+            act_quant_row_ref(x.data() + (r / topk) * K, K, quantize, want.data(), &want_inv, layout,
+                              stat ? gamma[e] : 0.0f);
           }
           ASSERT_EQ(inv[gs], want_inv) << "route " << r;
           for (int64_t k = 0; k < ref.K_pad; ++k) {
             ASSERT_EQ(out[gs * ref.K_pad + k], want[k]) << act_layout_name(layout) << " quantize=" << quantize << " x_lo=" << with_lo
-                                                         << " K=" << K << " expert " << e
+                                                         << " static=" << stat << " K=" << K << " expert " << e
                                                          << " route " << r << " first bad storage index " << k;
             nonzero += (want[k] & 0x7FFF) != 0;
           }

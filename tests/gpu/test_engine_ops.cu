@@ -15,6 +15,7 @@
 #include "core/half.h"
 #include "ops/attention/attention.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/moe_combine/moe_combine.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -239,6 +240,73 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                 << "N=" << c.N << " K=" << c.K << " lo=" << c.lo << " split=" << c.split << " bf16=" << c.bf16
                 << " M=" << m << " g=" << g << " row " << r << " col " << n;
     }
+}
+
+// The large-M path (M > 64 without split: 128×128 tiles, mma.sync m16n8k16, 3-stage cp.async) gives a
+// row the bits the small-M path gives it alone (M = 1), wherever the row sits — first/last row of a
+// 128-row tile, of a warp's 64-row half, past the first tile — with hi + lo input, accumulate, bf16
+// output, grouped counts, N and K off the tile sizes; the whole output is the 64×64 tile kernel's at
+// the same M, bit for bit; and it stays within the ref's tolerance.
+TEST(EngineOps, GemmBf16LargeMBitsEqualRowAlone) {
+  struct Case {
+    int G;
+    int64_t M, N, K;
+    bool lo, bf16, accumulate, counts;
+  };
+  const Case cases[] = {{1, 300, 136, 2048, false, false, false, false}, {1, 300, 260, 264, true, false, true, false},
+                        {1, 129, 128, 4096, true, true, false, false},   {2, 200, 72, 512, false, false, false, true},
+                        {1, 1000, 40, 96, false, true, true, false}};
+  for (const Case& c : cases) {
+    const int64_t ldy = c.N + 3;
+    const std::vector<uint16_t> w = rand_bf16(c.G * c.N * c.K, 41 + c.K);
+    const std::vector<uint16_t> x = rand_bf16(c.G * c.M * c.K, 42 + c.M), l = rand_bf16(c.G * c.M * c.K, 43, 1.0f / 512);
+    const std::vector<float> y0 = rand_f32(c.G * c.M * ldy, 44);
+    std::vector<int32_t> cnt(c.G);
+    for (int g = 0; g < c.G; ++g) cnt[g] = static_cast<int32_t>(c.M - 70 * g);  // group 1: a ragged last tile
+    auto run = [&](int G, int64_t M, const std::vector<uint16_t>& xs, const std::vector<uint16_t>& ls,
+                   const std::vector<uint16_t>& ws, const std::vector<float>& ys, const std::vector<int32_t>& cs,
+                   bool tile = false) {
+      DevBuf<uint16_t> dx(xs), dl(ls), dw(ws), dyb(std::vector<uint16_t>(ys.size(), 0x7fc1));
+      DevBuf<float> dy(ys);
+      DevBuf<int32_t> dc(cs);
+      moesq::ops::GemmBf16Args a;
+      a.x = dx.p, a.x_lo = c.lo ? dl.p : nullptr, a.w = dw.p, a.groups = G, a.M = M, a.N = c.N, a.K = c.K, a.ldy = ldy;
+      a.accumulate = c.accumulate, a.counts = c.counts ? dc.p : nullptr;
+      if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
+      if (tile) moesq::ops::detail::gemm_bf16_tile(a, nullptr);  // the 64×64 kernel at the same M
+      else moesq::ops::gemm_bf16(a, nullptr);
+      std::vector<uint32_t> out;
+      if (c.bf16) for (uint16_t v : dyb.download()) out.push_back(v);
+      else for (float v : dy.download()) out.push_back(bits(v));
+      return out;
+    };
+    const std::vector<uint32_t> big = run(c.G, c.M, x, l, w, y0, cnt);
+    const std::vector<uint32_t> tile = run(c.G, c.M, x, l, w, y0, cnt, true);
+    ASSERT_EQ(big.size(), tile.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < big.size(); ++i) differ += big[i] != tile[i];
+    ASSERT_EQ(differ, 0u) << "large-M and 64×64 tile kernels differ: M=" << c.M << " N=" << c.N << " K=" << c.K;
+    for (int g = 0; g < c.G; ++g)
+      for (int64_t r : {int64_t(0), int64_t(1), int64_t(63), int64_t(64), int64_t(127), int64_t(128), c.M - 71, c.M - 1}) {
+        if (r < 0 || r >= c.M) continue;
+        const bool valid = !c.counts || r < cnt[g];
+        const auto row_of = [&](const auto& v, int64_t len) {
+          return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + (g * c.M + r) * len,
+                                                                             v.begin() + (g * c.M + r + 1) * len);
+        };
+        const std::vector<uint16_t> wg(w.begin() + g * c.N * c.K, w.begin() + (g + 1) * c.N * c.K);
+        const std::vector<uint32_t> alone = run(1, 1, row_of(x, c.K), row_of(l, c.K), wg, row_of(y0, ldy), {1});
+        for (int64_t n = 0; n < ldy; ++n) {
+          const uint32_t got = big[(g * c.M + r) * ldy + n];
+          // Rows past a group's count and the ldy padding stay as they were (y0, or the bf16 poison).
+          const uint32_t want = valid && n < c.N ? alone[n] : c.bf16 ? 0x7fc1u : bits(y0[(g * c.M + r) * ldy + n]);
+          ASSERT_EQ(got, want) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " lo=" << c.lo << " bf16=" << c.bf16
+                               << " g=" << g << " row " << r << " col " << n;
+        }
+      }
+  }
+  EXPECT_LE(check_gemm(1, 777, 300, 1000, {}, false, 45, true, true), kGemmRelTol);  // vs the ref: accumulate, hi + lo
+  EXPECT_EQ(check_gemm(2, 260, 136, 512, {260, 100}, true, 46), 0.0);               // integer data: exact
 }
 
 TEST(EngineOps, RmsNormBitwise) {

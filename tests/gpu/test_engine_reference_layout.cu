@@ -6,15 +6,26 @@
 // logits of both are BITWISE those of the moesq checkpoint: the same bytes upload for the shared-γ one;
 // for the separate one the up rows' epilogue factor 1/γ_up = 2^∓1/γ and their sums 2^±1 times as large
 // are exact power-of-two scalings. Decoding up with the gate's γ would be off by 2× on those rows.
+// And static activation scales (input_activations.dynamic false, each expert's stored
+// input_global_scale as its γ_a): the engine's nats are the CPU forward's within the W4A4 bound.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "io/checkpoint.h"
 #include "io/export_checkpoint.h"
+#include "io/safetensors.h"
+#include "model/decoder.h"
+#include "model/tensor_math.h"
 #include "runtime/engine.h"
 #include "support/gpu_test_main.h"
 #include "support/reference_layout.h"
@@ -24,6 +35,9 @@
 using namespace moesq;
 
 namespace {
+
+// tests/gpu/test_engine.cu's W4A4 bound (floors: 3.0e-2 from bf16 K/V, 1.4e-2 from summation order).
+constexpr double kW4A4NatsTol = 5e-2;
 
 std::string compressed() {
   const char* p = std::getenv("MOESQ_TINY_COMPRESSED");
@@ -39,6 +53,40 @@ std::vector<float> logits_of(const std::string& dir, runtime::ExpertBackend back
   std::vector<runtime::SeqChunk> chunks;
   for (int w = 0; w < 4; ++w) chunks.push_back({w, test::text_tokens(40 + 9 * w, 300 + w)});
   return eng.forward(chunks, true);
+}
+
+// A copy of the compressed-tensors export `src` with input_activations.dynamic false in every config
+// group and each input_global_scale set to γ_a = 2688 / A: A = 8 (gate|up input) or 4 (down input)
+// times 1 + (expert % 5) / 4 — per-expert static scales, gate and up equal (as the format requires).
+void write_static_act_variant(const std::string& src, const std::string& dst) {
+  namespace fs = std::filesystem;
+  fs::remove_all(dst);
+  fs::copy(src, dst, fs::copy_options::recursive);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dst + "/config.json"));
+  for (auto& [name, g] : cfg["quantization_config"]["config_groups"].items())
+    if (!g["input_activations"].is_null()) g["input_activations"]["dynamic"] = false;
+  std::ofstream(dst + "/config.json") << cfg.dump(2);
+  const std::string suffix = ".input_global_scale";
+  for (const auto& f : fs::directory_iterator(dst)) {
+    if (f.path().extension() != ".safetensors") continue;
+    io::SafetensorsWriter w;
+    {
+      const io::SafetensorsFile in(f.path().string());
+      for (const std::string& n : in.names()) {
+        const io::TensorView& t = in.get(n);
+        if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) {
+          w.add(n, t.dtype, t.shape, t.data, t.nbytes);
+          continue;
+        }
+        const size_t at = n.find(".experts.");
+        const int e = at == std::string::npos ? 0 : std::atoi(n.c_str() + at + 9);
+        const float a = (n.find("down_proj") != std::string::npos ? 4.0f : 8.0f) * (1.0f + (e % 5) / 4.0f);
+        const float v = 2688.0f / a;
+        w.add(n, io::DType::F32, t.shape, &v, sizeof v);
+      }
+    }
+    w.write(f.path().string());
+  }
 }
 
 }  // namespace
@@ -64,6 +112,36 @@ TEST(EngineReferenceLayout, SharedAndSeparateGateUpGammaGiveTheMoesqLogitsBitwis
       EXPECT_EQ(differ, 0u) << runtime::expert_backend_name(b) << " " << d << ": " << differ << " of " << got.size()
                             << " logits differ";
     }
+  }
+}
+
+TEST(EngineReferenceLayout, StaticInputGlobalScaleEvaluatesAsTheCpuForward) {
+  ASSERT_FALSE(compressed().empty()) << "set MOESQ_TINY_COMPRESSED";
+  test::TempDir dir("moesq_gpu_static_act");
+  const std::string x32 = dir.file("x32"), st = dir.file("static");
+  io::export_checkpoint(compressed(), io::ExportFormat::CompressedTensors, x32, "export.json", 32);
+  write_static_act_variant(x32, st);
+  const io::Checkpoint ckpt(st);
+  const model::DecoderModel cpu(ckpt);
+  model::ForwardOptions fo = cpu.default_forward_options();
+  fo.act_quant = true;  // as test_engine.cu's W4A4 check
+  if (fo.act_block == 0) fo.act_block = 32;
+  const std::vector<float> dyn = logits_of(x32, runtime::ExpertBackend::kSparseW4A4);
+  const std::vector<float> got = logits_of(st, runtime::ExpertBackend::kSparseW4A4);
+  ASSERT_EQ(got.size(), dyn.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &dyn[i], 4) != 0;
+  EXPECT_GT(differ, got.size() / 2) << "the static γ_a changed almost no logit: was it applied?";
+  const int64_t V = ckpt.spec().vocab_size;
+  int64_t row = 0;
+  for (int w = 0; w < 4; ++w) {
+    const std::vector<int32_t> toks = test::text_tokens(40 + 9 * w, 300 + w);
+    int64_t pred = 0;
+    const double c = cpu.window_nll(toks, fo, &pred);
+    const double g = model::next_token_nll(got.data() + row * V, toks, V);
+    row += static_cast<int64_t>(toks.size());
+    std::printf("[static act] window %d: cpu %.6f gpu %.6f diff %.2e nats\n", w, c, g, g - c);
+    EXPECT_LE(std::fabs(g - c), kW4A4NatsTol) << "window " << w;
   }
 }
 

@@ -172,14 +172,17 @@ TEST(SwigluQuant, Fp32InputMatchesFp32RowQuantizer) {
   std::uniform_real_distribution<float> gd(17.0f, 40.0f);
   std::normal_distribution<float> ud(0.0f, 1.0f);
   for (size_t i = 0; i < h.size(); ++i) h[i] = (i / I) % 2 == 0 ? gd(rng) : ud(rng);
+  const std::vector<float> gamma = {20.0f, 200.0f, 2000.0f};  // static γ_a per expert (dynamic false)
+  for (bool stat : {false, true})
   for (bool quantize : {true, false})
     for (const ActLayout layout : {ActLayout::kMmaFragment, ActLayout::kKMajor}) {
-      DevBuf<float> d_h(h), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+      DevBuf<float> d_h(h), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f)), d_gamma(gamma);
       DevBuf<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
       DevBuf<int32_t> d_counts(counts);
       ops::SwigluQuantArgs a;
       a.h_f32 = d_h.p, a.counts = d_counts.p, a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
       a.quantize = quantize, a.layout = layout, a.out = d_out.p, a.inv_scale = d_inv.p;
+      a.act_gamma = stat ? d_gamma.p : nullptr;
       ops::swiglu_quant(a, nullptr);
       MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out = d_out.download();
@@ -192,13 +195,13 @@ TEST(SwigluQuant, Fp32InputMatchesFp32RowQuantizer) {
           std::vector<uint16_t> want(I_pad, 0);
           float want_inv = 1.0f;
           if (quantize) {
-            act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv, layout);
+            act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv, layout, stat ? gamma[e] : 0.0f);
           } else {
             for (int64_t i = 0; i < I; ++i) want[act_storage_index(i, layout)] = f32_to_bf16(row[i]);
           }
           ASSERT_EQ(inv[gs], want_inv) << "expert " << e << " slot " << s;
           for (int64_t k = 0; k < I_pad; ++k)
-            ASSERT_EQ(out[gs * I_pad + k], want[k]) << "quantize=" << quantize << " " << act_layout_name(layout)
+            ASSERT_EQ(out[gs * I_pad + k], want[k]) << "static=" << stat << " quantize=" << quantize << " " << act_layout_name(layout)
                                                     << " expert " << e << " slot " << s << " storage index " << k;
         }
     }

@@ -52,6 +52,38 @@ TEST(ActQuantRef, MatchesFormatFakeQuantBitwise) {
   }
 }
 
+// A static γ_a (input_global_scale, dynamic false) replaces the row's 448·6/amax: the values are
+// format::nvfp4_fake_quant_blocks with that global scale, bitwise, for bf16 and fp32 rows — including
+// a γ 4× the row's own, where block codes and E2M1 values saturate.
+TEST(ActQuantRef, StaticGammaIsFormatFakeQuantWithThatScale) {
+  std::mt19937 rng(123);
+  for (int64_t K : {64, 768}) {
+    const auto x = random_rows(1, K, rng);
+    std::vector<float> xf(K);
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) xf[k] = bf16_to_f32(x[k]), amax = std::max(amax, std::fabs(xf[k]));
+    for (float factor : {0.25f, 1.0f, 4.0f, 4096.0f}) {
+      const float gamma = format::nvfp4_tensor_scale(amax) * factor;
+      std::vector<float> fq = xf;
+      format::nvfp4_fake_quant_blocks(fq.data(), K, 32, gamma);
+      std::vector<uint16_t> out(padded_k(K)), out32(padded_k(K));
+      float inv = 0.0f, inv32 = 0.0f;
+      act_quant_row_ref(x.data(), K, true, out.data(), &inv, ActLayout::kMmaFragment, gamma);
+      act_quant_row_f32_ref(xf.data(), K, out32.data(), &inv32, ActLayout::kMmaFragment, gamma);
+      EXPECT_EQ(inv, 1.0f / gamma);
+      EXPECT_EQ(inv32, 1.0f / gamma);
+      EXPECT_EQ(out, out32) << "bf16 and fp32 rows hold the same values";
+      int saturated = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = bf16_to_f32(out[act_storage_index(k)]);
+        ASSERT_EQ(v / gamma, fq[k]) << "K=" << K << " factor " << factor << " k=" << k;
+        saturated += std::fabs(v) == 6.0f * 448.0f;
+      }
+      if (factor == 4096.0f) EXPECT_GT(saturated, 0) << "the case must saturate";
+    }
+  }
+}
+
 TEST(ActQuantRef, W4A16OnlyPermutes) {
   std::mt19937 rng(5);
   auto x = random_rows(1, 96, rng);
@@ -197,6 +229,48 @@ TEST(DispatchRef, DescriptorWithResiduesSlotOfRouteAndWideKPad) {
   a.out = out16.data();
   act_dispatch_ref(a);
   EXPECT_NE(out16, out) << "x_lo must change the quantized values";
+}
+
+}  // namespace
+
+namespace {
+
+// Dispatch with per-expert static γ_a: each filled slot holds act_quant_row_ref of its route's token row
+// with ITS expert's γ (not the row's amax); a non-positive γ is refused naming act_gamma.
+TEST(DispatchRef, StaticGammaPerExpert) {
+  std::mt19937 rng(8);
+  const int T = 9, topk = 2, E = 3, cap = 18;
+  const int64_t K = 64;
+  const auto x = random_rows(T, K, rng);
+  std::vector<int32_t> ids(T * topk);
+  for (int r = 0; r < T * topk; ++r) ids[r] = r % E;
+  const std::vector<float> gamma = {30.0f, 300.0f, 3000.0f};
+  std::vector<uint16_t> out(static_cast<size_t>(E) * cap * padded_k(K));
+  std::vector<float> inv(E * cap);
+  std::vector<int32_t> counts(E), ros(E * cap, -1);
+  DispatchArgs a;
+  a.x = x.data(), a.topk_ids = ids.data(), a.T = T, a.topk = topk, a.K = K, a.K_pad = padded_k(K);
+  a.num_experts = E, a.capacity = cap, a.quantize = true, a.act_gamma = gamma.data();
+  a.out = out.data(), a.inv_scale = inv.data(), a.counts = counts.data(), a.route_of_slot = ros.data();
+  act_dispatch_ref(a);
+  std::vector<uint16_t> want(padded_k(K));
+  for (int e = 0; e < E; ++e)
+    for (int slot = 0; slot < counts[e]; ++slot) {
+      const size_t s = static_cast<size_t>(e) * cap + slot;
+      float want_inv = 0.0f;
+      act_quant_row_ref(x.data() + (ros[s] / topk) * K, K, true, want.data(), &want_inv, ActLayout::kMmaFragment,
+                        gamma[e]);
+      EXPECT_EQ(inv[s], 1.0f / gamma[e]) << "expert " << e;
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), out.begin() + s * padded_k(K))) << "expert " << e << " slot " << slot;
+    }
+  const std::vector<float> bad = {30.0f, 0.0f, 3000.0f};
+  a.act_gamma = bad.data();
+  try {
+    act_dispatch_ref(a);
+    FAIL() << "a zero static γ_a was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("act_gamma[1]"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

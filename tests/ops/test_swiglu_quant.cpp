@@ -85,6 +85,8 @@ TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> ids_p, sor_p;
   for (size_t i : perm) ids_p.push_back(topk_ids[i]), sor_p.push_back(slot_of_route[i]);
+  const std::vector<float> act_gamma = {40.0f, 400.0f, 4000.0f};  // static γ_a per expert (dynamic false)
+  for (bool stat : {false, true})
   for (bool quantize : {true, false}) {
     constexpr uint16_t kUntouched = 0x7f7f;
     std::vector<uint16_t> grid(static_cast<size_t>(E) * cap * I_pad, kUntouched), routes = grid;
@@ -92,11 +94,12 @@ TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
     SwigluQuantArgs a;
     a.h_f32 = hf.data(), a.counts = counts.data(), a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
     a.quantize = quantize, a.out = grid.data(), a.inv_scale = inv_grid.data();
+    a.act_gamma = stat ? act_gamma.data() : nullptr;
     swiglu_quant_ref(a);
     a.out = routes.data(), a.inv_scale = inv_routes.data();
     a.topk_ids = ids_p.data(), a.slot_of_route = sor_p.data(), a.routes = static_cast<int64_t>(ids_p.size());
     swiglu_quant_ref(a);
-    EXPECT_EQ(routes, grid) << "quantize=" << quantize;
+    EXPECT_EQ(routes, grid) << "quantize=" << quantize << " static=" << stat;
     EXPECT_EQ(inv_routes, inv_grid) << "quantize=" << quantize;
     std::vector<float> row(I);
     std::vector<uint16_t> row16(I), want(padded_k(I));
@@ -113,7 +116,8 @@ TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
           row16[i] = f32_to_bf16(row[i]);
         }
         float want_inv = 0.0f;
-        if (quantize) act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv);
+        if (quantize)
+          act_quant_row_f32_ref(row.data(), I, want.data(), &want_inv, ActLayout::kMmaFragment, stat ? act_gamma[e] : 0.0f);
         else act_quant_row_ref(row16.data(), I, false, want.data(), &want_inv);
         EXPECT_EQ(inv_grid[s], want_inv) << "quantize=" << quantize << " expert " << e << " slot " << slot;
         for (int64_t k = 0; k < I_pad; ++k)

@@ -55,12 +55,13 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
     a.route_of_slot[s] = static_cast<int32_t>(r);
     if (a.slot_of_route) a.slot_of_route[r] = slot;
   }
+  const float g = a.act_gamma ? a.act_gamma[e] : 0.0f;  // > 0: the expert's static γ_a
   if (f32)
     detail::quantize_row_to_kernel_layout(s_rowf, static_cast<int>(a.K), static_cast<int>(a.K_pad), true,
-                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout), g);
   else
     detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.K), static_cast<int>(a.K_pad), a.quantize,
-                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.K_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout), g);
 }
 
 }  // namespace

@@ -23,6 +23,10 @@ struct DispatchArgs {
   int64_t K = 0, K_pad = 0;            // K % 32 == 0; K_pad = format::padded_k(K)
   int num_experts = 0, capacity = 0;
   bool quantize = true;                // false: W4A16, bf16 values only permuted
+  // [E] static γ_a per expert (the checkpoint's input_global_scale of gate|up: compressed-tensors
+  // input_activations.dynamic false), each finite and > 0 (the host loader checks), or nullptr: γ_a per
+  // token row = 448·6/amax(row) (paper Eq. 5). Read only with quantize.
+  const float* act_gamma = nullptr;
   format::ActLayout layout = format::ActLayout::kMmaFragment;  // K order of out: the GEMM kernel that reads it
   uint16_t* out = nullptr;             // [E, capacity, K_pad] bf16, format::act_storage_index(·, layout) order
   float* inv_scale = nullptr;          // [E, capacity] 1/γ_a per slot

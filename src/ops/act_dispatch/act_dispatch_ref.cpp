@@ -3,6 +3,7 @@
 #include "ops/act_dispatch/act_dispatch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -40,11 +41,14 @@ void act_dispatch_ref(const DispatchArgs& a) {
     uint16_t* out = a.out + s * a.K_pad;  // [K_pad]
     std::fill(out, out + a.K_pad, uint16_t{0});
     const int64_t t = r / a.topk;
+    const float g = a.act_gamma ? a.act_gamma[e] : 0.0f;
+    MOESQ_CHECK(!a.act_gamma || !a.quantize || (std::isfinite(g) && g > 0.0f), "act_dispatch_ref: act_gamma[", e,
+                "]=", g, " is not a finite positive static scale");
     if (f32) {
       for (int64_t k = 0; k < a.K; ++k) row_f32[k] = bf16_to_f32(a.x[t * a.K + k]) + bf16_to_f32(a.x_lo[t * a.K + k]);
-      act_quant_row_f32_ref(row_f32.data(), a.K, out, a.inv_scale + s, a.layout);
+      act_quant_row_f32_ref(row_f32.data(), a.K, out, a.inv_scale + s, a.layout, g);
     } else {
-      act_quant_row_ref(a.x + t * a.K, a.K, a.quantize, out, a.inv_scale + s, a.layout);
+      act_quant_row_ref(a.x + t * a.K, a.K, a.quantize, out, a.inv_scale + s, a.layout, g);
     }
   }
 }

@@ -29,14 +29,16 @@ struct ActBatch {
 // One token row x [K] (bf16 bits, logical order) → out [K_pad] bf16 bits in act_storage_index(·, layout)
 // order. quantize: NVFP4 with 32-element UE4M3 blocks and γ_a = nvfp4_tensor_scale(amax(x)) (Eq. 5), the
 // same fp32 order as format::quantize_activation_row, storing dec(q)·dec(c) (exact) and *inv_scale = 1/γ_a.
+// static_gamma > 0 replaces that γ_a (a checkpoint's static input_global_scale, compressed-tensors
+// input_activations.dynamic false: format::nvfp4_fake_quant_blocks with the given global scale).
 // !quantize (W4A16): the bf16 values, permuted; *inv_scale = 1. The layout changes only where values
 // go, never their bits. Errors: K not a positive multiple of 32.
 void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
-                       format::ActLayout layout = format::ActLayout::kMmaFragment);
+                       format::ActLayout layout = format::ActLayout::kMmaFragment, float static_gamma = 0.0f);
 
 // The same NVFP4 quantizer on an fp32 row (the fp32-input paths of act_dispatch / swiglu_quant).
 void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale,
-                           format::ActLayout layout = format::ActLayout::kMmaFragment);
+                           format::ActLayout layout = format::ActLayout::kMmaFragment, float static_gamma = 0.0f);
 
 // An all-empty batch of E experts × capacity slots for rows of K values in `layout`: x zero, 1/γ_a = 1,
 // counts 0, no routes.

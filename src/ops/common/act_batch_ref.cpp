@@ -20,12 +20,13 @@ float value_of(const uint16_t* x, int64_t k) { return bf16_to_f32(x[k]); }
 float value_of(const float* x, int64_t k) { return x[k]; }
 
 template <typename Row>
-void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout) {
+void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout,
+               float static_gamma) {
   const int64_t K_pad = format::padded_k(K);
   std::fill(out, out + K_pad, uint16_t{0});
   float amax = 0.0f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(value_of(x, k)));
-  const float gamma = format::nvfp4_tensor_scale(amax);
+  const float gamma = static_gamma > 0.0f ? static_gamma : format::nvfp4_tensor_scale(amax);
   constexpr int B = format::kActScaleBlock;
   for (int64_t b0 = 0; b0 < K; b0 += B) {
     float bmax = 0.0f;
@@ -43,7 +44,7 @@ void quant_row(const Row* x, int64_t K, uint16_t* out, float* inv_scale, format:
 }  // namespace
 
 void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* out, float* inv_scale,
-                       format::ActLayout layout) {
+                       format::ActLayout layout, float static_gamma) {
   MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_ref: K=", K, " is not a multiple of ",
               format::kActScaleBlock);
   if (!quantize) {
@@ -52,13 +53,14 @@ void act_quant_row_ref(const uint16_t* x, int64_t K, bool quantize, uint16_t* ou
     *inv_scale = 1.0f;
     return;
   }
-  quant_row(x, K, out, inv_scale, layout);
+  quant_row(x, K, out, inv_scale, layout, static_gamma);
 }
 
-void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout) {
+void act_quant_row_f32_ref(const float* x, int64_t K, uint16_t* out, float* inv_scale, format::ActLayout layout,
+                           float static_gamma) {
   MOESQ_CHECK(K > 0 && K % format::kActScaleBlock == 0, "act_quant_row_f32_ref: K=", K, " is not a multiple of ",
               format::kActScaleBlock);
-  quant_row(x, K, out, inv_scale, layout);
+  quant_row(x, K, out, inv_scale, layout, static_gamma);
 }
 
 ActBatch empty_act_batch(int num_experts, int capacity, int64_t K, format::ActLayout layout) {

@@ -106,7 +106,8 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int sel) {
 // Row s_row [K] (bf16 bits or fp32, logical order, shared memory; fp32 rows are rounded to bf16
 // only on the !quantize path) → out [K_pad] (global, 16-byte aligned) in the K order `layout`
 // (kActLayoutMmaFragment or kActLayoutKMajor). quantize: NVFP4 decoded values dec(q)·dec(c) and
-// *inv_scale = 1/γ_a; else the bf16 values and 1. All threads of the block must call it (blockDim.x a
+// *inv_scale = 1/γ_a, with γ_a = 448·6/amax(row) (Eq. 5), or `static_gamma` when > 0 (a checkpoint's
+// stored input_global_scale; must be the same in every thread of the block); else the bf16 values and 1. All threads of the block must call it (blockDim.x a
 // multiple of 32); K % 32 == 0, K_pad % 256 == 0. s_red: 32 floats of shared scratch.
 //
 // Each thread owns 8 consecutive logical columns (a quarter of a 32-wide scale block: the four
@@ -116,9 +117,12 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int sel) {
 // transpose over the 4 lanes) — act_storage_in_step for every column, one 16-byte store per thread.
 template <typename Row>
 __device__ inline void quantize_row_to_kernel_layout(const Row* s_row, int K, int K_pad, bool quantize,
-                                                     uint16_t* out, float* inv_scale, float* s_red, int layout) {
+                                                     uint16_t* out, float* inv_scale, float* s_red, int layout,
+                                                     float static_gamma = 0.0f) {
   float gamma = 1.0f;
-  if (quantize) {
+  if (quantize && static_gamma > 0.0f) {
+    gamma = static_gamma;
+  } else if (quantize) {
     float amax = 0.0f;
     for (int k0 = 8 * static_cast<int>(threadIdx.x); k0 < K; k0 += 8 * static_cast<int>(blockDim.x)) {
       float f[8];

@@ -9,6 +9,7 @@
 #include <mma.h>
 
 #include "core/cuda/check.cuh"
+#include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 
 namespace moesq::ops {
@@ -123,6 +124,14 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   gemm_bf16_check(a);
   if (a.M == 0) return;
   if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
+  if (detail::gemm_bf16_large_m_fits(a)) return detail::gemm_bf16_large_m(a, stream);  // M > 64: same bits
+  detail::gemm_bf16_tile(a, stream);
+}
+
+namespace detail {
+
+void gemm_bf16_tile(const GemmBf16Args& a, cudaStream_t stream) {
+  if (a.M == 0) return;
   const dim3 grid(static_cast<unsigned>((a.N + kGemmBlockN - 1) / kGemmBlockN),
                   static_cast<unsigned>((a.M + kGemmBlockM - 1) / kGemmBlockM), static_cast<unsigned>(a.groups));
   MOESQ_CHECK(grid.y <= 65535 && grid.z <= 65535, "gemm_bf16: M=", a.M, " or G=", a.groups, " too large for the grid");
@@ -141,5 +150,7 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   gemm_bf16_kernel<<<grid, kThreads, 0, stream>>>(a, 0, a.K, nullptr);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel");
 }
+
+}  // namespace detail
 
 }  // namespace moesq::ops

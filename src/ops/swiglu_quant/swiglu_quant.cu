@@ -54,12 +54,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
     }
   }
   __syncthreads();
+  const float sg = a.act_gamma ? a.act_gamma[e] : 0.0f;  // > 0: the expert's static γ_a
   if (f32_row)
     detail::quantize_row_to_kernel_layout(s_rowf, static_cast<int>(a.I), static_cast<int>(a.I_pad), true,
-                                          a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout), sg);
   else
     detail::quantize_row_to_kernel_layout(s_row, static_cast<int>(a.I), static_cast<int>(a.I_pad), a.quantize,
-                                          a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout));
+                                          a.out + s * a.I_pad, a.inv_scale + s, s_red, static_cast<int>(a.layout), sg);
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ struct SwigluQuantArgs {
   int num_experts = 0, capacity = 0;
   int64_t I = 0, I_pad = 0;          // I % 32 == 0; I_pad = format::padded_k(I)
   bool quantize = true;
+  // [E] static γ_a per expert (the checkpoint's input_global_scale of down_proj: compressed-tensors
+  // input_activations.dynamic false), each finite and > 0, or nullptr: γ_a per row = 448·6/amax (Eq. 5).
+  const float* act_gamma = nullptr;
   format::ActLayout layout = format::ActLayout::kMmaFragment;  // K order of out: the GEMM kernel that reads it
   uint16_t* out = nullptr;           // [E, capacity, I_pad] bf16, format::act_storage_index(·, layout) order
   float* inv_scale = nullptr;        // [E, capacity] 1/γ_a

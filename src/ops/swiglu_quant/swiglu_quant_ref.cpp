@@ -39,8 +39,12 @@ void swiglu_slot(const SwigluQuantArgs& a, int64_t s, std::vector<uint16_t>& row
   }
   uint16_t* out = a.out + s * a.I_pad;  // [I_pad]
   std::fill(out, out + a.I_pad, uint16_t{0});
-  if (f32_row) act_quant_row_f32_ref(row_f32.data(), a.I, out, a.inv_scale + s, a.layout);
-  else act_quant_row_ref(row.data(), a.I, a.quantize, out, a.inv_scale + s, a.layout);
+  const int e = static_cast<int>(s / a.capacity);
+  const float g = a.act_gamma ? a.act_gamma[e] : 0.0f;
+  MOESQ_CHECK(!a.act_gamma || !a.quantize || (std::isfinite(g) && g > 0.0f), "swiglu_quant_ref: act_gamma[", e,
+              "]=", g, " is not a finite positive static scale");
+  if (f32_row) act_quant_row_f32_ref(row_f32.data(), a.I, out, a.inv_scale + s, a.layout, g);
+  else act_quant_row_ref(row.data(), a.I, a.quantize, out, a.inv_scale + s, a.layout, g);
 }
 
 }  // namespace

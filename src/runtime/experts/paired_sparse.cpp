@@ -79,6 +79,17 @@ class PairedSparseHost final : public ExpertBackendHost {
       out->gu.m_split = I;
     }
     out->down = format::kernel_layout_from_sparse48(pdown, where + " down experts");
+    if (act_quant_ && q.act_static && q.act_quant) {
+      out->act_gamma_gu.resize(E);
+      out->act_gamma_down.resize(E);
+      for (int64_t e = 0; e < E; ++e) {
+        const io::StaticActScales a = io::read_static_act_scales(ckpt, q, l, e);
+        MOESQ_CHECK(a.gate_up > 0.0f && a.down > 0.0f, where, " expert ", e, ": no static input_global_scale (",
+                    "config.json says input_activations.dynamic false)");
+        out->act_gamma_gu[e] = a.gate_up;
+        out->act_gamma_down[e] = a.down;
+      }
+    }
     return out;
   }
 

@@ -47,8 +47,9 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
   explicit PairedSparseDeviceExperts(bool act_quant) : quant_(act_quant) {}
   DeviceProjection gu;    // M = 2I, K_pad = H_pad
   DeviceProjection down;  // M = H, K_pad = I_pad
+  DevBuf<float> act_gamma_gu, act_gamma_down;  // [E] static γ_a of each GEMM's input, or empty (per row)
 
-  size_t bytes() const override { return gu.bytes() + down.bytes(); }
+  size_t bytes() const override { return gu.bytes() + down.bytes() + act_gamma_gu.bytes() + act_gamma_down.bytes(); }
 
   void run(const ExpertStage& s, cudaStream_t stream) const override {
     const MoeBlockDims& dm = *s.dims;
@@ -59,6 +60,7 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     ops::DispatchArgs d = stage_dispatch_args(s);
     d.quantize = quant_, d.layout = ops::sparse_gemm_act_layout(c1);
     d.x_lo = quant_ ? s.x_lo : nullptr;  // W4A4: quantize the near-fp32 row (hi + lo), as the CPU forward
+    d.act_gamma = act_gamma_gu.n ? act_gamma_gu.p : nullptr;
     if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::SparseGemmArgs g;
     g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.w_inv_gamma_hi = gu.hi(), g.m_split = gu.m_split;
@@ -69,6 +71,7 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
     sw.quantize = quant_, sw.layout = ops::sparse_gemm_act_layout(c2);
+    sw.act_gamma = act_gamma_down.n ? act_gamma_down.p : nullptr;
     if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.w_inv_gamma_hi = nullptr, g.m_split = 0;
     g.x = b.ad, g.x_layout = sw.layout;
@@ -91,6 +94,10 @@ class PairedSparseDevice final : public ExpertBackendDevice {
     auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
     out->gu.upload(h->gu);
     out->down.upload(h->down);
+    if (!h->act_gamma_gu.empty()) {
+      out->act_gamma_gu.upload(h->act_gamma_gu);
+      out->act_gamma_down.upload(h->act_gamma_down);
+    }
     return out;
   }
 

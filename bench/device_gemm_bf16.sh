@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Session 16's device call: build; the GPU tests of the large-M gemm_bf16 path and of static activation
+# scales (+ compute-sanitizer memcheck); bench_gemm_bf16 (tile kernel vs gemm_bf16 vs cuBLAS, same run);
+# `moesq bench e2e` at Qwen3-30B-A3B shapes (TTFT of 64 × 1,024-token prompts and TPOT at B = 64, the
+# numbers of bench/NOTES.md "Serving at real shapes v1"). Everything lands in $OUT: summary.txt first.
+#   STEPS="tests bench e2e" (default all three)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+set -uo pipefail
+O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
+W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
+export PATH="/usr/local/cuda/bin:$PATH"
+STEPS=${STEPS:-tests bench e2e}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+log() { echo "$*" | tee -a "$S"; }
+GPU_TESTS=${GPU_TESTS:-test_engine_ops test_act_dispatch test_swiglu_quant test_engine_reference_layout test_engine}
+MEMCHECK=${MEMCHECK:-test_act_dispatch test_swiglu_quant test_engine_ops test_engine_reference_layout}
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
+B=${BUILD_DIR:-build-dev}
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON > "$W/cfg.log" 2>&1 &&
+  cmake --build "$B" -j16 --target moesq bench_gemm_bf16 $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
+  { log "FAIL: build"; grep -E "error" "$W/build.log" | head -20 | tee -a "$S"; tail -20 "$W/build.log" >> "$S"; exit 1; }
+log "build $(( $(date +%s) - t0 )) s"
+finish() { (cd "$W" && tar czf "$O/logs.tgz" *.log 2>/dev/null); log "total $(( $(date +%s) - t0 )) s"; }
+trap finish EXIT
+
+if has tests; then
+  C=$W/tiny-sgptq
+  "$B/moesq" compress models/tiny-qwen3-moe --method sgptq --calib-samples 32 --out "$C" > "$W/compress.log" 2>&1
+  log "compress tiny sgptq rc=$?"
+  export MOESQ_TINY_COMPRESSED=$C
+  for t in $GPU_TESTS; do
+    timeout 400 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
+    log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
+    [[ " $MEMCHECK " == *" $t "* ]] || continue
+    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*"
+    timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
+    log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
+  done
+  log "tests $(( $(date +%s) - t0 )) s"
+fi
+
+if has bench; then
+  timeout 300 "$B/bench_gemm_bf16" --out "$O/bench_gemm_bf16.json" > "$O/bench_gemm_bf16.txt" 2>&1
+  log "bench_gemm_bf16 rc=$?"; cat "$O/bench_gemm_bf16.txt" >> "$S"
+fi
+
+if has e2e; then
+  # --deterministic on,off: the same engine with cuBLAS for q|k|v, o_proj, router and lm_head is the peer.
+  for ex in sparse-w4a4 bf16; do
+    timeout 240 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts $ex --batch 1,64 --prompt-len 1024 \
+      --gen "${E2E_GEN:-64}" --deterministic on,off --json > "$O/e2e_$ex.json" 2> "$O/e2e_$ex.err"
+    log "bench e2e $ex B=1,64 1024/${E2E_GEN:-64} rc=$?"; grep -E '\[bench e2e\]' "$O/e2e_$ex.err" | tee -a "$S"
+  done
+fi
