@@ -1,7 +1,10 @@
-// Internal to ops/gemm_bf16: the large-M path gemm_bf16 takes when M > kGemmSmallM
-// and N ≥ kGemmLargeMinN (gemm_bf16_large_m.cu): 128×128 CTA tiles, a 3-stage cp.async pipeline, ldmatrix + mma.sync
-// m16n8k16. Same arguments, same bits per row as the 64×64 tile kernel (the batch invariance of
-// gemm_bf16.h): prefill and large-batch decode GEMMs at several times its rate (bench/NOTES.md).
+// Internal to ops/gemm_bf16: the large-M path for M > kGemmSmallM and N ≥ kGemmLargeMinN
+// (gemm_bf16_large_m.cu): 128×128 CTA tiles, a 3-stage cp.async pipeline, ldmatrix + mma.sync m16n8k16.
+// Same arguments, same bits per row as the 64×64 tile kernel (the batch invariance of gemm_bf16.h),
+// for prefill and large-batch decode GEMMs at several times its rate. Status: written and compiled in
+// session 16, when no device was lent; gemm_bf16 does not dispatch to it until tests/gpu/
+// test_engine_ops.cu (GemmBf16LargeM*) and bench_gemm_bf16 have run on the H200 (bench/NOTES.md).
+// Then gemm_bf16 takes it when gemm_bf16_large_m_fits.
 #pragma once
 #include "ops/gemm_bf16/gemm_bf16.h"
 
