@@ -48,7 +48,7 @@ struct ServeArgs {
   int max_num_seqs = 16;
   int64_t max_model_len = 0;  // 0: min(max_position_embeddings, 4096); synthetic: kSyntheticMaxLen
   int64_t max_queue = 256;
-  int64_t max_batched = 0;    // --max-num-batched-tokens: tokens per prefill forward (GPU); 0: kDefaultBatchedTokens
+  int64_t max_batched = 0;    // --max-num-batched-tokens: prompt tokens per step; 0: scheduler_batched_tokens
   int64_t layers = 0;         // --synthetic: decoder layers (0 = all)
   uint64_t seed = 1;          // --synthetic: weight seed
   bool layers_given = false, seed_given = false;
@@ -61,11 +61,18 @@ constexpr int64_t kSyntheticMaxLen = 4096 + 256;
 // Default --max-num-batched-tokens (vLLM's default for online serving), raised to --max-model-len.
 constexpr int64_t kDefaultBatchedTokens = 8192;
 
-// The GPU engine's tokens per forward: the prompts admitted in one step are prefilled together up to
-// --max-num-batched-tokens; a forward must also hold a whole prompt and a decode of every slot.
+// The GPU engine's tokens per forward: a step's prompt chunks (--max-num-batched-tokens), and as before
+// a whole prompt (so that no prompt up to the budget is ever cut) and a decode of every slot.
 int64_t engine_max_tokens(const ServeArgs& a, int64_t max_len) {
   const int64_t batched = a.max_batched > 0 ? a.max_batched : kDefaultBatchedTokens;
   return std::max({batched, max_len, static_cast<int64_t>(a.max_num_seqs)});
+}
+
+// Prompt tokens the scheduler prefills per step (chunked prefill): --max-num-batched-tokens; unset,
+// 8192 on the GPU and whole prompts on the CPU (which steps a prompt token by token either way).
+int64_t scheduler_batched_tokens(const ServeArgs& a) {
+  if (a.max_batched > 0) return a.max_batched;
+  return a.device == "cuda" ? kDefaultBatchedTokens : 0;
 }
 
 // What the server runs: a checkpoint (its tokenizer, the CPU model or the GPU engine) or a synthetic
@@ -99,8 +106,6 @@ void check_source(const ServeArgs& a) {
   check_finite_needs_cuda(a.check_finite, a.device);
   MOESQ_CHECK(a.max_batched >= 0 && a.max_batched <= (int64_t(1) << 20), "--max-num-batched-tokens: ", a.max_batched,
               " is not in [0, 1048576]");
-  MOESQ_CHECK(a.max_batched == 0 || a.device == "cuda", "--max-num-batched-tokens applies to --device cuda only (the "
-              "CPU backend prefills one prompt at a time)");
   MOESQ_CHECK(!a.dir.empty() || !a.synthetic.empty(), "moesq serve: give a checkpoint DIR or --synthetic MODEL");
   MOESQ_CHECK(a.dir.empty() || a.synthetic.empty(), "moesq serve: DIR (", a.dir, ") and --synthetic ", a.synthetic,
               " are exclusive: give one");
@@ -207,7 +212,7 @@ void run_serve(const ServeArgs& a) {
   else open_synthetic(a, m);
   const int64_t max_len = m.max_len;
   serve::Metrics metrics;
-  serve::Scheduler sched(*m.backend, serve::SchedulerOptions{a.max_queue}, metrics);
+  serve::Scheduler sched(*m.backend, serve::SchedulerOptions{a.max_queue, scheduler_batched_tokens(a)}, metrics);
   ctx.scheduler = &sched, ctx.metrics = &metrics, ctx.tokenizer = m.tok ? &*m.tok : nullptr;
   ctx.limits = serve::ProtocolLimits{m.backend->vocab_size(), max_len};
   ctx.model_name = m.name;
@@ -219,8 +224,11 @@ void run_serve(const ServeArgs& a) {
                m.name.c_str(), m.detail.c_str(), a.device.c_str(), m.backend_name.c_str(), a.max_num_seqs,
                static_cast<long long>(max_len) * a.max_num_seqs, a.max_num_seqs, static_cast<long long>(max_len));
   if (m.kv_bytes > 0) std::fprintf(stderr, ", %.3g MiB", m.kv_bytes / 1048576.0);
-  if (m.backend->max_prefill_tokens() > 0)
-    std::fprintf(stderr, ", prefill batches of up to %lld tokens", static_cast<long long>(m.backend->max_prefill_tokens()));
+  if (scheduler_batched_tokens(a) > 0)
+    std::fprintf(stderr, ", chunked prefill of up to %lld prompt tokens per step",
+                 static_cast<long long>(std::min(scheduler_batched_tokens(a), m.backend->max_prefill_tokens() > 0
+                                                                                  ? m.backend->max_prefill_tokens()
+                                                                                  : scheduler_batched_tokens(a))));
   const char* tail = !ctx.tokenizer      ? ", no tokenizer: token-id prompts only, no chat"
                      : !ctx.chat_template ? ", no chat template"
                                           : "";
@@ -264,9 +272,11 @@ void register_serve(CLI::App& app) {
                   "tokens per slot (prompt + max_tokens); 0 = min(max_position_embeddings, 4096), --synthetic: 4352")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->max_batched,
-                  "GPU engine: the prompts admitted in one step are prefilled together in forwards of up to this many "
-                  "tokens (raised to --max-model-len and --max-num-seqs); 0 = 8192. More: fewer, larger prefill "
-                  "forwards, and more GPU memory for activations")
+                  "chunked prefill: prompt tokens prefilled per step beside the decode of the running requests, "
+                  "first come first served; a prompt that fits goes in whole, a longer one in pieces of this size. "
+                  "0 = 8192 on the GPU (whose forward buffers hold max(this, --max-model-len, --max-num-seqs) tokens), "
+                  "whole prompts on the CPU. Less: shorter decode stalls while prompts arrive; more: fewer, larger "
+                  "prefill forwards")
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "requests that may wait for a slot; more get HTTP 503")
       ->capture_default_str();

@@ -1,6 +1,8 @@
 // CpuDecodeBackend (decode_backend.h): the seam over model::KvDecoder, one decoder per slot.
 #include "runtime/decode_backend.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/argmax/argmax.h"
 
@@ -13,6 +15,27 @@ std::vector<float> DecodeBackend::prefill_batch(const std::vector<int32_t>& slot
   std::vector<float> out;
   for (size_t i = 0; i < slots.size(); ++i) {
     const std::vector<float> z = prefill(slots[i], prompts[i]);
+    out.insert(out.end(), z.begin(), z.end());
+  }
+  return out;
+}
+
+std::vector<float> DecodeBackend::prefill_chunks(const std::vector<PrefillChunk>& chunks) {
+  std::vector<char> seen(static_cast<size_t>(std::max(num_slots(), 0)), 0);
+  for (const PrefillChunk& c : chunks) {
+    MOESQ_CHECK(c.slot >= 0 && c.slot < num_slots(), "decode backend: slot ", c.slot, " outside [0, ", num_slots(), ")");
+    MOESQ_CHECK(!c.tokens.empty(), "decode backend: empty prefill chunk for slot ", c.slot);
+    MOESQ_CHECK(!seen[c.slot], "decode backend: slot ", c.slot, " given twice in one prefill_chunks call");
+    seen[c.slot] = 1;
+  }
+  std::vector<float> out;
+  for (const PrefillChunk& c : chunks) {
+    std::vector<float> z;
+    if (c.start) {
+      z = prefill(c.slot, c.tokens);
+    } else {
+      for (int32_t t : c.tokens) z = decode({c.slot}, {t});
+    }
     out.insert(out.end(), z.begin(), z.end());
   }
   return out;

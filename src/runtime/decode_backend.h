@@ -12,6 +12,14 @@
 
 namespace moesq::runtime {
 
+// One piece of a prompt for DecodeBackend::prefill_chunks: `tokens` (non-empty) appended to `slot`;
+// start: the prompt's first piece (what the slot held is dropped first).
+struct PrefillChunk {
+  int slot = 0;
+  std::vector<int32_t> tokens;
+  bool start = true;
+};
+
 class DecodeBackend {
  public:
   virtual ~DecodeBackend() = default;
@@ -31,6 +39,15 @@ class DecodeBackend {
   // error no slot is left half-started in a way a later prefill of it would notice.
   virtual std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
                                            const std::vector<std::vector<int32_t>>& prompts);
+  // Chunked prefill: appends chunks[i].tokens to chunks[i].slot (distinct slots; a start chunk empties
+  // its slot first) and returns logits [n, V], row i for chunk i's last token. A prompt prefilled in
+  // pieces gives the bits prefill() of the whole prompt gives: the CPU decoder steps token by token, and
+  // the GPU engine's deterministic mode depends neither on the batch nor on how a sequence's tokens are
+  // split into forwards (engine.h). The GPU engine packs the chunks into forwards of at most
+  // max_prefill_tokens() tokens; this default runs prefill() for a start chunk and decode() token by
+  // token for a continuation. Errors: prefill's and decode's (an empty chunk, repeated slots); after an
+  // error a slot it named holds an undefined prefix until its next start chunk.
+  virtual std::vector<float> prefill_chunks(const std::vector<PrefillChunk>& chunks);
   // decode(), returning only each row's greedy next token: argmax of the row's logits, lowest id on
   // ties — the token runtime::Sampler picks at temperature 0 — so no [B, V] logits cross to the host
   // (the GPU engine takes the argmax on the device). Default: decode() then the argmax here.

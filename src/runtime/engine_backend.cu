@@ -1,6 +1,6 @@
-// EngineDecodeBackend::prefill_batch (engine_backend.h): prompts packed, in the order given, into
-// Engine::forward calls of at most max_tokens tokens (a longer prompt goes alone and meets forward's
-// error, as prefill() would).
+// EngineDecodeBackend::prefill_chunks / prefill_batch (engine_backend.h): chunks packed, in the order
+// given, into Engine::forward calls of at most max_tokens tokens (a longer chunk goes alone and meets
+// forward's error, as prefill() would); a start chunk empties its slot first.
 #include "runtime/engine_backend.h"
 
 #include "core/error.h"
@@ -11,17 +11,29 @@ std::vector<float> EngineDecodeBackend::prefill_batch(const std::vector<int32_t>
                                                       const std::vector<std::vector<int32_t>>& prompts) {
   MOESQ_CHECK(slots.size() == prompts.size(), "decode backend: ", slots.size(), " slots for ", prompts.size(),
               " prompts");
+  std::vector<PrefillChunk> chunks(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) chunks[i] = {slots[i], prompts[i], true};
+  return prefill_chunks(chunks);
+}
+
+std::vector<float> EngineDecodeBackend::prefill_chunks(const std::vector<PrefillChunk>& chunks) {
   const int64_t cap = eng_.max_tokens();
   std::vector<float> out;
-  out.reserve(slots.size() * static_cast<size_t>(vocab_size()));
-  for (size_t i = 0; i < slots.size();) {
+  out.reserve(chunks.size() * static_cast<size_t>(vocab_size()));
+  std::vector<char> seen(static_cast<size_t>(num_slots()), 0);
+  for (const PrefillChunk& c : chunks) {
+    MOESQ_CHECK(c.slot >= 0 && c.slot < num_slots(), "decode backend: slot ", c.slot, " outside [0, ", num_slots(), ")");
+    MOESQ_CHECK(!c.tokens.empty(), "decode backend: empty prefill chunk for slot ", c.slot);
+    MOESQ_CHECK(!seen[c.slot], "decode backend: slot ", c.slot, " given twice in one prefill_chunks call");
+    seen[c.slot] = 1;
+  }
+  for (size_t i = 0; i < chunks.size();) {
     std::vector<SeqChunk> group;
     int64_t tokens = 0;
-    while (i < slots.size() && (group.empty() || tokens + static_cast<int64_t>(prompts[i].size()) <= cap)) {
-      MOESQ_CHECK(!prompts[i].empty(), "decode backend: empty prompt for slot ", slots[i]);
-      eng_.reset(slots[i]);
-      group.push_back({slots[i], prompts[i]});
-      tokens += static_cast<int64_t>(prompts[i].size());
+    while (i < chunks.size() && (group.empty() || tokens + static_cast<int64_t>(chunks[i].tokens.size()) <= cap)) {
+      if (chunks[i].start) eng_.reset(chunks[i].slot);
+      group.push_back({chunks[i].slot, chunks[i].tokens});
+      tokens += static_cast<int64_t>(chunks[i].tokens.size());
       ++i;
     }
     const std::vector<float> z = eng_.forward(group, false);

@@ -1,6 +1,7 @@
 // The GPU engine behind the decode seam (decode_backend.h): slot s is the engine's KV slot s; a
-// prefill is Engine::forward of one chunk into the emptied slot (prefill_batch: several chunks per
-// forward, up to the engine's max_tokens), a decode step Engine::decode over the given slots (one CUDA
+// prefill is Engine::forward of one chunk into the emptied slot (prefill_batch and prefill_chunks:
+// several chunks per forward, up to the engine's max_tokens; a continuation chunk is appended at the
+// slot's length), a decode step Engine::decode over the given slots (one CUDA
 // graph per batch size, any slots; decode_greedy: the argmax on the GPU). CUDA builds only.
 // Batched prefill returns each prompt's bits alone only where the engine is batch-invariant: in its
 // deterministic mode (engine.h); with --deterministic off the q|k|v / o_proj / router / lm_head GEMMs
@@ -23,6 +24,7 @@ class EngineDecodeBackend final : public DecodeBackend {
   }
   std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
                                    const std::vector<std::vector<int32_t>>& prompts) override;
+  std::vector<float> prefill_chunks(const std::vector<PrefillChunk>& chunks) override;
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
     return eng_.decode(slots, tokens);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 
 namespace moesq::serve {
 
@@ -11,6 +12,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// SchedulerOptions::max_batched_tokens resolved: never above what one backend forward takes.
+int64_t chunk_budget(const SchedulerOptions& o, const runtime::DecodeBackend& b) {
+  MOESQ_CHECK(o.max_batched_tokens >= 0, "--max-num-batched-tokens: ", o.max_batched_tokens, " must be >= 0");
+  const int64_t cap = b.max_prefill_tokens() > 0 ? b.max_prefill_tokens() : std::numeric_limits<int64_t>::max();
+  return o.max_batched_tokens > 0 ? std::min(o.max_batched_tokens, cap) : cap;
+}
 }  // namespace
 
 Stream::Chunk Stream::next(std::chrono::milliseconds timeout) {
@@ -53,7 +61,7 @@ void Stream::finish(const std::string& reason, const std::string& error) {
 
 Scheduler::Scheduler(runtime::DecodeBackend& backend, const SchedulerOptions& opt, Metrics& metrics)
     : backend_(backend), opt_(opt), metrics_(metrics), num_slots_(backend.num_slots()),
-      slot_busy_(static_cast<size_t>(backend.num_slots()), 0) {
+      chunk_budget_(chunk_budget(opt, backend)), slot_busy_(static_cast<size_t>(backend.num_slots()), 0) {
   MOESQ_CHECK(num_slots_ >= 1, "scheduler: the decode backend has no slots");
   MOESQ_CHECK(opt_.max_queue >= 0, "--max-queue: ", opt_.max_queue, " must be >= 0");
   metrics_.set_load(0, 0, num_slots_);
@@ -116,51 +124,82 @@ void Scheduler::loop() {
   }
 }
 
-// Prefills the admitted requests into free slots, all in one prefill_batch (their first tokens are
-// sampled by the next step). When the batch fails, each request is prefilled alone, so that only the
-// one at fault ends with the error.
+// Gives the admitted requests free slots; their prompts go in by prefill_step, chunk by chunk.
 void Scheduler::admit(std::vector<Waiting>& batch) {
-  std::vector<Running> fresh;
-  std::vector<int32_t> slots;
-  std::vector<std::vector<int32_t>> prompts;
   for (Waiting& w : batch) {
-    Running r{-1, runtime::Sampler(w.req.sampling), w.req.stop, w.stream, {}, -1, 0, w.arrival, w.arrival};
+    Running r(w.req.sampling);
+    r.stop = w.req.stop;
+    r.stream = w.stream;
+    r.arrival = r.last_token = w.arrival;
     if (w.stream->cancelled()) {
       end_unslotted(r, "cancelled");
       continue;
     }
     const auto free_slot = std::find(slot_busy_.begin(), slot_busy_.end(), 0);
     r.slot = static_cast<int>(free_slot - slot_busy_.begin());
-    slot_busy_[r.slot] = 1;  // taken for this batch; given back below if its prefill fails
-    slots.push_back(r.slot);
-    prompts.push_back(std::move(w.req.prompt));
-    fresh.push_back(std::move(r));
+    slot_busy_[r.slot] = 1;
+    r.prompt = std::move(w.req.prompt);
+    running_.push_back(std::move(r));
   }
-  if (fresh.empty()) return;
+}
+
+// The next pieces of the prompts being prefilled, first admitted first, at most chunk_budget_ tokens in
+// all, in one prefill_chunks (whole prompts where they fit: see below). When that call fails, each of its sequences is prefilled again alone from
+// its first token (a start chunk up to where it would have reached), so that only the one at fault ends
+// with the error; the others lose nothing, the chunking changes no bits.
+void Scheduler::prefill_step() {
+  std::vector<size_t> idx;  // into running_
+  std::vector<runtime::PrefillChunk> chunks;
+  int64_t budget = chunk_budget_;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Running& r = running_[i];
+    if (r.ended || !r.prefilling()) continue;
+    if (r.stream->cancelled()) {
+      end(r, "cancelled");
+      continue;
+    }
+    const int64_t left = static_cast<int64_t>(r.prompt.size()) - r.prefilled;
+    // A prompt that fits one step's budget is never cut: it waits for the next step (first come, first
+    // served: the ones behind it wait too). Only a prompt longer than the budget goes in pieces.
+    if (r.prefilled == 0 && left <= chunk_budget_ && left > budget) break;
+    const int64_t n = std::min(left, budget);
+    budget -= n;
+    chunks.push_back({r.slot, std::vector<int32_t>(r.prompt.begin() + r.prefilled, r.prompt.begin() + r.prefilled + n),
+                      r.prefilled == 0});
+    idx.push_back(i);
+  }
+  if (chunks.empty()) return;
   const int64_t V = backend_.vocab_size();
   std::vector<float> z;
   try {
-    z = backend_.prefill_batch(slots, prompts);
-    MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(fresh.size()) * V, "scheduler: the backend ",
-                "returned ", z.size(), " prefill logits for ", fresh.size(), " prompts of ", V);
+    z = backend_.prefill_chunks(chunks);
+    MOESQ_CHECK(static_cast<int64_t>(z.size()) == static_cast<int64_t>(chunks.size()) * V, "scheduler: the backend ",
+                "returned ", z.size(), " prefill logits for ", chunks.size(), " chunks of ", V);
   } catch (const std::exception&) {
     z.clear();
   }
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    Running& r = fresh[i];
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    Running& r = running_[idx[k]];
+    const int64_t upto = r.prefilled + static_cast<int64_t>(chunks[k].tokens.size());
+    std::vector<float> row;
     if (!z.empty()) {
-      r.logits.assign(z.begin() + static_cast<int64_t>(i) * V, z.begin() + static_cast<int64_t>(i + 1) * V);
+      row.assign(z.begin() + static_cast<int64_t>(k) * V, z.begin() + static_cast<int64_t>(k + 1) * V);
     } else {
       try {
-        r.logits = backend_.prefill(r.slot, prompts[i]);
+        row = backend_.prefill_chunks({{r.slot, std::vector<int32_t>(r.prompt.begin(), r.prompt.begin() + upto), true}});
+        MOESQ_CHECK(static_cast<int64_t>(row.size()) == V, "scheduler: the backend returned ", row.size(),
+                    " prefill logits for one chunk of ", V);
       } catch (const std::exception& e) {
-        slot_busy_[r.slot] = 0;
-        end_unslotted(r, "error", e.what());
+        end(r, "error", e.what());
         continue;
       }
     }
-    metrics_.add_prompt_tokens(static_cast<int64_t>(prompts[i].size()));
-    running_.push_back(std::move(r));
+    r.prefilled = upto;
+    if (r.prefilling()) continue;
+    metrics_.add_prompt_tokens(static_cast<int64_t>(r.prompt.size()));
+    r.logits = std::move(row);
+    std::vector<int32_t>().swap(r.prompt);
+    r.prefilled = 0;  // prompt empty: not prefilling
   }
 }
 
@@ -174,6 +213,7 @@ void Scheduler::end_unslotted(Running& r, const std::string& reason, const std::
 // must find room.
 void Scheduler::end(Running& r, const std::string& reason, const std::string& error) {
   if (r.slot >= 0) slot_busy_[r.slot] = 0;
+  r.ended = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
     --num_running_;
@@ -184,18 +224,21 @@ void Scheduler::end(Running& r, const std::string& reason, const std::string& er
   r.stream->finish(reason, error);
 }
 
-// Generator::step's order: sample, stop?, then one decode of the sequences that go on.
+// The prompts' next chunks, then Generator::step's order for every sequence whose prompt is in:
+// sample, stop?, then one decode of the sequences that go on.
 void Scheduler::step() {
+  prefill_step();
   const int64_t V = backend_.vocab_size();
   std::vector<int32_t> slots, tokens;
   std::vector<size_t> cont;  // indices into running_
-  std::vector<char> gone(running_.size(), 0);
   for (size_t i = 0; i < running_.size(); ++i) {
     Running& r = running_[i];
+    if (r.ended) continue;
     if (r.stream->cancelled()) {
-      end(r, "cancelled"), gone[i] = 1;
+      end(r, "cancelled");
       continue;
     }
+    if (r.prefilling()) continue;
     const int32_t t = r.next_id >= 0 ? r.next_id : r.sampler.next(r.logits.data(), V);
     r.next_id = -1;
     const auto now = Clock::now();
@@ -208,9 +251,9 @@ void Scheduler::step() {
     metrics_.add_generation_tokens(1);
     r.stream->push(t);
     if (std::find(r.stop.stop_ids.begin(), r.stop.stop_ids.end(), t) != r.stop.stop_ids.end()) {
-      end(r, "stop"), gone[i] = 1;
+      end(r, "stop");
     } else if (r.generated >= r.stop.max_new_tokens) {
-      end(r, "length"), gone[i] = 1;
+      end(r, "length");
     } else {
       slots.push_back(r.slot), tokens.push_back(t), cont.push_back(i);
     }
@@ -238,13 +281,13 @@ void Scheduler::step() {
                                           z.begin() + static_cast<int64_t>(b + 1) * V);
       }
     } catch (const std::exception& e) {
-      for (size_t i : cont) end(running_[i], "error", e.what()), gone[i] = 1;
+      for (size_t i : cont) end(running_[i], "error", e.what());
     }
   }
   std::vector<Running> rest;
   rest.reserve(running_.size());
-  for (size_t i = 0; i < running_.size(); ++i)
-    if (!gone[i]) rest.push_back(std::move(running_[i]));
+  for (Running& r : running_)
+    if (!r.ended) rest.push_back(std::move(r));
   running_ = std::move(rest);
 }
 

@@ -1,16 +1,20 @@
 // Continuous batching for `moesq serve`: requests from any thread, ONE engine thread that owns the
-// runtime::DecodeBackend. Every step it admits waiting requests into free KV slots (their whole prompts
-// in one DecodeBackend::prefill_batch, which the GPU engine packs into forwards of up to
-// --max-num-batched-tokens), then, for every running sequence, samples the next token from that
+// runtime::DecodeBackend. Every step it admits waiting requests into free KV slots, prefills the next
+// pieces of the admitted prompts — chunked prefill: at most SchedulerOptions::max_batched_tokens prompt
+// tokens per step, first admitted first, in one DecodeBackend::prefill_chunks (the GPU engine packs
+// them into forwards); a prompt that fits that budget goes in whole, a longer one in pieces — then, for every sequence whose prompt is in, samples the next token from that
 // sequence's own runtime::Sampler, applies the stop conditions and sends the rest through one batched
 // decode — DecodeBackend::decode_greedy when every sequence going on is greedy (the argmax on the GPU,
-// no [B, V] logits to the host), else decode() and the samplers on the host.
+// no [B, V] logits to the host), else decode() and the samplers on the host. So a long prompt never
+// stalls the running sequences for longer than one chunk, and a prompt longer than a forward is taken
+// in pieces.
 // The non-obvious decision: the per-sequence order is exactly runtime::Generator's (prefill; then
 // sample, stop?, decode), so a request's tokens equal Generator::generate of that request alone on
-// the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs: a batched
-// prefill row is bitwise the prompt's prefill alone there, and a greedy sampler's token is the argmax.
-// Not built: chunked prefill (a prompt is prefilled whole, between decode steps), a paged KV cache
-// (each slot holds max_len tokens), and preemption (a request waits until a slot is free).
+// the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs: a prefill
+// row is bitwise the prompt's prefill alone there however the prompt was cut into chunks and batched,
+// and a greedy sampler's token is the argmax.
+// Not built: a paged KV cache (each slot holds max_len tokens) and preemption (a request waits until a
+// slot is free).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -73,6 +77,9 @@ class SchedulerBusy : public Error {
 
 struct SchedulerOptions {
   int64_t max_queue = 256;  // waiting requests beyond the running ones; more are refused
+  // Prompt tokens prefilled per step (chunked prefill, beside the decode of the running sequences);
+  // 0: the backend's max_prefill_tokens(), and where that is 0 too, whole prompts.
+  int64_t max_batched_tokens = 0;
 };
 
 class Scheduler {
@@ -98,7 +105,11 @@ class Scheduler {
     std::chrono::steady_clock::time_point arrival;
   };
   struct Running {
+    explicit Running(const runtime::SamplerOptions& o) : sampler(o) {}
     int slot = -1;
+    std::vector<int32_t> prompt;  // while prefilling: the whole prompt (cleared once it is in)
+    int64_t prefilled = 0;        // prompt tokens in the slot
+    bool ended = false;           // end() ran: dropped at the end of the step
     runtime::Sampler sampler;
     runtime::StopOptions stop;
     std::shared_ptr<Stream> stream;
@@ -106,9 +117,11 @@ class Scheduler {
     int32_t next_id = -1;       // >= 0: the next token, chosen by decode_greedy (a greedy sampler)
     int64_t generated = 0;
     std::chrono::steady_clock::time_point arrival, last_token;
+    bool prefilling() const { return prefilled < static_cast<int64_t>(prompt.size()); }
   };
   void loop();
   void admit(std::vector<Waiting>& batch);
+  void prefill_step();
   void step();
   void end(Running& r, const std::string& reason, const std::string& error = "");
   void end_unslotted(Running& r, const std::string& reason, const std::string& error = "");
@@ -117,6 +130,7 @@ class Scheduler {
   SchedulerOptions opt_;
   Metrics& metrics_;
   const int num_slots_;
+  const int64_t chunk_budget_;  // prompt tokens per step (max_batched_tokens resolved; ≥ 1)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Waiting> waiting_;  // guarded by mu_

@@ -320,6 +320,49 @@ TEST(Engine, BackendPrefillBatchIsPrefillAloneAndDecodeGreedyIsTheArgmax) {
   EXPECT_EQ(ids, runtime::greedy_rows(dec.decode(slots, toks), V));
 }
 
+// Chunked prefill through the seam (what `serve` does with --max-num-batched-tokens): each prompt cut
+// into pieces of 7 tokens, the pieces of all five prompts interleaved over several prefill_chunks calls,
+// gives every prompt's last-token logits BITWISE those of its prefill alone, in the sparse and the bf16
+// backend (the deterministic engine depends neither on the batch nor on the chunk boundaries).
+TEST(Engine, ChunkedPrefillEqualsWholePrefillBitwise) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_seqs = 5, opt.max_len = 64, opt.max_tokens = 64;
+  runtime::Engine eng(ckpt, opt);
+  runtime::EngineDecodeBackend dec(eng);
+  const int64_t V = eng.spec().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(text_tokens(9 + 11 * i, 60 + i));  // 9 .. 53 tokens
+  std::vector<std::vector<float>> alone;
+  for (int i = 0; i < 5; ++i) alone.push_back(dec.prefill(0, prompts[i]));
+  eng.reset();
+  std::vector<size_t> done(5, 0);
+  std::vector<std::vector<float>> last(5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<runtime::PrefillChunk> chunks;
+    std::vector<int> who;
+    for (int i = 0; i < 5; ++i) {
+      if (done[i] == prompts[i].size() || (round + i) % 3 == 0) continue;  // not every prompt every round
+      const size_t n = std::min<size_t>(7, prompts[i].size() - done[i]);
+      chunks.push_back({i, std::vector<int32_t>(prompts[i].begin() + done[i], prompts[i].begin() + done[i] + n), done[i] == 0});
+      who.push_back(i);
+      done[i] += n;
+    }
+    if (chunks.empty()) continue;
+    const std::vector<float> z = dec.prefill_chunks(chunks);
+    ASSERT_EQ(z.size(), chunks.size() * static_cast<size_t>(V));
+    for (size_t k = 0; k < who.size(); ++k) last[who[k]].assign(z.begin() + k * V, z.begin() + (k + 1) * V);
+  }
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(done[i], prompts[i].size()) << "prompt " << i << " not fully prefilled";
+    EXPECT_EQ(eng.length(i), static_cast<int64_t>(prompts[i].size())) << i;
+    ASSERT_EQ(last[i].size(), alone[i].size());
+    size_t differ = 0;
+    for (size_t v = 0; v < alone[i].size(); ++v) differ += bits(last[i][v]) != bits(alone[i][v]);
+    EXPECT_EQ(differ, 0u) << "prompt " << i << ": " << differ << " logits differ from its prefill alone";
+  }
+}
+
 TEST(Engine, DeterministicBatchInvarianceBf16) { check_batch_invariance(tiny(), runtime::ExpertBackend::kBf16); }
 
 TEST(Engine, DeterministicBatchInvarianceSparse) {

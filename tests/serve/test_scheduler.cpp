@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "io/checkpoint.h"
@@ -154,7 +155,7 @@ TEST(Scheduler, ShutdownDrainFinishesInFlightThenRefuses) {
 
 namespace {
 
-// The CPU backend behind a counter of the seam's calls. Its first prefill_batch waits for release(), so
+// The CPU backend behind a counter of the seam's calls. Its first prefill_chunks waits for release(), so
 // that a test can queue requests while the engine thread is busy (the next admission takes them all);
 // a prompt equal to `poison` fails its prefill (alone or in a batch).
 class CountingBackend final : public runtime::DecodeBackend {
@@ -167,24 +168,37 @@ class CountingBackend final : public runtime::DecodeBackend {
     if (prompt == poison) throw Error("poisoned prompt");
     return in_.prefill(slot, prompt);
   }
-  std::vector<float> prefill_batch(const std::vector<int32_t>& slots,
-                                   const std::vector<std::vector<int32_t>>& prompts) override {
+  // The scheduler's prefill path: the first call waits for release(); each call is logged ('P', its
+  // tokens in largest_tokens), a chunk equal to `poison` throws.
+  std::vector<float> prefill_chunks(const std::vector<runtime::PrefillChunk>& chunks) override {
     if (batches++ == 0) {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return released_; });
     }
-    largest_batch = std::max(largest_batch.load(), static_cast<int>(slots.size()));
-    for (const auto& p : prompts)
-      if (p == poison) throw Error("poisoned prompt");
-    return in_.prefill_batch(slots, prompts);
+    largest_batch = std::max(largest_batch.load(), static_cast<int>(chunks.size()));
+    int tokens = 0;
+    for (const auto& c : chunks) {
+      if (c.tokens == poison) throw Error("poisoned prompt");
+      tokens += static_cast<int>(c.tokens.size());
+      continuations += !c.start;
+    }
+    largest_tokens = std::max(largest_tokens.load(), tokens);
+    note('P');
+    return in_.prefill_chunks(chunks);
   }
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
     ++decodes;
+    note('D');
     return in_.decode(slots, tokens);
   }
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
     ++greedy_decodes;
+    note('D');
     return in_.decode_greedy(slots, tokens);
+  }
+  std::string calls() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return log_;
   }
   void release() {
     {
@@ -194,9 +208,15 @@ class CountingBackend final : public runtime::DecodeBackend {
     cv_.notify_all();
   }
   std::vector<int32_t> poison;
-  std::atomic<int> prefills{0}, batches{0}, largest_batch{0}, decodes{0}, greedy_decodes{0};
+  std::atomic<int> prefills{0}, batches{0}, largest_batch{0}, largest_tokens{0}, continuations{0}, decodes{0},
+      greedy_decodes{0};
 
  private:
+  void note(char c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    log_ += c;
+  }
+  std::string log_;  // one letter per call, in order: P prefill_chunks, D decode / decode_greedy
   runtime::DecodeBackend& in_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -215,10 +235,11 @@ std::vector<int32_t> generate_alone(const serve::GenRequest& r) {
   return runtime::Generator(one).generate(r.prompt, r.sampling, r.stop);
 }
 
-// Request 0 is submitted alone (its prefill_batch waits); then `rest` are queued and the gate opens.
-std::vector<serve::Stream::Chunk> run_gated(CountingBackend& b, const std::vector<serve::GenRequest>& reqs) {
+// Request 0 is submitted alone (its prefill_chunks waits); then `rest` are queued and the gate opens.
+std::vector<serve::Stream::Chunk> run_gated(CountingBackend& b, const std::vector<serve::GenRequest>& reqs,
+                                            int64_t max_batched_tokens = 0) {
   serve::Metrics metrics;
-  serve::Scheduler sched(b, serve::SchedulerOptions{16}, metrics);
+  serve::Scheduler sched(b, serve::SchedulerOptions{16, max_batched_tokens}, metrics);
   std::vector<std::shared_ptr<serve::Stream>> streams{sched.submit(reqs[0])};
   while (b.batches.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   for (size_t i = 1; i < reqs.size(); ++i) streams.push_back(sched.submit(reqs[i]));
@@ -276,5 +297,50 @@ TEST(Scheduler, AFailedBatchPrefillEndsOnlyTheRequestAtFault) {
       EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
     }
   }
-  EXPECT_EQ(b.prefills.load(), 3);  // the failed batch of three, prefilled one by one
+  // Request 0; the batch of the three queued behind it, which fails; each of those three again alone.
+  EXPECT_EQ(b.batches.load(), 5);
+}
+
+// Chunked prefill (max_batched_tokens 5): long prompts go in pieces of at most 5 tokens per step while
+// the sequence already running keeps decoding between them, and every request's tokens are still those
+// of Generator::generate alone (a prompt prefilled in pieces gives the bits of the whole prompt).
+TEST(Scheduler, ChunkedPrefillInterleavesWithDecodeAndEqualsGeneratorAlone) {
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(i));
+  reqs[0].stop.max_new_tokens = 24;  // decoding all along
+  for (int i = 1; i < 4; ++i) {
+    reqs[i].prompt.clear();
+    for (int k = 0; k < 9 + 7 * i; ++k) reqs[i].prompt.push_back(static_cast<int32_t>((53 * i + 17 * k) % 256));
+  }
+  reqs[2].sampling.temperature = 0.9f;  // one sampled sequence: logits for the decode rows too
+  runtime::CpuDecodeBackend cpu(tiny().m, kMaxLen, 4, tiny().m.default_forward_options());
+  CountingBackend b(cpu);
+  const auto got = run_gated(b, reqs, 5);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].finish_reason, "length") << "request " << i;
+    EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
+  }
+  EXPECT_LE(b.largest_tokens.load(), 5);
+  EXPECT_GT(b.continuations.load(), 0);
+  const std::string calls = b.calls();
+  // 16 + 23 + 30 prompt tokens behind request 0 need ≥ 14 chunk calls, each followed by a decode of
+  // request 0 (and of whatever else is decoding): P and D alternate for a long stretch.
+  EXPECT_NE(calls.find("PDPDPDPDPDPD"), std::string::npos) << calls;
+}
+
+// A prompt that fits the step's budget is never cut: with a budget of 10, prompts of 7 tokens go in
+// whole, one per step (the second waits for the next step's budget instead of taking the 3 left).
+TEST(Scheduler, APromptThatFitsTheBudgetIsNotCut) {
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(greedy_request(i));
+    reqs.back().prompt.assign(7, static_cast<int32_t>(20 + i));
+  }
+  runtime::CpuDecodeBackend cpu(tiny().m, kMaxLen, 4, tiny().m.default_forward_options());
+  CountingBackend b(cpu);
+  const auto got = run_gated(b, reqs, 10);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, generate_alone(reqs[i])) << "request " << i;
+  EXPECT_EQ(b.continuations.load(), 0);
+  EXPECT_EQ(b.largest_tokens.load(), 7);
+  EXPECT_EQ(b.batches.load(), 4);
 }
