@@ -85,6 +85,17 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                     "Measured (docs/RESULTS.md): 64 with --gpu-gemm tf32 compresses a Qwen3-30B-A3B layer in 11.2 s\n"
                     "on an H200 instead of 23.3 s, closing ~2 points less of the SGPTQ gap on the fixture")
       ->check(kNonNegative);
+  g->add_option("--scale-finetune-epochs", r.scale_finetune_epochs,
+                "after the refinement, epochs of scale-only fine-tuning (the paper reference's GSQ stage): every E2M1\n"
+                "value and pattern frozen, one Lion-trained log-multiplier per UE4M3 block scale, projected onto\n"
+                "what NVFP4 stores in the forward; kept per expert only where the held-out loss goes down\n"
+                "(report.json scale_finetune). 0 = off. CPU only for now (--device cpu)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  g->add_option("--scale-finetune-lr", r.scale_finetune_lr,
+                "Lion rate of the scale log-multipliers (1e-3: a block scale moves 0.1 % per step)")
+      ->check(kNonNegative)
+      ->capture_default_str();
   g->add_option("--gpu-gemm", f.gpu_gemm,
                 "precision of the refinement's GEMMs on the GPU (bench/NOTES.md \"GPU compression v5\"):\n"
                 "bf16-forward (the default: the two forward GEMMs on bf16 tensor cores over the unscaled NVFP4\n"

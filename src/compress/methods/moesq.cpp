@@ -52,6 +52,9 @@ PackedExpert compress_moesq(const ExpertJob& job, const CompressOptions& opt, Ex
                {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped},
                {"selected_epoch", rr.selected_epoch},
                {"schedule", schedule_json(rr)}};
+  if (rr.scale_finetune.steps > 0)
+    rep.extra["scale_finetune"] = {{"steps", rr.scale_finetune.steps}, {"loss_before", rr.scale_finetune.loss_before},
+                                   {"loss_after", rr.scale_finetune.loss_after}, {"kept", rr.scale_finetune.kept}};
   if (!rr.note.empty()) rep.note = rep.note.empty() ? rr.note : rep.note + "; " + rr.note;
   PackedExpert pe;
   pe.proj[0] = std::move(rr.gate);

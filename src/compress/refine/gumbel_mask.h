@@ -45,7 +45,7 @@ inline double rng_normal(uint64_t key, uint64_t index) {  // Box–Muller, one o
 }
 
 // Purposes of the random streams (part of the key, so streams never overlap).
-enum RngPurpose : uint64_t { kRngPriorInit = 1, kRngGumbel = 2, kRngShuffle = 3, kRngSplit = 4 };
+enum RngPurpose : uint64_t { kRngPriorInit = 1, kRngGumbel = 2, kRngShuffle = 3, kRngSplit = 4, kRngScaleShuffle = 5 };
 
 // ---- prior initialization -----------------------------------------------------------------------
 // A[r,p] = σ·(ε + s·(overlap(prior_r, p) − mean_p overlap)), ε ~ N(0,1); overlap counts the kept

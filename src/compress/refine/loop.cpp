@@ -19,6 +19,7 @@
 #include "compress/refine/objective.h"
 #include "compress/refine/lion.h"
 #include "compress/refine/gumbel_mask.h"
+#include "compress/refine/scale_finetune.h"
 #include "compress/refine/schedule.h"
 #include "compress/refine/step_backend.h"
 #include "core/error.h"
@@ -494,6 +495,38 @@ class ExpertRefinement {
   // Algorithm 1 lines 17–18: argmax patterns, recompute scales, pack; optionally keep the initial
   // solution when it is better on the held-out rows.
   void finish(RefineResult& res) {
+    pack_final(res);
+    tune_scales(res);
+  }
+
+ private:
+  // The scale-only fine-tuning stage (refine/scale_finetune.h) on the packed result: on the training
+  // rows, Q_a as the objective's; kept only where the held-out loss goes down.
+  void tune_scales(RefineResult& res) {
+    if (o_.scale_finetune_epochs == 0 || train_.empty()) return;
+    MOESQ_CHECK(data_.X && data_.Y_ref, "refine: the scale fine-tuning needs the rows in host memory (expert stream ",
+                data_.stream, ")");
+    std::vector<float> Xq(data_.X, data_.X + data_.n * H_);
+    for (int64_t i = 0; i < data_.n; ++i) format::quantize_activation_row(&Xq[i * H_], H_, o_.act_block);
+    refine::ScaleFinetuneRows rows;
+    rows.n = data_.n, rows.H = H_, rows.I = I_, rows.Xq = Xq.data(), rows.Y_ref = data_.Y_ref, rows.w = w_.data();
+    rows.act_block = o_.act_block, rows.variant = data_.variant;
+    refine::ScaleFinetuneOptions so;
+    so.epochs = o_.scale_finetune_epochs, so.lr = o_.scale_finetune_lr, so.lr_final_frac = o_.lr_final_frac;
+    so.batch = o_.step_sequences > 0 ? 64 : o_.batch, so.micro_batch = o_.micro_batch, so.beta1 = o_.beta1;
+    format::Sparse48Tensor g = res.gate, u = res.up, d = res.down;
+    res.scale_finetune.steps =
+        refine::scale_finetune(g, u, d, rows, train_, rng_key(o_.seed, data_.stream, kRngScaleShuffle, 0, 0), so);
+    res.scale_finetune.loss_before = res.final_hard_loss;
+    res.scale_finetune.loss_after = packed_loss(*backend_, g, u, d);
+    if (!(res.scale_finetune.loss_after < res.final_hard_loss)) return;
+    res.scale_finetune.kept = true;
+    res.gate = std::move(g), res.up = std::move(u), res.down = std::move(d);
+    res.final_hard_loss = res.scale_finetune.loss_after;
+  }
+
+  // Algorithm 1 lines 17–18 (finish's first part).
+  void pack_final(RefineResult& res) {
     if (backend_) backend_->sync(P_);
     res.selected_epoch = o_.epochs;
     if (o_.epochs == 0 && all_packed_) {  // no step taken: the SGPTQ solution itself, not a re-pack of V0

@@ -93,6 +93,14 @@ struct RefineResult {
   struct StageSeconds {
     double prepare = 0, start = 0, optimize = 0, finish = 0;
   } stage_seconds;
+  // The scale-only fine-tuning stage (RefineOptions::scale_finetune_epochs > 0): its Lion steps, the
+  // held-out loss of the expert before and after it, and whether the tuned scales were kept (only when
+  // lower). steps 0: the stage did not run.
+  struct ScaleFinetuneStage {
+    int64_t steps = 0;
+    double loss_before = 0.0, loss_after = 0.0;
+    bool kept = false;
+  } scale_finetune;
   bool skipped = false;          // no (or < min_rows) calibration rows: the initial solution is returned
   std::string note;              // human-readable reason for skips/fallbacks ("" when none)
 };

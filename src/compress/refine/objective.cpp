@@ -199,17 +199,33 @@ double objective_grad(const ObjectiveInput<float>& in, const std::array<ProjStat
   return loss;
 }
 
-double expert_loss(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up,
-                   const float* W_down, bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws) {
+namespace {
+double weights_pass(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up, const float* W_down,
+                    bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws, bool want_grad) {
   MOESQ_CHECK(micro_batch > 0, "refine: micro-batch must be positive, got ", micro_batch);
   const int64_t H = in.H, I = in.I;
   ws.W_gu.assign(W_gate, W_gate + I * H);
   ws.W_gu.insert(ws.W_gu.end(), W_up, W_up + I * H);
   ws.W_down.assign(W_down, W_down + H * I);
+  if (want_grad) {
+    ws.dW_gu.assign(2 * I * H, 0.0f);
+    ws.dW_down.assign(H * I, 0.0f);
+  }
   double loss = 0.0;
   for (int64_t r0 = 0; r0 < in.m; r0 += micro_batch)
-    loss += expert_chunk(in, r0, std::min(micro_batch, in.m - r0), act_quant, ws, false);
+    loss += expert_chunk(in, r0, std::min(micro_batch, in.m - r0), act_quant, ws, want_grad);
   return loss;
+}
+}  // namespace
+
+double expert_loss(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up,
+                   const float* W_down, bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws) {
+  return weights_pass(in, W_gate, W_up, W_down, act_quant, micro_batch, ws, false);
+}
+
+double expert_grad(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up, const float* W_down,
+                   bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws) {
+  return weights_pass(in, W_gate, W_up, W_down, act_quant, micro_batch, ws, true);
 }
 
 namespace {

@@ -93,6 +93,12 @@ double objective_grad(const ObjectiveInput<float>& in, const std::array<ProjStat
 double expert_loss(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up,
                    const float* W_down, bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws);
 
+// expert_loss with its gradient: the loss of the given weights on the rows of `in` (Q_a when act_quant,
+// straight-through in the backward; no Q_w) and dL/dW into ws.dW_gu ([2I, H]: gate rows, then up rows)
+// and ws.dW_down ([H, I]), overwritten. What the scale-only fine-tuning (refine/scale_finetune.h) steps on.
+double expert_grad(const ObjectiveInput<float>& in, const float* W_gate, const float* W_up, const float* W_down,
+                   bool act_quant, int64_t micro_batch, ObjectiveWorkspace& ws);
+
 // Reference twin (plain loops, one pass over all m rows). kSte with res != nullptr captures the
 // residuals; kFrozen reads them. Float and double overloads of one template.
 double objective_ref(const ObjectiveInput<float>& in, const std::array<ProjState<float>, 3>& P,

@@ -23,6 +23,11 @@ void validate(const RefineOptions& o) {
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
   MOESQ_CHECK(o.step_sequences >= 0, "refine: --step-sequences=", o.step_sequences, " must be >= 0 (0 = per-expert batches)");
   MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
+  MOESQ_CHECK(o.scale_finetune_epochs >= 0 && o.scale_finetune_lr >= 0 && std::isfinite(o.scale_finetune_lr),
+              "refine: --scale-finetune-epochs=", o.scale_finetune_epochs, " and --scale-finetune-lr=",
+              o.scale_finetune_lr, " must be >= 0");
+  MOESQ_CHECK(o.scale_finetune_epochs == 0 || !o.device, "--scale-finetune-epochs: the scale fine-tuning runs on the "
+              "CPU only for now; add --device cpu");
 }
 
 int64_t heldout_rows(const RefineOptions& o, int64_t n) {
@@ -67,6 +72,8 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("tf32_backward", o.tf32_backward);
   fn("bf16_forward", o.bf16_forward);
   fn("step_sequences", o.step_sequences);
+  fn("scale_finetune_epochs", o.scale_finetune_epochs);
+  fn("scale_finetune_lr", o.scale_finetune_lr);
 }
 
 }  // namespace
@@ -117,6 +124,7 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   if (!o.tf32_backward) j.erase("tf32_backward");
   if (!o.bf16_forward) j.erase("bf16_forward");
   if (o.step_sequences == 0) j.erase("step_sequences");
+  if (o.scale_finetune_epochs == 0) j.erase("scale_finetune_epochs"), j.erase("scale_finetune_lr");
   return j;
 }
 

@@ -61,6 +61,11 @@ struct RefineOptions {
   // Experts with fewer calibration rows than this are not refined (treated like an expert without
   // rows: the initial solution is returned, skipped = true, the note says why). 0: refine all.
   int64_t min_rows = 0;
+  // Scale-only fine-tuning after the refinement (refine/scale_finetune.h; issue 29, the reference's GSQ
+  // stage): epochs over the expert's training rows (0: off) and the Lion rate of its log-multipliers;
+  // the tuned scales are kept only where they lower the held-out Eq. 4 loss. CPU only for now.
+  int scale_finetune_epochs = 0;
+  double scale_finetune_lr = 1e-3;
   // Where the optimizer steps run (refine/step_backend.h): nullptr = the CPU (cblas); otherwise a
   // device backend's factory (`compress --device cuda`: refine/cuda_step_backend.h). Not part of the
   // options JSON: report.json and the resume manifest record the device separately.
