@@ -144,9 +144,10 @@ void Scheduler::admit(std::vector<Waiting>& batch) {
 }
 
 // The next pieces of the prompts being prefilled, first admitted first, at most chunk_budget_ tokens in
-// all, in one prefill_chunks (whole prompts where they fit: see below). When that call fails, each of its sequences is prefilled again alone from
-// its first token (a start chunk up to where it would have reached), so that only the one at fault ends
-// with the error; the others lose nothing, the chunking changes no bits.
+// all, in one prefill_chunks (whole prompts where they fit: see below). When that call fails, each of
+// its sequences is prefilled again alone from its first token (a start chunk up to where it would have
+// reached), so that only the one at fault ends with the error; the others lose nothing, the chunking
+// changes no bits.
 void Scheduler::prefill_step() {
   std::vector<size_t> idx;  // into running_
   std::vector<runtime::PrefillChunk> chunks;
