@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda_util.cuh"
 #include "core/half.h"
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
@@ -42,11 +43,7 @@ constexpr size_t kRotateBytes = 512ull << 20;  // > 8× the H200's L2
 // Output is bf16: the check vs the fp64 CPU ref is bounded by bf16 rounding (2^-9 relative).
 constexpr double kCheckRelTol = 4e-3;
 
-#define CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                      \
-    cublasStatus_t st_ = (call);                                                            \
-    MOESQ_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: cublas status ", int(st_)); \
-  } while (0)
+using bench::median_us;
 
 struct Shape {
   std::string name;
@@ -95,28 +92,6 @@ __global__ void fill_bf16(uint16_t* x, size_t n, uint64_t seed) {
   }
 }
 
-template <typename F>
-double median_us(F&& fn, int reps, cudaStream_t s) {
-  cudaEvent_t a, b;
-  MOESQ_CUDA_CHECK(cudaEventCreate(&a));
-  MOESQ_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) fn(i);
-  MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    MOESQ_CUDA_CHECK(cudaEventRecord(a, s));
-    fn(i);
-    MOESQ_CUDA_CHECK(cudaEventRecord(b, s));
-    MOESQ_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 struct Ceilings {
   double copy_tbs = 0, dense_tflops = 0;

@@ -7,7 +7,7 @@
 // FLOPs of the product (2·M·N·K per input part); the floor is those FLOPs at cuBLAS's measured rate on
 // an 8192³ bf16 GEMM in this run. A program, not a test: it first checks the large-M output is the
 // tile kernel's bit for bit and within 1e-3 (relative to Σ|x·w|) of cuBLAS, then times with CUDA events
-// (warm-up, median of --reps). Weights stay in L2 when they fit (as in the engine's layer loop they do not).
+// (bench_cuda_util.cuh: 5 warm-up runs, median of --reps). Weights stay in L2 when they fit (as in the engine's layer loop they do not).
 //
 // Usage: bench_gemm_bf16 [--out results.json] [--reps 20] [--quick]
 #include <cublas_v2.h>
@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_cuda_util.cuh"
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/error.h"
@@ -35,11 +36,7 @@ namespace {
 
 using namespace moesq;
 
-#define CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                      \
-    cublasStatus_t st_ = (call);                                                            \
-    MOESQ_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: cublas status ", int(st_)); \
-  } while (0)
+using bench::median_us;
 
 struct Shape {
   const char* name;
@@ -47,27 +44,6 @@ struct Shape {
   bool lo, split;
 };
 
-template <class F>
-double median_us(cudaStream_t s, int reps, F&& f) {
-  cudaEvent_t a, b;
-  MOESQ_CUDA_CHECK(cudaEventCreate(&a));
-  MOESQ_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    MOESQ_CUDA_CHECK(cudaEventRecord(a, s));
-    f();
-    MOESQ_CUDA_CHECK(cudaEventRecord(b, s));
-    MOESQ_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    MOESQ_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1e3 * ms);
-  }
-  MOESQ_CUDA_CHECK(cudaEventDestroy(a));
-  MOESQ_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 std::vector<uint16_t> rand_bf16(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 g(seed);
@@ -103,10 +79,10 @@ int main(int argc, char** argv) try {
     const int n = 8192;
     DevBuf<uint16_t> A(rand_bf16(size_t(n) * n, 1)), B(rand_bf16(size_t(n) * n, 2));
     DevBuf<float> C(size_t(n) * n);
-    const double us = median_us(s, 5, [&] {
+    const double us = median_us([&](int) {
       CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A.p, CUDA_R_16BF, n, B.p, CUDA_R_16BF, n,
                                 &zero, C.p, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    });
+    }, 5, s);
     rate_tflops = 2.0 * n * n * double(n) / us / 1e6;
   }
   std::printf("measured dense bf16 rate (cuBLAS 8192^3, fp32 out): %.1f TFLOP/s\n\n", rate_tflops);
@@ -157,8 +133,9 @@ int main(int argc, char** argv) try {
       }
       MOESQ_CHECK(differ == 0, sh.name, " M=", M, ": ", differ, " outputs differ from the 64x64 tile kernel");
       MOESQ_CHECK(worst < 1e-3, sh.name, " M=", M, ": differs from cuBLAS by ", worst, " (relative)");
-      const double t_tile = median_us(s, reps, run_tile), t_new = median_us(s, reps, run_new);
-      const double t_cub = median_us(s, reps, run_cublas);
+      const double t_tile = median_us([&](int) { run_tile(); }, reps, s);
+      const double t_new = median_us([&](int) { run_new(); }, reps, s);
+      const double t_cub = median_us([&](int) { run_cublas(); }, reps, s);
       const double flops = 2.0 * M * N * K * (sh.lo ? 2 : 1);
       const double tflops = flops / t_new / 1e6, floor_us = flops / (rate_tflops * 1e6);
       std::printf("| %s | %lld | %lld | %lld | %s | %s | %.1f | %.1f | %.1f | %.1f | %.0f %% | %.2f× | %.2f× |\n",

@@ -20,7 +20,7 @@ std::vector<float> DecodeBackend::prefill_batch(const std::vector<int32_t>& slot
   return out;
 }
 
-std::vector<float> DecodeBackend::prefill_chunks(const std::vector<PrefillChunk>& chunks) {
+void DecodeBackend::check_chunks(const std::vector<PrefillChunk>& chunks) const {
   std::vector<char> seen(static_cast<size_t>(std::max(num_slots(), 0)), 0);
   for (const PrefillChunk& c : chunks) {
     MOESQ_CHECK(c.slot >= 0 && c.slot < num_slots(), "decode backend: slot ", c.slot, " outside [0, ", num_slots(), ")");
@@ -28,6 +28,10 @@ std::vector<float> DecodeBackend::prefill_chunks(const std::vector<PrefillChunk>
     MOESQ_CHECK(!seen[c.slot], "decode backend: slot ", c.slot, " given twice in one prefill_chunks call");
     seen[c.slot] = 1;
   }
+}
+
+std::vector<float> DecodeBackend::prefill_chunks(const std::vector<PrefillChunk>& chunks) {
+  check_chunks(chunks);
   std::vector<float> out;
   for (const PrefillChunk& c : chunks) {
     std::vector<float> z;

@@ -55,6 +55,11 @@ class DecodeBackend {
   // Tokens one prefill forward may carry (0: no limit): prompts longer than this are still prefilled,
   // alone; prefill_batch groups shorter ones up to it.
   virtual int64_t max_prefill_tokens() const { return 0; }
+
+ protected:
+  // prefill_chunks' argument checks (shared by the implementations): slots in range, distinct, chunks
+  // non-empty. Errors name the slot.
+  void check_chunks(const std::vector<PrefillChunk>& chunks) const;
 };
 
 // The argmax of each [V] row of `logits` ([rows, V]), lowest id on ties: ops::argmax_ref, the host twin

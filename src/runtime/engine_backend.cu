@@ -20,13 +20,7 @@ std::vector<float> EngineDecodeBackend::prefill_chunks(const std::vector<Prefill
   const int64_t cap = eng_.max_tokens();
   std::vector<float> out;
   out.reserve(chunks.size() * static_cast<size_t>(vocab_size()));
-  std::vector<char> seen(static_cast<size_t>(num_slots()), 0);
-  for (const PrefillChunk& c : chunks) {
-    MOESQ_CHECK(c.slot >= 0 && c.slot < num_slots(), "decode backend: slot ", c.slot, " outside [0, ", num_slots(), ")");
-    MOESQ_CHECK(!c.tokens.empty(), "decode backend: empty prefill chunk for slot ", c.slot);
-    MOESQ_CHECK(!seen[c.slot], "decode backend: slot ", c.slot, " given twice in one prefill_chunks call");
-    seen[c.slot] = 1;
-  }
+  check_chunks(chunks);
   for (size_t i = 0; i < chunks.size();) {
     std::vector<SeqChunk> group;
     int64_t tokens = 0;

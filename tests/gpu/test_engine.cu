@@ -287,15 +287,27 @@ TEST(Engine, GeneratorMatchesPlainLoop) {
   EXPECT_EQ(gen.output(ib), want_b);
 }
 
+namespace {
+// The tiny model's engine behind the serving seam: 5 slots of 64 tokens, forwards of at most 64 tokens.
+struct SeamEngine {
+  static runtime::EngineOptions options() {
+    runtime::EngineOptions opt;
+    opt.max_seqs = 5, opt.max_len = 64, opt.max_tokens = 64;
+    return opt;
+  }
+  io::Checkpoint ckpt{tiny()};
+  runtime::Engine eng{ckpt, options()};
+  runtime::EngineDecodeBackend dec{eng};
+};
+}  // namespace
+
 // The serving seam (EngineDecodeBackend): prefill_batch packs prompts into forwards of at most
 // max_tokens (here 3 forwards for 5 prompts) and each row is BITWISE the prompt's prefill alone;
 // decode_greedy's ids are greedy_rows of decode()'s logits (argmax on the GPU = on the host).
 TEST(Engine, BackendPrefillBatchIsPrefillAloneAndDecodeGreedyIsTheArgmax) {
-  const io::Checkpoint ckpt(tiny());
-  runtime::EngineOptions opt;
-  opt.max_seqs = 5, opt.max_len = 64, opt.max_tokens = 64;
-  runtime::Engine eng(ckpt, opt);
-  runtime::EngineDecodeBackend dec(eng);
+  SeamEngine seam;
+  runtime::Engine& eng = seam.eng;
+  runtime::EngineDecodeBackend& dec = seam.dec;
   const int64_t V = eng.spec().vocab_size;
   std::vector<int32_t> slots = {3, 0, 4, 1, 2};
   std::vector<std::vector<int32_t>> prompts;
@@ -322,14 +334,12 @@ TEST(Engine, BackendPrefillBatchIsPrefillAloneAndDecodeGreedyIsTheArgmax) {
 
 // Chunked prefill through the seam (what `serve` does with --max-num-batched-tokens): each prompt cut
 // into pieces of 7 tokens, the pieces of all five prompts interleaved over several prefill_chunks calls,
-// gives every prompt's last-token logits BITWISE those of its prefill alone, in the sparse and the bf16
-// backend (the deterministic engine depends neither on the batch nor on the chunk boundaries).
+// gives every prompt's last-token logits BITWISE those of its prefill alone on the tiny model (the
+// deterministic engine depends neither on the batch nor on the chunk boundaries).
 TEST(Engine, ChunkedPrefillEqualsWholePrefillBitwise) {
-  const io::Checkpoint ckpt(tiny());
-  runtime::EngineOptions opt;
-  opt.max_seqs = 5, opt.max_len = 64, opt.max_tokens = 64;
-  runtime::Engine eng(ckpt, opt);
-  runtime::EngineDecodeBackend dec(eng);
+  SeamEngine seam;
+  runtime::Engine& eng = seam.eng;
+  runtime::EngineDecodeBackend& dec = seam.dec;
   const int64_t V = eng.spec().vocab_size;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(text_tokens(9 + 11 * i, 60 + i));  // 9 .. 53 tokens

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "ops/gemm_bf16/cp_async.cuh"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 
 namespace moesq::ops::detail {
@@ -35,11 +36,6 @@ static_assert(kBK % 16 == 0 && kNI % 2 == 0, "k16 steps; B fragments load two n8
 
 size_t smem_bytes(bool lo) { return static_cast<size_t>(kStages) * (lo ? 3 : 2) * kTile * sizeof(uint16_t); }
 
-__device__ __forceinline__ void cp_async16(uint16_t* smem, const uint16_t* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));

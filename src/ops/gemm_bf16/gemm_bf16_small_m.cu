@@ -16,6 +16,7 @@
 #include <mma.h>
 
 #include "core/cuda/check.cuh"
+#include "ops/gemm_bf16/cp_async.cuh"
 
 namespace moesq::ops::detail {
 
@@ -28,11 +29,6 @@ constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of o
 constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
 constexpr int kMaxSmem = 227 * 1024;
 
-__device__ __forceinline__ void cp_async16(uint16_t* smem, const uint16_t* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
 
 // Slices of a chain set: split → ⌈K / kGemmSplitK⌉, else 1 (the whole K).
