@@ -1,6 +1,6 @@
 // `moesq serve (DIR | --synthetic MODEL [--layers L] [--seed S]) [--device cpu|cuda] [--experts B]
 // [--host H] [--port P] [--max-num-seqs N] [--max-model-len T] [--max-num-batched-tokens T]
-// [--max-queue N] [--deterministic on|off] [--chat-template FILE]`: an OpenAI-compatible HTTP server (serve/http_server.h) with continuous
+// [--kv-cache-tokens T] [--max-queue N] [--deterministic on|off] [--chat-template FILE]`: an OpenAI-compatible HTTP server (serve/http_server.h) with continuous
 // batching over the decode backend (serve/scheduler.h). --synthetic serves the GPU engine of
 // `moesq bench e2e --synthetic` (weights drawn on the GPU from --seed, no checkpoint): no tokenizer,
 // so completions take token-id prompts and answer ids (docs/SERVE.md). SIGTERM / SIGINT stop
@@ -29,6 +29,7 @@
 #include "model/kv_decoder.h"
 #include "runtime/backend.h"
 #include "runtime/decode_backend.h"
+#include "runtime/kv_blocks.h"
 #include "serve/chat_template.h"
 #include "serve/http_server.h"
 #include "serve/metrics.h"
@@ -49,6 +50,7 @@ struct ServeArgs {
   int64_t max_model_len = 0;  // 0: min(max_position_embeddings, 4096); synthetic: kSyntheticMaxLen
   int64_t max_queue = 256;
   int64_t max_batched = 0;    // --max-num-batched-tokens: prompt tokens per step; 0: scheduler_batched_tokens
+  int64_t kv_tokens = 0;      // --kv-cache-tokens: paged KV capacity; 0: kv_tokens_option
   int64_t layers = 0;         // --synthetic: decoder layers (0 = all)
   uint64_t seed = 1;          // --synthetic: weight seed
   bool layers_given = false, seed_given = false;
@@ -75,6 +77,17 @@ int64_t scheduler_batched_tokens(const ServeArgs& a) {
   return a.device == "cuda" ? kDefaultBatchedTokens : 0;
 }
 
+void check_kv_tokens(const ServeArgs& a, int64_t max_len);
+
+// runtime::EngineOptions::kv_tokens of the GPU engine: --kv-cache-tokens, unset what the free device
+// memory holds (at most every slot at --max-model-len). Checked against one sequence of max_len.
+#ifdef MOESQ_HAVE_CUDA
+int64_t engine_kv_tokens(const ServeArgs& a, int64_t max_len) {
+  check_kv_tokens(a, max_len);
+  return a.kv_tokens > 0 ? a.kv_tokens : runtime::kKvTokensFitMemory;
+}
+#endif
+
 // What the server runs: a checkpoint (its tokenizer, the CPU model or the GPU engine) or a synthetic
 // GPU engine (no tokenizer). Filled in place: the engine and model are not movable.
 struct ServedModel {
@@ -99,6 +112,13 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// --kv-cache-tokens: 0 (the default) or at least one sequence of --max-model-len.
+void check_kv_tokens(const ServeArgs& a, int64_t max_len) {
+  MOESQ_CHECK(a.kv_tokens >= 0, "--kv-cache-tokens: ", a.kv_tokens, " must be >= 0");
+  MOESQ_CHECK(a.kv_tokens == 0 || a.kv_tokens >= max_len, "--kv-cache-tokens ", a.kv_tokens,
+              " cannot hold one sequence of --max-model-len ", max_len, ": give at least that many, or 0");
 }
 
 // DIR or --synthetic, and the flags that go with each. Errors name the flags.
@@ -153,6 +173,7 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
     eo.check_finite = a.check_finite;
     // A forward holds one whole prompt (prefill) or one token of every slot (decode).
     eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = engine_max_tokens(a, m.max_len);
+    eo.kv_tokens = engine_kv_tokens(a, m.max_len);
     runtime::Engine& eng = m.eng.emplace(ckpt, eo);
     m.backend_name = runtime::expert_backend_name(eng.backend());
     m.kv_bytes = static_cast<double>(eng.kv_bytes());
@@ -163,9 +184,12 @@ void open_checkpoint(const ServeArgs& a, ServedModel& m, serve::ServeContext& ct
   } else {
     MOESQ_CHECK(a.experts == "auto", "--experts applies to --device cuda only");
     MOESQ_CHECK(a.deterministic == "on", "--deterministic off applies to --device cuda only");
+    check_kv_tokens(a, m.max_len);
     const model::DecoderModel& cm = m.cpu_model.emplace(ckpt);
+    // At most (a decoder of max_len per slot holding a sequence; paged: the pool bounds the tokens).
     m.kv_bytes = static_cast<double>(model::KvDecoder::cache_bytes(cm, m.max_len)) * a.max_num_seqs;
-    m.backend = std::make_unique<runtime::CpuDecodeBackend>(cm, m.max_len, a.max_num_seqs, cm.default_forward_options());
+    m.backend = std::make_unique<runtime::CpuDecodeBackend>(cm, m.max_len, a.max_num_seqs, cm.default_forward_options(),
+                                                            a.kv_tokens);
   }
 }
 
@@ -186,6 +210,7 @@ void open_synthetic(const ServeArgs& a, ServedModel& m) {
   eo.deterministic = a.deterministic == "on";
   eo.check_finite = a.check_finite;
   eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = engine_max_tokens(a, m.max_len);
+  eo.kv_tokens = engine_kv_tokens(a, m.max_len);
   progress("serve", "building " + std::string(runtime::expert_backend_name(backend)) + " " + m.name);
   runtime::Engine& eng = m.eng.emplace(spec, backend, a.seed, eo);
   m.backend_name = runtime::expert_backend_name(eng.backend());
@@ -220,9 +245,18 @@ void run_serve(const ServeArgs& a) {
   // /health and /metrics.
   serve::HttpServer http(ctx, static_cast<int>(std::min<int64_t>(a.max_num_seqs + a.max_queue + 4, 1024)));
   const int port = http.bind(a.host, a.port);
-  std::fprintf(stderr, "moesq serve: model %s%s, backend %s (%s), %d slots, KV capacity %lld tokens (%d x %lld)",
-               m.name.c_str(), m.detail.c_str(), a.device.c_str(), m.backend_name.c_str(), a.max_num_seqs,
-               static_cast<long long>(max_len) * a.max_num_seqs, a.max_num_seqs, static_cast<long long>(max_len));
+  std::fprintf(stderr, "moesq serve: model %s%s, backend %s (%s), %d slots, ", m.name.c_str(), m.detail.c_str(),
+               a.device.c_str(), m.backend_name.c_str(), a.max_num_seqs);
+  if (m.backend->kv_block_tokens() > 0) {
+    const int64_t cap = m.backend->kv_blocks() * m.backend->kv_block_tokens();
+    std::fprintf(stderr, "KV capacity %lld tokens, paged (%lld blocks of %lld; %.3g sequences of --max-model-len %lld)",
+                 static_cast<long long>(cap), static_cast<long long>(m.backend->kv_blocks()),
+                 static_cast<long long>(m.backend->kv_block_tokens()), static_cast<double>(cap) / max_len,
+                 static_cast<long long>(max_len));
+  } else {
+    std::fprintf(stderr, "KV capacity %lld tokens (%d x %lld)", static_cast<long long>(max_len) * a.max_num_seqs,
+                 a.max_num_seqs, static_cast<long long>(max_len));
+  }
   if (m.kv_bytes > 0) std::fprintf(stderr, ", %.3g MiB", m.kv_bytes / 1048576.0);
   if (scheduler_batched_tokens(a) > 0)
     std::fprintf(stderr, ", chunked prefill of up to %lld prompt tokens per step",
@@ -277,6 +311,13 @@ void register_serve(CLI::App& app) {
                   "0 = 8192 on the GPU (whose forward buffers hold max(this, --max-model-len, --max-num-seqs) tokens), "
                   "whole prompts on the CPU. Less: shorter decode stalls while prompts arrive; more: fewer, larger "
                   "prefill forwards")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", args->kv_tokens,
+                  "KV-cache capacity in tokens, shared by all sequences in blocks of 64 (paged): a request is admitted "
+                  "when its prompt fits, and when decoding sequences need more blocks than are free the newest is "
+                  "preempted and prefilled again later (its tokens do not change). 0 = on the GPU what the free "
+                  "memory holds after weights and activations, less 2 GiB, at most --max-num-seqs x --max-model-len; "
+                  "on the CPU not paged. At least --max-model-len")
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "requests that may wait for a slot; more get HTTP 503")
       ->capture_default_str();

@@ -9,6 +9,7 @@
 
 #include "model/decoder.h"
 #include "model/kv_decoder.h"
+#include "runtime/kv_blocks.h"
 
 namespace moesq::runtime {
 
@@ -56,6 +57,17 @@ class DecodeBackend {
   // alone; prefill_batch groups shorter ones up to it.
   virtual int64_t max_prefill_tokens() const { return 0; }
 
+  // Paged KV (runtime/kv_blocks.h): the slots share kv_blocks() blocks of kv_block_tokens() tokens,
+  // taken as a sequence grows; a prefill or decode the free blocks do not cover throws KvCacheFull
+  // and changes nothing. 0 / 0 / 0: not paged (every slot holds its max_len whatever the others
+  // hold). The server's scheduler admits and preempts by these counts (serve/scheduler.h).
+  virtual int64_t kv_block_tokens() const { return 0; }
+  virtual int64_t kv_blocks() const { return 0; }
+  virtual int64_t kv_free_blocks() const { return 0; }
+  // The sequence in `slot` is over: its KV blocks go back to the pool; the slot takes a new prompt
+  // by prefill. Default: nothing (an unpaged slot is simply overwritten). Errors: slot out of range.
+  virtual void release(int slot) { (void)slot; }
+
  protected:
   // prefill_chunks' argument checks (shared by the implementations): slots in range, distinct, chunks
   // non-empty. Errors name the slot.
@@ -66,16 +78,25 @@ class DecodeBackend {
 // of the engine's GPU argmax (runtime::Sampler's greedy choice on finite logits).
 std::vector<int32_t> greedy_rows(const std::vector<float>& logits, int64_t V);
 
-// The CPU backend: one model::KvDecoder of max_len tokens per slot, all allocated at construction
-// (so a std::bad_alloc comes from the constructor, sized by KvDecoder::cache_bytes per slot). Decode
-// steps run the slots one after another; a slot's tokens are exactly those of a KvDecoder alone.
+// The CPU backend: one model::KvDecoder of max_len tokens per slot that holds a sequence (made at its
+// first prefill, freed by release(), so a std::bad_alloc comes from a prefill, sized by
+// KvDecoder::cache_bytes). Decode steps run the slots one after another; a slot's tokens are exactly
+// those of a KvDecoder alone. kv_tokens > 0 adds the GPU engine's paged accounting: the slots may
+// hold ⌈kv_tokens / 64⌉ blocks of 64 tokens in all (a runtime::KvBlockPool, at least one sequence
+// of max_len; KvCacheFull beyond), so the scheduler's admission and preemption by KV blocks run, and
+// are tested, on the CPU too (each decoder still allocates max_len: the CPU serves small models).
 class CpuDecodeBackend final : public DecodeBackend {
  public:
-  CpuDecodeBackend(const model::DecoderModel& m, int64_t max_len, int num_slots, const model::ForwardOptions& fo);
+  CpuDecodeBackend(const model::DecoderModel& m, int64_t max_len, int num_slots, const model::ForwardOptions& fo,
+                   int64_t kv_tokens = 0);
   int64_t vocab_size() const override { return m_.spec().vocab_size; }
   int num_slots() const override { return static_cast<int>(slots_.size()); }
   std::vector<float> prefill(int slot, const std::vector<int32_t>& prompt) override;
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override;
+  int64_t kv_block_tokens() const override { return kv_ ? kKvBlockTokens : 0; }
+  int64_t kv_blocks() const override { return kv_ ? kv_->num_blocks() : 0; }
+  int64_t kv_free_blocks() const override { return kv_ ? kv_->free_blocks() : 0; }
+  void release(int slot) override;
 
  private:
   model::KvDecoder& at(int slot);
@@ -84,6 +105,7 @@ class CpuDecodeBackend final : public DecodeBackend {
   int64_t max_len_;
   model::ForwardOptions fo_;
   std::vector<std::optional<model::KvDecoder>> slots_;  // [num_slots]
+  std::optional<KvBlockPool> kv_;                       // paged (kv_tokens > 0)
 };
 
 }  // namespace moesq::runtime

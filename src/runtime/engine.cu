@@ -30,6 +30,7 @@
 #include "io/import_checkpoint.h"
 #include "runtime/experts/registry.h"
 #include "runtime/finite_check.h"
+#include "runtime/kv_blocks.h"
 #include "runtime/layers/moe_block_device.cuh"
 
 namespace moesq::runtime {
@@ -67,6 +68,10 @@ struct Engine::Impl {
   DevBuf<uint8_t> moe_ws;     // moe_block scratch for max_tokens (moe_workspace_bytes)
   MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ max_tokens
   std::vector<int64_t> lengths;         // [slots]
+  int64_t kv_tokens_opt = 0;            // EngineOptions::kv_tokens
+  std::unique_ptr<KvBlockPool> kv;      // paged KV: which blocks each slot holds
+  DevBuf<int32_t> block_table;          // device copy of kv->table()
+  uint64_t table_version = ~uint64_t(0);  // kv->version() of the device copy
   size_t weight_bytes = 0, kv_bytes = 0;
   bool timing = false;
   double attn_ms = 0, moe_ms = 0;
@@ -79,6 +84,10 @@ struct Engine::Impl {
   void sizes(const EngineOptions& opt);
   void activations();
   void synthesize(uint64_t seed);
+  void alloc_kv();  // the block pool and every layer's K/V blocks, after the weights and activations
+  // Grows the slots of `want` to hold their lengths (KvCacheFull: nothing changed) and uploads the
+  // block table when it moved (before the forward or graph that reads it).
+  void grow_kv(const std::vector<std::pair<int, int64_t>>& want);
   // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
@@ -109,6 +118,9 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   MOESQ_CHECK(max_tokens <= (int64_t(1) << 20), "engine: max_tokens ", max_tokens, " too large");
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   deterministic = opt.deterministic;
+  kv_tokens_opt = opt.kv_tokens;
+  MOESQ_CHECK(kv_tokens_opt >= 0 || kv_tokens_opt == kKvTokensFitMemory, "engine: kv_tokens ", kv_tokens_opt,
+              " must be >= 0 (or kKvTokensFitMemory)");
   set_check_finite(opt.check_finite);
   std::vector<float> c, sn;
   model::rope_tables(max_len, hd, s.rope_theta, c, sn);
@@ -124,7 +136,6 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   final_norm.upload(m.final_norm);
   weight_bytes += embed.bytes() + lm_head.bytes() + final_norm.bytes();
   layers.resize(s.num_layers);
-  const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& hl = m.layers[l];
     DevLayer& L = layers[l];
@@ -133,12 +144,11 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
     L.moe.upload(hl.moe, m.backend);
     weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
     hl = HostLayer{};  // free host memory as we go
-    L.attn.alloc_kv(cache_n);
-    kv_bytes += L.attn.kv_bytes();
   }
   host = std::move(m);
   host.embed.clear(), host.lm_head.clear(), host.layers.clear();
   activations();
+  alloc_kv();
 }
 
 void Engine::Impl::activations() {
@@ -173,18 +183,49 @@ void Engine::Impl::synthesize(uint64_t seed) {
   final_norm.upload(std::vector<float>(H, 1.0f));
   weight_bytes += final_norm.bytes();
   layers.resize(s.num_layers);
-  const size_t cache_n = static_cast<size_t>(max_seqs) * max_len * nkv * hd;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     DevLayer& L = layers[l];
     L.attn.synthesize(s, next_seed, kScale, stream);
     L.post_norm.upload(std::vector<float>(H, 1.0f));
     L.moe.synthesize(moe_dims, host.backend, next_seed, kScale, stream);
     weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
-    L.attn.alloc_kv(cache_n);
-    kv_bytes += L.attn.kv_bytes();
   }
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   activations();
+  alloc_kv();
+}
+
+void Engine::Impl::alloc_kv() {
+  const int64_t full = max_seqs * ops::kv_blocks_per_slot(max_len);
+  const size_t block_bytes = 2 * static_cast<size_t>(kKvBlockTokens) * nkv * hd * sizeof(uint16_t) * s.num_layers;
+  int64_t blocks = kv_tokens_opt > 0 ? kv_blocks_for(kv_tokens_opt) : full;
+  if (kv_tokens_opt == kKvTokensFitMemory) {
+    size_t free_b = 0, total_b = 0;
+    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t usable = free_b > kKvReserveBytes ? free_b - kKvReserveBytes : 0;
+    blocks = std::min<int64_t>(full, static_cast<int64_t>(usable / block_bytes));
+    MOESQ_CHECK(blocks >= ops::kv_blocks_per_slot(max_len), "engine: the device memory left after the weights and ",
+                "activations (", free_b >> 20, " MiB free, ", kKvReserveBytes >> 20, " MiB kept in reserve) holds ",
+                blocks * kKvBlockTokens, " tokens of KV cache, less than one sequence of max_len ", max_len,
+                ": lower --max-model-len or --max-num-batched-tokens");
+  }
+  kv = std::make_unique<KvBlockPool>(max_seqs, max_len, blocks);  // checks blocks ≥ one sequence
+  block_table.alloc(kv->table().size());
+  const size_t cache_n = static_cast<size_t>(blocks) * kKvBlockTokens * nkv * hd;
+  for (DevLayer& L : layers) {
+    L.attn.alloc_kv(cache_n);
+    kv_bytes += L.attn.kv_bytes();
+  }
+  table_version = ~uint64_t(0);
+  grow_kv({});
+}
+
+void Engine::Impl::grow_kv(const std::vector<std::pair<int, int64_t>>& want) {
+  kv->grow(want);
+  if (kv->version() == table_version) return;
+  MOESQ_CUDA_CHECK(cudaMemcpyAsync(block_table.p, kv->table().data(), kv->table().size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream));
+  table_version = kv->version();
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
@@ -280,11 +321,13 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   qr.tok_slot = tok_slot.p, qr.tok_pos = tok_pos.p, qr.q_out = q.p;
   qr.T = T, qr.nh = static_cast<int>(nh), qr.nkv = static_cast<int>(nkv);
   qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
+  qr.block_table = block_table.p, qr.kv_blocks = kv->num_blocks();
   ops::AttentionArgs& at = call.attn;
   at.q = q.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
   at.out = attn.p, at.out_lo = attn_lo.p, at.T = T;
   at.nh = static_cast<int>(nh), at.nkv = static_cast<int>(nkv), at.hd = static_cast<int>(hd);
   at.max_len = max_len, at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  at.block_table = block_table.p, at.kv_blocks = kv->num_blocks();
   if (n_tiles > 0)
     at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
   else
@@ -364,6 +407,8 @@ int64_t Engine::max_len() const { return impl_->max_len; }
 int64_t Engine::max_tokens() const { return impl_->max_tokens; }
 size_t Engine::weight_bytes() const { return impl_->weight_bytes; }
 size_t Engine::kv_bytes() const { return impl_->kv_bytes; }
+int64_t Engine::kv_blocks() const { return impl_->kv->num_blocks(); }
+int64_t Engine::kv_free_blocks() const { return impl_->kv->free_blocks(); }
 void Engine::set_timing(bool on) { impl_->timing = on; }
 double Engine::last_attention_ms() const { return impl_->attn_ms; }
 double Engine::last_moe_ms() const { return impl_->moe_ms; }
@@ -385,10 +430,14 @@ void Engine::set_check_finite(bool on) {
   m.set_check_finite(on);
 }
 bool Engine::check_finite() const { return impl_->check_finite; }
-void Engine::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
+void Engine::reset() {
+  std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
+  impl_->kv->release_all();
+}
 void Engine::reset(int slot) {
   MOESQ_CHECK(slot >= 0 && slot < impl_->max_seqs, "engine: slot ", slot, " outside [0, ", impl_->max_seqs, ")");
   impl_->lengths[slot] = 0;
+  impl_->kv->release(slot);
 }
 int64_t Engine::length(int slot) const { return impl_->lengths.at(slot); }
 
@@ -413,6 +462,9 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
   const int64_t T = static_cast<int64_t>(ids.size());
   MOESQ_CHECK(T <= m.max_tokens, "engine: ", T, " tokens in one forward, more than max_tokens ", m.max_tokens);
   if (T == 0) return {};
+  std::vector<std::pair<int, int64_t>> want;
+  for (const SeqChunk& c : chunks) want.emplace_back(c.slot, len[c.slot]);
+  m.grow_kv(want);  // KvCacheFull: nothing ran, nothing changed
   auto h2d = [&](DevBuf<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
@@ -487,6 +539,9 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     MOESQ_CHECK(m.lengths[s] < m.max_len, "engine: slot ", s, " is full (max_len ", m.max_len, ")");
     pos[b] = static_cast<int32_t>(m.lengths[s]), rows[b] = b;
   }
+  std::vector<std::pair<int, int64_t>> want;
+  for (int b = 0; b < B; ++b) want.emplace_back(slots[b], m.lengths[slots[b]] + 1);
+  m.grow_kv(want);  // KvCacheFull: nothing ran, nothing changed
   auto h2d = [&](DevBuf<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };

@@ -10,6 +10,10 @@
 // pairs (near fp32); expert GEMM inputs bf16 (W4A16) or NVFP4 (W4A4, quantized from the hi + lo
 // row); gate|up output fp32 into SwiGLU (+ requant from fp32); KV cache bf16.
 //
+// KV cache: paged (runtime/kv_blocks.h, ops/attention/kv_layout.h): blocks of 64 tokens from one pool,
+// taken as a slot grows and returned by reset(slot), so sequences of any length share the memory;
+// which blocks a sequence got never changes its bits.
+//
 // Deterministic (default; EngineOptions::deterministic): every GEMM outside the experts is ops::gemm_bf16 (one
 // tile config, no split-K), attention splits keys only into fixed 64-key chunks by absolute index
 // (ops/attention: prefill and split-KV decode give a row the same bits), the combine has a fixed order and the sparse
@@ -26,11 +30,19 @@
 
 namespace moesq::runtime {
 
+constexpr int64_t kKvTokensFitMemory = -1;          // EngineOptions::kv_tokens: fill the free memory
+constexpr size_t kKvReserveBytes = size_t(2) << 30;  // left free by kKvTokensFitMemory (cuBLAS, graphs)
+
 struct EngineOptions {
   ExpertBackend experts = ExpertBackend::kAuto;
   int max_seqs = 1;          // KV-cache slots
   int64_t max_len = 0;       // tokens per slot; 0: max_position_embeddings (or 4096 when not given)
   int64_t max_tokens = 0;    // tokens per forward call (activation buffers); 0: max_seqs · max_len
+  // KV-cache capacity in tokens, shared by the slots in blocks of 64 (paged KV, runtime/kv_blocks.h):
+  // > 0: that many (rounded up to whole blocks; at least one sequence of max_len); 0: max_seqs ·
+  // ⌈max_len/64⌉ blocks, every slot can reach max_len at once; kKvTokensFitMemory: what the device
+  // memory left after weights and activations holds, less kKvReserveBytes, at most the 0 case.
+  int64_t kv_tokens = 0;
   // true (default): batch-invariant GEMMs (ops::gemm_bf16). false: the q|k|v, o_proj, router and
   // lm_head GEMMs go to cuBLAS (algorithm chosen by shape: a row's bits may depend on the batch), for
   // measuring what determinism costs. Attention and the experts are batch-invariant either way.
@@ -71,15 +83,17 @@ class Engine {
   int64_t max_tokens() const;  // tokens one forward may carry (EngineOptions::max_tokens as resolved)
 
   // Appends each chunk to its slot; returns fp32 logits [Σ tokens, V] (all_logits) or [chunks, V]
-  // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens; with
-  // check_finite, NonFiniteError (the slots' lengths then stay as they were).
+  // (the last token of each chunk). Errors: a slot out of range or past max_len, > max_tokens;
+  // KvCacheFull (runtime/kv_blocks.h) when the free KV blocks do not hold the new tokens (nothing
+  // ran, nothing changed); with check_finite, NonFiniteError (the slots' lengths then stay as they were).
   std::vector<float> forward(const std::vector<SeqChunk>& chunks, bool all_logits);
   // One token for each of `slots` (any B = slots.size() distinct live slots, in any order), appended
   // at each slot's current length; returns logits [B, V], row b for slots[b]. Replayed from a CUDA
   // graph captured per B on first use: the slot list, positions and tokens are device data the graph
-  // reads, so one graph serves every set of B slots. Errors: B outside [1, min(max_seqs, max_tokens)],
-  // slots.size() != tokens.size(), a slot out of range, repeated or full, a token outside [0, V); with
-  // check_finite, NonFiniteError.
+  // reads, so one graph serves every set of B slots (and the block table: a device array too).
+  // Errors: B outside [1, min(max_seqs, max_tokens)], slots.size() != tokens.size(), a slot out of
+  // range, repeated or full, a token outside [0, V); KvCacheFull as forward's; with check_finite,
+  // NonFiniteError.
   std::vector<float> decode(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens);
   // The same step returning only the greedy next token of each row (argmax on the GPU, lowest id on
   // ties), so a benchmark step does not copy B·V logits to the host.
@@ -93,12 +107,14 @@ class Engine {
   // Switches EngineOptions::check_finite (drops the captured decode graphs).
   void set_check_finite(bool on);
   bool check_finite() const;
-  void reset();                     // every slot empty (the KV cache is simply overwritten)
-  void reset(int slot);             // this slot empty (a new sequence can be prefilled into it)
+  void reset();                     // every slot empty, every KV block free
+  void reset(int slot);             // this slot empty, its KV blocks free (a new sequence can be prefilled into it)
   int64_t length(int slot) const;   // tokens in the slot
 
   size_t weight_bytes() const;  // device bytes of all weights
   size_t kv_bytes() const;      // device bytes of the KV cache
+  int64_t kv_blocks() const;     // KV blocks of 64 tokens in the cache (EngineOptions::kv_tokens resolved)
+  int64_t kv_free_blocks() const;  // of those, held by no slot
   // Milliseconds of the last forward/decode spent in attention (qk_rope + attention kernels) and in
   // the MoE part (router to combine), measured with events when timing is on (it syncs per layer).
   void set_timing(bool on);

@@ -2,7 +2,8 @@
 // prefill is Engine::forward of one chunk into the emptied slot (prefill_batch and prefill_chunks:
 // several chunks per forward, up to the engine's max_tokens; a continuation chunk is appended at the
 // slot's length), a decode step Engine::decode over the given slots (one CUDA
-// graph per batch size, any slots; decode_greedy: the argmax on the GPU). CUDA builds only.
+// graph per batch size, any slots; decode_greedy: the argmax on the GPU); the engine's KV is paged
+// (release returns a slot's blocks). CUDA builds only.
 // Batched prefill returns each prompt's bits alone only where the engine is batch-invariant: in its
 // deterministic mode (engine.h); with --deterministic off the q|k|v / o_proj / router / lm_head GEMMs
 // may pick another cuBLAS algorithm for another T.
@@ -31,6 +32,10 @@ class EngineDecodeBackend final : public DecodeBackend {
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& slots, const std::vector<int32_t>& tokens) override {
     return eng_.decode_greedy(slots, tokens);
   }
+  int64_t kv_block_tokens() const override { return kKvBlockTokens; }
+  int64_t kv_blocks() const override { return eng_.kv_blocks(); }
+  int64_t kv_free_blocks() const override { return eng_.kv_free_blocks(); }
+  void release(int slot) override { eng_.reset(slot); }
 
  private:
   Engine& eng_;

@@ -72,6 +72,16 @@ void Metrics::set_load(int64_t running, int64_t waiting, int64_t num_slots) {
   running_ = running, waiting_ = waiting, num_slots_ = num_slots;
 }
 
+void Metrics::set_kv_usage(int64_t used_blocks, int64_t blocks) {
+  std::lock_guard<std::mutex> lk(mu_);
+  kv_used_ = used_blocks, kv_blocks_ = blocks;
+}
+
+void Metrics::add_preemption() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++preemptions_;
+}
+
 std::string Metrics::prometheus_text() const {
   std::ostringstream os;
   {
@@ -85,9 +95,15 @@ std::string Metrics::prometheus_text() const {
     one("moesq:prompt_tokens_total", "counter", "Prefilled prompt tokens.", static_cast<double>(prompt_tokens_));
     one("moesq:generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(generation_tokens_));
     one("moesq:num_requests_running", "gauge", "Sequences holding a KV slot.", static_cast<double>(running_));
-    one("moesq:num_requests_waiting", "gauge", "Requests queued for a KV slot.", static_cast<double>(waiting_));
-    one("moesq:kv_cache_usage_perc", "gauge", "Fraction of KV slots in use (each slot holds --max-model-len tokens).",
-        num_slots_ ? static_cast<double>(running_) / static_cast<double>(num_slots_) : 0.0);
+    one("moesq:num_requests_waiting", "gauge", "Requests queued for a KV slot (preempted ones included).", static_cast<double>(waiting_));
+    if (kv_blocks_ > 0)
+      one("moesq:kv_cache_usage_perc", "gauge", "Fraction of the paged KV cache's blocks held by sequences.",
+          static_cast<double>(kv_used_) / static_cast<double>(kv_blocks_));
+    else
+      one("moesq:kv_cache_usage_perc", "gauge", "Fraction of KV slots in use (each slot holds --max-model-len tokens).",
+          num_slots_ ? static_cast<double>(running_) / static_cast<double>(num_slots_) : 0.0);
+    one("moesq:num_preemptions_total", "counter", "Sequences preempted for KV blocks (prefilled again later).",
+        static_cast<double>(preemptions_));
   }
   os << ttft_s.text("moesq:time_to_first_token_seconds", "Time from arrival to the first generated token.");
   os << itl_s.text("moesq:inter_token_latency_seconds", "Time between two generated tokens of one request.");

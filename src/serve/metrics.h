@@ -1,5 +1,5 @@
 // Server metrics for GET /metrics in the Prometheus text format (version 0.0.4): request counts by
-// finish reason, prompt / generated token counters, running and waiting sequences, KV slot usage,
+// finish reason, prompt / generated token counters, running and waiting sequences, KV usage, preemptions,
 // and latency histograms (time to first token, inter-token latency, end-to-end). Thread-safe: the
 // engine thread records, HTTP threads read. Names follow vLLM's (`moesq:` instead of `vllm:`), so
 // dashboards built for it need only the prefix changed.
@@ -35,12 +35,17 @@ class Metrics {
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
   void set_load(int64_t running, int64_t waiting, int64_t num_slots);
+  // Paged KV: blocks held by sequences of `blocks` (then kv_cache_usage_perc is this fraction, not the
+  // slots' one).
+  void set_kv_usage(int64_t used_blocks, int64_t blocks);
+  void add_preemption();
   Histogram ttft_s, itl_s, e2e_s;
   std::string prometheus_text() const;
 
  private:
   mutable std::mutex mu_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, running_ = 0, waiting_ = 0, num_slots_ = 0;
+  int64_t kv_used_ = 0, kv_blocks_ = 0, preemptions_ = 0;
   std::vector<std::pair<std::string, int64_t>> finished_;  // by finish reason
 };
 

@@ -13,8 +13,15 @@
 // the CPU backend (and on the GPU engine in its deterministic mode), whatever else runs: a prefill
 // row is bitwise the prompt's prefill alone there however the prompt was cut into chunks and batched,
 // and a greedy sampler's token is the argmax.
-// Not built: a paged KV cache (each slot holds max_len tokens) and preemption (a request waits until a
-// slot is free).
+// Paged KV (DecodeBackend::kv_block_tokens() > 0; the GPU engine always, the CPU backend with
+// --kv-cache-tokens): a request is admitted when a slot is free AND the free KV blocks, less what the
+// prompts being prefilled will still take and a 1 % watermark (vLLM's), hold its prompt; a step's
+// prompt chunks are cut to the free blocks; and when the decoding sequences need more new blocks than
+// are free, the sequence admitted LAST is preempted (vLLM's recompute policy): its slot and blocks are
+// released and it waits, ahead of every new request, to be prefilled again from its prompt and the
+// tokens it generated. Its sampler state is kept, and in the engine's deterministic mode the
+// re-prefill gives the bits its decode steps gave, so preemption never changes a request's tokens.
+// The last sequence running is never preempted (one sequence of max_len always fits the pool).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +36,7 @@
 #include "core/error.h"
 #include "runtime/decode_backend.h"
 #include "runtime/generator.h"
+#include "runtime/kv_blocks.h"
 #include "runtime/sampler.h"
 #include "serve/metrics.h"
 
@@ -109,7 +117,10 @@ class Scheduler {
     int slot = -1;
     std::vector<int32_t> prompt;  // while prefilling: the whole prompt (cleared once it is in)
     int64_t prefilled = 0;        // prompt tokens in the slot
+    std::vector<int32_t> history; // the sequence so far: the request's prompt, then each generated token
     bool ended = false;           // end() ran: dropped at the end of the step
+    bool preempted = false;       // preempt() ran this step: moved to preempted_ at the end of the step
+    bool recompute = false;       // prompt = history after a preemption (its tokens are not counted again)
     runtime::Sampler sampler;
     runtime::StopOptions stop;
     std::shared_ptr<Stream> stream;
@@ -120,9 +131,15 @@ class Scheduler {
     bool prefilling() const { return prefilled < static_cast<int64_t>(prompt.size()); }
   };
   void loop();
-  void admit(std::vector<Waiting>& batch);
+  // Under mu_: how many preempted and waiting requests the free slots and KV blocks take now.
+  void choose_admissions(size_t& n_preempted, std::vector<Waiting>& admitted);
+  void admit(size_t n_preempted, std::vector<Waiting>& batch);
+  int64_t kv_room() const;  // free KV blocks less what admitted prompts will still take (paged)
   void prefill_step();
   void step();
+  void preempt_for_decode(std::vector<size_t>& cont);
+  void preempt(Running& r);
+  void publish_load();  // metrics' running / waiting (under mu_)
   void end(Running& r, const std::string& reason, const std::string& error = "");
   void end_unslotted(Running& r, const std::string& reason, const std::string& error = "");
 
@@ -135,9 +152,12 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<Waiting> waiting_;  // guarded by mu_
   bool stopping_ = false, drain_ = false;
-  int64_t num_running_ = 0;  // admitted and not yet ended (guarded by mu_)
+  int64_t num_running_ = 0;    // admitted and not yet ended, preempted ones included (guarded by mu_)
+  int64_t num_preempted_ = 0;  // of those, preempted and waiting to be prefilled again (guarded by mu_)
   // Engine thread only:
+  const bool paged_;             // the backend's KV is paged (kv_block_tokens() > 0)
   std::vector<Running> running_;
+  std::deque<Running> preempted_;  // oldest preemption first; admitted before waiting_
   std::vector<char> slot_busy_;  // [num_slots]
   std::thread thread_;
 };

@@ -105,10 +105,10 @@ json request_body(int i) {
               {"stream", i % 2 == 1}};
 }
 
-std::vector<int32_t> generator_ids(const json& body) {
+std::vector<int32_t> generator_ids(const json& body, int64_t max_len = 64) {
   static const io::Checkpoint ckpt(MOESQ_DEFAULT_MODEL);
   static const model::DecoderModel m(ckpt);
-  runtime::CpuDecodeBackend one(m, 64, 1, m.default_forward_options());
+  runtime::CpuDecodeBackend one(m, max_len, 1, m.default_forward_options());
   runtime::Generator gen(one);
   runtime::SamplerOptions so;
   so.temperature = body["temperature"].get<float>(), so.top_p = body["top_p"].get<float>();
@@ -189,6 +189,48 @@ TEST(Serve, ConcurrentRequestsEqualGeneratorAlone) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("moesq:request_success_total{finished_reason=\"length\"} 64"), std::string::npos)
       << metrics->body;
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// Paged KV on the CPU backend (--kv-cache-tokens 320: 5 blocks of 64 for 6 slots): 12 concurrent
+// requests of 50–61 prompt tokens and 30 generated cross into a second block while decoding, so the
+// server preempts and prefills again; every answer still equals the offline generation, the
+// preemptions are counted in /metrics, and the capacity is printed at start.
+TEST(Serve, PagedKvPreemptsAndAnswersEqualGeneratorAlone) {
+  Server s(MOESQ_DEFAULT_MODEL, {"--max-num-seqs", "6", "--max-model-len", "256", "--kv-cache-tokens", "320"});
+  ASSERT_GT(s.port, 0) << s.log();
+  EXPECT_NE(s.log().find("KV capacity 320 tokens, paged (5 blocks of 64"), std::string::npos) << s.log();
+  const int kN = 12;
+  const auto body = [](int i) {
+    json b = request_body(i);
+    std::vector<int32_t> prompt;
+    for (int k = 0; k < 50 + i; ++k) prompt.push_back(static_cast<int32_t>((31 * i + 7 * k) % 256));
+    b["prompt"] = prompt;
+    b["max_tokens"] = 30;
+    return b;
+  };
+  std::vector<Answer> got(kN);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kN; ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c = s.client();
+      c.set_read_timeout(120, 0);
+      got[i] = post(c, "/v1/completions", body(i));
+    });
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(got[i].status, 200) << "request " << i << " " << got[i].last.dump();
+    EXPECT_EQ(got[i].ids, generator_ids(body(i), 256)) << "request " << i;
+    EXPECT_EQ(got[i].finish_reason, "length") << "request " << i;
+  }
+  httplib::Client c = s.client();
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  const std::string key = "\nmoesq:num_preemptions_total ";
+  const size_t at = metrics->body.find(key);
+  ASSERT_NE(at, std::string::npos) << metrics->body;
+  EXPECT_GT(std::stoi(metrics->body.substr(at + key.size())), 0) << metrics->body;
+  EXPECT_NE(metrics->body.find("\nmoesq:kv_cache_usage_perc 0\n"), std::string::npos) << metrics->body;
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
@@ -395,6 +437,9 @@ TEST(ServeSynthetic, FlagErrorsNameTheFlag) {
   expect_refused(dir + " --layers 2", "--layers and --seed apply to --synthetic only");
   expect_refused(dir + " --seed 3", "--layers and --seed apply to --synthetic only");
   expect_refused(dir + " --max-num-batched-tokens -5", "--max-num-batched-tokens: -5 is not in [0, 1048576]");
+  expect_refused(dir + " --kv-cache-tokens -3", "--kv-cache-tokens: -3 must be >= 0");
+  expect_refused(dir + " --max-model-len 256 --kv-cache-tokens 100",
+                 "--kv-cache-tokens 100 cannot hold one sequence of --max-model-len 256");
   expect_refused(dir + " --device cuda --max-num-batched-tokens 2000000",
                  "--max-num-batched-tokens: 2000000 is not in [0, 1048576]");
 }

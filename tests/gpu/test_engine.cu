@@ -24,6 +24,7 @@
 #include "runtime/engine.h"
 #include "runtime/engine_backend.h"
 #include "runtime/generator.h"
+#include "runtime/kv_blocks.h"
 #include "support/gpu_test_main.h"
 #include "support/text_tokens.h"
 
@@ -371,6 +372,48 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefillBitwise) {
     for (size_t v = 0; v < alone[i].size(); ++v) differ += bits(last[i][v]) != bits(alone[i][v]);
     EXPECT_EQ(differ, 0u) << "prompt " << i << ": " << differ << " logits differ from its prefill alone";
   }
+}
+
+// Paged KV: a sequence whose blocks are scattered through a 5-block pool (another slot's blocks taken
+// and freed first, so it gets blocks 0, 3, 4) decodes, through the decode graphs, to the ids and last
+// logits it gets in an engine where every slot owns its blocks (the default pool): paging changes
+// addresses, never bits. A prefill the free blocks do not cover is KvCacheFull and changes nothing.
+TEST(Engine, PagedKvBlocksDoNotChangeBits) {
+  const io::Checkpoint ckpt(tiny());
+  runtime::EngineOptions opt;
+  opt.max_seqs = 3, opt.max_len = 200, opt.max_tokens = 200;
+  const std::vector<int32_t> prompt = text_tokens(70, 91);
+  auto run = [&](runtime::Engine& eng, std::vector<float>& last) {
+    std::vector<float> z = eng.forward({{0, prompt}}, false);
+    std::vector<int32_t> ids{runtime::greedy_rows(z, eng.spec().vocab_size)[0]};
+    for (int step = 0; step < 69; ++step) ids.push_back(eng.decode_greedy({0}, {ids.back()})[0]);
+    last = eng.decode({0}, {ids.back()});  // position 139: the third block
+    return ids;
+  };
+  std::vector<float> last_full, last_paged;
+  runtime::Engine full(ckpt, opt);
+  EXPECT_EQ(full.kv_blocks(), 3 * 4);
+  const std::vector<int32_t> want = run(full, last_full);
+  opt.kv_tokens = 5 * 64;
+  runtime::Engine paged(ckpt, opt);
+  ASSERT_EQ(paged.kv_blocks(), 5);
+  paged.forward({{1, text_tokens(64, 92)}}, false);  // block 0
+  paged.forward({{2, text_tokens(65, 93)}}, false);  // blocks 1, 2
+  paged.reset(1);                                     // block 0 free again
+  EXPECT_EQ(paged.kv_free_blocks(), 3);
+  const std::vector<int32_t> got = run(paged, last_paged);
+  EXPECT_EQ(paged.kv_free_blocks(), 0);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(last_paged.size(), last_full.size());
+  size_t differ = 0;
+  for (size_t v = 0; v < last_full.size(); ++v) differ += bits(last_paged[v]) != bits(last_full[v]);
+  EXPECT_EQ(differ, 0u) << differ << " logits differ with scattered blocks";
+  EXPECT_THROW(paged.forward({{1, text_tokens(10, 94)}}, false), runtime::KvCacheFull);
+  EXPECT_EQ(paged.length(1), 0);
+  EXPECT_EQ(paged.kv_free_blocks(), 0);
+  paged.reset(0);
+  EXPECT_EQ(paged.kv_free_blocks(), 3);
+  EXPECT_NO_THROW(paged.forward({{1, text_tokens(10, 94)}}, false));
 }
 
 TEST(Engine, DeterministicBatchInvarianceBf16) { check_batch_invariance(tiny(), runtime::ExpertBackend::kBf16); }

@@ -1,7 +1,8 @@
 // GPU tests of the engine's ops (src/ops/{gemm_bf16,rmsnorm,qk_rope,attention,router_topk,moe_combine})
 // against their CPU `_ref` twins on fresh random inputs with fixed seeds (STYLE.md §3–5). Where the
 // kernel and the twin round in the same order the check is BITWISE; elsewhere a named tolerance.
-// Attention and qk_rope also through non-identity slot tables (tok_slot: the KV slot of each row).
+// Attention and qk_rope also through non-identity slot tables (tok_slot: the KV slot of each row) and
+// through a paged KV block table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -473,6 +474,74 @@ TEST(EngineOps, AttentionAnySlotTableEqualsSlotZero) {
         ASSERT_EQ(pl[r], ol[i]) << "hd=" << hd << " row " << t << " (slot " << slot[t] << ") prefill lo elem " << i;
       }
       EXPECT_NE(std::count(oo.begin(), oo.end(), uint16_t{0}), nh * hd) << "row " << t << " all zeros";
+    }
+  }
+}
+
+// Paged KV (ops/attention/kv_layout.h): the same two sequences written by qk_rope into scrambled
+// 64-token blocks of a larger cache (blocks nobody owns, and rows past a sequence's end, hold NaN)
+// give the contiguous layout's bits: the appended rows, the prefill path and the split-KV path.
+TEST(EngineOps, PagedKvEqualsContiguousBitwise) {
+  for (int hd : {64, 128}) {
+    const int nh = 8, nkv = 2, slots = 2, W = (nh + 2 * nkv) * hd;
+    const int64_t max_len = 200, row_w = nkv * hd, kv_blocks = 11;
+    ASSERT_EQ(moesq::ops::kv_blocks_per_slot(max_len), 4);
+    const std::vector<int32_t> table = {7, 2, 9, 0, 4, 10, 1, 5};
+    const std::vector<int> lens = {130, 200};
+    std::vector<int32_t> slot, pos;
+    for (int s = 0; s < slots; ++s)
+      for (int p = 0; p < lens[s]; ++p) slot.push_back(s), pos.push_back(p);
+    const int64_t T = slot.size();
+    const std::vector<float> qkv = rand_f32(T * W, 41 + hd, 1.5f), qn = rand_f32(hd, 42, 0.1f, 1.0f),
+                             kn = rand_f32(hd, 43, 0.1f, 1.0f);
+    std::vector<float> cs(max_len * hd / 2), sn(max_len * hd / 2);
+    for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.013f * i), sn[i] = std::sin(0.013f * i);
+    const size_t cont_n = slots * max_len * row_w, paged_n = kv_blocks * moesq::ops::kKvBlockTokens * row_w;
+    DevBuf<float> dqkv(qkv), dqn(qn), dkn(kn), dcs(cs), dsn(sn), dq(T * nh * hd), dqp(T * nh * hd);
+    DevBuf<int32_t> dslot(slot), dpos(pos), dtable(table);
+    DevBuf<uint16_t> dk(std::vector<uint16_t>(cont_n, 0x7fc0)), dv(std::vector<uint16_t>(cont_n, 0x7fc0));
+    DevBuf<uint16_t> dkp(std::vector<uint16_t>(paged_n, 0x7fc0)), dvp(std::vector<uint16_t>(paged_n, 0x7fc0));
+    moesq::ops::QkRopeArgs r;
+    r.qkv = dqkv.p, r.q_norm = dqn.p, r.k_norm = dkn.p, r.cos = dcs.p, r.sin = dsn.p, r.tok_slot = dslot.p;
+    r.tok_pos = dpos.p, r.q_out = dq.p, r.k_cache = dk.p, r.v_cache = dv.p, r.T = T, r.nh = nh, r.nkv = nkv;
+    r.hd = hd, r.max_len = max_len;
+    moesq::ops::qk_rope(r, nullptr);
+    moesq::ops::QkRopeArgs rp = r;
+    rp.q_out = dqp.p, rp.k_cache = dkp.p, rp.v_cache = dvp.p, rp.block_table = dtable.p, rp.kv_blocks = kv_blocks;
+    moesq::ops::qk_rope(rp, nullptr);
+    const auto gk = dk.download(), gkp = dkp.download(), gv = dv.download(), gvp = dvp.download();
+    EXPECT_EQ(dq.download(), dqp.download()) << "hd=" << hd << ": queries differ";
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = moesq::ops::kv_row(table.data(), max_len, slot[t], pos[t]);
+      for (int64_t i = 0; i < row_w; ++i) {
+        ASSERT_EQ(gkp[row * row_w + i], gk[(slot[t] * max_len + pos[t]) * row_w + i]) << "hd=" << hd << " token " << t;
+        ASSERT_EQ(gvp[row * row_w + i], gv[(slot[t] * max_len + pos[t]) * row_w + i]) << "hd=" << hd << " token " << t;
+      }
+    }
+    const std::vector<int32_t> tiles = moesq::ops::attention_tiles(slot.data(), pos.data(), T, nh, nkv);
+    DevBuf<int32_t> dtiles(tiles);
+    DevBuf<float> dpart(moesq::ops::attention_partial_floats(T, nh, hd, max_len));
+    std::vector<std::vector<uint16_t>> outs;
+    for (int paged = 0; paged < 2; ++paged)
+      for (int split = 0; split < 2; ++split) {
+        DevBuf<uint16_t> o(T * nh * hd), lo(T * nh * hd);
+        moesq::ops::AttentionArgs a;
+        a.q = dq.p, a.k_cache = paged ? dkp.p : dk.p, a.v_cache = paged ? dvp.p : dv.p, a.tok_slot = dslot.p;
+        a.tok_pos = dpos.p, a.out = o.p, a.out_lo = lo.p, a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd;
+        a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
+        if (paged) a.block_table = dtable.p, a.kv_blocks = kv_blocks;
+        if (split) a.partial = dpart.p;
+        else a.tiles = dtiles.p, a.n_tiles = static_cast<int64_t>(tiles.size() / 2);
+        moesq::ops::attention(a, nullptr);
+        std::vector<uint16_t> both = o.download(), l = lo.download();
+        both.insert(both.end(), l.begin(), l.end());
+        outs.push_back(std::move(both));
+      }
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      ASSERT_EQ(outs[2][i], outs[0][i]) << "hd=" << hd << " paged vs contiguous prefill, index " << i;
+      ASSERT_EQ(outs[3][i], outs[1][i]) << "hd=" << hd << " paged vs contiguous split-KV, index " << i;
+      ASSERT_EQ(outs[0][i], outs[1][i]) << "hd=" << hd << " prefill vs split-KV, index " << i;
+      ASSERT_TRUE(std::isfinite(moesq::bf16_to_f32(outs[2][i]))) << "hd=" << hd << " a NaN row was read, index " << i;
     }
   }
 }

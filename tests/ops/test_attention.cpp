@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -99,6 +100,59 @@ TEST(AttentionRef, SlotTableOnlyMovesTheKeys) {
       ASSERT_EQ(lo[t * nh * hd + i], lo1[i]) << "row " << t << " (slot " << slot[t] << ") lo elem " << i;
     }
     EXPECT_NE(std::count(o1.begin(), o1.end(), uint16_t{0}), nh * hd);
+  }
+}
+
+// Paged KV (ops/attention/kv_layout.h): the same sequences stored in scattered 64-token blocks of a
+// larger cache (a scrambled block table, the blocks nobody owns filled with other values) give the
+// contiguous layout's outputs bit for bit; a table entry outside the cache is refused by name.
+TEST(AttentionRef, PagedBlocksGiveTheContiguousBits) {
+  const int nh = 8, nkv = 2, hd = 64, slots = 2;
+  const int64_t max_len = 200, row_w = nkv * hd, bps = ops::kv_blocks_per_slot(max_len);  // 4 blocks per slot
+  ASSERT_EQ(bps, 4);
+  const std::vector<int32_t> slot = {1, 0, 1, 0}, pos = {199, 63, 64, 130};
+  const int64_t T = slot.size();
+  std::mt19937_64 g(29);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> q(T * nh * hd);
+  for (auto& x : q) x = 0.7f * d(g);
+  std::vector<uint16_t> kc(slots * max_len * row_w), vc(kc.size());
+  for (auto& x : kc) x = f32_to_bf16(d(g));
+  for (auto& x : vc) x = f32_to_bf16(d(g));
+  const int64_t kv_blocks = 11;
+  const std::vector<int32_t> table = {7, 2, 9, 0,    // slot 0: blocks 0..3
+                                      4, 10, 1, 5};  // slot 1
+  std::vector<uint16_t> kp(kv_blocks * ops::kKvBlockTokens * row_w), vp(kp.size());
+  for (auto& x : kp) x = f32_to_bf16(d(g));  // blocks 3, 6, 8 stay foreign
+  for (auto& x : vp) x = f32_to_bf16(d(g));
+  for (int s = 0; s < slots; ++s)
+    for (int64_t p = 0; p < max_len; ++p) {
+      const int64_t row = ops::kv_row(table.data(), max_len, s, p);
+      EXPECT_EQ(row, table[s * bps + p / 64] * 64 + p % 64);
+      std::copy_n(kc.begin() + (s * max_len + p) * row_w, row_w, kp.begin() + row * row_w);
+      std::copy_n(vc.begin() + (s * max_len + p) * row_w, row_w, vp.begin() + row * row_w);
+    }
+  std::vector<uint16_t> out(T * nh * hd), lo(out.size()), out_p(out.size()), lo_p(out.size());
+  ops::AttentionArgs a;
+  a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+  a.out = out.data(), a.out_lo = lo.data(), a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ops::attention_ref(a);
+  ops::AttentionArgs b = a;
+  b.k_cache = kp.data(), b.v_cache = vp.data(), b.block_table = table.data(), b.kv_blocks = kv_blocks;
+  b.out = out_p.data(), b.out_lo = lo_p.data();
+  ops::attention_ref(b);
+  EXPECT_EQ(out, out_p);
+  EXPECT_EQ(lo, lo_p);
+  EXPECT_NE(std::count(out.begin(), out.end(), uint16_t{0}), static_cast<long>(out.size()));
+  std::vector<int32_t> bad = table;
+  bad[1 * bps + 3] = static_cast<int32_t>(kv_blocks);  // slot 1's last block: read by the position-199 row
+  b.block_table = bad.data();
+  try {
+    ops::attention_ref(b);
+    FAIL() << "a block outside the cache was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV block 11"), std::string::npos) << e.what();
   }
 }
 

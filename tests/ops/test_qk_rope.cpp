@@ -241,4 +241,48 @@ TEST(QkRopeRef, SlotTableOnlyMovesTheAppend) {
           ASSERT_EQ(kc[s * slot_w + p * row_w + i], kUntouched) << "slot " << s << " position " << p << " was written";
 }
 
+
+// Paged KV (ops/attention/kv_layout.h): the append lands at the row the block table names, with the
+// bits the contiguous layout gets; the queries do not change; rows of other blocks stay untouched.
+TEST(QkRopeRef, PagedAppendWritesTheTablesRow) {
+  const int nh = 4, nkv = 2, hd = 64, slots = 2, heads = nh + 2 * nkv;
+  const int64_t max_len = 130, row_w = nkv * hd, bps = ops::kv_blocks_per_slot(max_len), kv_blocks = 7;
+  const std::vector<int32_t> slot = {1, 0, 1}, pos = {129, 3, 64};
+  const std::vector<int32_t> table = {5, -1, -1,  // slot 0 owns one block; -1: none (never read)
+                                      2, 6, 0};
+  const int64_t T = slot.size();
+  std::mt19937_64 g(31);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> qkv(T * heads * hd), qn(hd, 1.0f), kn(hd, 1.0f), cs(max_len * hd / 2), sn(max_len * hd / 2);
+  for (auto& x : qkv) x = 1.5f * d(g);
+  for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.11f * i), sn[i] = std::sin(0.11f * i);
+  constexpr uint16_t kUntouched = 0x7fc0;
+  std::vector<uint16_t> kc(slots * max_len * row_w, kUntouched), vc(kc.size(), kUntouched);
+  std::vector<uint16_t> kp(kv_blocks * ops::kKvBlockTokens * row_w, kUntouched), vp(kp.size(), kUntouched);
+  std::vector<float> q(T * nh * hd), qp(q.size());
+  ops::QkRopeArgs a;
+  a.qkv = qkv.data(), a.q_norm = qn.data(), a.k_norm = kn.data(), a.cos = cs.data(), a.sin = sn.data();
+  a.tok_slot = slot.data(), a.tok_pos = pos.data(), a.q_out = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data();
+  a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+  ops::qk_rope_ref(a);
+  ops::QkRopeArgs b = a;
+  b.q_out = qp.data(), b.k_cache = kp.data(), b.v_cache = vp.data(), b.block_table = table.data(), b.kv_blocks = kv_blocks;
+  ops::qk_rope_ref(b);
+  EXPECT_EQ(q, qp);
+  int64_t written = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = table[slot[t] * bps + pos[t] / 64] * 64 + pos[t] % 64;
+    for (int64_t i = 0; i < row_w; ++i) {
+      ASSERT_EQ(kp[row * row_w + i], kc[(slot[t] * max_len + pos[t]) * row_w + i]) << "token " << t << " k " << i;
+      ASSERT_EQ(vp[row * row_w + i], vc[(slot[t] * max_len + pos[t]) * row_w + i]) << "token " << t << " v " << i;
+    }
+    written += row_w;
+  }
+  EXPECT_EQ(static_cast<int64_t>(std::count(kp.begin(), kp.end(), kUntouched)), static_cast<int64_t>(kp.size()) - written);
+  std::vector<int32_t> bad = table;
+  bad[1 * bps + 2] = -1;  // the position-129 token's block
+  b.block_table = bad.data();
+  EXPECT_THROW(ops::qk_rope_ref(b), Error);
+}
+
 }  // namespace

@@ -196,6 +196,14 @@ class CountingBackend final : public runtime::DecodeBackend {
     note('D');
     return in_.decode_greedy(slots, tokens);
   }
+  // Paged KV passes through (the scheduler sees the inner backend's pool).
+  int64_t kv_block_tokens() const override { return in_.kv_block_tokens(); }
+  int64_t kv_blocks() const override { return in_.kv_blocks(); }
+  int64_t kv_free_blocks() const override { return in_.kv_free_blocks(); }
+  void release(int slot) override {
+    ++releases;
+    in_.release(slot);
+  }
   std::string calls() {
     std::lock_guard<std::mutex> lk(mu_);
     return log_;
@@ -209,7 +217,7 @@ class CountingBackend final : public runtime::DecodeBackend {
   }
   std::vector<int32_t> poison;
   std::atomic<int> prefills{0}, batches{0}, largest_batch{0}, largest_tokens{0}, continuations{0}, decodes{0},
-      greedy_decodes{0};
+      greedy_decodes{0}, releases{0};
 
  private:
   void note(char c) {
@@ -343,4 +351,71 @@ TEST(Scheduler, APromptThatFitsTheBudgetIsNotCut) {
   EXPECT_EQ(b.continuations.load(), 0);
   EXPECT_EQ(b.largest_tokens.load(), 7);
   EXPECT_EQ(b.batches.load(), 4);
+}
+
+// Paged KV (CPU backend with a pool of 5 blocks of 64 tokens for 4 slots): six requests whose prompts
+// (50–60 tokens) take one block each and whose generations (30 tokens) cross into a second, so the
+// pool runs out while they decode. The scheduler preempts the newest, prefills it again later from
+// its prompt and generated tokens, and every request's tokens (greedy and sampled: the sampler state
+// is kept across the preemption) are still Generator::generate's of that request alone.
+TEST(Scheduler, PagedKvPreemptsTheNewestAndEveryRequestStillEqualsGeneratorAlone) {
+  constexpr int64_t kLen = 256;
+  std::vector<serve::GenRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    serve::GenRequest r = request(i);
+    r.prompt.clear();
+    for (int k = 0; k < 50 + 2 * i; ++k) r.prompt.push_back(static_cast<int32_t>((29 * i + 13 * k) % 256));
+    r.stop.max_new_tokens = 30;
+    reqs.push_back(r);
+  }
+  runtime::CpuDecodeBackend cpu(tiny().m, kLen, 4, tiny().m.default_forward_options(), 5 * runtime::kKvBlockTokens);
+  ASSERT_EQ(cpu.kv_blocks(), 5);
+  CountingBackend b(cpu);
+  serve::Metrics metrics;
+  std::vector<serve::Stream::Chunk> got;
+  {
+    serve::Scheduler sched(b, serve::SchedulerOptions{16, 0}, metrics);
+    std::vector<std::shared_ptr<serve::Stream>> streams{sched.submit(reqs[0])};
+    while (b.batches.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (size_t i = 1; i < reqs.size(); ++i) streams.push_back(sched.submit(reqs[i]));
+    b.release();
+    for (auto& st : streams) got.push_back(drain(*st));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    runtime::CpuDecodeBackend one(tiny().m, kLen, 1, tiny().m.default_forward_options());
+    const std::vector<int32_t> want = runtime::Generator(one).generate(reqs[i].prompt, reqs[i].sampling, reqs[i].stop);
+    EXPECT_EQ(got[i].finish_reason, "length") << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].tokens, want) << "request " << i;
+  }
+  const std::string text = metrics.prometheus_text();
+  const std::string key = "\nmoesq:num_preemptions_total ";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stoi(text.substr(at + key.size())), 0) << text;
+  EXPECT_NE(text.find("moesq:kv_cache_usage_perc 0\n"), std::string::npos) << text;  // every block back
+  EXPECT_EQ(cpu.kv_free_blocks(), 5);
+  // Prompt tokens are counted once, however often a request was prefilled again.
+  int64_t prompt_tokens = 0;
+  for (const auto& r : reqs) prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  EXPECT_NE(text.find("moesq:prompt_tokens_total " + std::to_string(prompt_tokens) + "\n"), std::string::npos) << text;
+}
+
+// The paged CPU backend's refusals: a decode step the free blocks do not cover throws KvCacheFull and
+// changes no slot; release returns the blocks; a prompt over the pool is refused before anything moves.
+TEST(Scheduler, PagedCpuBackendRefusesAStepTheBlocksDoNotCover) {
+  runtime::CpuDecodeBackend cpu(tiny().m, 128, 3, tiny().m.default_forward_options(), 3 * runtime::kKvBlockTokens);
+  std::vector<int32_t> p64(64, 7), p65(65, 9);
+  cpu.prefill(0, p64);
+  cpu.prefill(1, p65);  // 2 blocks
+  EXPECT_EQ(cpu.kv_free_blocks(), 0);
+  EXPECT_THROW(cpu.decode({0}, {1}), runtime::KvCacheFull);  // slot 0 needs a second block
+  EXPECT_EQ(cpu.kv_free_blocks(), 0);
+  const std::vector<float> z = cpu.decode({1}, {3});  // slot 1 has room in its second block
+  EXPECT_EQ(static_cast<int64_t>(z.size()), cpu.vocab_size());
+  EXPECT_THROW(cpu.prefill(2, p64), runtime::KvCacheFull);
+  cpu.release(1);
+  EXPECT_EQ(cpu.kv_free_blocks(), 2);
+  cpu.decode({0}, {1});
+  EXPECT_EQ(cpu.kv_free_blocks(), 1);
+  EXPECT_THROW(runtime::CpuDecodeBackend(tiny().m, 128, 2, tiny().m.default_forward_options(), 64), Error);
 }

@@ -166,11 +166,11 @@ __device__ __forceinline__ void load_kv(const AttentionArgs& a, int64_t slot, in
                                         uint16_t* sV, int tid, int nthreads) {
   constexpr int LD = HD + kPad, VEC = HD / 8;  // 16-byte vectors per key row
   const int64_t row_stride = static_cast<int64_t>(a.nkv) * HD;
-  const int64_t base = (slot * a.max_len * a.nkv + kv) * HD;
+  const int64_t base = (kv_row(a.block_table, a.max_len, slot, key0) * a.nkv + kv) * HD;  // key0: a block's first
   for (int i = tid; i < kAttnChunk * VEC; i += nthreads) {
     const int j = i / VEC, e = (i % VEC) * 8;
     const bool valid = key0 + j <= last;
-    const int64_t off = valid ? base + (key0 + j) * row_stride + e : 0;
+    const int64_t off = valid ? base + j * row_stride + e : 0;
     cp_async16(sK + j * LD + e, a.k_cache + off, valid);
     cp_async16(sV + j * LD + e, a.v_cache + off, valid);
   }

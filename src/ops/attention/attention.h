@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/attention/kv_layout.h"
+
 #ifdef __CUDACC__
 #include <cuda_runtime_api.h>
 #else
@@ -27,11 +29,16 @@ namespace moesq::ops {
 
 constexpr int kAttnChunk = 64;  // keys per chunk (split-KV unit), fixed: the batch-invariance contract
 constexpr int kAttnTileRows = 64;  // query rows per prefill CTA (4 warps × 16)
+static_assert(kAttnChunk == kKvBlockTokens, "a KV block is one key chunk (kv_layout.h)");
 
 struct AttentionArgs {
   const float* q = nullptr;          // [T, nh, hd] fp32 (normalized, rotated)
-  const uint16_t* k_cache = nullptr; // [slots, max_len, nkv, hd] bf16
-  const uint16_t* v_cache = nullptr; // [slots, max_len, nkv, hd] bf16
+  const uint16_t* k_cache = nullptr; // [slots, max_len, nkv, hd] bf16, or [kv_blocks, 64, nkv, hd] when paged
+  const uint16_t* v_cache = nullptr; // the same layout as k_cache
+  // Paged KV (kv_layout.h): [slots, ⌈max_len/64⌉] physical block of each slot's blocks, or nullptr
+  // (contiguous). kv_blocks: blocks in the cache (the twin checks the table against it).
+  const int32_t* block_table = nullptr;
+  int64_t kv_blocks = 0;
   const int32_t* tok_slot = nullptr; // [T] KV-cache slot of each row (any slots, any order: decode of live slots)
   const int32_t* tok_pos = nullptr;  // [T] attends to keys [0, pos]
   uint16_t* out = nullptr;           // [T, nh·hd] bf16 (o_proj input)

@@ -55,6 +55,11 @@ void attention_ref(const AttentionArgs& a) {
   for (int64_t t = 0; t < a.T; ++t) {
     const int64_t pos = a.tok_pos[t], slot = a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "attention: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
+    for (int64_t c0 = 0; a.block_table && c0 <= pos; c0 += kKvBlockTokens) {
+      const int64_t b = kv_block_of(a.block_table, a.max_len, slot, c0);
+      MOESQ_CHECK(b >= 0 && b < a.kv_blocks, "attention: token ", t, " (slot ", slot, ") reads KV block ", b,
+                  " for positions from ", c0, ", outside the cache's [0, ", a.kv_blocks, ")");
+    }
     for (int h = 0; h < a.nh; ++h) {
       const float* q = a.q + (t * a.nh + h) * a.hd;
       const int kv = h / group;
@@ -64,7 +69,7 @@ void attention_ref(const AttentionArgs& a) {
         const int64_t n = std::min<int64_t>(kAttnChunk, pos + 1 - c0);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          const uint16_t* k = a.k_cache + ((slot * a.max_len + c0 + j) * a.nkv + kv) * a.hd;
+          const uint16_t* k = a.k_cache + (kv_row(a.block_table, a.max_len, slot, c0 + j) * a.nkv + kv) * a.hd;
           float d = 0.0f;
           for (int c = 0; c < a.hd; ++c) d += q[c] * bf16_to_f32(k[c]);
           s[j] = d * a.scale;
@@ -75,7 +80,7 @@ void attention_ref(const AttentionArgs& a) {
         for (int64_t j = 0; j < n; ++j) {
           const float p = std::exp(s[j] - m);
           l += p;
-          const uint16_t* v = a.v_cache + ((slot * a.max_len + c0 + j) * a.nkv + kv) * a.hd;
+          const uint16_t* v = a.v_cache + (kv_row(a.block_table, a.max_len, slot, c0 + j) * a.nkv + kv) * a.hd;
           for (int c = 0; c < a.hd; ++c) oc[c] += p * bf16_to_f32(v[c]);
         }
         // The kernel's merge (attention.cu merge_weights): first chunk taken as is.

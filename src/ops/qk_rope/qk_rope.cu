@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
   const float* x = a.qkv + item * a.hd;
   const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
   const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
-  const int64_t cache_off = ((slot * a.max_len + pos) * a.nkv + kv) * a.hd;
+  const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
   const int64_t out_off = (t * a.nkv + kv) * a.hd;  // k_out / v_out row of the head
   if (!is_q && !is_k) {
     for (int i = lane; i < a.hd; i += 32) {

@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/attention/kv_layout.h"
+
 #ifdef __CUDACC__
 #include <cuda_runtime_api.h>
 #else
@@ -24,8 +26,12 @@ struct QkRopeArgs {
   const int32_t* tok_slot = nullptr;  // [T] KV-cache slot (sequence) of each token: any slots, any order
   const int32_t* tok_pos = nullptr;   // [T] position of each token in its sequence, < max_len
   float* q_out = nullptr;          // [T, nh·hd] fp32 normalized + rotated queries
-  uint16_t* k_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
-  uint16_t* v_cache = nullptr;     // [slots, max_len, nkv, hd] bf16
+  uint16_t* k_cache = nullptr;     // [slots, max_len, nkv, hd] bf16, or [kv_blocks, 64, nkv, hd] when paged
+  uint16_t* v_cache = nullptr;     // the same layout as k_cache
+  // Paged KV (ops/attention/kv_layout.h): [slots, ⌈max_len/64⌉] physical block of each slot's blocks,
+  // or nullptr (contiguous). kv_blocks: blocks in the cache (the twin checks the table against it).
+  const int32_t* block_table = nullptr;
+  int64_t kv_blocks = 0;
   // Instead of the cache (compression's fp32 layer forward, compress/attention_cuda): k and v as fp32
   // rows [T, nkv·hd]; then k_cache, v_cache and tok_slot are unused (may be null). Both or neither.
   float* k_out = nullptr;

@@ -43,11 +43,16 @@ void qk_rope_ref(const QkRopeArgs& a) {
   for (int64_t t = 0; t < a.T; ++t) {
     const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "qk_rope: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
+    if (a.block_table && !a.k_out) {
+      const int64_t b = kv_block_of(a.block_table, a.max_len, slot, pos);
+      MOESQ_CHECK(b >= 0 && b < a.kv_blocks, "qk_rope: token ", t, " (slot ", slot, ", position ", pos,
+                  ") writes KV block ", b, ", outside the cache's [0, ", a.kv_blocks, ")");
+    }
     for (int j = 0; j < heads; ++j) {
       const float* x = a.qkv + (t * heads + j) * a.hd;
       const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
       const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
-      const int64_t cache_off = ((slot * a.max_len + pos) * a.nkv + kv) * a.hd;
+      const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
       const int64_t out_off = (t * a.nkv + kv) * a.hd;
       if (!is_q && !is_k) {
         for (int i = 0; i < a.hd; ++i) {

@@ -25,7 +25,7 @@ struct DeviceAttentionLayer {
   DevBuf<float> q_norm, k_norm;     // [hd]
   DevBuf<uint16_t> qkv;             // [(nh + 2·nkv)·hd, H] bf16
   DevBuf<uint16_t> o;               // [H, nh·hd] bf16
-  DevBuf<uint16_t> k_cache, v_cache;  // [slots, max_len, nkv, hd] bf16
+  DevBuf<uint16_t> k_cache, v_cache;  // [kv_blocks, 64, nkv, hd] bf16 (paged: ops/attention/kv_layout.h)
 
   void upload(const HostAttention& host);  // synchronous, to the current device
   // Norm weights 1, q|k|v and o_proj bf16 noise of std ≈ scale (seeds: q|k|v, then o_proj).
