@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 16's device call: build; the GPU tests of the large-M gemm_bf16 path and of static activation
-# scales (+ compute-sanitizer memcheck); bench_gemm_bf16 (tile kernel vs gemm_bf16 vs cuBLAS, same run);
+# Sessions 16–17's device call: build; the GPU tests of the large-M gemm_bf16 path, of static activation
+# scales, of chunked prefill and of the paged KV cache (test_engine_ops PagedKvEqualsContiguousBitwise,
+# test_engine PagedKvBlocksDoNotChangeBits) (+ compute-sanitizer memcheck); bench_gemm_bf16 (tile kernel vs gemm_bf16 vs cuBLAS, same run);
 # `moesq bench e2e` at Qwen3-30B-A3B shapes (TTFT of 64 × 1,024-token prompts and TPOT at B = 64, the
 # numbers of bench/NOTES.md "Serving at real shapes v1"). Everything lands in $OUT: summary.txt first.
 #   STEPS="tests bench e2e" (default all three)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
@@ -33,7 +34,7 @@ if has tests; then
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
     [[ " $MEMCHECK " == *" $t "* ]] || continue
-    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*"
+    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done
