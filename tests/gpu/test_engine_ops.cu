@@ -576,6 +576,32 @@ TEST(EngineOps, RouterTopkMatchesRef) {
       }
     }
   }
+  // Sigmoid scoring with a correction bias, grouped top-k and a routed scaling factor (DeepSeek-V3,
+  // Kimi-K2.5 shapes): ids equal to the twin's, weights within expf-vs-std::exp rounding × the scale.
+  struct Sig {
+    int E, k, G, tg;
+    float scale;
+  };
+  for (const Sig& c : {Sig{256, 8, 8, 4, 2.5f}, Sig{384, 8, 1, 1, 2.827f}, Sig{64, 6, 8, 3, 1.0f}}) {
+    const int64_t T = 41;
+    const std::vector<float> z = rand_f32(T * c.E, 900 + c.E, 2.0f), bias = rand_f32(c.E, 901 + c.E, 0.2f);
+    DevBuf<float> dz(z), db(bias), dw(T * c.k);
+    DevBuf<int32_t> di(T * c.k);
+    moesq::ops::RouterTopkArgs a;
+    a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = T, a.num_experts = c.E, a.topk = c.k;
+    a.sigmoid = true, a.correction_bias = db.p, a.n_group = c.G, a.topk_group = c.tg, a.routed_scaling_factor = c.scale;
+    moesq::ops::router_topk(a, nullptr);
+    std::vector<int32_t> ri(T * c.k);
+    std::vector<float> rw(T * c.k);
+    a.logits = z.data(), a.correction_bias = bias.data(), a.topk_ids = ri.data(), a.topk_w = rw.data();
+    moesq::ops::router_topk_ref(a);
+    const auto gi = di.download();
+    const auto gw = dw.download();
+    for (int64_t i = 0; i < T * c.k; ++i) {
+      ASSERT_EQ(gi[i], ri[i]) << "sigmoid E=" << c.E << " G=" << c.G << " token " << i / c.k << " slot " << i % c.k;
+      ASSERT_NEAR(gw[i], rw[i], 4 * kRouterAtol * c.scale) << "sigmoid E=" << c.E << " index " << i;
+    }
+  }
   // Ties: equal logits → lower expert id first, weights 1/k each.
   const int E = 64, k = 4;
   std::vector<float> z(E, 0.5f);

@@ -20,6 +20,8 @@
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/router_topk/router_topk.h"
 #include "runtime/experts/bf16.h"
+#include "io/compressed_checkpoint.h"
+#include "runtime/layers/moe_block.h"
 #include "runtime/weights.h"
 
 using namespace moesq;
@@ -189,6 +191,39 @@ TEST(RuntimeOpsRef, RouterTwinMatchesQwen3MoeRoute) {
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], r.weight[i], 1e-6) << "route " << i;
 }
 
+// The DeepSeek-V3 fixture's sigmoid router (correction bias, 4 groups of 4 experts with 2 kept,
+// × 2.5) through the engine's path — moe_block_dims' router fields and load_host_moe's
+// e_score_correction_bias given to the router twin — routes as the CPU model does, bit for bit.
+TEST(RuntimeOpsRef, RouterTwinMatchesDeepSeekV3Route) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel cpu(ckpt);
+  const auto& s = cpu.spec();
+  int64_t l = 0;
+  while (!s.is_moe_layer(l)) ++l;
+  const runtime::MoeBlockDims dm = runtime::moe_block_dims(s);
+  ASSERT_TRUE(dm.sigmoid_router && dm.correction_bias);
+  ASSERT_GT(dm.n_group, 1);
+  const runtime::HostMoe hm =
+      runtime::load_host_moe(ckpt, io::read_quantization_config(ckpt), runtime::ExpertBackend::kBf16, l);
+  ASSERT_EQ(static_cast<int64_t>(hm.correction_bias.size()), s.num_experts);
+  const int64_t n = 32, H = s.hidden_size;
+  std::mt19937_64 g(4);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(n * H);
+  for (auto& v : x) v = d(g);
+  const model::Routes r = cpu.route(l, x, n);
+  std::vector<int32_t> ids(n * s.top_k);
+  std::vector<float> w(n * s.top_k);
+  ops::RouterTopkArgs a;
+  a.logits = r.logits.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.T = n;
+  a.num_experts = static_cast<int>(dm.E), a.topk = static_cast<int>(dm.top_k), a.norm_topk_prob = dm.norm_topk_prob;
+  a.sigmoid = dm.sigmoid_router, a.correction_bias = hm.correction_bias.data(), a.n_group = dm.n_group;
+  a.topk_group = dm.topk_group, a.routed_scaling_factor = dm.routed_scaling_factor;
+  ops::router_topk_ref(a);
+  EXPECT_EQ(ids, r.expert);
+  EXPECT_EQ(w, r.weight);
+}
+
 // A family is GPU-supported when each of its blocks is; a refused one is named with what is missing,
 // block by block, before any tensor is read.
 TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
@@ -199,7 +234,8 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
       {"tiny-mixtral", {"attention block: its q/k norm is not per head"}},
       {"tiny-olmoe", {"attention block: its q/k norm is not per head"}},
       {"tiny-qwen2-moe", {"attention projections have biases", "MoE block: it has a shared expert"}},
-      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention", "MoE block:"}},
+      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention",
+                            "MoE block: it has a shared expert"}},
       {"tiny-gpt-oss", {"token mixer is not the built-in GQA attention", "router logits have a bias"}},
   };
   for (const auto& [dir, want] : refused) {
@@ -217,6 +253,9 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
       }
     }
   }
+  // The sigmoid router with groups, bias and scaling runs on the GPU (ops::router_topk): not refused.
+  const std::string ds = runtime::gpu_refusal(io::Checkpoint(fam + "tiny-deepseek-v3").spec());
+  EXPECT_EQ(ds.find("router"), std::string::npos) << ds;
 }
 
 // Sliding-window attention (use_sliding_window, honoured by the CPU forward and the KV decoder) is

@@ -1,6 +1,12 @@
-// Launcher: Qwen3-MoE routing from fp32 router logits: p = softmax(z) in fp32, top-k of p
-// (descending; equal probabilities → lower expert id, as model::DecoderModel::route), weights
-// p_j / Σ_j p_j when norm_topk_prob (the sum in top-k order). CPU twin: router_topk_ref.
+// Launcher: routing from fp32 router logits, the two scorings of model::select_routes (model/router.h):
+//  - softmax (Qwen, Mixtral, OLMoE): p = softmax(z) in fp32, top-k of p;
+//  - sigmoid (DeepSeek-V3, Kimi-K2.5: transformers DeepseekV3MoE.route_tokens_to_experts): p = σ(z),
+//    choice c = p + correction_bias (or p), grouped top-k: groups of E / n_group experts scored by the
+//    sum of their two best c, experts outside the topk_group best groups (ties → lower group) get
+//    c = 0, then top-k of c; the weights are the chosen experts' p, the sum taken + 1e-20.
+// Top-k in descending score, equal scores → lower expert id; weights / Σ weights (in top-k order)
+// when norm_topk_prob; × routed_scaling_factor when ≠ 1. CPU twin: router_topk_ref (its ids equal
+// model::select_routes's, its weights bitwise: tests/ops/test_router_topk.cpp).
 // One warp per token: a token's routes never depend on the batch.
 #pragma once
 #include <cstdint>
@@ -20,6 +26,10 @@ struct RouterTopkArgs {
   int64_t T = 0;
   int num_experts = 0, topk = 0;  // E ≤ 512, 1 ≤ k ≤ min(E, 32)
   bool norm_topk_prob = true;
+  bool sigmoid = false;                   // false: softmax scoring
+  const float* correction_bias = nullptr; // [E] fp32 (sigmoid only), or nullptr
+  int n_group = 1, topk_group = 1;        // sigmoid only: n_group ≤ 32 divides E, 1 ≤ topk_group ≤ n_group
+  float routed_scaling_factor = 1.0f;
 };
 
 void router_topk(const RouterTopkArgs& args, cudaStream_t stream);

@@ -2,6 +2,7 @@
 // through io's names for a backend (its experts via the backend's host half, experts/registry.h).
 #include "runtime/layers/moe_block.h"
 
+#include "core/error.h"
 #include "core/half.h"
 #include "io/tensor_names.h"
 #include "runtime/experts/registry.h"
@@ -13,10 +14,9 @@ std::string moe_block_refusal(const io::ModelSpec& s) {
   auto no = [&](bool bad, const char* what) {
     if (bad) why += (why.empty() ? "" : ", ") + std::string(what);
   };
-  no(s.router_scoring != io::RouterScoring::Softmax, "its router scoring is not softmax");
-  no(s.router_correction_bias, "its router has a correction bias");
-  no(s.n_group > 1 || s.topk_group > 1, "its router uses grouped top-k");
-  no(s.routed_scaling_factor != 1.0, "its routed weights are scaled");
+  no(s.router_scoring == io::RouterScoring::TopkSoftmax, "its router takes the top-k of the logits, then a softmax");
+  no(s.num_experts > 512, "it has more than 512 routed experts");
+  no(s.n_group > 32, "its router has more than 32 expert groups");
   no(s.router_logit_bias, "its router logits have a bias");
   no(s.expert_bias || s.clamped_swiglu, "its experts are not plain SwiGLU (biases or clamped SwiGLU)");
   no(s.num_shared_experts > 0 || s.shared_expert_gate, "it has a shared expert");
@@ -30,6 +30,11 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
   const std::vector<float> router = ckpt.get_f32(io::router_tensor(s, layer), {s.num_experts, s.hidden_size});
   m.router.resize(router.size());
   for (size_t i = 0; i < router.size(); ++i) m.router[i] = f32_to_bf16(router[i]);
+  if (s.router_correction_bias) {
+    const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
+    MOESQ_CHECK(names.router_bias, s.model_type, ": router_correction_bias without a tensor name");
+    m.correction_bias = ckpt.get_f32(io::layer_tensor(layer, names.router_bias), {s.num_experts});
+  }
   m.experts = expert_backend_host(backend).load(ckpt, q, layer);
   return m;
 }

@@ -18,6 +18,7 @@ namespace moesq::runtime {
 void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
   MOESQ_CHECK(host.experts, "moe layer: no host experts to upload");
   router.upload(host.router);
+  if (!host.correction_bias.empty()) correction_bias.upload(host.correction_bias);
   experts = expert_backend_device(backend).upload(*host.experts);
 }
 
@@ -27,6 +28,7 @@ void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, co
   ops::SynthBf16Args a;
   a.out = router.p, a.n = d.E * d.H, a.seed = next_seed(), a.scale = scale;
   ops::synth_bf16(a, stream);
+  if (d.correction_bias) correction_bias.upload(std::vector<float>(d.E, 0.0f));  // a neutral bias
   experts = expert_backend_device(backend).synthesize(d, next_seed, scale, stream);
 }
 
@@ -46,6 +48,8 @@ void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBu
   ops::RouterTopkArgs rt;
   rt.logits = b.router_logits, rt.topk_ids = b.topk_ids, rt.topk_w = b.topk_w, rt.T = T;
   rt.num_experts = static_cast<int>(dm.E), rt.topk = static_cast<int>(dm.top_k), rt.norm_topk_prob = dm.norm_topk_prob;
+  rt.sigmoid = dm.sigmoid_router, rt.correction_bias = dm.correction_bias ? w.correction_bias.p : nullptr;
+  rt.n_group = dm.n_group, rt.topk_group = dm.topk_group, rt.routed_scaling_factor = dm.routed_scaling_factor;
   if (stages & kMoeTopk) ops::router_topk(rt, stream);
   ExpertStage s;
   s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages;

@@ -26,14 +26,16 @@
 
 namespace moesq::runtime {
 
-// Why the MoE block cannot run layers of `spec`'s family ("" when it can): softmax router without
-// correction bias, groups, scaling or logit bias; plain SwiGLU experts without biases; no shared expert.
+// Why the MoE block cannot run layers of `spec`'s family ("" when it can): a softmax router, or a
+// sigmoid one with correction bias, grouped top-k and scaling (DeepSeek-V3 / Kimi-K2.5), without a
+// logit bias; plain SwiGLU experts without biases; no shared expert.
 // Dense MLP layers are a per-layer question (ModelSpec::is_moe_layer), not the block's.
 std::string moe_block_refusal(const io::ModelSpec& spec);
 
 // One MoE layer's router and routed experts in host memory, in the layout of `backend`'s kernels.
 struct HostMoe {
   std::vector<uint16_t> router;         // [E, H] bf16
+  std::vector<float> correction_bias;   // [E] fp32 e_score_correction_bias (sigmoid routers), or empty
   std::unique_ptr<HostExperts> experts;  // experts/<backend>.h
 };
 // Reads MoE layer `layer` through io's tensor names (io/tensor_names.h) for a resolved backend.
@@ -55,7 +57,7 @@ using LinearFn = std::function<void(const ops::GemmBf16Args&)>;
 
 struct DeviceMoeLayer;  // moe_block_device.cuh
 
-// h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) for x = x + x_lo ([T, H] bf16 each;
+// h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) (routes: ops::router_topk of d's router) for x = x + x_lo ([T, H] bf16 each;
 // x_lo may be nullptr). x_lo feeds the router GEMM (hi + lo) and, with W4A4, the activation quantizer
 // (the fp32 row), as the engine's rmsnorm output does. T == 0: nothing. `stages` (MoeStage bits): only
 // those launches — a stage alone re-runs on what the buffers hold from an earlier full block (for

@@ -10,6 +10,7 @@ namespace moesq::runtime {
 
 struct DeviceMoeLayer {
   DevBuf<uint16_t> router;                 // [E, H] bf16
+  DevBuf<float> correction_bias;           // [E] fp32 (sigmoid routers with a correction bias), else empty
   std::unique_ptr<DeviceExperts> experts;  // of the backend that uploaded them
 
   // Uploads `host` (loaded for `backend`) synchronously to the current device.
@@ -18,7 +19,7 @@ struct DeviceMoeLayer {
   // device on `stream`, one seed per tensor from next_seed (router first).
   void synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
                   cudaStream_t stream);
-  size_t bytes() const { return router.bytes() + (experts ? experts->bytes() : 0); }
+  size_t bytes() const { return router.bytes() + correction_bias.bytes() + (experts ? experts->bytes() : 0); }
 };
 
 }  // namespace moesq::runtime

@@ -13,6 +13,10 @@ MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   d.H = s.hidden_size, d.I = s.moe_intermediate_size, d.E = s.num_experts, d.top_k = s.top_k;
   d.H_pad = format::padded_k(d.H), d.I_pad = format::padded_k(d.I);
   d.norm_topk_prob = s.norm_topk_prob;
+  d.sigmoid_router = s.router_scoring == io::RouterScoring::Sigmoid;
+  d.correction_bias = s.router_correction_bias;
+  d.n_group = static_cast<int>(s.n_group), d.topk_group = static_cast<int>(s.topk_group);
+  d.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
   return d;
 }
 

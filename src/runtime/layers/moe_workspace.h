@@ -15,6 +15,11 @@ struct MoeBlockDims {
   int64_t E = 0, top_k = 0;      // routed experts, routes per token
   int64_t H_pad = 0, I_pad = 0;  // format::padded_k(H), format::padded_k(I)
   bool norm_topk_prob = true;
+  // The router (ops::router_topk): softmax, or sigmoid with an optional correction bias, grouped top-k
+  // and a routed scaling factor (DeepSeek-V3, Kimi-K2.5).
+  bool sigmoid_router = false, correction_bias = false;
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
 };
 MoeBlockDims moe_block_dims(const io::ModelSpec& spec);
 
