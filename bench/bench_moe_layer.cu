@@ -211,13 +211,15 @@ int main(int argc, char** argv) try {
       const double whole = time_blocks(d, layers, buf, x, h, T, runtime::kMoeAllStages, a.reps, st);
       std::vector<std::pair<std::string, double>> stage;
       double sum = 0;
-      for (int i = 0; i < runtime::kMoeStageCount; ++i) {
+      // The shared / dense MLP stage only where the model has one (Qwen3 shapes do not).
+      const int stages = runtime::kMoeStageCount - (d.mlp_I > 0 ? 0 : 1);
+      for (int i = 0; i < stages; ++i) {
         stage.emplace_back(runtime::kMoeStageNames[i], time_blocks(d, layers, buf, x, h, T, 1u << i, a.reps, st));
         sum += stage.back().second;
       }
       const double bytes = static_cast<double>(d.E * d.H * sizeof(uint16_t)) + expert_bytes * hit / d.E;
       const double bytes_floor_us = bytes / (a.hbm_tbps * 1e12) * 1e6;
-      const double launch_floor_us = empty_chain_us(runtime::kMoeStageCount, a.reps);
+      const double launch_floor_us = empty_chain_us(stages, a.reps);
       double peer_us = 0;
       for (const auto& p : peers)
         if (p.at("T").get<int64_t>() == T && p.contains("us")) peer_us = p.at("us").get<double>();
@@ -225,7 +227,7 @@ int main(int argc, char** argv) try {
                   be_name.c_str(), static_cast<long long>(T), whole, sum, hit, static_cast<long long>(d.E));
       for (const auto& [n, us] : stage) std::printf("    %-22s %8.2f us\n", n.c_str(), us);
       std::printf("    floors: bytes %.1f MB -> %.2f us (ours x%.1f); %d dependent empty kernels -> %.2f us", bytes / 1e6,
-                  bytes_floor_us, whole / bytes_floor_us, runtime::kMoeStageCount, launch_floor_us);
+                  bytes_floor_us, whole / bytes_floor_us, stages, launch_floor_us);
       if (peer_us > 0) std::printf("; torch bf16 peer %.2f us (ours %.2fx faster)", peer_us, peer_us / whole);
       std::printf("\n");
       nlohmann::json r;

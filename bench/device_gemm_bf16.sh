@@ -12,8 +12,8 @@ export PATH="/usr/local/cuda/bin:$PATH"
 STEPS=${STEPS:-tests bench e2e}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "$*" | tee -a "$S"; }
-GPU_TESTS=${GPU_TESTS:-test_engine_ops test_act_dispatch test_swiglu_quant test_engine_reference_layout test_engine}
-MEMCHECK=${MEMCHECK:-test_act_dispatch test_swiglu_quant test_engine_ops test_engine_reference_layout}
+GPU_TESTS=${GPU_TESTS:-test_engine_ops test_act_dispatch test_swiglu_quant test_engine_reference_layout test_engine test_moe_layer_gpu}
+MEMCHECK=${MEMCHECK:-test_act_dispatch test_swiglu_quant test_engine_ops test_engine_reference_layout test_moe_layer_gpu}
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
 B=${BUILD_DIR:-build-dev}
@@ -34,7 +34,7 @@ if has tests; then
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
     [[ " $MEMCHECK " == *" $t "* ]] || continue
-    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*"
+    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done

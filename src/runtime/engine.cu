@@ -288,6 +288,10 @@ void Engine::Impl::check_experts(FiniteStage stage, int64_t l, const float* x_f3
 
 // After moe_block: its buffers still hold the layer's router logits and expert outputs.
 void Engine::Impl::check_moe_layer(int64_t l, int64_t T) {
+  if (!layers[l].moe.experts) {  // a dense MLP layer
+    check_rows(FiniteStage::kMoeOutput, l, h.p, T, H);
+    return;
+  }
   check_rows(FiniteStage::kRouterLogits, l, moe_bufs.router_logits, T, E);
   check_experts(FiniteStage::kExpertGateUp, l, moe_bufs.hbuf, nullptr, T, 2 * moe_dims.I);
   check_experts(FiniteStage::kExpertOutput, l, nullptr, moe_bufs.ybuf, T, H);

@@ -19,10 +19,12 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return o;
 }
 
-void require_supported(const io::Checkpoint& ckpt) {
-  const std::string why = gpu_refusal(ckpt.spec());
+// moe_only: only the MoE block must run the family (one MoE layer alone, load_host_moe_layer).
+void require_supported(const io::Checkpoint& ckpt, bool moe_only = false) {
+  const std::string moe = moe_block_refusal(ckpt.spec());
+  const std::string why = moe_only ? (moe.empty() ? "" : "MoE block: " + moe) : gpu_refusal(ckpt.spec());
   MOESQ_CHECK(why.empty(), ckpt.dir(), ": the GPU engine does not run model_type \"", ckpt.spec().model_type,
-              "\": ", why);
+              "\"", moe_only ? "'s MoE layers" : "", ": ", why);
   io::check_config_against_tensors(ckpt);  // the host buffers below are sized by config.json
 }
 
@@ -124,18 +126,16 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
   }
   m.layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
-    MOESQ_CHECK(s.is_moe_layer(l), ckpt.dir(), ": layer ", l,
-                " is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the GPU engine runs MoE layers only");
     HostLayer& L = m.layers[l];
     L.attn = load_host_attention(ckpt, l);
     L.post_norm = ckpt.get_f32(io::layer_tensor(l, io::kPostNorm), {H});
-    L.moe = load_host_moe(ckpt, q, m.backend, l);
+    L.moe = s.is_moe_layer(l) ? load_host_moe(ckpt, q, m.backend, l) : load_host_dense_layer(ckpt, l);
   }
   return m;
 }
 
 HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested) {
-  require_supported(ckpt);
+  require_supported(ckpt, true);
   HostMoeLayer m;
   m.spec = ckpt.spec();
   MOESQ_CHECK(layer >= 0 && layer < m.spec.num_layers, ckpt.dir(), ": layer ", layer, " outside [0, ",

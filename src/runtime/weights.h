@@ -65,12 +65,14 @@ ExpertBackend resolve_backend(ExpertBackend requested, io::ExpertStorage storage
 // checkpoint is refused as the CPU loader refuses it (io::check_expert_storage).
 io::ExpertStorage checkpoint_expert_storage(const io::Checkpoint& ckpt, const io::QuantizationConfig& q);
 
-// Reads and converts everything. Errors name the tensor and the directory (a family that is not
-// supported, naming what is missing; dense MLP layers by layer).
+// Reads and converts everything (a dense MLP layer: its MLP alone, load_host_dense_layer). Errors name
+// the tensor and the directory (a family that is not supported, naming what is missing).
 HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
 
-// Reads layer `layer`'s router and experts as load_host_model does. Errors: as load_host_model, and a
-// layer out of range or a dense MLP layer (naming the directory and the layer).
+// Reads layer `layer`'s router, experts and shared expert as load_host_model does; only the MoE block
+// must run the family (its attention may be one the engine does not run: DeepSeek-V3's MLA).
+// Errors: as load_host_model, and a layer out of range or a dense MLP layer (naming the directory
+// and the layer).
 HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested);
 
 // The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b") with `layers` decoder layers

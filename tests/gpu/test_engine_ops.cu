@@ -1,4 +1,4 @@
-// GPU tests of the engine's ops (src/ops/{gemm_bf16,rmsnorm,qk_rope,attention,router_topk,moe_combine})
+// GPU tests of the engine's ops (src/ops/{gemm_bf16,rmsnorm,qk_rope,attention,router_topk,moe_combine,dense_swiglu})
 // against their CPU `_ref` twins on fresh random inputs with fixed seeds (STYLE.md §3–5). Where the
 // kernel and the twin round in the same order the check is BITWISE; elsewhere a named tolerance.
 // Attention and qk_rope also through non-identity slot tables (tok_slot: the KV slot of each row) and
@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/attention/attention.h"
+#include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/moe_combine/moe_combine.h"
@@ -542,6 +543,29 @@ TEST(EngineOps, PagedKvEqualsContiguousBitwise) {
       ASSERT_EQ(outs[3][i], outs[1][i]) << "hd=" << hd << " paged vs contiguous split-KV, index " << i;
       ASSERT_EQ(outs[0][i], outs[1][i]) << "hd=" << hd << " prefill vs split-KV, index " << i;
       ASSERT_TRUE(std::isfinite(moesq::bf16_to_f32(outs[2][i]))) << "hd=" << hd << " a NaN row was read, index " << i;
+    }
+  }
+}
+
+// The dense-MLP SwiGLU (shared experts, dense layers) against its twin: expf vs std::exp is the only
+// difference, so the bf16 hi words agree but for rare last-bit flips and hi + lo within 1e-6 relative.
+TEST(EngineOps, DenseSwigluMatchesRef) {
+  for (bool gated : {false, true}) {
+    const int64_t T = 33, I = 200, ld = 2 * I + (gated ? 1 : 0) + 5;
+    const std::vector<float> gu = rand_f32(T * ld, gated ? 61 : 60, 2.0f);
+    DevBuf<float> dgu(gu);
+    DevBuf<uint16_t> da(T * I), dlo(T * I);
+    moesq::ops::DenseSwigluArgs a;
+    a.gu = dgu.p, a.a = da.p, a.a_lo = dlo.p, a.T = T, a.I = I, a.ld = ld, a.gated = gated;
+    moesq::ops::dense_swiglu(a, nullptr);
+    std::vector<uint16_t> ra(T * I), rlo(T * I);
+    a.gu = gu.data(), a.a = ra.data(), a.a_lo = rlo.data();
+    moesq::ops::dense_swiglu_ref(a);
+    const auto ga = da.download(), gl = dlo.download();
+    for (int64_t i = 0; i < T * I; ++i) {
+      const double g = static_cast<double>(moesq::bf16_to_f32(ga[i])) + moesq::bf16_to_f32(gl[i]);
+      const double r = static_cast<double>(moesq::bf16_to_f32(ra[i])) + moesq::bf16_to_f32(rlo[i]);
+      ASSERT_NEAR(g, r, 1e-6 * (1.0 + std::fabs(r))) << "gated=" << gated << " index " << i;
     }
   }
 }

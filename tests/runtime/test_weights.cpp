@@ -3,6 +3,7 @@
 // must agree with the model the engine is compared to.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -18,6 +19,7 @@
 #include "format/kernel_layout.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/router_topk/router_topk.h"
 #include "runtime/experts/bf16.h"
 #include "io/compressed_checkpoint.h"
@@ -233,29 +235,104 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
       {"tiny-mixtral", {"attention block: its q/k norm is not per head"}},
       {"tiny-olmoe", {"attention block: its q/k norm is not per head"}},
-      {"tiny-qwen2-moe", {"attention projections have biases", "MoE block: it has a shared expert"}},
-      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention",
-                            "MoE block: it has a shared expert"}},
+      {"tiny-qwen2-moe", {"attention projections have biases"}},
+      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention"}},
       {"tiny-gpt-oss", {"token mixer is not the built-in GQA attention", "router logits have a bias"}},
   };
   for (const auto& [dir, want] : refused) {
     const io::Checkpoint ck(fam + dir);
     EXPECT_FALSE(runtime::supports(ck.spec())) << dir;
+    const bool moe_refused = !runtime::moe_block_refusal(ck.spec()).empty();
+    int64_t moe_layer = 0;
+    while (!ck.spec().is_moe_layer(moe_layer)) ++moe_layer;
     for (auto load : {0, 1}) {
+      if (load == 1 && !moe_refused) {  // one MoE layer alone needs only the MoE block
+        EXPECT_NO_THROW(runtime::load_host_moe_layer(ck, moe_layer, runtime::ExpertBackend::kAuto)) << dir;
+        continue;
+      }
       try {
         if (load == 0) runtime::load_host_model(ck, runtime::ExpertBackend::kAuto);
-        else runtime::load_host_moe_layer(ck, 1, runtime::ExpertBackend::kAuto);
+        else runtime::load_host_moe_layer(ck, moe_layer, runtime::ExpertBackend::kAuto);
         ADD_FAILURE() << dir << " accepted";
       } catch (const Error& e) {
         const std::string msg = e.what();
         EXPECT_NE(msg.find("does not run model_type \"" + ck.spec().model_type + "\""), std::string::npos) << msg;
+        if (load == 1) {
+          EXPECT_NE(msg.find("MoE layers: MoE block: "), std::string::npos) << dir << ": " << msg;
+          continue;
+        }
         for (const std::string& w : want) EXPECT_NE(msg.find(w), std::string::npos) << dir << ": " << msg;
       }
     }
   }
-  // The sigmoid router with groups, bias and scaling runs on the GPU (ops::router_topk): not refused.
-  const std::string ds = runtime::gpu_refusal(io::Checkpoint(fam + "tiny-deepseek-v3").spec());
-  EXPECT_EQ(ds.find("router"), std::string::npos) << ds;
+  // The MoE blocks of these families run on the GPU (a sigmoid router with groups, bias and scaling;
+  // shared experts with and without their gate; dense MLP layers): only their attention is refused.
+  for (const char* dir : {"tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-mixtral", "tiny-olmoe"}) {
+    const std::string why = runtime::gpu_refusal(io::Checkpoint(fam + dir).spec());
+    EXPECT_EQ(why.find("MoE block"), std::string::npos) << dir << ": " << why;
+  }
+}
+
+// The dense-MLP path of the GPU MoE block (moe_block.h: gate|up GEMM, ops::dense_swiglu, down GEMM),
+// evaluated here on the CPU from the host layout load_host_moe / load_host_dense_layer produce (gate
+// rows, up rows, then the shared expert's gate row; down [H, I]), equals the CPU model's shared
+// expert with its sigmoid gate (layer 0) and dense MLP (layer 1, mlp_only_layers) on the Qwen2-MoE
+// fixture. Its weights are bf16, so only the hi + lo activations and σ folded in before the down
+// projection (instead of after) differ: a few 2^-17 relative.
+TEST(RuntimeWeights, DenseMlpLayoutComputesTheModelsSharedExpertAndDenseMlp) {
+  constexpr double kRelTol = 1e-4;
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-qwen2-moe");
+  const model::DecoderModel cpu(ckpt);
+  const io::ModelSpec& s = cpu.spec();
+  const runtime::MoeBlockDims dm = runtime::moe_block_dims(s);
+  EXPECT_EQ(dm.mlp_I, std::max(s.shared_expert_intermediate_size, s.intermediate_size));
+  EXPECT_TRUE(dm.shared_gated);
+  runtime::MoeBlockDims no_mlp = dm;
+  no_mlp.mlp_I = 0;
+  EXPECT_GE(runtime::moe_workspace_bytes(dm, 8),
+            runtime::moe_workspace_bytes(no_mlp, 8) + 8 * (2 * dm.mlp_I + 1) * 4 + 2 * 8 * dm.mlp_I * 2);
+  const int64_t n = 5, H = s.hidden_size;
+  std::mt19937_64 g(8);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(n * H);
+  for (auto& v : x) v = d(g);
+  const io::QuantizationConfig q = io::read_quantization_config(ckpt);
+  for (int64_t l : {0, 1}) {
+    ASSERT_EQ(s.is_moe_layer(l), l == 0);
+    const runtime::HostMoe hm =
+        s.is_moe_layer(l) ? runtime::load_host_moe(ckpt, q, runtime::ExpertBackend::kBf16, l)
+                          : runtime::load_host_dense_layer(ckpt, l);
+    const runtime::HostDenseMlp& m = hm.mlp;
+    EXPECT_EQ(m.gated, l == 0);
+    EXPECT_EQ(m.I, l == 0 ? s.shared_expert_intermediate_size : s.intermediate_size);
+    EXPECT_EQ(hm.experts == nullptr, l == 1);
+    const int64_t I = m.I, N = 2 * I + (m.gated ? 1 : 0);
+    ASSERT_EQ(static_cast<int64_t>(m.gate_up.size()), N * H);
+    ASSERT_EQ(static_cast<int64_t>(m.down.size()), H * I);
+    std::vector<float> gu(n * N);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < H; ++k) acc += static_cast<double>(x[t * H + k]) * bf16_to_f32(m.gate_up[j * H + k]);
+        gu[t * N + j] = static_cast<float>(acc);
+      }
+    std::vector<uint16_t> a(n * I), a_lo(n * I);
+    ops::DenseSwigluArgs sw;
+    sw.gu = gu.data(), sw.a = a.data(), sw.a_lo = a_lo.data(), sw.T = n, sw.I = I, sw.ld = N, sw.gated = m.gated;
+    ops::dense_swiglu_ref(sw);
+    const std::vector<float> want = l == 0 ? cpu.shared_expert_forward(l, x, n) : cpu.dense_mlp(l, x, n);
+    double scale = 0.0;
+    for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+    ASSERT_GT(scale, 0.0);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        double y = 0.0;
+        for (int64_t i = 0; i < I; ++i)
+          y += (static_cast<double>(bf16_to_f32(a[t * I + i])) + bf16_to_f32(a_lo[t * I + i])) *
+               bf16_to_f32(m.down[h * I + i]);
+        ASSERT_NEAR(y, want[t * H + h], kRelTol * scale) << "layer " << l << " token " << t << " column " << h;
+      }
+  }
 }
 
 // Sliding-window attention (use_sliding_window, honoured by the CPU forward and the KV decoder) is

@@ -19,9 +19,30 @@ std::string moe_block_refusal(const io::ModelSpec& s) {
   no(s.n_group > 32, "its router has more than 32 expert groups");
   no(s.router_logit_bias, "its router logits have a bias");
   no(s.expert_bias || s.clamped_swiglu, "its experts are not plain SwiGLU (biases or clamped SwiGLU)");
-  no(s.num_shared_experts > 0 || s.shared_expert_gate, "it has a shared expert");
   return why;
 }
+
+namespace {
+
+// "{prefix}.{gate,up,down}_proj.weight" of layer `layer` (and the gate's [1, H] "{gate}" tensor) in the
+// layout ops::dense_swiglu and the two GEMMs read.
+HostDenseMlp load_dense_mlp(const io::Checkpoint& ckpt, int64_t layer, const std::string& prefix, int64_t I,
+                            const char* gate) {
+  const int64_t H = ckpt.spec().hidden_size;
+  HostDenseMlp m;
+  m.I = I, m.gated = gate != nullptr;
+  auto append = [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<uint16_t>& dst) {
+    for (float f : ckpt.get_f32(io::layer_tensor(layer, name), shape)) dst.push_back(f32_to_bf16(f));
+  };
+  m.gate_up.reserve(static_cast<size_t>((2 * I + (m.gated ? 1 : 0)) * H));
+  append(prefix + ".gate_proj.weight", {I, H}, m.gate_up);
+  append(prefix + ".up_proj.weight", {I, H}, m.gate_up);
+  if (gate) append(gate, {1, H}, m.gate_up);
+  append(prefix + ".down_proj.weight", {H, I}, m.down);
+  return m;
+}
+
+}  // namespace
 
 HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, ExpertBackend backend,
                       int64_t layer) {
@@ -36,6 +57,20 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
     m.correction_bias = ckpt.get_f32(io::layer_tensor(layer, names.router_bias), {s.num_experts});
   }
   m.experts = expert_backend_host(backend).load(ckpt, q, layer);
+  if (s.num_shared_experts > 0) {
+    const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
+    MOESQ_CHECK(names.shared_expert, s.model_type, ": shared experts without a tensor name");
+    MOESQ_CHECK(!s.shared_expert_gate || names.shared_expert_gate, s.model_type,
+                ": a shared-expert gate without a tensor name");
+    m.mlp = load_dense_mlp(ckpt, layer, names.shared_expert, s.shared_expert_intermediate_size,
+                           s.shared_expert_gate ? names.shared_expert_gate : nullptr);
+  }
+  return m;
+}
+
+HostMoe load_host_dense_layer(const io::Checkpoint& ckpt, int64_t layer) {
+  HostMoe m;
+  m.mlp = load_dense_mlp(ckpt, layer, "mlp", ckpt.spec().intermediate_size, nullptr);
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/device_scope.h"
 #include "core/error.h"
+#include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/moe_combine/moe_combine.h"
 #include "ops/router_topk/router_topk.h"
 #include "ops/synth_pack/synth_pack.h"
@@ -16,11 +17,46 @@
 namespace moesq::runtime {
 
 void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
-  MOESQ_CHECK(host.experts, "moe layer: no host experts to upload");
-  router.upload(host.router);
-  if (!host.correction_bias.empty()) correction_bias.upload(host.correction_bias);
-  experts = expert_backend_device(backend).upload(*host.experts);
+  MOESQ_CHECK(host.experts || !host.mlp.gate_up.empty(), "moe layer: neither experts nor an MLP to upload");
+  if (host.experts) {
+    router.upload(host.router);
+    if (!host.correction_bias.empty()) correction_bias.upload(host.correction_bias);
+    experts = expert_backend_device(backend).upload(*host.experts);
+  }
+  if (!host.mlp.gate_up.empty()) {
+    mlp_gate_up.upload(host.mlp.gate_up);
+    mlp_down.upload(host.mlp.down);
+    mlp_I = host.mlp.I, mlp_gated = host.mlp.gated;
+  }
 }
+
+namespace {
+
+// The layer's dense MLP (moe_block.h): h += down(dense_swiglu(x · gate_up)).
+void dense_mlp(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& linear) {
+  MOESQ_CHECK(w.mlp_I <= dm.mlp_I && b.mlp_gu, "moe block: a dense MLP of ", w.mlp_I, " wider than the workspace's ",
+              dm.mlp_I);
+  const auto run = [&](const ops::GemmBf16Args& g) {
+    if (linear)
+      linear(g);
+    else
+      ops::gemm_bf16(g, stream);
+  };
+  const int64_t N = 2 * w.mlp_I + (w.mlp_gated ? 1 : 0);
+  ops::GemmBf16Args gu;
+  gu.x = x, gu.x_lo = x_lo, gu.w = w.mlp_gate_up.p, gu.y_f32 = b.mlp_gu, gu.M = T, gu.N = N, gu.K = dm.H, gu.ldy = N;
+  run(gu);
+  ops::DenseSwigluArgs sw;
+  sw.gu = b.mlp_gu, sw.a = b.mlp_a, sw.a_lo = b.mlp_a_lo, sw.T = T, sw.I = w.mlp_I, sw.ld = N, sw.gated = w.mlp_gated;
+  ops::dense_swiglu(sw, stream);
+  ops::GemmBf16Args dn;
+  dn.x = b.mlp_a, dn.x_lo = b.mlp_a_lo, dn.w = w.mlp_down.p, dn.y_f32 = h, dn.M = T, dn.N = dm.H, dn.K = w.mlp_I;
+  dn.ldy = dm.H, dn.accumulate = true;
+  run(dn);
+}
+
+}  // namespace
 
 void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
                                 cudaStream_t stream) {
@@ -32,10 +68,12 @@ void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, co
   experts = expert_backend_device(backend).synthesize(d, next_seed, scale, stream);
 }
 
-void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
-               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
-               unsigned stages) {
-  if (T == 0) return;
+namespace {
+
+// Router → top-k → the backend's expert stage → combine into h.
+void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+                  const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
+                  unsigned stages) {
   ops::GemmBf16Args g;
   g.x = x, g.x_lo = x_lo, g.w = w.router.p, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
   g.K = dm.H, g.ldy = dm.E;
@@ -59,6 +97,16 @@ void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBu
   mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
   if (stages & kMoeCombine) ops::moe_combine(mc, stream);
+}
+
+}  // namespace
+
+void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+               const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
+               unsigned stages) {
+  if (T == 0) return;
+  if (w.experts) routed_block(dm, w, b, x, x_lo, h, T, stream, router_linear, stages);
+  if (w.mlp_I > 0 && (stages & kMoeDenseMlp)) dense_mlp(dm, w, b, x, x_lo, h, T, stream, router_linear);
 }
 
 // ---- one layer alone ------------------------------------------------------------------------

@@ -28,36 +28,54 @@ namespace moesq::runtime {
 
 // Why the MoE block cannot run layers of `spec`'s family ("" when it can): a softmax router, or a
 // sigmoid one with correction bias, grouped top-k and scaling (DeepSeek-V3 / Kimi-K2.5), without a
-// logit bias; plain SwiGLU experts without biases; no shared expert.
+// logit bias; plain SwiGLU experts without biases; a shared expert with or without its sigmoid gate.
+// A dense MLP layer runs as the block with its MLP alone (no router, no routed experts).
 // Dense MLP layers are a per-layer question (ModelSpec::is_moe_layer), not the block's.
 std::string moe_block_refusal(const io::ModelSpec& spec);
 
 // One MoE layer's router and routed experts in host memory, in the layout of `backend`'s kernels.
+// A dense SwiGLU MLP in bf16: a shared expert or a dense layer's MLP. Empty gate_up: none.
+struct HostDenseMlp {
+  int64_t I = 0;                   // intermediate size
+  bool gated = false;              // a shared expert's sigmoid gate [1, H] (Qwen2-MoE, Qwen3-Next)
+  std::vector<uint16_t> gate_up;   // [2I (+1 gated), H] bf16: the gate rows, the up rows, then the gate's row
+  std::vector<uint16_t> down;      // [H, I] bf16
+};
+
+// One layer's feed-forward in host memory: the router and routed experts of a MoE layer, in the
+// layout of `backend`'s kernels, and its shared expert; or a dense layer's MLP alone (router empty,
+// experts null).
 struct HostMoe {
   std::vector<uint16_t> router;         // [E, H] bf16
   std::vector<float> correction_bias;   // [E] fp32 e_score_correction_bias (sigmoid routers), or empty
   std::unique_ptr<HostExperts> experts;  // experts/<backend>.h
+  HostDenseMlp mlp;                      // the shared expert (MoE layer) or the dense MLP (dense layer)
 };
 // Reads MoE layer `layer` through io's tensor names (io/tensor_names.h) for a resolved backend.
 HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, ExpertBackend backend,
                       int64_t layer);
+// Reads dense layer `layer`'s MLP ("mlp.{gate,up,down}_proj", intermediate_size). Errors name the tensor.
+HostMoe load_host_dense_layer(const io::Checkpoint& ckpt, int64_t layer);
 
 // The stages of moe_block in launch order, one bit each (bench_moe_layer times them one by one).
 enum MoeStage : unsigned {
   kMoeRouterGemm = 1u << 0, kMoeTopk = 1u << 1, kMoeDispatch = 1u << 2, kMoeGateUp = 1u << 3,
-  kMoeSwiglu = 1u << 4, kMoeDown = 1u << 5, kMoeCombine = 1u << 6,
+  kMoeSwiglu = 1u << 4, kMoeDown = 1u << 5, kMoeCombine = 1u << 6, kMoeDenseMlp = 1u << 7,
 };
-constexpr int kMoeStageCount = 7;
+constexpr int kMoeStageCount = 8;
 constexpr unsigned kMoeAllStages = (1u << kMoeStageCount) - 1;
 inline constexpr const char* kMoeStageNames[kMoeStageCount] = {
-    "router GEMM", "top-k", "dispatch + act quant", "gate|up GEMM", "SwiGLU + requant", "down GEMM", "combine"};
+    "router GEMM", "top-k", "dispatch + act quant", "gate|up GEMM", "SwiGLU + requant", "down GEMM", "combine",
+    "shared / dense MLP"};
 
 // The router GEMM's runner (runtime::Engine: cuBLAS when not deterministic); empty: ops::gemm_bf16.
 using LinearFn = std::function<void(const ops::GemmBf16Args&)>;
 
 struct DeviceMoeLayer;  // moe_block_device.cuh
 
-// h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) (routes: ops::router_topk of d's router) for x = x + x_lo ([T, H] bf16 each;
+// h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) (routes: ops::router_topk of d's router),
+// then += the layer's dense MLP (a shared expert, × σ(x · gate) when gated: gate|up GEMM, ops::dense_swiglu,
+// down GEMM accumulated into h); a dense layer has the MLP term alone. for x = x + x_lo ([T, H] bf16 each;
 // x_lo may be nullptr). x_lo feeds the router GEMM (hi + lo) and, with W4A4, the activation quantizer
 // (the fp32 row), as the engine's rmsnorm output does. T == 0: nothing. `stages` (MoeStage bits): only
 // those launches — a stage alone re-runs on what the buffers hold from an earlier full block (for

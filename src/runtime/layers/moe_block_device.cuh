@@ -1,4 +1,5 @@
-// One MoE layer's router and routed experts on the device (moe_block.h): the engine's per-layer MoE
+// One layer's feed-forward on the device (moe_block.h): router, routed experts and shared expert of a
+// MoE layer, or a dense layer's MLP alone (no router, no experts): the engine's per-layer MoE
 // weights and runtime::MoeLayerGpu's, uploaded from a HostMoe or drawn synthetically, one type for both.
 #pragma once
 #include <memory>
@@ -11,6 +12,10 @@ namespace moesq::runtime {
 struct DeviceMoeLayer {
   DevBuf<uint16_t> router;                 // [E, H] bf16
   DevBuf<float> correction_bias;           // [E] fp32 (sigmoid routers with a correction bias), else empty
+  // The layer's dense MLP (shared expert, or a dense layer's whole MLP; mlp_I 0: none): HostDenseMlp's.
+  DevBuf<uint16_t> mlp_gate_up, mlp_down;
+  int64_t mlp_I = 0;
+  bool mlp_gated = false;
   std::unique_ptr<DeviceExperts> experts;  // of the backend that uploaded them
 
   // Uploads `host` (loaded for `backend`) synchronously to the current device.
@@ -19,7 +24,10 @@ struct DeviceMoeLayer {
   // device on `stream`, one seed per tensor from next_seed (router first).
   void synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
                   cudaStream_t stream);
-  size_t bytes() const { return router.bytes() + correction_bias.bytes() + (experts ? experts->bytes() : 0); }
+  size_t bytes() const {
+    return router.bytes() + correction_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() +
+           (experts ? experts->bytes() : 0);
+  }
 };
 
 }  // namespace moesq::runtime

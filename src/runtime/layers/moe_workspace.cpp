@@ -17,6 +17,9 @@ MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   d.correction_bias = s.router_correction_bias;
   d.n_group = static_cast<int>(s.n_group), d.topk_group = static_cast<int>(s.topk_group);
   d.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
+  if (s.num_shared_experts > 0) d.mlp_I = s.shared_expert_intermediate_size, d.shared_gated = s.shared_expert_gate;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (!s.is_moe_layer(l)) d.mlp_I = std::max(d.mlp_I, s.intermediate_size);
   return d;
 }
 
@@ -53,6 +56,12 @@ void carve(Carver& c, const MoeBlockDims& d, int64_t T, MoeBlockBuffers& b) {
   c.take(b.as, E * Tn);
   c.take(b.counts, E);
   c.take(b.route_of_slot, E * Tn);
+  if (d.mlp_I > 0) {
+    const size_t Im = d.mlp_I;
+    c.take(b.mlp_gu, Tn * (2 * Im + 1));
+    c.take(b.mlp_a, Tn * Im);
+    c.take(b.mlp_a_lo, Tn * Im);
+  }
 }
 
 }  // namespace

@@ -20,6 +20,11 @@ struct MoeBlockDims {
   bool sigmoid_router = false, correction_bias = false;
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f;
+  // The widest dense SwiGLU MLP of the model's layers (0: none): a shared expert
+  // (shared_expert_intermediate_size, with a sigmoid gate when shared_gated) or a dense layer's MLP
+  // (intermediate_size, layers outside ModelSpec::is_moe_layer).
+  int64_t mlp_I = 0;
+  bool shared_gated = false;
 };
 MoeBlockDims moe_block_dims(const io::ModelSpec& spec);
 
@@ -38,6 +43,9 @@ struct MoeBlockBuffers {
   float* as = nullptr;               // [E, T] 1/γ_a of ad
   int32_t* counts = nullptr;         // [E]
   int32_t* route_of_slot = nullptr;  // [E, T]
+  float* mlp_gu = nullptr;           // [T, 2·mlp_I + 1] fp32 gate|up(|gate logit) of the dense MLP (mlp_I > 0)
+  uint16_t* mlp_a = nullptr;         // [T, mlp_I] bf16 SwiGLU output (down GEMM input)
+  uint16_t* mlp_a_lo = nullptr;      // [T, mlp_I] bf16 its rounding residue
 };
 
 // Bytes of the scratch for up to T tokens: every buffer above, each 256-byte aligned.
