@@ -325,6 +325,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   qr.tok_slot = tok_slot.p, qr.tok_pos = tok_pos.p, qr.q_out = q.p;
   qr.T = T, qr.nh = static_cast<int>(nh), qr.nkv = static_cast<int>(nkv);
   qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
+  qr.whole_qk_norm = s.qk_norm == io::QkNorm::Whole;
   qr.block_table = block_table.p, qr.kv_blocks = kv->num_blocks();
   ops::AttentionArgs& at = call.attn;
   at.q = q.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;

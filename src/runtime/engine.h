@@ -1,4 +1,5 @@
-// The GPU engine on one GPU, for a family whose blocks it runs (weights.h supports: today qwen3_moe):
+// The GPU engine on one GPU, for a family whose blocks it runs (weights.h supports: qwen3_moe, mixtral,
+// olmoe, qwen2_moe):
 // weights uploaded once, batched prefill and KV-cached decode over fixed sequence slots, expert backends
 // from runtime/experts/ (registry.h), decode steps replayed from CUDA graphs. Plain C++ interface (the
 // CUDA state lives in engine.cu behind Impl).

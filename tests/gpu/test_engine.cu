@@ -157,6 +157,21 @@ TEST(Engine, CompressedW4A16AndBf16EvalMatchCpu) {
   check_eval(compressed(), runtime::ExpertBackend::kBf16, false, kCompressedNatsTol);
 }
 
+// Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation) and Qwen2-MoE (q/k/v
+// biases, a gated shared expert, a dense layer) — random-weight fixtures with head_dim 32: the
+// engine's per-window nats against the CPU forward (bf16 experts: the W16A16 floor of kBf16NatsTol),
+// and a sequence's bits alone = in batches of 8 and 64.
+const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe"};
+std::string family_dir(const char* name) { return std::string(MOESQ_FIXTURES) + "/families/" + name; }
+
+TEST(Engine, FamiliesEvalMatchCpu) {
+  for (const char* f : kGpuFamilies) check_eval(family_dir(f), runtime::ExpertBackend::kBf16, false, kBf16NatsTol);
+}
+
+TEST(Engine, FamiliesDeterministicBatchInvariance) {
+  for (const char* f : kGpuFamilies) check_batch_invariance(family_dir(f), runtime::ExpertBackend::kBf16);
+}
+
 TEST(Engine, DecodeGraphEqualsPrefill) {
   for (const std::string& dir : {tiny(), compressed()}) {
     if (dir.empty()) continue;

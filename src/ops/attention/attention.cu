@@ -365,6 +365,7 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   MOESQ_CHECK((a.tiles != nullptr) != (a.partial != nullptr),
               "attention: give exactly one of tiles (prefill) and partial (split-KV)");
   if (a.T == 0 || (a.tiles && a.n_tiles == 0)) return;
+  if (a.hd == 32) return launch_hd<32>(a, stream);
   if (a.hd == 64) return launch_hd<64>(a, stream);
   return launch_hd<128>(a, stream);
 }

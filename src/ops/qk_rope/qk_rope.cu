@@ -23,24 +23,40 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
   const int j = static_cast<int>(item % heads);
   const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
   if (pos < 0 || pos >= a.max_len) return;  // caller's bug; the host twin reports it
-  const float* x = a.qkv + item * a.hd;
   const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
   const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
   const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
   const int64_t out_off = (t * a.nkv + kv) * a.hd;  // k_out / v_out row of the head
+  const float* row = a.qkv + t * heads * a.hd;      // the token's q|k|v projection
+  // Element i of head jj of the token's projection, its bias added (fp32, as add_bias_rows).
+  const auto val = [&](int jj, int i) {
+    const float x = row[jj * a.hd + i];
+    return a.qkv_bias ? __fadd_rn(x, a.qkv_bias[jj * a.hd + i]) : x;
+  };
   if (!is_q && !is_k) {
     for (int i = lane; i < a.hd; i += 32) {
-      if (a.v_out) a.v_out[out_off + i] = x[i];
-      else a.v_cache[cache_off + i] = to_bf16(x[i]);
+      if (a.v_out) a.v_out[out_off + i] = val(j, i);
+      else a.v_cache[cache_off + i] = to_bf16(val(j, i));
     }
     return;
   }
-  double s = 0.0;
-  for (int i = lane; i < a.hd; i += 32) s = __dadd_rn(s, __dmul_rn(static_cast<double>(x[i]), static_cast<double>(x[i])));
-  for (int h = 1; h < 32; h *= 2) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, h));
-  const float inv = static_cast<float>(1.0 / sqrt(s / static_cast<double>(a.hd) + a.eps));
   const float* w = is_q ? a.q_norm : a.k_norm;
-  for (int i = lane; i < a.hd; i += 32) s_v[warp][i] = __fmul_rn(w[i], __fmul_rn(x[i], inv));
+  if (w) {
+    // The norm's span: this head, or (whole_qk_norm) every head of the token's q or k projection.
+    const int j0 = a.whole_qk_norm ? (is_q ? 0 : a.nh) : j;
+    const int n = a.whole_qk_norm ? (is_q ? a.nh : a.nkv) * a.hd : a.hd;
+    double s = 0.0;
+    for (int i = lane; i < n; i += 32) {
+      const double v = static_cast<double>(val(j0 + i / a.hd, i % a.hd));
+      s = __dadd_rn(s, __dmul_rn(v, v));
+    }
+    for (int h = 1; h < 32; h *= 2) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, h));
+    const float inv = static_cast<float>(1.0 / sqrt(s / static_cast<double>(n) + a.eps));
+    const int64_t w0 = a.whole_qk_norm ? static_cast<int64_t>(j - j0) * a.hd : 0;
+    for (int i = lane; i < a.hd; i += 32) s_v[warp][i] = __fmul_rn(w[w0 + i], __fmul_rn(val(j, i), inv));
+  } else {
+    for (int i = lane; i < a.hd; i += 32) s_v[warp][i] = val(j, i);
+  }
   __syncwarp();
   const float* c = a.cos + pos * half;
   const float* sn = a.sin + pos * half;

@@ -1,7 +1,9 @@
-// Launcher: after the fused q|k|v projection, per-head RMSNorm of q and k (Qwen3's q_norm/k_norm),
-// RoPE with the CPU forward's tables (model::rope_tables, uploaded once), and the append of k and v
-// to the bf16 KV cache at each token's (sequence slot, position) — or into fp32 k/v rows (k_out, v_out).
-// q stays fp32 for the attention.
+// Launcher: after the fused q|k|v projection, the projection biases (Qwen2-MoE's q/k/v biases) when
+// given, then RMSNorm of q and k — per head (Qwen3's q_norm/k_norm), over the whole projection
+// (whole_qk_norm: OLMoE's q_norm [nh·hd], k_norm [nkv·hd]) or none (q_norm = k_norm = nullptr:
+// Mixtral, Qwen2-MoE) — RoPE with the CPU forward's tables (model::rope_tables, uploaded once), and the
+// append of k and v to the bf16 KV cache at each token's (sequence slot, position) — or into fp32 k/v
+// rows (k_out, v_out). q stays fp32 for the attention. The CPU forward's order (model/mixers/attention).
 // CPU twin: qk_rope_ref, bitwise equal: the head norm's fp64 sum is a warp butterfly that the twin
 // replays, and every fp32 product/sum is rounded as written (no fma), as in model::apply_rope.
 #pragma once
@@ -19,8 +21,10 @@ namespace moesq::ops {
 
 struct QkRopeArgs {
   const float* qkv = nullptr;      // [T, (nh + 2·nkv)·hd] fp32: q heads, then k heads, then v heads
-  const float* q_norm = nullptr;   // [hd] fp32
-  const float* k_norm = nullptr;   // [hd] fp32
+  const float* q_norm = nullptr;   // [hd] fp32 ([nh·hd] with whole_qk_norm), or nullptr with k_norm: no norm
+  const float* k_norm = nullptr;   // [hd] fp32 ([nkv·hd] with whole_qk_norm)
+  bool whole_qk_norm = false;      // one RMSNorm over each token's whole q (and k) projection
+  const float* qkv_bias = nullptr; // [(nh + 2·nkv)·hd] fp32 added to each qkv row first, or nullptr
   const float* cos = nullptr;      // [max_len, hd/2] fp32 RoPE table
   const float* sin = nullptr;      // [max_len, hd/2] fp32
   const int32_t* tok_slot = nullptr;  // [T] KV-cache slot (sequence) of each token: any slots, any order
@@ -37,7 +41,7 @@ struct QkRopeArgs {
   float* k_out = nullptr;
   float* v_out = nullptr;
   int64_t T = 0;
-  int nh = 0, nkv = 0, hd = 0;     // hd % 64 == 0, hd ≤ 256
+  int nh = 0, nkv = 0, hd = 0;     // hd % 32 == 0, hd ≤ 256
   int64_t max_len = 0;
   double eps = 1e-6;
 };

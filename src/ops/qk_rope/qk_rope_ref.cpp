@@ -10,20 +10,22 @@ namespace moesq::ops {
 
 void qk_rope_check(const QkRopeArgs& a) {
   MOESQ_CHECK(a.T >= 0 && a.nh > 0 && a.nkv > 0 && a.nh % a.nkv == 0, "qk_rope: bad heads nh=", a.nh, " nkv=", a.nkv);
-  MOESQ_CHECK(a.hd > 0 && a.hd % 64 == 0 && a.hd <= 256, "qk_rope: head_dim ", a.hd,
-              " not supported (a multiple of 64, at most 256)");
+  MOESQ_CHECK(a.hd > 0 && a.hd % 32 == 0 && a.hd <= 256, "qk_rope: head_dim ", a.hd,
+              " not supported (a multiple of 32, at most 256)");
+  MOESQ_CHECK(!a.q_norm == !a.k_norm, "qk_rope: q_norm and k_norm must be given together (or neither: no norm)");
   MOESQ_CHECK(a.max_len > 0, "qk_rope: max_len must be > 0");
   MOESQ_CHECK(!a.k_out == !a.v_out, "qk_rope: k_out and v_out must be given together");
 }
 
 namespace {
 
-// The kernel's head RMSNorm scale: lane l sums x[i]² for i ≡ l (mod 32), then a butterfly.
-float head_inv_rms(const float* x, int hd, double eps) {
+// The kernel's RMSNorm scale over x [n] (a head, or a whole q / k projection): lane l sums x[i]² for
+// i ≡ l (mod 32), then a butterfly.
+float inv_rms(const float* x, int n, double eps) {
   double p[32];
   for (int l = 0; l < 32; ++l) {
     double s = 0.0;
-    for (int i = l; i < hd; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (int i = l; i < n; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
     p[l] = s;
   }
   for (int h = 1; h < 32; h *= 2) {
@@ -31,7 +33,7 @@ float head_inv_rms(const float* x, int hd, double eps) {
     for (int l = 0; l < 32; ++l) q[l] = p[l] + p[l ^ h];
     for (int l = 0; l < 32; ++l) p[l] = q[l];
   }
-  return static_cast<float>(1.0 / std::sqrt(p[0] / static_cast<double>(hd) + eps));
+  return static_cast<float>(1.0 / std::sqrt(p[0] / static_cast<double>(n) + eps));
 }
 
 }  // namespace
@@ -39,8 +41,10 @@ float head_inv_rms(const float* x, int hd, double eps) {
 void qk_rope_ref(const QkRopeArgs& a) {
   qk_rope_check(a);
   const int heads = a.nh + 2 * a.nkv, half = a.hd / 2;
-  std::vector<float> v(a.hd);
+  std::vector<float> v(a.hd), row(static_cast<size_t>(heads) * a.hd);
   for (int64_t t = 0; t < a.T; ++t) {
+    for (int64_t i = 0; i < heads * a.hd; ++i)  // the token's q|k|v projection, its biases added
+      row[i] = a.qkv_bias ? a.qkv[t * heads * a.hd + i] + a.qkv_bias[i] : a.qkv[t * heads * a.hd + i];
     const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "qk_rope: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
     if (a.block_table && !a.k_out) {
@@ -49,7 +53,7 @@ void qk_rope_ref(const QkRopeArgs& a) {
                   ") writes KV block ", b, ", outside the cache's [0, ", a.kv_blocks, ")");
     }
     for (int j = 0; j < heads; ++j) {
-      const float* x = a.qkv + (t * heads + j) * a.hd;
+      const float* x = row.data() + j * a.hd;
       const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
       const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
       const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
@@ -62,8 +66,15 @@ void qk_rope_ref(const QkRopeArgs& a) {
         continue;
       }
       const float* w = is_q ? a.q_norm : a.k_norm;
-      const float inv = head_inv_rms(x, a.hd, a.eps);
-      for (int i = 0; i < a.hd; ++i) v[i] = w[i] * (x[i] * inv);
+      if (w) {
+        const int j0 = a.whole_qk_norm ? (is_q ? 0 : a.nh) : j;
+        const int n = a.whole_qk_norm ? (is_q ? a.nh : a.nkv) * a.hd : a.hd;
+        const float inv = inv_rms(row.data() + j0 * a.hd, n, a.eps);
+        const float* wj = w + (a.whole_qk_norm ? (j - j0) * a.hd : 0);
+        for (int i = 0; i < a.hd; ++i) v[i] = wj[i] * (x[i] * inv);
+      } else {
+        for (int i = 0; i < a.hd; ++i) v[i] = x[i];
+      }
       const float* c = a.cos + pos * half;
       const float* s = a.sin + pos * half;
       for (int i = 0; i < half; ++i) {

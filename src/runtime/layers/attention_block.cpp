@@ -16,8 +16,10 @@ std::string attention_block_refusal(const io::ModelSpec& s) {
   auto no = [&](bool bad, const char* what) {
     if (bad) why += (why.empty() ? "" : ", ") + std::string(what);
   };
-  no(s.qk_norm != io::QkNorm::PerHead, "its q/k norm is not per head");
-  no(s.attention_bias || s.qkv_bias, "its attention projections have biases");
+  no(s.attention_bias, "its o_proj has a bias (attention_bias)");
+  no(s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128, "its head_dim is not 32, 64 or 128");
+  const int64_t G = s.num_kv_heads > 0 ? s.num_heads / s.num_kv_heads : 0;
+  no(G != 1 && G != 2 && G != 4 && G != 8 && G != 16, "its query heads per kv head are not 1, 2, 4, 8 or 16");
   no(s.rms_norm_unit_offset, "its RMSNorm weights are zero-centred");
   no(s.has_sliding_window(), "it uses sliding-window attention (use_sliding_window), which the GPU attention is not built for");
   return why;
@@ -36,8 +38,20 @@ HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t l) {
   };
   HostAttention a;
   a.input_norm = get(io::kInputNorm, {H});
-  a.q_norm = get(names::kQNorm, {hd});
-  a.k_norm = get(names::kKNorm, {hd});
+  if (s.qk_norm == io::QkNorm::PerHead) {
+    a.q_norm = get(names::kQNorm, {hd});
+    a.k_norm = get(names::kKNorm, {hd});
+  } else if (s.qk_norm == io::QkNorm::Whole) {
+    a.q_norm = get(names::kQNorm, {nh * hd});
+    a.k_norm = get(names::kKNorm, {nkv * hd});
+  }
+  if (s.qkv_bias) {
+    for (const auto& [p, rows] : {std::pair{"self_attn.q_proj.bias", nh * hd}, {"self_attn.k_proj.bias", nkv * hd},
+                                  {"self_attn.v_proj.bias", nkv * hd}}) {
+      const std::vector<float> b = get(p, {rows});
+      a.qkv_bias.insert(a.qkv_bias.end(), b.begin(), b.end());
+    }
+  }
   append_bf16(a.qkv, get(proj(names::kQProj), {nh * hd, H}));
   append_bf16(a.qkv, get(proj(names::kKProj), {nkv * hd, H}));
   append_bf16(a.qkv, get(proj(names::kVProj), {nkv * hd, H}));

@@ -7,8 +7,8 @@ namespace moesq::runtime {
 
 void DeviceAttentionLayer::upload(const HostAttention& h) {
   input_norm.upload(h.input_norm);
-  q_norm.upload(h.q_norm);
-  k_norm.upload(h.k_norm);
+  if (!h.q_norm.empty()) q_norm.upload(h.q_norm), k_norm.upload(h.k_norm);
+  if (!h.qkv_bias.empty()) qkv_bias.upload(h.qkv_bias);
   qkv.upload(h.qkv);
   o.upload(h.o);
 }
@@ -35,7 +35,7 @@ void DeviceAttentionLayer::alloc_kv(size_t elements) {
 }
 
 size_t DeviceAttentionLayer::weight_bytes() const {
-  return input_norm.bytes() + q_norm.bytes() + k_norm.bytes() + qkv.bytes() + o.bytes();
+  return input_norm.bytes() + q_norm.bytes() + k_norm.bytes() + qkv_bias.bytes() + qkv.bytes() + o.bytes();
 }
 
 void attention_block(const DeviceAttentionLayer& L, const AttentionCall& call, const LinearFn& linear,
@@ -49,6 +49,7 @@ void attention_block(const DeviceAttentionLayer& L, const AttentionCall& call, c
   if (marks.after_qkv) MOESQ_CUDA_CHECK(cudaEventRecord(marks.after_qkv, stream));
   ops::QkRopeArgs qr = call.rope;
   qr.q_norm = L.q_norm.p, qr.k_norm = L.k_norm.p, qr.k_cache = L.k_cache.p, qr.v_cache = L.v_cache.p;
+  qr.qkv_bias = L.qkv_bias.p;  // nullptr where the family has none
   ops::qk_rope(qr, stream);
   ops::AttentionArgs at = call.attn;
   at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p;

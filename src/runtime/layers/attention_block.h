@@ -1,6 +1,7 @@
 // The attention block of one decoder layer on the GPU, host side: which families it runs and one
 // layer's weights read through io's names. The block (attention_block_device.cuh) is
-// h += o_proj(attention(q/k norm + RoPE(q|k|v(rmsnorm(h))))), Qwen3-MoE's GQA attention.
+// h += o_proj(attention(q/k norm + RoPE(q|k|v(rmsnorm(h)) + bias))): the GQA attention of Qwen3-MoE,
+// Qwen2-MoE (q/k/v biases, no q/k norm), Mixtral (no q/k norm) and OLMoE (whole-projection q/k norm).
 //
 // Non-obvious decision: q|k|v are fused into one [(nh + 2·nkv)·hd, H] projection (one GEMM, one
 // head-norm/RoPE pass).
@@ -14,13 +15,15 @@
 namespace moesq::runtime {
 
 // Why the attention block cannot run `spec`'s family ("" when it can): the family's token mixer must be
-// the built-in GQA attention (model/families.h) with a per-head q/k RMSNorm, no projection biases and
-// plain (not zero-centred) RMSNorm weights.
+// the built-in GQA attention (model/families.h) — q/k RMSNorm per head, over the whole projection or
+// none; q/k/v biases or none, no o_proj bias; plain (not zero-centred) RMSNorm weights; full
+// attention; head_dim 32, 64 or 128 with 1, 2, 4, 8 or 16 query heads per kv head.
 std::string attention_block_refusal(const io::ModelSpec& spec);
 
 struct HostAttention {
   std::vector<float> input_norm;  // [H]
-  std::vector<float> q_norm, k_norm;  // [hd]
+  std::vector<float> q_norm, k_norm;  // [hd] per head, [nh·hd] / [nkv·hd] whole-projection, or empty (none)
+  std::vector<float> qkv_bias;    // [(nh + 2·nkv)·hd] q, k, v biases (Qwen2-MoE), or empty
   std::vector<uint16_t> qkv;      // [(nh + 2·nkv)·hd, H] bf16: q rows, then k rows, then v rows
   std::vector<uint16_t> o;        // [H, nh·hd] bf16
 };

@@ -22,7 +22,8 @@ namespace moesq::runtime {
 
 struct DeviceAttentionLayer {
   DevBuf<float> input_norm;         // [H]
-  DevBuf<float> q_norm, k_norm;     // [hd]
+  DevBuf<float> q_norm, k_norm;     // HostAttention's (unallocated when the family has no q/k norm)
+  DevBuf<float> qkv_bias;           // [(nh + 2·nkv)·hd], or unallocated
   DevBuf<uint16_t> qkv;             // [(nh + 2·nkv)·hd, H] bf16
   DevBuf<uint16_t> o;               // [H, nh·hd] bf16
   DevBuf<uint16_t> k_cache, v_cache;  // [kv_blocks, 64, nkv, hd] bf16 (paged: ops/attention/kv_layout.h)
@@ -36,7 +37,8 @@ struct DeviceAttentionLayer {
 };
 
 // The per-call descriptors of one attention block call (every layer's the same); the block fills in
-// norm.w, qkv.w, rope.{q_norm, k_norm, k_cache, v_cache}, attn.{k_cache, v_cache} and o_proj.w.
+// norm.w, qkv.w, rope.{q_norm, k_norm, qkv_bias, k_cache, v_cache}, attn.{k_cache, v_cache} and o_proj.w
+// (the caller sets rope.whole_qk_norm for the family).
 struct AttentionCall {
   ops::RmsNormArgs norm;     // x = h [T, H] fp32 → y, y_lo [T, H] bf16
   ops::GemmBf16Args qkv;     // x, x_lo = norm.y, y_lo → y_f32 [T, (nh + 2·nkv)·hd]
