@@ -9,11 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#ifdef __CUDACC__
-#include <cuda_runtime_api.h>
-#else
-typedef struct CUstream_st* cudaStream_t;
-#endif
+#include "core/cuda/stream.h"
 
 namespace moesq::ops {
 
