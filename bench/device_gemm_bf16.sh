@@ -4,16 +4,20 @@
 # test_engine PagedKvBlocksDoNotChangeBits) (+ compute-sanitizer memcheck); bench_gemm_bf16 (tile kernel vs gemm_bf16 vs cuBLAS, same run);
 # `moesq bench e2e` at Qwen3-30B-A3B shapes (TTFT of 64 × 1,024-token prompts and TPOT at B = 64, the
 # numbers of bench/NOTES.md "Serving at real shapes v1"). Everything lands in $OUT: summary.txt first.
-#   STEPS="tests bench e2e" (default all three)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+# Session 18 added test_mla_ops and the MLA engine tests (test_engine Families* now includes DeepSeek-V3),
+# and the `kimi` step: `bench e2e --synthetic kimi-k2.5` (MLA + 384 experts) at 2 layers (1 dense + 1 MoE)
+# for bf16 vs sparse-w4a4 in the same run, and 8 layers sparse-w4a4 alone (per-layer figures); prefill in
+# 1,024-token forwards: the MoE workspace holds capacity T per expert, 384 × T rows.
+#   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
 export PATH="/usr/local/cuda/bin:$PATH"
-STEPS=${STEPS:-tests bench e2e}
+STEPS=${STEPS:-tests bench e2e kimi}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "$*" | tee -a "$S"; }
-GPU_TESTS=${GPU_TESTS:-test_engine_ops test_act_dispatch test_swiglu_quant test_engine_reference_layout test_engine test_moe_layer_gpu}
-MEMCHECK=${MEMCHECK:-test_act_dispatch test_swiglu_quant test_engine_ops test_engine_reference_layout test_moe_layer_gpu}
+GPU_TESTS=${GPU_TESTS:-test_mla_ops test_engine_ops test_act_dispatch test_swiglu_quant test_engine_reference_layout test_engine test_moe_layer_gpu}
+MEMCHECK=${MEMCHECK:-test_mla_ops test_act_dispatch test_swiglu_quant test_engine_ops test_engine_reference_layout test_moe_layer_gpu}
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
 B=${BUILD_DIR:-build-dev}
@@ -52,5 +56,14 @@ if has e2e; then
     timeout 240 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts $ex --batch 1,64 --prompt-len 1024 \
       --gen "${E2E_GEN:-64}" --deterministic on,off --json > "$O/e2e_$ex.json" 2> "$O/e2e_$ex.err"
     log "bench e2e $ex B=1,64 1024/${E2E_GEN:-64} rc=$?"; grep -E '\[bench e2e\]' "$O/e2e_$ex.err" | tee -a "$S"
+  done
+fi
+
+if has kimi; then
+  for run in "bf16,sparse-w4a4 2" "sparse-w4a4 8"; do
+    set -- $run
+    timeout 300 "$B/moesq" bench e2e --synthetic kimi-k2.5 --layers $2 --experts $1 --batch 1,64 --prompt-len 1024 --prefill-tokens 1024 \
+      --gen "${E2E_GEN:-64}" --deterministic on --json > "$O/e2e_kimi_$2.json" 2> "$O/e2e_kimi_$2.err"
+    log "bench e2e kimi-k2.5 layers $2 $1 rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_kimi_$2.err" | tee -a "$S"
   done
 fi

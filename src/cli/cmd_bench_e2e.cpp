@@ -52,17 +52,32 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Bytes a decode step must read at batch B: every non-expert weight once, the lm_head, and the
-// experts the B·k routes touch (expected distinct experts under uniform routing), and the bf16 K/V
-// of `ctx` cached tokens per sequence.
+// Bytes a decode step must read at batch B: every non-expert weight once (the GQA or MLA attention
+// projections, routers, shared experts, dense layers' MLPs), the lm_head, the experts the B·k routes
+// touch (expected distinct experts under uniform routing), and the bf16 KV cache of `ctx` cached tokens
+// per sequence (K and V of every kv head, or MLA's latent row).
 double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, double ctx) {
   const double H = s.hidden_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
-  const double attn = ((s.num_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd + E * H) * 2;
+  double attn = 0, kv_values = 0;
+  if (s.mla.kv_lora_rank > 0) {
+    const runtime::MlaBlockDims d = runtime::mla_block_dims(s);
+    attn = static_cast<double>(d.a_cols()) * H + double(d.nh) * d.d_qk() * d.r_q + double(d.nh) * d.r_kv * d.nope +
+           double(d.nh) * d.v * d.r_kv + H * d.nh * d.v;
+    kv_values = static_cast<double>(d.latent_row());
+  } else {
+    attn = (s.num_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd;
+    kv_values = 2.0 * s.num_kv_heads * hd;
+  }
   const double expert_w = 3 * I * H;
   const double expert_bytes = b == runtime::ExpertBackend::kBf16 ? expert_w * 2 : expert_w * 2.75 / 8;
   const double touched = E * (1 - std::pow(1 - static_cast<double>(s.top_k) / E, B));
-  const double kv = B * ctx * 2.0 * s.num_kv_heads * hd * 2;
-  return s.num_layers * (attn + touched * expert_bytes + kv) + s.vocab_size * H * 2;
+  const double shared = s.num_shared_experts > 0 ? 3.0 * s.shared_expert_intermediate_size * H * 2 : 0.0;
+  double total = s.vocab_size * H * 2;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const double ffn = s.is_moe_layer(l) ? E * H * 2 + touched * expert_bytes + shared : 3.0 * s.intermediate_size * H * 2;
+    total += attn * 2 + ffn + B * ctx * kv_values * 2;
+  }
+  return total;
 }
 #endif
 
@@ -196,7 +211,7 @@ void run_e2e(const E2eArgs& a) {
 void register_bench_e2e(CLI::App* bench) {
   auto args = std::make_shared<E2eArgs>();
   auto* cmd = bench->add_subcommand("e2e", "End-to-end GPU engine benchmark (TTFT, TPOT, tokens/s, memory) per expert backend");
-  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b: synthetic weights on the GPU");
+  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5: synthetic weights on the GPU (kimi-k2.5: add --layers, 61 layers do not fit one GPU)");
   cmd->add_option("--layers", args->layers, "decoder layers (0 = all)")->capture_default_str();
   cmd->add_option("--experts", args->experts, "comma-separated backends")->capture_default_str();
   cmd->add_option("--batch", args->batches, "comma-separated batch sizes")->capture_default_str();

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/rope_config.h"
+
 namespace moesq::io {
 
 // Where the attention's q/k RMSNorm acts (after the projections, before RoPE).
@@ -25,6 +27,17 @@ enum class RouterScoring {
   Softmax,  // p = softmax(logits) in fp32 (Qwen, Mixtral, OLMoE)
   Sigmoid,  // p = sigmoid(logits) (DeepSeek-V3); selection may add e_score_correction_bias
   TopkSoftmax,  // top-k of the logits, weights = softmax over those k logits (gpt-oss GptOssTopKRouter)
+};
+
+// Multi-head latent attention (DeepSeek-V3 / Kimi-K2: io/config_deepseek_v3.h keeps the full parse):
+// the dims and RoPE the GPU engine's MLA block needs. kv_lora_rank == 0: the family has no MLA.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;   // 0: q_proj instead of q_a_proj / q_b_proj
+  int64_t kv_lora_rank = 0;  // r_kv, the latent width
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // rope dims stored as interleaved pairs
+  RopeSpec rope;                // default RoPE or YaRN over the qk_rope_head_dim dims
+  double softmax_scale = 1.0;   // (nope + rope)^-½ × YaRN mscale²
 };
 
 struct ModelSpec {
@@ -81,6 +94,8 @@ struct ModelSpec {
   // attention on every layer; set from use_sliding_window / sliding_window / layer_types (qwen3_moe,
   // qwen2_moe, io/config_families.cpp). The family mixers carry their own (io::FamilySpec).
   std::vector<int64_t> attention_window;  // [num_layers] > 0: window; 0: full causal
+
+  MlaSpec mla;  // deepseek_v3 / kimi_k2 only
 
   bool is_moe_layer(int64_t layer) const;
   // attention_window[layer], 0 when none.

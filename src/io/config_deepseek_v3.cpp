@@ -158,6 +158,14 @@ void fill_model_spec(const DeepseekV3Spec& d, ModelSpec& s) {
   s.num_shared_experts = d.n_shared_experts;
   s.shared_expert_intermediate_size = d.moe_intermediate_size * d.n_shared_experts;
   s.shared_expert_gate = false;
+  s.mla.q_lora_rank = d.q_lora_rank;
+  s.mla.kv_lora_rank = d.kv_lora_rank;
+  s.mla.qk_nope_head_dim = d.qk_nope_head_dim;
+  s.mla.qk_rope_head_dim = d.qk_rope_head_dim;
+  s.mla.v_head_dim = d.v_head_dim;
+  s.mla.rope_interleave = d.rope_interleave;
+  s.mla.rope = d.rope;
+  s.mla.softmax_scale = d.softmax_scale();
 }
 
 }  // namespace moesq::io

@@ -16,6 +16,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/cuda/require_device.h"
+#include "model/mixers/mla.h"
 #include "model/rope.h"
 #include "model/tensor_math.h"
 #include "ops/argmax/argmax.h"
@@ -31,6 +32,7 @@
 #include "runtime/experts/registry.h"
 #include "runtime/finite_check.h"
 #include "runtime/kv_blocks.h"
+#include "runtime/layers/mla_block_device.cuh"
 #include "runtime/layers/moe_block_device.cuh"
 
 namespace moesq::runtime {
@@ -38,7 +40,8 @@ namespace moesq::runtime {
 namespace {
 
 struct DevLayer {
-  DeviceAttentionLayer attn;  // input norm, q|k|v, q/k norms, o_proj, KV cache
+  DeviceAttentionLayer attn;  // input norm, q|k|v, q/k norms, o_proj, KV cache (GQA families)
+  DeviceMlaLayer mla;         // input norm, MLA projections, latent cache (spec.mla: DeepSeek-V3, Kimi-K2)
   DevBuf<float> post_norm;    // [H]
   DeviceMoeLayer moe;         // router + experts of the engine's backend
 };
@@ -52,6 +55,8 @@ struct Engine::Impl {
   int64_t max_len = 0, max_tokens = 0;
   int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, V = 0, qkv_w = 0;
   MoeBlockDims moe_dims;
+  bool is_mla = false;  // spec.mla.kv_lora_rank > 0: every layer's attention is the MLA block
+  MlaBlockDims mla_dims;
   cudaStream_t stream = nullptr;
   bool deterministic = true;
   cublasHandle_t cublas = nullptr;  // deterministic == false only
@@ -64,6 +69,11 @@ struct Engine::Impl {
   DevBuf<float> attn_partial;  // split-KV partials of a decode step (ops::attention)
   DevBuf<float> gemm_split;    // K-sliced partials of the q|k|v and o_proj GEMMs (gemm_bf16 split_ws)
   DevBuf<float> h, qkv, q, logits;
+  // MLA activations (mla_block_device.cuh): fused GEMM out [T, a_cols], q [T, nh·d_qk], attention
+  // queries [nh, T, r_kv + rope], head outputs [nh, T, v]; bf16 hi/lo: q_a [T, r_q], q_nope [nh, T, nope],
+  // o_lat [nh, T, r_kv]; RoPE tables of the rope dims [max_len, rope/2].
+  DevBuf<float> mla_a, mla_q, mla_q_att, mla_o_heads, mla_cos, mla_sin;
+  DevBuf<uint16_t> mla_qa, mla_qa_lo, mla_q_nope, mla_q_nope_lo, mla_o_lat, mla_o_lat_lo;
   DevBuf<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   DevBuf<uint8_t> moe_ws;     // moe_block scratch for max_tokens (moe_workspace_bytes)
   MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ max_tokens
@@ -91,6 +101,7 @@ struct Engine::Impl {
   // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
+  MlaCall make_mla_call(int64_t T);         // the MLA block's descriptors for T tokens on tok_*
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   // --check-finite (runtime/finite_check.h): the switch, the launches of one stage, the read-back.
   void set_check_finite(bool on);
@@ -123,6 +134,14 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
               " must be >= 0 (or kKvTokensFitMemory)");
   set_check_finite(opt.check_finite);
   std::vector<float> c, sn;
+  is_mla = s.mla.kv_lora_rank > 0;
+  if (is_mla) {
+    mla_dims = mla_block_dims(s);
+    mla_rope_tables(s, max_len, c, sn);
+    mla_cos.upload(c);
+    mla_sin.upload(sn);
+    return;
+  }
   model::rope_tables(max_len, hd, s.rope_theta, c, sn);
   rope_cos.upload(c);
   rope_sin.upload(sn);
@@ -139,10 +158,13 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& hl = m.layers[l];
     DevLayer& L = layers[l];
-    L.attn.upload(hl.attn);
+    if (is_mla)
+      L.mla.upload(hl.mla);
+    else
+      L.attn.upload(hl.attn);
     L.post_norm.upload(hl.post_norm);
     L.moe.upload(hl.moe, m.backend);
-    weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
+    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
     hl = HostLayer{};  // free host memory as we go
   }
   host = std::move(m);
@@ -154,11 +176,22 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
 void Engine::Impl::activations() {
   const size_t T = max_tokens;
   tok_ids.alloc(T), tok_slot.alloc(T), tok_pos.alloc(T), out_rows.alloc(T), next_ids.alloc(T), attn_tiles.alloc(2 * T);
-  attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
-  gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
-  h.alloc(T * H), qkv.alloc(T * qkv_w), q.alloc(T * nh * hd);
-  xb.alloc(T * H), attn.alloc(T * nh * hd), xsel.alloc(T * H);
-  xb_lo.alloc(T * H), attn_lo.alloc(T * nh * hd), xsel_lo.alloc(T * H);
+  h.alloc(T * H), xb.alloc(T * H), xsel.alloc(T * H), xb_lo.alloc(T * H), xsel_lo.alloc(T * H);
+  if (is_mla) {
+    const MlaBlockDims& d = mla_dims;
+    const int64_t nq = d.nh * d.d_qk(), nv = d.nh * d.v;
+    gemm_split.alloc(std::max({ops::gemm_bf16_split_floats(T, d.a_cols(), H), ops::gemm_bf16_split_floats(T, nq, d.r_q),
+                               ops::gemm_bf16_split_floats(T, H, nv)}));
+    mla_a.alloc(T * d.a_cols()), mla_q_att.alloc(T * d.nh * d.latent_row()), mla_o_heads.alloc(T * nv);
+    if (d.r_q > 0) mla_q.alloc(T * nq), mla_qa.alloc(T * d.r_q), mla_qa_lo.alloc(T * d.r_q);
+    mla_q_nope.alloc(T * d.nh * d.nope), mla_q_nope_lo.alloc(T * d.nh * d.nope);
+    mla_o_lat.alloc(T * d.nh * d.r_kv), mla_o_lat_lo.alloc(T * d.nh * d.r_kv);
+    attn.alloc(T * nv), attn_lo.alloc(T * nv);
+  } else {
+    attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
+    gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
+    qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), attn.alloc(T * nh * hd), attn_lo.alloc(T * nh * hd);
+  }
   moe_ws.alloc(moe_workspace_bytes(moe_dims, max_tokens));
   moe_bufs = carve_moe_workspace(moe_ws.p, moe_dims, max_tokens);
   lengths.assign(max_seqs, 0);
@@ -185,10 +218,19 @@ void Engine::Impl::synthesize(uint64_t seed) {
   layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     DevLayer& L = layers[l];
-    L.attn.synthesize(s, next_seed, kScale, stream);
+    if (is_mla)
+      L.mla.synthesize(mla_dims, next_seed, kScale, stream);
+    else
+      L.attn.synthesize(s, next_seed, kScale, stream);
     L.post_norm.upload(std::vector<float>(H, 1.0f));
-    L.moe.synthesize(moe_dims, host.backend, next_seed, kScale, stream);
-    weight_bytes += L.attn.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
+    if (s.is_moe_layer(l)) {
+      L.moe.synthesize(moe_dims, host.backend, next_seed, kScale, stream);
+      if (s.num_shared_experts > 0)
+        L.moe.synthesize_mlp(H, s.shared_expert_intermediate_size, s.shared_expert_gate, next_seed, kScale, stream);
+    } else {
+      L.moe.synthesize_mlp(H, s.intermediate_size, false, next_seed, kScale, stream);  // a dense layer
+    }
+    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
   }
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   activations();
@@ -197,7 +239,9 @@ void Engine::Impl::synthesize(uint64_t seed) {
 
 void Engine::Impl::alloc_kv() {
   const int64_t full = max_seqs * ops::kv_blocks_per_slot(max_len);
-  const size_t block_bytes = 2 * static_cast<size_t>(kKvBlockTokens) * nkv * hd * sizeof(uint16_t) * s.num_layers;
+  // Values per token per layer: K and V of every kv head, or (MLA) one latent row for all heads.
+  const size_t token_values = is_mla ? static_cast<size_t>(mla_dims.latent_row()) : 2 * static_cast<size_t>(nkv) * hd;
+  const size_t block_bytes = static_cast<size_t>(kKvBlockTokens) * token_values * sizeof(uint16_t) * s.num_layers;
   int64_t blocks = kv_tokens_opt > 0 ? kv_blocks_for(kv_tokens_opt) : full;
   if (kv_tokens_opt == kKvTokensFitMemory) {
     size_t free_b = 0, total_b = 0;
@@ -211,10 +255,14 @@ void Engine::Impl::alloc_kv() {
   }
   kv = std::make_unique<KvBlockPool>(max_seqs, max_len, blocks);  // checks blocks ≥ one sequence
   block_table.alloc(kv->table().size());
-  const size_t cache_n = static_cast<size_t>(blocks) * kKvBlockTokens * nkv * hd;
   for (DevLayer& L : layers) {
-    L.attn.alloc_kv(cache_n);
-    kv_bytes += L.attn.kv_bytes();
+    if (is_mla) {
+      L.mla.alloc_kv(static_cast<size_t>(blocks) * kKvBlockTokens * mla_dims.latent_row());
+      kv_bytes += L.mla.kv_bytes();
+    } else {
+      L.attn.alloc_kv(static_cast<size_t>(blocks) * kKvBlockTokens * nkv * hd);
+      kv_bytes += L.attn.kv_bytes();
+    }
   }
   table_version = ~uint64_t(0);
   grow_kv({});
@@ -226,6 +274,44 @@ void Engine::Impl::grow_kv(const std::vector<std::pair<int, int64_t>>& want) {
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(block_table.p, kv->table().data(), kv->table().size() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream));
   table_version = kv->version();
+}
+
+MlaCall Engine::Impl::make_mla_call(int64_t T) {
+  const MlaBlockDims& d = mla_dims;
+  const int nh_i = static_cast<int>(d.nh);
+  const int64_t D = d.latent_row(), nq = d.nh * d.d_qk(), nv = d.nh * d.v;
+  ops::MlaCacheArgs kvc;
+  kvc.block_table = block_table.p, kvc.kv_blocks = kv->num_blocks(), kvc.max_len = max_len;
+  MlaCall c;
+  c.norm.x = h.p, c.norm.y = xb.p, c.norm.y_lo = xb_lo.p, c.norm.n = T, c.norm.D = H, c.norm.eps = s.rms_norm_eps;
+  c.a.x = xb.p, c.a.x_lo = xb_lo.p, c.a.y_f32 = mla_a.p, c.a.split_ws = gemm_split.p;
+  c.a.M = T, c.a.N = d.a_cols(), c.a.K = H, c.a.ldy = d.a_cols();
+  ops::MlaPrepArgs& p = c.prep;
+  p.a = mla_a.p, p.lda = d.a_cols(), p.q_cols = d.q_cols, p.r_q = static_cast<int>(d.r_q);
+  p.qa_out = mla_qa.p, p.qa_out_lo = mla_qa_lo.p, p.r_kv = static_cast<int>(d.r_kv), p.rope = static_cast<int>(d.rope);
+  p.rope_interleave = d.rope_interleave, p.cos = mla_cos.p, p.sin = mla_sin.p;
+  p.tok_slot = tok_slot.p, p.tok_pos = tok_pos.p, p.kv = kvc, p.T = T, p.eps = model::kMlaLatentNormEps;
+  c.q_b.x = mla_qa.p, c.q_b.x_lo = mla_qa_lo.p, c.q_b.y_f32 = mla_q.p, c.q_b.split_ws = gemm_split.p;
+  c.q_b.M = T, c.q_b.N = nq, c.q_b.K = d.r_q, c.q_b.ldy = nq;
+  ops::MlaQArgs& q = c.q;
+  q.q = d.r_q > 0 ? mla_q.p : mla_a.p, q.ldq = d.r_q > 0 ? nq : d.a_cols();
+  q.q_nope = mla_q_nope.p, q.q_nope_lo = mla_q_nope_lo.p, q.q_att = mla_q_att.p;
+  q.nh = nh_i, q.nope = static_cast<int>(d.nope), q.rope = static_cast<int>(d.rope), q.r_kv = static_cast<int>(d.r_kv);
+  q.rope_interleave = d.rope_interleave, q.cos = mla_cos.p, q.sin = mla_sin.p, q.tok_pos = tok_pos.p;
+  q.max_len = max_len, q.T = T;
+  c.uk.x = mla_q_nope.p, c.uk.x_lo = mla_q_nope_lo.p, c.uk.y_f32 = mla_q_att.p, c.uk.groups = nh_i;
+  c.uk.M = T, c.uk.N = d.r_kv, c.uk.K = d.nope, c.uk.ldy = D;
+  ops::MlaAttentionArgs& at = c.attn;
+  at.q = mla_q_att.p, at.kv = kvc, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
+  at.out = mla_o_lat.p, at.out_lo = mla_o_lat_lo.p, at.nh = nh_i, at.r_kv = static_cast<int>(d.r_kv);
+  at.rope = static_cast<int>(d.rope), at.scale = d.scale, at.T = T;
+  c.uv.x = mla_o_lat.p, c.uv.x_lo = mla_o_lat_lo.p, c.uv.y_f32 = mla_o_heads.p, c.uv.groups = nh_i;
+  c.uv.M = T, c.uv.N = d.v, c.uv.K = d.r_kv, c.uv.ldy = d.v;
+  c.rows.x = mla_o_heads.p, c.rows.y = attn.p, c.rows.y_lo = attn_lo.p, c.rows.nh = nh_i;
+  c.rows.v = static_cast<int>(d.v), c.rows.T = T;
+  c.o_proj.x = attn.p, c.o_proj.x_lo = attn_lo.p, c.o_proj.y_f32 = h.p, c.o_proj.split_ws = gemm_split.p;
+  c.o_proj.accumulate = true, c.o_proj.M = T, c.o_proj.N = H, c.o_proj.K = nv, c.o_proj.ldy = H;
+  return c;
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
@@ -340,11 +426,16 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::GemmBf16Args& go = call.o_proj;
   go.x = attn.p, go.x_lo = attn_lo.p, go.y_f32 = h.p, go.split_ws = gemm_split.p, go.accumulate = true;
   go.M = T, go.N = H, go.K = nh * hd, go.ldy = H;
+  MlaCall mla_call;
+  if (is_mla) mla_call = make_mla_call(T);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
     AttentionMarks marks;
     if (timing) marks.after_qkv = events[4 * l], marks.after_attention = events[4 * l + 1];
-    attention_block(L.attn, call, lin, stream, marks);
+    if (is_mla)
+      mla_block(L.mla, mla_call, lin, stream, marks);
+    else
+      attention_block(L.attn, call, lin, stream, marks);
     if (check_finite) check_rows(FiniteStage::kAttention, l, h.p, T, H);
     ops::RmsNormArgs pn = rn;
     pn.w = L.post_norm.p;

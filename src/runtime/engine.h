@@ -1,5 +1,6 @@
 // The GPU engine on one GPU, for a family whose blocks it runs (weights.h supports: qwen3_moe, mixtral,
-// olmoe, qwen2_moe):
+// olmoe, qwen2_moe; deepseek_v3 and kimi_k2 through the MLA block, layers/mla_block.h, whose cache is
+// the latent row per token instead of K/V per kv head):
 // weights uploaded once, batched prefill and KV-cached decode over fixed sequence slots, expert backends
 // from runtime/experts/ (registry.h), decode steps replayed from CUDA graphs. Plain C++ interface (the
 // CUDA state lives in engine.cu behind Impl).

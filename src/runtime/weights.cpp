@@ -1,6 +1,8 @@
 // Host weights of the GPU engine (weights.h).
 #include "runtime/weights.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "io/config_check.h"
@@ -42,7 +44,7 @@ std::string gpu_refusal(const io::ModelSpec& spec) {
   auto block = [&](const char* name, const std::string& refusal) {
     if (!refusal.empty()) why += (why.empty() ? "" : "; ") + std::string(name) + " block: " + refusal;
   };
-  block("attention", attention_block_refusal(spec));
+  block("attention", spec.mla.kv_lora_rank > 0 ? mla_block_refusal(spec) : attention_block_refusal(spec));
   block("MoE", moe_block_refusal(spec));
   return why;
 }
@@ -60,8 +62,28 @@ io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
   } else if (name == "qwen3-235b-a22b") {
     s.hidden_size = 4096, s.num_layers = 94, s.num_heads = 64, s.num_kv_heads = 4, s.moe_intermediate_size = 1536;
     s.intermediate_size = 12288;
+  } else if (name == "kimi-k2.5") {
+    // moonshotai/Kimi-K2.5's text model (model_type kimi_k2, the DeepSeek-V3 architecture), its public
+    // config.json: MLA (64 heads, q_lora 1536, kv_lora 512, rope 64 with YaRN factor 64 over 4,096,
+    // nope 128, v 128), 384 experts top-8 of width 2,048 with one shared expert, a sigmoid router with
+    // correction bias scaled by 2.827, the first of 61 layers dense (18,432 wide).
+    s = io::ModelSpec{};
+    s.model_type = "kimi_k2";
+    s.vocab_size = 163840, s.hidden_size = 7168, s.num_layers = 61, s.num_heads = 64, s.num_kv_heads = 64;
+    s.head_dim = 192, s.intermediate_size = 18432, s.moe_intermediate_size = 2048, s.num_experts = 384, s.top_k = 8;
+    s.norm_topk_prob = true, s.rms_norm_eps = 1e-5, s.rope_theta = 50000.0, s.max_position_embeddings = 262144;
+    s.first_k_dense_replace = 1, s.qk_norm = io::QkNorm::None;
+    s.router_scoring = io::RouterScoring::Sigmoid, s.router_correction_bias = true, s.n_group = 1, s.topk_group = 1;
+    s.routed_scaling_factor = 2.827, s.num_shared_experts = 1, s.shared_expert_intermediate_size = 2048;
+    io::MlaSpec& m = s.mla;
+    m.q_lora_rank = 1536, m.kv_lora_rank = 512, m.qk_nope_head_dim = 128, m.qk_rope_head_dim = 64, m.v_head_dim = 128;
+    m.rope_interleave = true;
+    m.rope.type = "yarn", m.rope.theta = 50000.0, m.rope.factor = 64.0, m.rope.original_max_position_embeddings = 4096;
+    m.rope.beta_fast = 1.0, m.rope.beta_slow = 1.0, m.rope.mscale = 1.0, m.rope.mscale_all_dim = 1.0;
+    const double mscale = io::yarn_get_mscale(m.rope.factor, m.rope.mscale_all_dim);
+    m.softmax_scale = mscale * mscale / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
   } else {
-    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b");
+    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b, kimi-k2.5");
   }
   MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
   if (layers > 0) s.num_layers = layers;
@@ -127,7 +149,10 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
   m.layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& L = m.layers[l];
-    L.attn = load_host_attention(ckpt, l);
+    if (s.mla.kv_lora_rank > 0)
+      L.mla = load_host_mla(ckpt, l);
+    else
+      L.attn = load_host_attention(ckpt, l);
     L.post_norm = ckpt.get_f32(io::layer_tensor(l, io::kPostNorm), {H});
     L.moe = s.is_moe_layer(l) ? load_host_moe(ckpt, q, m.backend, l) : load_host_dense_layer(ckpt, l);
   }

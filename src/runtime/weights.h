@@ -15,13 +15,16 @@
 #include "io/config.h"
 #include "runtime/backend.h"
 #include "runtime/layers/attention_block.h"
+#include "runtime/layers/mla_block.h"
 #include "runtime/layers/moe_block.h"
 
 namespace moesq::runtime {
 
-// One decoder layer: h += attention(input_norm(h)); h += moe(post_norm(h)).
+// One decoder layer: h += attention(input_norm(h)); h += moe(post_norm(h)). The attention is the GQA
+// block (attn) or, for a spec with MLA (spec.mla.kv_lora_rank > 0), the MLA block (mla).
 struct HostLayer {
   HostAttention attn;
+  HostMla mla;
   std::vector<float> post_norm;  // [H]
   HostMoe moe;
 };
@@ -75,7 +78,7 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
 // and the layer).
 HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested);
 
-// The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b") with `layers` decoder layers
+// The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b", "kimi-k2.5") with `layers` decoder layers
 // (0: all). Error names --synthetic and the known names.
 io::ModelSpec synthetic_spec(const std::string& name, int64_t layers);
 

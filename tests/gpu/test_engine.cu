@@ -157,11 +157,13 @@ TEST(Engine, CompressedW4A16AndBf16EvalMatchCpu) {
   check_eval(compressed(), runtime::ExpertBackend::kBf16, false, kCompressedNatsTol);
 }
 
-// Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation) and Qwen2-MoE (q/k/v
-// biases, a gated shared expert, a dense layer) — random-weight fixtures with head_dim 32: the
-// engine's per-window nats against the CPU forward (bf16 experts: the W16A16 floor of kBf16NatsTol),
-// and a sequence's bits alone = in batches of 8 and 64.
-const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe"};
+// Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation), Qwen2-MoE (q/k/v
+// biases, a gated shared expert, a dense layer) — random-weight fixtures with head_dim 32 — and
+// DeepSeek-V3 (multi-head latent attention with its latent cache, sigmoid grouped router, shared
+// expert, a first dense layer): the engine's per-window nats against the CPU forward (bf16 experts:
+// the W16A16 floor of kBf16NatsTol; the MLA latent cache is bf16 like the GQA K/V), and a sequence's
+// bits alone = in batches of 8 and 64.
+const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3"};
 std::string family_dir(const char* name) { return std::string(MOESQ_FIXTURES) + "/families/" + name; }
 
 TEST(Engine, FamiliesEvalMatchCpu) {

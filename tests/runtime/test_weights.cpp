@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "io/checkpoint.h"
@@ -126,6 +128,49 @@ TEST(RuntimeWeights, SyntheticSpecs) {
   EXPECT_EQ(runtime::synthetic_spec("qwen3-30b-a3b", 4).num_layers, 4);
   EXPECT_THROW(runtime::synthetic_spec("llama", 0), Error);
   EXPECT_THROW(runtime::synthetic_spec("qwen3-30b-a3b", 49), Error);
+}
+
+// kimi-k2.5's synthetic spec is what the config parser makes of Kimi-K2.5's text config (the public
+// config.json's keys that set shapes and arithmetic), and the GPU engine runs every block of it.
+TEST(RuntimeWeights, SyntheticKimiSpecIsItsConfigParsed) {
+  const io::ModelSpec k = runtime::synthetic_spec("kimi-k2.5", 3);
+  EXPECT_EQ(k.num_layers, 3);
+  EXPECT_TRUE(runtime::supports(k)) << runtime::gpu_refusal(k);
+  const nlohmann::json cfg = {
+      {"model_type", "kimi_k2"}, {"vocab_size", 163840}, {"hidden_size", 7168}, {"intermediate_size", 18432},
+      {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61}, {"num_attention_heads", 64},
+      {"num_key_value_heads", 64}, {"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+      {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"n_routed_experts", 384}, {"n_shared_experts", 1},
+      {"num_experts_per_tok", 8}, {"first_k_dense_replace", 1}, {"n_group", 1}, {"topk_group", 1},
+      {"norm_topk_prob", true}, {"routed_scaling_factor", 2.827}, {"scoring_func", "sigmoid"},
+      {"topk_method", "noaux_tc"}, {"max_position_embeddings", 262144}, {"rms_norm_eps", 1e-5},
+      {"rope_theta", 50000.0},
+      {"rope_scaling", {{"type", "yarn"}, {"factor", 64.0}, {"original_max_position_embeddings", 4096},
+                        {"beta_fast", 1.0}, {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}};
+  io::ModelSpec p = io::parse_config(cfg, "kimi config");
+  p.num_layers = 3;
+  EXPECT_EQ(p.model_type, k.model_type);
+  for (auto [a, b] : {std::pair{p.vocab_size, k.vocab_size}, {p.hidden_size, k.hidden_size},
+                      {p.intermediate_size, k.intermediate_size}, {p.moe_intermediate_size, k.moe_intermediate_size},
+                      {p.num_heads, k.num_heads}, {p.num_kv_heads, k.num_kv_heads}, {p.head_dim, k.head_dim},
+                      {p.num_experts, k.num_experts}, {p.top_k, k.top_k}, {p.first_k_dense_replace, k.first_k_dense_replace},
+                      {p.n_group, k.n_group}, {p.topk_group, k.topk_group}, {p.num_shared_experts, k.num_shared_experts},
+                      {p.shared_expert_intermediate_size, k.shared_expert_intermediate_size},
+                      {p.max_position_embeddings, k.max_position_embeddings}, {p.mla.q_lora_rank, k.mla.q_lora_rank},
+                      {p.mla.kv_lora_rank, k.mla.kv_lora_rank}, {p.mla.qk_nope_head_dim, k.mla.qk_nope_head_dim},
+                      {p.mla.qk_rope_head_dim, k.mla.qk_rope_head_dim}, {p.mla.v_head_dim, k.mla.v_head_dim},
+                      {p.mla.rope.original_max_position_embeddings, k.mla.rope.original_max_position_embeddings}})
+    EXPECT_EQ(a, b);
+  EXPECT_EQ(p.router_scoring, k.router_scoring);
+  EXPECT_EQ(p.router_correction_bias, k.router_correction_bias);
+  EXPECT_DOUBLE_EQ(p.routed_scaling_factor, k.routed_scaling_factor);
+  EXPECT_DOUBLE_EQ(p.rms_norm_eps, k.rms_norm_eps);
+  EXPECT_EQ(p.mla.rope.type, k.mla.rope.type);
+  EXPECT_DOUBLE_EQ(p.mla.rope.theta, k.mla.rope.theta);
+  EXPECT_DOUBLE_EQ(p.mla.rope.factor, k.mla.rope.factor);
+  EXPECT_DOUBLE_EQ(p.mla.softmax_scale, k.mla.softmax_scale);
+  EXPECT_EQ(p.mla.rope_interleave, k.mla.rope_interleave);
+  EXPECT_THROW(runtime::synthetic_spec("kimi-k2.5", 62), Error);
 }
 
 TEST(RuntimeOpsRef, RmsNormTwinMatchesModelRmsnormRows) {
@@ -278,15 +323,15 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
   EXPECT_TRUE(runtime::supports(runtime::synthetic_spec("qwen3-235b-a22b", 2)));
   const std::string fam = std::string(MOESQ_FIXTURES) + "/families/";
   // Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation), Qwen2-MoE (q/k/v
-  // biases, a gated shared expert, a dense layer): every block runs, and the whole model loads.
-  for (const char* dir : {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe"}) {
+  // biases, a gated shared expert, a dense layer), DeepSeek-V3 (MLA, sigmoid grouped router, shared
+  // expert, a first dense layer): every block runs, and the whole model loads.
+  for (const char* dir : {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3"}) {
     const io::Checkpoint ck(fam + dir);
     EXPECT_TRUE(runtime::supports(ck.spec())) << dir << ": " << runtime::gpu_refusal(ck.spec());
     const runtime::HostModel m = runtime::load_host_model(ck, runtime::ExpertBackend::kAuto);
     EXPECT_EQ(static_cast<int64_t>(m.layers.size()), ck.spec().num_layers) << dir;
   }
   const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
-      {"tiny-deepseek-v3", {"attention block: its token mixer is not the built-in GQA attention"}},
       {"tiny-gpt-oss", {"token mixer is not the built-in GQA attention", "router logits have a bias"}},
   };
   for (const auto& [dir, want] : refused) {

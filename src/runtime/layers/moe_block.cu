@@ -68,6 +68,19 @@ void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, co
   experts = expert_backend_device(backend).synthesize(d, next_seed, scale, stream);
 }
 
+void DeviceMoeLayer::synthesize_mlp(int64_t H, int64_t I, bool gated, const SeedFn& next_seed, float scale,
+                                    cudaStream_t stream) {
+  auto draw = [&](DevBuf<uint16_t>& buf, int64_t n) {
+    buf.alloc(n);
+    ops::SynthBf16Args a;
+    a.out = buf.p, a.n = n, a.seed = next_seed(), a.scale = scale;
+    ops::synth_bf16(a, stream);
+  };
+  draw(mlp_gate_up, (2 * I + (gated ? 1 : 0)) * H);
+  draw(mlp_down, H * I);
+  mlp_I = I, mlp_gated = gated;
+}
+
 namespace {
 
 // Router → top-k → the backend's expert stage → combine into h.

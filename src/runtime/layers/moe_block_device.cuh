@@ -24,6 +24,9 @@ struct DeviceMoeLayer {
   // device on `stream`, one seed per tensor from next_seed (router first).
   void synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
                   cudaStream_t stream);
+  // The dense MLP alone, I wide (a shared expert beside synthesize's experts, or a dense layer's MLP):
+  // gate|up [2I (+1 gated), H] then down [H, I], bf16 noise of std ≈ scale, one seed each.
+  void synthesize_mlp(int64_t H, int64_t I, bool gated, const SeedFn& next_seed, float scale, cudaStream_t stream);
   size_t bytes() const {
     return router.bytes() + correction_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() +
            (experts ? experts->bytes() : 0);
