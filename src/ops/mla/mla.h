@@ -29,13 +29,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/cuda/stream.h"
 #include "ops/attention/kv_layout.h"
-
-#ifdef __CUDACC__
-#include <cuda_runtime_api.h>
-#else
-typedef struct CUstream_st* cudaStream_t;
-#endif
 
 namespace moesq::ops {
 

@@ -40,36 +40,28 @@ size_t DeviceMlaLayer::weight_bytes() const {
 
 void mla_block(const DeviceMlaLayer& L, const MlaCall& call, const LinearFn& linear, cudaStream_t stream,
                const AttentionMarks& marks) {
+  const auto gemm = [&](ops::GemmBf16Args g, const DevBuf<uint16_t>& w) {  // the call's GEMM on this layer's w
+    g.w = w.p;
+    linear(g);
+  };
   ops::RmsNormArgs rn = call.norm;
   rn.w = L.input_norm.p;
   ops::rmsnorm(rn, stream);
-  ops::GemmBf16Args g = call.a;
-  g.w = L.a_proj.p;
-  linear(g);
+  gemm(call.a, L.a_proj);
   ops::MlaPrepArgs pr = call.prep;
   pr.q_a_norm = L.q_a_norm.p, pr.kv_a_norm = L.kv_a_norm.p, pr.kv.cache = L.cache.p;
   ops::mla_prep(pr, stream);
-  if (pr.r_q > 0) {
-    g = call.q_b;
-    g.w = L.q_b.p;
-    linear(g);
-  }
+  if (pr.r_q > 0) gemm(call.q_b, L.q_b);
   ops::mla_q(call.q, stream);
-  g = call.uk;
-  g.w = L.w_uk_t.p;
-  linear(g);
+  gemm(call.uk, L.w_uk_t);
   if (marks.after_qkv) MOESQ_CUDA_CHECK(cudaEventRecord(marks.after_qkv, stream));
   ops::MlaAttentionArgs at = call.attn;
   at.kv.cache = L.cache.p;
   ops::mla_attention(at, stream);
   if (marks.after_attention) MOESQ_CUDA_CHECK(cudaEventRecord(marks.after_attention, stream));
-  g = call.uv;
-  g.w = L.w_uv.p;
-  linear(g);
+  gemm(call.uv, L.w_uv);
   ops::mla_heads_to_rows(call.rows, stream);
-  g = call.o_proj;
-  g.w = L.o.p;
-  linear(g);
+  gemm(call.o_proj, L.o);
 }
 
 }  // namespace moesq::runtime
