@@ -74,6 +74,8 @@ struct Engine::Impl {
   // o_lat [nh, T, r_kv]; RoPE tables of the rope dims [max_len, rope/2].
   DevBuf<float> mla_a, mla_q, mla_q_att, mla_o_heads, mla_cos, mla_sin;
   DevBuf<uint16_t> mla_qa, mla_qa_lo, mla_q_nope, mla_q_nope_lo, mla_o_lat, mla_o_lat_lo;
+  DevBuf<float> mla_partial;  // split-KV partials of mla_attention for calls of at most mla_split_T tokens
+  int64_t mla_split_T = 0;
   DevBuf<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
   DevBuf<uint8_t> moe_ws;     // moe_block scratch for max_tokens (moe_workspace_bytes)
   MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ max_tokens
@@ -187,6 +189,13 @@ void Engine::Impl::activations() {
     mla_q_nope.alloc(T * d.nh * d.nope), mla_q_nope_lo.alloc(T * d.nh * d.nope);
     mla_o_lat.alloc(T * d.nh * d.r_kv), mla_o_lat_lo.alloc(T * d.nh * d.r_kv);
     attn.alloc(T * nv), attn_lo.alloc(T * nv);
+    // Split-KV workspace for decode-sized calls (both paths give the same bits, ops/mla/mla.h), at
+    // most kMlaSplitBytes: up to max_seqs tokens, fewer when max_len's chunks make a row large.
+    constexpr size_t kMlaSplitBytes = size_t(512) << 20;
+    const int64_t chunks = ops::kv_blocks_per_slot(max_len);
+    const size_t row = ops::mla_attention_partial_floats(1, static_cast<int>(d.nh), static_cast<int>(d.r_kv), chunks);
+    mla_split_T = std::min<int64_t>(max_seqs, static_cast<int64_t>(kMlaSplitBytes / (row * sizeof(float))));
+    if (mla_split_T > 0) mla_partial.alloc(static_cast<size_t>(mla_split_T) * row);
   } else {
     attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
     gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
@@ -305,6 +314,7 @@ MlaCall Engine::Impl::make_mla_call(int64_t T) {
   at.q = mla_q_att.p, at.kv = kvc, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
   at.out = mla_o_lat.p, at.out_lo = mla_o_lat_lo.p, at.nh = nh_i, at.r_kv = static_cast<int>(d.r_kv);
   at.rope = static_cast<int>(d.rope), at.scale = d.scale, at.T = T;
+  if (T <= mla_split_T) at.partial = mla_partial.p, at.partial_chunks = ops::kv_blocks_per_slot(max_len);
   c.uv.x = mla_o_lat.p, c.uv.x_lo = mla_o_lat_lo.p, c.uv.y_f32 = mla_o_heads.p, c.uv.groups = nh_i;
   c.uv.M = T, c.uv.N = d.v, c.uv.K = d.r_kv, c.uv.ldy = d.v;
   c.rows.x = mla_o_heads.p, c.rows.y = attn.p, c.rows.y_lo = attn_lo.p, c.rows.nh = nh_i;

@@ -2,7 +2,7 @@
 // seeds: mla_prep, mla_q and mla_heads_to_rows BITWISE (same rounding order), mla_attention within a
 // named tolerance (expf vs std::exp) — and BITWISE against itself across calls: a token's output is
 // the same whether it comes alone (decode), inside a prompt, or beside other sequences, contiguous or
-// paged (the batch-invariance contract of ops/mla/mla.h).
+// paged, through the sequential or the split-KV path (the batch-invariance contract of ops/mla/mla.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,6 +176,17 @@ TEST(MlaOps, AttentionMatchesTwinAndIsBatchInvariant) {
       err = std::max(err, std::fabs(gv - wv)), scale = std::max(scale, std::fabs(wv));
     }
     EXPECT_LT(err / scale, kMlaAttnRelTol) << "nh " << s.nh << " r_kv " << s.r_kv << ": max error " << err;
+    // The split-KV path (partials per chunk, then the combine kernel) gives the sequential path's bits.
+    {
+      DevBuf<float> dpart;
+      DevBuf<uint16_t> ds, ds_lo;
+      dpart.alloc(ops::mla_attention_partial_floats(T, s.nh, s.r_kv, bps));
+      ds.alloc(g.size()), ds_lo.alloc(g.size());
+      ops::MlaAttentionArgs as = ad;
+      as.partial = dpart.p, as.partial_chunks = bps, as.out = ds.p, as.out_lo = ds_lo.p;
+      ops::mla_attention(as, nullptr);
+      EXPECT_TRUE(ds.download() == g && ds_lo.download() == g_lo) << "split-KV differs from sequential, nh " << s.nh;
+    }
     // Each token alone (T = 1, its own query rows) gives the bits it had in the mixed call.
     for (int64_t t = 0; t < T; ++t) {
       std::vector<float> q1(s.nh * D);

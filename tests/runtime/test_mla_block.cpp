@@ -157,4 +157,15 @@ TEST(MlaBlockRef, RefusesWhatTheKernelsAreNotBuiltFor) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kv_lora_rank 40"), std::string::npos) << e.what();
   }
+  // A split-KV workspace with fewer chunks than max_len's is refused before any launch.
+  std::vector<float> q(1), part(1);
+  std::vector<uint16_t> cache(1), out(1);
+  a.r_kv = 32, a.q = q.data(), a.out = out.data(), a.kv.cache = cache.data(), a.kv.max_len = 130;
+  a.partial = part.data(), a.partial_chunks = 2;
+  try {
+    ops::mla_attention_check(a);
+    ADD_FAILURE() << "accepted 2 chunks for max_len 130";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("partial_chunks 2 < the 3 chunks"), std::string::npos) << e.what();
+  }
 }

@@ -116,82 +116,157 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// grid (T, ⌈nh / 8⌉), 256 threads; dynamic smem mla_attention_smem_bytes.
-__global__ void __launch_bounds__(kWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int D = a.r_kv + a.rope;
-  float* s_q = reinterpret_cast<float*>(smem);             // [8, D] query rows of the CTA's heads
-  float* s_p = s_q + kMlaHeadsPerCta * D;                   // [8, 64] scores, then probabilities
-  uint16_t* s_kv = reinterpret_cast<uint16_t*>(s_p + kMlaHeadsPerCta * kKvBlockTokens);  // [64, D] chunk
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = blockIdx.x;
-  const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + warp;
-  const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
-  if (pos < 0 || pos >= a.kv.max_len) return;  // uniform over the CTA; the twin reports it
+// The shared memory of one attention CTA (mla_attention_smem_bytes): the 8 heads' query rows, their
+// scores / probabilities of one chunk, and the chunk's cache rows.
+struct AttnSmem {
+  float* q;      // [8, D]
+  float* p;      // [8, 64]
+  uint16_t* kv;  // [64, D]
+};
+
+__device__ AttnSmem attn_smem(unsigned char* smem, int D) {
+  AttnSmem s;
+  s.q = reinterpret_cast<float*>(smem);
+  s.p = s.q + kMlaHeadsPerCta * D;
+  s.kv = reinterpret_cast<uint16_t*>(s.p + kMlaHeadsPerCta * kKvBlockTokens);
+  return s;
+}
+
+// Stages the query rows of heads h0 .. h0+7 of token t (zeros past nh).
+__device__ void load_q(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t t, int h0, int D) {
   for (int i = threadIdx.x; i < kMlaHeadsPerCta * D; i += blockDim.x) {
     const int hh = h0 + i / D;
-    s_q[i] = hh < a.nh ? a.q[(static_cast<int64_t>(hh) * a.T + t) * D + i % D] : 0.0f;
+    sm.q[i] = hh < a.nh ? a.q[(static_cast<int64_t>(hh) * a.T + t) * D + i % D] : 0.0f;
   }
-  const int nv = a.r_kv / 32;
-  float m = -INFINITY, l = 0.0f, o[kMaxVals];
+}
+
+// One chunk's partial for this warp's head: mc = max score, lc = Σ exp(s − mc), oc[i] = Σ exp(s − mc)·ĉ
+// at dims lane + 32i. THE one definition both paths (sequential and split-KV) run: same operations in
+// the same order, so a chunk's partial has the same bits in both. All threads of the CTA call it.
+__device__ __forceinline__ void chunk_partial(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t slot, int64_t pos,
+                                              int64_t k0, int D, float& mc, float& lc, float (&oc)[kMaxVals]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nv = a.r_kv / 32;
+  const int nk = static_cast<int>(min(static_cast<int64_t>(kKvBlockTokens), pos + 1 - k0));
+  __syncthreads();  // q staged / the previous chunk's reads done
+  const uint4* src = reinterpret_cast<const uint4*>(a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D);
+  for (int i = threadIdx.x; i < nk * D / 8; i += blockDim.x) reinterpret_cast<uint4*>(sm.kv)[i] = src[i];
+  __syncthreads();
+  // Scores: warp w takes keys w, w + 8, …, for all 8 heads of the CTA.
+  for (int j = warp; j < nk; j += kWarps) {
+    float acc[kMlaHeadsPerCta];
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f;
-  for (int64_t k0 = 0; k0 <= pos; k0 += kKvBlockTokens) {
-    const int nk = static_cast<int>(min(static_cast<int64_t>(kKvBlockTokens), pos + 1 - k0));
-    __syncthreads();  // q staged / the previous chunk's reads done
-    const uint4* src =
-        reinterpret_cast<const uint4*>(a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D);
-    for (int i = threadIdx.x; i < nk * D / 8; i += blockDim.x) reinterpret_cast<uint4*>(s_kv)[i] = src[i];
-    __syncthreads();
-    // Scores: warp w takes keys w, w + 8, …, for all 8 heads of the CTA.
-    for (int j = warp; j < nk; j += kWarps) {
-      float acc[kMlaHeadsPerCta];
+    for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+      const float k = from_bf16(sm.kv[j * D + d]);
 #pragma unroll
-      for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = 0.0f;
-      for (int d = lane; d < D; d += 32) {
-        const float k = from_bf16(s_kv[j * D + d]);
-#pragma unroll
-        for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = fmaf(s_q[hh * D + d], k, acc[hh]);
-      }
-#pragma unroll
-      for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
-        const float sc = __fmul_rn(warp_sum(acc[hh]), a.scale);
-        if (lane == 0) s_p[hh * kKvBlockTokens + j] = sc;
-      }
+      for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = fmaf(sm.q[hh * D + d], k, acc[hh]);
     }
-    __syncthreads();
-    // This warp's head: chunk max, probabilities, Σ p, then Σ p·ĉ for dims lane + 32i.
-    float* p = s_p + warp * kKvBlockTokens;
-    const float x0 = lane < nk ? p[lane] : -INFINITY, x1 = lane + 32 < nk ? p[lane + 32] : -INFINITY;
-    const float mc = warp_max(fmaxf(x0, x1));
-    const float p0 = lane < nk ? expf(__fsub_rn(x0, mc)) : 0.0f;
-    const float p1 = lane + 32 < nk ? expf(__fsub_rn(x1, mc)) : 0.0f;
-    const float lc = warp_sum(__fadd_rn(p0, p1));
-    __syncwarp();
-    if (lane < nk) p[lane] = p0;
-    if (lane + 32 < nk) p[lane + 32] = p1;
-    __syncwarp();
-    float oc[kMaxVals];
 #pragma unroll
-    for (int i = 0; i < kMaxVals; ++i) oc[i] = 0.0f;
-    for (int j = 0; j < nk; ++j) {
-      const float pj = p[j];
-#pragma unroll
-      for (int i = 0; i < kMaxVals; ++i)
-        if (i < nv) oc[i] = fmaf(pj, from_bf16(s_kv[j * D + lane + 32 * i]), oc[i]);
+    for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+      const float sc = __fmul_rn(warp_sum(acc[hh]), a.scale);
+      if (lane == 0) sm.p[hh * kKvBlockTokens + j] = sc;
     }
-    const float m_new = fmaxf(m, mc);
-    const float alpha = expf(__fsub_rn(m, m_new)), beta = expf(__fsub_rn(mc, m_new));
-    l = __fadd_rn(__fmul_rn(l, alpha), __fmul_rn(lc, beta));
-#pragma unroll
-    for (int i = 0; i < kMaxVals; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), __fmul_rn(oc[i], beta));
-    m = m_new;
   }
-  if (h >= a.nh) return;
+  __syncthreads();
+  // This warp's head: chunk max, probabilities, Σ p, then Σ p·ĉ.
+  float* p = sm.p + warp * kKvBlockTokens;
+  const float x0 = lane < nk ? p[lane] : -INFINITY, x1 = lane + 32 < nk ? p[lane + 32] : -INFINITY;
+  mc = warp_max(fmaxf(x0, x1));
+  const float p0 = lane < nk ? expf(__fsub_rn(x0, mc)) : 0.0f;
+  const float p1 = lane + 32 < nk ? expf(__fsub_rn(x1, mc)) : 0.0f;
+  lc = warp_sum(__fadd_rn(p0, p1));
+  __syncwarp();
+  if (lane < nk) p[lane] = p0;
+  if (lane + 32 < nk) p[lane + 32] = p1;
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i) oc[i] = 0.0f;
+  for (int j = 0; j < nk; ++j) {
+    const float pj = p[j];
+#pragma unroll
+    for (int i = 0; i < kMaxVals; ++i)
+      if (i < nv) oc[i] = fmaf(pj, from_bf16(sm.kv[j * D + lane + 32 * i]), oc[i]);
+  }
+}
+
+// Running state ← running state merged with a chunk's partial (ascending chunks; starts at −∞, 0, 0).
+__device__ __forceinline__ void merge(float& m, float& l, float (&o)[kMaxVals], float mc, float lc,
+                                      const float (&oc)[kMaxVals]) {
+  const float m_new = fmaxf(m, mc);
+  const float alpha = expf(__fsub_rn(m, m_new)), beta = expf(__fsub_rn(mc, m_new));
+  l = __fadd_rn(__fmul_rn(l, alpha), __fmul_rn(lc, beta));
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), __fmul_rn(oc[i], beta));
+  m = m_new;
+}
+
+__device__ __forceinline__ void write_out(const MlaAttentionArgs& a, int64_t t, int h, float l, const float (&o)[kMaxVals]) {
+  const int lane = threadIdx.x % 32, nv = a.r_kv / 32;
   const int64_t off = (static_cast<int64_t>(h) * a.T + t) * a.r_kv;
 #pragma unroll
   for (int i = 0; i < kMaxVals; ++i)
-    if (i < nv) store_hi_lo(__fdiv_rn(o[i], l), &a.out[off + lane + 32 * i], a.out_lo ? &a.out_lo[off + lane + 32 * i] : nullptr);
+    if (i < nv)
+      store_hi_lo(__fdiv_rn(o[i], l), &a.out[off + lane + 32 * i], a.out_lo ? &a.out_lo[off + lane + 32 * i] : nullptr);
+}
+
+// Sequential path: grid (T, ⌈nh / 8⌉), 256 threads; the CTA walks its token's chunks in order.
+__global__ void __launch_bounds__(kWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.r_kv + a.rope;
+  const AttnSmem sm = attn_smem(smem, D);
+  const int64_t t = blockIdx.x;
+  const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + threadIdx.x / 32;
+  const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
+  if (pos < 0 || pos >= a.kv.max_len) return;  // uniform over the CTA; the twin reports it
+  load_q(a, sm, t, h0, D);
+  float m = -INFINITY, l = 0.0f, o[kMaxVals], mc, lc, oc[kMaxVals];
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f;
+  for (int64_t k0 = 0; k0 <= pos; k0 += kKvBlockTokens) {
+    chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
+    merge(m, l, o, mc, lc, oc);
+  }
+  if (h < a.nh) write_out(a, t, h, l, o);
+}
+
+// Split-KV path, step 1: grid (T, ⌈nh / 8⌉, partial_chunks); CTA z computes chunk z's partials
+// [mc, lc, oc[r_kv]] of its 8 heads into `partial` [T, nh, partial_chunks, r_kv + 2].
+__global__ void __launch_bounds__(kWarps * 32) mla_attention_split_kernel(MlaAttentionArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.r_kv + a.rope;
+  const AttnSmem sm = attn_smem(smem, D);
+  const int64_t t = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.z) * kKvBlockTokens;
+  const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
+  if (pos < 0 || pos >= a.kv.max_len || k0 > pos) return;  // uniform over the CTA
+  load_q(a, sm, t, h0, D);
+  float mc, lc, oc[kMaxVals];
+  chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
+  if (h >= a.nh) return;
+  float* dst = a.partial + ((t * a.nh + h) * a.partial_chunks + blockIdx.z) * (a.r_kv + 2);
+  if (lane == 0) dst[0] = mc, dst[1] = lc;
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i)
+    if (i < a.r_kv / 32) dst[2 + lane + 32 * i] = oc[i];
+}
+
+// Split-KV path, step 2: one warp per (token, head) merges the partials in ascending chunk order.
+__global__ void __launch_bounds__(32) mla_attention_combine_kernel(MlaAttentionArgs a) {
+  const int64_t t = blockIdx.x / a.nh;
+  const int h = static_cast<int>(blockIdx.x % a.nh), lane = threadIdx.x;
+  const int64_t pos = a.tok_pos[t];
+  if (pos < 0 || pos >= a.kv.max_len) return;
+  float m = -INFINITY, l = 0.0f, o[kMaxVals], oc[kMaxVals];
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f, oc[i] = 0.0f;
+  for (int64_t c = 0; c * kKvBlockTokens <= pos; ++c) {
+    const float* src = a.partial + ((t * a.nh + h) * a.partial_chunks + c) * (a.r_kv + 2);
+#pragma unroll
+    for (int i = 0; i < kMaxVals; ++i)
+      if (i < a.r_kv / 32) oc[i] = src[2 + lane + 32 * i];
+    merge(m, l, o, src[0], src[1], oc);
+  }
+  write_out(a, t, h, l, o);
 }
 
 __global__ void mla_heads_to_rows_kernel(MlaHeadsToRowsArgs a) {
@@ -226,13 +301,24 @@ void mla_attention(const MlaAttentionArgs& a, cudaStream_t stream) {
   const size_t smem = mla_attention_smem_bytes(a.r_kv, a.rope);
   static bool attr = false;  // the largest built size, set once (not a stream operation: capture-safe)
   if (!attr) {
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(mla_attention_smem_bytes(kMlaMaxLatent, kMlaMaxRope))));
+    const int most = static_cast<int>(mla_attention_smem_bytes(kMlaMaxLatent, kMlaMaxRope));
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(mla_attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     attr = true;
   }
-  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((a.nh + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta));
-  mla_attention_kernel<<<grid, kWarps * 32, smem, stream>>>(a);
-  MOESQ_CUDA_LAUNCH_CHECK("mla_attention_kernel");
+  MOESQ_CHECK(a.T <= 0x7fffffff, "mla_attention: ", a.T, " tokens too many for the grid");
+  const unsigned groups = static_cast<unsigned>((a.nh + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta);
+  if (!a.partial) {
+    mla_attention_kernel<<<dim3(static_cast<unsigned>(a.T), groups), kWarps * 32, smem, stream>>>(a);
+    MOESQ_CUDA_LAUNCH_CHECK("mla_attention_kernel");
+    return;
+  }
+  MOESQ_CHECK(a.partial_chunks <= 65535, "mla_attention: ", a.partial_chunks, " chunks too many for the split grid");
+  mla_attention_split_kernel<<<dim3(static_cast<unsigned>(a.T), groups, static_cast<unsigned>(a.partial_chunks)),
+                               kWarps * 32, smem, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("mla_attention_split_kernel");
+  mla_attention_combine_kernel<<<static_cast<unsigned>(a.T * a.nh), 32, 0, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("mla_attention_combine_kernel");
 }
 
 void mla_heads_to_rows(const MlaHeadsToRowsArgs& a, cudaStream_t stream) {

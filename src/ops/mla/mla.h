@@ -22,10 +22,13 @@
 //  - the cache row is [ĉ (r_kv) | k_pe (rope)]: one row is a key of r_kv + rope dims and its first r_kv
 //    dims are the value, so a token's cache is r_kv + rope values for every head together (Kimi-K2.5:
 //    576 bf16 = 1,152 B per token per layer, against 2·64·128 for the same heads in GQA);
-//  - determinism (batch invariance, decode = prefill bitwise): one kernel path for prefill and decode.
-//    A CTA holds one token and 8 heads and walks that token's keys in fixed 64-key chunks by absolute
-//    index (a KV block, ops/attention/kv_layout.h), merging each chunk's (max, Σ exp, Σ exp·v) in
-//    ascending order; nothing depends on the batch, T or the other sequences.
+//  - determinism (batch invariance, decode = prefill bitwise): a token's keys are cut into fixed 64-key
+//    chunks by absolute index (a KV block, ops/attention/kv_layout.h); each chunk's (max, Σ exp, Σ exp·v)
+//    comes from ONE device function and the partials are merged in ascending order by ONE merge
+//    function, either in the CTA that walks the chunks (sequential path: a CTA per token and 8 heads)
+//    or by a combine kernel over partials written by a CTA per chunk (split-KV: decode, where T is
+//    small). Same operations in the same order, so the caller may pick the path by T; nothing depends
+//    on the batch, T or the other sequences.
 #pragma once
 #include <cstdint>
 
@@ -92,6 +95,11 @@ struct MlaAttentionArgs {
   int nh = 0, r_kv = 0, rope = 0;
   float scale = 1.0f;              // softmax scale (d_qk^-½ × YaRN mscale²)
   int64_t T = 0;
+  // Split-KV path (decode: parallel over chunks, then a merge kernel), or nullptr: the sequential path.
+  // Both give every output the same bits. partial: mla_attention_partial_floats(T, nh, r_kv,
+  // partial_chunks) floats; partial_chunks ≥ the chunks of every token (⌈(pos + 1) / 64⌉).
+  float* partial = nullptr;
+  int64_t partial_chunks = 0;
 };
 
 struct MlaHeadsToRowsArgs {
@@ -118,6 +126,9 @@ void mla_prep_check(const MlaPrepArgs& args);
 void mla_q_check(const MlaQArgs& args);
 void mla_attention_check(const MlaAttentionArgs& args);
 void mla_heads_to_rows_check(const MlaHeadsToRowsArgs& args);
+
+// Floats of the split-KV workspace: T · nh · chunks · (r_kv + 2).
+size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t chunks);
 
 // Dynamic shared memory of mla_attention for r_kv + rope = D: 8 query rows and 8 score rows in fp32,
 // one 64-key chunk of cache rows in bf16.

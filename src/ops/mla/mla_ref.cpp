@@ -92,11 +92,17 @@ void mla_attention_check(const MlaAttentionArgs& a) {
   check_latent_dims(a.r_kv, a.rope, "mla_attention");
   MOESQ_CHECK(a.T >= 0 && a.nh > 0, "mla_attention: bad heads ", a.nh);
   MOESQ_CHECK(a.q && a.out && a.kv.cache && a.kv.max_len > 0, "mla_attention: missing pointers");
+  MOESQ_CHECK(!a.partial || a.partial_chunks >= kv_blocks_per_slot(a.kv.max_len), "mla_attention: partial_chunks ",
+              a.partial_chunks, " < the ", kv_blocks_per_slot(a.kv.max_len), " chunks of max_len ", a.kv.max_len);
 }
 
 void mla_heads_to_rows_check(const MlaHeadsToRowsArgs& a) {
   MOESQ_CHECK(a.T >= 0 && a.nh > 0 && a.v > 0 && a.x && a.y, "mla_heads_to_rows: bad shape (nh ", a.nh, ", v ", a.v,
               ") or missing pointers");
+}
+
+size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t chunks) {
+  return static_cast<size_t>(std::max<int64_t>(T, 1)) * nh * std::max<int64_t>(chunks, 1) * (r_kv + 2);
 }
 
 size_t mla_attention_smem_bytes(int r_kv, int rope) {
