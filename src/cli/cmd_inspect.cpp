@@ -41,6 +41,14 @@ nlohmann::json to_json(const io::CheckpointInspection& r) {
   out["attention_heads"] = s.num_heads;
   out["kv_heads"] = s.num_kv_heads;
   out["head_dim"] = s.head_dim;
+  if (s.mla.kv_lora_rank > 0)  // multi-head latent attention: the dims, and the latent KV cache's bf16 bytes
+    out["mla"] = {{"q_lora_rank", s.mla.q_lora_rank},
+                  {"kv_lora_rank", s.mla.kv_lora_rank},
+                  {"qk_nope_head_dim", s.mla.qk_nope_head_dim},
+                  {"qk_rope_head_dim", s.mla.qk_rope_head_dim},
+                  {"v_head_dim", s.mla.v_head_dim},
+                  {"rope_type", s.mla.rope.type},
+                  {"kv_cache_bytes_per_token_per_layer", 2 * (s.mla.kv_lora_rank + s.mla.qk_rope_head_dim)}};
   out["tensors"] = r.tensors;
   out["shards"] = r.shards;
   out["expert_projections"] = r.expert_projections;
@@ -95,8 +103,15 @@ void print_text(const io::CheckpointInspection& r) {
   std::printf("experts         %lld routed, top-%lld\n", ll(s.num_experts), ll(s.top_k));
   std::printf("hidden / expert %lld / %lld (dense MLP %lld), vocab %lld\n", ll(s.hidden_size),
               ll(s.moe_intermediate_size), ll(s.intermediate_size), ll(s.vocab_size));
-  std::printf("attention       %lld heads, %lld KV heads, head_dim %lld\n", ll(s.num_heads), ll(s.num_kv_heads),
-              ll(s.head_dim));
+  if (s.mla.kv_lora_rank > 0)
+    std::printf("attention       MLA, %lld heads, q_lora %lld, kv_lora %lld, nope / rope / v %lld / %lld / %lld (%s "
+                "RoPE); latent KV cache %lld B per token per layer\n",
+                ll(s.num_heads), ll(s.mla.q_lora_rank), ll(s.mla.kv_lora_rank), ll(s.mla.qk_nope_head_dim),
+                ll(s.mla.qk_rope_head_dim), ll(s.mla.v_head_dim), s.mla.rope.type.c_str(),
+                ll(2 * (s.mla.kv_lora_rank + s.mla.qk_rope_head_dim)));
+  else
+    std::printf("attention       %lld heads, %lld KV heads, head_dim %lld\n", ll(s.num_heads), ll(s.num_kv_heads),
+                ll(s.head_dim));
   std::printf("tensors         %lld in %lld shard(s); %lld of %lld expert projections (%lld packed, %lld dense)\n",
               ll(r.tensors), ll(r.shards), ll(r.expert_projections), ll(r.expert_projections_expected),
               ll(r.expert_projections_packed), ll(r.expert_projections_dense));

@@ -98,6 +98,7 @@ TEST_P(CliFamilies, InspectListsWhatIsNotCompressed) {
   const json& nc = j["not_compressed"];
   const int64_t moe_layers = j["moe_layers"].get<int64_t>();
   EXPECT_EQ(nc["router"].get<int64_t>(), moe_layers);
+  EXPECT_EQ(j.contains("mla"), arch == "deepseek-v3") << arch;
   if (arch == "qwen2-moe") {  // one gated shared expert per MoE layer, layer 1 dense (mlp_only_layers)
     EXPECT_EQ(nc["shared_expert"].get<int64_t>(), 3 * moe_layers);
     EXPECT_EQ(nc["shared_expert_gate"].get<int64_t>(), moe_layers);
@@ -108,6 +109,10 @@ TEST_P(CliFamilies, InspectListsWhatIsNotCompressed) {
     EXPECT_EQ(nc["shared_expert_gate"].get<int64_t>(), 0);
     EXPECT_EQ(nc["router_bias"].get<int64_t>(), moe_layers);
     EXPECT_EQ(nc["dense_mlp_layers"], json::array({0}));  // first_k_dense_replace = 1
+    // Multi-head latent attention named with its dims; the latent cache row is (kv_lora + rope) bf16.
+    EXPECT_EQ(j["mla"]["kv_lora_rank"].get<int64_t>(), 32);
+    EXPECT_EQ(j["mla"]["qk_rope_head_dim"].get<int64_t>(), 16);
+    EXPECT_EQ(j["mla"]["kv_cache_bytes_per_token_per_layer"].get<int64_t>(), 2 * (32 + 16));
     EXPECT_EQ(nc["dense_mlp"].get<int64_t>(), 3);
   } else if (arch == "gpt-oss") {  // router logit bias; fused experts' gate_up / down biases, kept as stored
     EXPECT_EQ(nc["router_bias"].get<int64_t>(), moe_layers);
