@@ -7,7 +7,8 @@
 # Session 18 added test_mla_ops and the MLA engine tests (test_engine Families* now includes DeepSeek-V3),
 # and the `kimi` step: `bench e2e --synthetic kimi-k2.5` (MLA + 384 experts) at 2 layers (1 dense + 1 MoE)
 # for bf16 vs sparse-w4a4 in the same run, and 8 layers sparse-w4a4 alone (per-layer figures); prefill in
-# 1,024-token forwards: the MoE workspace holds capacity T per expert, 384 × T rows.
+# 1,024-token forwards (activations and [T, 163,840] logits stay small; the MoE block runs in its own
+# slices of ≈ 900 tokens, EngineOptions::moe_tokens).
 #   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"

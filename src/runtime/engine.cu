@@ -77,8 +77,10 @@ struct Engine::Impl {
   DevBuf<float> mla_partial;  // split-KV partials of mla_attention for calls of at most mla_split_T tokens
   int64_t mla_split_T = 0;
   DevBuf<uint16_t> xb, attn, xsel, xb_lo, attn_lo, xsel_lo;  // *_lo: bf16 residues (hi + lo split inputs)
-  DevBuf<uint8_t> moe_ws;     // moe_block scratch for max_tokens (moe_workspace_bytes)
-  MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ max_tokens
+  DevBuf<uint8_t> moe_ws;     // moe_block scratch for moe_T tokens (moe_workspace_bytes)
+  MoeBlockBuffers moe_bufs;   // carved from moe_ws, used with capacity T ≤ moe_T
+  int64_t moe_T = 0;          // tokens per moe_block call: a forward's rows go through the MoE in slices of moe_T
+  int64_t moe_tokens_opt = 0; // EngineOptions::moe_tokens
   std::vector<int64_t> lengths;         // [slots]
   int64_t kv_tokens_opt = 0;            // EngineOptions::kv_tokens
   std::unique_ptr<KvBlockPool> kv;      // paged KV: which blocks each slot holds
@@ -107,9 +109,11 @@ struct Engine::Impl {
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   // --check-finite (runtime/finite_check.h): the switch, the launches of one stage, the read-back.
   void set_check_finite(bool on);
-  void check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols);
-  void check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T, int64_t cols);
-  void check_moe_layer(int64_t l, int64_t T);
+  // row0: the first row's index in the forward (a MoE slice), added to the reported token.
+  void check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols, int64_t row0 = 0);
+  void check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T, int64_t cols,
+                     int64_t row0);
+  void check_moe_layer(int64_t l, int64_t t0, int64_t T);  // the slice of rows [t0, t0 + T)
   void read_finite_record(uint64_t* host);  // enqueued before the forward's sync
   [[noreturn]] void throw_non_finite(uint64_t key, const FiniteRows& rows);
   ~Impl() {
@@ -132,6 +136,8 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   deterministic = opt.deterministic;
   kv_tokens_opt = opt.kv_tokens;
+  MOESQ_CHECK(opt.moe_tokens >= 0, "engine: moe_tokens ", opt.moe_tokens, " must be >= 0");
+  moe_tokens_opt = opt.moe_tokens;
   MOESQ_CHECK(kv_tokens_opt >= 0 || kv_tokens_opt == kKvTokensFitMemory, "engine: kv_tokens ", kv_tokens_opt,
               " must be >= 0 (or kKvTokensFitMemory)");
   set_check_finite(opt.check_finite);
@@ -201,8 +207,23 @@ void Engine::Impl::activations() {
     gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
     qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), attn.alloc(T * nh * hd), attn_lo.alloc(T * nh * hd);
   }
-  moe_ws.alloc(moe_workspace_bytes(moe_dims, max_tokens));
-  moe_bufs = carve_moe_workspace(moe_ws.p, moe_dims, max_tokens);
+  // The MoE workspace holds capacity T per expert (E · T rows: no route is ever dropped); a forward's
+  // rows go through the block in slices of moe_T tokens, the largest count whose workspace fits
+  // kMoeWorkspaceBytes (Qwen3-30B-A3B: all 8,192 tokens of serve's default budget; Kimi-K2.5's 384
+  // experts: ≈ 900). Every op of the block is batch-invariant, so slicing never changes a bit.
+  constexpr size_t kMoeWorkspaceBytes = size_t(16) << 30;
+  if (moe_tokens_opt > 0) {
+    moe_T = std::min<int64_t>(moe_tokens_opt, max_tokens);
+  } else {
+    int64_t lo = 1, hi = max_tokens;  // workspace bytes grow with T: the largest T that fits (at least 1)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (moe_workspace_bytes(moe_dims, mid) <= kMoeWorkspaceBytes) lo = mid; else hi = mid - 1;
+    }
+    moe_T = lo;
+  }
+  moe_ws.alloc(moe_workspace_bytes(moe_dims, moe_T));
+  moe_bufs = carve_moe_workspace(moe_ws.p, moe_dims, moe_T);
   lengths.assign(max_seqs, 0);
   events.resize(4 * s.num_layers);
   for (auto& e : events) MOESQ_CUDA_CHECK(cudaEventCreate(&e));
@@ -364,34 +385,36 @@ void Engine::Impl::set_check_finite(bool on) {
   check_finite = on;
 }
 
-void Engine::Impl::check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols) {
+void Engine::Impl::check_rows(FiniteStage stage, int64_t l, const float* x, int64_t rows, int64_t cols, int64_t row0) {
   ops::FiniteCheckArgs a;
-  a.x_f32 = x, a.rows = rows, a.cols = cols, a.ld = cols;
+  a.x_f32 = x, a.rows = rows, a.cols = cols, a.ld = cols, a.row0 = row0;
   a.site = finite_site(l, stage), a.record = finite_record.p;
   ops::finite_check(a, stream);
 }
 
 // The routed rows of every expert ([E, capacity T, cols], counts rows each), named by token.
 void Engine::Impl::check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T,
-                                 int64_t cols) {
+                                 int64_t cols, int64_t row0) {
   ops::FiniteCheckArgs a;
   a.x_f32 = x_f32, a.x_bf16 = x_bf16, a.cols = cols, a.ld = cols;
   a.groups = E, a.capacity = T, a.counts = moe_bufs.counts, a.row_ids = moe_bufs.route_of_slot;
-  a.row_div = static_cast<int>(moe_dims.top_k);
+  a.row_div = static_cast<int>(moe_dims.top_k), a.row0 = row0;
   a.site = finite_site(l, stage), a.record = finite_record.p;
   ops::finite_check(a, stream);
 }
 
-// After moe_block: its buffers still hold the layer's router logits and expert outputs.
-void Engine::Impl::check_moe_layer(int64_t l, int64_t T) {
+// After moe_block on the slice [t0, t0 + T): its buffers still hold the slice's router logits and
+// expert outputs.
+void Engine::Impl::check_moe_layer(int64_t l, int64_t t0, int64_t T) {
+  float* hs = h.p + t0 * H;
   if (!layers[l].moe.experts) {  // a dense MLP layer
-    check_rows(FiniteStage::kMoeOutput, l, h.p, T, H);
+    check_rows(FiniteStage::kMoeOutput, l, hs, T, H, t0);
     return;
   }
-  check_rows(FiniteStage::kRouterLogits, l, moe_bufs.router_logits, T, E);
-  check_experts(FiniteStage::kExpertGateUp, l, moe_bufs.hbuf, nullptr, T, 2 * moe_dims.I);
-  check_experts(FiniteStage::kExpertOutput, l, nullptr, moe_bufs.ybuf, T, H);
-  check_rows(FiniteStage::kMoeOutput, l, h.p, T, H);
+  check_rows(FiniteStage::kRouterLogits, l, moe_bufs.router_logits, T, E, t0);
+  check_experts(FiniteStage::kExpertGateUp, l, moe_bufs.hbuf, nullptr, T, 2 * moe_dims.I, t0);
+  check_experts(FiniteStage::kExpertOutput, l, nullptr, moe_bufs.ybuf, T, H, t0);
+  check_rows(FiniteStage::kMoeOutput, l, hs, T, H, t0);
 }
 
 void Engine::Impl::read_finite_record(uint64_t* host) {
@@ -451,9 +474,12 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     pn.w = L.post_norm.p;
     ops::rmsnorm(pn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
-    moe_block(moe_dims, L.moe, moe_bufs, xb.p, xb_lo.p, h.p, T, stream, lin);
+    for (int64_t t0 = 0; t0 < T; t0 += moe_T) {  // slices of moe_T rows: the same bits as one call
+      const int64_t n = std::min(moe_T, T - t0);
+      moe_block(moe_dims, L.moe, moe_bufs, xb.p + t0 * H, xb_lo.p + t0 * H, h.p + t0 * H, n, stream, lin);
+      if (check_finite) check_moe_layer(l, t0, n);
+    }
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
-    if (check_finite) check_moe_layer(l, T);
   }
   ops::RmsNormArgs fn = rn;
   fn.w = final_norm.p;

@@ -45,6 +45,10 @@ struct EngineOptions {
   // ⌈max_len/64⌉ blocks, every slot can reach max_len at once; kKvTokensFitMemory: what the device
   // memory left after weights and activations holds, less kKvReserveBytes, at most the 0 case.
   int64_t kv_tokens = 0;
+  // Tokens per MoE-block call: a forward's rows go through the MoE in slices of this many (the block's
+  // workspace holds capacity T per expert, E · T rows). 0 (default): the most whose workspace fits in
+  // 16 GiB. Slicing never changes a bit (every op of the block is batch-invariant).
+  int64_t moe_tokens = 0;
   // true (default): batch-invariant GEMMs (ops::gemm_bf16). false: the q|k|v, o_proj, router and
   // lm_head GEMMs go to cuBLAS (algorithm chosen by shape: a row's bits may depend on the batch), for
   // measuring what determinism costs. Attention and the experts are batch-invariant either way.

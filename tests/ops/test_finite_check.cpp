@@ -166,6 +166,30 @@ TEST(FiniteCheck, GroupedBf16NamesTheTokenAndSkipsStaleSlots) {
   }
 }
 
+// A slice of a larger batch (the engine's MoE block in slices of tokens): row0 is added to the reported
+// row, ungrouped and grouped (route id / top-k, then + row0).
+TEST(FiniteCheck, Row0NamesTheRowInTheWholeBatch) {
+  std::vector<float> x(5 * 3, 1.0f);
+  x[2 * 3 + 1] = kNan;
+  uint64_t record = kFiniteRecordNone;
+  FiniteCheckArgs a;
+  a.x_f32 = x.data(), a.rows = 5, a.cols = 3, a.ld = 3, a.site = 2, a.record = &record, a.row0 = 1000;
+  moesq::ops::finite_check_ref(a);
+  EXPECT_EQ(moesq::ops::decode_finite_key(record).row, 1002);
+  const std::vector<int32_t> counts = {0, 2}, row_ids = {-1, -1, 5, 9};  // expert 1's slots: routes 5, 9
+  record = kFiniteRecordNone;
+  FiniteCheckArgs g;
+  g.x_f32 = x.data(), g.cols = 3, g.ld = 3, g.groups = 2, g.capacity = 2, g.counts = counts.data();
+  g.row_ids = row_ids.data(), g.row_div = 4, g.site = 2, g.record = &record, g.row0 = 64;
+  x[2 * 3 + 1] = 1.0f, x[3 * 3] = kNan;  // expert 1, slot 1: route 9 = token 2 of the slice
+  moesq::ops::finite_check_ref(g);
+  const moesq::ops::FiniteFinding f = moesq::ops::decode_finite_key(record);
+  EXPECT_EQ(f.group, 1);
+  EXPECT_EQ(f.row, 66);
+  g.row0 = -1;
+  EXPECT_THROW(moesq::ops::finite_check_ref(g), moesq::Error);
+}
+
 // One record over several checks: the smallest site wins whatever the order the checks ran in, and a
 // later finding of a larger site leaves it as it is.
 TEST(FiniteCheck, TheEarliestSiteWinsWhateverTheOrder) {

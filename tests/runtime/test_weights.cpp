@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "runtime/experts/bf16.h"
 #include "io/compressed_checkpoint.h"
 #include "runtime/layers/moe_block.h"
+#include "runtime/layers/moe_workspace.h"
 #include "runtime/weights.h"
 
 using namespace moesq;
@@ -128,6 +130,21 @@ TEST(RuntimeWeights, SyntheticSpecs) {
   EXPECT_EQ(runtime::synthetic_spec("qwen3-30b-a3b", 4).num_layers, 4);
   EXPECT_THROW(runtime::synthetic_spec("llama", 0), Error);
   EXPECT_THROW(runtime::synthetic_spec("qwen3-30b-a3b", 49), Error);
+}
+
+// The engine's default MoE slice (EngineOptions::moe_tokens 0: the most tokens whose workspace fits in
+// 16 GiB, engine.cu): the whole of serve's default 8,192-token budget for Qwen3-30B-A3B (no slicing),
+// and about a thousand tokens for Kimi-K2.5's 384 experts, whose workspace at 8,192 tokens would not fit.
+TEST(RuntimeWeights, MoeWorkspaceBytesAtRealShapes) {
+  constexpr size_t kBudget = size_t(16) << 30;
+  const runtime::MoeBlockDims q = runtime::moe_block_dims(runtime::synthetic_spec("qwen3-30b-a3b", 0));
+  const runtime::MoeBlockDims k = runtime::moe_block_dims(runtime::synthetic_spec("kimi-k2.5", 0));
+  std::printf("MoE workspace at 8192 tokens: qwen3-30b-a3b %.2f GiB, kimi-k2.5 %.2f GiB\n",
+              runtime::moe_workspace_bytes(q, 8192) / double(1 << 30), runtime::moe_workspace_bytes(k, 8192) / double(1 << 30));
+  EXPECT_LE(runtime::moe_workspace_bytes(q, 8192), kBudget);
+  EXPECT_GT(runtime::moe_workspace_bytes(k, 8192), kBudget);
+  EXPECT_LE(runtime::moe_workspace_bytes(k, 512), kBudget);
+  EXPECT_LT(runtime::moe_workspace_bytes(k, 511), runtime::moe_workspace_bytes(k, 512));  // grows with T
 }
 
 // kimi-k2.5's synthetic spec is what the config parser makes of Kimi-K2.5's text config (the public

@@ -38,6 +38,8 @@ void finite_check_check(const FiniteCheckArgs& a) {
               " outside [0, ", kFiniteMaxRow, "]");
   MOESQ_CHECK(a.groups == 0 || a.counts, "finite_check: a grouped check needs counts");
   MOESQ_CHECK(a.row_div >= 1, "finite_check: row_div=", a.row_div, " must be >= 1");
+  MOESQ_CHECK(a.row0 >= 0 && a.row0 <= kFiniteMaxRow, "finite_check: row0=", a.row0, " outside [0, ", kFiniteMaxRow,
+              "]");
   MOESQ_CHECK(a.site <= kFiniteMaxSite, "finite_check: site ", a.site, " > ", kFiniteMaxSite);
   MOESQ_CHECK(a.record, "finite_check: no record");
 }
@@ -58,7 +60,7 @@ void check_row(const FiniteCheckArgs& a, int64_t r, int64_t g, int64_t id) {
     const int k = value_class(a, r * a.ld + c);
     if (k < 0) continue;
     const uint64_t key =
-        finite_key(a.site, static_cast<uint32_t>(g), static_cast<uint32_t>(id), static_cast<FiniteKind>(k));
+        finite_key(a.site, static_cast<uint32_t>(g), static_cast<uint32_t>(id + a.row0), static_cast<FiniteKind>(k));
     *a.record = std::min(*a.record, key);
   }
 }
