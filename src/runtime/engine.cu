@@ -196,10 +196,11 @@ void Engine::Impl::activations() {
     mla_o_lat.alloc(T * d.nh * d.r_kv), mla_o_lat_lo.alloc(T * d.nh * d.r_kv);
     attn.alloc(T * nv), attn_lo.alloc(T * nv);
     // Split-KV workspace for decode-sized calls (both paths give the same bits, ops/mla/mla.h), at
-    // most kMlaSplitBytes: up to max_seqs tokens, fewer when max_len's chunks make a row large.
+    // most kMlaSplitBytes: up to max_seqs tokens, fewer when max_len's key ranges make a row large
+    // (Kimi, 64 heads: 658 KB per token at max_len 4,352; 34 MB at 262,144).
     constexpr size_t kMlaSplitBytes = size_t(512) << 20;
-    const int64_t chunks = ops::kv_blocks_per_slot(max_len);
-    const size_t row = ops::mla_attention_partial_floats(1, static_cast<int>(d.nh), static_cast<int>(d.r_kv), chunks);
+    const size_t row = ops::mla_attention_partial_floats(1, static_cast<int>(d.nh), static_cast<int>(d.r_kv),
+                                                         ops::mla_attention_ranges(max_len));
     mla_split_T = std::min<int64_t>(max_seqs, static_cast<int64_t>(kMlaSplitBytes / (row * sizeof(float))));
     if (mla_split_T > 0) mla_partial.alloc(static_cast<size_t>(mla_split_T) * row);
   } else {
@@ -335,7 +336,7 @@ MlaCall Engine::Impl::make_mla_call(int64_t T) {
   at.q = mla_q_att.p, at.kv = kvc, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
   at.out = mla_o_lat.p, at.out_lo = mla_o_lat_lo.p, at.nh = nh_i, at.r_kv = static_cast<int>(d.r_kv);
   at.rope = static_cast<int>(d.rope), at.scale = d.scale, at.T = T;
-  if (T <= mla_split_T) at.partial = mla_partial.p, at.partial_chunks = ops::kv_blocks_per_slot(max_len);
+  if (T <= mla_split_T) at.partial = mla_partial.p, at.partial_ranges = ops::mla_attention_ranges(max_len);
   c.uv.x = mla_o_lat.p, c.uv.x_lo = mla_o_lat_lo.p, c.uv.y_f32 = mla_o_heads.p, c.uv.groups = nh_i;
   c.uv.M = T, c.uv.N = d.v, c.uv.K = d.r_kv, c.uv.ldy = d.v;
   c.rows.x = mla_o_heads.p, c.rows.y = attn.p, c.rows.y_lo = attn_lo.p, c.rows.nh = nh_i;
@@ -601,8 +602,9 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, ids), h2d(m.tok_slot, slot), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
-  const std::vector<int32_t> tiles =
-      ops::attention_tiles(slot.data(), pos.data(), T, static_cast<int>(m.nh), static_cast<int>(m.nkv));
+  const std::vector<int32_t> tiles =  // the GQA prefill's tiles (the MLA block walks each token's keys itself)
+      m.is_mla ? std::vector<int32_t>{0, 1}
+               : ops::attention_tiles(slot.data(), pos.data(), T, static_cast<int>(m.nh), static_cast<int>(m.nkv));
   h2d(m.attn_tiles, tiles);
   m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2));
   std::vector<float> out(rows.size() * m.V);

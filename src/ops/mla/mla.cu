@@ -1,6 +1,6 @@
 // MLA kernels (mla.h). mla_prep / mla_q: one warp per (token, part or head); mla_attention: one CTA
-// per (token, 8 query heads), one warp per head, the token's keys in 64-key chunks staged in shared
-// memory; mla_heads_to_rows: one thread per output element. fp32 arithmetic with explicit rounding
+// per (token, 8 query heads [, key range]), one warp per head, the token's keys in 64-key chunks staged
+// in shared memory; mla_heads_to_rows: one thread per output element. fp32 arithmetic with explicit rounding
 // intrinsics where the twin replays it bitwise.
 #include <cuda_bf16.h>
 
@@ -209,7 +209,24 @@ __device__ __forceinline__ void write_out(const MlaAttentionArgs& a, int64_t t, 
       store_hi_lo(__fdiv_rn(o[i], l), &a.out[off + lane + 32 * i], a.out_lo ? &a.out_lo[off + lane + 32 * i] : nullptr);
 }
 
-// Sequential path: grid (T, ⌈nh / 8⌉), 256 threads; the CTA walks its token's chunks in order.
+// Key range r of a token (positions [r · 1024, …] up to pos): its chunks' partials merged in ascending
+// order from (−∞, 0, 0) into (mr, lr, or_) — the one range function of both paths.
+__device__ __forceinline__ void range_partial(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t slot, int64_t pos,
+                                              int64_t r, int D, float& mr, float& lr, float (&or_)[kMaxVals]) {
+  mr = -INFINITY, lr = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i) or_[i] = 0.0f;
+  float mc, lc, oc[kMaxVals];
+  const int64_t k_end = min(pos + 1, (r + 1) * kMlaRangeChunks * kKvBlockTokens);
+  for (int64_t k0 = r * kMlaRangeChunks * kKvBlockTokens; k0 < k_end; k0 += kKvBlockTokens) {
+    chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
+    merge(mr, lr, or_, mc, lc, oc);
+  }
+}
+
+constexpr int64_t kRangeKeys = static_cast<int64_t>(kMlaRangeChunks) * kKvBlockTokens;
+
+// Sequential path: grid (T, ⌈nh / 8⌉), 256 threads; the CTA walks its token's ranges in order.
 __global__ void __launch_bounds__(kWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
@@ -219,52 +236,52 @@ __global__ void __launch_bounds__(kWarps * 32) mla_attention_kernel(MlaAttention
   const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.kv.max_len) return;  // uniform over the CTA; the twin reports it
   load_q(a, sm, t, h0, D);
-  float m = -INFINITY, l = 0.0f, o[kMaxVals], mc, lc, oc[kMaxVals];
+  float m = -INFINITY, l = 0.0f, o[kMaxVals], mr, lr, or_[kMaxVals];
 #pragma unroll
   for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f;
-  for (int64_t k0 = 0; k0 <= pos; k0 += kKvBlockTokens) {
-    chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
-    merge(m, l, o, mc, lc, oc);
+  for (int64_t r = 0; r * kRangeKeys <= pos; ++r) {
+    range_partial(a, sm, slot, pos, r, D, mr, lr, or_);
+    merge(m, l, o, mr, lr, or_);
   }
   if (h < a.nh) write_out(a, t, h, l, o);
 }
 
-// Split-KV path, step 1: grid (T, ⌈nh / 8⌉, partial_chunks); CTA z computes chunk z's partials
-// [mc, lc, oc[r_kv]] of its 8 heads into `partial` [T, nh, partial_chunks, r_kv + 2].
+// Split-KV path, step 1: grid (T, ⌈nh / 8⌉, partial_ranges); CTA z computes range z's partials
+// [mr, lr, or_[r_kv]] of its 8 heads into `partial` [T, nh, partial_ranges, r_kv + 2].
 __global__ void __launch_bounds__(kWarps * 32) mla_attention_split_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
   const AttnSmem sm = attn_smem(smem, D);
-  const int64_t t = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.z) * kKvBlockTokens;
+  const int64_t t = blockIdx.x, r = blockIdx.z;
   const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
-  if (pos < 0 || pos >= a.kv.max_len || k0 > pos) return;  // uniform over the CTA
+  if (pos < 0 || pos >= a.kv.max_len || r * kRangeKeys > pos) return;  // uniform over the CTA
   load_q(a, sm, t, h0, D);
-  float mc, lc, oc[kMaxVals];
-  chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
+  float mr, lr, or_[kMaxVals];
+  range_partial(a, sm, slot, pos, r, D, mr, lr, or_);
   if (h >= a.nh) return;
-  float* dst = a.partial + ((t * a.nh + h) * a.partial_chunks + blockIdx.z) * (a.r_kv + 2);
-  if (lane == 0) dst[0] = mc, dst[1] = lc;
+  float* dst = a.partial + ((t * a.nh + h) * a.partial_ranges + r) * (a.r_kv + 2);
+  if (lane == 0) dst[0] = mr, dst[1] = lr;
 #pragma unroll
   for (int i = 0; i < kMaxVals; ++i)
-    if (i < a.r_kv / 32) dst[2 + lane + 32 * i] = oc[i];
+    if (i < a.r_kv / 32) dst[2 + lane + 32 * i] = or_[i];
 }
 
-// Split-KV path, step 2: one warp per (token, head) merges the partials in ascending chunk order.
+// Split-KV path, step 2: one warp per (token, head) merges the range partials in ascending order.
 __global__ void __launch_bounds__(32) mla_attention_combine_kernel(MlaAttentionArgs a) {
   const int64_t t = blockIdx.x / a.nh;
   const int h = static_cast<int>(blockIdx.x % a.nh), lane = threadIdx.x;
   const int64_t pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.kv.max_len) return;
-  float m = -INFINITY, l = 0.0f, o[kMaxVals], oc[kMaxVals];
+  float m = -INFINITY, l = 0.0f, o[kMaxVals], or_[kMaxVals];
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f, oc[i] = 0.0f;
-  for (int64_t c = 0; c * kKvBlockTokens <= pos; ++c) {
-    const float* src = a.partial + ((t * a.nh + h) * a.partial_chunks + c) * (a.r_kv + 2);
+  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f, or_[i] = 0.0f;
+  for (int64_t r = 0; r * kRangeKeys <= pos; ++r) {
+    const float* src = a.partial + ((t * a.nh + h) * a.partial_ranges + r) * (a.r_kv + 2);
 #pragma unroll
     for (int i = 0; i < kMaxVals; ++i)
-      if (i < a.r_kv / 32) oc[i] = src[2 + lane + 32 * i];
-    merge(m, l, o, src[0], src[1], oc);
+      if (i < a.r_kv / 32) or_[i] = src[2 + lane + 32 * i];
+    merge(m, l, o, src[0], src[1], or_);
   }
   write_out(a, t, h, l, o);
 }
@@ -313,8 +330,8 @@ void mla_attention(const MlaAttentionArgs& a, cudaStream_t stream) {
     MOESQ_CUDA_LAUNCH_CHECK("mla_attention_kernel");
     return;
   }
-  MOESQ_CHECK(a.partial_chunks <= 65535, "mla_attention: ", a.partial_chunks, " chunks too many for the split grid");
-  mla_attention_split_kernel<<<dim3(static_cast<unsigned>(a.T), groups, static_cast<unsigned>(a.partial_chunks)),
+  MOESQ_CHECK(a.partial_ranges <= 65535, "mla_attention: ", a.partial_ranges, " key ranges too many for the split grid");
+  mla_attention_split_kernel<<<dim3(static_cast<unsigned>(a.T), groups, static_cast<unsigned>(a.partial_ranges)),
                                kWarps * 32, smem, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("mla_attention_split_kernel");
   mla_attention_combine_kernel<<<static_cast<unsigned>(a.T * a.nh), 32, 0, stream>>>(a);

@@ -23,12 +23,14 @@
 //    dims are the value, so a token's cache is r_kv + rope values for every head together (Kimi-K2.5:
 //    576 bf16 = 1,152 B per token per layer, against 2·64·128 for the same heads in GQA);
 //  - determinism (batch invariance, decode = prefill bitwise): a token's keys are cut into fixed 64-key
-//    chunks by absolute index (a KV block, ops/attention/kv_layout.h); each chunk's (max, Σ exp, Σ exp·v)
-//    comes from ONE device function and the partials are merged in ascending order by ONE merge
-//    function, either in the CTA that walks the chunks (sequential path: a CTA per token and 8 heads)
-//    or by a combine kernel over partials written by a CTA per chunk (split-KV: decode, where T is
-//    small). Same operations in the same order, so the caller may pick the path by T; nothing depends
-//    on the batch, T or the other sequences.
+//    chunks by absolute index (a KV block, ops/attention/kv_layout.h) and the chunks into fixed ranges
+//    of kMlaRangeChunks; each chunk's (max, Σ exp, Σ exp·v) comes from ONE device function, merged by
+//    ONE merge function in ascending order into its range's partial, and the range partials merged in
+//    ascending order into the output — either all in the CTA that walks the token's keys (sequential
+//    path: a CTA per token and 8 heads) or with a CTA per range writing its partial and a combine
+//    kernel merging them (split-KV: decode, where T is small). Same operations in the same order, so
+//    the caller may pick the path by T; nothing depends on the batch, T or the other sequences. A
+//    range (not a chunk) is the split unit so that the workspace stays small at long max_len.
 #pragma once
 #include <cstdint>
 
@@ -40,6 +42,7 @@ namespace moesq::ops {
 constexpr int kMlaMaxLatent = 512;  // r_kv (kv_lora_rank) built: a multiple of 32, at most this
 constexpr int kMlaMaxRope = 64;     // qk_rope_head_dim built: even, at most this
 constexpr int kMlaHeadsPerCta = 8;  // mla_attention: query heads per CTA (one warp each)
+constexpr int kMlaRangeChunks = 16; // mla_attention: 64-key chunks per key range (1,024 keys), the split-KV unit
 
 // Where a (slot, position) latent row lives: the KV layout of ops/attention/kv_layout.h with one
 // "head" of r_kv + rope values per token.
@@ -95,11 +98,11 @@ struct MlaAttentionArgs {
   int nh = 0, r_kv = 0, rope = 0;
   float scale = 1.0f;              // softmax scale (d_qk^-½ × YaRN mscale²)
   int64_t T = 0;
-  // Split-KV path (decode: parallel over chunks, then a merge kernel), or nullptr: the sequential path.
-  // Both give every output the same bits. partial: mla_attention_partial_floats(T, nh, r_kv,
-  // partial_chunks) floats; partial_chunks ≥ the chunks of every token (⌈(pos + 1) / 64⌉).
+  // Split-KV path (decode: parallel over key ranges, then a merge kernel), or nullptr: the sequential
+  // path. Both give every output the same bits. partial: mla_attention_partial_floats(T, nh, r_kv,
+  // partial_ranges) floats; partial_ranges ≥ mla_attention_ranges(max_len).
   float* partial = nullptr;
-  int64_t partial_chunks = 0;
+  int64_t partial_ranges = 0;
 };
 
 struct MlaHeadsToRowsArgs {
@@ -127,8 +130,10 @@ void mla_q_check(const MlaQArgs& args);
 void mla_attention_check(const MlaAttentionArgs& args);
 void mla_heads_to_rows_check(const MlaHeadsToRowsArgs& args);
 
-// Floats of the split-KV workspace: T · nh · chunks · (r_kv + 2).
-size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t chunks);
+// Key ranges of max_len positions: ⌈max_len / (64 · kMlaRangeChunks)⌉ (the split grid's depth).
+int64_t mla_attention_ranges(int64_t max_len);
+// Floats of the split-KV workspace: T · nh · ranges · (r_kv + 2).
+size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t ranges);
 
 // Dynamic shared memory of mla_attention for r_kv + rope = D: 8 query rows and 8 score rows in fp32,
 // one 64-key chunk of cache rows in bf16.

@@ -92,8 +92,9 @@ void mla_attention_check(const MlaAttentionArgs& a) {
   check_latent_dims(a.r_kv, a.rope, "mla_attention");
   MOESQ_CHECK(a.T >= 0 && a.nh > 0, "mla_attention: bad heads ", a.nh);
   MOESQ_CHECK(a.q && a.out && a.kv.cache && a.kv.max_len > 0, "mla_attention: missing pointers");
-  MOESQ_CHECK(!a.partial || a.partial_chunks >= kv_blocks_per_slot(a.kv.max_len), "mla_attention: partial_chunks ",
-              a.partial_chunks, " < the ", kv_blocks_per_slot(a.kv.max_len), " chunks of max_len ", a.kv.max_len);
+  MOESQ_CHECK(a.tok_slot && a.tok_pos, "mla_attention: missing tok_slot / tok_pos");
+  MOESQ_CHECK(!a.partial || a.partial_ranges >= mla_attention_ranges(a.kv.max_len), "mla_attention: partial_ranges ",
+              a.partial_ranges, " < the ", mla_attention_ranges(a.kv.max_len), " key ranges of max_len ", a.kv.max_len);
 }
 
 void mla_heads_to_rows_check(const MlaHeadsToRowsArgs& a) {
@@ -101,8 +102,13 @@ void mla_heads_to_rows_check(const MlaHeadsToRowsArgs& a) {
               ") or missing pointers");
 }
 
-size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t chunks) {
-  return static_cast<size_t>(std::max<int64_t>(T, 1)) * nh * std::max<int64_t>(chunks, 1) * (r_kv + 2);
+int64_t mla_attention_ranges(int64_t max_len) {
+  const int64_t keys = static_cast<int64_t>(kMlaRangeChunks) * kKvBlockTokens;
+  return (max_len + keys - 1) / keys;
+}
+
+size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t ranges) {
+  return static_cast<size_t>(std::max<int64_t>(T, 1)) * nh * std::max<int64_t>(ranges, 1) * (r_kv + 2);
 }
 
 size_t mla_attention_smem_bytes(int r_kv, int rope) {
@@ -165,7 +171,15 @@ void mla_q_ref(const MlaQArgs& a) {
 void mla_attention_ref(const MlaAttentionArgs& a) {
   mla_attention_check(a);
   const int D = a.r_kv + a.rope;
-  std::vector<float> s(kKvBlockTokens), p(kKvBlockTokens), o(a.r_kv), oc(a.r_kv), kv(static_cast<size_t>(D));
+  std::vector<float> s(kKvBlockTokens), p(kKvBlockTokens), o(a.r_kv), oc(a.r_kv), orng(a.r_kv);
+  // (m, l, o) ← merged with a partial (the kernels' merge; ascending order from (−∞, 0, 0)).
+  const auto merge = [&](float& m_, float& l_, std::vector<float>& o_, float mc, float lc, const std::vector<float>& oc_) {
+    const float m_new = std::max(m_, mc);
+    const float alpha = std::exp(m_ - m_new), beta = std::exp(mc - m_new);
+    l_ = l_ * alpha + lc * beta;
+    for (int d = 0; d < a.r_kv; ++d) o_[d] = o_[d] * alpha + oc_[d] * beta;
+    m_ = m_new;
+  };
   for (int64_t t = 0; t < a.T; ++t) {
     const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
     check_cache(a.kv, t, slot, pos, "mla_attention");
@@ -173,37 +187,39 @@ void mla_attention_ref(const MlaAttentionArgs& a) {
       const float* q = a.q + (static_cast<int64_t>(h) * a.T + t) * D;
       float m = -INFINITY, l = 0.0f;
       std::fill(o.begin(), o.end(), 0.0f);
-      for (int64_t k0 = 0; k0 <= pos; k0 += kKvBlockTokens) {
-        const int nk = static_cast<int>(std::min<int64_t>(kKvBlockTokens, pos + 1 - k0));
-        const uint16_t* rows = a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D;
-        for (int j = 0; j < nk; ++j) {  // score: lane l sums d ≡ l (mod 32) by fma, then the butterfly
-          float lane[kLanes];
-          for (int l32 = 0; l32 < kLanes; ++l32) {
-            float acc = 0.0f;
-            for (int d = l32; d < D; d += kLanes) acc = std::fma(q[d], bf16_to_f32(rows[j * D + d]), acc);
-            lane[l32] = acc;
+      const int64_t range_keys = static_cast<int64_t>(kMlaRangeChunks) * kKvBlockTokens;
+      for (int64_t r0 = 0; r0 <= pos; r0 += range_keys) {  // key ranges, then their chunks
+        float mr = -INFINITY, lr = 0.0f;
+        std::fill(orng.begin(), orng.end(), 0.0f);
+        for (int64_t k0 = r0; k0 <= pos && k0 < r0 + range_keys; k0 += kKvBlockTokens) {
+          const int nk = static_cast<int>(std::min<int64_t>(kKvBlockTokens, pos + 1 - k0));
+          const uint16_t* rows = a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D;
+          for (int j = 0; j < nk; ++j) {  // score: lane l sums d ≡ l (mod 32) by fma, then the butterfly
+            float lane[kLanes];
+            for (int l32 = 0; l32 < kLanes; ++l32) {
+              float acc = 0.0f;
+              for (int d = l32; d < D; d += kLanes) acc = std::fma(q[d], bf16_to_f32(rows[j * D + d]), acc);
+              lane[l32] = acc;
+            }
+            s[j] = butterfly_sum(lane) * a.scale;
           }
-          s[j] = butterfly_sum(lane) * a.scale;
+          float mc = -INFINITY;
+          for (int j = 0; j < nk; ++j) mc = std::max(mc, s[j]);
+          float lane[kLanes];
+          for (int l32 = 0; l32 < kLanes; ++l32) {  // lane l holds keys l and l + 32
+            const float p0 = l32 < nk ? std::exp(s[l32] - mc) : 0.0f;
+            const float p1 = l32 + 32 < nk ? std::exp(s[l32 + 32] - mc) : 0.0f;
+            if (l32 < nk) p[l32] = p0;
+            if (l32 + 32 < nk) p[l32 + 32] = p1;
+            lane[l32] = p0 + p1;
+          }
+          const float lc = butterfly_sum(lane);
+          std::fill(oc.begin(), oc.end(), 0.0f);
+          for (int j = 0; j < nk; ++j)
+            for (int d = 0; d < a.r_kv; ++d) oc[d] = std::fma(p[j], bf16_to_f32(rows[j * D + d]), oc[d]);
+          merge(mr, lr, orng, mc, lc, oc);
         }
-        float mc = -INFINITY;
-        for (int j = 0; j < nk; ++j) mc = std::max(mc, s[j]);
-        float lane[kLanes];
-        for (int l32 = 0; l32 < kLanes; ++l32) {  // lane l holds keys l and l + 32
-          const float p0 = l32 < nk ? std::exp(s[l32] - mc) : 0.0f;
-          const float p1 = l32 + 32 < nk ? std::exp(s[l32 + 32] - mc) : 0.0f;
-          if (l32 < nk) p[l32] = p0;
-          if (l32 + 32 < nk) p[l32 + 32] = p1;
-          lane[l32] = p0 + p1;
-        }
-        const float lc = butterfly_sum(lane);
-        std::fill(oc.begin(), oc.end(), 0.0f);
-        for (int j = 0; j < nk; ++j)
-          for (int d = 0; d < a.r_kv; ++d) oc[d] = std::fma(p[j], bf16_to_f32(rows[j * D + d]), oc[d]);
-        const float m_new = std::max(m, mc);
-        const float alpha = std::exp(m - m_new), beta = std::exp(mc - m_new);
-        l = l * alpha + lc * beta;
-        for (int d = 0; d < a.r_kv; ++d) o[d] = o[d] * alpha + oc[d] * beta;
-        m = m_new;
+        merge(m, l, o, mr, lr, orng);
       }
       const int64_t off = (static_cast<int64_t>(h) * a.T + t) * a.r_kv;
       for (int d = 0; d < a.r_kv; ++d) split_hi_lo(o[d] / l, &a.out[off + d], a.out_lo ? &a.out_lo[off + d] : nullptr);
