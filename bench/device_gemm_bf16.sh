@@ -8,7 +8,8 @@
 # and the `kimi` step: `bench e2e --synthetic kimi-k2.5` (MLA + 384 experts) at 2 layers (1 dense + 1 MoE)
 # for bf16 vs sparse-w4a4 in the same run, and 8 layers sparse-w4a4 alone (per-layer figures); prefill in
 # 1,024-token forwards (activations and [T, 163,840] logits stay small; the MoE block runs in its own
-# slices of ≈ 900 tokens, EngineOptions::moe_tokens).
+# slices of ≈ 900 tokens, EngineOptions::moe_tokens). Its JSON rows carry per-layer decode times and the
+# 61-layer extrapolation (linear in layers, an upper bound, stated as such).
 #   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"

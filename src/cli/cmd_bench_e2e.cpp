@@ -85,6 +85,7 @@ void run_e2e(const E2eArgs& a) {
   MOESQ_CHECK(!a.synthetic.empty(), "bench e2e: give --synthetic MODEL (checkpoint directories: not yet)");
   MOESQ_CHECK(a.prompt_len >= 1 && a.gen >= 4, "bench e2e: --prompt-len >= 1 and --gen >= 4");
   const io::ModelSpec spec = runtime::synthetic_spec(a.synthetic, a.layers);
+  const int64_t model_layers = runtime::synthetic_spec(a.synthetic, 0).num_layers;
   std::vector<runtime::ExpertBackend> backends;
   for (const auto& e : split(a.experts)) {
     backends.push_back(runtime::parse_expert_backend(e));
@@ -115,7 +116,7 @@ void run_e2e(const E2eArgs& a) {
   MOESQ_CHECK(!modes.empty(), "bench e2e: --deterministic is empty");
   const int max_b = *std::max_element(batches.begin(), batches.end());
 #ifndef MOESQ_HAVE_CUDA
-  (void)max_b;
+  (void)max_b, (void)model_layers;
   MOESQ_FAIL("bench e2e: this moesq was built without CUDA");
 #else
   const int64_t chunk_seqs = std::max<int64_t>(1, std::min<int64_t>(max_b, a.prefill_tokens / a.prompt_len));
@@ -187,6 +188,23 @@ void run_e2e(const E2eArgs& a) {
       r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
       r["decode_floor_ms"] = floor_ms;
       r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
+      // Per layer (the eager step's event times ÷ layers), and with fewer layers than the model has, the
+      // whole model extrapolated linearly in layers — an upper bound (the embedding and lm_head do not
+      // scale), stated as an extrapolation, never measured.
+      r["decode_attention_ms_per_layer"] = eng.last_attention_ms() / spec.num_layers;
+      r["decode_moe_ms_per_layer"] = eng.last_moe_ms() / spec.num_layers;
+      if (spec.num_layers < model_layers) {
+        const double f = static_cast<double>(model_layers) / spec.num_layers;
+        r["extrapolated_to_model_layers"] = {{"layers", model_layers},
+                                             {"tpot_ms", tpot * 1e3 * f},
+                                             {"ttft_ms", ttft * 1e3 * f},
+                                             {"weight_gb", eng.weight_bytes() / 1e9 * f},
+                                             {"kv_cache_gb", eng.kv_bytes() / 1e9 * f}};
+        std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d extrapolated to %lld layers (linear in layers, an upper "
+                     "bound, not measured): TPOT %.3f ms, TTFT %.1f ms, weights %.1f GB\n",
+                     runtime::expert_backend_name(backend), det ? "on" : "off", B, static_cast<long long>(model_layers),
+                     tpot * 1e3 * f, ttft * 1e3 * f, eng.weight_bytes() / 1e9 * f);
+      }
       rows.push_back(r);
       std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
                    runtime::expert_backend_name(backend), det ? "on" : "off", B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
@@ -197,6 +215,7 @@ void run_e2e(const E2eArgs& a) {
   nlohmann::json j;
   j["model"] = "synthetic:" + a.synthetic;
   j["layers"] = spec.num_layers;
+  j["model_layers"] = model_layers;
   j["prompt_len"] = a.prompt_len;
   j["gen"] = a.gen;
   j["deterministic"] = a.deterministic;
