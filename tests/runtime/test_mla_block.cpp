@@ -132,48 +132,6 @@ TEST(MlaBlockRef, PromptDecodeAndPagingGiveTheSameBits) {
   }
 }
 
-// mla_attention's twin (64-key chunks merged into 1,024-key ranges, ranges merged in order) is the
-// softmax attention over the latent rows, computed directly in fp64, for positions across 3 ranges.
-TEST(MlaBlockRef, AttentionTwinIsSoftmaxAttentionOverTheLatentRows) {
-  constexpr double kRelTol = 2e-5;  // fp32 chunk sums and merges, bf16 hi + lo output (≈ 2^-16)
-  const int nh = 3, r_kv = 32, rope = 16, D = r_kv + rope;
-  const int64_t max_len = 2500;
-  const std::vector<int32_t> slot = {0, 0, 0}, pos = {5, 1500, 2499};
-  const int64_t T = 3;
-  const std::vector<float> qf = random_rows(nh * T * D, 1), cf = random_rows(max_len * D, 2);
-  std::vector<float> q(qf.size());
-  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.2f * qf[i];
-  std::vector<uint16_t> cache(cf.size()), out(nh * T * r_kv), out_lo(out.size());
-  for (size_t i = 0; i < cf.size(); ++i) cache[i] = f32_to_bf16(cf[i]);
-  ops::MlaAttentionArgs a;
-  a.q = q.data(), a.kv.cache = cache.data(), a.kv.max_len = max_len, a.tok_slot = slot.data(), a.tok_pos = pos.data();
-  a.out = out.data(), a.out_lo = out_lo.data(), a.nh = nh, a.r_kv = r_kv, a.rope = rope, a.scale = 0.5f, a.T = T;
-  ops::mla_attention_ref(a);
-  double err = 0, scale = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int h = 0; h < nh; ++h) {
-      const float* qh = &q[(h * T + t) * D];
-      std::vector<double> sc(pos[t] + 1);
-      double mx = -1e300, sum = 0;
-      for (int64_t j = 0; j <= pos[t]; ++j) {
-        double dot = 0;
-        for (int d = 0; d < D; ++d) dot += double(qh[d]) * bf16_to_f32(cache[j * D + d]);
-        sc[j] = dot * 0.5;
-        mx = std::max(mx, sc[j]);
-      }
-      for (double& v : sc) sum += (v = std::exp(v - mx));
-      for (int d = 0; d < r_kv; ++d) {
-        double o = 0;
-        for (int64_t j = 0; j <= pos[t]; ++j) o += sc[j] * bf16_to_f32(cache[j * D + d]);
-        o /= sum;
-        const size_t i = (h * T + t) * r_kv + d;
-        const double got = double(bf16_to_f32(out[i])) + bf16_to_f32(out_lo[i]);
-        err = std::max(err, std::fabs(got - o)), scale = std::max(scale, std::fabs(o));
-      }
-    }
-  EXPECT_LT(err / scale, kRelTol) << "max error " << err << " of scale " << scale;
-}
-
 TEST(MlaBlockRef, RefusesWhatTheKernelsAreNotBuiltFor) {
   io::ModelSpec s = io::Checkpoint(fixture("tiny-deepseek-v3")).spec();
   EXPECT_TRUE(runtime::mla_block_refusal(s).empty());
@@ -191,27 +149,4 @@ TEST(MlaBlockRef, RefusesWhatTheKernelsAreNotBuiltFor) {
   bad = s;
   bad.mla = io::MlaSpec{};
   EXPECT_NE(runtime::mla_block_refusal(bad).find("not multi-head latent attention"), std::string::npos);
-  // The ops name the dims they are not built for.
-  ops::MlaAttentionArgs a;
-  a.nh = 4, a.r_kv = 40, a.rope = 16;
-  try {
-    ops::mla_attention_check(a);
-    ADD_FAILURE() << "accepted r_kv 40";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kv_lora_rank 40"), std::string::npos) << e.what();
-  }
-  // A split-KV workspace with fewer key ranges than max_len's is refused before any launch.
-  std::vector<float> q(1), part(1);
-  std::vector<uint16_t> cache(1), out(1);
-  std::vector<int32_t> tok(1);
-  a.r_kv = 32, a.q = q.data(), a.out = out.data(), a.kv.cache = cache.data(), a.kv.max_len = 2049;
-  a.tok_slot = tok.data(), a.tok_pos = tok.data(), a.partial = part.data(), a.partial_ranges = 2;
-  EXPECT_EQ(ops::mla_attention_ranges(2049), 3);
-  EXPECT_EQ(ops::mla_attention_ranges(2048), 2);
-  try {
-    ops::mla_attention_check(a);
-    ADD_FAILURE() << "accepted 2 key ranges for max_len 2049";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("partial_ranges 2 < the 3 key ranges"), std::string::npos) << e.what();
-  }
 }
