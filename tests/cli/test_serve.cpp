@@ -337,7 +337,16 @@ TEST(Serve, QueueFullIs503) {
   });
   httplib::Client c = s.client();
   int status = 0;
-  for (int i = 0; i < 200 && status != 503; ++i) {  // until the long request holds the slot
+  // Probe only while the long request holds the slot (the running gauge is 1: this client's own
+  // requests have all ended), so under a loaded machine the two clients cannot keep taking turns on the
+  // one slot (each getting 200 or 503 in step) until both loops run out — as happened once under ctest -j2.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (status != 503 && long_status != 200 && std::chrono::steady_clock::now() < until) {
+    auto m = c.Get("/metrics");
+    if (!m || m->body.find("moesq:num_requests_running 1\n") == std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
     auto r = c.Post("/v1/completions", R"({"prompt":"b","max_tokens":1})", "application/json");
     status = r ? r->status : 0;
   }
