@@ -10,6 +10,7 @@
 # 1,024-token forwards (activations and [T, 163,840] logits stay small; the MoE block runs in its own
 # slices of ≈ 900 tokens, EngineOptions::moe_tokens). Its JSON rows carry per-layer decode times and the
 # 61-layer extrapolation (linear in layers, an upper bound, stated as such).
+#   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
@@ -62,7 +63,7 @@ if has e2e; then
 fi
 
 if has kimi; then
-  for run in "bf16,sparse-w4a4 2" "sparse-w4a4 8"; do
+  for run in "bf16,sparse-w4a4 2" "sparse-w4a4 ${KIMI_LAYERS:-8}"; do
     set -- $run
     timeout 300 "$B/moesq" bench e2e --synthetic kimi-k2.5 --layers $2 --experts $1 --batch 1,64 --prompt-len 1024 --prefill-tokens 1024 \
       --gen "${E2E_GEN:-64}" --deterministic on --json > "$O/e2e_kimi_$2.json" 2> "$O/e2e_kimi_$2.err"

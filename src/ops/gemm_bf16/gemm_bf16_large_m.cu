@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_large_m_kernel(GemmBf16Arg
 
 }  // namespace
 
-bool gemm_bf16_large_m_fits(const GemmBf16Args& a) { return a.M > kGemmSmallM && a.N >= kGemmLargeMinN; }
+bool gemm_bf16_large_m_fits(const GemmBf16Args& a) { return a.M >= kGemmLargeMinM && a.N >= kGemmLargeMinN; }
 
 void gemm_bf16_large_m(const GemmBf16Args& a, cudaStream_t stream) {
   static const bool configured = [] {  // once: not a stream operation, so capture-safe
