@@ -3,7 +3,7 @@
 // K = 2048), as the deterministic engine calls it (hi + lo input, fixed split-K, fp32 output), with
 // the peer in the same run: cuBLAS cublasGemmEx (bf16 in, fp32 compute and output, two calls for
 // hi + lo as the engine's non-deterministic mode does). Columns: the 64×64 tile kernel (what gemm_bf16
-// runs for 64 < M < 1,024 or N < 512), the large-M path (gemm_bf16 above those), cuBLAS; TFLOP/s count the
+// runs for M > 64 where gemm_bf16_large_m_fits is false), the large-M path, cuBLAS; TFLOP/s count the
 // FLOPs of the product (2·M·N·K per input part); the floor is those FLOPs at cuBLAS's measured rate on
 // an 8192³ bf16 GEMM in this run. A program, not a test: it first checks the large-M output is the
 // tile kernel's bit for bit and within 1e-3 (relative to Σ|x·w|) of cuBLAS, then times with CUDA events

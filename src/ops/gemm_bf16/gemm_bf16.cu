@@ -124,8 +124,7 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   gemm_bf16_check(a);
   if (a.M == 0) return;
   if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
-  // M ≥ 1,024 and N ≥ 512: 128×128 tiles (same bits per row, 1.6–1.95× the tile kernel there);
-  // otherwise the 64×64 tile kernel.
+  // 128×128 tiles where they are faster (gemm_bf16_large_m_fits; same bits per row), else 64×64 tiles.
   if (detail::gemm_bf16_large_m_fits(a)) return detail::gemm_bf16_large_m(a, stream);
   detail::gemm_bf16_tile(a, stream);
 }

@@ -179,7 +179,12 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_large_m_kernel(GemmBf16Arg
 
 }  // namespace
 
-bool gemm_bf16_large_m_fits(const GemmBf16Args& a) { return a.M >= kGemmLargeMinM && a.N >= kGemmLargeMinN; }
+bool gemm_bf16_large_m_fits(const GemmBf16Args& a) {
+  if (a.M <= kGemmSmallM || a.N < kGemmLargeMinN) return false;
+  if (a.M >= kGemmLargeMinM) return true;
+  const int64_t tiles = (a.M + kBM - 1) / kBM * ((a.N + kBN - 1) / kBN) * a.groups;
+  return !a.counts && tiles >= kGemmLargeMinTiles;
+}
 
 void gemm_bf16_large_m(const GemmBf16Args& a, cudaStream_t stream) {
   static const bool configured = [] {  // once: not a stream operation, so capture-safe
