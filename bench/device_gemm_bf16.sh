@@ -10,6 +10,11 @@
 # 1,024-token forwards (activations and [T, 163,840] logits stay small; the MoE block runs in its own
 # slices of ≈ 900 tokens, EngineOptions::moe_tokens). Its JSON rows carry per-layer decode times and the
 # 61-layer extrapolation (linear in layers, an upper bound, stated as such).
+# Session 19 added the `compress` step: compression's GPU layer forward for multi-head latent attention
+# (test_layer_cuda: the MLA ops vs their twins bitwise, attention with narrower values, the DeepSeek-V3
+# fixture's MLA layer vs the CPU mixer; memcheck) and `bench compress --synthetic kimi-k2.5` (the dense
+# first layer + one MoE layer of 384 experts, KIMI_CALIB × 128 calibration tokens, sgptq and moesq).
+#   KIMI_CALIB=256  KIMI_METHODS=sgptq,moesq
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
@@ -25,7 +30,7 @@ t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
 B=${BUILD_DIR:-build-dev}
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOESQ_BENCH=ON > "$W/cfg.log" 2>&1 &&
-  cmake --build "$B" -j16 --target moesq bench_gemm_bf16 $(has tests && echo $GPU_TESTS) > "$W/build.log" 2>&1 ||
+  cmake --build "$B" -j16 --target moesq bench_gemm_bf16 $(has tests && echo $GPU_TESTS) $(has compress && echo test_layer_cuda) > "$W/build.log" 2>&1 ||
   { log "FAIL: build"; grep -E "error" "$W/build.log" | head -20 | tee -a "$S"; tail -20 "$W/build.log" >> "$S"; exit 1; }
 log "build $(( $(date +%s) - t0 )) s"
 finish() { (cd "$W" && tar czf "$O/logs.tgz" *.log 2>/dev/null); log "total $(( $(date +%s) - t0 )) s"; }
@@ -46,6 +51,19 @@ if has tests; then
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done
   log "tests $(( $(date +%s) - t0 )) s"
+fi
+
+if has compress; then
+  timeout 200 "$B/test_layer_cuda" > "$W/test_layer_cuda.log" 2>&1
+  log "test_layer_cuda rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/test_layer_cuda.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Z]|Failure|\[mla' "$W/test_layer_cuda.log" | head -20 | sed 's/^/  /' >> "$S"
+  timeout 200 compute-sanitizer --tool memcheck "$B/test_layer_cuda" --gtest_filter='LayerOpsGpu.*:*Mla*' \
+    > "$W/memcheck.test_layer_cuda.log" 2>&1
+  log "memcheck test_layer_cuda (LayerOpsGpu, Mla): $(grep -E 'ERROR SUMMARY' "$W/memcheck.test_layer_cuda.log" | tail -1)"
+  timeout 330 "$B/moesq" bench compress --synthetic kimi-k2.5 --layers 2 --calib-samples "${KIMI_CALIB:-256}" \
+    --seq-len 128 --methods "${KIMI_METHODS:-sgptq,moesq}" --device cuda --json > "$O/bench_compress_kimi.json" \
+    2> "$W/bench_compress_kimi.log"
+  log "bench compress kimi-k2.5 rc=$?"; grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_kimi.log" | tail -12 | tee -a "$S"
 fi
 
 if has bench; then

@@ -32,6 +32,7 @@
 #include "core/splitmix64.h"
 #include "core/threads.h"
 #include "model/decoder.h"
+#include "model/mixers/mla_mixer.h"
 #include "runtime/weights.h"
 #ifdef MOESQ_HAVE_CUDA
 #include "core/cuda/gpu_memory_peak.h"
@@ -67,7 +68,8 @@ void fill_normal(std::vector<float>& v, uint64_t seed, float std_dev, float mean
 }
 
 // The spec's weights from `seed`: embeddings N(0, 1), every projection N(0, 0.02²) (router logits of
-// std ≈ 0.9 on RMS-normed states at H = 2048), norms 1. The lm_head stays zero (compression never runs it).
+// std ≈ 0.9 on RMS-normed states at H = 2048; multi-head latent attention's for kimi-k2.5, shared experts
+// and dense MLP layers too), norms 1. The lm_head stays zero (compression never runs it).
 void draw_weights(model::DecoderModel& m, uint64_t seed) {
   uint64_t k = seed * 1000;
   fill_normal(m.embed_weight(), ++k, 1.0f);
@@ -80,6 +82,20 @@ void draw_weights(model::DecoderModel& m, uint64_t seed) {
     for (model::ExpertWeights& e : L.experts)
       for (std::vector<float>* v : {&e.gate, &e.up, &e.down}) fill_normal(*v, ++k, 0.02f);
     for (std::vector<float>* v : {&L.dense_mlp.gate, &L.dense_mlp.up, &L.dense_mlp.down}) fill_normal(*v, ++k, 0.02f);
+    if (!L.shared_expert.gate.empty())  // (only where present: the other models' seeds stay as they were)
+      for (std::vector<float>* v : {&L.shared_expert.gate, &L.shared_expert.up, &L.shared_expert.down})
+        fill_normal(*v, ++k, 0.02f);
+    if (m.spec().mla.kv_lora_rank > 0) {  // multi-head latent attention replaces the GQA projections
+      std::shared_ptr<model::MlaMixer> mla = model::zero_mla_mixer(m.spec());
+      model::MlaWeights& w = mla->mutable_weights();
+      for (std::vector<float>* v : {&w.q_proj, &w.q_a_proj, &w.q_b_proj, &w.kv_a_proj, &w.kv_b_proj, &w.o_proj})
+        fill_normal(*v, ++k, 0.02f);
+      for (std::vector<float>* v : {&w.q_a_norm, &w.kv_a_norm})
+        for (float& x : *v) x = 1.0f;
+      for (std::vector<float>* v : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_norm, &L.k_norm})
+        std::vector<float>().swap(*v);
+      L.mixer = std::move(mla);
+    }
   }
 }
 
@@ -112,10 +128,9 @@ void run_bench_compress(const BenchCompressArgs& a) {
   MOESQ_CHECK(!a.synthetic.empty(), "bench compress: give --synthetic MODEL");
   MOESQ_CHECK(a.layers >= 1, "--layers: ", a.layers, " must be >= 1");
   io::ModelSpec spec = runtime::synthetic_spec(a.synthetic, 0);
-  MOESQ_CHECK(spec.mla.kv_lora_rank == 0, "bench compress --synthetic ", a.synthetic,
-              ": its attention is multi-head latent attention, which compression's layer forward does not run yet "
-              "(qwen3-30b-a3b and qwen3-235b-a22b do)");
   const int64_t model_layers = spec.num_layers;
+  int64_t model_moe_layers = 0;  // the whole model's MoE layers (kimi-k2.5: 60 of 61; the first is dense)
+  for (int64_t l = 0; l < model_layers; ++l) model_moe_layers += spec.is_moe_layer(l) ? 1 : 0;
   MOESQ_CHECK(a.layers <= model_layers, "--layers: ", a.layers, " is more than ", a.synthetic, "'s ", model_layers);
   spec.num_layers = a.layers;
   if (a.num_experts > 0) {
@@ -180,16 +195,30 @@ void run_bench_compress(const BenchCompressArgs& a) {
                          {{"targets", x.targets}, {"solve", x.solve - x.refinement}, {"refinement", x.refinement},
                           {"error", x.error}}}});
     }
+    // The whole model from the layers run: MoE layers at the mean of the MoE layers run, dense layers at
+    // the mean of the dense layers run (or of all layers run when none of a kind ran).
+    double moe_sum = 0, dense_sum = 0;
+    int64_t moe_n = 0, dense_n = 0;
+    for (const compress::LayerSeconds& x : r.layer_seconds) {
+      const double t = x.routing + x.experts + x.propagation;
+      if (spec.is_moe_layer(x.layer)) moe_sum += t, ++moe_n;
+      else dense_sum += t, ++dense_n;
+    }
     const double per_layer = sum / static_cast<double>(a.layers);
-    std::fprintf(table, "  mean %.2f s per layer -> %d layers: %.1f min (extrapolated); peak host memory %.1f GB", per_layer,
-                static_cast<int>(model_layers), per_layer * static_cast<double>(model_layers) / 60.0, peak_host_gb());
+    const double moe_mean = moe_n ? moe_sum / static_cast<double>(moe_n) : per_layer;
+    const double dense_mean = dense_n ? dense_sum / static_cast<double>(dense_n) : per_layer;
+    const double model_s = moe_mean * static_cast<double>(model_moe_layers) +
+                           dense_mean * static_cast<double>(model_layers - model_moe_layers);
+    std::fprintf(table, "  mean %.2f s per layer (MoE layers %.2f s) -> %d layers: %.1f min (extrapolated); peak host memory %.1f GB",
+                 per_layer, moe_mean, static_cast<int>(model_layers), model_s / 60.0, peak_host_gb());
     if (peak_gpu_gb >= 0) std::fprintf(table, "; peak GPU memory in use %.1f GB (device-wide, sampled)", peak_gpu_gb);
     std::fprintf(table, "\n");
     runs.push_back({{"method", opt.method->name},
                     {"device", compress::device_name(opt.device)},
                     {"layers", layers},
                     {"mean_layer_s", per_layer},
-                    {"model_extrapolated_s", per_layer * static_cast<double>(model_layers)},
+                    {"mean_moe_layer_s", moe_mean},
+                    {"model_extrapolated_s", model_s},
                     {"peak_host_gb", peak_host_gb()},
                     {"peak_gpu_gb", peak_gpu_gb >= 0 ? nlohmann::json(peak_gpu_gb) : nlohmann::json(nullptr)},
                     {"weights_drawn_s", draw_s}});
@@ -217,7 +246,9 @@ void register_bench_compress(CLI::App* bench) {
       "Algorithm 1 (compress's own pipeline and flags) on a synthetic model of a real config's shapes: per layer the\n"
       "seconds of routing, the experts (targets / solve / refinement / error) and the propagation, peak host memory,\n"
       "and on the GPU the peak device memory in use (sampled every 10 ms)");
-  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b (weights drawn from --weight-seed)")
+  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 (weights drawn from --weight-seed; kimi-k2.5: "
+                  "its first layer is dense, so --layers 2 reaches an MoE layer; all 384 experts of one layer take "
+                  "≈ 68 GB of host memory in fp32, --num-experts cuts them)")
       ->required();
   cmd->add_option("--layers", args->layers, "decoder layers to build and compress (the whole model is extrapolated)")
       ->capture_default_str();

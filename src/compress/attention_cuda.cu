@@ -5,6 +5,7 @@
 
 #include "compress/attention_cuda.h"
 #include "compress/cuda_context.cuh"
+#include "model/mixers/mla_mixer.h"
 #include "model/rope.h"
 #include "ops/causal_attention_f32/causal_attention_f32.h"
 #include "ops/qk_rope/qk_rope.h"
@@ -31,19 +32,17 @@ Context& context() {
   return ctx;
 }
 
-// Row-major C [m, N] (+)= A [m, K] · Bᵀ (B [N, K], already split: the layer's weights) as column-major
-// Cᵀ = B · Aᵀ, 3xTF32 (gpu::sgemm_3xtf32: fp32-class accuracy on tensor cores).
 void sgemm_nt(Context& g, const float* A, int64_t m, int64_t K, const gpu::SplitOperand& B, int64_t N, float* C,
               float beta) {
-  g.a_s.split(g.t, A, static_cast<size_t>(m * K));
-  gpu::sgemm_3xtf32(g.t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(m), static_cast<int>(K), B,
-                    static_cast<int>(K), g.a_s, static_cast<int>(K), beta, C, static_cast<int>(N));
+  gpu::sgemm_rows_nt(g.t, g.a_s, A, m, K, B, N, C, beta);
 }
 
 }  // namespace
 
 void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L, float* dh, float* dX,
                          const std::vector<int64_t>& offset) {
+  if (const auto* mla = dynamic_cast<const model::MlaMixer*>(L.mixer.get()))
+    return mla_rows_cuda(spec, *mla, L, dh, dX, offset);
   const int64_t H = spec.hidden_size, hd = spec.head_dim, nh = spec.num_heads, nkv = spec.num_kv_heads;
   const int64_t qw = nh * hd, kw = nkv * hd, qkv_w = qw + 2 * kw;
   const size_t S = offset.size() - 1;

@@ -86,6 +86,13 @@ void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, 
   MOESQ_CUBLAS_CHECK(cublasSetMathMode(t.blas, CUBLAS_PEDANTIC_MATH));
 }
 
+void sgemm_rows_nt(ThreadContext& t, SplitOperand& a_split, const float* A, int64_t m, int64_t K,
+                   const SplitOperand& B, int64_t N, float* C, float beta) {
+  a_split.split(t, A, static_cast<size_t>(m * K));
+  sgemm_3xtf32(t, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(m), static_cast<int>(K), B,
+               static_cast<int>(K), a_split, static_cast<int>(K), beta, C, static_cast<int>(N));
+}
+
 ThreadContext& thread_context() {
   thread_local ThreadContext ctx;
   return ctx;

@@ -87,4 +87,9 @@ struct SplitOperand {
 void sgemm_3xtf32(ThreadContext& t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                   const SplitOperand& A, int lda, const SplitOperand& B, int ldb, float beta, float* C, int ldc);
 
+// Row-major C [m, N] = A [m, K] · Bᵀ + beta·C (B [N, K], already split: a layer's weights) as the
+// column-major Cᵀ = B · Aᵀ, 3xTF32; A (device) is split into `a_split` first.
+void sgemm_rows_nt(ThreadContext& t, SplitOperand& a_split, const float* A, int64_t m, int64_t K,
+                   const SplitOperand& B, int64_t N, float* C, float beta);
+
 }  // namespace moesq::compress::gpu

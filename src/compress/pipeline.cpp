@@ -20,6 +20,7 @@
 #include "dist/partition.h"
 #include "format/nvfp4.h"
 #include "io/tensor_names.h"
+#include "model/mixers/mla_mixer.h"
 
 namespace moesq::compress {
 
@@ -65,11 +66,21 @@ RoutesByExpert routes_by_expert(const model::Routes& r, int64_t E) {
 }
 
 std::string gpu_attention_refusal(const io::ModelSpec& s, const model::LayerWeights& L) {
-  if (L.mixer) return "its token mixer is not the built-in GQA attention";
   std::string why;
   auto no = [&](bool bad, const std::string& what) {
     if (bad) why += (why.empty() ? "" : ", ") + what;
   };
+  if (const auto* mla = dynamic_cast<const model::MlaMixer*>(L.mixer.get())) {  // compress/mla_cuda.cu
+    const model::MlaDims& d = mla->dims();
+    const model::MlaWeights& w = mla->weights();
+    no(!w.q_a_bias.empty() || !w.kv_a_bias.empty() || !w.o_bias.empty(), "its MLA projections have biases");
+    no(d.qk_head_dim() > 256 || d.v_head_dim > 256, "its MLA head dims (q/k " + std::to_string(d.qk_head_dim()) +
+                                                        ", v " + std::to_string(d.v_head_dim) + ") pass 256");
+    no((d.num_heads + 1) * d.qk_rope_head_dim * 4 > 48 * 1024, "its heads × qk_rope_head_dim pass 12,288");
+    no(s.rms_norm_unit_offset, "its RMSNorm weights are zero-centred");
+    return why;
+  }
+  if (L.mixer) return "its token mixer (" + L.mixer->name() + ") is neither the built-in GQA attention nor MLA";
   no(s.qk_norm != io::QkNorm::PerHead, "its q/k norm is not per head");
   no(!L.q_bias.empty() || !L.k_bias.empty() || !L.v_bias.empty() || !L.o_bias.empty(),
      "its attention projections have biases");

@@ -115,8 +115,9 @@ class DeviceStates {
 
 // Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
 // "" when it can: the built-in GQA attention with a per-head q/k RMSNorm, no projection biases, plain
-// RMSNorm weights and head_dim a multiple of 64 up to 256 (sliding windows are fine). Such a layer's
-// attention stays on the CPU (the experts and the propagation still use the GPU).
+// RMSNorm weights and head_dim a multiple of 64 up to 256 (sliding windows are fine); or multi-head
+// latent attention (model::MlaMixer) without biases, q/k and v head dims up to 256, plain RMSNorm
+// weights. Any other layer's attention stays on the CPU (the experts and the propagation still use the GPU).
 std::string gpu_attention_refusal(const io::ModelSpec& spec, const model::LayerWeights& L);
 
 // Every option of a run, typed. The defaults here are the CLI's (cli/compress_flags.cpp binds its

@@ -4,7 +4,8 @@
 //   linear o_proj, h += o → rmsnorm_ref (post norm)
 // over sequences packed row after row reproduces the per-sequence CPU forward (full causal and a
 // sliding window); causal_attention_f32_ref equals a direct transcription of the definition on an
-// awkward GQA shape; the ops' new fp32 outputs equal their bf16 paths before the rounding; the twin's
+// awkward GQA shape (and with values narrower than keys, head dims not a multiple of 32); the MLA chain
+// (compress/mla_cuda.cu) through its twins reproduces the DeepSeek-V3 fixture's MlaMixer; the ops' new fp32 outputs equal their bf16 paths before the rounding; the twin's
 // errors name the problem.
 #include <gtest/gtest.h>
 
@@ -18,7 +19,10 @@
 #include "model/decoder.h"
 #include "model/rope.h"
 #include "model/tensor_math.h"
+#include "io/checkpoint.h"
+#include "model/mixers/mla_mixer.h"
 #include "ops/causal_attention_f32/causal_attention_f32.h"
+#include "ops/mla_f32/mla_f32.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "support/expect_error.h"
@@ -209,8 +213,8 @@ TEST(LayerGpuTwins, CausalAttentionTwinIsTheDefinition) {
                           "bad shape n=11 nh=3 nkv=2");
   EXPECT_ERROR_CONTAINING(ops::causal_attention_f32_check({.q = q.data(), .k = k.data(), .v = v.data(),
                                                            .row_start = start.data(), .out = out.data(), .n = n,
-                                                           .nh = nh, .nkv = nkv, .hd = 48}),
-                          "head_dim 48 not supported");
+                                                           .nh = nh, .nkv = nkv, .hd = 300}),
+                          "head_dim 300 / value head_dim 300 not supported");
   EXPECT_ERROR_CONTAINING(ops::causal_attention_f32_check({.q = q.data(), .k = nullptr, .v = v.data(),
                                                            .row_start = start.data(), .out = out.data(), .n = n,
                                                            .nh = nh, .nkv = nkv, .hd = hd}),
@@ -289,4 +293,193 @@ TEST(LayerGpuTwins, RefusalNamesWhatTheGpuAttentionLacks) {
   EXPECT_NE(why.find("q/k norm is not per head"), std::string::npos) << why;
   EXPECT_NE(why.find("biases"), std::string::npos) << why;
   EXPECT_NE(why.find("head_dim 48"), std::string::npos) << why;
+}
+
+namespace {
+
+// compress/mla_cuda.cu's chain through the twins: rmsnorm → q_a → q_a norm → q_b; kv_a →
+// mla_split_rope_f32_ref → latent norm → kv_b → mla_expand_kv_f32_ref → causal_attention_f32_ref (d_qk
+// keys, d_v values) → o_proj, h += o → post norm; h [n, H] packed sequences, updated; returns X.
+std::vector<float> mla_chain(const io::ModelSpec& s, const model::MlaMixer& mla, const model::LayerWeights& L,
+                             std::vector<float>& h, const std::vector<int64_t>& offset) {
+  const model::MlaDims& d = mla.dims();
+  const model::MlaWeights& w = mla.weights();
+  const int64_t H = s.hidden_size, nh = d.num_heads, r_q = d.q_lora_rank, r_kv = d.kv_lora_rank;
+  const int64_t nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim, dv = d.v_head_dim, dqk = d.qk_head_dim();
+  const int64_t n = offset.back();
+  int64_t max_T = 1;
+  std::vector<int32_t> pos;
+  std::vector<int64_t> start;
+  for (size_t i = 0; i + 1 < offset.size(); ++i) {
+    max_T = std::max(max_T, offset[i + 1] - offset[i]);
+    for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
+      pos.push_back(static_cast<int32_t>(r - offset[i]));
+      start.push_back(offset[i]);
+    }
+  }
+  const model::RopeTables tables = mla.tables(max_T, false);
+  std::vector<float> xn(n * H), qa(n * r_q), q(n * nh * dqk), ckv(n * (r_kv + rope)), latent(n * r_kv),
+      k_pe(n * rope), kv(n * nh * (nope + dv)), k(n * nh * dqk), v(n * nh * dv), attn(n * nh * dv), o(n * H), X(n * H);
+  ops::rmsnorm_ref({.x = h.data(), .w = L.input_norm.data(), .y = nullptr, .y_lo = nullptr, .y_f32 = xn.data(),
+                    .n = n, .D = H, .eps = s.rms_norm_eps});
+  model::linear_ref(xn.data(), n, H, w.q_a_proj.data(), r_q, qa.data());
+  ops::rmsnorm_ref({.x = qa.data(), .w = w.q_a_norm.data(), .y = nullptr, .y_lo = nullptr, .y_f32 = qa.data(), .n = n,
+                    .D = r_q, .eps = model::kMlaLatentNormEps});
+  model::linear_ref(qa.data(), n, r_q, w.q_b_proj.data(), nh * dqk, q.data());
+  model::linear_ref(xn.data(), n, H, w.kv_a_proj.data(), r_kv + rope, ckv.data());
+  ops::mla_split_rope_f32_ref({.ckv = ckv.data(), .q = q.data(), .cos = tables.cos.data(), .sin = tables.sin.data(),
+                               .tok_pos = pos.data(), .latent = latent.data(), .k_pe = k_pe.data(), .n = n,
+                               .max_len = max_T, .nh = static_cast<int>(nh), .r_kv = static_cast<int>(r_kv),
+                               .nope = static_cast<int>(nope), .rope = static_cast<int>(rope),
+                               .interleave = d.rope_interleave});
+  ops::rmsnorm_ref({.x = latent.data(), .w = w.kv_a_norm.data(), .y = nullptr, .y_lo = nullptr, .y_f32 = latent.data(),
+                    .n = n, .D = r_kv, .eps = model::kMlaLatentNormEps});
+  model::linear_ref(latent.data(), n, r_kv, w.kv_b_proj.data(), nh * (nope + dv), kv.data());
+  ops::mla_expand_kv_f32_ref({.kv = kv.data(), .k_pe = k_pe.data(), .k = k.data(), .v = v.data(), .n = n,
+                              .nh = static_cast<int>(nh), .nope = static_cast<int>(nope), .rope = static_cast<int>(rope),
+                              .v_dim = static_cast<int>(dv)});
+  ops::causal_attention_f32_ref({.q = q.data(), .k = k.data(), .v = v.data(), .row_start = start.data(),
+                                 .out = attn.data(), .n = n, .nh = static_cast<int>(nh), .nkv = static_cast<int>(nh),
+                                 .hd = static_cast<int>(dqk), .window = 0, .scale = d.softmax_scale,
+                                 .hd_v = static_cast<int>(dv)});
+  model::linear_ref(attn.data(), n, nh * dv, w.o_proj.data(), H, o.data());
+  for (int64_t i = 0; i < n * H; ++i) h[i] += o[i];
+  ops::rmsnorm_ref({.x = h.data(), .w = L.post_norm.data(), .y = nullptr, .y_lo = nullptr, .y_f32 = X.data(), .n = n,
+                    .D = H, .eps = s.rms_norm_eps});
+  return X;
+}
+
+// (kChainRelFro bounds it too: measured 1.3e-8 with the twins' plain loops against the mixer's BLAS.)
+
+
+}  // namespace
+
+TEST(LayerGpuTwins, MlaChainOfTwinsReproducesTheMlaMixer) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel m(ckpt);
+  const int64_t layer = 1;  // an MoE layer (first_k_dense_replace 1)
+  const model::LayerWeights& L = m.layer(layer);
+  const auto* mla = dynamic_cast<const model::MlaMixer*>(L.mixer.get());
+  ASSERT_NE(mla, nullptr);
+  ASSERT_TRUE(mla->dims().rope_interleave);
+  ASSERT_EQ(compress::gpu_attention_refusal(m.spec(), L), "");
+  const int64_t H = m.spec().hidden_size;
+  const std::vector<int64_t> lens = {1, 23, 9, 40};
+  std::vector<int64_t> offset = {0};
+  for (int64_t T : lens) offset.push_back(offset.back() + T);
+  std::vector<float> h = random_vec(offset.back() * H, 19, 1.0f);
+  std::vector<float> h_cpu = h, X_cpu;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    std::vector<float> hs(h.begin() + offset[i] * H, h.begin() + offset[i + 1] * H);
+    m.attention_block(layer, hs, lens[i], {});
+    std::copy(hs.begin(), hs.end(), h_cpu.begin() + offset[i] * H);
+    const std::vector<float> x = m.moe_input(layer, hs, lens[i]);
+    X_cpu.insert(X_cpu.end(), x.begin(), x.end());
+  }
+  std::vector<float> h_in = h;
+  const std::vector<float> X = mla_chain(m.spec(), *mla, L, h, offset);
+  std::printf("[mla chain] rel fro h %.2e X %.2e\n", rel_fro(h, h_cpu), rel_fro(X, X_cpu));
+  EXPECT_LE(rel_fro(h, h_cpu), kChainRelFro);
+  EXPECT_LE(rel_fro(X, X_cpu), kChainRelFro);
+  // Without the rotation's de-interleaving the chain must not match (the test sees the RoPE layout).
+  model::MlaDims plain = mla->dims();
+  plain.rope_interleave = false;
+  const model::MlaMixer wrong(plain, mla->weights(), model::rope_frequencies(m.spec().mla.rope,
+                                                                              plain.qk_rope_head_dim,
+                                                                              m.spec().max_position_embeddings));
+  mla_chain(m.spec(), wrong, L, h_in, offset);
+  EXPECT_GT(rel_fro(h_in, h_cpu), 1e-4);
+}
+
+TEST(LayerGpuTwins, CausalAttentionTwinWithNarrowerValues) {
+  const int nh = 3, hd = 48, hd_v = 20;
+  const int64_t n = 9, qw = nh * hd, vw = nh * hd_v;
+  const std::vector<int64_t> start = {0, 0, 0, 0, 4, 4, 4, 4, 4};
+  const auto q = random_vec(n * qw, 4, 1.0f), k = random_vec(n * qw, 5, 1.0f), v = random_vec(n * vw, 6, 1.0f);
+  std::vector<float> out(n * vw, NAN);
+  const float scale = 0.2f;
+  ops::causal_attention_f32_ref({.q = q.data(), .k = k.data(), .v = v.data(), .row_start = start.data(),
+                                 .out = out.data(), .n = n, .nh = nh, .nkv = nh, .hd = hd, .window = 0,
+                                 .scale = scale, .hd_v = hd_v});
+  for (int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < nh; ++i) {
+      std::vector<double> w;
+      double mx = -1e300, sum = 0;
+      for (int64_t j = start[t]; j <= t; ++j) {
+        double d = 0;
+        for (int c = 0; c < hd; ++c) d += static_cast<double>(q[t * qw + i * hd + c]) * k[j * qw + i * hd + c];
+        w.push_back(d * scale);
+        mx = std::max(mx, w.back());
+      }
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int c = 0; c < hd_v; ++c) {
+        double o = 0;
+        for (int64_t j = start[t]; j <= t; ++j) o += w[j - start[t]] / sum * v[j * vw + i * hd_v + c];
+        EXPECT_NEAR(out[t * vw + i * hd_v + c], o, 1e-5) << "t " << t << " head " << i;
+      }
+    }
+}
+
+TEST(LayerGpuTwins, MlaSplitRopeTwinIsTheDefinition) {
+  const int nh = 2, r_kv = 5, nope = 3, rope = 4, half = rope / 2;
+  const int64_t n = 3, max_len = 7;
+  const auto ckv = random_vec(n * (r_kv + rope), 7, 1.0f), q0 = random_vec(n * nh * (nope + rope), 8, 1.0f);
+  const auto cs = random_vec(max_len * half, 9, 1.0f), sn = random_vec(max_len * half, 10, 1.0f);
+  const std::vector<int32_t> pos = {0, 6, 2};
+  for (const bool interleave : {true, false}) {
+    std::vector<float> q = q0, latent(n * r_kv), k_pe(n * rope);
+    ops::mla_split_rope_f32_ref({.ckv = ckv.data(), .q = q.data(), .cos = cs.data(), .sin = sn.data(),
+                                 .tok_pos = pos.data(), .latent = latent.data(), .k_pe = k_pe.data(), .n = n,
+                                 .max_len = max_len, .nh = nh, .r_kv = r_kv, .nope = nope, .rope = rope,
+                                 .interleave = interleave});
+    for (int64_t t = 0; t < n; ++t) {
+      for (int i = 0; i < r_kv; ++i) EXPECT_EQ(latent[t * r_kv + i], ckv[t * (r_kv + rope) + i]);
+      auto expect_rotated = [&](const float* got, const float* stored, const char* what) {
+        std::vector<float> x(stored, stored + rope);
+        if (interleave) model::deinterleave_pairs(x.data(), rope);
+        model::apply_rope(x.data(), rope, &cs[pos[t] * half], &sn[pos[t] * half]);
+        for (int e = 0; e < rope; ++e) EXPECT_EQ(got[e], x[e]) << what << " row " << t << " dim " << e;
+      };
+      expect_rotated(&k_pe[t * rope], &ckv[t * (r_kv + rope) + r_kv], "k_pe");
+      for (int h = 0; h < nh; ++h) {
+        const int64_t base = (t * nh + h) * (nope + rope);
+        for (int e = 0; e < nope; ++e) EXPECT_EQ(q[base + e], q0[base + e]) << "q_nope untouched";
+        expect_rotated(&q[base + nope], &q0[base + nope], "q rope");
+      }
+    }
+  }
+  std::vector<float> q = q0, latent(n * r_kv), k_pe(n * rope);
+  const std::vector<int32_t> bad = {0, 7, 2};
+  EXPECT_ERROR_CONTAINING(ops::mla_split_rope_f32_ref({.ckv = ckv.data(), .q = q.data(), .cos = cs.data(),
+                                                       .sin = sn.data(), .tok_pos = bad.data(), .latent = latent.data(),
+                                                       .k_pe = k_pe.data(), .n = n, .max_len = max_len, .nh = nh,
+                                                       .r_kv = r_kv, .nope = nope, .rope = rope}),
+                          "row 1 has position 7, outside [0, 7)");
+  EXPECT_ERROR_CONTAINING(ops::mla_split_rope_f32_check({.ckv = ckv.data(), .q = q.data(), .cos = cs.data(),
+                                                         .sin = sn.data(), .tok_pos = pos.data(),
+                                                         .latent = latent.data(), .k_pe = k_pe.data(), .n = n,
+                                                         .max_len = max_len, .nh = nh, .r_kv = r_kv, .nope = nope,
+                                                         .rope = 3}),
+                          "rope=3");
+  EXPECT_ERROR_CONTAINING(ops::mla_expand_kv_f32_check({.kv = ckv.data(), .k_pe = nullptr, .k = q.data(),
+                                                        .v = latent.data(), .n = n, .nh = nh, .nope = nope,
+                                                        .rope = rope, .v_dim = 2}),
+                          "mla_expand_kv_f32: null pointer");
+}
+
+TEST(LayerGpuTwins, MlaRefusalNamesWhatTheGpuPathLacks) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel m(ckpt);
+  model::LayerWeights L = m.layer(1);
+  const auto* mla = dynamic_cast<const model::MlaMixer*>(L.mixer.get());
+  ASSERT_NE(mla, nullptr);
+  model::MlaDims d = mla->dims();
+  d.v_head_dim = 300;
+  model::MlaWeights w = mla->weights();
+  w.o_bias.assign(d.hidden, 0.0f);
+  L.mixer = std::make_shared<model::MlaMixer>(d, w, model::rope_frequencies(m.spec().mla.rope, d.qk_rope_head_dim,
+                                                                            m.spec().max_position_embeddings));
+  const std::string why = compress::gpu_attention_refusal(m.spec(), L);
+  EXPECT_NE(why.find("its MLA projections have biases"), std::string::npos) << why;
+  EXPECT_NE(why.find("v 300) pass 256"), std::string::npos) << why;
 }

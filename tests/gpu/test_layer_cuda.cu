@@ -21,6 +21,7 @@
 #include <limits>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -36,7 +37,10 @@
 #include "model/decoder.h"
 #include "model/rope.h"
 #include "model/tensor_math.h"
+#include "io/checkpoint.h"
+#include "model/mixers/mla_mixer.h"
 #include "ops/causal_attention_f32/causal_attention_f32.h"
+#include "ops/mla_f32/mla_f32.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/scatter_add_f32/scatter_add_f32.h"
@@ -284,6 +288,74 @@ TEST(LayerOpsGpu, CausalAttentionMatchesTheTwin) {
     }
 }
 
+// Multi-head latent attention's naive form (compress/mla_cuda.cu): keys of d_qk, values of d_v < d_qk,
+// one KV head per query head — the DeepSeek-V3 fixture's 48 / 32 and Kimi-K2.5's 192 / 128.
+TEST(LayerOpsGpu, CausalAttentionWithNarrowerValuesMatchesTheTwin) {
+  for (const auto& [nh, hd, hd_v] : {std::tuple{4, 48, 32}, std::tuple{16, 192, 128}}) {
+    std::vector<int64_t> start;
+    for (const int64_t T : {1, 130, 45, 2})
+      for (int64_t t = 0; t < T; ++t) start.push_back(static_cast<int64_t>(start.size()) - t);
+    const int64_t n = static_cast<int64_t>(start.size()), qw = int64_t{nh} * hd, vw = int64_t{nh} * hd_v;
+    const auto q = random_vec(n * qw, 11 + hd, 1.0f), k = random_vec(n * qw, 12 + hd, 1.0f),
+               v = random_vec(n * vw, 13 + hd, 1.0f);
+    std::vector<float> want(n * vw);
+    ops::CausalAttentionF32Args a{.q = q.data(), .k = k.data(), .v = v.data(), .row_start = start.data(),
+                                  .out = want.data(), .n = n, .nh = nh, .nkv = nh, .hd = hd, .window = 0,
+                                  .scale = 1.0f / std::sqrt(static_cast<float>(hd)), .hd_v = hd_v};
+    ops::causal_attention_f32_ref(a);
+    DevBuf<float> dq(q), dk(k), dv(v), dout(std::vector<float>(n * vw + 64, 7.0f));  // + a guard tail
+    DevBuf<int64_t> dstart(start);
+    ops::CausalAttentionF32Args d = a;
+    d.q = dq.p, d.k = dk.p, d.v = dv.p, d.row_start = dstart.p, d.out = dout.p;
+    ops::causal_attention_f32(d, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = dout.download();
+    double worst = 0;
+    for (int64_t i = 0; i < n * vw; ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+    EXPECT_LE(worst, kAttnAbsTol) << "hd " << hd << " hd_v " << hd_v;
+    for (int64_t i = n * vw; i < n * vw + 64; ++i) ASSERT_EQ(got[i], 7.0f) << "wrote past the output";
+  }
+}
+
+TEST(LayerOpsGpu, MlaSplitRopeAndExpandMatchTheTwinsBitwise) {
+  const int nh = 64, r_kv = 512, nope = 128, rope = 64, dv = 128, half = rope / 2;  // Kimi-K2.5
+  const int64_t n = 37, max_len = 300;
+  const auto ckv = random_vec(n * (r_kv + rope), 21, 1.0f), q0 = random_vec(n * nh * (nope + rope), 22, 1.0f);
+  const auto cs = random_vec(max_len * half, 23, 1.0f), sn = random_vec(max_len * half, 24, 1.0f);
+  std::vector<int32_t> pos(n);
+  for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>((t * 97) % max_len);
+  for (const bool interleave : {true, false}) {
+    std::vector<float> q = q0, latent(n * r_kv), k_pe(n * rope);
+    ops::MlaSplitRopeF32Args a{.ckv = ckv.data(), .q = q.data(), .cos = cs.data(), .sin = sn.data(),
+                               .tok_pos = pos.data(), .latent = latent.data(), .k_pe = k_pe.data(), .n = n,
+                               .max_len = max_len, .nh = nh, .r_kv = r_kv, .nope = nope, .rope = rope,
+                               .interleave = interleave};
+    ops::mla_split_rope_f32_ref(a);
+    DevBuf<float> dckv(ckv), dq(q0), dcs(cs), dsn(sn), dlat(n * r_kv), dkpe(n * rope);
+    DevBuf<int32_t> dpos(pos);
+    ops::MlaSplitRopeF32Args d = a;
+    d.ckv = dckv.p, d.q = dq.p, d.cos = dcs.p, d.sin = dsn.p, d.tok_pos = dpos.p, d.latent = dlat.p, d.k_pe = dkpe.p;
+    ops::mla_split_rope_f32(d, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(0, std::memcmp(dq.download().data(), q.data(), q.size() * 4)) << "q, interleave " << interleave;
+    EXPECT_EQ(0, std::memcmp(dlat.download().data(), latent.data(), latent.size() * 4)) << "latent";
+    EXPECT_EQ(0, std::memcmp(dkpe.download().data(), k_pe.data(), k_pe.size() * 4)) << "k_pe";
+    // The expansion of kv_b's output into per-head keys and values.
+    const auto kv = random_vec(n * nh * (nope + dv), 25, 1.0f);
+    std::vector<float> k(n * nh * (nope + rope)), v(n * nh * dv);
+    ops::MlaExpandKvF32Args e{.kv = kv.data(), .k_pe = k_pe.data(), .k = k.data(), .v = v.data(), .n = n, .nh = nh,
+                              .nope = nope, .rope = rope, .v_dim = dv};
+    ops::mla_expand_kv_f32_ref(e);
+    DevBuf<float> dkv(kv), dk(k.size()), dvv(v.size());
+    ops::MlaExpandKvF32Args de = e;
+    de.kv = dkv.p, de.k_pe = dkpe.p, de.k = dk.p, de.v = dvv.p;
+    ops::mla_expand_kv_f32(de, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(0, std::memcmp(dk.download().data(), k.data(), k.size() * 4)) << "k";
+    EXPECT_EQ(0, std::memcmp(dvv.download().data(), v.data(), v.size() * 4)) << "v";
+  }
+}
+
 TEST(LayerOpsGpu, Fp32NormAndRopeOutputsMatchTheTwinsBitwise) {
   const int64_t n = 333, D = 2048;
   const auto x = random_vec(n * D, 5, 2.0f), w = random_vec(D, 6, 0.1f);
@@ -390,6 +462,43 @@ TEST(LayerDeviceCuda, MoeInputsMatchTheCpuAttentionBlock) {
   }
 }
 
+
+// compress/mla_cuda.cu on the DeepSeek-V3 fixture's MoE layer (its real MLA weights, YaRN-free RoPE with
+// interleaved pairs, q LoRA): h and X equal the CPU MlaMixer's (attention_block + moe_input) within the
+// GQA path's bound, and two runs give the same bits.
+TEST(LayerDeviceCuda, MlaMoeInputsMatchTheCpuMixer) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel m(ckpt);
+  const io::ModelSpec& spec = m.spec();
+  const model::LayerWeights& L = m.layer(1);
+  ASSERT_NE(dynamic_cast<const model::MlaMixer*>(L.mixer.get()), nullptr);
+  ASSERT_EQ(compress::gpu_attention_refusal(spec, L), "");
+  const int64_t H = spec.hidden_size;
+  std::vector<std::vector<float>> h;
+  std::mt19937_64 g(41);
+  for (int i = 0; i < 200; ++i) {
+    const int64_t T = 1 + static_cast<int64_t>(g() % 64);
+    h.push_back(random_vec(T * H, 300 + i, 1.0f));
+  }
+  std::vector<std::vector<float>> h_cpu = h, h_gpu = h, h_again = h;
+  std::vector<float> X_cpu, h_cpu_flat, h_gpu_flat;
+  for (auto& hs : h_cpu) {
+    const int64_t T = static_cast<int64_t>(hs.size()) / H;
+    m.attention_block(1, hs, T, {});
+    const std::vector<float> x = m.moe_input(1, hs, T);
+    X_cpu.insert(X_cpu.end(), x.begin(), x.end());
+    h_cpu_flat.insert(h_cpu_flat.end(), hs.begin(), hs.end());
+  }
+  const std::vector<float> X = compress::layer_device_cuda()->moe_inputs(spec, L, h_gpu);
+  for (const auto& hs : h_gpu) h_gpu_flat.insert(h_gpu_flat.end(), hs.begin(), hs.end());
+  ASSERT_EQ(X.size(), X_cpu.size());
+  std::printf("[mla moe inputs] rel fro h %.2e X %.2e\n", rel_fro(h_gpu_flat, h_cpu_flat), rel_fro(X, X_cpu));
+  EXPECT_LE(rel_fro(h_gpu_flat, h_cpu_flat), kMoeInputsRelFro);
+  EXPECT_LE(rel_fro(X, X_cpu), kMoeInputsRelFro);
+  const std::vector<float> X2 = compress::layer_device_cuda()->moe_inputs(spec, L, h_again);
+  EXPECT_EQ(0, std::memcmp(X.data(), X2.data(), X.size() * sizeof(float)));
+  EXPECT_TRUE(h_again == h_gpu);
+}
 
 namespace {
 

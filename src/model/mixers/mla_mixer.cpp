@@ -112,6 +112,28 @@ std::unique_ptr<MlaMixer> load_mla_mixer(const io::Checkpoint& ckpt, int64_t lay
                                     rope_frequencies(s.rope, s.qk_rope_head_dim, s.max_position_embeddings));
 }
 
+MlaDims mla_dims(const io::ModelSpec& spec) {
+  const io::MlaSpec& m = spec.mla;
+  MOESQ_CHECK(m.kv_lora_rank > 0, "model_type \"", spec.model_type, "\" has no multi-head latent attention");
+  MlaDims d;
+  d.hidden = spec.hidden_size;
+  d.num_heads = spec.num_heads;
+  d.q_lora_rank = m.q_lora_rank;
+  d.kv_lora_rank = m.kv_lora_rank;
+  d.qk_nope_head_dim = m.qk_nope_head_dim;
+  d.qk_rope_head_dim = m.qk_rope_head_dim;
+  d.v_head_dim = m.v_head_dim;
+  d.rope_interleave = m.rope_interleave;
+  d.softmax_scale = static_cast<float>(m.softmax_scale);
+  return d;
+}
+
+std::unique_ptr<MlaMixer> zero_mla_mixer(const io::ModelSpec& spec) {
+  const MlaDims d = mla_dims(spec);
+  return std::make_unique<MlaMixer>(d, mla_zero_weights(d, spec.attention_bias),
+                                    rope_frequencies(spec.mla.rope, d.qk_rope_head_dim, spec.max_position_embeddings));
+}
+
 std::unique_ptr<Mixer> make_mla_mixer(const io::Checkpoint& ckpt, const io::ModelSpec& spec, int64_t layer) {
   MOESQ_CHECK(io::is_deepseek_v3_model_type(spec.model_type), ckpt.dir(), ": model_type \"", spec.model_type,
               "\" has no multi-head latent attention");

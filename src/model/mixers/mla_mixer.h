@@ -35,14 +35,23 @@ class MlaMixer final : public Mixer {
 
   const MlaDims& dims() const { return dims_; }
   const MlaWeights& weights() const { return weights_; }
+  MlaWeights& mutable_weights() { return weights_; }  // to fill a zero_mla_mixer's weights in place
+  // The RoPE tables forward() uses for positions 0..T-1, [T, rope/2] each (compression's GPU forward
+  // takes the same); bf16_inv_freq: ForwardOptions::rope_bf16_inv_freq (frequencies rounded to bf16 first).
+  RopeTables tables(int64_t T, bool bf16_inv_freq) const;
 
  private:
   MlaDims dims_;
   MlaWeights weights_;
   RopeFrequencies rope_;
-  // bf16_inv_freq: ForwardOptions::rope_bf16_inv_freq (frequencies rounded to bf16 first).
-  RopeTables tables(int64_t T, bool bf16_inv_freq) const;
 };
+
+// The MLA dims of a spec whose config has multi-head latent attention (ModelSpec::mla, filled by
+// io/config_deepseek_v3.cpp). Error: the spec has none.
+MlaDims mla_dims(const io::ModelSpec& spec);
+// An MlaMixer of `spec`'s dims with zero weights (RMSNorm weights too; biases if attention_bias) and
+// the spec's RoPE (default or YaRN): synthetic models fill its weights (bench compress --synthetic).
+std::unique_ptr<MlaMixer> zero_mla_mixer(const io::ModelSpec& spec);
 
 // Reads layer `layer`'s MLA weights (shapes from the checkpoint's deepseek_v3 config; errors name
 // the tensor, its shape and the expected one; F8_E4M3 weights are refused by name).

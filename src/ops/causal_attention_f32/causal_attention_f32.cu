@@ -1,6 +1,9 @@
 // Kernel of the causal_attention_f32 launcher (causal_attention_f32.h): one warp per (row, head), lane
-// l holding the head elements l, l + 32, … (coalesced loads of each key and value row); the warps of a
-// CTA are consecutive heads of one row, so the query heads of a KV group read its keys from L1.
+// l holding the head elements l, l + 32, … (coalesced loads of each key and value row; elements past hd
+// or hd_v are zeros that no store reaches); the warps of a CTA are consecutive heads of one row, so the
+// query heads of a KV group read its keys from L1.
+#include <algorithm>
+
 #include "core/cuda/check.cuh"
 #include "ops/causal_attention_f32/causal_attention_f32.h"
 
@@ -18,14 +21,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CausalAttentionF
   if (item >= a.n * a.nh) return;
   const int64_t t = item / a.nh;
   const int i = static_cast<int>(item % a.nh), g = i / (a.nh / a.nkv);
+  const int dv = a.hd_v > 0 ? a.hd_v : a.hd;
   const int64_t qw = static_cast<int64_t>(a.nh) * a.hd, kw = static_cast<int64_t>(a.nkv) * a.hd;
+  const int64_t ow = static_cast<int64_t>(a.nh) * dv, vw = static_cast<int64_t>(a.nkv) * dv;
   const int64_t s0 = a.row_start[t];
   const int64_t lo = a.window > 0 ? max(s0, t - a.window + 1) : s0;
   float q[kPer], acc[kPer];
   const float* qt = a.q + t * qw + static_cast<int64_t>(i) * a.hd;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
-    q[e] = qt[lane + 32 * e];
+    q[e] = lane + 32 * e < a.hd ? qt[lane + 32 * e] : 0.0f;
     acc[e] = 0.0f;
   }
   float mx = -INFINITY, sum = 0.0f;
@@ -33,22 +38,25 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CausalAttentionF
     const float* kj = a.k + j * kw + static_cast<int64_t>(g) * a.hd;
     float d = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) d = fmaf(q[e], kj[lane + 32 * e], d);
+    for (int e = 0; e < kPer; ++e)
+      if (lane + 32 * e < a.hd) d = fmaf(q[e], kj[lane + 32 * e], d);
 #pragma unroll
     for (int h = 16; h > 0; h /= 2) d += __shfl_xor_sync(0xffffffffu, d, h);
     const float s = d * a.scale;
     const float m2 = fmaxf(mx, s);
     const float corr = expf(mx - m2), p = expf(s - m2);  // corr = 0 at the first key (mx = −inf)
     sum = sum * corr + p;
-    const float* vj = a.v + j * kw + static_cast<int64_t>(g) * a.hd;
+    const float* vj = a.v + j * vw + static_cast<int64_t>(g) * dv;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) acc[e] = fmaf(p, vj[lane + 32 * e], acc[e] * corr);
+    for (int e = 0; e < kPer; ++e)
+      if (lane + 32 * e < dv) acc[e] = fmaf(p, vj[lane + 32 * e], acc[e] * corr);
     mx = m2;
   }
   const float inv = 1.0f / sum;
-  float* o = a.out + t * qw + static_cast<int64_t>(i) * a.hd;
+  float* o = a.out + t * ow + static_cast<int64_t>(i) * dv;
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) o[lane + 32 * e] = acc[e] * inv;
+  for (int e = 0; e < kPer; ++e)
+    if (lane + 32 * e < dv) o[lane + 32 * e] = acc[e] * inv;
 }
 
 }  // namespace
@@ -60,7 +68,7 @@ void causal_attention_f32(const CausalAttentionF32Args& a, cudaStream_t stream) 
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   MOESQ_CHECK(blocks <= 0x7fffffff, "causal_attention_f32: ", items, " (row, head) items exceed the grid");
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  switch (a.hd / 32) {  // elements per lane
+  switch ((std::max(a.hd, a.v_dim()) + 31) / 32) {  // elements per lane
     case 1: attention_kernel<1><<<grid, block, 0, stream>>>(a); break;
     case 2: attention_kernel<2><<<grid, block, 0, stream>>>(a); break;
     case 3: attention_kernel<3><<<grid, block, 0, stream>>>(a); break;

@@ -11,15 +11,17 @@ namespace moesq::ops {
 void causal_attention_f32_check(const CausalAttentionF32Args& a) {
   MOESQ_CHECK(a.n >= 0 && a.nh > 0 && a.nkv > 0 && a.nh % a.nkv == 0, "causal_attention_f32: bad shape n=", a.n,
               " nh=", a.nh, " nkv=", a.nkv);
-  MOESQ_CHECK(a.hd > 0 && a.hd % 32 == 0 && a.hd <= 256, "causal_attention_f32: head_dim ", a.hd,
-              " not supported (a multiple of 32, at most 256)");
+  MOESQ_CHECK(a.hd > 0 && a.hd <= 256 && a.hd_v >= 0 && a.hd_v <= 256, "causal_attention_f32: head_dim ", a.hd,
+              " / value head_dim ", a.v_dim(), " not supported (1 to 256)");
   MOESQ_CHECK(a.window >= 0, "causal_attention_f32: window ", a.window, " < 0");
   MOESQ_CHECK(a.n == 0 || (a.q && a.k && a.v && a.row_start && a.out), "causal_attention_f32: null pointer");
 }
 
 void causal_attention_f32_ref(const CausalAttentionF32Args& a) {
   causal_attention_f32_check(a);
+  const int dv = a.v_dim();
   const int64_t qw = static_cast<int64_t>(a.nh) * a.hd, kw = static_cast<int64_t>(a.nkv) * a.hd;
+  const int64_t ow = static_cast<int64_t>(a.nh) * dv, vw = static_cast<int64_t>(a.nkv) * dv;
   const int group = a.nh / a.nkv;
   std::vector<float> p;
   for (int64_t t = 0; t < a.n; ++t) {
@@ -42,12 +44,12 @@ void causal_attention_f32_ref(const CausalAttentionF32Args& a) {
       float sum = 0.0f;
       for (float& x : p) sum += (x = std::exp(x - mx));
       const float inv = 1.0f / sum;
-      float* o = a.out + t * qw + static_cast<int64_t>(i) * a.hd;
-      std::fill_n(o, a.hd, 0.0f);
+      float* o = a.out + t * ow + static_cast<int64_t>(i) * dv;
+      std::fill_n(o, dv, 0.0f);
       for (int64_t j = lo; j <= t; ++j) {
         const float w = p[static_cast<size_t>(j - lo)] * inv;
-        const float* vj = a.v + j * kw + g * a.hd;
-        for (int c = 0; c < a.hd; ++c) o[c] += w * vj[c];
+        const float* vj = a.v + j * vw + g * dv;
+        for (int c = 0; c < dv; ++c) o[c] += w * vj[c];
       }
     }
   }
