@@ -259,7 +259,10 @@ TEST(EngineOps, GemmBf16LargeMBitsEqualRowAlone) {
   };
   const Case cases[] = {{1, 300, 136, 2048, false, false, false, false}, {1, 300, 260, 264, true, false, true, false},
                         {1, 129, 128, 4096, true, true, false, false},   {2, 200, 72, 512, false, false, false, true},
-                        {1, 1000, 40, 96, false, true, false, false},    {1, 260, 520, 2048, true, false, true, false}};
+                        {1, 1000, 40, 96, false, true, false, false},    {3, 150, 520, 128, true, false, false, false},
+                        {1, 260, 520, 2048, true, false, true, false}};
+  // ({3, 150, 520, 128}: groups without counts, as the MLA block's per-head W_UKᵀ / W_UV GEMMs, which
+  // gemm_bf16 sends to the large-M path at ≥ 128 tiles.)
   // (bf16 output never accumulates, and split_ws takes no counts: gemm_bf16_check refuses both.)
   // The last case also runs with split_ws: the fixed K slices folded in registers, as the engine's
   // q|k|v and o_proj call it (vs the tile kernel's partials + split_reduce).
