@@ -91,6 +91,29 @@ std::string gpu_attention_refusal(const io::ModelSpec& s, const model::LayerWeig
   return why;
 }
 
+std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::ExpertWeights& W, int64_t H, int64_t I,
+                                       const std::vector<float>& X, int64_t n, int64_t max_rows) {
+  MOESQ_CHECK(dev.routed_experts, "the GPU layer device has no routed-expert path");
+  MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H, "plain MLP on the GPU: X holds ", X.size(), " values for ", n,
+              " rows of H = ", H);
+  const int64_t chunk = max_rows > 0 ? max_rows
+                                     : std::max<int64_t>(1, (int64_t{2} << 30) / static_cast<int64_t>(sizeof(float)) /
+                                                                (2 * I + 2 * H));
+  const std::vector<model::ExpertWeights> one = {W};
+  std::vector<float> y(static_cast<size_t>(n * H));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t m = std::min(chunk, n - r0);
+    model::Routes r;
+    r.n = m, r.k = 1;
+    r.expert.assign(static_cast<size_t>(m), 0);
+    r.weight.assign(static_cast<size_t>(m), 1.0f);
+    const std::vector<float> xs(X.begin() + r0 * H, X.begin() + (r0 + m) * H);
+    const std::vector<float> ys = dev.routed_experts(one, H, I, xs, r, 0);
+    std::copy(ys.begin(), ys.end(), y.begin() + r0 * H);
+  }
+  return y;
+}
+
 bool device_resident(const model::DecoderModel& m, const CompressOptions& opt) {
   if (!opt.layer_device || !opt.layer_device->make_states) return false;
   const io::ModelSpec& s = m.spec();
@@ -496,12 +519,19 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     if (dev) {  // device-resident: h += routed experts on the device; H_l comes back only to be hashed
       dev->propagate(m.layer(l).experts, spec.moe_intermediate_size, routes, act_block, kept);
       if (resumed || run.work) dev->download(st.h);
-    } else if (!moe) {
-      y = m.dense_mlp(l, X, st.n_total());
+    } else if (!moe) {  // a dense MLP layer (DeepSeek-V3 / Kimi-K2's first): on the GPU when there is one
+      y = opt.layer_device ? plain_mlp_on_device(*opt.layer_device, m.layer(l).dense_mlp, H, spec.intermediate_size, X,
+                                                 st.n_total())
+                           : m.dense_mlp(l, X, st.n_total());
     } else if (opt.layer_device) {
       y = opt.layer_device->routed_experts(m.layer(l).experts, H, spec.moe_intermediate_size, X, routes, act_block);
       if (!m.layer(l).shared_expert.gate.empty()) {  // routed + shared, as moe_block adds them
-        const std::vector<float> ys = m.shared_expert_forward(l, X, st.n_total());
+        const model::LayerWeights& L = m.layer(l);  // an ungated shared expert on the GPU too
+        const std::vector<float> ys =
+            L.shared_expert_gate.empty()
+                ? plain_mlp_on_device(*opt.layer_device, L.shared_expert, H, spec.shared_expert_intermediate_size, X,
+                                      st.n_total())
+                : m.shared_expert_forward(l, X, st.n_total());
         for (size_t i = 0; i < y.size(); ++i) y[i] += ys[i];
       }
     } else {

@@ -113,6 +113,14 @@ class DeviceStates {
   virtual void download(std::vector<std::vector<float>>& h) = 0;
 };
 
+// A plain SwiGLU MLP (a dense layer's, or a shared expert without a gate) on the GPU through
+// dev.routed_experts: every row of X [n, H] routed to the one expert W (gate/up [I, H], down [H, I]) with
+// weight 1 and no Q_a (act_block 0), in chunks of at most max_rows rows (0: as many as keep the device's
+// [rows, 2·I] intermediate near 2 GiB), in row order. Returns y [n, H] — model::DecoderModel::dense_mlp /
+// shared_expert_forward's values up to fp32 GEMM summation order (× 1 is exact). Errors: dev's.
+std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::ExpertWeights& W, int64_t H, int64_t I,
+                                       const std::vector<float>& X, int64_t n, int64_t max_rows = 0);
+
 // Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
 // "" when it can: the built-in GQA attention with a per-head q/k RMSNorm, no projection biases, plain
 // RMSNorm weights and head_dim a multiple of 64 up to 256 (sliding windows are fine); or multi-head

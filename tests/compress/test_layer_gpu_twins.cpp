@@ -483,3 +483,61 @@ TEST(LayerGpuTwins, MlaRefusalNamesWhatTheGpuPathLacks) {
   EXPECT_NE(why.find("its MLA projections have biases"), std::string::npos) << why;
   EXPECT_NE(why.find("v 300) pass 256"), std::string::npos) << why;
 }
+
+namespace {
+
+// A CPU stand-in for LayerDevice::routed_experts: Σ weight · SwiGLU expert (no Q_a), recording calls.
+struct RoutedCalls {
+  std::vector<int64_t> rows;
+  bool all_to_expert0_weight1 = true, no_quant = true;
+};
+RoutedCalls g_calls;
+std::vector<float> cpu_routed_experts(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
+                                      const std::vector<float>& X, const model::Routes& r, int act_block) {
+  g_calls.rows.push_back(r.n);
+  g_calls.no_quant = g_calls.no_quant && act_block == 0;
+  std::vector<float> y(static_cast<size_t>(r.n * H), 0.0f), g(I), u(I), o(H);
+  for (int64_t t = 0; t < r.n; ++t)
+    for (int64_t j = 0; j < r.k; ++j) {
+      const int32_t e = r.expert[t * r.k + j];
+      g_calls.all_to_expert0_weight1 = g_calls.all_to_expert0_weight1 && e == 0 && r.weight[t * r.k + j] == 1.0f;
+      const model::ExpertWeights& W = experts.at(static_cast<size_t>(e));
+      model::linear_ref(&X[t * H], 1, H, W.gate.data(), I, g.data());
+      model::linear_ref(&X[t * H], 1, H, W.up.data(), I, u.data());
+      for (int64_t i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      model::linear_ref(g.data(), 1, I, W.down.data(), H, o.data());
+      for (int64_t c = 0; c < H; ++c) y[t * H + c] += r.weight[t * r.k + j] * o[c];
+    }
+  return y;
+}
+
+}  // namespace
+
+// compress/pipeline.cpp plain_mlp_on_device (a dense layer's MLP or an ungated shared expert in the GPU
+// propagation): every row goes to the one expert with weight 1 and no Q_a, in row chunks, in order; the
+// result is the model's dense MLP (here the stand-in's plain loops against DecoderModel::dense_mlp).
+TEST(LayerGpuTwins, PlainMlpOnDeviceRoutesEveryRowToTheOneExpert) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel m(ckpt);
+  const io::ModelSpec& s = m.spec();
+  ASSERT_FALSE(s.is_moe_layer(0));
+  const int64_t H = s.hidden_size, n = 23;
+  const std::vector<float> X = random_vec(n * H, 77, 1.0f);
+  compress::LayerDevice dev;
+  dev.routed_experts = cpu_routed_experts;
+  g_calls = {};
+  const std::vector<float> y = compress::plain_mlp_on_device(dev, m.layer(0).dense_mlp, H, s.intermediate_size, X, n, 10);
+  EXPECT_EQ(g_calls.rows, (std::vector<int64_t>{10, 10, 3}));
+  EXPECT_TRUE(g_calls.all_to_expert0_weight1);
+  EXPECT_TRUE(g_calls.no_quant);
+  EXPECT_LE(rel_fro(y, m.dense_mlp(0, X, n)), kChainRelFro);
+  // The shared expert of an MoE layer (DeepSeek-V3 has no gate on it) the same way, one chunk.
+  g_calls = {};
+  const std::vector<float> ys =
+      compress::plain_mlp_on_device(dev, m.layer(1).shared_expert, H, s.shared_expert_intermediate_size, X, n);
+  EXPECT_EQ(g_calls.rows, (std::vector<int64_t>{n}));
+  EXPECT_LE(rel_fro(ys, m.shared_expert_forward(1, X, n)), kChainRelFro);
+  compress::LayerDevice none;
+  EXPECT_ERROR_CONTAINING(compress::plain_mlp_on_device(none, m.layer(0).dense_mlp, H, s.intermediate_size, X, n),
+                          "no routed-expert path");
+}

@@ -500,6 +500,26 @@ TEST(LayerDeviceCuda, MlaMoeInputsMatchTheCpuMixer) {
   EXPECT_TRUE(h_again == h_gpu);
 }
 
+// The propagation of a dense layer and of an ungated shared expert on the GPU (compress/pipeline.cpp
+// plain_mlp_on_device through routed_experts_cuda): the DeepSeek-V3 fixture's dense MLP (layer 0) and
+// shared expert (layer 1) against the CPU's, in row chunks and whole.
+TEST(LayerDeviceCuda, PlainMlpOnDeviceIsTheCpuMlp) {
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  const model::DecoderModel m(ckpt);
+  const io::ModelSpec& spec = m.spec();
+  const int64_t H = spec.hidden_size, n = 1000;
+  const std::vector<float> X = random_vec(n * H, 91, 1.0f);
+  const compress::LayerDevice& dev = *compress::layer_device_cuda();
+  for (const int64_t chunk : {int64_t{0}, int64_t{300}}) {
+    const std::vector<float> y = compress::plain_mlp_on_device(dev, m.layer(0).dense_mlp, H, spec.intermediate_size, X,
+                                                               n, chunk);
+    EXPECT_LE(rel_fro(y, m.dense_mlp(0, X, n)), kNoQuantRelFro) << "dense MLP, chunk " << chunk;
+    const std::vector<float> ys = compress::plain_mlp_on_device(dev, m.layer(1).shared_expert, H,
+                                                                spec.shared_expert_intermediate_size, X, n, chunk);
+    EXPECT_LE(rel_fro(ys, m.shared_expert_forward(1, X, n)), kNoQuantRelFro) << "shared expert, chunk " << chunk;
+  }
+}
+
 namespace {
 
 // A random two-layer qwen3_moe model (attention, router, experts) of the device-resident shapes.
