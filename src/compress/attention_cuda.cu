@@ -39,6 +39,18 @@ void sgemm_nt(Context& g, const float* A, int64_t m, int64_t K, const gpu::Split
 
 }  // namespace
 
+void chunk_rows(const std::vector<int64_t>& offset, size_t a, size_t b, std::vector<int32_t>& pos,
+                std::vector<int64_t>& start) {
+  const int64_t r0 = offset[a], n = offset[b] - r0;
+  pos.resize(static_cast<size_t>(n));
+  start.resize(static_cast<size_t>(n));
+  for (size_t i = a; i < b; ++i)
+    for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
+      pos[static_cast<size_t>(r - r0)] = static_cast<int32_t>(r - offset[i]);
+      start[static_cast<size_t>(r - r0)] = offset[i] - r0;
+    }
+}
+
 void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L, float* dh, float* dX,
                          const std::vector<int64_t>& offset) {
   if (const auto* mla = dynamic_cast<const model::MlaMixer*>(L.mixer.get()))
@@ -89,13 +101,9 @@ void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L
     float* k = g.k.get(static_cast<size_t>(n * kw));
     float* v = g.v.get(static_cast<size_t>(n * kw));
     float* attn = g.attn.get(static_cast<size_t>(n * qw));
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::vector<int64_t> start(static_cast<size_t>(n));  // chunk-local first row of each row's sequence
-    for (size_t i = a; i < b; ++i)
-      for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
-        pos[static_cast<size_t>(r - r0)] = static_cast<int32_t>(r - offset[i]);
-        start[static_cast<size_t>(r - r0)] = offset[i] - r0;
-      }
+    std::vector<int32_t> pos;
+    std::vector<int64_t> start;
+    chunk_rows(offset, a, b, pos, start);
     int32_t* dpos = g.pos.get(pos.size());
     int64_t* dstart = g.start.get(start.size());
     g.t.h2d(dpos, pos.data(), sizeof(int32_t) * pos.size());

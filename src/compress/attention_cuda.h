@@ -26,6 +26,12 @@ namespace moesq::compress {
 void attention_rows_cuda(const io::ModelSpec& spec, const model::LayerWeights& L, float* dh, float* dX,
                          const std::vector<int64_t>& offset);
 
+// The rows of sequences [a, b) of one pass (offset [S + 1]: each sequence's first row, packed): pos [n]
+// each row's position in its sequence, start [n] the chunk-local first row of its sequence (n =
+// offset[b] − offset[a]); shared by attention_rows_cuda and mla_rows_cuda.
+void chunk_rows(const std::vector<int64_t>& offset, size_t a, size_t b, std::vector<int32_t>& pos,
+                std::vector<int64_t>& start);
+
 // attention_rows_cuda for an MLA layer: rmsnorm (fp32) → [q_a | q_proj] GEMM → q_a RMSNorm (eps 1e-6) →
 // q_b GEMM; kv_a GEMM → ops::mla_split_rope_f32 (latent c, rotated k_pe and q rope dims) → latent
 // RMSNorm → kv_b GEMM → ops::mla_expand_kv_f32 (per-head keys [k_nope | k_pe], values) →

@@ -84,19 +84,15 @@ void mla_rows_cuda(const io::ModelSpec& spec, const model::MlaMixer& mla, const 
   // Floats per row of the pass's activations, to size the chunk.
   const int64_t row_floats = H + std::max<int64_t>(r_q, 0) + nh * dqk * 2 + (r_kv + rope) + r_kv + rope +
                              nh * (nope + dv) + nh * dv * 2;
-  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / sizeof(float)) / row_floats);
+  const int64_t max_rows = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / sizeof(float)) / row_floats);
   for (size_t a = 0; a < S;) {
-    size_t b = a + 1;  // sequences [a, b) of ≤ chunk_rows rows (a longer sequence alone)
-    while (b < S && offset[b + 1] - offset[a] <= chunk_rows) ++b;
+    size_t b = a + 1;  // sequences [a, b) of ≤ max_rows rows (a longer sequence alone)
+    while (b < S && offset[b + 1] - offset[a] <= max_rows) ++b;
     const int64_t r0 = offset[a], n = offset[b] - r0;
     float* h = dh + r0 * H;
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::vector<int64_t> start(static_cast<size_t>(n));  // chunk-local first row of each row's sequence
-    for (size_t i = a; i < b; ++i)
-      for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
-        pos[static_cast<size_t>(r - r0)] = static_cast<int32_t>(r - offset[i]);
-        start[static_cast<size_t>(r - r0)] = offset[i] - r0;
-      }
+    std::vector<int32_t> pos;
+    std::vector<int64_t> start;
+    chunk_rows(offset, a, b, pos, start);
     int32_t* dpos = g.pos.get(pos.size());
     int64_t* dstart = g.start.get(start.size());
     g.t.h2d(dpos, pos.data(), sizeof(int32_t) * pos.size());

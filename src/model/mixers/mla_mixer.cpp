@@ -1,6 +1,6 @@
-// The non-obvious decision: the MLA dims are not in io::ModelSpec (they are this family's alone), so
-// the loader re-reads them from the checkpoint's config.json through io/config_deepseek_v3.h — the
-// same parser that filled the ModelSpec, so the two views cannot disagree.
+// The non-obvious decision: the MLA dims come from io::ModelSpec::mla (mla_dims), and the loader reads
+// the rest of this family's config (biases, RoPE) from config.json through io/config_deepseek_v3.h —
+// the same parser that filled the ModelSpec, so the two views cannot disagree.
 #include "model/mixers/mla_mixer.h"
 
 #include "core/error.h"
@@ -72,16 +72,7 @@ std::vector<float> MlaMixer::decode(const float* x, int64_t T, MixerState& state
 
 std::unique_ptr<MlaMixer> load_mla_mixer(const io::Checkpoint& ckpt, int64_t layer) {
   const io::DeepseekV3Spec s = io::parse_deepseek_v3_config(ckpt.config(), ckpt.dir() + "/config.json");
-  MlaDims d;
-  d.hidden = s.hidden_size;
-  d.num_heads = s.num_heads;
-  d.q_lora_rank = s.q_lora_rank;
-  d.kv_lora_rank = s.kv_lora_rank;
-  d.qk_nope_head_dim = s.qk_nope_head_dim;
-  d.qk_rope_head_dim = s.qk_rope_head_dim;
-  d.v_head_dim = s.v_head_dim;
-  d.rope_interleave = s.rope_interleave;
-  d.softmax_scale = static_cast<float>(s.softmax_scale());
+  const MlaDims d = mla_dims(ckpt.spec());  // ModelSpec::mla: filled from s by the same parser
   const int64_t H = s.hidden_size, nh = s.num_heads, dqk = d.qk_head_dim();
   auto read = [&](const char* module, const char* suffix, std::vector<float>& dst, const std::vector<int64_t>& shape) {
     const std::string name = io::layer_tensor(layer, std::string(module) + suffix);
