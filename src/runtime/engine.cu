@@ -197,7 +197,7 @@ void Engine::Impl::activations() {
     attn.alloc(T * nv), attn_lo.alloc(T * nv);
     // Split-KV workspace for decode-sized calls (both paths give the same bits, ops/mla/mla.h), at
     // most kMlaSplitBytes: up to max_seqs tokens, fewer when max_len's key ranges make a row large
-    // (Kimi, 64 heads: 658 KB per token at max_len 4,352; 34 MB at 262,144).
+    // (Kimi, 64 heads, 256-key ranges: 2.2 MB per token at max_len 4,352, so 240 tokens; 135 MB at 262,144).
     constexpr size_t kMlaSplitBytes = size_t(512) << 20;
     const size_t row = ops::mla_attention_partial_floats(1, static_cast<int>(d.nh), static_cast<int>(d.r_kv),
                                                          ops::mla_attention_ranges(max_len));

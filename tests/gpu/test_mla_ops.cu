@@ -140,10 +140,10 @@ TEST(MlaOps, HeadsToRowsMatchesTwinBitwise) {
 }
 
 // Attention vs the twin on a paged cache of 3 slots, then each token's bits alone equal to its bits in
-// the mixed call (positions in 1–4 key ranges, slots in any order).
+// the mixed call (positions in 1–13 key ranges, slots in any order).
 TEST(MlaOps, AttentionMatchesTwinAndIsBatchInvariant) {
   for (const Shape& s : kShapes) {
-    // Three 1,024-key ranges (the split unit) and a partial fourth: positions in each.
+    // Twelve 256-key ranges (the split unit) and a partial thirteenth: positions at range edges and inside.
     const int64_t max_len = 3200, D = s.r_kv + s.rope, bps = ops::kv_blocks_per_slot(max_len), blocks = 3 * bps;
     const std::vector<uint16_t> cache = rand_bf16(blocks * ops::kKvBlockTokens * D, 5);
     std::vector<int32_t> table(3 * bps);

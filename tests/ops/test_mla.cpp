@@ -28,8 +28,8 @@ std::vector<float> random_rows(int64_t n, uint64_t seed) {
 
 }  // namespace
 
-// mla_attention's twin (64-key chunks merged into 1,024-key ranges, ranges merged in order) is the
-// softmax attention over the latent rows, computed directly in fp64, for positions across 3 ranges.
+// mla_attention's twin (64-key chunks merged into 256-key ranges, ranges merged in order) is the
+// softmax attention over the latent rows, computed directly in fp64, for positions in 1, 6 and 10 ranges.
 TEST(MlaOpsRef, AttentionTwinIsSoftmaxAttentionOverTheLatentRows) {
   constexpr double kRelTol = 2e-5;  // fp32 chunk sums and merges, bf16 hi + lo output (≈ 2^-16)
   const int nh = 3, r_kv = 32, rope = 16, D = r_kv + rope;
@@ -85,14 +85,14 @@ TEST(MlaOpsRef, ChecksNameWhatIsNotBuilt) {
   std::vector<uint16_t> cache(1), out(1);
   std::vector<int32_t> tok(1);
   a.r_kv = 32, a.q = q.data(), a.out = out.data(), a.kv.cache = cache.data(), a.kv.max_len = 2049;
-  a.tok_slot = tok.data(), a.tok_pos = tok.data(), a.partial = part.data(), a.partial_ranges = 2;
-  EXPECT_EQ(ops::mla_attention_ranges(2049), 3);
-  EXPECT_EQ(ops::mla_attention_ranges(2048), 2);
+  a.tok_slot = tok.data(), a.tok_pos = tok.data(), a.partial = part.data(), a.partial_ranges = 8;
+  EXPECT_EQ(ops::mla_attention_ranges(2049), 9);  // 256-key ranges
+  EXPECT_EQ(ops::mla_attention_ranges(2048), 8);
   try {
     ops::mla_attention_check(a);
-    ADD_FAILURE() << "accepted 2 key ranges for max_len 2049";
+    ADD_FAILURE() << "accepted 8 key ranges for max_len 2049";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("partial_ranges 2 < the 3 key ranges"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("partial_ranges 8 < the 9 key ranges"), std::string::npos) << e.what();
   }
   ops::MlaQArgs q_args;
   q_args.nh = 2, q_args.nope = 12, q_args.rope = 16, q_args.r_kv = 32, q_args.ldq = 56;

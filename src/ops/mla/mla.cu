@@ -1,6 +1,7 @@
 // MLA kernels (mla.h). mla_prep / mla_q: one warp per (token, part or head); mla_attention: one CTA
-// per (token, 8 query heads [, key range]), one warp per head, the token's keys in 64-key chunks staged
-// in shared memory; mla_heads_to_rows: one thread per output element. fp32 arithmetic with explicit rounding
+// per (token, 4 query heads [, key range]), the query rows in registers, the token's keys in 64-key
+// chunks staged in shared memory by cp.async, scores by keys over warps, softmax by a warp per head,
+// P·V by column slices over warps; mla_heads_to_rows: one thread per output element. fp32 arithmetic with explicit rounding
 // intrinsics where the twin replays it bitwise.
 #include <cuda_bf16.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 
 #include "core/cuda/check.cuh"
+#include "ops/gemm_bf16/cp_async.cuh"
 #include "ops/mla/mla.h"
 
 namespace moesq::ops {
@@ -116,50 +118,84 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// The shared memory of one attention CTA (mla_attention_smem_bytes): the 8 heads' query rows, their
-// scores / probabilities of one chunk, and the chunk's cache rows.
+// mla_attention's CTA: kMlaHeadsPerCta query heads, one warp each for the scores' softmax; every warp
+// takes a slice of ĉ's columns for P·V (the values are shared by all heads, so a warp reads each value
+// once for all its heads).
+constexpr int kAttnWarps = kMlaHeadsPerCta;
+constexpr int kMaxD32 = (kMlaMaxLatent + kMlaMaxRope + 31) / 32;  // query / key dims per lane
+constexpr int kMaxGroups = (kMaxVals + kAttnWarps - 1) / kAttnWarps;  // 32-column groups of ĉ per warp
+
+// The shared memory of one attention CTA (mla_attention_smem_bytes): the heads' scores / probabilities
+// of one chunk, their chunk statistics and the chunk's cache rows.
 struct AttnSmem {
-  float* q;      // [8, D]
-  float* p;      // [8, 64]
+  float* p;      // [heads, 64]
+  float* stat;   // [heads, 2]: the chunk's (max, Σ exp) per head
   uint16_t* kv;  // [64, D]
 };
 
-__device__ AttnSmem attn_smem(unsigned char* smem, int D) {
+__device__ AttnSmem attn_smem(unsigned char* smem) {
   AttnSmem s;
-  s.q = reinterpret_cast<float*>(smem);
-  s.p = s.q + kMlaHeadsPerCta * D;
-  s.kv = reinterpret_cast<uint16_t*>(s.p + kMlaHeadsPerCta * kKvBlockTokens);
+  s.p = reinterpret_cast<float*>(smem);
+  s.stat = s.p + kMlaHeadsPerCta * kKvBlockTokens;
+  s.kv = reinterpret_cast<uint16_t*>(s.stat + 2 * kMlaHeadsPerCta);
   return s;
 }
 
-// Stages the query rows of heads h0 .. h0+7 of token t (zeros past nh).
-__device__ void load_q(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t t, int h0, int D) {
-  for (int i = threadIdx.x; i < kMlaHeadsPerCta * D; i += blockDim.x) {
-    const int hh = h0 + i / D;
-    sm.q[i] = hh < a.nh ? a.q[(static_cast<int64_t>(hh) * a.T + t) * D + i % D] : 0.0f;
+// A thread's state: the query values of the CTA's heads at dims lane + 32i (registers; zeros past D and
+// past nh), and per head the running (max, Σ exp) and Σ exp·ĉ at its warp's columns 32·(warp + 4g) + lane.
+struct HeadsState {
+  float m[kMlaHeadsPerCta], l[kMlaHeadsPerCta], o[kMlaHeadsPerCta][kMaxGroups];
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+      m[hh] = -INFINITY, l[hh] = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kMaxGroups; ++g) o[hh][g] = 0.0f;
+    }
   }
+};
+
+__device__ __forceinline__ void load_q(const MlaAttentionArgs& a, int64_t t, int h0, int D,
+                                       float (&q)[kMlaHeadsPerCta][kMaxD32]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int hh = 0; hh < kMlaHeadsPerCta; ++hh)
+#pragma unroll
+    for (int i = 0; i < kMaxD32; ++i) {
+      const int d = lane + 32 * i;
+      q[hh][i] = h0 + hh < a.nh && d < D ? a.q[(static_cast<int64_t>(h0 + hh) * a.T + t) * D + d] : 0.0f;
+    }
 }
 
-// One chunk's partial for this warp's head: mc = max score, lc = Σ exp(s − mc), oc[i] = Σ exp(s − mc)·ĉ
-// at dims lane + 32i. THE one definition both paths (sequential and split-KV) run: same operations in
-// the same order, so a chunk's partial has the same bits in both. All threads of the CTA call it.
+// One chunk's partial per head: mc = max score, lc = Σ exp(s − mc), oc = Σ exp(s − mc)·ĉ at the warp's
+// columns. THE one definition both paths (sequential and split-KV) run: same operations in the same
+// order, so a chunk's partial has the same bits in both. Per (head, column) the arithmetic is the
+// twin's: score = butterfly of the lane fma chains over d ≡ lane (mod 32), scaled; p = exp(s − mc);
+// Σ p·ĉ an fma chain over the keys in order. All threads of the CTA call it.
 __device__ __forceinline__ void chunk_partial(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t slot, int64_t pos,
-                                              int64_t k0, int D, float& mc, float& lc, float (&oc)[kMaxVals]) {
+                                              int64_t k0, int D, const float (&q)[kMlaHeadsPerCta][kMaxD32],
+                                              HeadsState& c) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nv = a.r_kv / 32;
   const int nk = static_cast<int>(min(static_cast<int64_t>(kKvBlockTokens), pos + 1 - k0));
-  __syncthreads();  // q staged / the previous chunk's reads done
-  const uint4* src = reinterpret_cast<const uint4*>(a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D);
-  for (int i = threadIdx.x; i < nk * D / 8; i += blockDim.x) reinterpret_cast<uint4*>(sm.kv)[i] = src[i];
+  __syncthreads();  // the previous chunk's reads done
+  const uint16_t* src = a.kv.cache + kv_row(a.kv.block_table, a.kv.max_len, slot, k0) * D;
+  for (int i = threadIdx.x; i < nk * D / 8; i += blockDim.x) detail::cp_async16(sm.kv + 8 * i, src + 8 * i, true);
+  detail::cp_async_commit();
+  asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
-  // Scores: warp w takes keys w, w + 8, …, for all 8 heads of the CTA.
-  for (int j = warp; j < nk; j += kWarps) {
+  // Scores: warp w takes keys w, w + 4, …, for all heads of the CTA.
+  for (int j = warp; j < nk; j += kAttnWarps) {
     float acc[kMlaHeadsPerCta];
 #pragma unroll
     for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = 0.0f;
-    for (int d = lane; d < D; d += 32) {
-      const float k = from_bf16(sm.kv[j * D + d]);
 #pragma unroll
-      for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = fmaf(sm.q[hh * D + d], k, acc[hh]);
+    for (int i = 0; i < kMaxD32; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) {
+        const float k = from_bf16(sm.kv[j * D + d]);
+#pragma unroll
+        for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) acc[hh] = fmaf(q[hh][i], k, acc[hh]);
+      }
     }
 #pragma unroll
     for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
@@ -168,109 +204,137 @@ __device__ __forceinline__ void chunk_partial(const MlaAttentionArgs& a, const A
     }
   }
   __syncthreads();
-  // This warp's head: chunk max, probabilities, Σ p, then Σ p·ĉ.
-  float* p = sm.p + warp * kKvBlockTokens;
-  const float x0 = lane < nk ? p[lane] : -INFINITY, x1 = lane + 32 < nk ? p[lane + 32] : -INFINITY;
-  mc = warp_max(fmaxf(x0, x1));
-  const float p0 = lane < nk ? expf(__fsub_rn(x0, mc)) : 0.0f;
-  const float p1 = lane + 32 < nk ? expf(__fsub_rn(x1, mc)) : 0.0f;
-  lc = warp_sum(__fadd_rn(p0, p1));
-  __syncwarp();
-  if (lane < nk) p[lane] = p0;
-  if (lane + 32 < nk) p[lane + 32] = p1;
-  __syncwarp();
+  {  // warp w = head w: the chunk's max, probabilities and Σ p
+    float* p = sm.p + warp * kKvBlockTokens;
+    const float x0 = lane < nk ? p[lane] : -INFINITY, x1 = lane + 32 < nk ? p[lane + 32] : -INFINITY;
+    const float mc = warp_max(fmaxf(x0, x1));
+    const float p0 = lane < nk ? expf(__fsub_rn(x0, mc)) : 0.0f;
+    const float p1 = lane + 32 < nk ? expf(__fsub_rn(x1, mc)) : 0.0f;
+    const float lc = warp_sum(__fadd_rn(p0, p1));
+    __syncwarp();
+    if (lane < nk) p[lane] = p0;
+    if (lane + 32 < nk) p[lane + 32] = p1;
+    if (lane == 0) sm.stat[2 * warp] = mc, sm.stat[2 * warp + 1] = lc;
+  }
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) oc[i] = 0.0f;
+  for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+    c.m[hh] = sm.stat[2 * hh], c.l[hh] = sm.stat[2 * hh + 1];
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; ++g) c.o[hh][g] = 0.0f;
+  }
   for (int j = 0; j < nk; ++j) {
-    const float pj = p[j];
+    float pj[kMlaHeadsPerCta];
 #pragma unroll
-    for (int i = 0; i < kMaxVals; ++i)
-      if (i < nv) oc[i] = fmaf(pj, from_bf16(sm.kv[j * D + lane + 32 * i]), oc[i]);
+    for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) pj[hh] = sm.p[hh * kKvBlockTokens + j];
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; ++g) {
+      const int grp = warp + kAttnWarps * g;
+      if (grp < nv) {
+        const float v = from_bf16(sm.kv[j * D + 32 * grp + lane]);
+#pragma unroll
+        for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) c.o[hh][g] = fmaf(pj[hh], v, c.o[hh][g]);
+      }
+    }
   }
 }
 
-// Running state ← running state merged with a chunk's partial (ascending chunks; starts at −∞, 0, 0).
-__device__ __forceinline__ void merge(float& m, float& l, float (&o)[kMaxVals], float mc, float lc,
-                                      const float (&oc)[kMaxVals]) {
-  const float m_new = fmaxf(m, mc);
-  const float alpha = expf(__fsub_rn(m, m_new)), beta = expf(__fsub_rn(mc, m_new));
-  l = __fadd_rn(__fmul_rn(l, alpha), __fmul_rn(lc, beta));
+// Running state ← running state merged with a partial, per head (ascending order; starts at −∞, 0, 0).
+__device__ __forceinline__ void merge(HeadsState& s, const HeadsState& c) {
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), __fmul_rn(oc[i], beta));
-  m = m_new;
+  for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+    const float m_new = fmaxf(s.m[hh], c.m[hh]);
+    const float alpha = expf(__fsub_rn(s.m[hh], m_new)), beta = expf(__fsub_rn(c.m[hh], m_new));
+    s.l[hh] = __fadd_rn(__fmul_rn(s.l[hh], alpha), __fmul_rn(c.l[hh], beta));
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; ++g) s.o[hh][g] = __fadd_rn(__fmul_rn(s.o[hh][g], alpha), __fmul_rn(c.o[hh][g], beta));
+    s.m[hh] = m_new;
+  }
 }
 
-__device__ __forceinline__ void write_out(const MlaAttentionArgs& a, int64_t t, int h, float l, const float (&o)[kMaxVals]) {
-  const int lane = threadIdx.x % 32, nv = a.r_kv / 32;
-  const int64_t off = (static_cast<int64_t>(h) * a.T + t) * a.r_kv;
+__device__ __forceinline__ void write_out(const MlaAttentionArgs& a, int64_t t, int h0, const HeadsState& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nv = a.r_kv / 32;
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i)
-    if (i < nv)
-      store_hi_lo(__fdiv_rn(o[i], l), &a.out[off + lane + 32 * i], a.out_lo ? &a.out_lo[off + lane + 32 * i] : nullptr);
-}
-
-// Key range r of a token (positions [r · 1024, …] up to pos): its chunks' partials merged in ascending
-// order from (−∞, 0, 0) into (mr, lr, or_) — the one range function of both paths.
-__device__ __forceinline__ void range_partial(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t slot, int64_t pos,
-                                              int64_t r, int D, float& mr, float& lr, float (&or_)[kMaxVals]) {
-  mr = -INFINITY, lr = 0.0f;
+  for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+    if (h0 + hh >= a.nh) break;
+    const int64_t off = (static_cast<int64_t>(h0 + hh) * a.T + t) * a.r_kv;
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) or_[i] = 0.0f;
-  float mc, lc, oc[kMaxVals];
-  const int64_t k_end = min(pos + 1, (r + 1) * kMlaRangeChunks * kKvBlockTokens);
-  for (int64_t k0 = r * kMlaRangeChunks * kKvBlockTokens; k0 < k_end; k0 += kKvBlockTokens) {
-    chunk_partial(a, sm, slot, pos, k0, D, mc, lc, oc);
-    merge(mr, lr, or_, mc, lc, oc);
+    for (int g = 0; g < kMaxGroups; ++g) {
+      const int col = 32 * (warp + kAttnWarps * g) + lane;
+      if (col < 32 * nv)
+        store_hi_lo(__fdiv_rn(s.o[hh][g], s.l[hh]), &a.out[off + col], a.out_lo ? &a.out_lo[off + col] : nullptr);
+    }
   }
 }
 
 constexpr int64_t kRangeKeys = static_cast<int64_t>(kMlaRangeChunks) * kKvBlockTokens;
 
-// Sequential path: grid (T, ⌈nh / 8⌉), 256 threads; the CTA walks its token's ranges in order.
-__global__ void __launch_bounds__(kWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
+// Key range r of a token (positions [r · kRangeKeys, …] up to pos): its chunks' partials merged in
+// ascending order from (−∞, 0, 0) into rs — the one range function of both paths.
+__device__ __forceinline__ void range_partial(const MlaAttentionArgs& a, const AttnSmem& sm, int64_t slot, int64_t pos,
+                                              int64_t r, int D, const float (&q)[kMlaHeadsPerCta][kMaxD32],
+                                              HeadsState& rs) {
+  rs.reset();
+  HeadsState c;
+  const int64_t k_end = min(pos + 1, (r + 1) * kRangeKeys);
+  for (int64_t k0 = r * kRangeKeys; k0 < k_end; k0 += kKvBlockTokens) {
+    chunk_partial(a, sm, slot, pos, k0, D, q, c);
+    merge(rs, c);
+  }
+}
+
+// Sequential path: grid (T, ⌈nh / 4⌉), 128 threads; the CTA walks its token's ranges in order.
+__global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
-  const AttnSmem sm = attn_smem(smem, D);
+  const AttnSmem sm = attn_smem(smem);
   const int64_t t = blockIdx.x;
-  const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + threadIdx.x / 32;
+  const int h0 = blockIdx.y * kMlaHeadsPerCta;
   const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.kv.max_len) return;  // uniform over the CTA; the twin reports it
-  load_q(a, sm, t, h0, D);
-  float m = -INFINITY, l = 0.0f, o[kMaxVals], mr, lr, or_[kMaxVals];
-#pragma unroll
-  for (int i = 0; i < kMaxVals; ++i) o[i] = 0.0f;
+  float q[kMlaHeadsPerCta][kMaxD32];
+  load_q(a, t, h0, D, q);
+  HeadsState s, rs;
+  s.reset();
   for (int64_t r = 0; r * kRangeKeys <= pos; ++r) {
-    range_partial(a, sm, slot, pos, r, D, mr, lr, or_);
-    merge(m, l, o, mr, lr, or_);
+    range_partial(a, sm, slot, pos, r, D, q, rs);
+    merge(s, rs);
   }
-  if (h < a.nh) write_out(a, t, h, l, o);
+  write_out(a, t, h0, s);
 }
 
-// Split-KV path, step 1: grid (T, ⌈nh / 8⌉, partial_ranges); CTA z computes range z's partials
-// [mr, lr, or_[r_kv]] of its 8 heads into `partial` [T, nh, partial_ranges, r_kv + 2].
-__global__ void __launch_bounds__(kWarps * 32) mla_attention_split_kernel(MlaAttentionArgs a) {
+// Split-KV path, step 1: grid (T, ⌈nh / 4⌉, partial_ranges); CTA z computes range z's partials
+// [mr, lr, or_[r_kv]] of its heads into `partial` [T, nh, partial_ranges, r_kv + 2].
+__global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_split_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
-  const AttnSmem sm = attn_smem(smem, D);
+  const AttnSmem sm = attn_smem(smem);
   const int64_t t = blockIdx.x, r = blockIdx.z;
-  const int h0 = blockIdx.y * kMlaHeadsPerCta, h = h0 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = blockIdx.y * kMlaHeadsPerCta, warp = threadIdx.x / 32, lane = threadIdx.x % 32, nv = a.r_kv / 32;
   const int64_t slot = a.tok_slot[t], pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.kv.max_len || r * kRangeKeys > pos) return;  // uniform over the CTA
-  load_q(a, sm, t, h0, D);
-  float mr, lr, or_[kMaxVals];
-  range_partial(a, sm, slot, pos, r, D, mr, lr, or_);
-  if (h >= a.nh) return;
-  float* dst = a.partial + ((t * a.nh + h) * a.partial_ranges + r) * (a.r_kv + 2);
-  if (lane == 0) dst[0] = mr, dst[1] = lr;
+  float q[kMlaHeadsPerCta][kMaxD32];
+  load_q(a, t, h0, D, q);
+  HeadsState rs;
+  range_partial(a, sm, slot, pos, r, D, q, rs);
 #pragma unroll
-  for (int i = 0; i < kMaxVals; ++i)
-    if (i < a.r_kv / 32) dst[2 + lane + 32 * i] = or_[i];
+  for (int hh = 0; hh < kMlaHeadsPerCta; ++hh) {
+    if (h0 + hh >= a.nh) break;
+    float* dst = a.partial + ((t * a.nh + h0 + hh) * a.partial_ranges + r) * (a.r_kv + 2);
+    if (warp == 0 && lane == 0) dst[0] = rs.m[hh], dst[1] = rs.l[hh];
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; ++g) {
+      const int col = 32 * (warp + kAttnWarps * g) + lane;
+      if (col < 32 * nv) dst[2 + col] = rs.o[hh][g];
+    }
+  }
 }
 
-// Split-KV path, step 2: one warp per (token, head) merges the range partials in ascending order.
+// Split-KV path, step 2: one warp per (token, head) merges the range partials in ascending order
+// (columns lane + 32i; the same per-column arithmetic as merge(HeadsState&, …)).
 __global__ void __launch_bounds__(32) mla_attention_combine_kernel(MlaAttentionArgs a) {
   const int64_t t = blockIdx.x / a.nh;
-  const int h = static_cast<int>(blockIdx.x % a.nh), lane = threadIdx.x;
+  const int h = static_cast<int>(blockIdx.x % a.nh), lane = threadIdx.x, nv = a.r_kv / 32;
   const int64_t pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.kv.max_len) return;
   float m = -INFINITY, l = 0.0f, o[kMaxVals], or_[kMaxVals];
@@ -280,10 +344,20 @@ __global__ void __launch_bounds__(32) mla_attention_combine_kernel(MlaAttentionA
     const float* src = a.partial + ((t * a.nh + h) * a.partial_ranges + r) * (a.r_kv + 2);
 #pragma unroll
     for (int i = 0; i < kMaxVals; ++i)
-      if (i < a.r_kv / 32) or_[i] = src[2 + lane + 32 * i];
-    merge(m, l, o, src[0], src[1], or_);
+      if (i < nv) or_[i] = src[2 + lane + 32 * i];
+    const float mc = src[0], lc = src[1];
+    const float m_new = fmaxf(m, mc);
+    const float alpha = expf(__fsub_rn(m, m_new)), beta = expf(__fsub_rn(mc, m_new));
+    l = __fadd_rn(__fmul_rn(l, alpha), __fmul_rn(lc, beta));
+#pragma unroll
+    for (int i = 0; i < kMaxVals; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), __fmul_rn(or_[i], beta));
+    m = m_new;
   }
-  write_out(a, t, h, l, o);
+  const int64_t off = (static_cast<int64_t>(h) * a.T + t) * a.r_kv;
+#pragma unroll
+  for (int i = 0; i < kMaxVals; ++i)
+    if (i < nv)
+      store_hi_lo(__fdiv_rn(o[i], l), &a.out[off + lane + 32 * i], a.out_lo ? &a.out_lo[off + lane + 32 * i] : nullptr);
 }
 
 __global__ void mla_heads_to_rows_kernel(MlaHeadsToRowsArgs a) {
@@ -326,13 +400,13 @@ void mla_attention(const MlaAttentionArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(a.T <= 0x7fffffff, "mla_attention: ", a.T, " tokens too many for the grid");
   const unsigned groups = static_cast<unsigned>((a.nh + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta);
   if (!a.partial) {
-    mla_attention_kernel<<<dim3(static_cast<unsigned>(a.T), groups), kWarps * 32, smem, stream>>>(a);
+    mla_attention_kernel<<<dim3(static_cast<unsigned>(a.T), groups), kAttnWarps * 32, smem, stream>>>(a);
     MOESQ_CUDA_LAUNCH_CHECK("mla_attention_kernel");
     return;
   }
   MOESQ_CHECK(a.partial_ranges <= 65535, "mla_attention: ", a.partial_ranges, " key ranges too many for the split grid");
   mla_attention_split_kernel<<<dim3(static_cast<unsigned>(a.T), groups, static_cast<unsigned>(a.partial_ranges)),
-                               kWarps * 32, smem, stream>>>(a);
+                               kAttnWarps * 32, smem, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("mla_attention_split_kernel");
   mla_attention_combine_kernel<<<static_cast<unsigned>(a.T * a.nh), 32, 0, stream>>>(a);
   MOESQ_CUDA_LAUNCH_CHECK("mla_attention_combine_kernel");

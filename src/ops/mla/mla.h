@@ -27,10 +27,16 @@
 //    of kMlaRangeChunks; each chunk's (max, Σ exp, Σ exp·v) comes from ONE device function, merged by
 //    ONE merge function in ascending order into its range's partial, and the range partials merged in
 //    ascending order into the output — either all in the CTA that walks the token's keys (sequential
-//    path: a CTA per token and 8 heads) or with a CTA per range writing its partial and a combine
+//    path: a CTA per token and 4 heads) or with a CTA per range writing its partial and a combine
 //    kernel merging them (split-KV: decode, where T is small). Same operations in the same order, so
 //    the caller may pick the path by T; nothing depends on the batch, T or the other sequences. A
-//    range (not a chunk) is the split unit so that the workspace stays small at long max_len.
+//    range (not a chunk) is the split unit so that the workspace stays small at long max_len; 256 keys
+//    (not 1,024) and 4 heads per CTA (not 8) so that a decode token at 1–2k positions spreads over
+//    ≈ 80 CTAs (Kimi-K2.5, 64 heads) instead of 8–16 (session 19 measured 371 µs per layer there);
+//  - a CTA's query rows live in registers (18 dims per lane per head at D = 576) and each warp computes
+//    P·V for a slice of ĉ's columns for ALL the CTA's heads (the values are shared by the heads), so a
+//    value is read from shared memory once per CTA, not once per head. Which thread computes a
+//    (head, column) does not change its arithmetic: the bits stay the twin's.
 #pragma once
 #include <cstdint>
 
@@ -41,8 +47,8 @@ namespace moesq::ops {
 
 constexpr int kMlaMaxLatent = 512;  // r_kv (kv_lora_rank) built: a multiple of 32, at most this
 constexpr int kMlaMaxRope = 64;     // qk_rope_head_dim built: even, at most this
-constexpr int kMlaHeadsPerCta = 8;  // mla_attention: query heads per CTA (one warp each)
-constexpr int kMlaRangeChunks = 16; // mla_attention: 64-key chunks per key range (1,024 keys), the split-KV unit
+constexpr int kMlaHeadsPerCta = 4;  // mla_attention: query heads per CTA (4 warps)
+constexpr int kMlaRangeChunks = 4;  // mla_attention: 64-key chunks per key range (256 keys), the split-KV unit
 
 // Where a (slot, position) latent row lives: the KV layout of ops/attention/kv_layout.h with one
 // "head" of r_kv + rope values per token.
@@ -135,8 +141,8 @@ int64_t mla_attention_ranges(int64_t max_len);
 // Floats of the split-KV workspace: T · nh · ranges · (r_kv + 2).
 size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t ranges);
 
-// Dynamic shared memory of mla_attention for r_kv + rope = D: 8 query rows and 8 score rows in fp32,
-// one 64-key chunk of cache rows in bf16.
+// Dynamic shared memory of mla_attention for r_kv + rope = D: 4 score rows and 4 (max, Σ exp) pairs in
+// fp32, one 64-key chunk of cache rows in bf16.
 size_t mla_attention_smem_bytes(int r_kv, int rope);
 
 }  // namespace moesq::ops

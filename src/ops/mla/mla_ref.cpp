@@ -113,8 +113,7 @@ size_t mla_attention_partial_floats(int64_t T, int nh, int r_kv, int64_t ranges)
 
 size_t mla_attention_smem_bytes(int r_kv, int rope) {
   const size_t D = static_cast<size_t>(r_kv + rope);
-  return kMlaHeadsPerCta * D * sizeof(float) + kMlaHeadsPerCta * kKvBlockTokens * sizeof(float) +
-         kKvBlockTokens * D * sizeof(uint16_t);
+  return (kMlaHeadsPerCta * kKvBlockTokens + 2 * kMlaHeadsPerCta) * sizeof(float) + kKvBlockTokens * D * sizeof(uint16_t);
 }
 
 void mla_prep_ref(const MlaPrepArgs& a) {
