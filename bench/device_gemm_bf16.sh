@@ -16,6 +16,8 @@
 # first layer + one MoE layer of 384 experts, KIMI_CALIB × 128 calibration tokens, sgptq and moesq).
 #   KIMI_CALIB=256  KIMI_METHODS=sgptq,moesq  KIMI_TIMEOUT=330  MEMCHECK_LAYER=1
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
+#   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
+#   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
 #   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
@@ -33,6 +35,15 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF -DMOES
   cmake --build "$B" -j16 --target moesq bench_gemm_bf16 $(has tests && echo $GPU_TESTS) $(has compress && echo test_layer_cuda) > "$W/build.log" 2>&1 ||
   { log "FAIL: build"; grep -E "error" "$W/build.log" | head -20 | tee -a "$S"; tail -20 "$W/build.log" >> "$S"; exit 1; }
 log "build $(( $(date +%s) - t0 )) s"
+# BASE_TAR (a tar of source files, relative to the repo root): the same-run baseline. A copy of the
+# tree with those files put back is built (moesq only) and every kimi run below runs with it first.
+BB=""
+if [ -n "${BASE_TAR:-}" ]; then
+  mkdir -p "$W/base" && tar -c --exclude='./build*' --exclude=./.git . | tar -x -C "$W/base" && tar -xf "$BASE_TAR" -C "$W/base" &&
+    cmake -S "$W/base" -B "$W/base/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESQ_PYTHON=OFF > "$W/cfg_base.log" 2>&1 &&
+    cmake --build "$W/base/build" -j16 --target moesq > "$W/build_base.log" 2>&1 && BB="$W/base/build/moesq"
+  log "baseline build ($BASE_TAR): ${BB:-FAILED} $(( $(date +%s) - t0 )) s"
+fi
 finish() { (cd "$W" && tar czf "$O/logs.tgz" *.log 2>/dev/null); log "total $(( $(date +%s) - t0 )) s"; }
 trap finish EXIT
 
@@ -49,6 +60,12 @@ if has tests; then
     filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
+  done
+  # RACECHECK="binary:gtest-filter …": compute-sanitizer racecheck (shared-memory hazards) of those tests.
+  for rc_spec in ${RACECHECK:-}; do
+    rb=${rc_spec%%:*}; rf=${rc_spec#*:}
+    timeout 300 compute-sanitizer --tool racecheck "$B/$rb" --gtest_filter="$rf" > "$W/racecheck.$rb.log" 2>&1
+    log "racecheck $rb ($rf): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$W/racecheck.$rb.log" | tail -1)"
   done
   log "tests $(( $(date +%s) - t0 )) s"
 fi
@@ -83,10 +100,13 @@ if has e2e; then
 fi
 
 if has kimi; then
-  for run in "bf16,sparse-w4a4 2" "sparse-w4a4 ${KIMI_LAYERS:-8}"; do
-    set -- $run
-    timeout 300 "$B/moesq" bench e2e --synthetic kimi-k2.5 --layers $2 --experts $1 --batch 1,64 --prompt-len 1024 --prefill-tokens 1024 \
-      --gen "${E2E_GEN:-64}" --deterministic on --json > "$O/e2e_kimi_$2.json" 2> "$O/e2e_kimi_$2.err"
-    log "bench e2e kimi-k2.5 layers $2 $1 rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_kimi_$2.err" | tee -a "$S"
+  for run in ${KIMI_RUNS:-"bf16,sparse-w4a4:2" "sparse-w4a4:${KIMI_LAYERS:-8}"}; do
+    ex=${run%%:*}; nl=${run##*:}
+    for bin in ${BB:+base:$BB} "new:$B/moesq"; do
+      tag=${bin%%:*}; exe=${bin#*:}
+      timeout 300 "$exe" bench e2e --synthetic kimi-k2.5 --layers $nl --experts $ex --batch "${KIMI_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 1024 \
+        --gen "${E2E_GEN:-64}" --deterministic on --json > "$O/e2e_kimi_${nl}_$tag.json" 2> "$O/e2e_kimi_${nl}_$tag.err"
+      log "bench e2e kimi-k2.5 layers $nl $ex ($tag) rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_kimi_${nl}_$tag.err" | tee -a "$S"
+    done
   done
 fi
