@@ -1,5 +1,5 @@
 // MLA kernels (mla.h). mla_prep / mla_q: one warp per (token, part or head); mla_attention: one CTA
-// per (token, 4 query heads [, key range]), the query rows in registers, the token's keys in 64-key
+// per (token, 4 query heads [, key range]) of 8 warps, the query rows in registers, the token's keys in 64-key
 // chunks staged in shared memory by cp.async, scores by keys over warps, softmax by a warp per head,
 // P·V by column slices over warps; mla_heads_to_rows: one thread per output element. fp32 arithmetic with explicit rounding
 // intrinsics where the twin replays it bitwise.
@@ -118,10 +118,10 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// mla_attention's CTA: kMlaHeadsPerCta query heads, one warp each for the scores' softmax; every warp
-// takes a slice of ĉ's columns for P·V (the values are shared by all heads, so a warp reads each value
-// once for all its heads).
-constexpr int kAttnWarps = kMlaHeadsPerCta;
+// mla_attention's CTA: kMlaHeadsPerCta (4) query heads and 8 warps. Every warp takes keys for the
+// scores; the first 4 one head each for the softmax; every warp a slice of ĉ's columns for P·V (the
+// values are shared by all heads, so a warp reads each value once for all the CTA's heads).
+constexpr int kAttnWarps = 2 * kMlaHeadsPerCta;  // 8: scores by keys over all, softmax by the first 4
 constexpr int kMaxD32 = (kMlaMaxLatent + kMlaMaxRope + 31) / 32;  // query / key dims per lane
 constexpr int kMaxGroups = (kMaxVals + kAttnWarps - 1) / kAttnWarps;  // 32-column groups of ĉ per warp
 
@@ -142,7 +142,7 @@ __device__ AttnSmem attn_smem(unsigned char* smem) {
 }
 
 // A thread's state: the query values of the CTA's heads at dims lane + 32i (registers; zeros past D and
-// past nh), and per head the running (max, Σ exp) and Σ exp·ĉ at its warp's columns 32·(warp + 4g) + lane.
+// past nh), and per head the running (max, Σ exp) and Σ exp·ĉ at its warp's columns 32·(warp + 8g) + lane.
 struct HeadsState {
   float m[kMlaHeadsPerCta], l[kMlaHeadsPerCta], o[kMlaHeadsPerCta][kMaxGroups];
   __device__ __forceinline__ void reset() {
@@ -183,7 +183,7 @@ __device__ __forceinline__ void chunk_partial(const MlaAttentionArgs& a, const A
   detail::cp_async_commit();
   asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
-  // Scores: warp w takes keys w, w + 4, …, for all heads of the CTA.
+  // Scores: warp w takes keys w, w + 8, …, for all heads of the CTA.
   for (int j = warp; j < nk; j += kAttnWarps) {
     float acc[kMlaHeadsPerCta];
 #pragma unroll
@@ -204,7 +204,7 @@ __device__ __forceinline__ void chunk_partial(const MlaAttentionArgs& a, const A
     }
   }
   __syncthreads();
-  {  // warp w = head w: the chunk's max, probabilities and Σ p
+  if (warp < kMlaHeadsPerCta) {  // warp w = head w: the chunk's max, probabilities and Σ p
     float* p = sm.p + warp * kKvBlockTokens;
     const float x0 = lane < nk ? p[lane] : -INFINITY, x1 = lane + 32 < nk ? p[lane + 32] : -INFINITY;
     const float mc = warp_max(fmaxf(x0, x1));
@@ -283,8 +283,8 @@ __device__ __forceinline__ void range_partial(const MlaAttentionArgs& a, const A
   }
 }
 
-// Sequential path: grid (T, ⌈nh / 4⌉), 128 threads; the CTA walks its token's ranges in order.
-__global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(MlaAttentionArgs a) {
+// Sequential path: grid (T, ⌈nh / 4⌉), 256 threads; the CTA walks its token's ranges in order.
+__global__ void __launch_bounds__(kAttnWarps * 32, 2) mla_attention_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
   const AttnSmem sm = attn_smem(smem);
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(MlaAtten
 
 // Split-KV path, step 1: grid (T, ⌈nh / 4⌉, partial_ranges); CTA z computes range z's partials
 // [mr, lr, or_[r_kv]] of its heads into `partial` [T, nh, partial_ranges, r_kv + 2].
-__global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_split_kernel(MlaAttentionArgs a) {
+__global__ void __launch_bounds__(kAttnWarps * 32, 2) mla_attention_split_kernel(MlaAttentionArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.r_kv + a.rope;
   const AttnSmem sm = attn_smem(smem);
