@@ -372,7 +372,8 @@ TEST(EngineOps, QkRopeBitwise) {
 
 // Runs the prefill path (tiles) and the split-KV path on the same tokens: both against the twin
 // (tolerance on hi + lo), and against each other BITWISE (the decode = prefill contract).
-void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint64_t seed) {
+void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint64_t seed, int64_t window = 0,
+                     bool with_sinks = false) {
   const int slots = static_cast<int>(lens.size());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end()) + 3;
   std::vector<int32_t> slot, pos;  // every slot's full causal prefill, slots interleaved in blocks
@@ -390,9 +391,12 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   DevBuf<float> dq(q), dpart(moesq::ops::attention_partial_floats(T, nh, hd, max_len));
   DevBuf<uint16_t> dk(kc), dv(vc), dout(T * nh * hd), dlo(T * nh * hd), dout2(T * nh * hd), dlo2(T * nh * hd);
   DevBuf<int32_t> dslot(slot), dpos(pos), dtiles(tiles);
+  const std::vector<float> sinks = rand_f32(nh, seed + 3, 2.0f);
+  DevBuf<float> dsinks(sinks);
   moesq::ops::AttentionArgs a;
   a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p, a.out_lo = dlo.p;
   a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
+  a.window = window, a.sinks = with_sinks ? dsinks.p : nullptr;
   a.tiles = dtiles.p, a.n_tiles = static_cast<int64_t>(tiles.size() / 2);
   moesq::ops::attention(a, nullptr);
   a.tiles = nullptr, a.n_tiles = 0, a.partial = dpart.p, a.out = dout2.p, a.out_lo = dlo2.p;
@@ -406,7 +410,7 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   std::vector<uint16_t> ro(T * nh * hd), rlo(T * nh * hd);
   moesq::ops::AttentionArgs r = a;
   r.q = q.data(), r.k_cache = kc.data(), r.v_cache = vc.data(), r.tok_slot = slot.data(), r.tok_pos = pos.data();
-  r.out = ro.data(), r.out_lo = rlo.data(), r.partial = nullptr;
+  r.out = ro.data(), r.out_lo = rlo.data(), r.partial = nullptr, r.sinks = with_sinks ? sinks.data() : nullptr;
   moesq::ops::attention_ref(r);
   const auto go = dout.download(), gl = dlo.download(), so = dout2.download(), sl = dlo2.download();
   const auto oo = dout3.download(), ol = dlo3.download();
@@ -425,8 +429,8 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
     ASSERT_EQ(ol[i], sl[(T - 1) * nh * hd + i]) << "token alone vs in batch (lo), elem " << i;
   }
   EXPECT_LE(worst, 1.0) << "hd=" << hd << " nh=" << nh << " nkv=" << nkv << " (error / tolerance)";
-  // Position 0 attends to exactly one key: the output is that key's v row, exactly.
-  for (int h = 0; h < nh; ++h)
+  // Position 0 attends to exactly one key: the output is that key's v row, exactly (without a sink).
+  for (int h = 0; h < nh && !with_sinks; ++h)
     for (int c = 0; c < hd; ++c)
       EXPECT_EQ(go[h * hd + c], vc[(h / (nh / nkv)) * hd + c]) << "single-key case, head " << h << " elem " << c;
 }
@@ -437,6 +441,16 @@ TEST(EngineOps, AttentionPrefillSplitAndRef) {
   check_attention(128, 32, 4, {200, 1, 129, 64}, 12);
   check_attention(128, 16, 1, {70, 3}, 13);
   check_attention(64, 8, 8, {33, 97}, 14);
+}
+
+// gpt-oss's sliding-window layers and attention sinks: both paths against the twin and against each
+// other bitwise; windows equal to, below and not a multiple of the 64-key chunk, prompts past them.
+TEST(EngineOps, AttentionSlidingWindowAndSinks) {
+  check_attention(64, 4, 2, {1, 64, 65, 130, 300}, 21, 64, true);   // the tiny gpt-oss shape (window 64)
+  check_attention(64, 4, 2, {200, 7}, 22, 100, false);
+  check_attention(64, 4, 2, {200, 7}, 23, 0, true);                 // sinks on a full-attention layer
+  check_attention(64, 64, 8, {700, 129}, 24, 128, true);            // gpt-oss-120b: 64 heads, 8 kv, window 128
+  check_attention(32, 4, 4, {90}, 25, 1, false);                    // a window of one key
 }
 
 // Decode rows whose sequences live in slots {3, 1, 0} of a 4-slot cache (the engine's decode over

@@ -1,7 +1,7 @@
 // CPU tests of the attention twin (ops/attention): attention_ref's chunked softmax (64-key chunks
 // merged in order, the kernel's formula) against a plain two-pass fp64 softmax on fresh random inputs,
-// rows reading their keys through a non-identity slot table (slot_of_row = tok_slot), and the
-// prefill tiling rule of attention_tiles.
+// rows reading their keys through a non-identity slot table (slot_of_row = tok_slot), gpt-oss's
+// sliding window and attention sinks, and the prefill tiling rule of attention_tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,6 +62,69 @@ TEST(AttentionRef, ChunkedMergeEqualsPlainSoftmax) {
         ASSERT_NEAR(got, o, kRefVsExactTol * (1.0 + std::fabs(o))) << "token " << t << " head " << h << " elem " << c;
       }
     }
+}
+
+// gpt-oss's attention: a sliding window (row p sees keys p − window < j ≤ p) and one sink logit per
+// head in the softmax denominator — the twin's chunk skipping, masking and sink fold against a plain
+// fp64 softmax over [scores | sink]; windows that are and are not multiples of the 64-key chunk.
+TEST(AttentionRef, SlidingWindowAndSinksEqualPlainSoftmax) {
+  const int nh = 4, nkv = 2, hd = 32;
+  const std::vector<int32_t> slot = {0, 0, 0, 0, 0, 0}, pos = {0, 5, 63, 64, 130, 299};
+  const int64_t T = slot.size(), max_len = 300;
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> q(T * nh * hd), sinks(nh);
+  for (auto& x : q) x = 0.7f * d(g);
+  for (auto& x : sinks) x = 2.0f * d(g);
+  std::vector<uint16_t> kc(max_len * nkv * hd), vc(kc.size());
+  for (auto& x : kc) x = f32_to_bf16(d(g));
+  for (auto& x : vc) x = f32_to_bf16(d(g));
+  for (const int64_t window : {int64_t{0}, int64_t{64}, int64_t{100}, int64_t{1}})
+    for (const bool with_sinks : {false, true}) {
+      std::vector<uint16_t> out(T * nh * hd), lo(T * nh * hd);
+      ops::AttentionArgs a;
+      a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+      a.out = out.data(), a.out_lo = lo.data(), a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd)), a.window = window, a.sinks = with_sinks ? sinks.data() : nullptr;
+      ops::attention_ref(a);
+      for (int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < nh; ++h) {
+          const int kv = h / (nh / nkv);
+          const int64_t first = window > 0 ? std::max<int64_t>(0, pos[t] - window + 1) : 0;
+          std::vector<double> s;
+          double mx = with_sinks ? sinks[h] : -1e300;
+          for (int64_t j = first; j <= pos[t]; ++j) {
+            double dot = 0.0;
+            for (int c = 0; c < hd; ++c)
+              dot += static_cast<double>(q[(t * nh + h) * hd + c]) * bf16_to_f32(kc[(j * nkv + kv) * hd + c]);
+            s.push_back(dot * a.scale);
+            mx = std::max(mx, s.back());
+          }
+          double l = with_sinks ? std::exp(sinks[h] - mx) : 0.0;
+          for (auto& x : s) l += (x = std::exp(x - mx));
+          for (int c = 0; c < hd; ++c) {
+            double o = 0.0;
+            for (int64_t j = first; j <= pos[t]; ++j) o += s[j - first] * bf16_to_f32(vc[(j * nkv + kv) * hd + c]);
+            o /= l;
+            const size_t i = (t * nh + h) * hd + c;
+            const double got = static_cast<double>(bf16_to_f32(out[i])) + bf16_to_f32(lo[i]);
+            ASSERT_NEAR(got, o, kRefVsExactTol * (1.0 + std::fabs(o)))
+                << "window " << window << " sinks " << with_sinks << " token " << t << " head " << h << " elem " << c;
+          }
+        }
+    }
+  // A window of 1 without sinks is the key at the row's own position: its v row, exactly.
+  std::vector<uint16_t> out(T * nh * hd);
+  ops::AttentionArgs a;
+  a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.tok_slot = slot.data(), a.tok_pos = pos.data();
+  a.out = out.data(), a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 0.5f, a.window = 1;
+  ops::attention_ref(a);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nh; ++h)
+      for (int c = 0; c < hd; ++c)
+        ASSERT_EQ(out[(t * nh + h) * hd + c], vc[(pos[t] * nkv + h / (nh / nkv)) * hd + c]) << "token " << t;
+  a.window = -1;
+  EXPECT_THROW(ops::attention_check(a), Error);
 }
 
 // Decode rows whose sequences live in slots {3, 1} of a 4-slot cache give, bit for bit, what each

@@ -52,15 +52,29 @@ __device__ __forceinline__ void merge_weights(float& M, float& L, float m, float
 __device__ __forceinline__ float merge_value(float O, float o, float wa, float wb) {
   return __fmaf_rn(O, wa, __fmul_rn(o, wb));
 }
+// A row's attention sink joins its denominator after the last chunk: L ← L·wa + exp(sink − M'),
+// M' = max(M, sink); the caller scales O by the returned wa before the division. The one definition
+// both launch shapes use (the twin: the same formula with std::exp).
+__device__ __forceinline__ float fold_sink(float M, float& L, float sink) {
+  const float Mn = fmaxf(M, sink);
+  const float wa = __expf(__fsub_rn(M, Mn));
+  L = __fmaf_rn(L, wa, __expf(__fsub_rn(sink, Mn)));
+  return wa;
+}
+// The output value of a row: O / L, or (O·wa) / L after a sink fold.
+__device__ __forceinline__ float finish(float O, float L, bool sink, float wa) {
+  return sink ? __fdiv_rn(__fmul_rn(O, wa), L) : __fdiv_rn(O, L);
+}
 
 // One warp, one chunk: partial softmax state of its 16 rows over keys key0 .. key0 + 63 held in
 // sK/sV [64][HD + pad] (keys past the slot's valid range zero-filled). sQh/sQl: the warp's 16 rows,
-// bf16 hi/lo of q. pos[0/1]: positions of rows r0 / r0 + 8 (−1: padding row). Outputs per lane:
-// o [HD/8][4] (accumulator layout), m[2], l[2] of rows r0, r0 + 8.
+// bf16 hi/lo of q. pos[0/1]: positions of rows r0 / r0 + 8 (−1: padding row); lo[0/1]: their first
+// visible key (attention_first_key: 0, or the sliding window's start). Outputs per lane:
+// o [HD/8][4] (accumulator layout), m[2], l[2] of rows r0, r0 + 8 (l = 0: no visible key).
 template <int HD>
 __device__ __forceinline__ void chunk_partial(const uint16_t* sQh, const uint16_t* sQl, const uint16_t* sK,
-                                              const uint16_t* sV, int key0, const int pos[2], float scale,
-                                              float o[HD / 8][4], float m[2], float l[2]) {
+                                              const uint16_t* sV, int key0, const int pos[2], const int lo[2],
+                                              float scale, float o[HD / 8][4], float m[2], float l[2]) {
   constexpr int LD = HD + kPad, NT = kAttnChunk / 8;
   const int lane = threadIdx.x % 32, r = lane / 4, q4 = lane % 4;
   float s[NT][4];
@@ -93,7 +107,7 @@ __device__ __forceinline__ void chunk_partial(const uint16_t* sQh, const uint16_
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = key0 + nt * 8 + q4 * 2 + (i & 1);
-      const float v = key <= pos[i / 2] ? __fmul_rn(s[nt][i], scale) : -INFINITY;
+      const float v = key <= pos[i / 2] && key >= lo[i / 2] ? __fmul_rn(s[nt][i], scale) : -INFINITY;
       s[nt][i] = v;
       mx[i / 2] = fmaxf(mx[i / 2], v);
     }
@@ -197,7 +211,9 @@ __global__ void __launch_bounds__(32) attn_split_kernel(AttentionArgs a, int chu
   const int64_t t = blockIdx.z;
   const int pos = a.tok_pos[t];
   const int64_t slot = a.tok_slot[t];
-  if (pos < 0 || pos >= a.max_len || c * kAttnChunk > pos) return;
+  const int lo = static_cast<int>(attention_first_key(pos, a.window));
+  // Chunks wholly before the window are neither read nor written (the combine starts after them).
+  if (pos < 0 || pos >= a.max_len || c * kAttnChunk > pos || (c + 1) * kAttnChunk <= lo) return;
   const int lane = threadIdx.x;
   load_kv<HD>(a, slot, kv, c * kAttnChunk, pos, sK, sV, lane, 32);
   cp_async_commit();
@@ -205,9 +221,9 @@ __global__ void __launch_bounds__(32) attn_split_kernel(AttentionArgs a, int chu
   cp_async_wait<0>();
   __syncthreads();
   const int r0 = lane / 4, q4 = lane % 4;
-  const int pr[2] = {r0 < G ? pos : -1, r0 + 8 < G ? pos : -1};
+  const int pr[2] = {r0 < G ? pos : -1, r0 + 8 < G ? pos : -1}, plo[2] = {lo, lo};
   float o[HD / 8][4], m[2], l[2];
-  chunk_partial<HD>(sQh, sQl, sK, sV, c * kAttnChunk, pr, a.scale, o, m, l);
+  chunk_partial<HD>(sQh, sQl, sK, sV, c * kAttnChunk, pr, plo, a.scale, o, m, l);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int R = r0 + 8 * h;
@@ -226,17 +242,18 @@ __global__ void __launch_bounds__(HD) attn_combine_kernel(AttentionArgs a, int c
   const int64_t row = blockIdx.x, t = row / a.nh;
   const int pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.max_len) return;
-  const int e = threadIdx.x;
-  const float* p = a.partial + row * chunks * (HD + 2);
+  const int e = threadIdx.x, c0 = static_cast<int>(attention_first_key(pos, a.window) / kAttnChunk);
+  const float* p = a.partial + (row * chunks + c0) * (HD + 2);
   float M = -INFINITY, L = 0.0f, O = 0.0f;
-  for (int c = 0; c <= pos / kAttnChunk; ++c, p += HD + 2) {
+  for (int c = c0; c <= pos / kAttnChunk; ++c, p += HD + 2) {
     const float m = p[HD], l = p[HD + 1];
     if (l == 0.0f) continue;
     float wa, wb;
     merge_weights(M, L, m, l, wa, wb);
     O = merge_value(O, p[e], wa, wb);
   }
-  const float x = __fdiv_rn(O, L);
+  const float wa = a.sinks ? fold_sink(M, L, a.sinks[row % a.nh]) : 1.0f;
+  const float x = finish(O, L, a.sinks != nullptr, wa);
   const int64_t o = row * HD + e;
   a.out[o] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
   if (a.out_lo) a.out_lo[o] = __bfloat16_as_ushort(__float2bfloat16_rn(bf16_residue(x)));
@@ -260,22 +277,30 @@ __global__ void __launch_bounds__(128, 2) attn_prefill_kernel(AttentionArgs a) {
   if (pos0 < 0 || last >= a.max_len) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r0 = lane / 4, q4 = lane % 4;
   const int chunks = last / kAttnChunk + 1;
-  load_kv<HD>(a, slot, kv, 0, last, sKV, sKV + kAttnChunk * LD, tid, 128);
+  // The tile's first row sees the earliest key: chunks before its window start are not read.
+  const int c_first = static_cast<int>(attention_first_key(pos0, a.window) / kAttnChunk);
+  {
+    uint16_t* fb = sKV + (c_first & 1) * 2 * kAttnChunk * LD;
+    load_kv<HD>(a, slot, kv, c_first * kAttnChunk, last, fb, fb + kAttnChunk * LD, tid, 128);
+  }
   cp_async_commit();
   stage_q<HD>(a.q, sQh, sQl, ROWS, [&](int R) -> int64_t { return R / G < n ? (t0 + R / G) * a.nh + kv * G + R % G : -1; },
               tid, 128);
-  int pr[2];
+  int pr[2], plo[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int R = warp * kRows + r0 + 8 * h;
     pr[h] = R / G < n ? pos0 + R / G : -1;
+    plo[h] = pr[h] < 0 ? 0 : static_cast<int>(attention_first_key(pr[h], a.window));
   }
   const int warp_last = min(n - 1, (warp * kRows + kRows - 1) / G);  // the warp's last valid token
   const int warp_pos = warp * kRows / G < n ? pos0 + warp_last : -1;
+  // The warp's first row sees the warp's earliest key: chunks ending before it give l = 0 to every row.
+  const int warp_lo = warp_pos < 0 ? 0 : static_cast<int>(attention_first_key(pos0 + warp * kRows / G, a.window));
   float O[HD / 8][4], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int nt = 0; nt < HD / 8; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.0f;
-  for (int c = 0; c < chunks; ++c) {
+  for (int c = c_first; c < chunks; ++c) {
     if (c + 1 < chunks) {
       uint16_t* nb = sKV + ((c + 1) & 1) * 2 * kAttnChunk * LD;
       load_kv<HD>(a, slot, kv, (c + 1) * kAttnChunk, last, nb, nb + kAttnChunk * LD, tid, 128);
@@ -286,10 +311,10 @@ __global__ void __launch_bounds__(128, 2) attn_prefill_kernel(AttentionArgs a) {
     }
     __syncthreads();
     const uint16_t* sK = sKV + (c & 1) * 2 * kAttnChunk * LD;
-    if (c * kAttnChunk <= warp_pos) {  // warp-uniform: some row of the warp sees this chunk
+    if (c * kAttnChunk <= warp_pos && (c + 1) * kAttnChunk > warp_lo) {  // warp-uniform: some row sees this chunk
       float o[HD / 8][4], m[2], l[2];
       chunk_partial<HD>(sQh + warp * kRows * LD, sQl + warp * kRows * LD, sK, sK + kAttnChunk * LD, c * kAttnChunk, pr,
-                        a.scale, o, m, l);
+                        plo, a.scale, o, m, l);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (l[h] == 0.0f) continue;
@@ -309,9 +334,12 @@ __global__ void __launch_bounds__(128, 2) attn_prefill_kernel(AttentionArgs a) {
     const int R = warp * kRows + r0 + 8 * h;
     if (pr[h] < 0) continue;
     const int64_t out_row = (t0 + R / G) * a.nh + kv * G + R % G;
+    const float wa = a.sinks ? fold_sink(M[h], L[h], a.sinks[kv * G + R % G]) : 1.0f;
+    const bool sink = a.sinks != nullptr;
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt)
-      write_row_pair<HD>(a, out_row, nt * 8 + q4 * 2, __fdiv_rn(O[nt][2 * h], L[h]), __fdiv_rn(O[nt][2 * h + 1], L[h]));
+      write_row_pair<HD>(a, out_row, nt * 8 + q4 * 2, finish(O[nt][2 * h], L[h], sink, wa),
+                         finish(O[nt][2 * h + 1], L[h], sink, wa));
   }
 }
 

@@ -1,5 +1,6 @@
 // Launcher: causal GQA attention of query rows over the bf16 KV cache, prefill and decode alike:
-// token t (sequence slot s_t, position p_t) attends to keys 0..p_t of slot s_t, query head h reads
+// token t (sequence slot s_t, position p_t) attends to keys 0..p_t of slot s_t (p_t − window + 1 .. p_t
+// on a sliding-window layer; with optional per-head attention sinks), query head h reads
 // kv head h / (nh / nkv), scores · scale, fp32 softmax. Prefill appends all keys first (qk_rope),
 // so a causal prefill and a decode step attend over the same cache. Tensor cores: mma.sync
 // m16n8k16 bf16 → fp32; the fp32 q and the fp32 probabilities enter as bf16 hi + lo pairs (two MMAs),
@@ -52,6 +53,14 @@ struct AttentionArgs {
   int64_t n_tiles = 0;
   // Split-KV (decode) path: fp32 workspace of attention_partial_floats(T, nh, hd, max_len) values.
   float* partial = nullptr;
+  // Sliding window (gpt-oss's sliding_attention layers, model/mixers/attention.cpp): > 0: a row at
+  // position p sees keys j with p − j < window only; 0: all of 0..p. Chunks wholly before p − window + 1
+  // are not read; the chunks that are keep their absolute 64-key cut, so the contract above holds.
+  int64_t window = 0;
+  // Attention sinks (gpt-oss): [nh] fp32 learned logits, one per query head, each joining its rows'
+  // softmax denominator as exp(sink − m) without a value (HF's softmax over [scores | sink], sink column
+  // dropped). Folded after the last chunk by one function in both paths. nullptr: none.
+  const float* sinks = nullptr;
 };
 
 // Prefill (tiles given) or split-KV decode (partial given); exactly one of the two. Errors: shapes
@@ -60,6 +69,10 @@ void attention(const AttentionArgs& args, cudaStream_t stream);
 // Plain loops over host pointers, the same chunks and merge order in fp32 with std::exp.
 void attention_ref(const AttentionArgs& args);
 void attention_check(const AttentionArgs& args);
+// The first key a row at `pos` sees: pos − window + 1 on a sliding-window layer (window > 0), else 0.
+MOESQ_KV_HD inline int64_t attention_first_key(int64_t pos, int64_t window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
 // Floats of the split-KV workspace for T tokens: T · nh · ⌈max_len / kAttnChunk⌉ · (hd + 2).
 size_t attention_partial_floats(int64_t T, int nh, int hd, int64_t max_len);
 // Host: tiles of consecutive tokens of one slot with consecutive positions, at most

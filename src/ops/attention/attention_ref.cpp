@@ -1,6 +1,8 @@
 // CPU twin of ops::attention (attention.h): per (token, head), chunks of kAttnChunk keys by absolute
 // key index, each chunk's (max, Σ exp, Σ exp·v) in fp32, merged in ascending chunk order with the
-// kernel's merge formula. fp32 q (the kernel: bf16 hi + lo), std::exp (the kernel: __expf).
+// kernel's merge formula; a sliding window masks the keys before p − window + 1 (chunks wholly before
+// it skipped), a sink is folded into the denominator after the last chunk. fp32 q (the kernel: bf16
+// hi + lo), std::exp (the kernel: __expf).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -23,6 +25,7 @@ void attention_check(const AttentionArgs& a) {
               " query heads per kv head not built (built: 1, 2, 4, 8, 16)");
   MOESQ_CHECK(a.hd == 32 || a.hd == 64 || a.hd == 128, "attention: head_dim ", a.hd, " not built (built: 32, 64, 128)");
   MOESQ_CHECK(a.max_len > 0, "attention: max_len must be > 0");
+  MOESQ_CHECK(a.window >= 0, "attention: sliding window ", a.window, " must be >= 0 (0 = none)");
 }
 
 size_t attention_partial_floats(int64_t T, int nh, int hd, int64_t max_len) {
@@ -65,19 +68,26 @@ void attention_ref(const AttentionArgs& a) {
       const int kv = h / group;
       float M = -INFINITY, L = 0.0f;
       std::fill(O.begin(), O.end(), 0.0f);
-      for (int64_t c0 = 0; c0 <= pos; c0 += kAttnChunk) {
+      const int64_t lo = attention_first_key(pos, a.window);  // the first key the row sees
+      for (int64_t c0 = lo / kAttnChunk * kAttnChunk; c0 <= pos; c0 += kAttnChunk) {
         const int64_t n = std::min<int64_t>(kAttnChunk, pos + 1 - c0);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
+          if (c0 + j < lo) {  // before the window: masked
+            s[j] = -INFINITY;
+            continue;
+          }
           const uint16_t* k = a.k_cache + (kv_row(a.block_table, a.max_len, slot, c0 + j) * a.nkv + kv) * a.hd;
           float d = 0.0f;
           for (int c = 0; c < a.hd; ++c) d += q[c] * bf16_to_f32(k[c]);
           s[j] = d * a.scale;
           m = std::max(m, s[j]);
         }
+        if (m == -INFINITY) continue;  // no key of the chunk in the window (the kernels skip it too)
         float l = 0.0f;
         std::fill(oc.begin(), oc.end(), 0.0f);
         for (int64_t j = 0; j < n; ++j) {
+          if (c0 + j < lo) continue;
           const float p = std::exp(s[j] - m);
           l += p;
           const uint16_t* v = a.v_cache + (kv_row(a.block_table, a.max_len, slot, c0 + j) * a.nkv + kv) * a.hd;
@@ -90,8 +100,14 @@ void attention_ref(const AttentionArgs& a) {
         for (int c = 0; c < a.hd; ++c) O[c] = O[c] * wa + oc[c] * wb;
         M = Mn;
       }
+      float wa = 1.0f;  // the sink joins the denominator after the last chunk (the kernels' fold_sink)
+      if (a.sinks) {
+        const float sink = a.sinks[h], Mn = std::max(M, sink);
+        wa = std::exp(M - Mn);
+        L = L * wa + std::exp(sink - Mn);
+      }
       for (int c = 0; c < a.hd; ++c) {
-        const float o = O[c] / L;
+        const float o = a.sinks ? (O[c] * wa) / L : O[c] / L;
         a.out[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o);
         if (a.out_lo) a.out_lo[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o - bf16_to_f32(f32_to_bf16(o)));
       }
