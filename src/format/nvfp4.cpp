@@ -13,6 +13,7 @@
 #include "format/nvfp4.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -299,17 +300,27 @@ void sparse48_dequantize(const Sparse48Tensor& t, float* out) {
   check_scale_codes(t.scales, "paired 4:8 NVFP4 tensor");
   const int64_t N = t.N, K = t.K, G = K / kGroup;
   constexpr int kKeptPerBlock = kSparseScaleBlock / 2;
-  std::fill(out, out + N * K, 0.0f);
+  std::array<float, 256> dec{};  // the scale codes' values (all finite: checked above)
+  for (int c = 0; c < 256; ++c) dec[static_cast<size_t>(c)] = e4m3_decode(static_cast<uint8_t>(c));
+  // One pass: each group's 8 outputs (its 4 kept values, zeros elsewhere) written together — the
+  // compression's error stage dequantizes every expert it packs (session 20: ≈ 65 ms per 2,048 × 7,168
+  // tensor as a zero fill plus a scatter, on a worker thread per expert).
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* vals = t.values.data() + n * K / 4;
     const uint8_t* meta = t.meta.data() + n * K / 16;
     const uint8_t* scales = t.scales.data() + n * K / kSparseScaleBlock;
+    float* row = out + n * K;
     for (int64_t g = 0; g < G; ++g) {
       int pos[4];
       kept_positions(checked_pattern(meta, n, g), pos);
-      const float s = e4m3_decode(scales[g * 4 / kKeptPerBlock]);  // 4 kept values per group
-      for (int j = 0; j < 4; ++j)
-        out[n * K + g * kGroup + pos[j]] = dequant_value(get_nibble(vals, g * 4 + j), s, t.global_scale);
+      const float s = dec[scales[g * 4 / kKeptPerBlock]];  // 4 kept values per group
+      float v[kGroup] = {};
+      const uint8_t b0 = vals[g * 2], b1 = vals[g * 2 + 1];  // the group's 4 nibbles, low nibble first
+      v[pos[0]] = dequant_value(static_cast<uint8_t>(b0 & 0x0f), s, t.global_scale);
+      v[pos[1]] = dequant_value(static_cast<uint8_t>(b0 >> 4), s, t.global_scale);
+      v[pos[2]] = dequant_value(static_cast<uint8_t>(b1 & 0x0f), s, t.global_scale);
+      v[pos[3]] = dequant_value(static_cast<uint8_t>(b1 >> 4), s, t.global_scale);
+      std::memcpy(row + g * kGroup, v, sizeof(v));
     }
   }
 }
