@@ -298,7 +298,7 @@ class DeviceStatesCuda final : public DeviceStates {
     return Yq_.p;
   }
   void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r, int act_block,
-                 const std::vector<uint8_t>& kept) override {
+                 const std::vector<uint8_t>& kept, const model::ExpertWeights* shared, int64_t shared_I) override {
     const int64_t n = offset_.back();
     MOESQ_CHECK(r.n == n, "device states: routes of ", r.n, " rows for ", n, " states");
     MOESQ_CHECK(kept.empty() || (static_cast<int64_t>(kept.size()) == static_cast<int64_t>(experts.size()) && Yq_.p),
@@ -306,14 +306,26 @@ class DeviceStatesCuda final : public DeviceStates {
     if (n == 0) return;
     Context& g = context();
     reset_flag(g);
-    const float* dy = routed_experts_device(g, experts, H_, I, X_.p, r, act_block, kept.empty() ? nullptr : Yq_.p,
-                                            kept.empty() ? nullptr : kept.data());
-    // h += y (the CPU's order: the routed sum first, then the add), in pieces the int count holds.
-    const float one = 1.0f;
-    const int64_t total = n * H_, piece = int64_t{1} << 30;
-    for (int64_t o = 0; o < total; o += piece)
-      MOESQ_CUBLAS_CHECK(cublasSaxpy(g.t.blas, static_cast<int>(std::min(piece, total - o)), &one, dy + o, 1, h_.p + o, 1));
+    // The shared expert first, into Ys_ (routed_experts_device's output lives in the thread's scratch,
+    // which the routed call below reuses).
+    if (shared) plain_mlp_rows(g, *shared, shared_I, Ys_);
+    float* dy = routed_experts_device(g, experts, H_, I, X_.p, r, act_block, kept.empty() ? nullptr : Yq_.p,
+                                      kept.empty() ? nullptr : kept.data());
+    // y += shared (the host path's y[i] += ys[i]), then h += y (the CPU's order: the MLP part first,
+    // then the residual add), in pieces the int count holds. axpy with α = 1 is one rounded add.
+    if (shared) add_rows(g, Ys_.p, dy);
+    add_rows(g, dy, h_.p);
     MOESQ_CHECK(read_flag(g) == 0, kNonFiniteLayerOutput);
+  }
+  void propagate_mlp(const model::ExpertWeights& W, int64_t I) override {
+    const int64_t n = offset_.back();
+    if (n == 0) return;
+    Context& g = context();
+    reset_flag(g);
+    plain_mlp_rows(g, W, I, Ys_);
+    add_rows(g, Ys_.p, h_.p);
+    MOESQ_CHECK(read_flag(g) == 0, "the dense MLP layer's outputs hold a NaN or an infinity (its inputs or weights "
+                                   "are not finite)");
   }
   void download(std::vector<std::vector<float>>& h) override {
     MOESQ_CHECK(h.size() + 1 == offset_.size(), "device states: ", h.size(), " host sequences for ",
@@ -326,10 +338,35 @@ class DeviceStatesCuda final : public DeviceStates {
   }
 
  private:
+  // out [n, H] = the plain SwiGLU MLP W (gate/up [I, H], down [H, I]) on X, no Q_a: every row routed to
+  // the one expert with weight 1, in plain_mlp_chunk_rows chunks (plain_mlp_on_device's GEMM shapes).
+  void plain_mlp_rows(Context& g, const model::ExpertWeights& W, int64_t I, DevBuf<float>& out) {
+    const int64_t n = offset_.back(), chunk = plain_mlp_chunk_rows(H_, I);
+    if (out.n < static_cast<size_t>(n * H_)) out = DevBuf<float>(), out.alloc(static_cast<size_t>(n * H_));
+    const std::vector<model::ExpertWeights> one = {W};
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+      const int64_t m = std::min(chunk, n - r0);
+      model::Routes r;
+      r.n = m, r.k = 1;
+      r.expert.assign(static_cast<size_t>(m), 0);
+      r.weight.assign(static_cast<size_t>(m), 1.0f);
+      const float* y = routed_experts_device(g, one, H_, I, X_.p + r0 * H_, r, 0);
+      MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.p + r0 * H_, y, sizeof(float) * m * H_, cudaMemcpyDeviceToDevice, g.t.stream));
+    }
+  }
+  // y [n, H] += x [n, H] (cuBLAS axpy, α = 1), in pieces the int count holds.
+  void add_rows(Context& g, const float* x, float* y) {
+    const float one = 1.0f;
+    const int64_t total = offset_.back() * H_, piece = int64_t{1} << 30;
+    for (int64_t o = 0; o < total; o += piece)
+      MOESQ_CUBLAS_CHECK(cublasSaxpy(g.t.blas, static_cast<int>(std::min(piece, total - o)), &one, x + o, 1, y + o, 1));
+  }
+
   int64_t H_ = 0;
   std::vector<int64_t> offset_;  // [S + 1] first row of each sequence
   DevBuf<float> h_, X_;          // [n, H] each
   DevBuf<float> Yq_;             // [routes, H] the experts' W4A4 outputs (expert_outputs), or empty
+  DevBuf<float> Ys_;             // [n, H] a dense layer's or the shared expert's outputs, or empty
 };
 
 std::unique_ptr<DeviceStates> make_states_cuda() { return std::make_unique<DeviceStatesCuda>(); }

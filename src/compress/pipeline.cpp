@@ -96,9 +96,7 @@ std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::Expe
   MOESQ_CHECK(dev.routed_experts, "the GPU layer device has no routed-expert path");
   MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H, "plain MLP on the GPU: X holds ", X.size(), " values for ", n,
               " rows of H = ", H);
-  const int64_t chunk = max_rows > 0 ? max_rows
-                                     : std::max<int64_t>(1, (int64_t{2} << 30) / static_cast<int64_t>(sizeof(float)) /
-                                                                (2 * I + 2 * H));
+  const int64_t chunk = max_rows > 0 ? max_rows : plain_mlp_chunk_rows(H, I);
   const std::vector<model::ExpertWeights> one = {W};
   std::vector<float> y(static_cast<size_t>(n * H));
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
@@ -114,12 +112,18 @@ std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::Expe
   return y;
 }
 
+int64_t plain_mlp_chunk_rows(int64_t H, int64_t I) {
+  return std::max<int64_t>(1, (int64_t{2} << 30) / static_cast<int64_t>(sizeof(float)) / (2 * I + 2 * H));
+}
+
 bool device_resident(const model::DecoderModel& m, const CompressOptions& opt) {
   if (!opt.layer_device || !opt.layer_device->make_states) return false;
   const io::ModelSpec& s = m.spec();
-  if (s.num_shared_experts > 0) return false;
-  for (int64_t l = 0; l < s.num_layers; ++l)
-    if (!s.is_moe_layer(l) || !gpu_attention_refusal(s, m.layer(l)).empty()) return false;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (!gpu_attention_refusal(s, m.layer(l)).empty()) return false;
+    // A shared expert with a sigmoid gate (Qwen2-MoE) runs on the CPU: the states must come back.
+    if (s.is_moe_layer(l) && s.num_shared_experts > 0 && !m.layer(l).shared_expert_gate.empty()) return false;
+  }
   return true;
 }
 
@@ -516,8 +520,14 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     // H_{l+1} = Block_l(H_l) through the compressed (installed) layer, W4A4 (the shared expert, if
     // any, runs as stored: inside moe_block, or on the CPU after the GPU's routed experts).
     std::vector<float> y;
-    if (dev) {  // device-resident: h += routed experts on the device; H_l comes back only to be hashed
-      dev->propagate(m.layer(l).experts, spec.moe_intermediate_size, routes, act_block, kept);
+    if (dev) {  // device-resident: h += the layer's MLP part on the device; H_l comes back only to be hashed
+      const model::LayerWeights& LW = m.layer(l);
+      if (!moe)
+        dev->propagate_mlp(LW.dense_mlp, spec.intermediate_size);
+      else
+        dev->propagate(LW.experts, spec.moe_intermediate_size, routes, act_block, kept,
+                       LW.shared_expert.gate.empty() ? nullptr : &LW.shared_expert,
+                       spec.shared_expert_intermediate_size);
       if (resumed || run.work) dev->download(st.h);
     } else if (!moe) {  // a dense MLP layer (DeepSeek-V3 / Kimi-K2's first): on the GPU when there is one
       y = opt.layer_device ? plain_mlp_on_device(*opt.layer_device, m.layer(l).dense_mlp, H, spec.intermediate_size, X,

@@ -107,8 +107,15 @@ class DeviceStates {
   // h += the routed part of moe_block on X (LayerDevice::routed_experts' math) for the routes r. kept
   // ([E] or empty): kept[e] = 1 when expert e's outputs are already in expert_outputs' buffer (its
   // error stage wrote them); those are added as they are, the others computed here — the same bits.
+  // shared (or nullptr): an ungated shared expert (gate/up [shared_I, H], down [H, shared_I]) added to
+  // the routed sum before the residual, as moe_block and the host-state path add it (plain_mlp_on_device's
+  // row chunks, so the same GEMM shapes).
   virtual void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r,
-                         int act_block, const std::vector<uint8_t>& kept) = 0;
+                         int act_block, const std::vector<uint8_t>& kept, const model::ExpertWeights* shared = nullptr,
+                         int64_t shared_I = 0) = 0;
+  // h += a dense MLP layer's plain SwiGLU on X (W: gate/up [I, H], down [H, I]; no Q_a), in
+  // plain_mlp_on_device's row chunks (the host-state path's GEMM shapes).
+  virtual void propagate_mlp(const model::ExpertWeights& W, int64_t I) = 0;
   // H_l to the host, in upload's shape.
   virtual void download(std::vector<std::vector<float>>& h) = 0;
 };
@@ -120,6 +127,9 @@ class DeviceStates {
 // shared_expert_forward's values up to fp32 GEMM summation order (× 1 is exact). Errors: dev's.
 std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::ExpertWeights& W, int64_t H, int64_t I,
                                        const std::vector<float>& X, int64_t n, int64_t max_rows = 0);
+// plain_mlp_on_device's default chunk: the most rows whose [rows, 2·I + 2·H] fp32 device intermediate
+// stays near 2 GiB (≥ 1). DeviceStates::propagate_mlp cuts its rows the same way.
+int64_t plain_mlp_chunk_rows(int64_t H, int64_t I);
 
 // Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
 // "" when it can: the built-in GQA attention with a per-head q/k RMSNorm, no projection biases, plain

@@ -643,4 +643,53 @@ TEST(DeviceStatesCuda, CompressModelGivesTheSameExpertsWithAndWithout) {
                                "layer " + std::to_string(l) + " expert " + std::to_string(e) + " proj " + std::to_string(p));
 }
 
+// DeepSeek-V3 / Kimi-K2 layers on the device-resident path: multi-head latent attention, a dense first
+// layer (DeviceStates::propagate_mlp) and an ungated shared expert (propagate's shared) — the fixture
+// compressed with the states on the GPU and with them on the host gives the same packed experts in
+// every MoE layer (layer 2's inputs went through the dense layer 0 and layer 1's shared expert) and
+// the same SGPTQ reports.
+TEST(DeviceStatesCuda, DeepSeekFixtureSameExpertsWithAndWithout) {
+  compress::CalibSet calib;
+  std::mt19937_64 g(13);
+  for (const int64_t T : {48, 48, 17, 48, 3, 48})
+    calib.sequences.push_back(std::vector<int32_t>(T));
+  compress::LayerDevice host_states = *compress::layer_device_cuda();
+  host_states.make_states = nullptr;
+  std::vector<compress::CompressResult> results;
+  const std::vector<const compress::LayerDevice*> arms = {compress::layer_device_cuda(), &host_states};
+  for (const compress::LayerDevice* ld : arms) {
+    const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+    model::DecoderModel m(ckpt);
+    if (results.empty())
+      for (auto& sq : calib.sequences)
+        for (int32_t& t : sq) t = static_cast<int32_t>(g() % static_cast<uint64_t>(m.spec().vocab_size));
+    compress::CompressOptions opt;
+    opt.method = &compress::methods::kSgptq;
+    opt.device = compress::Device::kCuda;
+    opt.sgptq.device = compress::sgptq_expert_cuda;
+    opt.expert_device = compress::expert_device_cuda();
+    opt.layer_device = ld;
+    opt.threads = 2;
+    EXPECT_EQ(compress::device_resident(m, opt), ld == compress::layer_device_cuda());
+    results.push_back(compress::compress_model(m, calib, opt));
+  }
+  const auto& a = results[0].experts;
+  const auto& b = results[1].experts;
+  ASSERT_EQ(a.size(), b.size());
+  int64_t compared = 0;
+  for (size_t l = 0; l < a.size(); ++l)
+    for (size_t e = 0; e < a[l].size(); ++e)
+      for (int p = 0; p < 3; ++p) {
+        test::expect_same_bits(a[l][e].proj[p], b[l][e].proj[p],
+                               "layer " + std::to_string(l) + " expert " + std::to_string(e) + " proj " + std::to_string(p));
+        ++compared;
+      }
+  EXPECT_GT(compared, 0);
+  ASSERT_EQ(results[0].reports.size(), results[1].reports.size());
+  for (size_t i = 0; i < results[0].reports.size(); ++i) {  // NaN (an expert without rows) on both, or equal
+    const double x = results[0].reports[i].rel_error, y = results[1].reports[i].rel_error;
+    EXPECT_TRUE((std::isnan(x) && std::isnan(y)) || x == y) << "report " << i << ": " << x << " vs " << y;
+  }
+}
+
 int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }
