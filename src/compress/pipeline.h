@@ -153,9 +153,11 @@ struct CompressOptions {
 };
 
 // True when compress_model keeps the calibration states on the GPU for the whole run (DeviceStates):
-// opt.layer_device can make them, and every layer is an MoE layer without a shared expert whose
-// attention runs on the GPU (gpu_attention_refusal). Otherwise each layer's attention that can runs on
-// the GPU with host states (LayerDevice::moe_inputs), the rest on the CPU.
+// opt.layer_device can make them, every layer's attention runs on the GPU (gpu_attention_refusal) and
+// no MoE layer has a gated shared expert (Qwen2-MoE's runs on the CPU). Dense MLP layers and ungated
+// shared experts (DeepSeek-V3 / Kimi-K2) propagate on the device (DeviceStates::propagate_mlp,
+// propagate's shared). Otherwise each layer's attention that can runs on the GPU with host states
+// (LayerDevice::moe_inputs), the rest on the CPU.
 bool device_resident(const model::DecoderModel& m, const CompressOptions& opt);
 
 // What happened to one expert.
