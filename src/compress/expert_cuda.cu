@@ -346,11 +346,7 @@ class DeviceStatesCuda final : public DeviceStates {
     const std::vector<model::ExpertWeights> one = {W};
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t m = std::min(chunk, n - r0);
-      model::Routes r;
-      r.n = m, r.k = 1;
-      r.expert.assign(static_cast<size_t>(m), 0);
-      r.weight.assign(static_cast<size_t>(m), 1.0f);
-      const float* y = routed_experts_device(g, one, H_, I, X_.p + r0 * H_, r, 0);
+      const float* y = routed_experts_device(g, one, H_, I, X_.p + r0 * H_, one_expert_routes(m), 0);
       MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.p + r0 * H_, y, sizeof(float) * m * H_, cudaMemcpyDeviceToDevice, g.t.stream));
     }
   }

@@ -101,15 +101,19 @@ std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::Expe
   std::vector<float> y(static_cast<size_t>(n * H));
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t m = std::min(chunk, n - r0);
-    model::Routes r;
-    r.n = m, r.k = 1;
-    r.expert.assign(static_cast<size_t>(m), 0);
-    r.weight.assign(static_cast<size_t>(m), 1.0f);
     const std::vector<float> xs(X.begin() + r0 * H, X.begin() + (r0 + m) * H);
-    const std::vector<float> ys = dev.routed_experts(one, H, I, xs, r, 0);
+    const std::vector<float> ys = dev.routed_experts(one, H, I, xs, one_expert_routes(m), 0);
     std::copy(ys.begin(), ys.end(), y.begin() + r0 * H);
   }
   return y;
+}
+
+model::Routes one_expert_routes(int64_t m) {
+  model::Routes r;
+  r.n = m, r.k = 1;
+  r.expert.assign(static_cast<size_t>(m), 0);
+  r.weight.assign(static_cast<size_t>(m), 1.0f);
+  return r;
 }
 
 int64_t plain_mlp_chunk_rows(int64_t H, int64_t I) {

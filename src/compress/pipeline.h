@@ -130,6 +130,8 @@ std::vector<float> plain_mlp_on_device(const LayerDevice& dev, const model::Expe
 // plain_mlp_on_device's default chunk: the most rows whose [rows, 2·I + 2·H] fp32 device intermediate
 // stays near 2 GiB (≥ 1). DeviceStates::propagate_mlp cuts its rows the same way.
 int64_t plain_mlp_chunk_rows(int64_t H, int64_t I);
+// The routes of a plain MLP run as one expert: m rows, top-1, every row to expert 0 with weight 1.
+model::Routes one_expert_routes(int64_t m);
 
 // Why layer L's attention block cannot run on the GPU during compression (LayerDevice::moe_inputs),
 // "" when it can: the built-in GQA attention with a per-head q/k RMSNorm, no projection biases, plain

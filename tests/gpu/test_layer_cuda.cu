@@ -556,6 +556,30 @@ model::DecoderModel random_model(uint64_t seed) {
 
 }  // namespace
 
+// SGPTQ on the GPU of a fresh model from make(), twice: with the calibration states on the device
+// (device_resident must hold) and with them on the host (make_states removed, must not hold).
+template <typename MakeModel>
+std::vector<compress::CompressResult> sgptq_with_and_without_device_states(MakeModel make,
+                                                                            const compress::CalibSet& calib) {
+  compress::LayerDevice host_states = *compress::layer_device_cuda();
+  host_states.make_states = nullptr;
+  std::vector<compress::CompressResult> results;
+  const std::vector<const compress::LayerDevice*> arms = {compress::layer_device_cuda(), &host_states};
+  for (const compress::LayerDevice* ld : arms) {
+    model::DecoderModel m = make();
+    compress::CompressOptions opt;
+    opt.method = &compress::methods::kSgptq;
+    opt.device = compress::Device::kCuda;
+    opt.sgptq.device = compress::sgptq_expert_cuda;
+    opt.expert_device = compress::expert_device_cuda();
+    opt.layer_device = ld;
+    opt.threads = 2;
+    EXPECT_EQ(compress::device_resident(m, opt), ld == compress::layer_device_cuda());
+    results.push_back(compress::compress_model(m, calib, opt));
+  }
+  return results;
+}
+
 TEST(DeviceStatesCuda, SameBitsAsTheHostStatePath) {
   model::DecoderModel m = random_model(3);
   const io::ModelSpec& spec = m.spec();
@@ -617,22 +641,8 @@ TEST(DeviceStatesCuda, CompressModelGivesTheSameExpertsWithAndWithout) {
     calib.sequences.push_back(std::vector<int32_t>(T));
   for (auto& sq : calib.sequences)
     for (int32_t& t : sq) t = static_cast<int32_t>(g() % 64);
-  compress::LayerDevice host_states = *compress::layer_device_cuda();
-  host_states.make_states = nullptr;
-  std::vector<compress::CompressResult> results;
-  const std::vector<const compress::LayerDevice*> arms = {compress::layer_device_cuda(), &host_states};
-  for (const compress::LayerDevice* ld : arms) {
-    model::DecoderModel m = random_model(5);
-    compress::CompressOptions opt;
-    opt.method = &compress::methods::kSgptq;
-    opt.device = compress::Device::kCuda;
-    opt.sgptq.device = compress::sgptq_expert_cuda;
-    opt.expert_device = compress::expert_device_cuda();
-    opt.layer_device = ld;
-    opt.threads = 2;
-    EXPECT_EQ(compress::device_resident(m, opt), ld == compress::layer_device_cuda());
-    results.push_back(compress::compress_model(m, calib, opt));
-  }
+  const std::vector<compress::CompressResult> results =
+      sgptq_with_and_without_device_states([] { return random_model(5); }, calib);
   const auto& a = results[0].experts;
   const auto& b = results[1].experts;
   ASSERT_EQ(a.size(), b.size());
@@ -653,26 +663,11 @@ TEST(DeviceStatesCuda, DeepSeekFixtureSameExpertsWithAndWithout) {
   std::mt19937_64 g(13);
   for (const int64_t T : {48, 48, 17, 48, 3, 48})
     calib.sequences.push_back(std::vector<int32_t>(T));
-  compress::LayerDevice host_states = *compress::layer_device_cuda();
-  host_states.make_states = nullptr;
-  std::vector<compress::CompressResult> results;
-  const std::vector<const compress::LayerDevice*> arms = {compress::layer_device_cuda(), &host_states};
-  for (const compress::LayerDevice* ld : arms) {
-    const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
-    model::DecoderModel m(ckpt);
-    if (results.empty())
-      for (auto& sq : calib.sequences)
-        for (int32_t& t : sq) t = static_cast<int32_t>(g() % static_cast<uint64_t>(m.spec().vocab_size));
-    compress::CompressOptions opt;
-    opt.method = &compress::methods::kSgptq;
-    opt.device = compress::Device::kCuda;
-    opt.sgptq.device = compress::sgptq_expert_cuda;
-    opt.expert_device = compress::expert_device_cuda();
-    opt.layer_device = ld;
-    opt.threads = 2;
-    EXPECT_EQ(compress::device_resident(m, opt), ld == compress::layer_device_cuda());
-    results.push_back(compress::compress_model(m, calib, opt));
-  }
+  const io::Checkpoint ckpt(std::string(MOESQ_FIXTURES) + "/families/tiny-deepseek-v3");
+  for (auto& sq : calib.sequences)
+    for (int32_t& t : sq) t = static_cast<int32_t>(g() % static_cast<uint64_t>(ckpt.spec().vocab_size));
+  const std::vector<compress::CompressResult> results =
+      sgptq_with_and_without_device_states([&] { return model::DecoderModel(ckpt); }, calib);
   const auto& a = results[0].experts;
   const auto& b = results[1].experts;
   ASSERT_EQ(a.size(), b.size());
