@@ -158,7 +158,7 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   const auto t_calib = std::chrono::steady_clock::now();
   // Data-free calibration samples from the whole model: every layer's experts are read for it (the
   // whole model in host memory while sampling), then freed again.
-  const bool sample = args->flags.calib.empty();
+  const bool sample = args->flags.calib.empty() || args->flags.calib_sampled > 0;
   for (int64_t l = 0; sample && l < m.spec().num_layers; ++l) m.load_experts(l);
   const compress::CalibSet calib = args->flags.calibration(m, args->dir);
   for (int64_t l = 0; sample && l < m.spec().num_layers; ++l) m.release_experts(l);

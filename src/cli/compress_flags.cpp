@@ -38,6 +38,11 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
     cmd->add_option("--calib-split", f.calib_split,
                     "part of each calibration text file to use: all | train (first 98 %) | heldout (last 2 %)")
         ->check(CLI::IsMember({"all", "train", "heldout"}));
+    cmd->add_option("--calib-sampled", f.calib_sampled,
+                    "with --calib: N more sequences of --seq-len sampled from the model itself (as data-free\n"
+                    "calibration does) added to the files' --calib-samples, a mixed calibration. 0 = none")
+        ->check(kNonNegative)
+        ->capture_default_str();
   }
   cmd->add_option("--calib-samples", f.calib_samples,
                   "number of calibration sequences (fewer available in the --calib files: a WARNING, an error with --strict)")
@@ -54,6 +59,7 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
   f.update = r.update_A ? "AV" : "V";
   f.schedule_scope = r.rule_per_expert ? "expert" : "layer";
   f.select_epoch = r.restore_best ? "best" : "last";
+  f.targets = r.original_targets ? "original" : "compressed";
   auto* g = cmd->add_option_group("refinement (--method moesq)");
   f.refine_group = g;
   g->add_option("--objective", f.objective, "router (p = 2, Eq. 4) | uniform (p = 0 ablation)")
@@ -65,6 +71,12 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                      ->check(CLI::Range(0, 100000));
   f.lr_a_opt = g->add_option("--lr-a", r.lr_A, "Lion learning rate of the pattern logits A" + by_rule)->check(kNonNegative);
   f.lr_v_opt = g->add_option("--lr-v", r.lr_V, "Lion learning rate of the latent weights V" + by_rule)->check(kNonNegative);
+  g->add_option("--lr-a-scale", r.rule_lr_A_scale, "multiplier of the rule's lr_A (not of an explicit --lr-a)")
+      ->check(kPositive)
+      ->capture_default_str();
+  g->add_option("--lr-v-scale", r.rule_lr_V_scale, "multiplier of the rule's lr_V (not of an explicit --lr-v)")
+      ->check(kPositive)
+      ->capture_default_str();
   g->add_option("--schedule-scope", f.schedule_scope,
                 "rows the schedule rule uses: expert (each expert's own) | layer (the layer's mean per expert)")
       ->check(CLI::IsMember({"expert", "layer"}));
@@ -72,6 +84,12 @@ void add_compress_flags(CLI::App* cmd, CompressFlags& f, bool with_calib_files) 
                 "state packed per expert: last (after the final epoch, paper) | best (lowest held-out Eq. 4 loss\n"
                 "among the SGPTQ start and every epoch's end: early stopping on the 10 % held-out rows)")
       ->check(CLI::IsMember({"last", "best"}));
+  g->add_option("--targets", f.targets,
+                "the refinement's targets: compressed (the original expert on its rows of the compressed model's\n"
+                "states, paper Algorithm 1) | original (the original expert on the same tokens' rows of the\n"
+                "ORIGINAL model's states, run beside: the expert also learns to undo earlier layers' drift).\n"
+                "CPU only for now (--device cpu)")
+      ->check(CLI::IsMember({"compressed", "original"}));
   g->add_option("--tau0", r.tau0, "Gumbel-softmax temperature at the first step")->check(kPositive);
   g->add_option("--tau1", r.tau1, "temperature at the last step")->check(kPositive);
   g->add_option("--kappa0", r.kappa0, "logit scale κ at the first step")->check(kPositive);
@@ -142,6 +160,7 @@ compress::CompressOptions CompressFlags::options(const std::string& method) cons
   r.rule_lr_V = by_rule(lr_v_opt);
   r.rule_per_expert = schedule_scope == "expert";
   r.restore_best = select_epoch == "best";
+  r.original_targets = targets == "original";
   if (!gpu_gemm.empty()) compress::set_gpu_gemm(r, gpu_gemm);
   MOESQ_CHECK(r.step_sequences == 0 || !(batch_opt && batch_opt->count() > 0),
               "--batch applies to the per-expert schedule; --step-sequences ", r.step_sequences,
@@ -166,6 +185,9 @@ std::string method_help() {
 
 compress::CalibSet CompressFlags::calibration(const model::DecoderModel& m, const std::string& dir) const {
   m.spec().check_seq_len(seq_len, "--seq-len");
+  MOESQ_CHECK(calib_sampled == 0 || !calib.empty(), "--calib-sampled ", calib_sampled,
+              " adds sampled sequences to --calib files; without --calib the calibration is all sampled: set "
+              "--calib-samples");
   if (calib.empty()) return compress::calib_from_model(m, calib_samples, seq_len, opt.refine.seed);
   const io::TextSplit split = io::parse_split(calib_split, "--calib-split");
   const std::optional<io::Tokenizer> tok = io::text_tokenizer_for(dir, calib);
@@ -179,6 +201,12 @@ compress::CalibSet CompressFlags::calibration(const model::DecoderModel& m, cons
                             ": calibrating on " + std::to_string(got) + " (give more data or a smaller --seq-len)";
     MOESQ_CHECK(!strict, msg, " [--strict]");
     std::fprintf(stderr, "WARNING: %s\n", msg.c_str());
+  }
+  if (calib_sampled > 0) {  // mixed: the files' sequences, then the sampled ones
+    compress::CalibSet sampled = compress::calib_from_model(m, calib_sampled, seq_len, opt.refine.seed);
+    set.sequences.insert(set.sequences.end(), std::make_move_iterator(sampled.sequences.begin()),
+                         std::make_move_iterator(sampled.sequences.end()));
+    set.source += " + " + std::to_string(calib_sampled) + " " + sampled.source;
   }
   return set;
 }

@@ -18,6 +18,7 @@ struct CompressFlags {
   std::string calib_split = "all";
   int64_t calib_samples = 2048;  // 2048 × 128 = 262,144 tokens (docs/RESULTS.md)
   int64_t seq_len = 128;
+  int64_t calib_sampled = 0;  // --calib-sampled: sequences sampled from the model added to the --calib files'
   bool strict = false;  // calibration shortfalls are errors, not warnings
   // Every option flag writes into this (--seed into opt.refine.seed, also the data-free sampling
   // seed; --threads into opt.threads). A command's own presets (e.g. `moesq demo`) are set here
@@ -25,7 +26,7 @@ struct CompressFlags {
   compress::CompressOptions opt;
   // The text forms of RefineOptions::p, update_A, rule_per_expert and restore_best; add_compress_flags
   // sets their defaults from `opt`.
-  std::string objective, update, schedule_scope, select_epoch, gpu_gemm;  // gpu_gemm "": the default (resolve_device)
+  std::string objective, update, schedule_scope, select_epoch, targets, gpu_gemm;  // gpu_gemm "": the default (resolve_device)
   // true: epochs / batch / lr_A / lr_V in `opt` are used as they are (a command's own preset, e.g.
   // `moesq demo`), like flags the user gave.
   bool schedule_preset = false;

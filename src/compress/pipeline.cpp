@@ -179,9 +179,17 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
     t = now;
   };
   const DeviceRows rows = gpu ? gpu->rows(w, H, I, c) : DeviceRows{};
+  MOESQ_CHECK(!gpu || c.X_target.empty(), "compress: targets from the original model's states run on the CPU only");
   const std::vector<float> y_ref =
       gpu ? std::vector<float>()
-          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
+          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I,
+                                  c.X_target.empty() ? c.X.data() : c.X_target.data(), c.n, 0, nullptr, variant);
+  // The reconstruction error always compares outputs on the same inputs X (with original-model targets
+  // the refinement's targets differ from the original expert on X).
+  const std::vector<float> y_same =
+      c.X_target.empty() ? std::vector<float>()
+                         : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0,
+                                                 nullptr, variant);
   lap(rep.stage_seconds.targets);
   PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep, gpu ? &rows : nullptr);
   lap(rep.stage_seconds.solve);
@@ -199,7 +207,7 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
     const std::vector<float> yq =
         model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
                               variant);
-    rep.rel_error = rel_sq_error(y_ref, yq);
+    rep.rel_error = rel_sq_error(c.X_target.empty() ? y_ref : y_same, yq);
   }
   lap(rep.stage_seconds.error);
   w.gate = std::move(deq[0]);
@@ -257,9 +265,12 @@ std::vector<float> layer_moe_inputs(const model::DecoderModel& m, int64_t l, Cal
 // With dev_X (device-resident states) the experts get the row ids into it (c.rows, c.dev_X) and X is unused;
 // with dev_Yq ([n·k, H], DeviceStates::expert_outputs) expert e's outputs go to its rows' slots there, and
 // kept[e] (E entries) is set when they are written.
+// X_target ([n_total, H] or empty): the same tokens in the original model's states, cached beside X
+// (ExpertCalib::X_target).
 std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const float* dev_X, const model::Routes& routes,
                                            int64_t E, int64_t H, const std::vector<int64_t>& offset, int threads,
-                                           float* dev_Yq = nullptr, uint8_t* kept = nullptr) {
+                                           float* dev_Yq = nullptr, uint8_t* kept = nullptr,
+                                           const std::vector<float>& X_target = {}) {
   const int64_t k = routes.k, n = routes.n;
   const RoutesByExpert by = routes_by_expert(routes, E);
   const std::vector<int64_t>& start = by.start;
@@ -279,12 +290,15 @@ std::vector<ExpertCalib> cache_expert_rows(const std::vector<float>& X, const fl
     }
     if (dev_X) c.rows.resize(static_cast<size_t>(c.n));
     else c.X.resize(static_cast<size_t>(c.n * H));
+    if (!X_target.empty()) c.X_target.resize(static_cast<size_t>(c.n * H));
     c.g.resize(static_cast<size_t>(c.n));
     c.seq.resize(static_cast<size_t>(c.n));
     for (int64_t i = 0; i < c.n; ++i) {
       const int64_t route = ids[static_cast<size_t>(b + i)], r = route / k;
       if (dev_X) c.rows[static_cast<size_t>(i)] = r;
       else std::copy(X.begin() + r * H, X.begin() + (r + 1) * H, c.X.begin() + i * H);
+      if (!X_target.empty())
+        std::copy(X_target.begin() + r * H, X_target.begin() + (r + 1) * H, c.X_target.begin() + i * H);
       c.g[static_cast<size_t>(i)] = routes.weight[static_cast<size_t>(route)];
       c.seq[static_cast<size_t>(i)] = seq_of[static_cast<size_t>(r)];
     }
@@ -457,6 +471,11 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
                            std::to_string(res.resumed_layers + 1));
 
   CalibStates st = embed_calibration(m, calib);
+  // RefineOptions::original_targets: the original model's states, run beside the compressed ones
+  // through the same attention and the ORIGINAL experts (each layer's before they are replaced).
+  const bool original_stream = opt.method->refines && opt.refine.original_targets;
+  CalibStates orig;
+  if (original_stream) orig = st;
   // Every layer on the GPU: the states stay there (no per-layer round trips of H_l and X).
   std::unique_ptr<DeviceStates> dev;
   if (device_resident(m, opt)) {
@@ -491,6 +510,18 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     if (moe)
       routes = dev ? m.route_logits(l, dev->router_logits(m.layer(l).router, E), st.n_total())
                    : m.route(l, X, st.n_total());
+    // The original stream's layer: its MoE inputs, then its MLP part through the original weights
+    // (before this layer's experts are replaced); its states advance here.
+    std::vector<float> X_orig;
+    if (original_stream) {
+      X_orig = layer_moe_inputs(m, l, orig, opt.threads, nullptr);
+      model::ForwardOptions plain;
+      plain.threads = opt.threads;
+      const std::vector<float> y_orig = m.ffn_block(l, X_orig, orig.n_total(), plain);
+      for (size_t i = 0; i < orig.h.size(); ++i)
+        for (int64_t j = orig.offset[i] * H; j < orig.offset[i + 1] * H; ++j)
+          orig.h[i][j - orig.offset[i] * H] += y_orig[j];
+    }
     if (!moe) {
       lap(ls.routing);
       if (resumed) committed_layer(m, l, run.work, *comm, committed_next_sha256);
@@ -501,7 +532,8 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       float* dev_Yq = dev ? dev->expert_outputs(routes.n * routes.k) : nullptr;
       if (dev_Yq) kept.assign(static_cast<size_t>(E), 0);
       std::vector<ExpertCalib> cal =
-          cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads, dev_Yq, dev_Yq ? kept.data() : nullptr);
+          cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads, dev_Yq, dev_Yq ? kept.data() : nullptr,
+                            X_orig);
       // Per-layer scope of the schedule rule: the mean training rows per expert (same split as refine).
       double train_sum = 0;
       for (const ExpertCalib& c : cal)

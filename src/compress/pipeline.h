@@ -208,6 +208,9 @@ struct RunContext {
 // The calibration rows of one expert (gathered from the routed layer input).
 struct ExpertCalib {
   std::vector<float> X;  // [n, H]
+  // [n, H] or empty: the same tokens' rows in the ORIGINAL model's states (RefineOptions::
+  // original_targets): the refinement's targets are the original expert on these instead of on X.
+  std::vector<float> X_target;
   std::vector<float> g;  // [n] router combine weight of this expert for the row
   int64_t n = 0;
   int64_t schedule_rows = 0;  // the layer's mean training rows per expert (schedule rule, per-layer scope)

@@ -293,6 +293,30 @@ TEST_F(CliCompress, CalibrationShortfallWarnsAndStrictFails) {
   EXPECT_EQ(ok.err.find("WARNING"), std::string::npos) << ok.err;
 }
 
+// --calib-sampled N: a mixed calibration, the files' sequences then N sampled from the model (which is
+// read whole for the sampling); the report names both sources. Without --calib it is a flag error.
+TEST_F(CliCompress, CalibSampledAddsSampledSequencesToTheFiles) {
+  const fs::path small = tmp_ / "small.txt";
+  {
+    std::ofstream f(small);
+    for (int i = 0; i < 400; ++i) f << char('a' + i % 26);
+  }
+  CmdResult r = run("compress " + model_ + " --method sgptq --calib " + small.string() +
+                    " --seq-len 16 --calib-samples 3 --calib-sampled 2 --json --out " + (tmp_ / "m").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json c = nlohmann::json::parse(r.out)["calibration"];
+  EXPECT_EQ(c["sequences"], 5) << c.dump();
+  EXPECT_EQ(c["tokens"], 5 * 16) << c.dump();
+  const std::string source = c["source"].get<std::string>();
+  EXPECT_NE(source.find("small.txt"), std::string::npos) << source;
+  EXPECT_NE(source.find("+ 2 sampled from the model"), std::string::npos) << source;
+  CmdResult bad = run("compress " + model_ + " --method sgptq --seq-len 16 --calib-sampled 2 --out " +
+                      (tmp_ / "b").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--calib-sampled 2"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "b"));
+}
+
 TEST_F(CliCompress, MoesqRecordsScheduleAndLossPerLayer) {
   const fs::path out = tmp_ / "m";
   CmdResult r = run("compress " + model_ + " --method moesq --out " + out.string() + " --calib " +

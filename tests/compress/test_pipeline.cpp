@@ -9,6 +9,7 @@
 #include "compress/calib.h"
 #include "core/error.h"
 #include "compress/pipeline.h"
+#include "compress/refine/step_backend.h"
 #include "model/decoder.h"
 
 namespace {
@@ -152,3 +153,42 @@ TEST(CompressPipeline, MethodNamesRoundTripAndUnknownIsAnError) {
 }
 
 }  // namespace
+
+// RefineOptions::original_targets (`--targets original`): the refinement's targets come from a second,
+// uncompressed calibration stream. Layer 1's inputs are the same in both streams, so its experts come
+// out bit for bit as with the default targets; layer 2's inputs drift in the compressed stream only,
+// so its targets (and experts) change, while its reconstruction error stays measured on the same
+// inputs (finite, comparable). The option is CPU-only for now: a device factory is refused up front.
+TEST(CompressPipeline, OriginalTargetsChangeOnlyLayersAfterTheFirst) {
+  moesq::compress::CompressOptions opt;
+  opt.method = &moesq::compress::methods::kMoesq;
+  opt.refine.epochs = 1;
+  opt.refine.batch = 32;
+  opt.threads = 2;
+  std::vector<moesq::compress::CompressResult> r;
+  for (bool original : {false, true}) {
+    moesq::model::DecoderModel m = random_model(5);
+    opt.refine.original_targets = original;
+    r.push_back(moesq::compress::compress_model(m, calib(6, 32, 6), opt));
+  }
+  int64_t layer1_differs = 0;
+  for (int64_t l = 0; l < 2; ++l)
+    for (size_t e = 0; e < 6; ++e)
+      for (int p = 0; p < 3; ++p) {
+        const bool same = r[0].experts[static_cast<size_t>(l)][e].proj[static_cast<size_t>(p)].dequantize() ==
+                          r[1].experts[static_cast<size_t>(l)][e].proj[static_cast<size_t>(p)].dequantize();
+        if (l == 0) EXPECT_TRUE(same) << "layer 1 expert " << e << " projection " << p;
+        else layer1_differs += !same;
+      }
+  EXPECT_GT(layer1_differs, 0) << "layer 2's targets must come from the original stream";
+  for (const auto& rep : r[1].reports)
+    if (rep.tokens > 0) EXPECT_TRUE(std::isfinite(rep.rel_error)) << "layer " << rep.layer << " expert " << rep.expert;
+  moesq::compress::CompressOptions gpu = opt;
+  gpu.refine.device = [] { return std::unique_ptr<moesq::compress::refine::StepBackend>(); };
+  try {
+    moesq::compress::validate(gpu);
+    FAIL() << "--targets original with a device must be refused";
+  } catch (const moesq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--targets original"), std::string::npos) << e.what();
+  }
+}

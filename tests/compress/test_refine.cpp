@@ -453,8 +453,16 @@ TEST(Refine, ScheduleRuleSetsOnlyWhatIsLeftToIt) {
   EXPECT_EQ(rb.steps, 2);  // 2 epochs · ceil(36/256)
   EXPECT_DOUBLE_EQ(rb.lr_A, want_b.lr_A);
   EXPECT_DOUBLE_EQ(rb.lr_V, want_b.lr_V);
-  // Nothing left to the rule: the options as given.
+  // The rule's rates scaled (--lr-a-scale / --lr-v-scale); the steps are the rule's as before.
+  o.rule_lr_A_scale = 2.0;
+  o.rule_lr_V_scale = 0.5;
+  const auto rs = compress::refine_expert(data_of(s), init.proj(0), init.proj(1), init.proj(2), o);
+  EXPECT_EQ(rs.steps, want.steps);
+  EXPECT_DOUBLE_EQ(rs.lr_A, 2.0 * want.lr_A);
+  EXPECT_DOUBLE_EQ(rs.lr_V, 0.5 * want.lr_V);
+  // Nothing left to the rule: the options as given (the scales apply to the rule's rates only).
   RefineOptions g = tuned_options();
+  g.rule_lr_A_scale = 3.0;
   g.epochs = 1;
   const auto rg = compress::refine_expert(data_of(s), init.proj(0), init.proj(1), init.proj(2), g);
   EXPECT_EQ(rg.batch, 64);

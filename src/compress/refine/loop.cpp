@@ -305,8 +305,8 @@ class ExpertRefinement {
       const RefineSchedule s = refine_schedule(rows, fixed_batch, o_.rule_epochs ? 0 : o_.epochs);
       if (o_.rule_batch) o_.batch = s.batch;
       if (o_.rule_epochs) o_.epochs = s.epochs;
-      if (o_.rule_lr_A) o_.lr_A = s.lr_A;
-      if (o_.rule_lr_V) o_.lr_V = s.lr_V;
+      if (o_.rule_lr_A) o_.lr_A = s.lr_A * o_.rule_lr_A_scale;
+      if (o_.rule_lr_V) o_.lr_V = s.lr_V * o_.rule_lr_V_scale;
       res.schedule_rows = rows;
     }
     record_schedule(res);
@@ -333,8 +333,8 @@ class ExpertRefinement {
     const RefineSchedule s =
         layer_wide_schedule(S, o_.step_sequences, o_.rule_epochs ? schedule_rule::kEpochsRef : o_.epochs);
     if (o_.rule_epochs) o_.epochs = s.epochs;
-    if (o_.rule_lr_A) o_.lr_A = s.lr_A;
-    if (o_.rule_lr_V) o_.lr_V = s.lr_V;
+    if (o_.rule_lr_A) o_.lr_A = s.lr_A * o_.rule_lr_A_scale;
+    if (o_.rule_lr_V) o_.lr_V = s.lr_V * o_.rule_lr_V_scale;
     record_schedule(res);
     res.batch = 0;
     res.batch_from_rule = false;

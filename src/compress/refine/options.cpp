@@ -22,12 +22,17 @@ void validate(const RefineOptions& o) {
               "refine: held-out fraction ", o.heldout_fraction, " must be in [0, 1)");
   MOESQ_CHECK(o.act_block > 0, "refine: activation block ", o.act_block, " must be positive");
   MOESQ_CHECK(o.step_sequences >= 0, "refine: --step-sequences=", o.step_sequences, " must be >= 0 (0 = per-expert batches)");
+  MOESQ_CHECK(o.rule_lr_A_scale > 0 && std::isfinite(o.rule_lr_A_scale) && o.rule_lr_V_scale > 0 &&
+                  std::isfinite(o.rule_lr_V_scale),
+              "refine: --lr-a-scale=", o.rule_lr_A_scale, " and --lr-v-scale=", o.rule_lr_V_scale, " must be positive");
   MOESQ_CHECK(o.min_rows >= 0, "refine: min_rows=", o.min_rows, " must be >= 0");
   MOESQ_CHECK(o.scale_finetune_epochs >= 0 && o.scale_finetune_lr >= 0 && std::isfinite(o.scale_finetune_lr),
               "refine: --scale-finetune-epochs=", o.scale_finetune_epochs, " and --scale-finetune-lr=",
               o.scale_finetune_lr, " must be >= 0");
   MOESQ_CHECK(o.scale_finetune_epochs == 0 || !o.device, "--scale-finetune-epochs: the scale fine-tuning runs on the "
               "CPU only for now; add --device cpu");
+  MOESQ_CHECK(!o.original_targets || !o.device, "--targets original: the original model's calibration stream runs "
+              "on the CPU only for now; add --device cpu");
 }
 
 int64_t heldout_rows(const RefineOptions& o, int64_t n) {
@@ -74,6 +79,9 @@ void for_each_option(RefineOptions& o, Fn&& fn) {
   fn("step_sequences", o.step_sequences);
   fn("scale_finetune_epochs", o.scale_finetune_epochs);
   fn("scale_finetune_lr", o.scale_finetune_lr);
+  fn("original_targets", o.original_targets);
+  fn("rule_lr_A_scale", o.rule_lr_A_scale);
+  fn("rule_lr_V_scale", o.rule_lr_V_scale);
 }
 
 }  // namespace
@@ -125,6 +133,9 @@ nlohmann::json refine_options_to_json(const RefineOptions& o) {
   if (!o.bf16_forward) j.erase("bf16_forward");
   if (o.step_sequences == 0) j.erase("step_sequences");
   if (o.scale_finetune_epochs == 0) j.erase("scale_finetune_epochs"), j.erase("scale_finetune_lr");
+  if (!o.original_targets) j.erase("original_targets");
+  if (o.rule_lr_A_scale == 1.0) j.erase("rule_lr_A_scale");
+  if (o.rule_lr_V_scale == 1.0) j.erase("rule_lr_V_scale");
   return j;
 }
 

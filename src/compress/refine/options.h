@@ -31,6 +31,9 @@ struct RefineOptions {
   // expert's training rows (false: the field above is used as given). The library default is
   // "as given"; `moesq compress` turns the rule on for every one of them the user did not set.
   bool rule_batch = false, rule_epochs = false, rule_lr_A = false, rule_lr_V = false;
+  // Multipliers of the rates the rule sets (`--lr-a-scale`, `--lr-v-scale`; explicit rates are used as
+  // given): the rule's shape over experts and step counts kept, its level moved (docs/RESULTS.md).
+  double rule_lr_A_scale = 1.0, rule_lr_V_scale = 1.0;
   // The rows the rule is applied to: true = each expert's own training rows (experts with few rows
   // get a smaller batch and larger rates); false = the layer's mean training rows per expert
   // (ExpertData::schedule_rows; one schedule for all experts of a layer).
@@ -66,6 +69,13 @@ struct RefineOptions {
   // the tuned scales are kept only where they lower the held-out Eq. 4 loss. CPU only for now.
   int scale_finetune_epochs = 0;
   double scale_finetune_lr = 1e-3;
+  // The refinement's targets Y_ref (`--targets`): false = the original expert on the expert's rows X
+  // of the compressed model's states (paper Algorithm 1); true = the original expert on the SAME
+  // tokens' rows of the ORIGINAL model's states (a second, uncompressed calibration stream run beside
+  // the compressed one; asymmetric calibration as in GPTAQ, arXiv 2504.02692), so the compressed expert
+  // is also trained to undo the drift of the layers before it. The inputs stay X (what the deployed
+  // model feeds the expert). Layer 1's rows are the same in both streams. CPU only for now.
+  bool original_targets = false;
   // Where the optimizer steps run (refine/step_backend.h): nullptr = the CPU (cblas); otherwise a
   // device backend's factory (`compress --device cuda`: refine/cuda_step_backend.h). Not part of the
   // options JSON: report.json and the resume manifest record the device separately.
