@@ -180,16 +180,16 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
   };
   const DeviceRows rows = gpu ? gpu->rows(w, H, I, c) : DeviceRows{};
   MOESQ_CHECK(!gpu || c.X_target.empty(), "compress: targets from the original model's states run on the CPU only");
-  const std::vector<float> y_ref =
-      gpu ? std::vector<float>()
-          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I,
-                                  c.X_target.empty() ? c.X.data() : c.X_target.data(), c.n, 0, nullptr, variant);
-  // The reconstruction error always compares outputs on the same inputs X (with original-model targets
-  // the refinement's targets differ from the original expert on X).
+  // y_same: the original expert on X (the reconstruction error's reference, and the targets by default);
+  // with original-model targets (c.X_target) the refinement's targets are the original expert on those.
   const std::vector<float> y_same =
+      gpu ? std::vector<float>()
+          : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0, nullptr, variant);
+  const std::vector<float> y_target =
       c.X_target.empty() ? std::vector<float>()
-                         : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X.data(), c.n, 0,
-                                                 nullptr, variant);
+                         : model::swiglu_forward(w.gate.data(), w.up.data(), w.down.data(), H, I, c.X_target.data(),
+                                                 c.n, 0, nullptr, variant);
+  const std::vector<float>& y_ref = c.X_target.empty() ? y_same : y_target;
   lap(rep.stage_seconds.targets);
   PackedExpert pe = compress_expert(spec, w, H, I, c, y_ref, opt, rep, gpu ? &rows : nullptr);
   lap(rep.stage_seconds.solve);
@@ -207,7 +207,7 @@ PackedExpert compress_and_install(const io::ModelSpec& spec, model::ExpertWeight
     const std::vector<float> yq =
         model::swiglu_forward(deq[0].data(), deq[1].data(), deq[2].data(), H, I, c.X.data(), c.n, act_block, nullptr,
                               variant);
-    rep.rel_error = rel_sq_error(c.X_target.empty() ? y_ref : y_same, yq);
+    rep.rel_error = rel_sq_error(y_same, yq);
   }
   lap(rep.stage_seconds.error);
   w.gate = std::move(deq[0]);
@@ -237,6 +237,12 @@ CalibStates embed_calibration(const model::DecoderModel& m, const CalibSet& cali
     st.offset[i + 1] = st.offset[i] + static_cast<int64_t>(calib.sequences[i].size());
   }
   return st;
+}
+
+// h += y for every calibration row (y [n_total, H], the rows of all sequences concatenated).
+void add_to_states(CalibStates& st, const std::vector<float>& y, int64_t H) {
+  for (size_t i = 0; i < st.h.size(); ++i)
+    for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
 }
 
 // Attention of layer l on every sequence (states updated in place), then the MoE inputs of all rows,
@@ -517,10 +523,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       X_orig = layer_moe_inputs(m, l, orig, opt.threads, nullptr);
       model::ForwardOptions plain;
       plain.threads = opt.threads;
-      const std::vector<float> y_orig = m.ffn_block(l, X_orig, orig.n_total(), plain);
-      for (size_t i = 0; i < orig.h.size(); ++i)
-        for (int64_t j = orig.offset[i] * H; j < orig.offset[i + 1] * H; ++j)
-          orig.h[i][j - orig.offset[i] * H] += y_orig[j];
+      add_to_states(orig, m.ffn_block(l, X_orig, orig.n_total(), plain), H);
     }
     if (!moe) {
       lap(ls.routing);
@@ -583,9 +586,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     } else {
       y = m.moe_block(l, X, routes, deployed);
     }
-    if (!dev)
-      for (size_t i = 0; i < st.h.size(); ++i)
-        for (int64_t j = st.offset[i] * H; j < st.offset[i + 1] * H; ++j) st.h[i][j - st.offset[i] * H] += y[j];
+    if (!dev) add_to_states(st, y, H);
     m.release_experts(l);  // experts on demand: res holds the packed layer from here on
     if (resumed) {
       const std::string sha = states_sha256(st);
