@@ -52,12 +52,16 @@ if has tests; then
   "$B/moesq" compress models/tiny-qwen3-moe --method sgptq --calib-samples 32 --out "$C" > "$W/compress.log" 2>&1
   log "compress tiny sgptq rc=$?"
   export MOESQ_TINY_COMPRESSED=$C
+  "$B/moesq" compress tests/fixtures/families/tiny-gpt-oss --method sgptq --calib-samples 32 --out "$W/gpt-oss-sgptq" \
+    > "$W/compress_gpt_oss.log" 2>&1
+  log "compress tiny-gpt-oss sgptq rc=$?"
+  export MOESQ_GPT_OSS_COMPRESSED=$W/gpt-oss-sgptq
   for t in $GPU_TESTS; do
     timeout 400 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
     [[ " $MEMCHECK " == *" $t "* ]] || continue
-    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*"
+    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*:*SlidingWindow*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done

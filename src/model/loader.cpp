@@ -165,6 +165,27 @@ bool loads_experts_on_demand(const io::Checkpoint& ckpt, const LoadOptions& lo) 
 
 }  // namespace
 
+void load_fused_expert_biases(const io::Checkpoint& ckpt, int64_t layer, std::vector<float>& gate_up_bias,
+                              std::vector<float>& down_bias) {
+  const io::ModelSpec& s = ckpt.spec();
+  const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
+  MOESQ_CHECK(s.expert_bias && names.fused_gate_up_bias, ckpt.dir(), ": model_type \"", s.model_type,
+              "\" has no fused expert biases");
+  load_fused_biases(ckpt, s, names, layer, gate_up_bias, down_bias);
+}
+
+std::vector<ExpertWeights> load_moe_layer_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
+                                                  int64_t layer) {
+  const io::ModelSpec& s = ckpt.spec();
+  MOESQ_CHECK(layer >= 0 && layer < s.num_layers && s.is_moe_layer(layer), ckpt.dir(), ": layer ", layer,
+              " is not a MoE layer");
+  std::vector<ExpertWeights> experts(s.num_experts);
+  PackedCount count;
+  bool any_packed = false;
+  load_layer_experts(ckpt, q, s, io::layer_tensor_names(s.model_type), layer, experts, count, any_packed);
+  return experts;
+}
+
 class ModelLoader {
  public:
   static void load(DecoderModel& m, const io::Checkpoint& ckpt, const LoadOptions& lo) {

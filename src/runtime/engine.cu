@@ -150,13 +150,18 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
     mla_sin.upload(sn);
     return;
   }
-  model::rope_tables(max_len, hd, s.rope_theta, c, sn);
+  // The family's RoPE (HostModel::rope: gpt-oss's YaRN), else default RoPE over the head (the same bits
+  // as model::rope_tables(max_len, hd, rope_theta)).
+  const model::RopeFrequencies freq =
+      host.rope.inv_freq.empty() ? model::default_rope_frequencies(s.rope_theta, hd) : host.rope;
+  model::rope_tables(max_len, freq, c, sn);
   rope_cos.upload(c);
   rope_sin.upload(sn);
 }
 
 void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   s = m.spec;
+  host.rope = m.rope;  // sizes() builds the RoPE tables from it
   sizes(opt);
   embed.upload(m.embed);
   lm_head.upload(m.lm_head);

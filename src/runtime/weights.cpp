@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/config_check.h"
+#include "io/config_hybrid.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
@@ -146,6 +147,8 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
                 " and tie_word_embeddings is false");
     m.lm_head = m.embed;
   }
+  if (is_sink_attention_family(s.model_type))
+    m.rope = model::rope_frequencies(io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json").rope);
   m.layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& L = m.layers[l];

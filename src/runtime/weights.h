@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "io/config.h"
+#include "model/rope.h"
 #include "runtime/backend.h"
 #include "runtime/layers/attention_block.h"
 #include "runtime/layers/mla_block.h"
@@ -39,6 +40,9 @@ struct HostModel {
   std::vector<float> final_norm;                               // [H]
   std::vector<uint16_t> lm_head;                               // [V, H] bf16
   std::vector<HostLayer> layers;
+  // The RoPE of the GQA attention layers: the family config's (gpt-oss: YaRN, model::rope_frequencies
+  // of io::FamilySpec::rope); empty inv_freq: default RoPE (rope_theta over head_dim).
+  model::RopeFrequencies rope;
 };
 
 // One MoE layer's router and routed experts, for runtime::MoeLayerGpu (Python moesq.MoeLayer).

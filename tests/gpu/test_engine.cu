@@ -160,10 +160,12 @@ TEST(Engine, CompressedW4A16AndBf16EvalMatchCpu) {
 // Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation), Qwen2-MoE (q/k/v
 // biases, a gated shared expert, a dense layer) — random-weight fixtures with head_dim 32 — and
 // DeepSeek-V3 (multi-head latent attention with its latent cache, sigmoid grouped router, shared
-// expert, a first dense layer): the engine's per-window nats against the CPU forward (bf16 experts:
-// the W16A16 floor of kBf16NatsTol; the MLA latent cache is bf16 like the GQA K/V), and a sequence's
-// bits alone = in batches of 8 and 64.
-const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3"};
+// expert, a first dense layer) and gpt-oss (sink attention with a 64-token window on its sliding
+// layer — the 100–160-token windows cross it — YaRN RoPE, q/k/v/o biases, the biased top-k-softmax
+// router, biased clamped-SwiGLU experts): the engine's per-window nats against the CPU forward (bf16
+// experts: the W16A16 floor of kBf16NatsTol; the MLA latent cache is bf16 like the GQA K/V), and a
+// sequence's bits alone = in batches of 8 and 64.
+const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-gpt-oss"};
 std::string family_dir(const char* name) { return std::string(MOESQ_FIXTURES) + "/families/" + name; }
 
 TEST(Engine, FamiliesEvalMatchCpu) {
@@ -172,6 +174,17 @@ TEST(Engine, FamiliesEvalMatchCpu) {
 
 TEST(Engine, FamiliesDeterministicBatchInvariance) {
   for (const char* f : kGpuFamilies) check_batch_invariance(family_dir(f), runtime::ExpertBackend::kBf16);
+}
+
+// A compressed gpt-oss (MOESQ_GPT_OSS_COMPRESSED = `moesq compress tests/fixtures/families/tiny-gpt-oss
+// --method sgptq --calib-samples 32`: paired 4:8 NVFP4 experts, their biases kept) on the sparse
+// backends: the biases and the clamped SwiGLU run between the sparse GEMMs (W4A4 against the CPU's W4A4
+// forward, W4A16 against its W16 one), within the qwen3 fixture's bounds.
+TEST(Engine, CompressedGptOssEvalMatchesCpu) {
+  const char* p = std::getenv("MOESQ_GPT_OSS_COMPRESSED");
+  ASSERT_TRUE(p && *p) << "set MOESQ_GPT_OSS_COMPRESSED to a `moesq compress` output of tiny-gpt-oss";
+  check_eval(p, runtime::ExpertBackend::kSparseW4A4, true, kW4A4NatsTol);
+  check_eval(p, runtime::ExpertBackend::kSparseW4A16, false, kCompressedNatsTol);
 }
 
 // The MoE block run in slices of 5 tokens (EngineOptions::moe_tokens) gives a batched prefill of 4

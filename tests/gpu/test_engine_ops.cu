@@ -22,6 +22,7 @@
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/router_topk/router_topk.h"
+#include "ops/row_bias/row_bias.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
@@ -647,6 +648,28 @@ TEST(EngineOps, RouterTopkMatchesRef) {
       ASSERT_NEAR(gw[i], rw[i], 4 * kRouterAtol * c.scale) << "sigmoid E=" << c.E << " index " << i;
     }
   }
+  // gpt-oss's router: logit bias, top-k of z + b, softmax over the k (ids equal to the twin's, weights
+  // within expf-vs-std::exp rounding).
+  for (int E : {32, 128}) {
+    const int64_t T = 29, k = 4;
+    const std::vector<float> z = rand_f32(T * E, 950 + E, 2.0f), bias = rand_f32(E, 951 + E, 0.5f);
+    DevBuf<float> dz(z), db(bias), dw(T * k);
+    DevBuf<int32_t> di(T * k);
+    moesq::ops::RouterTopkArgs a;
+    a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = T, a.num_experts = E, a.topk = static_cast<int>(k);
+    a.topk_softmax = true, a.logit_bias = db.p;
+    moesq::ops::router_topk(a, nullptr);
+    std::vector<int32_t> ri(T * k);
+    std::vector<float> rw(T * k);
+    a.logits = z.data(), a.logit_bias = bias.data(), a.topk_ids = ri.data(), a.topk_w = rw.data();
+    moesq::ops::router_topk_ref(a);
+    const auto gi = di.download();
+    const auto gw = dw.download();
+    for (int64_t i = 0; i < T * k; ++i) {
+      ASSERT_EQ(gi[i], ri[i]) << "topk_softmax E=" << E << " token " << i / k << " slot " << i % k;
+      ASSERT_NEAR(gw[i], rw[i], kRouterAtol) << "topk_softmax E=" << E << " index " << i;
+    }
+  }
   // Ties: equal logits → lower expert id first, weights 1/k each.
   const int E = 64, k = 4;
   std::vector<float> z(E, 0.5f);
@@ -701,6 +724,36 @@ TEST(EngineOps, MoeCombineBitwiseAnySlotOrder) {
     for (size_t i = 0; i < rh.size(); ++i)
       ASSERT_EQ(bits(gh[i]), bits(rh[i])) << "H=" << H << " token " << i / H << " col " << i % H;
     EXPECT_NE(gh, h0);
+    // gpt-oss's down biases: each kept route adds w · (y + bias[e]); still bitwise, and not the plain sum.
+    const std::vector<float> bias = rand_f32(E * H, 9, 0.5f);
+    DevBuf<float> db(bias), dh2(h0);
+    a.y = dy.p, a.topk_ids = di.p, a.topk_w = dw.p, a.slot_of_route = dsor.p, a.h = dh2.p, a.down_bias = db.p;
+    moesq::ops::moe_combine(a, nullptr);
+    std::vector<float> rh2 = h0;
+    a.y = y.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.slot_of_route = sor.data(), a.h = rh2.data();
+    a.down_bias = bias.data();
+    moesq::ops::moe_combine_ref(a);
+    const auto gh2 = dh2.download();
+    for (size_t i = 0; i < rh2.size(); ++i)
+      ASSERT_EQ(bits(gh2[i]), bits(rh2[i])) << "down bias H=" << H << " token " << i / H << " col " << i % H;
+    EXPECT_NE(gh2, gh);
+  }
+}
+
+// The o_proj bias add (gpt-oss): kernel = twin bitwise, across a grid-stride wrap (more values than one
+// launch's threads cover when rows · cols > 4096 · 256).
+TEST(EngineOps, RowBiasBitwise) {
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{7, 96}, {4100, 300}}) {
+    const std::vector<float> y0 = rand_f32(R * C, 31), bias = rand_f32(C, 32);
+    DevBuf<float> dy(y0), db(bias);
+    moesq::ops::RowBiasArgs a;
+    a.y = dy.p, a.bias = db.p, a.rows = R, a.cols = C;
+    moesq::ops::row_bias(a, nullptr);
+    std::vector<float> ry = y0;
+    a.y = ry.data(), a.bias = bias.data();
+    moesq::ops::row_bias_ref(a);
+    const auto gy = dy.download();
+    for (size_t i = 0; i < ry.size(); ++i) ASSERT_EQ(bits(gy[i]), bits(ry[i])) << "R=" << R << " index " << i;
   }
 }
 

@@ -228,6 +228,47 @@ TEST(SwigluQuant, RouteGridEqualsSlotGrid) {
     }
 }
 
+// gpt-oss's experts (gate/up biases per expert, clamped SwiGLU) on the route grid from fp32 gate|up,
+// W4A16 (bf16 out, K-major) and W4A4: the kernel equals the twin except where expf's last ulp moves a
+// bf16 rounding or an NVFP4 code (kSwigluMaxMismatchFraction).
+TEST(SwigluQuant, ExpertBiasesAndClampedSwigluMatchRef) {
+  std::mt19937 rng(41);
+  const int E = 4, cap = 6;
+  const int64_t I = 96, I_pad = padded_k(I);
+  const std::vector<int32_t> counts = {6, 0, 3, 9};
+  std::normal_distribution<float> nd(0.0f, 5.0f);
+  std::vector<float> h(static_cast<size_t>(E) * cap * 2 * I), bias(static_cast<size_t>(E) * 2 * I);
+  for (auto& v : h) v = nd(rng);
+  for (auto& v : bias) v = 0.5f * nd(rng);
+  const Routes routes = shuffled_routes(counts, cap, 9);
+  for (bool quantize : {false, true}) {
+    DevBuf<float> d_h(h), d_bias(bias), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+    DevBuf<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
+    DevBuf<int32_t> d_counts(counts), d_ids(routes.ids), d_slots(routes.slots);
+    ops::SwigluQuantArgs a;
+    a.h_f32 = d_h.p, a.counts = d_counts.p, a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
+    a.quantize = quantize, a.layout = ActLayout::kKMajor, a.out = d_out.p, a.inv_scale = d_inv.p;
+    a.topk_ids = d_ids.p, a.slot_of_route = d_slots.p, a.routes = static_cast<int64_t>(routes.ids.size());
+    a.gate_up_bias = d_bias.p, a.clamped = true, a.alpha = 1.702f, a.limit = 7.0f;
+    ops::swiglu_quant(a, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = d_out.download();
+    std::vector<uint16_t> want(out.size(), kPoisonBf16);
+    std::vector<float> want_inv(static_cast<size_t>(E) * cap, -1.0f);
+    a.h_f32 = h.data(), a.counts = counts.data(), a.out = want.data(), a.inv_scale = want_inv.data();
+    a.topk_ids = routes.ids.data(), a.slot_of_route = routes.slots.data(), a.gate_up_bias = bias.data();
+    ops::swiglu_quant_ref(a);
+    size_t differ = 0, written = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      written += want[i] != kPoisonBf16;
+      differ += out[i] != want[i];
+    }
+    EXPECT_GT(written, static_cast<size_t>(9 * I)) << "quantize=" << quantize;
+    EXPECT_LE(static_cast<double>(differ), kSwigluMaxMismatchFraction * static_cast<double>(written))
+        << "quantize=" << quantize << ": " << differ << " of " << written << " differ";
+  }
+}
+
 TEST(SwigluQuant, RejectsUnknownLayout) {
   ops::SwigluQuantArgs s;
   s.I = 64;

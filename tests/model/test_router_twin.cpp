@@ -76,6 +76,39 @@ TEST(RouterTwin, EqualsTheModelsRouter) {
   }
 }
 
+// gpt-oss's router (top-k of z + b, then softmax over the k): the twin's ids equal select_routes's on
+// the biased logits (the CPU forward adds the bias before it, DecoderModel::route), its weights bitwise
+// (the same fp32 operations: exp(z_j − z_first), a sum in top-k order, one division); norm_topk_prob
+// and the scaling factor apply to this scoring in neither.
+TEST(RouterTwin, TopkSoftmaxWithLogitBiasEqualsTheModelsRouter) {
+  uint64_t seed = 700;
+  for (int E : {8, 32, 128}) {
+    for (int k : {1, 2, 4}) {
+      const int64_t T = 23;
+      std::mt19937_64 g(++seed);
+      std::normal_distribution<float> d(0.0f, 2.0f);
+      std::vector<float> z(T * E), bias(E), zb(T * E);
+      for (auto& x : z) x = d(g);
+      for (auto& x : bias) x = 0.2f * d(g);
+      for (int64_t i = 0; i < T * E; ++i) zb[i] = z[i] + bias[i % E];
+      model::RouterSpec rs;
+      rs.num_experts = E, rs.top_k = k, rs.scoring = io::RouterScoring::TopkSoftmax;
+      rs.norm_topk_prob = false, rs.routed_scaling_factor = 2.0;
+      const model::Routes want = model::select_routes(rs, zb, T, nullptr);
+      std::vector<int32_t> ids(T * k, -1);
+      std::vector<float> w(T * k);
+      ops::RouterTopkArgs a;
+      a.logits = z.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.T = T, a.num_experts = E, a.topk = k;
+      a.topk_softmax = true, a.logit_bias = bias.data(), a.norm_topk_prob = false, a.routed_scaling_factor = 2.0f;
+      ops::router_topk_ref(a);
+      for (int64_t i = 0; i < T * k; ++i) {
+        ASSERT_EQ(ids[i], want.expert[i]) << "E=" << E << " k=" << k << " token " << i / k << " rank " << i % k;
+        ASSERT_EQ(w[i], want.weight[i]) << "E=" << E << " k=" << k << " token " << i / k << " rank " << i % k;
+      }
+    }
+  }
+}
+
 TEST(RouterTwin, RefusesWhatItDoesNotRun) {
   std::vector<float> z(64, 0.0f), w(4);
   std::vector<int32_t> ids(4);
@@ -89,6 +122,8 @@ TEST(RouterTwin, RefusesWhatItDoesNotRun) {
   EXPECT_THROW(ops::router_topk_ref(a), Error);  // k = 5 > the 4 experts of the one kept group
   a.topk = 4;
   EXPECT_NO_THROW(ops::router_topk_ref(a));
+  a.n_group = a.topk_group = 1, a.topk_softmax = true;
+  EXPECT_THROW(ops::router_topk_ref(a), Error);  // sigmoid and top-k-then-softmax at once
 }
 
 }  // namespace

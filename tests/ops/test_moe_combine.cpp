@@ -65,9 +65,10 @@ Routing make_routing(int64_t T, int64_t H, uint64_t seed, int drop_expert, int k
 }
 
 std::vector<float> combine(const Routing& r, const std::vector<uint16_t>& y, const std::vector<int32_t>& sor,
-                           const std::vector<float>& h0) {
+                           const std::vector<float>& h0, const float* down_bias = nullptr) {
   std::vector<float> h = h0;
   MoeCombineArgs a;
+  a.down_bias = down_bias;
   a.y = y.data(), a.topk_ids = r.ids.data(), a.topk_w = r.w.data(), a.slot_of_route = sor.data(), a.h = h.data();
   a.T = r.T, a.H = r.H, a.ldy = r.ldy, a.topk = r.k, a.num_experts = r.E, a.capacity = r.cap;
   moesq::ops::moe_combine_ref(a);
@@ -145,4 +146,31 @@ TEST(MoeCombineRef, SumsTheKeptRoutes) {
       const double got = static_cast<double>(h[t * r.H + c]) - 0.5;
       ASSERT_NEAR(got, want, kCombineRelTol * (mag + 0.5)) << "token " << t << " col " << c;
     }
+}
+
+// gpt-oss's down biases: h += Σ over the kept routes of w · (y + bias[e]) (fp64 reference); a dropped
+// route adds neither its output nor its bias.
+TEST(MoeCombineRef, AddsEachKeptRoutesDownBias) {
+  const Routing r = make_routing(13, 24, 6, 2, 2);
+  std::vector<float> bias(static_cast<size_t>(r.E) * r.H);
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  const std::vector<float> h0(r.T * r.H, 0.5f);
+  const std::vector<float> h = combine(r, r.y, r.sor, h0, bias.data());
+  int dropped = 0;
+  for (int64_t t = 0; t < r.T; ++t)
+    for (int64_t c = 0; c < r.H; ++c) {
+      double want = 0.0, mag = 0.0;
+      for (int j = 0; j < r.k; ++j) {
+        const int64_t q = t * r.k + j;
+        if (r.sor[q] < 0) {
+          dropped += c == 0;
+          continue;
+        }
+        const double y = moesq::bf16_to_f32(r.y[(static_cast<int64_t>(r.ids[q]) * r.cap + r.sor[q]) * r.ldy + c]);
+        const double v = static_cast<double>(r.w[q]) * (y + bias[static_cast<size_t>(r.ids[q]) * r.H + c]);
+        want += v, mag += std::fabs(v);
+      }
+      ASSERT_NEAR(static_cast<double>(h[t * r.H + c]) - 0.5, want, kCombineRelTol * (mag + 0.5)) << "token " << t << " col " << c;
+    }
+  EXPECT_GT(dropped, 0);
 }

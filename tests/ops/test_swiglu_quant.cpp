@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/swiglu.h"
 #include "format/fp_codecs.h"
 #include "format/kernel_layout.h"
 #include "format/nvfp4.h"
@@ -125,6 +126,46 @@ TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
               << "quantize=" << quantize << " expert " << e << " slot " << slot << " k=" << k;
       }
   }
+}
+
+// gpt-oss's experts: expert e's gate and up biases are added first, then the clamped SwiGLU (gates and
+// ups well past the limit, so both clamps act), rounded to bf16 (W4A16 path: quantize false) in the
+// K-major order; each expert reads its own biases (distinct per expert here).
+TEST(SwigluQuantRef, ExpertBiasesThenClampedSwiglu) {
+  std::mt19937 rng(23);
+  const int E = 3, cap = 4;
+  const int64_t I = 64, I_pad = padded_k(I);
+  const std::vector<int32_t> counts = {4, 1, 3};
+  std::normal_distribution<float> nd(0.0f, 6.0f);
+  std::vector<float> hf(static_cast<size_t>(E) * cap * 2 * I), bias(static_cast<size_t>(E) * 2 * I);
+  for (auto& v : hf) v = nd(rng);
+  for (auto& v : bias) v = 0.5f * nd(rng);
+  std::vector<uint16_t> out(static_cast<size_t>(E) * cap * I_pad, 0x7f7f);
+  std::vector<float> inv(E * cap, -1.0f);
+  SwigluQuantArgs a;
+  a.h_f32 = hf.data(), a.counts = counts.data(), a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
+  a.quantize = false, a.layout = ActLayout::kKMajor, a.out = out.data(), a.inv_scale = inv.data();
+  a.gate_up_bias = bias.data(), a.clamped = true, a.alpha = 1.702f, a.limit = 7.0f;
+  swiglu_quant_ref(a);
+  int clamped_g = 0, clamped_u = 0;
+  for (int e = 0; e < E; ++e)
+    for (int slot = 0; slot < counts[e]; ++slot) {
+      const size_t s = static_cast<size_t>(e) * cap + slot;
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = hf[s * 2 * I + i] + bias[e * 2 * I + i], u = hf[s * 2 * I + I + i] + bias[e * 2 * I + I + i];
+        clamped_g += g > 7.0f, clamped_u += std::fabs(u) > 7.0f;
+        const float want = (std::clamp(u, -7.0f, 7.0f) + 1.0f) * (std::min(g, 7.0f) * sigmoid(1.702f * std::min(g, 7.0f)));
+        ASSERT_EQ(out[s * I_pad + act_storage_index(i, ActLayout::kKMajor)], f32_to_bf16(want))
+            << "expert " << e << " slot " << slot << " column " << i;
+      }
+    }
+  EXPECT_GT(clamped_g, 10);
+  EXPECT_GT(clamped_u, 10);
+  // Without the clamp, the same biases feed plain SwiGLU.
+  a.clamped = false;
+  swiglu_quant_ref(a);
+  const float g0 = hf[0] + bias[0], u0 = hf[I] + bias[I];
+  EXPECT_EQ(out[act_storage_index(0, ActLayout::kKMajor)], f32_to_bf16(silu_mul(g0, u0)));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/checkpoint.h"
+#include "io/config_hybrid.h"
 #include "io/import_checkpoint.h"
 #include "model/decoder.h"
 #include "model/rope.h"
@@ -341,15 +342,17 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
   const std::string fam = std::string(MOESQ_FIXTURES) + "/families/";
   // Mixtral (no q/k norm), OLMoE (whole-projection q/k norm, no renormalisation), Qwen2-MoE (q/k/v
   // biases, a gated shared expert, a dense layer), DeepSeek-V3 (MLA, sigmoid grouped router, shared
-  // expert, a first dense layer): every block runs, and the whole model loads.
-  for (const char* dir : {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3"}) {
+  // expert, a first dense layer), gpt-oss (sink attention, sliding layers, YaRN, biased top-k-softmax
+  // router, biased clamped experts): every block runs, and the whole model loads.
+  for (const char* dir : {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-gpt-oss"}) {
     const io::Checkpoint ck(fam + dir);
     EXPECT_TRUE(runtime::supports(ck.spec())) << dir << ": " << runtime::gpu_refusal(ck.spec());
     const runtime::HostModel m = runtime::load_host_model(ck, runtime::ExpertBackend::kAuto);
     EXPECT_EQ(static_cast<int64_t>(m.layers.size()), ck.spec().num_layers) << dir;
   }
   const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
-      {"tiny-gpt-oss", {"token mixer is not the built-in GQA attention", "router logits have a bias"}},
+      {"tiny-qwen3-next", {"token mixer is not the built-in GQA attention"}},
+      {"tiny-qwen3.5-moe", {"token mixer is not the built-in GQA attention"}},
   };
   for (const auto& [dir, want] : refused) {
     const io::Checkpoint ck(fam + dir);
@@ -379,7 +382,7 @@ TEST(RuntimeWeights, FamiliesAreSupportedBlockByBlock) {
   }
   // The MoE blocks of these families run on the GPU (a sigmoid router with groups, bias and scaling;
   // shared experts with and without their gate; dense MLP layers): only their attention is refused.
-  for (const char* dir : {"tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-mixtral", "tiny-olmoe"}) {
+  for (const char* dir : {"tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-mixtral", "tiny-olmoe", "tiny-qwen3-next"}) {
     const std::string why = runtime::gpu_refusal(io::Checkpoint(fam + dir).spec());
     EXPECT_EQ(why.find("MoE block"), std::string::npos) << dir << ": " << why;
   }
@@ -447,15 +450,62 @@ TEST(RuntimeWeights, DenseMlpLayoutComputesTheModelsSharedExpertAndDenseMlp) {
   }
 }
 
-// Sliding-window attention (use_sliding_window, honoured by the CPU forward and the KV decoder) is
-// refused by the GPU attention block by name, before any tensor is read.
-TEST(RuntimeWeights, SlidingWindowIsRefusedByName) {
+// Sliding-window attention runs on the GPU (ops::AttentionArgs::window): a spec with sliding layers is
+// supported. gpt-oss's layers carry what its CPU mixer reads (model/mixers/sink_attention.cpp): the
+// window of its sliding_attention layers only, one sink per head, the o_proj bias, q|k|v biases in the
+// fused order, and YaRN frequencies with their attention factor for the RoPE tables.
+TEST(RuntimeWeights, SlidingWindowsSinksAndBiasesReachTheHostLayers) {
   io::ModelSpec s = io::Checkpoint(MOESQ_DEFAULT_MODEL).spec();
-  ASSERT_TRUE(runtime::supports(s));
   s.attention_window.assign(static_cast<size_t>(s.num_layers), 0);
-  EXPECT_TRUE(runtime::supports(s)) << "a window of 0 on every layer is full attention";
   s.attention_window[1] = 16;
-  EXPECT_FALSE(runtime::supports(s));
-  const std::string why = runtime::gpu_refusal(s);
-  EXPECT_NE(why.find("attention block: it uses sliding-window attention (use_sliding_window)"), std::string::npos) << why;
+  EXPECT_TRUE(runtime::supports(s)) << runtime::gpu_refusal(s);
+  const io::Checkpoint ck(std::string(MOESQ_FIXTURES) + "/families/tiny-gpt-oss");
+  const io::FamilySpec f = io::parse_family_config(ck.config(), ck.dir() + "/config.json");
+  const io::ModelSpec& g = ck.spec();
+  const runtime::HostModel m = runtime::load_host_model(ck, runtime::ExpertBackend::kAuto);
+  ASSERT_EQ(static_cast<int64_t>(m.layers.size()), g.num_layers);
+  int sliding = 0;
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    const runtime::HostAttention& a = m.layers[l].attn;
+    const bool is_sliding = f.layer_mixer.at(l) == io::MixerKind::SlidingAttention;
+    sliding += is_sliding;
+    EXPECT_EQ(a.window, is_sliding ? f.sliding_window : 0) << "layer " << l;
+    EXPECT_EQ(static_cast<int64_t>(a.sinks.size()), g.num_heads) << "layer " << l;
+    EXPECT_EQ(static_cast<int64_t>(a.o_bias.size()), g.hidden_size) << "layer " << l;
+    EXPECT_EQ(static_cast<int64_t>(a.qkv_bias.size()), (g.num_heads + 2 * g.num_kv_heads) * g.head_dim) << "layer " << l;
+    EXPECT_EQ(a.sinks, ck.get_f32(io::layer_tensor(l, "self_attn.sinks"), {g.num_heads})) << "layer " << l;
+    EXPECT_EQ(a.o_bias, ck.get_f32(io::layer_tensor(l, "self_attn.o_proj.bias"), {g.hidden_size})) << "layer " << l;
+    const std::vector<float> kb = ck.get_f32(io::layer_tensor(l, "self_attn.k_proj.bias"), {g.num_kv_heads * g.head_dim});
+    EXPECT_TRUE(std::equal(kb.begin(), kb.end(), a.qkv_bias.begin() + g.num_heads * g.head_dim)) << "layer " << l;
+  }
+  EXPECT_GT(sliding, 0);
+  EXPECT_EQ(static_cast<int64_t>(m.rope.inv_freq.size()), g.head_dim / 2);
+  EXPECT_NE(m.rope.attention_factor, 1.0f) << "YaRN's attention factor";
+  EXPECT_EQ(m.rope.inv_freq, model::rope_frequencies(f.rope).inv_freq);
+}
+
+// gpt-oss's MoE layers on the GPU: the router logit bias and the expert biases are loaded, the gate|up
+// biases de-interleaved into the gate|up GEMM's column order (gate [I], then up [I]); the bf16 backend
+// reads the fused expert tensors; MoeBlockDims carries the router and SwiGLU variants.
+TEST(RuntimeWeights, GptOssMoeLayerCarriesBiasesAndVariants) {
+  const io::Checkpoint ck(std::string(MOESQ_FIXTURES) + "/families/tiny-gpt-oss");
+  const io::ModelSpec& s = ck.spec();
+  const int64_t E = s.num_experts, I = s.moe_intermediate_size, H = s.hidden_size;
+  const runtime::HostMoeLayer m = runtime::load_host_moe_layer(ck, 0, runtime::ExpertBackend::kAuto);
+  EXPECT_EQ(m.backend, runtime::ExpertBackend::kBf16);
+  EXPECT_EQ(static_cast<int64_t>(m.weights.router_logit_bias.size()), E);
+  ASSERT_EQ(static_cast<int64_t>(m.weights.expert_gate_up_bias.size()), E * 2 * I);
+  ASSERT_EQ(static_cast<int64_t>(m.weights.expert_down_bias.size()), E * H);
+  const model::DecoderModel cpu(ck);
+  for (int64_t e = 0; e < E; e += 3) {
+    const model::ExpertWeights& w = cpu.layer(0).experts.at(e);
+    for (int64_t i = 0; i < I; ++i) {
+      ASSERT_EQ(m.weights.expert_gate_up_bias[e * 2 * I + i], w.gate_bias[i]) << "expert " << e << " gate " << i;
+      ASSERT_EQ(m.weights.expert_gate_up_bias[e * 2 * I + I + i], w.up_bias[i]) << "expert " << e << " up " << i;
+    }
+    EXPECT_TRUE(std::equal(w.down_bias.begin(), w.down_bias.end(), m.weights.expert_down_bias.begin() + e * H));
+  }
+  const runtime::MoeBlockDims d = runtime::moe_block_dims(s);
+  EXPECT_TRUE(d.topk_softmax && d.router_logit_bias && d.expert_bias && d.clamped_swiglu);
+  EXPECT_FLOAT_EQ(d.swiglu_limit, static_cast<float>(s.swiglu_limit));
 }

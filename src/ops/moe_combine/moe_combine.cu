@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
   __shared__ int s_id[kMaxTopk];
   __shared__ const uint16_t* s_row[kMaxTopk];  // y row of the q-th route in expert order, nullptr: dropped
   __shared__ float s_w[kMaxTopk];
+  __shared__ const float* s_bias[kMaxTopk];  // the route's expert's down bias row, or nullptr
   const int64_t t = blockIdx.x;
   const int k = a.topk;
   if (threadIdx.x < k) s_id[threadIdx.x] = a.topk_ids[t * k + threadIdx.x];
@@ -33,6 +34,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
     const bool ok = s >= 0 && s < a.capacity && id >= 0 && id < a.num_experts;
     s_row[rank] = ok ? a.y + (static_cast<int64_t>(id) * a.capacity + s) * a.ldy : nullptr;
     s_w[rank] = a.topk_w[t * k + j];
+    s_bias[rank] = ok && a.down_bias ? a.down_bias + static_cast<int64_t>(id) * a.H : nullptr;
   }
   __syncthreads();
   float* h = a.h + t * a.H;
@@ -58,8 +60,13 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
       for (int b = 0; b < kBatch; ++b) {
         if (q0 + b >= k || !s_row[q0 + b]) continue;
         const float wq = s_w[q0 + b];
+        const float* bias = s_bias[q0 + b];
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(__bfloat162float(__ushort_as_bfloat16(o[b][i])), wq));
+        for (int i = 0; i < V; ++i) {
+          float y = __bfloat162float(__ushort_as_bfloat16(o[b][i]));
+          if (bias) y = __fadd_rn(y, bias[c0 + i]);
+          acc[i] = __fadd_rn(acc[i], __fmul_rn(y, wq));
+        }
       }
     }
 #pragma unroll

@@ -24,6 +24,9 @@ struct MoeCombineArgs {
   float* h = nullptr;                       // [T, H] fp32 residual, updated in place
   int64_t T = 0, H = 0, ldy = 0;
   int topk = 0, num_experts = 0, capacity = 0;  // k ≤ 32
+  // gpt-oss's down_proj biases: [E, H] fp32, each route's term becomes w · (y + bias[e_j]) (the CPU
+  // forward adds the bias to the expert's output before weighting it); nullptr: none.
+  const float* down_bias = nullptr;
 };
 
 // Errors: bad sizes (k outside [1, 32], ldy < H, …).

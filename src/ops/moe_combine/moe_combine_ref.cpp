@@ -44,7 +44,9 @@ void moe_combine_ref(const MoeCombineArgs& a) {
         const int s = a.slot_of_route[r];
         const int64_t e = a.topk_ids[r];
         if (s < 0 || s >= a.capacity || e < 0 || e >= a.num_experts) continue;
-        acc += bf16_to_f32(a.y[(e * a.capacity + s) * a.ldy + c]) * a.topk_w[r];
+        float y = bf16_to_f32(a.y[(e * a.capacity + s) * a.ldy + c]);
+        if (a.down_bias) y += a.down_bias[e * a.H + c];
+        acc += y * a.topk_w[r];
       }
       a.h[t * a.H + c] += acc;
     }

@@ -58,6 +58,35 @@ __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs
   const int E = a.num_experts;
   const float* z = a.logits + t * E;
   float* p = s_p[warp];
+  if (a.logit_bias || a.topk_softmax) {  // z + bias (or z) into p: topk_softmax takes its choices from it
+    for (int e = lane; e < E; e += 32) p[e] = a.logit_bias ? __fadd_rn(z[e], a.logit_bias[e]) : z[e];
+    __syncwarp();
+    z = p;
+  }
+  if (a.topk_softmax) {  // top-k of z, then exp(z_j − z_first) / Σ in top-k order
+    float wsum = 0.0f, w_mine = 0.0f, z_first = 0.0f;
+    for (int j = 0; j < a.topk; ++j) {
+      float bv = -INFINITY;
+      int bi = E;
+      for (int e = lane; e < E; e += 32)
+        if (p[e] > bv) bv = p[e], bi = e;
+      for (int x = 16; x > 0; x /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, x);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, x);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+      }
+      if (j == 0) z_first = bv;
+      const float w = expf(__fsub_rn(bv, z_first));
+      wsum = __fadd_rn(wsum, w);
+      if (lane == j) w_mine = w;
+      if (lane == 0) a.topk_ids[t * a.topk + j] = bi;
+      __syncwarp();
+      if (lane == 0) p[bi] = -INFINITY;  // taken
+      __syncwarp();
+    }
+    if (lane < a.topk) a.topk_w[t * a.topk + lane] = __fdiv_rn(w_mine, wsum);
+    return;
+  }
   if (a.sigmoid) {
     sigmoid_choice(a, z, p, s_c[warp], lane);
   } else {

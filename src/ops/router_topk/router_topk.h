@@ -3,7 +3,10 @@
 //  - sigmoid (DeepSeek-V3, Kimi-K2.5: transformers DeepseekV3MoE.route_tokens_to_experts): p = σ(z),
 //    choice c = p + correction_bias (or p), grouped top-k: groups of E / n_group experts scored by the
 //    sum of their two best c, experts outside the topk_group best groups (ties → lower group) get
-//    c = 0, then top-k of c; the weights are the chosen experts' p, the sum taken + 1e-20.
+//    c = 0, then top-k of c; the weights are the chosen experts' p, the sum taken + 1e-20;
+//  - top-k then softmax (gpt-oss: transformers GptOssTopKRouter): top-k of z, weights = softmax over
+//    the k chosen logits (exp(z_j − z_first), summed in top-k order; model/router.cpp topk_softmax_row).
+// logit_bias (gpt-oss's router bias) is added to z first, in any scoring.
 // Top-k in descending score, equal scores → lower expert id; weights / Σ weights (in top-k order)
 // when norm_topk_prob; × routed_scaling_factor when ≠ 1. CPU twin: router_topk_ref (its ids equal
 // model::select_routes's, its weights bitwise: tests/ops/test_router_topk.cpp).
@@ -27,6 +30,8 @@ struct RouterTopkArgs {
   int num_experts = 0, topk = 0;  // E ≤ 512, 1 ≤ k ≤ min(E, 32)
   bool norm_topk_prob = true;
   bool sigmoid = false;                   // false: softmax scoring
+  bool topk_softmax = false;              // top-k of the logits, then softmax over the k (not with sigmoid)
+  const float* logit_bias = nullptr;      // [E] fp32 added to each token's logits first, or nullptr
   const float* correction_bias = nullptr; // [E] fp32 (sigmoid only), or nullptr
   int n_group = 1, topk_group = 1;        // sigmoid only: n_group ≤ 32 divides E, 1 ≤ topk_group ≤ n_group
   float routed_scaling_factor = 1.0f;

@@ -13,6 +13,7 @@ void router_topk_check(const RouterTopkArgs& a) {
   MOESQ_CHECK(a.topk >= 1 && a.topk <= std::min(a.num_experts, 32), "router_topk: k=", a.topk, " not in [1, ",
               std::min(a.num_experts, 32), "]");
   MOESQ_CHECK(a.T >= 0, "router_topk: T=", a.T);
+  MOESQ_CHECK(!(a.sigmoid && a.topk_softmax), "router_topk: sigmoid and topk_softmax are two scorings; set one");
   MOESQ_CHECK(a.sigmoid || (a.n_group == 1 && a.topk_group == 1 && !a.correction_bias),
               "router_topk: grouped top-k and the correction bias apply to the sigmoid scoring only");
   MOESQ_CHECK(a.n_group >= 1 && a.n_group <= 32 && a.num_experts % a.n_group == 0 && a.topk_group >= 1 &&
@@ -62,10 +63,30 @@ void sigmoid_choice(const RouterTopkArgs& a, const float* z, float* p, float* c)
 void router_topk_ref(const RouterTopkArgs& a) {
   router_topk_check(a);
   const int E = a.num_experts;
-  std::vector<float> p(E), c(E);
+  std::vector<float> p(E), c(E), zb(E);
   std::vector<char> taken(E);
   for (int64_t t = 0; t < a.T; ++t) {
     const float* z = a.logits + t * E;
+    if (a.logit_bias) {
+      for (int e = 0; e < E; ++e) zb[e] = z[e] + a.logit_bias[e];
+      z = zb.data();
+    }
+    if (a.topk_softmax) {  // top-k of z (ties → lower id), then exp(z_j − z_first) / Σ in top-k order
+      std::fill(taken.begin(), taken.end(), 0);
+      float wsum = 0.0f;
+      for (int j = 0; j < a.topk; ++j) {
+        int best = -1;
+        for (int e = 0; e < E; ++e)
+          if (!taken[e] && (best < 0 || z[e] > z[best])) best = e;
+        taken[best] = 1;
+        a.topk_ids[t * a.topk + j] = best;
+        const float w = std::exp(z[best] - z[a.topk_ids[t * a.topk]]);
+        a.topk_w[t * a.topk + j] = w;
+        wsum += w;
+      }
+      for (int j = 0; j < a.topk; ++j) a.topk_w[t * a.topk + j] /= wsum;
+      continue;
+    }
     if (a.sigmoid) {
       sigmoid_choice(a, z, p.data(), c.data());
     } else {

@@ -46,9 +46,21 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
         u[j] = detail::bf16_bits_to_f32(static_cast<uint16_t>(uw[j / 2] >> (16 * (j % 2))));
       }
     }
+    if (a.gate_up_bias) {
+      const float* b = a.gate_up_bias + static_cast<int64_t>(e) * 2 * a.I;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) g[j] = __fadd_rn(g[j], b[i + j]), u[j] = __fadd_rn(u[j], b[a.I + i + j]);
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float y = g[j] / (1.0f + expf(-g[j])) * u[j];
+      float y;
+      if (a.clamped) {  // core/swiglu.h clamped_swiglu, its fp32 order
+        const float gc = fminf(g[j], a.limit), uc = fminf(fmaxf(u[j], -a.limit), a.limit);
+        const float sg = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(gc, a.alpha))));
+        y = __fmul_rn(__fadd_rn(uc, 1.0f), __fmul_rn(gc, sg));
+      } else {
+        y = g[j] / (1.0f + expf(-g[j])) * u[j];
+      }
       if (f32_row) s_rowf[i + j] = y;
       else s_row[i + j] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }

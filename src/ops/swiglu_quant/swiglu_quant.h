@@ -33,6 +33,12 @@ struct SwigluQuantArgs {
   const int32_t* topk_ids = nullptr;       // [routes]
   const int32_t* slot_of_route = nullptr;  // [routes]
   int64_t routes = 0;
+  // gpt-oss's experts (model/decoder.cpp expert_activation): per-expert biases added to gate and up
+  // first, and the clamped SwiGLU h = (clamp(u, ±limit) + 1) · (min(g, limit) · σ(alpha · min(g, limit)))
+  // (core/swiglu.h clamped_swiglu) instead of silu(g)·u.
+  const float* gate_up_bias = nullptr;  // [E, 2I] fp32: expert e's gate bias [I], then its up bias [I]; or nullptr
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.0f;
 };
 
 // Errors: I not a multiple of 32, I_pad not a multiple of 256 or < I, bad sizes, unknown layout.
@@ -40,7 +46,7 @@ void swiglu_quant(const SwigluQuantArgs& args, cudaStream_t stream);
 void swiglu_quant_check(const SwigluQuantArgs& args);  // the launcher's argument checks (shared by the ref)
 
 // The CPU twin on HOST pointers: for every filled slot (slot < min(counts[e], capacity); with the route
-// grid, the slots the valid routes name) a = silu(gate)·up in fp32 (silu(g) = g / (1 + exp(−g))), then
+// grid, the slots the valid routes name) a = silu(gate)·up in fp32 (biases and clamped SwiGLU when given) (silu(g) = g / (1 + exp(−g))), then
 // rounded to bf16 and act_quant_row_ref — or, from h_f32 with quantize, kept fp32 into
 // act_quant_row_f32_ref — into out (zero past I up to I_pad) and inv_scale. Other slots untouched.
 // Errors: the launcher's.

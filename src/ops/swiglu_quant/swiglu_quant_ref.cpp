@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/swiglu.h"
 #include "format/nvfp4.h"
 
 namespace moesq::ops {
@@ -30,10 +31,13 @@ namespace {
 // One slot s = e·capacity + slot: the SwiGLU row, then the quantizer. row: [I] bf16, row_f32: [I] fp32 scratch.
 void swiglu_slot(const SwigluQuantArgs& a, int64_t s, std::vector<uint16_t>& row, std::vector<float>& row_f32) {
   const bool f32_row = a.h_f32 && a.quantize;
+  const int64_t e_row = s / a.capacity;
+  const float* bias = a.gate_up_bias ? a.gate_up_bias + e_row * 2 * a.I : nullptr;
   for (int64_t i = 0; i < a.I; ++i) {
-    const float g = a.h_f32 ? a.h_f32[s * 2 * a.I + i] : bf16_to_f32(a.h[s * 2 * a.I + i]);
-    const float u = a.h_f32 ? a.h_f32[s * 2 * a.I + a.I + i] : bf16_to_f32(a.h[s * 2 * a.I + a.I + i]);
-    const float y = g / (1.0f + std::exp(-g)) * u;
+    float g = a.h_f32 ? a.h_f32[s * 2 * a.I + i] : bf16_to_f32(a.h[s * 2 * a.I + i]);
+    float u = a.h_f32 ? a.h_f32[s * 2 * a.I + a.I + i] : bf16_to_f32(a.h[s * 2 * a.I + a.I + i]);
+    if (bias) g += bias[i], u += bias[a.I + i];
+    const float y = a.clamped ? clamped_swiglu(g, u, a.alpha, a.limit) : g / (1.0f + std::exp(-g)) * u;
     if (f32_row) row_f32[i] = y;
     else row[i] = f32_to_bf16(y);
   }

@@ -5,6 +5,7 @@
 #include "format/kernel_layout.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
+#include "model/fused_experts.h"
 #include "runtime/experts/registry.h"
 
 namespace moesq::runtime {
@@ -31,6 +32,15 @@ class Bf16Host final : public ExpertBackendHost {
     auto out = std::make_unique<Bf16HostExperts>();
     out->gu.assign(E * 2 * I * H_pad, 0);
     out->down.assign(E * H * I_pad, 0);
+    if (io::layer_tensor_names(s.model_type).fused_gate_up) {  // gpt-oss: fused (or per-expert) tensors
+      const std::vector<model::ExpertWeights> w = model::load_moe_layer_experts(ckpt, q, l);
+      for (int64_t e = 0; e < E; ++e) {
+        permute_dense_rows(w[e].gate.data(), I, H, H_pad, &out->gu[(e * 2 * I) * H_pad]);
+        permute_dense_rows(w[e].up.data(), I, H, H_pad, &out->gu[(e * 2 * I + I) * H_pad]);
+        permute_dense_rows(w[e].down.data(), H, I, I_pad, &out->down[e * H * I_pad]);
+      }
+      return out;
+    }
     for (int64_t e = 0; e < E; ++e) {
       auto read = [&](io::ExpertProj p, int64_t N, int64_t K) {
         // Any layout io reads, dequantized exactly (.weight, NVFP4, INT4).

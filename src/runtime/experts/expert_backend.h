@@ -36,6 +36,9 @@ struct ExpertStage {
   const uint16_t* x_lo = nullptr;  // [T, H] bf16 residues, or nullptr
   int64_t T = 0;
   unsigned stages = ~0u;
+  // gpt-oss: [E, 2I] fp32 gate|up biases of the layer's experts (HostMoe::expert_gate_up_bias), added
+  // before the (clamped, MoeBlockDims::clamped_swiglu) SwiGLU; nullptr: none.
+  const float* gate_up_bias = nullptr;
 };
 
 // One layer's routed experts on the device (freed on destruction), run by the backend that made them.

@@ -1,5 +1,6 @@
 // The attention block on the GPU (attention_block_device.cuh).
 #include "core/cuda/check.cuh"
+#include "ops/row_bias/row_bias.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "runtime/layers/attention_block_device.cuh"
 
@@ -11,6 +12,9 @@ void DeviceAttentionLayer::upload(const HostAttention& h) {
   if (!h.qkv_bias.empty()) qkv_bias.upload(h.qkv_bias);
   qkv.upload(h.qkv);
   o.upload(h.o);
+  if (!h.o_bias.empty()) o_bias.upload(h.o_bias);
+  if (!h.sinks.empty()) sinks.upload(h.sinks);
+  window = h.window;
 }
 
 void DeviceAttentionLayer::synthesize(const io::ModelSpec& s, const SeedFn& next_seed, float scale,
@@ -35,7 +39,8 @@ void DeviceAttentionLayer::alloc_kv(size_t elements) {
 }
 
 size_t DeviceAttentionLayer::weight_bytes() const {
-  return input_norm.bytes() + q_norm.bytes() + k_norm.bytes() + qkv_bias.bytes() + qkv.bytes() + o.bytes();
+  return input_norm.bytes() + q_norm.bytes() + k_norm.bytes() + qkv_bias.bytes() + qkv.bytes() + o.bytes() +
+         o_bias.bytes() + sinks.bytes();
 }
 
 void attention_block(const DeviceAttentionLayer& L, const AttentionCall& call, const LinearFn& linear,
@@ -52,12 +57,17 @@ void attention_block(const DeviceAttentionLayer& L, const AttentionCall& call, c
   qr.qkv_bias = L.qkv_bias.p;  // nullptr where the family has none
   ops::qk_rope(qr, stream);
   ops::AttentionArgs at = call.attn;
-  at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p;
+  at.k_cache = L.k_cache.p, at.v_cache = L.v_cache.p, at.window = L.window, at.sinks = L.sinks.p;
   ops::attention(at, stream);
   if (marks.after_attention) MOESQ_CUDA_CHECK(cudaEventRecord(marks.after_attention, stream));
   g = call.o_proj;
   g.w = L.o.p;
   linear(g);
+  if (L.o_bias.p) {  // h += o_proj(x), then + b (the CPU adds b to o_proj(x) first: a rounding apart)
+    ops::RowBiasArgs rb;
+    rb.y = g.y_f32, rb.bias = L.o_bias.p, rb.rows = g.M, rb.cols = g.N;
+    ops::row_bias(rb, stream);
+  }
 }
 
 }  // namespace moesq::runtime

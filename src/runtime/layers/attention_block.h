@@ -16,9 +16,13 @@ namespace moesq::runtime {
 
 // Why the attention block cannot run `spec`'s family ("" when it can): the family's token mixer must be
 // the built-in GQA attention (model/families.h) — q/k RMSNorm per head, over the whole projection or
-// none; q/k/v biases or none, no o_proj bias; plain (not zero-centred) RMSNorm weights; full
-// attention; head_dim 32, 64 or 128 with 1, 2, 4, 8 or 16 query heads per kv head.
+// none; q/k/v biases or none, no o_proj bias; plain (not zero-centred) RMSNorm weights; full or
+// sliding-window attention per layer — or gpt-oss's sink attention (model/mixers/sink_attention.h:
+// q/k/v/o biases, one sink logit per head, sliding and full layers, YaRN RoPE over the whole head);
+// head_dim 32, 64 or 128 with 1, 2, 4, 8 or 16 query heads per kv head.
 std::string attention_block_refusal(const io::ModelSpec& spec);
+// Whether model_type's layers are gpt-oss's sink attention (read through io::FamilySpec, not ModelSpec).
+bool is_sink_attention_family(const std::string& model_type);
 
 struct HostAttention {
   std::vector<float> input_norm;  // [H]
@@ -26,6 +30,9 @@ struct HostAttention {
   std::vector<float> qkv_bias;    // [(nh + 2·nkv)·hd] q, k, v biases (Qwen2-MoE), or empty
   std::vector<uint16_t> qkv;      // [(nh + 2·nkv)·hd, H] bf16: q rows, then k rows, then v rows
   std::vector<uint16_t> o;        // [H, nh·hd] bf16
+  std::vector<float> o_bias;      // [H] o_proj bias (gpt-oss), or empty
+  std::vector<float> sinks;       // [nh] attention sink logits (gpt-oss), or empty
+  int64_t window = 0;             // > 0: the layer's sliding window (ops::AttentionArgs::window); 0: full
 };
 // Layer `layer`'s input norm and attention weights. Errors name the tensor and the directory.
 HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t layer);

@@ -1,6 +1,7 @@
 // The attention block of one decoder layer on the GPU (attention_block.h): the layer's weights and KV
 // cache on the device, and the launch sequence runtime::Engine runs per layer:
-// rmsnorm → q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention → o_proj (+= h).
+// rmsnorm → q|k|v GEMM → q/k head norm + RoPE + KV append → causal GQA attention (the layer's window
+// and sinks) → o_proj (+= h) (+ its bias).
 // The per-call descriptors come from the caller (AttentionCall: token slots, positions, tiles or
 // split-KV partials, and whatever else the ops take); the block sets only the layer's pointers, so a
 // new per-call field of an op reaches it without touching the block.
@@ -26,6 +27,9 @@ struct DeviceAttentionLayer {
   DevBuf<float> qkv_bias;           // [(nh + 2·nkv)·hd], or unallocated
   DevBuf<uint16_t> qkv;             // [(nh + 2·nkv)·hd, H] bf16
   DevBuf<uint16_t> o;               // [H, nh·hd] bf16
+  DevBuf<float> o_bias;             // [H] (gpt-oss), or unallocated
+  DevBuf<float> sinks;              // [nh] attention sink logits (gpt-oss), or unallocated
+  int64_t window = 0;               // > 0: this layer's sliding window (ops::AttentionArgs::window)
   DevBuf<uint16_t> k_cache, v_cache;  // [kv_blocks, 64, nkv, hd] bf16 (paged: ops/attention/kv_layout.h)
 
   void upload(const HostAttention& host);  // synchronous, to the current device
@@ -37,7 +41,8 @@ struct DeviceAttentionLayer {
 };
 
 // The per-call descriptors of one attention block call (every layer's the same); the block fills in
-// norm.w, qkv.w, rope.{q_norm, k_norm, qkv_bias, k_cache, v_cache}, attn.{k_cache, v_cache} and o_proj.w
+// norm.w, qkv.w, rope.{q_norm, k_norm, qkv_bias, k_cache, v_cache}, attn.{k_cache, v_cache, window,
+// sinks} and o_proj.w
 // (the caller sets rope.whole_qk_norm for the family).
 struct AttentionCall {
   ops::RmsNormArgs norm;     // x = h [T, H] fp32 → y, y_lo [T, H] bf16

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/tensor_names.h"
+#include "model/fused_experts.h"
 #include "runtime/experts/registry.h"
 
 namespace moesq::runtime {
@@ -14,15 +15,29 @@ std::string moe_block_refusal(const io::ModelSpec& s) {
   auto no = [&](bool bad, const char* what) {
     if (bad) why += (why.empty() ? "" : ", ") + std::string(what);
   };
-  no(s.router_scoring == io::RouterScoring::TopkSoftmax, "its router takes the top-k of the logits, then a softmax");
   no(s.num_experts > 512, "it has more than 512 routed experts");
   no(s.n_group > 32, "its router has more than 32 expert groups");
-  no(s.router_logit_bias, "its router logits have a bias");
-  no(s.expert_bias || s.clamped_swiglu, "its experts are not plain SwiGLU (biases or clamped SwiGLU)");
+  no(s.router_scoring == io::RouterScoring::TopkSoftmax && s.router_correction_bias,
+     "its top-k-then-softmax router has a correction bias");
   return why;
 }
 
 namespace {
+
+// gpt-oss's expert biases (model::load_fused_expert_biases) into HostMoe's order: per expert the gate
+// bias [I], then the up bias [I] (the gate|up GEMM's columns); down [E, H] as stored.
+void load_expert_biases(const io::Checkpoint& ckpt, const io::QuantizationConfig& /*q*/, int64_t layer, HostMoe& m) {
+  const io::ModelSpec& s = ckpt.spec();
+  const int64_t E = s.num_experts, I = s.moe_intermediate_size;
+  std::vector<float> gu;
+  model::load_fused_expert_biases(ckpt, layer, gu, m.expert_down_bias);
+  m.expert_gate_up_bias.resize(E * 2 * I);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < I; ++i) {
+      m.expert_gate_up_bias[e * 2 * I + i] = gu[e * 2 * I + 2 * i];
+      m.expert_gate_up_bias[e * 2 * I + I + i] = gu[e * 2 * I + 2 * i + 1];
+    }
+}
 
 // "{prefix}.{gate,up,down}_proj.weight" of layer `layer` (and the gate's [1, H] "{gate}" tensor) in the
 // layout ops::dense_swiglu and the two GEMMs read.
@@ -56,6 +71,12 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
     MOESQ_CHECK(names.router_bias, s.model_type, ": router_correction_bias without a tensor name");
     m.correction_bias = ckpt.get_f32(io::layer_tensor(layer, names.router_bias), {s.num_experts});
   }
+  if (s.router_logit_bias) {
+    const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
+    m.router_logit_bias = ckpt.get_f32(io::family_layer_tensor(s, layer, names.router_logit_bias, "router logit bias"),
+                                       {s.num_experts});
+  }
+  if (s.expert_bias) load_expert_biases(ckpt, q, layer, m);
   m.experts = expert_backend_host(backend).load(ckpt, q, layer);
   if (s.num_shared_experts > 0) {
     const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);

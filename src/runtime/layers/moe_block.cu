@@ -21,6 +21,9 @@ void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
   if (host.experts) {
     router.upload(host.router);
     if (!host.correction_bias.empty()) correction_bias.upload(host.correction_bias);
+    if (!host.router_logit_bias.empty()) router_logit_bias.upload(host.router_logit_bias);
+    if (!host.expert_gate_up_bias.empty()) expert_gate_up_bias.upload(host.expert_gate_up_bias);
+    if (!host.expert_down_bias.empty()) expert_down_bias.upload(host.expert_down_bias);
     experts = expert_backend_device(backend).upload(*host.experts);
   }
   if (!host.mlp.gate_up.empty()) {
@@ -65,6 +68,11 @@ void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, co
   a.out = router.p, a.n = d.E * d.H, a.seed = next_seed(), a.scale = scale;
   ops::synth_bf16(a, stream);
   if (d.correction_bias) correction_bias.upload(std::vector<float>(d.E, 0.0f));  // a neutral bias
+  if (d.router_logit_bias) router_logit_bias.upload(std::vector<float>(d.E, 0.0f));
+  if (d.expert_bias) {  // zero biases of the right shapes
+    expert_gate_up_bias.upload(std::vector<float>(d.E * 2 * d.I, 0.0f));
+    expert_down_bias.upload(std::vector<float>(d.E * d.H, 0.0f));
+  }
   experts = expert_backend_device(backend).synthesize(d, next_seed, scale, stream);
 }
 
@@ -101,14 +109,17 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   rt.num_experts = static_cast<int>(dm.E), rt.topk = static_cast<int>(dm.top_k), rt.norm_topk_prob = dm.norm_topk_prob;
   rt.sigmoid = dm.sigmoid_router, rt.correction_bias = dm.correction_bias ? w.correction_bias.p : nullptr;
   rt.n_group = dm.n_group, rt.topk_group = dm.topk_group, rt.routed_scaling_factor = dm.routed_scaling_factor;
+  rt.topk_softmax = dm.topk_softmax, rt.logit_bias = dm.router_logit_bias ? w.router_logit_bias.p : nullptr;
   if (stages & kMoeTopk) ops::router_topk(rt, stream);
   ExpertStage s;
   s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages;
+  s.gate_up_bias = dm.expert_bias ? w.expert_gate_up_bias.p : nullptr;
   w.experts->run(s, stream);
   ops::MoeCombineArgs mc;
   mc.y = b.ybuf, mc.topk_ids = b.topk_ids, mc.topk_w = b.topk_w, mc.slot_of_route = b.slot_of_route;
   mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
+  mc.down_bias = dm.expert_bias ? w.expert_down_bias.p : nullptr;
   if (stages & kMoeCombine) ops::moe_combine(mc, stream);
 }
 

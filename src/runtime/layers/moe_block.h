@@ -26,9 +26,10 @@
 
 namespace moesq::runtime {
 
-// Why the MoE block cannot run layers of `spec`'s family ("" when it can): a softmax router, or a
-// sigmoid one with correction bias, grouped top-k and scaling (DeepSeek-V3 / Kimi-K2.5), without a
-// logit bias; plain SwiGLU experts without biases; a shared expert with or without its sigmoid gate.
+// Why the MoE block cannot run layers of `spec`'s family ("" when it can): a softmax router, a
+// sigmoid one with correction bias, grouped top-k and scaling (DeepSeek-V3 / Kimi-K2.5), or gpt-oss's
+// top-k-then-softmax router with a logit bias; plain SwiGLU experts, or gpt-oss's with biases and the
+// clamped SwiGLU; a shared expert with or without its sigmoid gate.
 // A dense MLP layer runs as the block with its MLP alone (no router, no routed experts).
 // Dense MLP layers are a per-layer question (ModelSpec::is_moe_layer), not the block's.
 std::string moe_block_refusal(const io::ModelSpec& spec);
@@ -48,6 +49,10 @@ struct HostDenseMlp {
 struct HostMoe {
   std::vector<uint16_t> router;         // [E, H] bf16
   std::vector<float> correction_bias;   // [E] fp32 e_score_correction_bias (sigmoid routers), or empty
+  std::vector<float> router_logit_bias; // [E] fp32 router bias (gpt-oss), or empty
+  // gpt-oss's expert biases (MoeBlockDims::expert_bias), or empty: [E, 2I] fp32 (expert e's gate bias
+  // [I], then its up bias [I]: the gate|up GEMM's column order) and [E, H] fp32.
+  std::vector<float> expert_gate_up_bias, expert_down_bias;
   std::unique_ptr<HostExperts> experts;  // experts/<backend>.h
   HostDenseMlp mlp;                      // the shared expert (MoE layer) or the dense MLP (dense layer)
 };

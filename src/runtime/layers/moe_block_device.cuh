@@ -12,6 +12,9 @@ namespace moesq::runtime {
 struct DeviceMoeLayer {
   DevBuf<uint16_t> router;                 // [E, H] bf16
   DevBuf<float> correction_bias;           // [E] fp32 (sigmoid routers with a correction bias), else empty
+  DevBuf<float> router_logit_bias;         // [E] fp32 (gpt-oss), else empty
+  DevBuf<float> expert_gate_up_bias;       // [E, 2I] fp32 (gpt-oss: HostMoe's order), else empty
+  DevBuf<float> expert_down_bias;          // [E, H] fp32 (gpt-oss), else empty
   // The layer's dense MLP (shared expert, or a dense layer's whole MLP; mlp_I 0: none): HostDenseMlp's.
   DevBuf<uint16_t> mlp_gate_up, mlp_down;
   int64_t mlp_I = 0;
@@ -28,7 +31,8 @@ struct DeviceMoeLayer {
   // gate|up [2I (+1 gated), H] then down [H, I], bf16 noise of std ≈ scale, one seed each.
   void synthesize_mlp(int64_t H, int64_t I, bool gated, const SeedFn& next_seed, float scale, cudaStream_t stream);
   size_t bytes() const {
-    return router.bytes() + correction_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() +
+    return router.bytes() + correction_bias.bytes() + router_logit_bias.bytes() + expert_gate_up_bias.bytes() +
+           expert_down_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() +
            (experts ? experts->bytes() : 0);
   }
 };

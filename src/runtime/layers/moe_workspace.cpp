@@ -17,6 +17,9 @@ MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   d.correction_bias = s.router_correction_bias;
   d.n_group = static_cast<int>(s.n_group), d.topk_group = static_cast<int>(s.topk_group);
   d.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
+  d.topk_softmax = s.router_scoring == io::RouterScoring::TopkSoftmax, d.router_logit_bias = s.router_logit_bias;
+  d.expert_bias = s.expert_bias, d.clamped_swiglu = s.clamped_swiglu;
+  d.swiglu_alpha = static_cast<float>(s.swiglu_alpha), d.swiglu_limit = static_cast<float>(s.swiglu_limit);
   if (s.num_shared_experts > 0) d.mlp_I = s.shared_expert_intermediate_size, d.shared_gated = s.shared_expert_gate;
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l)) d.mlp_I = std::max(d.mlp_I, s.intermediate_size);

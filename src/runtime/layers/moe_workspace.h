@@ -20,6 +20,11 @@ struct MoeBlockDims {
   bool sigmoid_router = false, correction_bias = false;
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f;
+  // gpt-oss (transformers GptOssTopKRouter / GptOssExperts): a router logit bias, top-k then softmax over
+  // the k; expert gate/up/down biases and the clamped SwiGLU (alpha, limit).
+  bool topk_softmax = false, router_logit_bias = false;
+  bool expert_bias = false, clamped_swiglu = false;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
   // The widest dense SwiGLU MLP of the model's layers (0: none): a shared expert
   // (shared_expert_intermediate_size, with a sigmoid gate when shared_gated) or a dense layer's MLP
   // (intermediate_size, layers outside ModelSpec::is_moe_layer).
