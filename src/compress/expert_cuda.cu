@@ -229,6 +229,37 @@ constexpr const char* kNonFiniteLayerOutput =
     "the layer's W4A4 expert outputs hold a NaN or an infinity (its MoE inputs or compressed weights are not finite)";
 
 // routed_experts_device on host rows X (LayerDevice::routed_experts).
+// logits [n, E] = X [n, H] (device) · routerᵀ (host [E, H]) by one pedantic cuBLAS SGEMM: the ONE router
+// GEMM of both state paths (DeviceStates::router_logits, LayerDevice::router_logits), so they route alike.
+std::vector<float> router_logits_device(Context& g, const float* dX, int64_t n, int64_t H,
+                                        const std::vector<float>& router, int64_t E) {
+  MOESQ_CHECK(static_cast<int64_t>(router.size()) == E * H, "router logits on the GPU: the router holds ",
+              router.size(), " values, expected E·H = ", E * H);
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  if (n == 0) return logits;
+  MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
+  float* w = g.w_d.get(static_cast<size_t>(E * H));
+  float* out = g.ly.get(static_cast<size_t>(n * E));
+  g.t.h2d(w, router.data(), sizeof(float) * E * H);
+  const float one = 1.0f, zero = 0.0f;
+  MOESQ_CUBLAS_CHECK(cublasSgemm(g.t.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E), static_cast<int>(n),
+                                 static_cast<int>(H), &one, w, static_cast<int>(H), dX, static_cast<int>(H), &zero, out,
+                                 static_cast<int>(E)));
+  g.t.d2h(logits.data(), out, sizeof(float) * n * E);
+  return logits;
+}
+
+std::vector<float> router_logits_cuda(const std::vector<float>& X, int64_t n, int64_t H,
+                                      const std::vector<float>& router, int64_t E) {
+  MOESQ_CHECK(static_cast<int64_t>(X.size()) == n * H, "router logits on the GPU: X holds ", X.size(),
+              " values for n = ", n, " rows of H = ", H);
+  if (n == 0) return {};
+  Context& g = context();
+  float* dx = g.lx.get(static_cast<size_t>(n * H));
+  g.t.h2d(dx, X.data(), sizeof(float) * n * H);
+  return router_logits_device(g, dx, n, H, router, E);
+}
+
 std::vector<float> routed_experts_cuda(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
                                        const std::vector<float>& X, const model::Routes& r, int act_block) {
   const int64_t n = r.n;
@@ -270,22 +301,7 @@ class DeviceStatesCuda final : public DeviceStates {
     return X_.p;
   }
   std::vector<float> router_logits(const std::vector<float>& router, int64_t E) override {
-    const int64_t n = offset_.back();
-    MOESQ_CHECK(static_cast<int64_t>(router.size()) == E * H_, "device states: the router holds ", router.size(),
-                " values, expected E·H = ", E * H_);
-    std::vector<float> logits(static_cast<size_t>(n * E));
-    if (n == 0) return logits;
-    Context& g = context();
-    MOESQ_CUBLAS_CHECK(cublasSetMathMode(g.t.blas, CUBLAS_PEDANTIC_MATH));
-    float* w = g.w_d.get(static_cast<size_t>(E * H_));
-    float* out = g.ly.get(static_cast<size_t>(n * E));
-    g.t.h2d(w, router.data(), sizeof(float) * E * H_);
-    const float one = 1.0f, zero = 0.0f;
-    MOESQ_CUBLAS_CHECK(cublasSgemm(g.t.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E), static_cast<int>(n),
-                                   static_cast<int>(H_), &one, w, static_cast<int>(H_), X_.p, static_cast<int>(H_),
-                                   &zero, out, static_cast<int>(E)));
-    g.t.d2h(logits.data(), out, sizeof(float) * n * E);
-    return logits;
+    return router_logits_device(context(), X_.p, offset_.back(), H_, router, E);
   }
   float* expert_outputs(int64_t routes) override {
     const size_t need = static_cast<size_t>(std::max<int64_t>(routes, 1) * H_);
@@ -368,7 +384,8 @@ class DeviceStatesCuda final : public DeviceStates {
 std::unique_ptr<DeviceStates> make_states_cuda() { return std::make_unique<DeviceStatesCuda>(); }
 
 const LayerDevice kLayerDeviceCuda{
-    .moe_inputs = moe_inputs_cuda, .routed_experts = routed_experts_cuda, .make_states = make_states_cuda};
+    .moe_inputs = moe_inputs_cuda, .routed_experts = routed_experts_cuda, .router_logits = router_logits_cuda,
+    .make_states = make_states_cuda};
 
 }  // namespace
 

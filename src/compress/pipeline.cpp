@@ -513,9 +513,15 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
     std::string committed_next_sha256;
     std::vector<uint8_t> kept;  // [E] or empty: the experts whose W4A4 outputs the error stage left on the GPU
     model::Routes routes;
-    if (moe)
-      routes = dev ? m.route_logits(l, dev->router_logits(m.layer(l).router, E), st.n_total())
-                   : m.route(l, X, st.n_total());
+    if (moe) {
+      if (dev)
+        routes = m.route_logits(l, dev->router_logits(m.layer(l).router, E), st.n_total());
+      else if (opt.layer_device && opt.layer_device->router_logits)  // the device-resident path's GEMM
+        routes = m.route_logits(l, opt.layer_device->router_logits(X, st.n_total(), H, m.layer(l).router, E),
+                                st.n_total());
+      else
+        routes = m.route(l, X, st.n_total());
+    }
     // The original stream's layer: its MoE inputs, then its MLP part through the original weights
     // (before this layer's experts are replaced); its states advance here.
     std::vector<float> X_orig;

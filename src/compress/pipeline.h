@@ -80,6 +80,11 @@ struct LayerDevice {
   // and routes r (n rows, top-k). Values differ from the CPU's by fp32 GEMM summation order only.
   std::vector<float> (*routed_experts)(const std::vector<model::ExpertWeights>& experts, int64_t H, int64_t I,
                                        const std::vector<float>& X, const model::Routes& r, int act_block) = nullptr;
+  // The router logits [n, E] = X [n, H] · routerᵀ ([E, H]) by DeviceStates::router_logits' GEMM, so a run
+  // with host states routes as a device-resident one does (the CPU's BLAS sums in another order, and
+  // a sigmoid router's weights carry that difference into the next layer's inputs).
+  std::vector<float> (*router_logits)(const std::vector<float>& X, int64_t n, int64_t H,
+                                      const std::vector<float>& router, int64_t E) = nullptr;
   // The calibration states kept on the GPU from layer to layer (device_resident), or nullptr.
   std::unique_ptr<DeviceStates> (*make_states)() = nullptr;
 };
