@@ -63,31 +63,9 @@ __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs
     __syncwarp();
     z = p;
   }
-  if (a.topk_softmax) {  // top-k of z, then exp(z_j − z_first) / Σ in top-k order
-    float wsum = 0.0f, w_mine = 0.0f, z_first = 0.0f;
-    for (int j = 0; j < a.topk; ++j) {
-      float bv = -INFINITY;
-      int bi = E;
-      for (int e = lane; e < E; e += 32)
-        if (p[e] > bv) bv = p[e], bi = e;
-      for (int x = 16; x > 0; x /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, x);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, x);
-        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-      }
-      if (j == 0) z_first = bv;
-      const float w = expf(__fsub_rn(bv, z_first));
-      wsum = __fadd_rn(wsum, w);
-      if (lane == j) w_mine = w;
-      if (lane == 0) a.topk_ids[t * a.topk + j] = bi;
-      __syncwarp();
-      if (lane == 0) p[bi] = -INFINITY;  // taken
-      __syncwarp();
-    }
-    if (lane < a.topk) a.topk_w[t * a.topk + lane] = __fdiv_rn(w_mine, wsum);
-    return;
-  }
-  if (a.sigmoid) {
+  if (a.topk_softmax) {
+    // p holds z (+ bias): the top-k is taken from it, the weights follow (exp(z_j − z_first) / Σ)
+  } else if (a.sigmoid) {
     sigmoid_choice(a, z, p, s_c[warp], lane);
   } else {
     float mx = -INFINITY;
@@ -100,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs
     __syncwarp();
   }
   float* score = a.sigmoid ? s_c[warp] : p;
-  float wsum = 0.0f, w_mine = 0.0f;
+  float wsum = 0.0f, w_mine = 0.0f, z_first = 0.0f;
   for (int j = 0; j < a.topk; ++j) {
     float bv = -INFINITY;
     int bi = E;
@@ -111,13 +89,19 @@ __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs
       const int oi = __shfl_xor_sync(0xffffffffu, bi, x);
       if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
     }
-    const float w = a.sigmoid ? p[bi] : bv;  // the weight is p, whatever chose it
+    if (j == 0) z_first = bv;
+    // sigmoid: the weight is p, whatever chose it; top-k-softmax: exp(z_j − z_first), normalized below
+    const float w = a.topk_softmax ? expf(__fsub_rn(bv, z_first)) : a.sigmoid ? p[bi] : bv;
     wsum = __fadd_rn(wsum, w);
     if (lane == j) w_mine = w;
     if (lane == 0) a.topk_ids[t * a.topk + j] = bi;
     __syncwarp();
     if (lane == 0) score[bi] = -INFINITY;  // taken
     __syncwarp();
+  }
+  if (a.topk_softmax) {  // the softmax over the k: normalized whatever norm_topk_prob, never scaled
+    if (lane < a.topk) a.topk_w[t * a.topk + lane] = __fdiv_rn(w_mine, wsum);
+    return;
   }
   if (a.sigmoid) wsum = __fadd_rn(wsum, 1e-20f);
   if (lane < a.topk) {

@@ -71,23 +71,9 @@ void router_topk_ref(const RouterTopkArgs& a) {
       for (int e = 0; e < E; ++e) zb[e] = z[e] + a.logit_bias[e];
       z = zb.data();
     }
-    if (a.topk_softmax) {  // top-k of z (ties → lower id), then exp(z_j − z_first) / Σ in top-k order
-      std::fill(taken.begin(), taken.end(), 0);
-      float wsum = 0.0f;
-      for (int j = 0; j < a.topk; ++j) {
-        int best = -1;
-        for (int e = 0; e < E; ++e)
-          if (!taken[e] && (best < 0 || z[e] > z[best])) best = e;
-        taken[best] = 1;
-        a.topk_ids[t * a.topk + j] = best;
-        const float w = std::exp(z[best] - z[a.topk_ids[t * a.topk]]);
-        a.topk_w[t * a.topk + j] = w;
-        wsum += w;
-      }
-      for (int j = 0; j < a.topk; ++j) a.topk_w[t * a.topk + j] /= wsum;
-      continue;
-    }
-    if (a.sigmoid) {
+    if (a.topk_softmax) {
+      std::copy(z, z + E, p.begin());  // the top-k of z (+ bias); weights exp(z_j − z_first) / Σ below
+    } else if (a.sigmoid) {
       sigmoid_choice(a, z, p.data(), c.data());
     } else {
       const float mx = *std::max_element(z, z + E);
@@ -113,8 +99,13 @@ void router_topk_ref(const RouterTopkArgs& a) {
         if (!taken[e] && (best < 0 || score[e] > score[best])) best = e;
       taken[best] = 1;
       a.topk_ids[t * a.topk + j] = best;
-      a.topk_w[t * a.topk + j] = p[best];
-      wsum += p[best];
+      const float w = a.topk_softmax ? std::exp(p[best] - p[a.topk_ids[t * a.topk]]) : p[best];
+      a.topk_w[t * a.topk + j] = w;
+      wsum += w;
+    }
+    if (a.topk_softmax) {  // the softmax over the k: normalized whatever norm_topk_prob, never scaled
+      for (int j = 0; j < a.topk; ++j) a.topk_w[t * a.topk + j] /= wsum;
+      continue;
     }
     if (a.sigmoid) wsum += 1e-20f;
     for (int j = 0; j < a.topk; ++j) {
