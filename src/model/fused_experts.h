@@ -20,15 +20,15 @@ void unpack_fused_gate_up(const float* gate_up, const float* gate_up_bias, int64
 void unpack_fused_down(const float* down, const float* down_bias, int64_t E, int64_t H, int64_t I, int64_t e,
                        ExpertWeights& w);
 
-// MoE layer `layer`'s E routed experts as the CPU forward reads them (model/loader.cpp: fused or
-// per-expert tensors, packed ones dequantized exactly, biases, static activation scales): for loaders
-// outside the model (the GPU engine's expert backends for fused-expert families). Errors name the tensor
-// and the directory.
 // MoE layer `layer`'s expert biases of a fused-expert family (gpt-oss) as the fused tensors lay them
 // out: gate_up_bias [E, 2I] (gate in the even, up in the odd columns), down_bias [E, H] fp32 — from the
 // fused bias tensors, or gathered from a compressed checkpoint's per-expert Linear biases.
 void load_fused_expert_biases(const io::Checkpoint& ckpt, int64_t layer, std::vector<float>& gate_up_bias,
                               std::vector<float>& down_bias);
+// MoE layer `layer`'s E routed experts as the CPU forward reads them (model/loader.cpp: fused or
+// per-expert tensors, packed ones dequantized exactly, biases, static activation scales): for loaders
+// outside the model (the GPU engine's expert backends for fused-expert families). Errors name the tensor
+// and the directory.
 std::vector<ExpertWeights> load_moe_layer_experts(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
                                                   int64_t layer);
 

@@ -31,6 +31,10 @@ bool is_sink_attention_family(const std::string& model_type) { return model_type
 
 namespace {
 
+void append_bf16(std::vector<uint16_t>& dst, const std::vector<float>& v) {
+  for (float f : v) dst.push_back(f32_to_bf16(f));
+}
+
 // gpt-oss's layer `l` (model/mixers/sink_attention.cpp reads the same tensors): q/k/v/o projections and
 // biases, the sink logits, the layer's window. Errors name what the block does not run.
 HostAttention load_sink_attention(const io::Checkpoint& ckpt, int64_t l) {
@@ -49,9 +53,6 @@ HostAttention load_sink_attention(const io::Checkpoint& ckpt, int64_t l) {
   HostAttention a;
   const int64_t H = s.hidden_size;
   a.input_norm = ckpt.get_f32(io::layer_tensor(l, io::kInputNorm), {H});
-  auto append_bf16 = [](std::vector<uint16_t>& dst, const std::vector<float>& v) {
-    for (float x : v) dst.push_back(f32_to_bf16(x));
-  };
   append_bf16(a.qkv, w.q_proj);
   append_bf16(a.qkv, w.k_proj);
   append_bf16(a.qkv, w.v_proj);
@@ -78,9 +79,6 @@ HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t l) {
     return ckpt.get_f32(io::layer_tensor(l, rest), shape);
   };
   auto proj = [&](const char* p) { return std::string(names::kAttn) + p + io::kWeight; };
-  auto append_bf16 = [](std::vector<uint16_t>& dst, const std::vector<float>& v) {
-    for (float f : v) dst.push_back(f32_to_bf16(f));
-  };
   HostAttention a;
   a.input_norm = get(io::kInputNorm, {H});
   if (s.qk_norm == io::QkNorm::PerHead) {

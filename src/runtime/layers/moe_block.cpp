@@ -26,7 +26,7 @@ namespace {
 
 // gpt-oss's expert biases (model::load_fused_expert_biases) into HostMoe's order: per expert the gate
 // bias [I], then the up bias [I] (the gate|up GEMM's columns); down [E, H] as stored.
-void load_expert_biases(const io::Checkpoint& ckpt, const io::QuantizationConfig& /*q*/, int64_t layer, HostMoe& m) {
+void load_expert_biases(const io::Checkpoint& ckpt, int64_t layer, HostMoe& m) {
   const io::ModelSpec& s = ckpt.spec();
   const int64_t E = s.num_experts, I = s.moe_intermediate_size;
   std::vector<float> gu;
@@ -76,7 +76,7 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
     m.router_logit_bias = ckpt.get_f32(io::family_layer_tensor(s, layer, names.router_logit_bias, "router logit bias"),
                                        {s.num_experts});
   }
-  if (s.expert_bias) load_expert_biases(ckpt, q, layer, m);
+  if (s.expert_bias) load_expert_biases(ckpt, layer, m);
   m.experts = expert_backend_host(backend).load(ckpt, q, layer);
   if (s.num_shared_experts > 0) {
     const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
