@@ -18,7 +18,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
-#   STEPS="tests bench e2e kimi" (default all four)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -87,6 +87,16 @@ if has compress; then
     --seq-len 128 --methods "${KIMI_METHODS:-sgptq,moesq}" --device cuda --threads "${KIMI_THREADS:-16}" --json > "$O/bench_compress_kimi.json" \
     2> "$W/bench_compress_kimi.log"
   log "bench compress kimi-k2.5 rc=$?"; grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_kimi.log" | tail -12 | tee -a "$S"
+fi
+
+# Session 23: the kept expert outputs (DeviceStates::expert_outputs) against the sampled free memory, at
+# Qwen3-30B-A3B shapes over Q3_LAYERS layers: layer 1 recomputes (nothing sampled yet), the later
+# layers reuse the error stage's outputs; the per-layer propagation times are in the log's layer lines.
+if has compress_q3; then
+  timeout "${Q3_TIMEOUT:-240}" "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers "${Q3_LAYERS:-3}" \
+    --methods "${Q3_METHODS:-moesq}" --device cuda --threads 16 --json > "$O/bench_compress_q3.json" 2> "$W/bench_compress_q3.log"
+  log "bench compress qwen3-30b-a3b layers ${Q3_LAYERS:-3} rc=$?"
+  grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_q3.log" | tail -16 | tee -a "$S"
 fi
 
 if has bench; then

@@ -1,5 +1,6 @@
 // The GPU rows, targets and W4A4 error of one expert (compress/expert_cuda.h).
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -303,15 +304,29 @@ class DeviceStatesCuda final : public DeviceStates {
   std::vector<float> router_logits(const std::vector<float>& router, int64_t E) override {
     return router_logits_device(context(), X_.p, offset_.back(), H_, router, E);
   }
+  // The buffer is granted against the previous MoE layer's low watermark of free memory (note_memory,
+  // sampled by the workers while their scratch was held) with a tenth of the GPU kept free for larger
+  // experts: the workers' scratch comes first. Before any layer has been sampled, nothing is granted.
   float* expert_outputs(int64_t routes) override {
     const size_t need = static_cast<size_t>(std::max<int64_t>(routes, 1) * H_);
+    const size_t low = low_free_.exchange(kUnsampled);  // the next layer samples afresh
+    const size_t have = Yq_.p ? sizeof(float) * Yq_.n : 0;
+    if (low == kUnsampled || sizeof(float) * need + total_ / 10 > low + have) {
+      Yq_ = DevBuf<float>();  // the workers need the room (or their need is not known yet)
+      return nullptr;
+    }
     if (Yq_.p && Yq_.n >= need) return Yq_.p;
     Yq_ = DevBuf<float>();  // frees a smaller one first
-    size_t free = 0, total = 0;
-    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    if (sizeof(float) * need > free / 4) return nullptr;  // the workers' rows and scratch come first
     Yq_.alloc(need);
     return Yq_.p;
+  }
+  void note_memory() override {
+    size_t free = 0, total = 0;
+    MOESQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    total_ = total;
+    size_t low = low_free_.load();
+    while (free < low && !low_free_.compare_exchange_weak(low, free)) {
+    }
   }
   void propagate(const std::vector<model::ExpertWeights>& experts, int64_t I, const model::Routes& r, int act_block,
                  const std::vector<uint8_t>& kept, const model::ExpertWeights* shared, int64_t shared_I) override {
@@ -379,6 +394,9 @@ class DeviceStatesCuda final : public DeviceStates {
   DevBuf<float> h_, X_;          // [n, H] each
   DevBuf<float> Yq_;             // [routes, H] the experts' W4A4 outputs (expert_outputs), or empty
   DevBuf<float> Ys_;             // [n, H] a dense layer's or the shared expert's outputs, or empty
+  static constexpr size_t kUnsampled = std::numeric_limits<size_t>::max();
+  std::atomic<size_t> low_free_{kUnsampled};  // the least free memory note_memory saw since expert_outputs
+  std::atomic<size_t> total_{0};              // the GPU's memory (bytes)
 };
 
 std::unique_ptr<DeviceStates> make_states_cuda() { return std::make_unique<DeviceStatesCuda>(); }

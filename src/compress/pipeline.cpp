@@ -370,9 +370,11 @@ void place_layer(int64_t l, std::vector<ExpertResult> layer, CompressResult& res
 
 // The experts of layer l this rank owns (dist::experts_of_rank; all of them on one rank), in
 // parallel, each single-threaded inside (BLAS included); then the ranks exchange their shares.
-// Returns the whole layer in expert order, every expert installed in `m`.
+// Returns the whole layer in expert order, every expert installed in `m`. dev (device-resident
+// states, or null) samples the free GPU memory after each expert (DeviceStates::note_memory).
 std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, const std::vector<ExpertCalib>& cal,
-                                         const CompressOptions& opt, int act_block, dist::Communicator& comm) {
+                                         const CompressOptions& opt, int act_block, dist::Communicator& comm,
+                                         DeviceStates* dev) {
   const io::ModelSpec& spec = m.spec();
   const int64_t L = spec.num_layers, E = spec.num_experts, H = spec.hidden_size, I = spec.moe_intermediate_size;
   const std::vector<int64_t> mine = dist::experts_of_rank(E, comm.rank(), comm.size());
@@ -396,6 +398,7 @@ std::vector<ExpertResult> compress_layer(model::DecoderModel& m, int64_t l, cons
     } catch (const Error& err) {  // which expert failed (e.g. a refinement that diverged to NaN)
       MOESQ_FAIL(layer_label(l, L), " expert ", e, " (--method ", opt.method->name, "): ", err.what());
     }
+    if (dev) dev->note_memory();  // this worker's scratch is still held (DeviceStates::expert_outputs)
     const int64_t d = ++done;
     if (d % 8 == 0 || d == n_mine) {
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -539,6 +542,12 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
       place_layer(l, committed_layer(m, l, run.work, *comm, committed_next_sha256), res);
     } else {
       float* dev_Yq = dev ? dev->expert_outputs(routes.n * routes.k) : nullptr;
+      if (dev)
+        progress("compress", "layer " + std::to_string(l + 1) + ": the experts' outputs " +
+                                 (dev_Yq ? "stay on the GPU for the propagation (" +
+                                               std::to_string(routes.n * routes.k * H * 4 / 1000000) + " MB)"
+                                         : "are recomputed by the propagation (the workers' need for GPU memory is "
+                                           "not yet sampled, or it leaves no room)"));
       if (dev_Yq) kept.assign(static_cast<size_t>(E), 0);
       std::vector<ExpertCalib> cal =
           cache_expert_rows(X, dev_X, routes, E, H, st.offset, opt.threads, dev_Yq, dev_Yq ? kept.data() : nullptr,
@@ -549,7 +558,7 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
         train_sum += static_cast<double>(c.n - heldout_rows(opt.refine, c.n));
       for (ExpertCalib& c : cal) c.schedule_rows = std::llround(train_sum / static_cast<double>(E));
       lap(ls.routing);
-      std::vector<ExpertResult> layer = compress_layer(m, l, cal, opt, act_block, *comm);
+      std::vector<ExpertResult> layer = compress_layer(m, l, cal, opt, act_block, *comm, dev.get());
       for (const ExpertResult& x : layer) {
         if (dist::expert_owner(x.report.expert, comm->size()) != comm->rank()) continue;  // timed by its rank
         ls.targets += x.report.stage_seconds.targets;

@@ -106,9 +106,14 @@ class DeviceStates {
   // X · routerᵀ: the router logits [n, E] fp32 on the host (router [E, H]).
   virtual std::vector<float> router_logits(const std::vector<float>& router, int64_t E) = 0;
   // A device buffer [routes, H] fp32 for the experts' W4A4 outputs on their rows, in routes_by_expert
-  // order (ExpertCalib::dev_Yq), kept from layer to layer; nullptr when it would take more than a
-  // quarter of the free GPU memory (the propagation then recomputes every expert).
+  // order (ExpertCalib::dev_Yq), kept from layer to layer. It is granted only when it fits in the least
+  // free memory note_memory saw during the previous MoE layer (its workers' scratch held) with a tenth
+  // of the GPU to spare; otherwise, and for the first MoE layer (nothing sampled yet), nullptr: the
+  // propagation then recomputes every expert. Each call starts the next layer's sampling afresh.
   virtual float* expert_outputs(int64_t routes) = 0;
+  // Samples the GPU's free memory (any thread): the compression workers call it after each expert,
+  // while their device scratch is held, so expert_outputs knows what they need.
+  virtual void note_memory() = 0;
   // h += the routed part of moe_block on X (LayerDevice::routed_experts' math) for the routes r. kept
   // ([E] or empty): kept[e] = 1 when expert e's outputs are already in expert_outputs' buffer (its
   // error stage wrote them); those are added as they are, the others computed here — the same bits.

@@ -605,6 +605,7 @@ TEST(DeviceStatesCuda, SameBitsAsTheHostStatePath) {
     // Every other expert's outputs come from its error stage (ExpertDevice::rel_error's y_out, as
     // compress_model leaves them), the rest are computed by propagate: the sum must be the same bits.
     const compress::RoutesByExpert by = compress::routes_by_expert(r, E);
+    states->note_memory();  // as a compression worker would: the buffer is granted against it
     float* outputs = states->expert_outputs(r.n * r.k);
     ASSERT_NE(outputs, nullptr);
     std::vector<uint8_t> kept(static_cast<size_t>(E), 0);
@@ -632,6 +633,25 @@ TEST(DeviceStatesCuda, SameBitsAsTheHostStatePath) {
       ASSERT_EQ(0, std::memcmp(got[i].data(), h_host[i].data(), h_host[i].size() * sizeof(float)))
           << "layer " << l << " sequence " << i;
   }
+}
+
+// The kept-outputs buffer is granted only against a sampled low watermark of free memory: nothing
+// before a sample, nothing larger than what the sample leaves (less a tenth of the GPU), and each
+// grant consumes the sample (the next layer samples afresh).
+TEST(DeviceStatesCuda, ExpertOutputsFitTheSampledFreeMemory) {
+  const compress::LayerDevice* dev = compress::layer_device_cuda();
+  std::unique_ptr<compress::DeviceStates> states = dev->make_states();
+  const int64_t H = 64;
+  states->upload({random_vec(8 * H, 3, 1.0f)}, H);
+  EXPECT_EQ(states->expert_outputs(16), nullptr) << "granted before any sample";
+  states->note_memory();
+  EXPECT_NE(states->expert_outputs(16), nullptr);
+  EXPECT_EQ(states->expert_outputs(16), nullptr) << "the sample was consumed";
+  size_t free = 0, total = 0;
+  MOESQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  states->note_memory();
+  const auto too_many = static_cast<int64_t>(free / (sizeof(float) * H));  // all the free memory, no tenth left
+  EXPECT_EQ(states->expert_outputs(too_many), nullptr);
 }
 
 TEST(DeviceStatesCuda, CompressModelGivesTheSameExpertsWithAndWithout) {
