@@ -189,6 +189,10 @@ void run_bench_compress(const BenchCompressArgs& a) {
                   "solve %.2f, refinement %.2f, error %.2f) | propagation %.2f s | %.2f s\n",
                   static_cast<long long>(x.layer + 1), x.routing, x.attention, x.experts, x.targets, x.solve - x.refinement,
                   x.refinement, x.error, x.propagation, total);
+      if (x.refinement > 0)
+        std::fprintf(table, "    refinement summed: prepare %.2f | start %.2f | optimize %.2f (steps issued %.2f, the rest "
+                            "evals and best-epoch snapshots) | finish %.2f s\n",
+                     x.refine_prepare, x.refine_start, x.refine_optimize, x.refine_steps, x.refine_finish);
       layers.push_back({{"layer", x.layer},
                         {"routing_s", x.routing},
                         {"attention_s", x.attention},
@@ -197,7 +201,10 @@ void run_bench_compress(const BenchCompressArgs& a) {
                         {"total_s", total},
                         {"expert_stages_summed_s",
                          {{"targets", x.targets}, {"solve", x.solve - x.refinement}, {"refinement", x.refinement},
-                          {"error", x.error}}}});
+                          {"error", x.error}}},
+                        {"refinement_stages_summed_s",
+                         {{"prepare", x.refine_prepare}, {"start", x.refine_start}, {"optimize", x.refine_optimize},
+                          {"steps_issued", x.refine_steps}, {"finish", x.refine_finish}}}});
     }
     // The whole model from the layers run: MoE layers at the mean of the MoE layers run, dense layers at
     // the mean of the dense layers run (or of all layers run when none of a kind ran).

@@ -197,6 +197,10 @@ struct LayerSeconds {
   // Σ over the experts this rank solved of their worker-thread wall (ExpertReport::stage_seconds; the
   // refinement's share of `solve` separately): shows which stage the `experts` wall is made of.
   double targets = 0, solve = 0, refinement = 0, error = 0;
+  // The refinement's own stages summed over the experts (refine::RefineResult::stage_seconds: prepare,
+  // start = uploads + initial loss, optimize = epochs with their evals and best-epoch snapshots, finish
+  // = argmax + pack + final loss), and of optimize the steps' issue time (curves.epoch_seconds).
+  double refine_prepare = 0, refine_start = 0, refine_optimize = 0, refine_steps = 0, refine_finish = 0;
 };
 
 struct CompressResult {
