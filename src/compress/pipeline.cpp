@@ -368,25 +368,6 @@ void place_layer(int64_t l, std::vector<ExpertResult> layer, CompressResult& res
   }
 }
 
-// The refinement's stage times of one expert's report (methods/moesq.cpp's extra: stage_seconds and
-// epoch_seconds) into the layer's sums; other methods' reports carry none.
-void add_refine_stages(const nlohmann::json& extra, LayerSeconds& ls) {
-  if (!extra.is_object()) return;
-  const auto num = [](const nlohmann::json& j, const char* k) {
-    return j.is_object() && j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0;
-  };
-  if (extra.contains("stage_seconds")) {
-    const nlohmann::json& st = extra["stage_seconds"];
-    ls.refine_prepare += num(st, "prepare");
-    ls.refine_start += num(st, "start");
-    ls.refine_optimize += num(st, "optimize");
-    ls.refine_finish += num(st, "finish");
-  }
-  if (extra.contains("epoch_seconds") && extra["epoch_seconds"].is_array())
-    for (const nlohmann::json& e : extra["epoch_seconds"])
-      if (e.is_number()) ls.refine_steps += e.get<double>();
-}
-
 // The experts of layer l this rank owns (dist::experts_of_rank; all of them on one rank), in
 // parallel, each single-threaded inside (BLAS included); then the ranks exchange their shares.
 // Returns the whole layer in expert order, every expert installed in `m`. dev (device-resident
@@ -586,7 +567,12 @@ CompressResult compress_model(model::DecoderModel& m, const CalibSet& calib, con
         if (x.report.extra.is_object() && x.report.extra.contains("seconds") &&
             x.report.extra["seconds"].is_number())
           ls.refinement += x.report.extra["seconds"].get<double>();
-        add_refine_stages(x.report.extra, ls);
+        const ExpertReport::StageSeconds& st = x.report.stage_seconds;
+        ls.refine_prepare += st.refine_prepare;
+        ls.refine_start += st.refine_start;
+        ls.refine_optimize += st.refine_optimize;
+        ls.refine_steps += st.refine_steps;
+        ls.refine_finish += st.refine_finish;
       }
       place_layer(l, std::move(layer), res);
     }

@@ -184,6 +184,9 @@ struct ExpertReport {
   // (GPU: upload + Y on the device; CPU: Y with cblas), the method's solve, the error + dequantization.
   struct StageSeconds {
     double targets = 0, solve = 0, error = 0;
+    // Of solve, the refinement's own stages (method moesq; refine::RefineResult::stage_seconds) and of
+    // optimize the steps' issue time (curves.epoch_seconds). Not written to report.json.
+    double refine_prepare = 0, refine_start = 0, refine_optimize = 0, refine_steps = 0, refine_finish = 0;
   } stage_seconds;
 };
 

@@ -51,9 +51,13 @@ PackedExpert compress_moesq(const ExpertJob& job, const CompressOptions& opt, Ex
                {"heldout_rows", rr.heldout_rows}, {"steps", rr.steps},
                {"pattern_change", rr.pattern_change}, {"seconds", rr.seconds}, {"skipped", rr.skipped},
                {"selected_epoch", rr.selected_epoch},
-               {"stage_seconds", {{"prepare", rr.stage_seconds.prepare}, {"start", rr.stage_seconds.start},
-                                  {"optimize", rr.stage_seconds.optimize}, {"finish", rr.stage_seconds.finish}}},
                {"schedule", schedule_json(rr)}};
+  ExpertReport::StageSeconds& st = rep.stage_seconds;
+  st.refine_prepare = rr.stage_seconds.prepare;
+  st.refine_start = rr.stage_seconds.start;
+  st.refine_optimize = rr.stage_seconds.optimize;
+  st.refine_finish = rr.stage_seconds.finish;
+  for (const double e : rr.curves.epoch_seconds) st.refine_steps += e;
   if (rr.scale_finetune.steps > 0)
     rep.extra["scale_finetune"] = {{"steps", rr.scale_finetune.steps}, {"loss_before", rr.scale_finetune.loss_before},
                                    {"loss_after", rr.scale_finetune.loss_after}, {"kept", rr.scale_finetune.kept}};
