@@ -15,6 +15,7 @@
 # fixture's MLA layer vs the CPU mixer; memcheck) and `bench compress --synthetic kimi-k2.5` (the dense
 # first layer + one MoE layer of 384 experts, KIMI_CALIB × 128 calibration tokens, sgptq and moesq).
 #   KIMI_CALIB=256  KIMI_METHODS=sgptq,moesq  KIMI_TIMEOUT=330  KIMI_THREADS=16  MEMCHECK_LAYER=1
+#   LAYER_TESTS=0 (session 24): the compress step without test_layer_cuda, the Kimi bench alone
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
@@ -74,7 +75,7 @@ if has tests; then
   log "tests $(( $(date +%s) - t0 )) s"
 fi
 
-if has compress; then
+if has compress && [ "${LAYER_TESTS:-1}" = 1 ]; then
   timeout 200 "$B/test_layer_cuda" > "$W/test_layer_cuda.log" 2>&1
   log "test_layer_cuda rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/test_layer_cuda.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \] [A-Z]|Failure|\[mla' "$W/test_layer_cuda.log" | head -20 | sed 's/^/  /' >> "$S"
@@ -83,6 +84,8 @@ if has compress; then
       > "$W/memcheck.test_layer_cuda.log" 2>&1
     log "memcheck test_layer_cuda (LayerOpsGpu, Mla): $(grep -E 'ERROR SUMMARY' "$W/memcheck.test_layer_cuda.log" | tail -1)"
   fi
+fi
+if has compress; then
   timeout "${KIMI_TIMEOUT:-330}" "$B/moesq" bench compress --synthetic kimi-k2.5 --layers 2 --calib-samples "${KIMI_CALIB:-256}" \
     --seq-len 128 --methods "${KIMI_METHODS:-sgptq,moesq}" --device cuda --threads "${KIMI_THREADS:-16}" --json > "$O/bench_compress_kimi.json" \
     2> "$W/bench_compress_kimi.log"
@@ -93,10 +96,13 @@ fi
 # Qwen3-30B-A3B shapes over Q3_LAYERS layers: layer 1 recomputes (nothing sampled yet), the later
 # layers reuse the error stage's outputs; the per-layer propagation times are in the log's layer lines.
 if has compress_q3; then
-  timeout "${Q3_TIMEOUT:-240}" "$B/moesq" bench compress --synthetic qwen3-30b-a3b --layers "${Q3_LAYERS:-3}" \
-    --methods "${Q3_METHODS:-moesq}" --device cuda --threads 16 --json > "$O/bench_compress_q3.json" 2> "$W/bench_compress_q3.log"
-  log "bench compress qwen3-30b-a3b layers ${Q3_LAYERS:-3} rc=$?"
-  grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_q3.log" | tail -16 | tee -a "$S"
+  for bin in ${BB:+base:$BB} "new:$B/moesq"; do  # BASE_TAR: the baseline build first, same run
+    tag=${bin%%:*}; exe=${bin#*:}
+    timeout "${Q3_TIMEOUT:-240}" "$exe" bench compress --synthetic qwen3-30b-a3b --layers "${Q3_LAYERS:-3}" \
+      --methods "${Q3_METHODS:-moesq}" --device cuda --threads 16 --json > "$O/bench_compress_q3_$tag.json" 2> "$W/bench_compress_q3_$tag.log"
+    log "bench compress qwen3-30b-a3b layers ${Q3_LAYERS:-3} ($tag) rc=$?"
+    grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_q3_$tag.log" | tail -16 | tee -a "$S"
+  done
 fi
 
 if has bench; then

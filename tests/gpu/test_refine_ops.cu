@@ -556,6 +556,42 @@ std::vector<float> swiglu_forward_gpu(const SwigluCase& c, bool quantize, int bl
   return h.download();
 }
 
+// ---- the prior logits (Eq. 2 init) --------------------------------------------------------------
+// The kernel runs prior_logit's fp64 expressions in the host's order (no FMA); the device's log, sqrt
+// and cos may differ from glibc's in the last fp64 ulp, which the rounding to fp32 almost always hides:
+// each logit within one fp32 ulp of the twin's (or 1e-12 absolute near 0), and most of them bitwise.
+constexpr double kPriorAbsFloor = 1e-12;
+constexpr double kMinPriorBitwiseFraction = 0.999;
+TEST(GumbelSupportGpu, PriorLogitsMatchTheCpuDrawToAnUlp) {
+  for (const int64_t R : {int64_t{1}, int64_t{255}, int64_t{100003}}) {
+    std::mt19937 g(static_cast<uint32_t>(R));
+    std::vector<uint8_t> prior(static_cast<size_t>(R));
+    for (auto& p : prior) p = static_cast<uint8_t>(g() % kP);
+    const GumbelPriorArgs host{.R = R, .prior = prior.data(), .sigma = 0.25, .s = 3.0,
+                               .key = gumbel::rng_key(9, static_cast<uint64_t>(R), 1, 0, 2)};
+    std::vector<float> ref(static_cast<size_t>(R * kP));
+    GumbelPriorArgs ra = host;
+    ra.A = ref.data();
+    gumbel_prior_logits_ref(ra);
+    DevBuf<uint8_t> d_prior(prior);
+    DevBuf<float> d_A(ref.size());
+    GumbelPriorArgs da = host;
+    da.prior = d_prior.p;
+    da.A = d_A.p;
+    gumbel_prior_logits(da, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> gpu = d_A.download();
+    int64_t bitwise = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      bitwise += same_bits(&gpu[i], &ref[i], sizeof(float));
+      const double ulp = std::nextafter(std::fabs(ref[i]), INFINITY) - std::fabs(ref[i]);
+      ASSERT_LE(std::fabs(double(gpu[i]) - ref[i]), std::max(ulp, kPriorAbsFloor))
+          << "R=" << R << " element " << i << ": " << gpu[i] << " vs " << ref[i];
+    }
+    EXPECT_GE(static_cast<double>(bitwise), kMinPriorBitwiseFraction * static_cast<double>(ref.size())) << "R=" << R;
+  }
+}
+
 const int64_t kSwigluShapes[][2] = {{1, 32}, {3, 96}, {37, 768}, {129, 768}};  // {rows, I}
 
 TEST(SwigluTrainGpu, ForwardMatchesRef) {

@@ -134,6 +134,7 @@ struct ProfilePause {
 
 class CudaStepBackend final : public StepBackend {
  public:
+  bool draws_prior() const override { return true; }
   void start(const StepData& d, std::array<ProjState<float>, 3>& P, const std::array<const uint8_t*, 3>& fixed,
              const RefineOptions& o) override {
     MOESQ_CHECK(!d.variant.gate_bias && !d.variant.up_bias && !d.variant.down_bias && !d.variant.clamped,
@@ -195,7 +196,15 @@ class CudaStepBackend final : public StepBackend {
       if (fixed_[j]) {
         fixed_pat_[j] = upload(ws.fixed_pat[j], fixed[j], static_cast<size_t>(R_[j]), *ctx_);
       } else {
-        A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), *ctx_);
+        if (d.prior[j]) {  // Eq. 2 init drawn here (draws_prior), the host's prior_logits element for element
+          A_[j] = take(ws.A[j], P[j].A.size());
+          const View<uint8_t> prior = upload(ws.fixed_pat[j], d.prior[j], static_cast<size_t>(R_[j]), *ctx_);
+          ops::gumbel_prior_logits(
+              {.R = R_[j], .prior = prior.p, .sigma = d.prior_sigma, .s = d.prior_s, .key = d.prior_key[j], .A = A_[j].p},
+              s);
+        } else {
+          A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), *ctx_);
+        }
         mom_A_[j] = take(ws.mom_A[j], P[j].A.size());
         MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
         pi_[j] = take(ws.pi[j], P[j].A.size());

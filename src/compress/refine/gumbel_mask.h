@@ -39,33 +39,22 @@ using ops::gumbel::rng_gumbel;
 using ops::gumbel::rng_key;
 using ops::gumbel::rng_uniform;
 using ops::gumbel::splitmix64;
-inline double rng_normal(uint64_t key, uint64_t index) {  // Box–Muller, one output per index
-  const double u1 = rng_uniform(key, 2 * index), u2 = rng_uniform(key, 2 * index + 1);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
+using ops::gumbel::rng_normal;  // Box–Muller, one output per index
 
 // Purposes of the random streams (part of the key, so streams never overlap).
 enum RngPurpose : uint64_t { kRngPriorInit = 1, kRngGumbel = 2, kRngShuffle = 3, kRngSplit = 4, kRngScaleShuffle = 5 };
 
 // ---- prior initialization -----------------------------------------------------------------------
 // A[r,p] = σ·(ε + s·(overlap(prior_r, p) − mean_p overlap)), ε ~ N(0,1); overlap counts the kept
-// positions pattern p shares with the prior pattern (4, 2 or 0).
-//   prior: [R] pattern ids; A: [R, 6].
-template <typename T>
-void prior_logits(const uint8_t* prior, int64_t R, double sigma, double s, uint64_t key, T* A) {
-  for (int64_t r = 0; r < R; ++r) {
-    const int pr = prior[r];
-    std::array<double, kNumPatterns> overlap{};
-    double mean = 0.0;
+// positions pattern p shares with the prior pattern (4, 2 or 0). The element is
+// ops::gumbel::prior_logit, which the GPU refinement draws with (ops::gumbel_prior_logits).
+//   prior: [R] pattern ids in [0, 6); A: [R, 6].
+inline void prior_logits(const uint8_t* prior, int64_t R, double sigma, double s, uint64_t key, float* A) {
+  for (int64_t r = 0; r < R; ++r)
     for (int p = 0; p < kNumPatterns; ++p) {
-      for (int j = 0; j < kGroup; ++j) overlap[p] += kPatternRho[pr][j] * kPatternRho[p][j];
-      mean += overlap[p] / kNumPatterns;
+      const int64_t i = r * kNumPatterns + p;
+      A[i] = ops::gumbel::prior_logit(prior[r], p, sigma, s, key, static_cast<uint64_t>(i));
     }
-    for (int p = 0; p < kNumPatterns; ++p) {
-      const double eps = rng_normal(key, static_cast<uint64_t>(r * kNumPatterns + p));
-      A[r * kNumPatterns + p] = static_cast<T>(sigma * (eps + s * (overlap[p] - mean)));
-    }
-  }
 }
 
 // G: [R, 6] i.i.d. Gumbel(0, 1) for one step of one projection.

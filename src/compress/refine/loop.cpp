@@ -353,18 +353,27 @@ class ExpertRefinement {
 
   // Parameters: A from the prior (Eq. 2 init), V = V0; Lion momenta; the initial held-out loss.
   void init_parameters(RefineResult& res) {
+    // The device that runs the steps takes the rows and the initial parameters; a GPU draws the prior
+    // logits itself (the host draw is 33 M Box–Muller pairs per Kimi expert).
+    backend_ = o_.device ? o_.device() : make_cpu_step_backend();
+    const bool device_draws = backend_->draws_prior();
+    StepData sd;
     for (int j = 0; j < 3; ++j) {
       if (o_.update_A) {
+        const uint64_t key = rng_key(o_.seed, data_.stream, kRngPriorInit, 0, j);
         P_[j].A.resize(P_[j].groups() * kNumPatterns);
-        prior_logits(prior_[j].data(), P_[j].groups(), o_.sigma, o_.s,
-                     rng_key(o_.seed, data_.stream, kRngPriorInit, 0, j), P_[j].A.data());
+        if (device_draws) {
+          sd.prior[j] = prior_[j].data();
+          sd.prior_key[j] = key;
+        } else {
+          prior_logits(prior_[j].data(), P_[j].groups(), o_.sigma, o_.s, key, P_[j].A.data());
+        }
       } else {
         fixed_[j] = prior_[j].data();
       }
     }
-    // The device that runs the steps takes the rows and the initial parameters.
-    backend_ = o_.device ? o_.device() : make_cpu_step_backend();
-    StepData sd;
+    sd.prior_sigma = o_.sigma;
+    sd.prior_s = o_.s;
     sd.n = data_.n;
     sd.H = H_;
     sd.I = I_;

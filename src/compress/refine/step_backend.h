@@ -39,6 +39,12 @@ struct StepData {
   int64_t max_batch = 0;         // the largest batch a step takes
   int act_block = 32;            // Q_a block
   model::ExpertVariant variant;  // gpt-oss biases / clamped SwiGLU (the CPU backend only)
+  // The prior initialization of A (Eq. 2 init) for a backend that draws it itself (draws_prior()):
+  // per projection the prior pattern ids [R] (null: support fixed, or drawn on the host into P.A) and
+  // the stream's key rng_key(seed, stream, kRngPriorInit, 0, j); σ and s of the prior.
+  std::array<const uint8_t*, 3> prior{};
+  std::array<uint64_t, 3> prior_key{};
+  double prior_sigma = 0.0, prior_s = 0.0;
 };
 
 // One optimizer step: the rows order[b0, b0 + m) of the current epoch's order (begin_epoch).
@@ -56,6 +62,9 @@ class StepBackend {
   // Takes the rows and the initial parameters (P: A [R, 6] where the support is learned, V [N, K];
   // fixed[j] non-null: projection j's support is held at those patterns); Lion momenta start at 0.
   // The CPU backend updates P in place from here on; a device backend copies it (sync reads it back).
+  // True when start() draws A from StepData::prior where it is used (refine::prior_logits' elements,
+  // ops::gumbel_prior_logits); the loop then leaves P.A unset and start() must not read it.
+  virtual bool draws_prior() const { return false; }
   virtual void start(const StepData& data, std::array<ProjState<float>, 3>& P,
                      const std::array<const uint8_t*, 3>& fixed, const RefineOptions& o) = 0;
   // The training rows of this epoch in order (global row ids into StepData's arrays).

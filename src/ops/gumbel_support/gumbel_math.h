@@ -70,6 +70,17 @@ MOESQ_GS_HD float rng_gumbel(uint64_t key, uint64_t index) {
 #endif
 }
 
+// N(0, 1) by Box–Muller, one output per index (uniforms 2·index and 2·index + 1). fp64 throughout;
+// only log, sqrt and cos go through each side's libm (the device's may differ in the last ulp).
+MOESQ_GS_HD double rng_normal(uint64_t key, uint64_t index) {
+  const double u1 = rng_uniform(key, 2 * index), u2 = rng_uniform(key, 2 * index + 1);
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(6.283185307179586, u2)));
+#else
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+#endif
+}
+
 MOESQ_GS_HD float exp_of(float x) {
 #if defined(__CUDA_ARCH__)
   return expf(x);
@@ -142,6 +153,30 @@ template <typename T>
 MOESQ_GS_HD void z_of_pattern(int p, T* z) {
   for (int j = 0; j < kGroup; ++j) z[j] = T(0);
   for (int i = 0; i < 2; ++i) z[2 * pattern_pair(p, i)] = z[2 * pattern_pair(p, i) + 1] = T(1);
+}
+
+// ---- the prior initialization of the logits (Eq. 2 init) ---------------------------------------
+// Kept positions pattern p shares with pattern q: 2 per shared pair (4, 2 or 0).
+MOESQ_GS_HD int pattern_overlap(int p, int q) {
+  int shared = 0;
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 2; ++k) shared += pattern_pair(p, i) == pattern_pair(q, k);
+  return 2 * shared;
+}
+// A[r, p] = σ·(ε + s·(overlap(prior_r, p) − mean_q overlap(prior_r, q))), ε = rng_normal(key, 6r + p):
+// the logit of pattern p of a group whose prior (SGPTQ) pattern is `prior`; `index` = 6r + p. The mean
+// is summed in pattern order as overlap/6 terms, every product and sum rounded on its own (no FMA on
+// the device), so host and device agree up to their libms' log / cos.
+MOESQ_GS_HD float prior_logit(int prior, int p, double sigma, double s, uint64_t key, uint64_t index) {
+  double mean = 0.0;
+  for (int q = 0; q < kNumPatterns; ++q) mean += static_cast<double>(pattern_overlap(prior, q)) / kNumPatterns;
+  const double eps = rng_normal(key, index);
+  const double centred = static_cast<double>(pattern_overlap(prior, p)) - mean;
+#if defined(__CUDA_ARCH__)
+  return static_cast<float>(__dmul_rn(sigma, __dadd_rn(eps, __dmul_rn(s, centred))));
+#else
+  return static_cast<float>(sigma * (eps + s * centred));
+#endif
 }
 
 // ---- Eq. 2 backward of one group ----------------------------------------------------------------

@@ -150,6 +150,14 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(LionMulti l) {
   lion_groups(l.m.a[j], l.c[j], r0 + threadIdx.x);
 }
 
+// One thread per logit (6 per group): the Box–Muller draw is the cost, so no thread waits on another's.
+__global__ void __launch_bounds__(kThreads) prior_kernel(GumbelPriorArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.R * kNumPatterns) return;
+  const int prior = min(static_cast<int>(a.prior[i / kNumPatterns]), kNumPatterns - 1);
+  a.A[i] = prior_logit(prior, static_cast<int>(i % kNumPatterns), a.sigma, a.s, a.key, static_cast<uint64_t>(i));
+}
+
 bool aligned(const void* p, uintptr_t a) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % a == 0; }
 void check_alignment(const char* op, const void* const* vec8, int n8, const void* const* vec6, int n6) {
   for (int i = 0; i < n8; ++i)
@@ -198,5 +206,12 @@ void gumbel_support_lion(const GumbelSupportLionArgs* a, int n, cudaStream_t str
   MOESQ_CUDA_LAUNCH_CHECK("gumbel_support_lion");
 }
 void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream) { gumbel_support_lion(&a, 1, stream); }
+
+void gumbel_prior_logits(const GumbelPriorArgs& a, cudaStream_t stream) {
+  gumbel_support_check(a);
+  if (a.R == 0) return;
+  prior_kernel<<<blocks_for(a.R * kNumPatterns), kThreads, 0, stream>>>(a);
+  MOESQ_CUDA_LAUNCH_CHECK("gumbel_prior_logits");
+}
 
 }  // namespace moesq::ops

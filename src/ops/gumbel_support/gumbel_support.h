@@ -53,6 +53,17 @@ struct GumbelSupportLionArgs {
   double beta1 = 0.9, beta2 = 0.95, weight_decay = 1.0;  // Lion
 };
 
+// The prior initialization of the logits (paper 002 §3.2, Eq. 2 init), drawn where they are used:
+// A[r, p] = ops::gumbel::prior_logit(prior[r], p, σ, s, key, 6r + p) — the CPU refinement's
+// refine::prior_logits, element for element (up to the libms' log / cos in the Box–Muller draw).
+struct GumbelPriorArgs {
+  int64_t R = 0;                   // groups
+  const uint8_t* prior = nullptr;  // [R] prior (SGPTQ) pattern ids in [0, 6)
+  double sigma = 1.0, s = 1.0;     // noise scale σ and prior strength s
+  uint64_t key = 0;                // rng_key(seed, stream, kRngPriorInit, 0, projection)
+  float* A = nullptr;              // [R, 6] out
+};
+
 // Errors (moesq::Error): R < 0, a null pointer the mode needs, τ ≤ 0; the launchers also need the
 // [R, 8] arrays 16-byte and the [R, 6] arrays 8-byte aligned (vector accesses; cudaMalloc'd is).
 void gumbel_support_forward(const GumbelSupportArgs& a, cudaStream_t stream);
@@ -62,12 +73,16 @@ void gumbel_support_lion(const GumbelSupportLionArgs& a, cudaStream_t stream);
 // launch's code). Errors as the single launchers', naming the first bad projection; n out of range.
 void gumbel_support_forward(const GumbelSupportArgs* a, int n, cudaStream_t stream);
 void gumbel_support_lion(const GumbelSupportLionArgs* a, int n, cudaStream_t stream);
+// Errors: R < 0, a null pointer; the kernel clamps pattern ids out of [0, 6), the twin names them.
+void gumbel_prior_logits(const GumbelPriorArgs& a, cudaStream_t stream);
 void gumbel_support_check(const GumbelSupportArgs& a);
+void gumbel_support_check(const GumbelPriorArgs& a);
 void gumbel_support_check(const GumbelSupportLionArgs& a);
 
 // The CPU twins on host pointers (same outputs; pattern ids out of [0, 6) are an Error here, the
 // kernel clamps them).
 void gumbel_support_forward_ref(const GumbelSupportArgs& a);
 void gumbel_support_lion_ref(const GumbelSupportLionArgs& a);
+void gumbel_prior_logits_ref(const GumbelPriorArgs& a);
 
 }  // namespace moesq::ops

@@ -26,6 +26,23 @@ void gumbel_support_check(const GumbelSupportLionArgs& a) {
               "gumbel_support_lion: a relaxed support needs A, mom_A and tau > 0; a fixed one its patterns");
 }
 
+void gumbel_support_check(const GumbelPriorArgs& a) {
+  MOESQ_CHECK(a.R >= 0, "gumbel_prior_logits: R=", a.R, " must be >= 0");
+  MOESQ_CHECK(a.R == 0 || (a.prior && a.A), "gumbel_prior_logits: prior and A are required");
+}
+
+void gumbel_prior_logits_ref(const GumbelPriorArgs& a) {
+  gumbel_support_check(a);
+  for (int64_t r = 0; r < a.R; ++r) {
+    MOESQ_CHECK(a.prior[r] < kNumPatterns, "gumbel_prior_logits: pattern id ", int(a.prior[r]), " of group ", r,
+                " is not in [0, 6)");
+    for (int p = 0; p < kNumPatterns; ++p) {
+      const int64_t i = r * kNumPatterns + p;
+      a.A[i] = prior_logit(a.prior[r], p, a.sigma, a.s, a.key, static_cast<uint64_t>(i));
+    }
+  }
+}
+
 void gumbel_support_forward_ref(const GumbelSupportArgs& a) {
   gumbel_support_check(a);
   float g[kNumPatterns], z[kGroup];
