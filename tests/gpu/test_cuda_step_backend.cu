@@ -3,15 +3,18 @@
 // options (2 epochs, batch 32, seed 1) give the same held-out curves and final loss within a named
 // tolerance, nearly the same patterns, and two CUDA runs give the same packed bytes — with the support
 // learned and with the V-only ablation (fixed support). And StepBackend::weights_loss (the loss of
-// given, already packed weights) on both backends, from the same prepared rows.
+// given, already packed weights) and packed_loss (the same, unpacked on the device) on both backends, from
+// the same prepared rows; snapshot (the best-epoch state) against the synced parameters.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "compress/refine/cuda_step_backend.h"
+#include "compress/refine/gumbel_mask.h"
 #include "compress/refine/loop.h"
 #include "compress/refine/options.h"
 #include "compress/refine/step_backend.h"
@@ -180,14 +183,16 @@ TEST(CudaStepBackend, WeightsLossMatchesTheCpuBackend) {
   // Packed-and-dequantized weights of another random expert: what weights_loss is given.
   const Expert other = make_expert(8, H, I, 13);
   std::vector<float> W[3];
+  std::vector<format::Sparse48Tensor> T;
   for (int j = 0; j < 3; ++j) {
-    const auto t = format::sparse48_quantize(other.W[j].data(), N[j], K[j], other.prior[j].data(),
-                                             format::nvfp4_tensor_scale(format::amax_abs(other.W[j].data(), N[j] * K[j])),
-                                             "test");
+    T.push_back(format::sparse48_quantize(other.W[j].data(), N[j], K[j], other.prior[j].data(),
+                                          format::nvfp4_tensor_scale(format::amax_abs(other.W[j].data(), N[j] * K[j])),
+                                          "test"));
+    const format::Sparse48Tensor& t = T.back();
     W[j].resize(N[j] * K[j]);
     format::sparse48_dequantize(t, W[j].data());
   }
-  double loss[2], eval_before = 0, eval_after = 0;
+  double loss[2], packed[2], packed_host_unpack = 0, eval_before = 0, eval_after = 0;
   for (int dev = 0; dev < 2; ++dev) {
     std::array<compress::refine::ProjState<float>, 3> P;
     for (int j = 0; j < 3; ++j) {
@@ -199,11 +204,69 @@ TEST(CudaStepBackend, WeightsLossMatchesTheCpuBackend) {
     if (dev) eval_before = backend->eval_loss(true, 1.0, 1.0);
     loss[dev] = backend->weights_loss(W[0].data(), W[1].data(), W[2].data());
     if (dev) eval_after = backend->eval_loss(true, 1.0, 1.0);
+    // packed_loss: the device unpacks (ops::sparse48_dequant) what the host would, bit for bit, so the
+    // loss is weights_loss's exactly; the base class's host unpack on the same backend agrees.
+    packed[dev] = backend->packed_loss(T[0], T[1], T[2]);
+    if (dev) packed_host_unpack = backend->StepBackend::packed_loss(T[0], T[1], T[2]);
   }
+  EXPECT_EQ(packed[0], loss[0]);
+  EXPECT_EQ(packed[1], loss[1]);
+  EXPECT_EQ(packed_host_unpack, loss[1]);
   std::printf("weights_loss cpu %.8g gpu %.8g\n", loss[0], loss[1]);
   EXPECT_GT(loss[0], 0.0);
   EXPECT_NEAR(loss[1], loss[0], kInitLossRelTol * loss[0]);
   EXPECT_EQ(eval_before, eval_after) << "weights_loss must not disturb the backend's own weights";
+}
+
+// snapshot (the best-epoch state and the final patterns): the device's argmax and V, read back without
+// A, are the host argmax of the synced A and the synced V, bit for bit — a learned support on gate and
+// up, a fixed one on down (its own patterns come back). The prior logits are drawn on the device here
+// (draws_prior) and match the host draw within its tolerance of an fp32 ulp, so the argmax agrees.
+TEST(CudaStepBackend, SnapshotIsTheArgmaxAndValuesOfTheSyncedState) {
+  const Expert e = make_expert(64, 64, 32, 21);
+  std::vector<int64_t> rows(e.n);
+  for (int64_t i = 0; i < e.n; ++i) rows[i] = i;
+  compress::refine::StepData sd;
+  sd.n = e.n, sd.H = e.H, sd.I = e.I, sd.X = e.X.data(), sd.Y_ref = e.Y.data(), sd.w = e.g.data();
+  sd.eval_rows = rows.data(), sd.n_eval = e.n, sd.eval_inv_norm = 1.0;
+  sd.max_batch = 32, sd.act_block = 32;
+  const RefineOptions o = options(true);
+  const int64_t N[3] = {e.I, e.I, e.H}, K[3] = {e.H, e.H, e.I};
+  std::array<compress::refine::ProjState<float>, 3> P;
+  for (int j = 0; j < 3; ++j) {
+    P[j].N = N[j], P[j].K = K[j], P[j].V = e.W[j];
+    P[j].A.assign(static_cast<size_t>(P[j].groups() * 6), 0.0f);
+  }
+  for (int j = 0; j < 2; ++j) {
+    sd.prior[j] = e.prior[j].data();
+    sd.prior_key[j] = 1000 + j;
+  }
+  sd.prior_sigma = 1.0, sd.prior_s = 0.5;  // weak prior: the noise moves many argmaxes off the prior
+  auto backend = compress::refine::make_cuda_step_backend();
+  ASSERT_TRUE(backend->draws_prior());
+  backend->start(sd, P, {nullptr, nullptr, e.prior[2].data()}, o);
+  std::array<std::vector<float>, 3> V;
+  std::array<std::vector<uint8_t>, 3> pat;
+  for (int j = 0; j < 3; ++j) V[j].assign(P[j].V.size(), -1.0f);
+  backend->snapshot({V[0].data(), V[1].data(), V[2].data()}, pat);
+  backend->sync(P);
+  int64_t moved = 0;
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(V[j], P[j].V) << "projection " << j;
+    std::vector<uint8_t> want(static_cast<size_t>(P[j].groups()));
+    if (j == 2) {
+      want = e.prior[2];
+    } else {
+      compress::refine::hard_mask(P[j].A.data(), P[j].groups(), want.data(), static_cast<float*>(nullptr));
+      std::vector<float> A_host(P[j].A.size());
+      compress::refine::prior_logits(e.prior[j].data(), P[j].groups(), 1.0, 0.5, 1000 + j, A_host.data());
+      for (size_t i = 0; i < A_host.size(); ++i)
+        ASSERT_LE(std::fabs(A_host[i] - P[j].A[i]), 1e-6f * (1.0f + std::fabs(A_host[i]))) << "prior logit " << i;
+    }
+    EXPECT_EQ(pat[j], want) << "projection " << j;
+    for (size_t r = 0; r < want.size(); ++r) moved += want[r] != e.prior[j][r];
+  }
+  EXPECT_GT(moved, 0) << "the test needs argmaxes away from the prior";
 }
 
 int main(int argc, char** argv) { return moesq::test::gpu_test_main(argc, argv); }

@@ -26,6 +26,8 @@
 #include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_math.h"
 #include "ops/gumbel_support/gumbel_support.h"
+#include "ops/sparse48_dequant/sparse48_dequant.h"
+#include "format/nvfp4.h"
 #include "ops/swiglu_train/swiglu_train.h"
 #include "ops/weighted_mse/weighted_mse.h"
 #include "support/gpu_test_main.h"
@@ -589,6 +591,34 @@ TEST(GumbelSupportGpu, PriorLogitsMatchTheCpuDrawToAnUlp) {
           << "R=" << R << " element " << i << ": " << gpu[i] << " vs " << ref[i];
     }
     EXPECT_GE(static_cast<double>(bitwise), kMinPriorBitwiseFraction * static_cast<double>(ref.size())) << "R=" << R;
+  }
+}
+
+// ---- sparse48_dequant: the packed expert's unpack on the device, bit for bit --------------------
+TEST(Sparse48DequantGpu, MatchesTheHostUnpackBitwise) {
+  const int64_t shapes[][2] = {{1, 32}, {3, 64}, {37, 768}, {768, 2048}};
+  for (const auto& nk : shapes) {
+    const int64_t N = nk[0], K = nk[1];
+    std::mt19937 g(static_cast<uint32_t>(N * 7 + K));
+    std::vector<float> W = normal(static_cast<size_t>(N * K), 0.02f, static_cast<uint64_t>(N + K));
+    std::vector<uint8_t> pat(static_cast<size_t>(N * K / 8));
+    for (auto& p : pat) p = static_cast<uint8_t>(g() % kP);
+    format::Sparse48Tensor t = format::sparse48_quantize(W.data(), N, K, pat.data(), 0.0f, "test");
+    // Every finite scale code and both signs of every value code somewhere (subnormal scales included).
+    for (size_t i = 0; i < t.scales.size(); ++i) {
+      const uint8_t c = static_cast<uint8_t>(i % 127);
+      t.scales[i] = c == 0x7f ? 0x7e : c;
+    }
+    std::vector<float> ref(static_cast<size_t>(N * K));
+    Sparse48DequantArgs a{.N = N, .K = K, .values = t.values.data(), .meta = t.meta.data(), .scales = t.scales.data(),
+                          .global_scale = t.global_scale, .out = ref.data()};
+    sparse48_dequant_ref(a);
+    DevBuf<uint8_t> dv(t.values), dm(t.meta), ds(t.scales);
+    DevBuf<float> dout(ref.size());
+    a.values = dv.p, a.meta = dm.p, a.scales = ds.p, a.out = dout.p;
+    sparse48_dequant(a, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(first_diff(dout.download(), ref), -1) << "N=" << N << " K=" << K;
   }
 }
 

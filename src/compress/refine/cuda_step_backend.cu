@@ -24,6 +24,7 @@
 #include "ops/fake_quant/fake_quant.h"
 #include "ops/gather_f32/gather_f32.h"
 #include "ops/gumbel_support/gumbel_support.h"
+#include "ops/sparse48_dequant/sparse48_dequant.h"
 #include "ops/swiglu_train/swiglu_train.h"
 #include "ops/weighted_mse/weighted_mse.h"
 
@@ -53,6 +54,7 @@ struct Workspace {
   Scratch<uint16_t> uX, uxb, uh, uW_gu, uW_d;     // bf16_forward: the unscaled operands (bf16 bits)
   std::array<Scratch<float>, 3> A, V, mom_A, mom_V, pi;
   std::array<Scratch<uint8_t>, 3> fixed_pat;
+  Scratch<uint8_t> packed;                        // packed_loss: the packed tensors' bytes; snapshot: patterns
   Scratch<int64_t> eval_idx, order;
   Scratch<double> row_loss;
   Scratch<int32_t> flag;
@@ -190,6 +192,7 @@ class CudaStepBackend final : public StepBackend {
       K_[j] = P[j].K;
       R_[j] = P[j].groups();
       fixed_[j] = fixed[j] != nullptr;
+      fixed_host_[j] = fixed[j];
       V_[j] = upload(ws.V[j], P[j].V.data(), P[j].V.size(), *ctx_);
       mom_V_[j] = take(ws.mom_V[j], P[j].V.size());
       MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_V_[j].p, 0, mom_V_[j].bytes(), s));
@@ -309,6 +312,71 @@ class CudaStepBackend final : public StepBackend {
     // The next step or eval recomputes W̃ from A and V (weights()), so overwriting it here is safe.
     // These weights come as fp32 values without their unscaled operands: the fp32 forward.
     return eval_rows_loss(/*bf16=*/false);
+  }
+
+  double packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
+                     const format::Sparse48Tensor& d) override {
+    const ProfilePause pause;
+    const cudaStream_t s = ctx_->stream;
+    const size_t n_gu = static_cast<size_t>(I_ * H_);
+    const format::Sparse48Tensor* t[3] = {&g, &u, &d};
+    float* out[3] = {W_gu_.p, W_gu_.p + n_gu, W_d_.p};
+    const int64_t want[3][2] = {{I_, H_}, {I_, H_}, {H_, I_}};
+    size_t bytes = 0;
+    for (int j = 0; j < 3; ++j) {
+      MOESQ_CHECK(t[j]->N == want[j][0] && t[j]->K == want[j][1], "refine on the GPU: packed projection ", j, " is [",
+                  t[j]->N, ", ", t[j]->K, "], expected [", want[j][0], ", ", want[j][1], "]");
+      bytes += t[j]->values.size() + t[j]->meta.size() + t[j]->scales.size();
+    }
+    // One upload of the three tensors' bytes, then the unpack of each into the forward's weights (the
+    // next step or eval recomputes W̃ from A and V, so overwriting them here is safe).
+    uint8_t* buf = take(workspace().packed, bytes).p;
+    uint8_t* at = buf;
+    for (int j = 0; j < 3; ++j) {
+      const uint8_t* parts[3] = {t[j]->values.data(), t[j]->meta.data(), t[j]->scales.data()};
+      const size_t sizes[3] = {t[j]->values.size(), t[j]->meta.size(), t[j]->scales.size()};
+      const uint8_t* dev[3];
+      for (int k = 0; k < 3; ++k) {
+        if (sizes[k]) ctx_->h2d(at, parts[k], sizes[k]);
+        dev[k] = at;
+        at += sizes[k];
+      }
+      ops::sparse48_dequant({.N = t[j]->N, .K = t[j]->K, .values = dev[0], .meta = dev[1], .scales = dev[2],
+                             .global_scale = t[j]->global_scale, .out = out[j]},
+                            s);
+    }
+    return eval_rows_loss(/*bf16=*/false);
+  }
+
+  void snapshot(const std::array<float*, 3>& V, std::array<std::vector<uint8_t>, 3>& pat) override {
+    const ProfilePause pause;
+    const cudaStream_t s = ctx_->stream;
+    // The argmax of the learned supports in one launch (its W output lands in the forward's W̃ scratch,
+    // which the next step or eval recomputes), then the 1-byte patterns and V back to the host.
+    uint8_t* dpat = take(workspace().packed, static_cast<size_t>(R_[0] + R_[1] + R_[2])).p;
+    float* W[3] = {W_gu_.p, W_gu_.p + I_ * H_, W_d_.p};
+    ops::GumbelSupportArgs args[3];
+    uint8_t* at[3];
+    int n = 0;
+    int64_t off = 0;
+    for (int j = 0; j < 3; ++j) {
+      at[j] = dpat + off;
+      off += R_[j];
+      if (fixed_[j]) continue;
+      args[n++] = {.R = R_[j], .mode = ops::SupportMode::kArgmax, .A = A_[j].p, .V = V_[j].p, .W = W[j],
+                   .patterns = at[j]};
+    }
+    if (n) ops::gumbel_support_forward(args, n, s);
+    for (int j = 0; j < 3; ++j) {
+      pat[j].resize(static_cast<size_t>(R_[j]));
+      if (fixed_[j])
+        std::copy(fixed_host_[j], fixed_host_[j] + R_[j], pat[j].begin());
+      else
+        ctx_->d2h(pat[j].data(), at[j], static_cast<size_t>(R_[j]));
+      if (V[j]) ctx_->d2h(V[j], V_[j].p, V_[j].bytes());
+    }
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+    check_finite();
   }
 
   void sync(std::array<ProjState<float>, 3>& P) override {
@@ -448,6 +516,7 @@ class CudaStepBackend final : public StepBackend {
   int64_t H_ = 0, I_ = 0, C_ = 0;
   std::array<int64_t, 3> N_{}, K_{}, R_{};
   std::array<bool, 3> fixed_{};
+  std::array<const uint8_t*, 3> fixed_host_{};  // the fixed patterns in the caller's memory (valid while it runs)
   bool bf16_ = false;  // RefineOptions::bf16_forward
   // Views of the thread's Workspace (workspace()).
   View<float> X_, Y_, w_;                // [n, H], [n, H], [n]

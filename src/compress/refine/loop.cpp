@@ -162,6 +162,17 @@ class CpuStepBackend final : public StepBackend {
                        o_->micro_batch, ws_);
   }
   void sync(std::array<ProjState<float>, 3>&) override {}
+  void snapshot(const std::array<float*, 3>& V, std::array<std::vector<uint8_t>, 3>& pat) override {
+    for (int j = 0; j < 3; ++j) {
+      const ProjState<float>& p = (*P_)[j];
+      if (V[j]) std::copy(p.V.begin(), p.V.end(), V[j]);
+      pat[j].resize(static_cast<size_t>(p.groups()));
+      if (fixed_[j])
+        std::copy(fixed_[j], fixed_[j] + p.groups(), pat[j].begin());
+      else
+        hard_mask(p.A.data(), p.groups(), pat[j].data(), static_cast<float*>(nullptr));
+    }
+  }
 
  private:
   StepData d_;
@@ -207,12 +218,7 @@ void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector
 // (StepBackend::weights_loss: on the device that holds the rows).
 double packed_loss(StepBackend& backend, const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
                    const format::Sparse48Tensor& d) {
-  std::vector<float> Wg(static_cast<size_t>(g.N * g.K)), Wu(static_cast<size_t>(u.N * u.K)),
-      Wd(static_cast<size_t>(d.N * d.K));
-  format::sparse48_dequantize(g, Wg.data());
-  format::sparse48_dequantize(u, Wu.data());
-  format::sparse48_dequantize(d, Wd.data());
-  return backend.weights_loss(Wg.data(), Wu.data(), Wd.data());
+  return backend.packed_loss(g, u, d);
 }
 
 }  // namespace
@@ -407,11 +413,14 @@ class ExpertRefinement {
   // After epoch `epoch` (1-based) with held-out hard loss `hard`: keep the state if it is the best.
   void remember_if_best(int epoch, double hard) {
     if (!select_best_ || !(hard < best_loss_)) return;
-    backend_->sync(P_);
     best_loss_ = hard;
     best_epoch_ = epoch;
-    for (int j = 0; j < 3; ++j) best_V_[j] = P_[j].V;
-    best_pat_ = current_patterns();
+    std::array<float*, 3> V;
+    for (int j = 0; j < 3; ++j) {
+      best_V_[j].resize(P_[j].V.size());
+      V[j] = best_V_[j].data();
+    }
+    backend_->snapshot(V, best_pat_);
   }
 
   // Algorithm 1 lines 7–16: epochs of shuffled batches, Gumbel noise, annealed κ and τ, Lion; the
@@ -536,7 +545,6 @@ class ExpertRefinement {
 
   // Algorithm 1 lines 17–18 (finish's first part).
   void pack_final(RefineResult& res) {
-    if (backend_) backend_->sync(P_);
     res.selected_epoch = o_.epochs;
     if (o_.epochs == 0 && all_packed_) {  // no step taken: the SGPTQ solution itself, not a re-pack of V0
       return_init("--epochs 0: no refinement step, kept the SGPTQ solution", res);
@@ -554,9 +562,14 @@ class ExpertRefinement {
         res.pattern_change = 0.0;
         return;
       }
-      for (int j = 0; j < 3; ++j) P_[j].V = best_V_[j];
+      for (int j = 0; j < 3; ++j) P_[j].V = std::move(best_V_[j]);
     }
-    const std::array<std::vector<uint8_t>, 3> pat = res.selected_epoch < o_.epochs ? best_pat_ : current_patterns();
+    std::array<std::vector<uint8_t>, 3> pat;
+    if (res.selected_epoch < o_.epochs) {
+      pat = std::move(best_pat_);
+    } else {  // the state the loop ended in: its V into P, its argmax patterns
+      backend_->snapshot({P_[0].V.data(), P_[1].V.data(), P_[2].V.data()}, pat);
+    }
     int64_t changed = 0, total = 0;
     for (int j = 0; j < 3; ++j)
       for (size_t r = 0; r < pat[j].size(); ++r, ++total) changed += pat[j][r] != prior_[j][r];
@@ -597,19 +610,6 @@ class ExpertRefinement {
       }
   }
 
-  std::array<std::vector<uint8_t>, 3> current_patterns() const {
-    std::array<std::vector<uint8_t>, 3> pat;
-    for (int j = 0; j < 3; ++j) {
-      if (!o_.update_A) {
-        pat[j] = prior_[j];
-        continue;
-      }
-      pat[j].resize(P_[j].groups());
-      hard_mask(P_[j].A.data(), P_[j].groups(), pat[j].data(), static_cast<float*>(nullptr));
-    }
-    return pat;
-  }
-
   double eval_loss(bool hard, double kappa, double tau) { return backend_->eval_loss(hard, kappa, tau); }
 
   const ExpertData& data_;
@@ -638,6 +638,16 @@ class ExpertRefinement {
 };
 
 }  // namespace
+
+double StepBackend::packed_loss(const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
+                                const format::Sparse48Tensor& d) {
+  std::vector<float> Wg(static_cast<size_t>(g.N * g.K)), Wu(static_cast<size_t>(u.N * u.K)),
+      Wd(static_cast<size_t>(d.N * d.K));
+  format::sparse48_dequantize(g, Wg.data());
+  format::sparse48_dequantize(u, Wu.data());
+  format::sparse48_dequantize(d, Wd.data());
+  return weights_loss(Wg.data(), Wu.data(), Wd.data());
+}
 
 std::unique_ptr<StepBackend> refine::make_cpu_step_backend() { return std::make_unique<CpuStepBackend>(); }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compress/refine/objective.h"
+#include "format/nvfp4.h"
 #include "model/decoder.h"
 
 namespace moesq::compress {
@@ -78,6 +79,17 @@ class StepBackend {
   // is written. The CPU backend's bits are refine's former packed_loss (objective.h expert_loss); a
   // device backend computes it where the rows already are (uploads the weights only).
   virtual double weights_loss(const float* W_gate, const float* W_up, const float* W_down) = 0;
+  // weights_loss of PACKED weights (paired 4:8 NVFP4): the loss of exactly what is written. The default
+  // unpacks on the host (format::sparse48_dequantize); a device backend uploads the packed bytes
+  // (≈ 1/12 of the fp32) and unpacks them where the rows are (ops::sparse48_dequant, the same bits).
+  virtual double packed_loss(const format::Sparse48Tensor& gate, const format::Sparse48Tensor& up,
+                             const format::Sparse48Tensor& down);
+  // The current values V and the argmax patterns of A (Algorithm 1 line 17; a fixed support: its fixed
+  // patterns), into host memory: V[j] (null: not wanted) holds N·K floats of projection j, pat[j] is
+  // resized to its R groups. The best-epoch snapshot and the final pack. The CPU backend reads P; a
+  // device backend takes the argmax where A is (ops::gumbel_support_forward kArgmax: the same
+  // argmax_pattern code) and reads back V and the 1-byte patterns, never A (Kimi-K2.5: 132 MB an expert).
+  virtual void snapshot(const std::array<float*, 3>& V, std::array<std::vector<uint8_t>, 3>& pat) = 0;
   // The current A and V into P (the CPU backend works on P itself: nothing to do).
   virtual void sync(std::array<ProjState<float>, 3>& P) = 0;
 };
