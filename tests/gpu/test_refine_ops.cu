@@ -41,8 +41,8 @@ constexpr int kG = gumbel::kGroup, kP = gumbel::kNumPatterns;
 
 // ---- tolerances ---------------------------------------------------------------------------------
 // Relaxed support: the device's logf (≤ 1 ulp) moves a Gumbel draw g (|g| ≲ 20) by ≤ 20·2^-23, its
-// expf (≤ 2 ulp) each softmax term by 2^-22 relative, and the fp64 FMA of κ·a + g can flip the fp32
-// rounding of u = (κa + g)/τ (|u| ≲ 300 at τ = 0.25: ulp 2^-15). π moves by ≈ π·δu: per element
+// expf (≤ 2 ulp) each softmax term by 2^-22 relative, and a moved g can flip the fp32 rounding of
+// u = (κa + g)/τ (|u| ≲ 300 at τ = 0.25: ulp 2^-15; κ·a + g itself has no FMA). π moves by ≈ π·δu: per element
 // |Δπ| ≤ kSoftAbsTol + kSoftRelTol·π.
 constexpr double kSoftRelTol = 0x1p-11;
 constexpr double kSoftAbsTol = 1e-7;
@@ -491,6 +491,43 @@ TEST(GumbelSupportGpu, ThreeProjectionsInOneLaunchAreThreeLaunches) {
   }
   EXPECT_THROW(gumbel_support_forward(f, 4, nullptr), Error);
   EXPECT_THROW(gumbel_support_lion(l, 0, nullptr), Error);
+}
+
+// recompute_pi: Lion recomputes the forward's kGumbel π from A and the key instead of reading it. On the
+// device the two kernels inline the same soft_group_forward (no FMA in κ·a + g), so the update is the
+// stored-π update bit for bit; likewise on the host.
+TEST(GumbelSupportGpu, LionRecomputedPiIsTheStoredPiBitwise) {
+  const double kappa = 300.0, tau = 0.8, lr_A = 2e-3, lr_V = 4e-4;
+  const uint64_t key = gumbel::rng_key(5, 6, 2, 7, 1);
+  for (const int64_t R : kGroupCounts) {
+    const Support s = random_support(R, 5 * R + 1);
+    const auto dW = normal(R * kG, 1e-3f, R + 21);
+    const auto mA0 = normal(R * kP, 1e-2f, R + 22), mV0 = normal(R * kG, 1e-3f, R + 23);
+    for (const bool gpu : {false, true}) {
+      const SupportOut f = support_forward(s, SupportMode::kGumbel, kappa, tau, key, gpu);
+      std::vector<float> out[2][4];  // [recompute][A, V, mom_A, mom_V]
+      for (const bool recompute : {false, true}) {
+        std::vector<float> A = s.A, V = s.V, mA = mA0, mV = mV0;
+        GumbelSupportLionArgs a{.R = R, .dW = dW.data(), .pi = recompute ? nullptr : f.pi.data(), .kappa = kappa,
+                                .tau = tau, .recompute_pi = recompute, .key = key, .A = A.data(), .V = V.data(),
+                                .mom_A = mA.data(), .mom_V = mV.data(), .lr_A = lr_A, .lr_V = lr_V};
+        if (!gpu) {
+          gumbel_support_lion_ref(a);
+        } else {
+          DevBuf<float> d_dW(dW), d_pi(f.pi), d_A(A), d_V(V), d_mA(mA), d_mV(mV);
+          a.dW = d_dW.p, a.pi = recompute ? nullptr : d_pi.p, a.A = d_A.p, a.V = d_V.p, a.mom_A = d_mA.p,
+          a.mom_V = d_mV.p;
+          gumbel_support_lion(a, nullptr);
+          MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+          A = d_A.download(), V = d_V.download(), mA = d_mA.download(), mV = d_mV.download();
+        }
+        out[recompute][0] = A, out[recompute][1] = V, out[recompute][2] = mA, out[recompute][3] = mV;
+      }
+      for (int k = 0; k < 4; ++k)
+        EXPECT_EQ(first_diff(out[1][k], out[0][k]), -1) << "R=" << R << " gpu=" << gpu << " tensor " << k;
+      EXPECT_NE(first_diff(out[1][0], s.A), -1) << "the step must move A, R=" << R;
+    }
+  }
 }
 
 TEST(GumbelSupportGpu, LionMatchesRefWithinTolerance) {

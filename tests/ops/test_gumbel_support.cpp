@@ -234,6 +234,26 @@ TEST(GumbelSupport, LionBackwardGradientMatchesPlainDefinition) {
 
 // The Lion element update in its fp32 order (gumbel_math.h lion_update, Chen et al. 2023 Alg. 2 with
 // decoupled decay), on the gradient read out above: bitwise.
+// recompute_pi: Lion recomputes the forward's kGumbel π from A (before its update) and the key — the
+// same soft_group_forward on the same inputs — so the step is the stored-π step bit for bit.
+TEST(GumbelSupport, LionRecomputedPiIsTheStoredPi) {
+  const int64_t R = 500;
+  const double kappa = 250.0, tau = 0.7;
+  const uint64_t key = gumbel::rng_key(3, 9, 2, 4, 2);
+  const Params P = random_params(R, 77, 0.05f);
+  const Forward f = run_forward(P, SupportMode::kGumbel, kappa, tau, key);
+  std::vector<float> out[2][4];
+  for (const bool recompute : {false, true}) {
+    std::vector<float> A = P.A, V = P.V, mA(R * kP, 1e-3f), mV(R * kG, -1e-4f);
+    gumbel_support_lion_ref({.R = R, .dW = P.dW.data(), .pi = recompute ? nullptr : f.pi.data(), .kappa = kappa,
+                             .tau = tau, .recompute_pi = recompute, .key = key, .A = A.data(), .V = V.data(),
+                             .mom_A = mA.data(), .mom_V = mV.data(), .lr_A = 2e-3, .lr_V = 3e-4});
+    out[recompute][0] = A, out[recompute][1] = V, out[recompute][2] = mA, out[recompute][3] = mV;
+  }
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(out[1][k], out[0][k]) << "tensor " << k;
+  EXPECT_NE(out[1][0], P.A);
+}
+
 TEST(GumbelSupport, LionUpdateMatchesPlainFp32Lion) {
   const int64_t R = 300;
   const double kappa = 100.0, tau = 2.0, lr_A = 3e-3, lr_V = 5e-4, b1 = 0.9, b2 = 0.95, wd = 1.0;
@@ -312,8 +332,12 @@ TEST(GumbelSupport, EmptyAndArgumentErrors) {
   b.tau = 0.0;
   EXPECT_ERROR_CONTAINING(gumbel_support_forward_ref(b), "tau > 0 (tau=0)");
   b = f;
-  b.pi = nullptr;
-  EXPECT_ERROR_CONTAINING(gumbel_support_forward_ref(b), "a relaxed mode needs pi");
+  b.pi = nullptr;  // π not stored (Lion recomputes it): W is the same
+  gumbel_support_forward_ref(f);
+  const std::vector<float> W_stored = W;
+  std::fill(W.begin(), W.end(), -1.0f);
+  EXPECT_NO_THROW(gumbel_support_forward_ref(b));
+  EXPECT_EQ(W, W_stored);
   b = f;
   b.mode = SupportMode::kArgmax;
   b.pi = nullptr;  // hard modes need no pi
@@ -344,6 +368,11 @@ TEST(GumbelSupport, EmptyAndArgumentErrors) {
   c.pi = nullptr;
   c.fixed = nullptr;
   EXPECT_ERROR_CONTAINING(gumbel_support_lion_ref(c), "a fixed one its patterns");
+  c = l;
+  c.pi = nullptr;
+  c.recompute_pi = true;
+  c.mom_A = nullptr;
+  EXPECT_ERROR_CONTAINING(gumbel_support_lion_ref(c), "a relaxed support needs A, mom_A and tau > 0");
   c = l;
   c.pi = nullptr;
   c.fixed = bad.data();

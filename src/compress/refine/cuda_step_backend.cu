@@ -52,7 +52,7 @@ struct Workspace {
   Scratch<float> X, Y, w, W_gu, W_d, dW_gu, dW_d, xb, yb, wb, ab, h, y, dy, dh, dab, amax;
   Scratch<float> gX, gxb, gh, gW;                 // bf16_forward: γ of X's rows, of the batch, of h, of W̃
   Scratch<uint16_t> uX, uxb, uh, uW_gu, uW_d;     // bf16_forward: the unscaled operands (bf16 bits)
-  std::array<Scratch<float>, 3> A, V, mom_A, mom_V, pi;
+  std::array<Scratch<float>, 3> A, V, mom_A, mom_V;
   std::array<Scratch<uint8_t>, 3> fixed_pat;
   Scratch<uint8_t> packed;                        // packed_loss: the packed tensors' bytes; snapshot: patterns
   Scratch<int64_t> eval_idx, order;
@@ -210,7 +210,6 @@ class CudaStepBackend final : public StepBackend {
         }
         mom_A_[j] = take(ws.mom_A[j], P[j].A.size());
         MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
-        pi_[j] = take(ws.pi[j], P[j].A.size());
       }
     }
     W_gu_ = take(ws.W_gu, static_cast<size_t>(2 * I_ * H_));
@@ -287,8 +286,8 @@ class CudaStepBackend final : public StepBackend {
     const float* dW[3] = {dW_gu_.p, dW_gu_.p + I_ * H_, dW_d_.p};
     ops::GumbelSupportLionArgs lion[3];
     for (int j = 0; j < 3; ++j)
-      lion[j] = {.R = R_[j], .dW = dW[j], .pi = fixed_[j] ? nullptr : pi_[j].p,
-                 .fixed = fixed_[j] ? fixed_pat_[j].p : nullptr, .kappa = in.kappa, .tau = in.tau,
+      lion[j] = {.R = R_[j], .dW = dW[j], .pi = nullptr, .fixed = fixed_[j] ? fixed_pat_[j].p : nullptr,
+                 .kappa = in.kappa, .tau = in.tau, .recompute_pi = !fixed_[j], .key = in.gumbel_key[j],
                  .A = fixed_[j] ? nullptr : A_[j].p, .V = V_[j].p, .mom_A = fixed_[j] ? nullptr : mom_A_[j].p,
                  .mom_V = mom_V_[j].p, .lr_A = in.lr_A, .lr_V = in.lr_V, .beta1 = o_->beta1, .beta2 = o_->beta2,
                  .weight_decay = o_->weight_decay};
@@ -430,7 +429,7 @@ class CudaStepBackend final : public StepBackend {
       g.kappa = kappa;
       g.tau = tau;
       g.key = keys ? (*keys)[j] : 0;
-      g.pi = fixed_[j] ? nullptr : pi_[j].p;
+      g.pi = nullptr;  // Lion recomputes π from A and the key (recompute_pi): never stored
       g.W = W[j];
       g.amax = amax_.p + (j == 2 ? 1 : 0);
       g.nonfinite = flag_.p;
@@ -521,7 +520,7 @@ class CudaStepBackend final : public StepBackend {
   // Views of the thread's Workspace (workspace()).
   View<float> X_, Y_, w_;                // [n, H], [n, H], [n]
   View<int64_t> eval_idx_, order_;      // [n_eval], [n_train]
-  std::array<View<float>, 3> A_, V_, mom_A_, mom_V_, pi_;
+  std::array<View<float>, 3> A_, V_, mom_A_, mom_V_;
   std::array<View<uint8_t>, 3> fixed_pat_;
   View<float> W_gu_, W_d_, dW_gu_, dW_d_;  // [2I, H], [H, I]
   View<float> xb_, yb_, wb_, ab_, h_, y_, dy_, dh_, dab_;  // per-pass rows (C_)

@@ -105,13 +105,18 @@ constexpr double kSoftmaxCutoff = -60.0;
 // π = softmax((κ·a + g)/τ) (g = 0 without noise: the noise-free relaxation), Z = Σ_p π_p ρ_p, both
 // positions of pair q getting the pair's mass. a, g, pi: [6]; z: [8]. T = float (the refinement,
 // host and device) or double (the CPU reference objective). (κ·a + g)/τ is evaluated in fp64 and
-// rounded to T, as the CPU refinement always has.
+// rounded to T, as the CPU refinement always has; on the device without FMA (like the host), so every
+// kernel that inlines this (the forward, Lion's recomputed π) gets the same bits.
 template <typename T>
 MOESQ_GS_HD void soft_group_forward(const T* a, const T* g, double kappa, double tau, T* pi, T* z) {
   T u[kNumPatterns];
   T umax = -INFINITY;
   for (int p = 0; p < kNumPatterns; ++p) {
+#if defined(__CUDA_ARCH__)
+    u[p] = static_cast<T>(__dadd_rn(__dmul_rn(kappa, static_cast<double>(a[p])), g ? static_cast<double>(g[p]) : 0.0) / tau);
+#else
     u[p] = static_cast<T>((kappa * a[p] + (g ? g[p] : T(0))) / tau);
+#endif
     umax = u[p] > umax ? u[p] : umax;
   }
   T sum = 0;

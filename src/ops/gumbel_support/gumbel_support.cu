@@ -82,7 +82,7 @@ __device__ __forceinline__ void forward_groups(const GumbelSupportArgs& a, int64
       if (a.mode == SupportMode::kGumbel)
         for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
       soft_group_forward<float>(av, a.mode == SupportMode::kGumbel ? g : nullptr, a.kappa, a.tau, pi, z);
-      store6(a.pi + r * kNumPatterns, pi);
+      if (a.pi) store6(a.pi + r * kNumPatterns, pi);
     } else {
       const int p = a.mode == SupportMode::kArgmax ? argmax_pattern<float>(av)
                                                    : min(static_cast<int>(a.fixed[r]), kNumPatterns - 1);
@@ -115,9 +115,15 @@ __device__ __forceinline__ void lion_groups(const GumbelSupportLionArgs& a, cons
   if (r >= a.R) return;
   const float scale = c.scale, b1 = c.b1, b2 = c.b2, step_A = c.step_A, decay_A = c.decay_A, step_V = c.step_V,
               decay_V = c.decay_V;
-  const bool relaxed = a.pi != nullptr;
+  const bool relaxed = a.pi != nullptr || a.recompute_pi;
   float z[kGroup], pi[kNumPatterns], da[kNumPatterns], dv[kGroup], v[kGroup], dw[kGroup], mv[kGroup];
-  if (relaxed) {
+  float A[kNumPatterns];
+  if (relaxed) load6(a.A + r * kNumPatterns, A);
+  if (a.recompute_pi) {  // the forward's kGumbel π and Z of this group (A not yet updated): the same bits
+    float g[kNumPatterns];
+    for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
+    soft_group_forward<float>(A, g, a.kappa, a.tau, pi, z);
+  } else if (relaxed) {
     load6(a.pi + r * kNumPatterns, pi);
     z_from_pi<float>(pi, z);
   } else {
@@ -128,8 +134,7 @@ __device__ __forceinline__ void lion_groups(const GumbelSupportLionArgs& a, cons
   load8(a.mom_V + r * kGroup, mv);
   soft_group_backward<float>(dw, v, z, relaxed ? pi : nullptr, scale, relaxed ? da : nullptr, dv);
   if (relaxed) {
-    float A[kNumPatterns], mA[kNumPatterns];
-    load6(a.A + r * kNumPatterns, A);
+    float mA[kNumPatterns];
     load6(a.mom_A + r * kNumPatterns, mA);
     for (int p = 0; p < kNumPatterns; ++p) lion_update(A[p], mA[p], da[p], b1, b2, step_A, decay_A);
     store6(a.A + r * kNumPatterns, A);

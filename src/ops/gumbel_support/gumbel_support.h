@@ -29,7 +29,7 @@ struct GumbelSupportArgs {
   double kappa = 100.0, tau = 2.0; // logit scale κ and temperature τ of Eq. 2 (relaxed modes)
   uint64_t key = 0;                // kGumbel: ops::gumbel::rng_key(seed, stream, purpose, step, projection);
                                    // element i of the [R, 6] noise is rng_gumbel(key, i)
-  float* pi = nullptr;             // [R, 6] out: π (relaxed modes; may be null in hard modes)
+  float* pi = nullptr;             // [R, 6] out: π (relaxed modes; may be null: not stored)
   float* W = nullptr;              // [R, 8] out: Z ⊙ V
   uint8_t* patterns = nullptr;     // [R] out: the argmax pattern ids (kArgmax; may be null)
   // Optional, for the Q_w that follows (ops/fake_quant's amax_given): *amax = max(*amax, max |W|) —
@@ -42,9 +42,14 @@ struct GumbelSupportArgs {
 struct GumbelSupportLionArgs {
   int64_t R = 0;
   const float* dW = nullptr;       // [R, 8] dL/dW̃ of the projection
-  const float* pi = nullptr;       // [R, 6] π of the forward (relaxed; null: support fixed)
-  const uint8_t* fixed = nullptr;  // [R] the fixed patterns when pi is null
+  const float* pi = nullptr;       // [R, 6] π of the forward (relaxed; null: recomputed, or support fixed)
+  const uint8_t* fixed = nullptr;  // [R] the fixed patterns when the support is fixed
   double kappa = 100.0, tau = 2.0; // as in the forward (dA scale κ/τ)
+  // Recompute π instead of reading it: the forward's kGumbel code (soft_group_forward) on the same A
+  // (before this update), the same noise key, κ and τ — the same bits as the stored π, without its
+  // [R, 6] write in the forward and read here (264 MB a step for a Kimi-K2.5 expert).
+  bool recompute_pi = false;
+  uint64_t key = 0;                // the forward's noise key (recompute_pi)
   float* A = nullptr;              // [R, 6] updated in place (null with a fixed support)
   float* V = nullptr;              // [R, 8] updated in place (dV uses V BEFORE its update)
   float* mom_A = nullptr;          // [R, 6] Lion momentum of A (null with a fixed support)

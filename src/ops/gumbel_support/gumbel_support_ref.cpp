@@ -16,13 +16,13 @@ void gumbel_support_check(const GumbelSupportArgs& a) {
   const bool relaxed = a.mode == SupportMode::kGumbel || a.mode == SupportMode::kNoiseFree;
   MOESQ_CHECK(a.mode == SupportMode::kFixed ? a.fixed != nullptr : a.A != nullptr,
               "gumbel_support: mode needs ", a.mode == SupportMode::kFixed ? "fixed patterns" : "logits A");
-  MOESQ_CHECK(!relaxed || (a.pi && a.tau > 0), "gumbel_support: a relaxed mode needs pi and tau > 0 (tau=", a.tau, ")");
+  MOESQ_CHECK(!relaxed || a.tau > 0, "gumbel_support: a relaxed mode needs tau > 0 (tau=", a.tau, ")");
 }
 
 void gumbel_support_check(const GumbelSupportLionArgs& a) {
   MOESQ_CHECK(a.R >= 0, "gumbel_support_lion: R=", a.R, " must be >= 0");
   MOESQ_CHECK(a.dW && a.V && a.mom_V, "gumbel_support_lion: dW, V and mom_V are required");
-  MOESQ_CHECK(a.pi ? (a.A && a.mom_A && a.tau > 0) : a.fixed != nullptr,
+  MOESQ_CHECK(a.pi || a.recompute_pi ? (a.A && a.mom_A && a.tau > 0) : a.fixed != nullptr,
               "gumbel_support_lion: a relaxed support needs A, mom_A and tau > 0; a fixed one its patterns");
 }
 
@@ -45,17 +45,18 @@ void gumbel_prior_logits_ref(const GumbelPriorArgs& a) {
 
 void gumbel_support_forward_ref(const GumbelSupportArgs& a) {
   gumbel_support_check(a);
-  float g[kNumPatterns], z[kGroup];
+  float g[kNumPatterns], z[kGroup], pi_tmp[kNumPatterns];
   for (int64_t r = 0; r < a.R; ++r) {
+    float* pi = a.pi ? a.pi + r * kNumPatterns : pi_tmp;
     const float* v = a.V + r * kGroup;
     float* w = a.W + r * kGroup;
     switch (a.mode) {
       case SupportMode::kGumbel:
         for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
-        soft_group_forward<float>(a.A + r * kNumPatterns, g, a.kappa, a.tau, a.pi + r * kNumPatterns, z);
+        soft_group_forward<float>(a.A + r * kNumPatterns, g, a.kappa, a.tau, pi, z);
         break;
       case SupportMode::kNoiseFree:
-        soft_group_forward<float>(a.A + r * kNumPatterns, nullptr, a.kappa, a.tau, a.pi + r * kNumPatterns, z);
+        soft_group_forward<float>(a.A + r * kNumPatterns, nullptr, a.kappa, a.tau, pi, z);
         break;
       case SupportMode::kArgmax: {
         const int p = argmax_pattern<float>(a.A + r * kNumPatterns);
@@ -83,19 +84,22 @@ void gumbel_support_lion_ref(const GumbelSupportLionArgs& a) {
   const float b1 = static_cast<float>(a.beta1), b2 = static_cast<float>(a.beta2);
   const float step_A = static_cast<float>(a.lr_A), decay_A = static_cast<float>(a.lr_A * a.weight_decay);
   const float step_V = static_cast<float>(a.lr_V), decay_V = static_cast<float>(a.lr_V * a.weight_decay);
-  float z[kGroup], da[kNumPatterns], dv[kGroup];
+  float z[kGroup], da[kNumPatterns], dv[kGroup], g[kNumPatterns], pi_tmp[kNumPatterns];
   for (int64_t r = 0; r < a.R; ++r) {
-    const bool relaxed = a.pi != nullptr;
-    if (relaxed) {
-      z_from_pi<float>(a.pi + r * kNumPatterns, z);
+    const bool relaxed = a.pi != nullptr || a.recompute_pi;
+    const float* pi = a.recompute_pi ? pi_tmp : a.pi ? a.pi + r * kNumPatterns : nullptr;
+    if (a.recompute_pi) {  // the forward's kGumbel π and Z of this group, A not yet updated
+      for (int p = 0; p < kNumPatterns; ++p) g[p] = rng_gumbel(a.key, static_cast<uint64_t>(r * kNumPatterns + p));
+      soft_group_forward<float>(a.A + r * kNumPatterns, g, a.kappa, a.tau, pi_tmp, z);
+    } else if (relaxed) {
+      z_from_pi<float>(pi, z);
     } else {
       MOESQ_CHECK(a.fixed[r] < kNumPatterns, "gumbel_support_lion: pattern id ", int(a.fixed[r]), " of group ", r,
                   " is not in [0, 6)");
       z_of_pattern<float>(a.fixed[r], z);
     }
     float* v = a.V + r * kGroup;
-    soft_group_backward<float>(a.dW + r * kGroup, v, z, relaxed ? a.pi + r * kNumPatterns : nullptr, scale,
-                               relaxed ? da : nullptr, dv);
+    soft_group_backward<float>(a.dW + r * kGroup, v, z, pi, scale, relaxed ? da : nullptr, dv);
     if (relaxed)
       for (int p = 0; p < kNumPatterns; ++p)
         lion_update(a.A[r * kNumPatterns + p], a.mom_A[r * kNumPatterns + p], da[p], b1, b2, step_A, decay_A);
