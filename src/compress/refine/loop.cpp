@@ -214,13 +214,6 @@ void pack(const std::array<ProjState<float>, 3>& P, const std::array<std::vector
                                        g_d, "refine down_proj");
 }
 
-// The held-out loss of packed tensors: their dequantized values through the step backend
-// (StepBackend::weights_loss: on the device that holds the rows).
-double packed_loss(StepBackend& backend, const format::Sparse48Tensor& g, const format::Sparse48Tensor& u,
-                   const format::Sparse48Tensor& d) {
-  return backend.packed_loss(g, u, d);
-}
-
 }  // namespace
 
 namespace {
@@ -397,7 +390,7 @@ class ExpertRefinement {
     sd.variant = data_.variant;
     backend_->start(sd, P_, fixed_, o_);
     if (all_packed_) {
-      res.init_hard_loss = packed_loss(*backend_, *init_[0]->packed, *init_[1]->packed, *init_[2]->packed);
+      res.init_hard_loss = backend_->packed_loss(*init_[0]->packed, *init_[1]->packed, *init_[2]->packed);
     } else {
       res.init_hard_loss = eval_loss(true, o_.kappa0, o_.tau0);
     }
@@ -536,7 +529,7 @@ class ExpertRefinement {
     res.scale_finetune.steps =
         refine::scale_finetune(g, u, d, rows, train_, rng_key(o_.seed, data_.stream, kRngScaleShuffle, 0, 0), so);
     res.scale_finetune.loss_before = res.final_hard_loss;
-    res.scale_finetune.loss_after = packed_loss(*backend_, g, u, d);
+    res.scale_finetune.loss_after = backend_->packed_loss(g, u, d);
     if (!(res.scale_finetune.loss_after < res.final_hard_loss)) return;
     res.scale_finetune.kept = true;
     res.gate = std::move(g), res.up = std::move(u), res.down = std::move(d);
@@ -579,7 +572,7 @@ class ExpertRefinement {
     // pruned position would give the packed expert a coarser γ than the one that was selected.
     if (select_best_) zero_pruned(pat);
     pack(P_, pat, res);
-    res.final_hard_loss = packed_loss(*backend_, res.gate, res.up, res.down);
+    res.final_hard_loss = backend_->packed_loss(res.gate, res.up, res.down);
     if (o_.keep_init_if_worse && all_packed_ && n_held_ > 0 && res.final_hard_loss > res.init_hard_loss) {
       return_init("refined expert worse on held-out rows than SGPTQ: kept the SGPTQ solution", res);
       res.final_hard_loss = res.init_hard_loss;

@@ -4,6 +4,7 @@
 
 #include "core/cuda/check.cuh"
 #include "core/error.h"
+#include "ops/common/nvfp4_row.cuh"
 #include "ops/sparse48_dequant/sparse48_dequant.h"
 
 namespace moesq::ops {
@@ -12,22 +13,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// E2M1 code → value (format/fp_codecs.h e2m1_decode).
-__device__ __forceinline__ float e2m1_value(unsigned q) {
-  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = mag[q & 7];
-  return (q & 8) ? -v : v;
-}
-// E4M3 (bias 7, no infinities) code → value; 0x7f / 0xff are NaN (format/fp_codecs.h e4m3_decode).
-__device__ __forceinline__ float e4m3_value(unsigned c) {
-  const unsigned e = (c >> 3) & 15, m = c & 7;
-  float v;
-  if (e == 15 && m == 7)
-    v = __int_as_float(0x7fc00000);
-  else
-    v = e == 0 ? ldexpf(static_cast<float>(m), -9) : ldexpf(static_cast<float>(8 + m), static_cast<int>(e) - 10);
-  return (c & 0x80) ? -v : v;
-}
+using detail::e2m1_decode;   // ops/common/nvfp4_row.cuh: the device codecs the quantizing kernels use
+using detail::ue4m3_decode;
 
 __global__ void __launch_bounds__(kThreads) dequant_kernel(Sparse48DequantArgs a) {
   const int64_t groups = a.N * (a.K / 8);
@@ -38,13 +25,13 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(Sparse48DequantArgs a
   const unsigned i0 = nib & 3u, i1 = nib >> 2;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (i0 < i1) {
-    const float s = e4m3_value(a.scales[n * (a.K / 32) + g / 4]);
+    const float s = ue4m3_decode(a.scales[n * (a.K / 32) + g / 4]);
     const unsigned b0 = a.values[n * (a.K / 4) + 2 * g], b1 = a.values[n * (a.K / 4) + 2 * g + 1];
     // (dec(q) · s) / γ: the product is exact (≤ 6 significant bits), the division rounds once.
-    v[2 * i0] = __fdiv_rn(__fmul_rn(e2m1_value(b0 & 15u), s), a.global_scale);
-    v[2 * i0 + 1] = __fdiv_rn(__fmul_rn(e2m1_value(b0 >> 4), s), a.global_scale);
-    v[2 * i1] = __fdiv_rn(__fmul_rn(e2m1_value(b1 & 15u), s), a.global_scale);
-    v[2 * i1 + 1] = __fdiv_rn(__fmul_rn(e2m1_value(b1 >> 4), s), a.global_scale);
+    v[2 * i0] = __fdiv_rn(__fmul_rn(e2m1_decode(b0 & 15u), s), a.global_scale);
+    v[2 * i0 + 1] = __fdiv_rn(__fmul_rn(e2m1_decode(b0 >> 4), s), a.global_scale);
+    v[2 * i1] = __fdiv_rn(__fmul_rn(e2m1_decode(b1 & 15u), s), a.global_scale);
+    v[2 * i1 + 1] = __fdiv_rn(__fmul_rn(e2m1_decode(b1 >> 4), s), a.global_scale);
   }
   float4* o = reinterpret_cast<float4*>(a.out + gi * 8);
   o[0] = make_float4(v[0], v[1], v[2], v[3]);

@@ -23,8 +23,9 @@ struct Sparse48DequantArgs {
 };
 
 // Errors (moesq::Error): N < 0, K not a positive multiple of 32, a null pointer, γ not finite and > 0,
-// a misaligned out. The kernel cannot see the bytes before it runs: a metadata nibble that is not one
-// of the 6 patterns gives its group zeros there (the twin names it), a NaN scale code gives NaNs.
+// a misaligned out. The kernel cannot see the bytes before it runs: for a metadata nibble that is not
+// one of the 6 patterns it writes the group's zeros, for a scale code 0x7f / 0xff (not a finite UE4M3)
+// an unspecified value; the twin names either.
 void sparse48_dequant(const Sparse48DequantArgs& a, cudaStream_t stream);
 void sparse48_dequant_check(const Sparse48DequantArgs& a);
 void sparse48_dequant_ref(const Sparse48DequantArgs& a);
