@@ -199,16 +199,19 @@ class CudaStepBackend final : public StepBackend {
       if (fixed_[j]) {
         fixed_pat_[j] = upload(ws.fixed_pat[j], fixed[j], static_cast<size_t>(R_[j]), *ctx_);
       } else {
+        const size_t nA = static_cast<size_t>(R_[j] * 6);  // A [R, 6]
         if (d.prior[j]) {  // Eq. 2 init drawn here (draws_prior), the host's prior_logits element for element
-          A_[j] = take(ws.A[j], P[j].A.size());
+          A_[j] = take(ws.A[j], nA);
           const View<uint8_t> prior = upload(ws.fixed_pat[j], d.prior[j], static_cast<size_t>(R_[j]), *ctx_);
           ops::gumbel_prior_logits(
               {.R = R_[j], .prior = prior.p, .sigma = d.prior_sigma, .s = d.prior_s, .key = d.prior_key[j], .A = A_[j].p},
               s);
         } else {
-          A_[j] = upload(ws.A[j], P[j].A.data(), P[j].A.size(), *ctx_);
+          MOESQ_CHECK(P[j].A.size() == nA, "refine on the GPU: projection ", j, " has ", P[j].A.size(),
+                      " pattern logits, expected ", nA);
+          A_[j] = upload(ws.A[j], P[j].A.data(), nA, *ctx_);
         }
-        mom_A_[j] = take(ws.mom_A[j], P[j].A.size());
+        mom_A_[j] = take(ws.mom_A[j], nA);
         MOESQ_CUDA_CHECK(cudaMemsetAsync(mom_A_[j].p, 0, mom_A_[j].bytes(), s));
       }
     }
@@ -382,7 +385,9 @@ class CudaStepBackend final : public StepBackend {
     const cudaStream_t s = ctx_->stream;
     for (int j = 0; j < 3; ++j) {
       ctx_->d2h(P[j].V.data(), V_[j].p, V_[j].bytes());
-      if (!fixed_[j]) ctx_->d2h(P[j].A.data(), A_[j].p, A_[j].bytes());
+      if (fixed_[j]) continue;
+      P[j].A.resize(A_[j].n);  // empty where the prior was drawn here (draws_prior)
+      ctx_->d2h(P[j].A.data(), A_[j].p, A_[j].bytes());
     }
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
     check_finite();

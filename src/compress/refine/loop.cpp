@@ -360,11 +360,11 @@ class ExpertRefinement {
     for (int j = 0; j < 3; ++j) {
       if (o_.update_A) {
         const uint64_t key = rng_key(o_.seed, data_.stream, kRngPriorInit, 0, j);
-        P_[j].A.resize(P_[j].groups() * kNumPatterns);
-        if (device_draws) {
+        if (device_draws) {  // P.A stays empty: the device holds A from here on
           sd.prior[j] = prior_[j].data();
           sd.prior_key[j] = key;
         } else {
+          P_[j].A.resize(P_[j].groups() * kNumPatterns);
           prior_logits(prior_[j].data(), P_[j].groups(), o_.sigma, o_.s, key, P_[j].A.data());
         }
       } else {

@@ -60,12 +60,12 @@ struct StepInput {
 class StepBackend {
  public:
   virtual ~StepBackend() = default;
+  // True when start() draws A from StepData::prior where it is used (refine::prior_logits' elements,
+  // ops::gumbel_prior_logits); the loop then leaves P.A empty and start() must not read it.
+  virtual bool draws_prior() const { return false; }
   // Takes the rows and the initial parameters (P: A [R, 6] where the support is learned, V [N, K];
   // fixed[j] non-null: projection j's support is held at those patterns); Lion momenta start at 0.
   // The CPU backend updates P in place from here on; a device backend copies it (sync reads it back).
-  // True when start() draws A from StepData::prior where it is used (refine::prior_logits' elements,
-  // ops::gumbel_prior_logits); the loop then leaves P.A unset and start() must not read it.
-  virtual bool draws_prior() const { return false; }
   virtual void start(const StepData& data, std::array<ProjState<float>, 3>& P,
                      const std::array<const uint8_t*, 3>& fixed, const RefineOptions& o) = 0;
   // The training rows of this epoch in order (global row ids into StepData's arrays).
