@@ -15,6 +15,7 @@
 # fixture's MLA layer vs the CPU mixer; memcheck) and `bench compress --synthetic kimi-k2.5` (the dense
 # first layer + one MoE layer of 384 experts, KIMI_CALIB × 128 calibration tokens, sgptq and moesq).
 #   KIMI_CALIB=256  KIMI_METHODS=sgptq,moesq  KIMI_TIMEOUT=330  KIMI_THREADS=16  MEMCHECK_LAYER=1
+#   KIMI_EXTRA="--num-experts 16" (session 25): more bench compress flags for the kimi run
 #   LAYER_TESTS=0 (session 24): the compress step without test_layer_cuda, the Kimi bench alone
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
@@ -87,7 +88,7 @@ if has compress && [ "${LAYER_TESTS:-1}" = 1 ]; then
 fi
 if has compress; then
   timeout "${KIMI_TIMEOUT:-330}" "$B/moesq" bench compress --synthetic kimi-k2.5 --layers 2 --calib-samples "${KIMI_CALIB:-256}" \
-    --seq-len 128 --methods "${KIMI_METHODS:-sgptq,moesq}" --device cuda --threads "${KIMI_THREADS:-16}" --json > "$O/bench_compress_kimi.json" \
+    --seq-len 128 --methods "${KIMI_METHODS:-sgptq,moesq}" --device cuda --threads "${KIMI_THREADS:-16}" ${KIMI_EXTRA:-} --json > "$O/bench_compress_kimi.json" \
     2> "$W/bench_compress_kimi.log"
   log "bench compress kimi-k2.5 rc=$?"; grep -vE '^\[compress\] layer [0-9]+/[0-9]+: [0-9]+/' "$W/bench_compress_kimi.log" | tail -12 | tee -a "$S"
 fi

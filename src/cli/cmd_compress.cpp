@@ -20,6 +20,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "dist/communicator.h"
+#include "dist/gpu_binding.h"
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "io/export_checkpoint.h"
@@ -123,6 +124,27 @@ void resolve_device(const std::string& flag, const io::ModelSpec& spec, compress
 
 namespace {
 
+// One process per GPU: this rank takes the GPU of its host-local rank (dist/gpu_binding.h); rank 0
+// says which, and whether ranks share GPUs.
+void bind_gpu(const dist::Communicator& comm) {
+#ifdef MOESQ_HAVE_CUDA
+  int n = 0;
+  MOESQ_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "--device cuda: no visible GPU");
+  const int gpu = dist::gpu_for_local_rank(comm.local_rank(), comm.local_size(), n);
+  compress::use_gpu(gpu);
+  if (comm.size() == 1 && n == 1) return;
+  cudaDeviceProp p{};
+  MOESQ_CHECK(cudaGetDeviceProperties(&p, gpu) == cudaSuccess, "cudaGetDeviceProperties of GPU ", gpu, " failed");
+  const std::string note = dist::gpu_sharing_note(comm.local_size(), n);
+  progress("compress", "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " on GPU " +
+                           std::to_string(gpu) + " of " + std::to_string(n) + " (" + p.name +
+                           "; each rank takes GPU host-local rank mod " + std::to_string(n) + ")" +
+                           (note.empty() ? "" : "; " + note));
+#else
+  (void)comm;
+#endif
+}
+
 void run_compress(const Args* args, dist::Communicator& comm) {
   const bool root = comm.rank() == 0;
   if (!root) set_progress_enabled(false);  // rank 0 speaks for the run
@@ -149,10 +171,13 @@ void run_compress(const Args* args, dist::Communicator& comm) {
   // Host memory bounded by one layer's experts (plus the rest of the model and the calibration):
   // compress_model loads each layer's experts when it reaches it and frees them after.
   model::DecoderModel m(ckpt, {.experts_on_demand = true});
-  if (opt.device == compress::Device::kCuda)
+  if (opt.device == compress::Device::kCuda) {
+    bind_gpu(comm);
     progress("compress", std::string("SGPTQ") + (opt.method->refines ? " and the refinement" : "") +
-                             " on the GPU (--device " + args->device +
-                             "); routing and propagation on the CPU");
+                             " on the GPU (--device " + args->device + "); routing and propagation " +
+                             (compress::device_resident(m, opt) ? "on the GPU too (the states stay there)"
+                                                                : "on the CPU (a layer the GPU forward lacks)"));
+  }
   // The calibration's own time (data-free: sampling the sequences from the model, often minutes) is
   // reported beside the compression's (report.json "calibration_seconds", the summary line).
   const auto t_calib = std::chrono::steady_clock::now();

@@ -1,13 +1,32 @@
 // The per-thread stream and handles of the GPU compression stages (compress/cuda_context.cuh).
 #include "compress/cuda_context.cuh"
 
+#include <atomic>
 #include <cstring>
 
 #include "ops/split_tf32/split_tf32.h"
 
+namespace moesq::compress {
+
+namespace {
+std::atomic<int> g_device{0};  // compress::use_gpu
+}
+
+void use_gpu(int ordinal) {
+  int n = 0;
+  MOESQ_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && ordinal >= 0 && ordinal < n, "use_gpu: device ", ordinal,
+              " outside the ", n, " visible GPUs");
+  MOESQ_CUDA_CHECK(cudaSetDevice(ordinal));
+  g_device.store(ordinal);
+}
+
+}  // namespace moesq::compress
+
 namespace moesq::compress::gpu {
 
 ThreadContext::ThreadContext() {
+  // A worker thread's first CUDA call: its stream, handles and scratch live on the run's GPU.
+  MOESQ_CUDA_CHECK(cudaSetDevice(g_device.load()));
   MOESQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   MOESQ_CUBLAS_CHECK(cublasCreate(&blas));
   MOESQ_CUBLAS_CHECK(cublasSetStream(blas, stream));

@@ -65,7 +65,8 @@ struct ThreadContext {
   void wait(int b);
 };
 
-// The calling thread's context (created on first use; Error on a CUDA / library failure).
+// The calling thread's context (created on first use, on the device use_gpu chose; Error on a CUDA /
+// library failure).
 ThreadContext& thread_context();
 
 // An fp32 operand split into TF32 parts (ops/split_tf32: x ≈ hi + lo, both TF32-exact), kept in

@@ -12,6 +12,12 @@
 
 namespace moesq::compress {
 
+// The GPU every compression stage uses from now on (the calling thread at once, each worker thread
+// when it creates its context, compress/cuda_context.cuh): a rank's GPU, dist::gpu_for_local_rank.
+// Call before the first GPU stage; the default is device 0. Error for an ordinal outside the visible
+// devices.
+void use_gpu(int ordinal);
+
 // Errors (moesq::Error): a CUDA / cuBLAS failure naming the call; X holding a NaN or an infinity
 // (rel_error).
 const ExpertDevice* expert_device_cuda();

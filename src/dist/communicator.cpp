@@ -20,6 +20,8 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "local"; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
   std::vector<std::string> allgather(const std::string& mine) override { return {mine}; }
   void broadcast(std::string&, int root) override {
     MOESQ_CHECK(root == 0, "broadcast: root rank ", root, " outside [0, 1)");

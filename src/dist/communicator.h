@@ -22,6 +22,10 @@ class Communicator {
   virtual int rank() const = 0;            // in [0, size())
   virtual int size() const = 0;            // number of ranks, >= 1
   virtual const char* backend() const = 0;  // "local" | "mpi"
+  // This rank among the ranks of its own host (MPI_COMM_TYPE_SHARED), in [0, local_size()): what picks
+  // its GPU (gpu_for_local_rank). One process: 0 of 1.
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
 
   // Collective: every rank passes its bytes (any size, 0 included: a rank with nothing to say
   // still takes part) and every rank gets all of them, [size()] indexed by rank.

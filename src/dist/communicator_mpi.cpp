@@ -42,6 +42,13 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    // The ranks that share this host (and its GPUs), ordered by world rank.
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
+    check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank (host)");
+    check(MPI_Comm_size(node, &local_size_), "MPI_Comm_size (host)");
+    MPI_Comm_free(&node);
     // One round's counts and displacements are int: every rank's slice together stays below INT_MAX.
     chunk_ = std::max<size_t>(1, std::min<size_t>(opt.max_message_bytes, static_cast<size_t>(INT_MAX) / size_));
   }
@@ -54,6 +61,8 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
 
   std::vector<std::string> allgather(const std::string& mine) override {
     const uint64_t n = mine.size();
@@ -116,6 +125,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   int rank_ = 0, size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
   size_t chunk_ = 1;
   bool owns_mpi_ = false;
 };

@@ -63,6 +63,9 @@ TEST(MpiCommunicator, AllgatherInRoundsAndBroadcastAcrossRanks) {
   const auto comm = communicator_from_environment(opt);
   ASSERT_STREQ(comm->backend(), "mpi") << "this test needs a build with MPI";
   ASSERT_EQ(comm->size(), kRanks);
+  // One host: the host-local ranks are the world ranks (MPI_COMM_TYPE_SHARED keeps the world order).
+  EXPECT_EQ(comm->local_size(), kRanks);
+  EXPECT_EQ(comm->local_rank(), comm->rank());
   const std::vector<std::string> all = comm->allgather(bytes_of(comm->rank()));
   ASSERT_EQ(all.size(), static_cast<size_t>(kRanks));
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(all[static_cast<size_t>(r)], bytes_of(r)) << "rank " << r << "'s bytes";

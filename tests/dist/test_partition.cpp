@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "dist/gpu_binding.h"
 #include "dist/partition.h"
 
 namespace moesq::dist {
@@ -45,10 +48,45 @@ TEST(Partition, BadArgumentsAreErrors) {
   EXPECT_THROW(experts_of_rank(8, -1, 2), Error);
 }
 
+TEST(GpuBinding, EachHostRankItsOwnGpuThenRoundRobin) {
+  // One GPU per rank: rank r on GPU r, all distinct.
+  for (int n : {1, 2, 4, 8})
+    for (int r = 0; r < n; ++r) EXPECT_EQ(gpu_for_local_rank(r, n, n), r) << n << " ranks, " << n << " GPUs";
+  // More ranks than GPUs: rank mod GPUs, every GPU used by ceil/floor(n / g) ranks.
+  for (int g : {1, 2, 3})
+    for (int n : {g + 1, 2 * g + 1, 8}) {
+      std::vector<int> per(static_cast<size_t>(g), 0);
+      for (int r = 0; r < n; ++r) ++per[static_cast<size_t>(gpu_for_local_rank(r, n, g))];
+      for (int d = 0; d < g; ++d) EXPECT_EQ(per[static_cast<size_t>(d)], n / g + (d < n % g ? 1 : 0)) << n << " on " << g;
+    }
+  // Fewer ranks than GPUs: the first ones.
+  EXPECT_EQ(gpu_for_local_rank(1, 2, 8), 1);
+  EXPECT_TRUE(gpu_sharing_note(2, 8).empty());
+  EXPECT_TRUE(gpu_sharing_note(4, 4).empty());
+  EXPECT_NE(gpu_sharing_note(2, 1).find("2 ranks on this host share its 1 GPU (rank mod 1)"), std::string::npos)
+      << gpu_sharing_note(2, 1);
+}
+
+TEST(GpuBinding, BadArgumentsNameTheArgument) {
+  auto what = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(what([] { gpu_for_local_rank(0, 1, 0); }).find("device_count 0"), std::string::npos);
+  EXPECT_NE(what([] { gpu_for_local_rank(2, 2, 1); }).find("local rank 2 outside [0, 2)"), std::string::npos);
+  EXPECT_NE(what([] { gpu_for_local_rank(-1, 2, 1); }).find("local rank -1"), std::string::npos);
+}
+
 TEST(LocalCommunicator, IsRankZeroOfOne) {
   const auto c = local_communicator();
   EXPECT_EQ(c->rank(), 0);
   EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(c->local_rank(), 0);
+  EXPECT_EQ(c->local_size(), 1);
   const std::vector<std::string> all = c->allgather(std::string("\0ab", 3));
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0], std::string("\0ab", 3));
