@@ -75,7 +75,7 @@ struct OpsLayer {
     S.assign(static_cast<size_t>(slots * L.s.num_v_heads * L.s.head_k_dim * L.s.head_v_dim), 0.0f);
   }
   std::vector<float> call(const std::vector<float>& x, const std::vector<int32_t>& start,
-                          const std::vector<int32_t>& slot) {
+                          const std::vector<int32_t>& slot, bool update_state = true) {
     const model::GdnShape& s = L.s;
     const int64_t T = start.back(), H = s.hidden, C = s.conv_dim(), Vd = s.value_dim(), nv = s.num_v_heads;
     const int64_t ld = C + Vd + 2 * nv;
@@ -86,13 +86,15 @@ struct OpsLayer {
     linear_into(x.data(), T, H, L.w.in_proj_a, nv, proj.data(), ld, C + Vd + nv);
     const ops::GdnRuns runs{start.data(), slot.data(), static_cast<int>(slot.size()), slots};
     ops::gdn_conv_ref({.x = proj.data(), .ldx = ld, .w = L.w.conv1d.data(), .window = window.data(), .out = qkv.data(),
-                       .runs = runs, .C = static_cast<int>(C), .Kc = static_cast<int>(s.conv_kernel)});
+                       .runs = runs, .C = static_cast<int>(C), .Kc = static_cast<int>(s.conv_kernel),
+                       .update_state = update_state});
     ops::GdnRecurrenceArgs r;
     r.qkv = qkv.data(), r.z = proj.data() + C, r.b = proj.data() + C + Vd, r.a = proj.data() + C + Vd + nv, r.ldz = ld;
     r.A_log = L.w.A_log.data(), r.dt_bias = L.w.dt_bias.data(), r.norm = L.w.norm.data(), r.S = S.data();
     r.out = o.data(), r.runs = runs;
     r.nk = static_cast<int>(s.num_k_heads), r.dk = static_cast<int>(s.head_k_dim);
     r.nv = static_cast<int>(nv), r.dv = static_cast<int>(s.head_v_dim), r.eps = s.eps;
+    r.update_state = update_state;
     ops::gdn_recurrence_ref(r);
     std::vector<float> y(static_cast<size_t>(T * H));
     linear_into(o.data(), T, Vd, L.w.out_proj, H, y.data(), H, 0);
@@ -143,6 +145,25 @@ TEST(GdnOps, ARunEqualsItsTokensOneByOneBitwise) {
   }
   EXPECT_EQ(whole.S, steps.S);
   EXPECT_EQ(whole.window, steps.window);
+}
+
+// The engine's eager decode step before a graph capture: the same outputs, the states left as they were.
+TEST(GdnOps, WithoutStateUpdateTheOutputsAreTheSameAndTheStatesStay) {
+  std::mt19937 g(11);
+  const Layer L = random_layer(2, 4, 32, 32, 4, g);
+  const int64_t H = L.s.hidden;
+  OpsLayer a(L, 2), b(L, 2);
+  const std::vector<float> x0 = rnd(5 * H, g, 1.0f), x1 = rnd(2 * H, g, 1.0f);
+  a.call(x0, {0, 3, 5}, {1, 0});
+  b.call(x0, {0, 3, 5}, {1, 0});
+  const std::vector<float> window = b.window, S = b.S;
+  const std::vector<float> kept = b.call(x1, {0, 1, 2}, {0, 1}, /*update_state=*/false);
+  EXPECT_EQ(b.window, window);
+  EXPECT_EQ(b.S, S);
+  const std::vector<float> moved = a.call(x1, {0, 1, 2}, {0, 1});
+  ASSERT_EQ(0, std::memcmp(kept.data(), moved.data(), sizeof(float) * kept.size()));
+  EXPECT_NE(a.S, S);
+  EXPECT_NE(a.window, window);
 }
 
 TEST(GdnOps, MalformedRunsAndShapesAreRefused) {

@@ -190,8 +190,15 @@ __device__ __forceinline__ void load_kv(const AttentionArgs& a, int64_t slot, in
   }
 }
 
+// σ(gate) of output row out_row = t·nh + h, column col (AttentionArgs::gate), as the CPU's sigmoid.
+__device__ __forceinline__ float gate_of(const AttentionArgs& a, int64_t out_row, int col) {
+  const float g = a.gate[(out_row / a.nh) * a.gate_ld + (out_row % a.nh) * a.gate_head_ld + col];
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+}
+
 template <int HD>
 __device__ __forceinline__ void write_row_pair(const AttentionArgs& a, int64_t out_row, int col, float x0, float x1) {
+  if (a.gate) x0 = __fmul_rn(x0, gate_of(a, out_row, col)), x1 = __fmul_rn(x1, gate_of(a, out_row, col + 1));
   const int64_t o = out_row * HD + col;
   *reinterpret_cast<uint32_t*>(a.out + o) = pack_bf16(x0, x1);
   if (a.out_lo) *reinterpret_cast<uint32_t*>(a.out_lo + o) = pack_bf16(bf16_residue(x0), bf16_residue(x1));
@@ -253,7 +260,8 @@ __global__ void __launch_bounds__(HD) attn_combine_kernel(AttentionArgs a, int c
     O = merge_value(O, p[e], wa, wb);
   }
   const float wa = a.sinks ? fold_sink(M, L, a.sinks[row % a.nh]) : 1.0f;
-  const float x = finish(O, L, a.sinks != nullptr, wa);
+  float x = finish(O, L, a.sinks != nullptr, wa);
+  if (a.gate) x = __fmul_rn(x, gate_of(a, row, e));
   const int64_t o = row * HD + e;
   a.out[o] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
   if (a.out_lo) a.out_lo[o] = __bfloat16_as_ushort(__float2bfloat16_rn(bf16_residue(x)));

@@ -61,6 +61,13 @@ struct AttentionArgs {
   // softmax denominator as exp(sink − m) without a value (HF's softmax over [scores | sink], sink column
   // dropped). Folded after the last chunk by one function in both paths. nullptr: none.
   const float* sinks = nullptr;
+  // Gated attention (Qwen3-Next / Qwen3.5, model/mixers/gated_attention): each output is multiplied by
+  // σ(gate) = 1 / (1 + exp(−gate)) before the bf16 split; the gate of (token t, head h, dim e) is
+  // gate[t·gate_ld + h·gate_head_ld + e] fp32 — the q projection's gate half left in the q|k|v buffer
+  // (QkRopeArgs::q_gate: qkv + hd, the row width, 2·hd). nullptr: no gate.
+  const float* gate = nullptr;
+  int64_t gate_ld = 0;
+  int gate_head_ld = 0;
 };
 
 // Prefill (tiles given) or split-KV decode (partial given); exactly one of the two. Errors: shapes

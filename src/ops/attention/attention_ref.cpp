@@ -26,6 +26,8 @@ void attention_check(const AttentionArgs& a) {
   MOESQ_CHECK(a.hd == 32 || a.hd == 64 || a.hd == 128, "attention: head_dim ", a.hd, " not built (built: 32, 64, 128)");
   MOESQ_CHECK(a.max_len > 0, "attention: max_len must be > 0");
   MOESQ_CHECK(a.window >= 0, "attention: sliding window ", a.window, " must be >= 0 (0 = none)");
+  MOESQ_CHECK(!a.gate || (a.gate_head_ld >= a.hd && a.gate_ld >= int64_t{a.nh} * a.gate_head_ld),
+              "attention: gate strides ", a.gate_ld, " / ", a.gate_head_ld, " smaller than the heads they hold");
 }
 
 size_t attention_partial_floats(int64_t T, int nh, int hd, int64_t max_len) {
@@ -107,7 +109,8 @@ void attention_ref(const AttentionArgs& a) {
         L = L * wa + std::exp(sink - Mn);
       }
       for (int c = 0; c < a.hd; ++c) {
-        const float o = a.sinks ? (O[c] * wa) / L : O[c] / L;
+        float o = a.sinks ? (O[c] * wa) / L : O[c] / L;
+        if (a.gate) o *= 1.0f / (1.0f + std::exp(-a.gate[t * a.gate_ld + h * a.gate_head_ld + c]));
         a.out[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o);
         if (a.out_lo) a.out_lo[(t * a.nh + h) * a.hd + c] = f32_to_bf16(o - bf16_to_f32(f32_to_bf16(o)));
       }

@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kConvThreads) gdn_conv_kernel(GdnConvArgs a) {
 #pragma unroll
     for (int j = 0; j + 1 < KC; ++j) win[j] = win[j + 1];
   }
+  if (!a.update_state) return;
 #pragma unroll
   for (int j = 0; j < KC - 1; ++j) st[j] = win[j];
 }
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(512) gdn_recurrence_kernel(GdnRecurrenceArgs a
     }
     __syncthreads();  // q, k, o and the scalars are rewritten by the next token
   }
+  if (!a.update_state) return;
 #pragma unroll
   for (int i = 0; i < 32; ++i) S[static_cast<int64_t>(32 * g + i) * dv + j] = s[i];
 }

@@ -46,6 +46,9 @@ struct GdnConvArgs {
   float* out = nullptr;      // [T, C] fp32 SiLU(conv)
   GdnRuns runs;
   int C = 0, Kc = 0;
+  // false: the windows are read, not moved on (the outputs are the same). The engine's eager decode
+  // step before a graph capture runs so, since the captured replay then takes the same step again.
+  bool update_state = true;
 };
 
 struct GdnRecurrenceArgs {
@@ -66,6 +69,7 @@ struct GdnRecurrenceArgs {
   // column); nv % nk == 0.
   int nk = 0, dk = 0, nv = 0, dv = 0;
   double eps = 1e-6;                   // gated RMSNorm
+  bool update_state = true;            // false: S is read, not written (GdnConvArgs::update_state)
 };
 
 // Errors (both sides): sizes outside the built ranges (naming them), null pointers, runs that are not

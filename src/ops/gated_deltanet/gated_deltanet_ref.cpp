@@ -1,5 +1,6 @@
 // CPU twins of ops::gdn_conv and ops::gdn_recurrence (gated_deltanet.h) in the kernels' orders, and the
 // checks both sides share.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -94,7 +95,8 @@ void gdn_conv_ref(const GdnConvArgs& a) {
         a.out[t * C + c] = silu(acc);
         for (int j = 0; j + 1 < Kc; ++j) win[j] = win[j + 1];
       }
-      for (int j = 0; j < Kc - 1; ++j) st[j] = win[j];
+      if (a.update_state)
+        for (int j = 0; j < Kc - 1; ++j) st[j] = win[j];
     }
   }
 }
@@ -108,7 +110,9 @@ void gdn_recurrence_ref(const GdnRecurrenceArgs& a) {
   std::vector<float> q(dk), k(dk), part(static_cast<size_t>(G) * dv), o(dv);
   for (int r = 0; r < a.runs.runs; ++r) {
     for (int h = 0; h < nv; ++h) {
-      float* S = a.S + (static_cast<int64_t>(a.runs.run_slot[r]) * nv + h) * dk * dv;  // [dk, dv]
+      float* S_slot = a.S + (static_cast<int64_t>(a.runs.run_slot[r]) * nv + h) * dk * dv;  // [dk, dv]
+      std::vector<float> S_run(S_slot, S_slot + static_cast<int64_t>(dk) * dv);  // the run's S, left if update_state
+      float* S = S_run.data();
       const int kh = h / r_heads;
       const float A = std::exp(a.A_log[h]);
       for (int64_t t = a.runs.run_start[r]; t < a.runs.run_start[r + 1]; ++t) {
@@ -158,6 +162,7 @@ void gdn_recurrence_ref(const GdnRecurrenceArgs& a) {
           }
         }
       }
+      if (a.update_state) std::copy(S_run.begin(), S_run.end(), S_slot);
     }
   }
 }

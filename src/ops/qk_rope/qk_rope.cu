@@ -16,7 +16,8 @@ __device__ __forceinline__ uint16_t to_bf16(float f) { return __bfloat16_as_usho
 __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
   __shared__ float s_v[kWarps][kMaxHd];  // normalized head vector of each warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int heads = a.nh + 2 * a.nkv, half = a.hd / 2;
+  const int heads = a.nh + 2 * a.nkv, rot = a.rotary_dims(), half = rot / 2;
+  const int64_t qs = a.q_gate ? 2 * a.hd : a.hd;  // a q head's stride in the row (query | gate)
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (item >= a.T * heads) return;
   const int64_t t = item / heads;
@@ -27,10 +28,10 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
   const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
   const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
   const int64_t out_off = (t * a.nkv + kv) * a.hd;  // k_out / v_out row of the head
-  const float* row = a.qkv + t * heads * a.hd;      // the token's q|k|v projection
+  const float* row = a.qkv + t * a.row_width();     // the token's q|k|v projection
   // Element i of head jj of the token's projection, its bias added (fp32, as add_bias_rows).
   const auto val = [&](int jj, int i) {
-    const float x = row[jj * a.hd + i];
+    const float x = row[(jj < a.nh ? jj * qs : a.nh * qs + (jj - a.nh) * a.hd) + i];
     return a.qkv_bias ? __fadd_rn(x, a.qkv_bias[jj * a.hd + i]) : x;
   };
   if (!is_q && !is_k) {
@@ -74,6 +75,12 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
       a.k_cache[cache_off + i] = to_bf16(r0);
       a.k_cache[cache_off + i + half] = to_bf16(r1);
     }
+  }
+  for (int i = rot + lane; i < a.hd; i += 32) {  // partial RoPE: the dims past rot pass unchanged
+    const float x = s_v[warp][i];
+    if (is_q) a.q_out[(t * a.nh + j) * a.hd + i] = x;
+    else if (a.k_out) a.k_out[out_off + i] = x;
+    else a.k_cache[cache_off + i] = to_bf16(x);
   }
 }
 

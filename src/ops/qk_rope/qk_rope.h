@@ -3,7 +3,8 @@
 // (whole_qk_norm: OLMoE's q_norm [nh·hd], k_norm [nkv·hd]) or none (q_norm = k_norm = nullptr:
 // Mixtral, Qwen2-MoE) — RoPE with the CPU forward's tables (model::rope_tables, uploaded once), and the
 // append of k and v to the bf16 KV cache at each token's (sequence slot, position) — or into fp32 k/v
-// rows (k_out, v_out). q stays fp32 for the attention. The CPU forward's order (model/mixers/attention).
+// rows (k_out, v_out). q stays fp32 for the attention. The CPU forward's order (model/mixers/attention,
+// model/mixers/gated_attention for partial RoPE and the q gate layout).
 // CPU twin: qk_rope_ref, bitwise equal: the head norm's fp64 sum is a warp butterfly that the twin
 // replays, and every fp32 product/sum is rounded as written (no fma), as in model::apply_rope.
 #pragma once
@@ -44,6 +45,15 @@ struct QkRopeArgs {
   int nh = 0, nkv = 0, hd = 0;     // hd % 32 == 0, hd ≤ 256
   int64_t max_len = 0;
   double eps = 1e-6;
+  // Partial RoPE (Qwen3-Next / Qwen3.5: partial_rotary_factor): the leading `rot` dims of each q and k
+  // head rotate (pairs i, i + rot/2, the tables [max_len, rot/2]), the rest pass unchanged; 0: all hd.
+  int rot = 0;
+  // Gated attention (Qwen3-Next / Qwen3.5): each q head of the projection is [query hd | gate hd], so a
+  // row is [(2·nh + 2·nkv)·hd]; the gates stay in qkv for the attention (AttentionArgs::gate). Not
+  // with qkv_bias or whole_qk_norm.
+  bool q_gate = false;
+  int rotary_dims() const { return rot > 0 ? rot : hd; }
+  int64_t row_width() const { return static_cast<int64_t>((q_gate ? 2 * nh : nh) + 2 * nkv) * hd; }
 };
 
 void qk_rope(const QkRopeArgs& args, cudaStream_t stream);

@@ -15,6 +15,10 @@ void qk_rope_check(const QkRopeArgs& a) {
   MOESQ_CHECK(!a.q_norm == !a.k_norm, "qk_rope: q_norm and k_norm must be given together (or neither: no norm)");
   MOESQ_CHECK(a.max_len > 0, "qk_rope: max_len must be > 0");
   MOESQ_CHECK(!a.k_out == !a.v_out, "qk_rope: k_out and v_out must be given together");
+  MOESQ_CHECK(a.rot >= 0 && a.rot <= a.hd && a.rot % 2 == 0, "qk_rope: rotary dims ", a.rot,
+              " not even or not in [0, head_dim ", a.hd, "]");
+  MOESQ_CHECK(!a.q_gate || (!a.qkv_bias && !a.whole_qk_norm),
+              "qk_rope: the q gate layout goes without q/k/v biases and whole-projection q/k norm");
 }
 
 namespace {
@@ -40,11 +44,14 @@ float inv_rms(const float* x, int n, double eps) {
 
 void qk_rope_ref(const QkRopeArgs& a) {
   qk_rope_check(a);
-  const int heads = a.nh + 2 * a.nkv, half = a.hd / 2;
-  std::vector<float> v(a.hd), row(static_cast<size_t>(heads) * a.hd);
+  const int heads = a.nh + 2 * a.nkv, rot = a.rotary_dims(), half = rot / 2;
+  const int64_t width = a.row_width(), qs = a.q_gate ? 2 * a.hd : a.hd;  // a q head's stride in the row
+  // Offset of head j in a row: q heads at stride qs, then k and v heads at stride hd.
+  const auto head_at = [&](int j) { return j < a.nh ? j * qs : a.nh * qs + (j - a.nh) * a.hd; };
+  std::vector<float> v(a.hd), r(a.hd), row(static_cast<size_t>(width));
   for (int64_t t = 0; t < a.T; ++t) {
-    for (int64_t i = 0; i < heads * a.hd; ++i)  // the token's q|k|v projection, its biases added
-      row[i] = a.qkv_bias ? a.qkv[t * heads * a.hd + i] + a.qkv_bias[i] : a.qkv[t * heads * a.hd + i];
+    for (int64_t i = 0; i < width; ++i)  // the token's q|k|v projection, its biases added
+      row[i] = a.qkv_bias ? a.qkv[t * width + i] + a.qkv_bias[i] : a.qkv[t * width + i];
     const int64_t pos = a.tok_pos[t], slot = a.k_out ? 0 : a.tok_slot[t];
     MOESQ_CHECK(pos >= 0 && pos < a.max_len, "qk_rope: token ", t, " position ", pos, " outside [0, ", a.max_len, ")");
     if (a.block_table && !a.k_out) {
@@ -53,7 +60,7 @@ void qk_rope_ref(const QkRopeArgs& a) {
                   ") writes KV block ", b, ", outside the cache's [0, ", a.kv_blocks, ")");
     }
     for (int j = 0; j < heads; ++j) {
-      const float* x = row.data() + j * a.hd;
+      const float* x = row.data() + head_at(j);
       const bool is_q = j < a.nh, is_k = !is_q && j < a.nh + a.nkv;
       const int64_t kv = is_q ? 0 : (is_k ? j - a.nh : j - a.nh - a.nkv);
       const int64_t cache_off = a.k_out ? 0 : (kv_row(a.block_table, a.max_len, slot, pos) * a.nkv + kv) * a.hd;
@@ -69,7 +76,7 @@ void qk_rope_ref(const QkRopeArgs& a) {
       if (w) {
         const int j0 = a.whole_qk_norm ? (is_q ? 0 : a.nh) : j;
         const int n = a.whole_qk_norm ? (is_q ? a.nh : a.nkv) * a.hd : a.hd;
-        const float inv = inv_rms(row.data() + j0 * a.hd, n, a.eps);
+        const float inv = inv_rms(row.data() + head_at(j0), n, a.eps);
         const float* wj = w + (a.whole_qk_norm ? (j - j0) * a.hd : 0);
         for (int i = 0; i < a.hd; ++i) v[i] = wj[i] * (x[i] * inv);
       } else {
@@ -79,17 +86,14 @@ void qk_rope_ref(const QkRopeArgs& a) {
       const float* s = a.sin + pos * half;
       for (int i = 0; i < half; ++i) {
         const float lo = v[i], hi = v[i + half];
-        const float r0 = lo * c[i] - hi * s[i], r1 = hi * c[i] + lo * s[i];
-        if (is_q) {
-          a.q_out[(t * a.nh + j) * a.hd + i] = r0;
-          a.q_out[(t * a.nh + j) * a.hd + i + half] = r1;
-        } else if (a.k_out) {
-          a.k_out[out_off + i] = r0;
-          a.k_out[out_off + i + half] = r1;
-        } else {
-          a.k_cache[cache_off + i] = f32_to_bf16(r0);
-          a.k_cache[cache_off + i + half] = f32_to_bf16(r1);
-        }
+        r[i] = lo * c[i] - hi * s[i];
+        r[i + half] = hi * c[i] + lo * s[i];
+      }
+      for (int i = rot; i < a.hd; ++i) r[i] = v[i];  // partial RoPE: the rest pass
+      for (int i = 0; i < a.hd; ++i) {
+        if (is_q) a.q_out[(t * a.nh + j) * a.hd + i] = r[i];
+        else if (a.k_out) a.k_out[out_off + i] = r[i];
+        else a.k_cache[cache_off + i] = f32_to_bf16(r[i]);
       }
     }
   }
