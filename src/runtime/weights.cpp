@@ -138,8 +138,19 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
   m.act_quant = expert_backend_host(m.backend).act_quant();
   m.act_block = expert_backend_host(m.backend).act_block();
   const int64_t H = s.hidden_size, V = s.vocab_size;
+  const bool hybrid = is_hybrid_family(s.model_type);
+  io::FamilySpec f;
+  if (hybrid || is_sink_attention_family(s.model_type))
+    f = io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json");
   m.embed = to_bf16(ckpt.get_f32(io::kEmbedTokens, {V, H}));
-  m.final_norm = ckpt.get_f32(io::kFinalNorm, {H});
+  // The hybrid families scale by 1 + w (zero-centred RMSNorms), folded here as the CPU loader folds it.
+  auto norm = [&](const std::string& name) {
+    std::vector<float> w = ckpt.get_f32(name, {H});
+    if (hybrid && f.zero_centered_norms)
+      for (float& v : w) v = 1.0f + v;
+    return w;
+  };
+  m.final_norm = norm(io::kFinalNorm);
   if (ckpt.has(io::kLmHead)) {
     m.lm_head = to_bf16(ckpt.get_f32(io::kLmHead, {V, H}));
   } else {
@@ -147,16 +158,23 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
                 " and tie_word_embeddings is false");
     m.lm_head = m.embed;
   }
-  if (is_sink_attention_family(s.model_type))
-    m.rope = model::rope_frequencies(io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json").rope);
+  if (is_sink_attention_family(s.model_type) || hybrid) m.rope = model::rope_frequencies(f.rope);
+  if (hybrid) {
+    const std::string why = gdn_block_refusal(f);
+    MOESQ_CHECK(why.empty(), ckpt.dir(), ": the GPU engine's Gated DeltaNet block does not run this model: ", why);
+    m.gdn = gdn_block_dims(f);
+  }
   m.layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& L = m.layers[l];
+    L.is_gdn = hybrid && f.layer_mixer.at(l) == io::MixerKind::GatedDeltaNet;
     if (s.mla.kv_lora_rank > 0)
       L.mla = load_host_mla(ckpt, l);
+    else if (L.is_gdn)
+      L.gdn = load_host_gdn(ckpt, f, l);
     else
       L.attn = load_host_attention(ckpt, l);
-    L.post_norm = ckpt.get_f32(io::layer_tensor(l, io::kPostNorm), {H});
+    L.post_norm = norm(io::layer_tensor(l, io::kPostNorm));
     L.moe = s.is_moe_layer(l) ? load_host_moe(ckpt, q, m.backend, l) : load_host_dense_layer(ckpt, l);
   }
   return m;

@@ -16,16 +16,20 @@
 #include "model/rope.h"
 #include "runtime/backend.h"
 #include "runtime/layers/attention_block.h"
+#include "runtime/layers/gdn_block.h"
 #include "runtime/layers/mla_block.h"
 #include "runtime/layers/moe_block.h"
 
 namespace moesq::runtime {
 
-// One decoder layer: h += attention(input_norm(h)); h += moe(post_norm(h)). The attention is the GQA
-// block (attn) or, for a spec with MLA (spec.mla.kv_lora_rank > 0), the MLA block (mla).
+// One decoder layer: h += mixer(input_norm(h)); h += moe(post_norm(h)). The mixer is the GQA block
+// (attn), or for a spec with MLA (spec.mla.kv_lora_rank > 0) the MLA block (mla), or on a hybrid
+// family's linear_attention layer (is_gdn) the Gated DeltaNet block (gdn).
 struct HostLayer {
   HostAttention attn;
   HostMla mla;
+  HostGdn gdn;
+  bool is_gdn = false;
   std::vector<float> post_norm;  // [H]
   HostMoe moe;
 };
@@ -40,9 +44,11 @@ struct HostModel {
   std::vector<float> final_norm;                               // [H]
   std::vector<uint16_t> lm_head;                               // [V, H] bf16
   std::vector<HostLayer> layers;
-  // The RoPE of the GQA attention layers: the family config's (gpt-oss: YaRN, model::rope_frequencies
-  // of io::FamilySpec::rope); empty inv_freq: default RoPE (rope_theta over head_dim).
+  // The RoPE of the GQA attention layers: the family config's (gpt-oss: YaRN; the hybrid families:
+  // partial, over rotary_dim; model::rope_frequencies of io::FamilySpec::rope); empty inv_freq: default
+  // RoPE (rope_theta over head_dim).
   model::RopeFrequencies rope;
+  GdnBlockDims gdn;  // the hybrid families' Gated DeltaNet shapes (all 0 without linear_attention layers)
 };
 
 // One MoE layer's router and routed experts, for runtime::MoeLayerGpu (Python moesq.MoeLayer).

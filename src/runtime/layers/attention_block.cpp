@@ -14,7 +14,9 @@ namespace moesq::runtime {
 std::string attention_block_refusal(const io::ModelSpec& s) {
   const model::ModelFamily* f = model::find_model_family(s.model_type);
   if (!f) return "moesq has no forward for it";
-  if (f->make_mixer && !is_sink_attention_family(s.model_type)) return "its token mixer is not the built-in GQA attention";
+  const bool hybrid = is_hybrid_family(s.model_type);
+  if (f->make_mixer && !is_sink_attention_family(s.model_type) && !hybrid)
+    return "its token mixer is not the built-in GQA attention";
   std::string why;
   auto no = [&](bool bad, const char* what) {
     if (bad) why += (why.empty() ? "" : ", ") + std::string(what);
@@ -23,11 +25,15 @@ std::string attention_block_refusal(const io::ModelSpec& s) {
   no(s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128, "its head_dim is not 32, 64 or 128");
   const int64_t G = s.num_kv_heads > 0 ? s.num_heads / s.num_kv_heads : 0;
   no(G != 1 && G != 2 && G != 4 && G != 8 && G != 16, "its query heads per kv head are not 1, 2, 4, 8 or 16");
-  no(s.rms_norm_unit_offset, "its RMSNorm weights are zero-centred");
+  no(s.rms_norm_unit_offset && !hybrid, "its RMSNorm weights are zero-centred");
   return why;
 }
 
 bool is_sink_attention_family(const std::string& model_type) { return model_type == "gpt_oss"; }
+
+bool is_hybrid_family(const std::string& model_type) {
+  return model_type == "qwen3_next" || model_type == "qwen3_5_moe_text";
+}
 
 namespace {
 
@@ -68,12 +74,40 @@ HostAttention load_sink_attention(const io::Checkpoint& ckpt, int64_t l) {
   return a;
 }
 
+// A Qwen3-Next / Qwen3.5 full_attention layer `l` (model/mixers/gated_attention.cpp reads the same
+// tensors): q (query | gate per head), k, v, o; the per-head q/k norms and the input norm as 1 + w.
+HostAttention load_hybrid_attention(const io::Checkpoint& ckpt, int64_t l) {
+  const io::FamilySpec f = io::parse_family_config(ckpt.config(), ckpt.dir() + "/config.json");
+  const io::ModelSpec& s = ckpt.spec();
+  MOESQ_CHECK(f.layer_mixer.at(l) == io::MixerKind::FullAttention, ckpt.dir(), ": layer ", l,
+              " is not a full_attention layer");
+  MOESQ_CHECK(!s.attention_bias && !f.attn_sinks && f.qk_norm, ckpt.dir(),
+              ": the GPU attention block runs the hybrid families' gated attention with per-head q/k norms and "
+              "without projection biases or sinks");
+  MOESQ_CHECK(f.rope.type == io::HybridRopeType::Default, ckpt.dir(),
+              ": the GPU attention block runs the hybrid families' default RoPE (YaRN is not built for them)");
+  model::AttentionWeights w;
+  model::family_load::load_hybrid_attention(ckpt, f, l, w);
+  HostAttention a;
+  a.input_norm = model::family_load::norm_multiplier(ckpt, l, io::kInputNorm, s.hidden_size, f.zero_centered_norms);
+  a.q_norm = std::move(w.q_norm);
+  a.k_norm = std::move(w.k_norm);
+  append_bf16(a.qkv, w.q_proj);
+  append_bf16(a.qkv, w.k_proj);
+  append_bf16(a.qkv, w.v_proj);
+  append_bf16(a.o, w.o_proj);
+  a.output_gate = f.attn_output_gate;
+  a.rotary_dim = static_cast<int>(f.rope.rotary_dim);
+  return a;
+}
+
 }  // namespace
 
 HostAttention load_host_attention(const io::Checkpoint& ckpt, int64_t l) {
   namespace names = io::family_names;
   const io::ModelSpec& s = ckpt.spec();
   if (is_sink_attention_family(s.model_type)) return load_sink_attention(ckpt, l);
+  if (is_hybrid_family(s.model_type)) return load_hybrid_attention(ckpt, l);
   const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   auto get = [&](const std::string& rest, const std::vector<int64_t>& shape) {
     return ckpt.get_f32(io::layer_tensor(l, rest), shape);
