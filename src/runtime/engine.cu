@@ -28,6 +28,7 @@
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "runtime/layers/attention_block_device.cuh"
+#include "runtime/layers/gdn_block_device.cuh"
 #include "io/import_checkpoint.h"
 #include "runtime/experts/registry.h"
 #include "runtime/finite_check.h"
@@ -42,6 +43,8 @@ namespace {
 struct DevLayer {
   DeviceAttentionLayer attn;  // input norm, q|k|v, q/k norms, o_proj, KV cache (GQA families)
   DeviceMlaLayer mla;         // input norm, MLA projections, latent cache (spec.mla: DeepSeek-V3, Kimi-K2)
+  DeviceGdnLayer gdn;         // input norm, Gated DeltaNet weights and per-slot state (a hybrid's linear_attention layer)
+  bool is_gdn = false;
   DevBuf<float> post_norm;    // [H]
   DeviceMoeLayer moe;         // router + experts of the engine's backend
 };
@@ -57,6 +60,17 @@ struct Engine::Impl {
   MoeBlockDims moe_dims;
   bool is_mla = false;  // spec.mla.kv_lora_rank > 0: every layer's attention is the MLA block
   MlaBlockDims mla_dims;
+  // Qwen3-Next / Qwen3.5: Gated DeltaNet layers beside gated attention ones (q heads [query | gate],
+  // partial RoPE over rot dims). gdn_runs: the runs of the current call's tokens per slot (forward: one
+  // per slot; decode: one per token), set before run(); gdn_update: false in the eager step before a capture.
+  bool is_hybrid = false;
+  GdnBlockDims gdn_dims;
+  int rot = 0;
+  int gdn_runs = 0;
+  bool gdn_update = true;
+  DevBuf<int32_t> gdn_run_start, gdn_run_slot;  // [max_tokens + 1], [max_tokens]
+  DevBuf<float> gdn_proj, gdn_qkv;              // [T, proj_cols], [T, C]
+  DevBuf<uint16_t> gdn_o, gdn_o_lo;             // [T, nv·dv] bf16 hi + lo (out_proj's input)
   cudaStream_t stream = nullptr;
   bool deterministic = true;
   cublasHandle_t cublas = nullptr;  // deterministic == false only
@@ -106,6 +120,10 @@ struct Engine::Impl {
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
   void run(int64_t T, int64_t n_out, int64_t n_tiles);
   MlaCall make_mla_call(int64_t T);         // the MLA block's descriptors for T tokens on tok_*
+  GdnCall make_gdn_call(int64_t T);         // the Gated DeltaNet block's, on gdn_run_* (gdn_runs runs)
+  // The runs of T tokens whose slots are `slot` (consecutive tokens of a slot form one run): uploads
+  // gdn_run_start / gdn_run_slot and sets gdn_runs. Error: a slot in two runs of one call.
+  void set_gdn_runs(const std::vector<int32_t>& slot);
   void linear(const ops::GemmBf16Args& g);  // gemm_bf16, or cuBLAS when !deterministic
   // --check-finite (runtime/finite_check.h): the switch, the launches of one stage, the read-back.
   void set_check_finite(bool on);
@@ -126,7 +144,9 @@ struct Engine::Impl {
 
 void Engine::Impl::sizes(const EngineOptions& opt) {
   H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads, E = s.num_experts;
-  V = s.vocab_size, qkv_w = (nh + 2 * nkv) * hd;
+  is_hybrid = host.gdn.H > 0;
+  gdn_dims = host.gdn;
+  V = s.vocab_size, qkv_w = ((is_hybrid ? 2 * nh : nh) + 2 * nkv) * hd;  // hybrid: q heads are [query | gate]
   moe_dims = moe_block_dims(s);
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
   max_seqs = opt.max_seqs;
@@ -154,6 +174,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   // as model::rope_tables(max_len, hd, rope_theta)).
   const model::RopeFrequencies freq =
       host.rope.inv_freq.empty() ? model::default_rope_frequencies(s.rope_theta, hd) : host.rope;
+  rot = static_cast<int>(freq.inv_freq.size() * 2);  // partial RoPE: fewer than hd dims rotate
   model::rope_tables(max_len, freq, c, sn);
   rope_cos.upload(c);
   rope_sin.upload(sn);
@@ -162,6 +183,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
 void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   s = m.spec;
   host.rope = m.rope;  // sizes() builds the RoPE tables from it
+  host.gdn = m.gdn;    // and the hybrid's Gated DeltaNet shapes
   sizes(opt);
   embed.upload(m.embed);
   lm_head.upload(m.lm_head);
@@ -171,13 +193,17 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
   for (int64_t l = 0; l < s.num_layers; ++l) {
     HostLayer& hl = m.layers[l];
     DevLayer& L = layers[l];
+    L.is_gdn = hl.is_gdn;
     if (is_mla)
       L.mla.upload(hl.mla);
+    else if (L.is_gdn)
+      L.gdn.upload(hl.gdn);
     else
       L.attn.upload(hl.attn);
     L.post_norm.upload(hl.post_norm);
     L.moe.upload(hl.moe, m.backend);
-    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
+    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.gdn.weight_bytes() + L.post_norm.bytes() +
+                    L.moe.bytes();
     hl = HostLayer{};  // free host memory as we go
   }
   host = std::move(m);
@@ -210,7 +236,16 @@ void Engine::Impl::activations() {
     if (mla_split_T > 0) mla_partial.alloc(static_cast<size_t>(mla_split_T) * row);
   } else {
     attn_partial.alloc(ops::attention_partial_floats(max_seqs, static_cast<int>(nh), static_cast<int>(hd), max_len));
-    gemm_split.alloc(std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd)));
+    size_t split = std::max(ops::gemm_bf16_split_floats(T, qkv_w, H), ops::gemm_bf16_split_floats(T, H, nh * hd));
+    if (is_hybrid) {
+      const GdnBlockDims& d = gdn_dims;
+      split = std::max({split, ops::gemm_bf16_split_floats(T, d.proj_cols(), H),
+                        ops::gemm_bf16_split_floats(T, H, d.value_dim())});
+      gdn_run_start.alloc(T + 1), gdn_run_slot.alloc(T);
+      gdn_proj.alloc(T * d.proj_cols()), gdn_qkv.alloc(T * d.conv_dim());
+      gdn_o.alloc(T * d.value_dim()), gdn_o_lo.alloc(T * d.value_dim());
+    }
+    gemm_split.alloc(split);
     qkv.alloc(T * qkv_w), q.alloc(T * nh * hd), attn.alloc(T * nh * hd), attn_lo.alloc(T * nh * hd);
   }
   // The MoE workspace holds capacity T per expert (E · T rows: no route is ever dropped); a forward's
@@ -274,10 +309,18 @@ void Engine::Impl::synthesize(uint64_t seed) {
 }
 
 void Engine::Impl::alloc_kv() {
+  for (DevLayer& L : layers)  // the Gated DeltaNet states first: the KV blocks may take what memory is left
+    if (L.is_gdn) {
+      L.gdn.alloc_state(gdn_dims, max_seqs);
+      kv_bytes += L.gdn.state_bytes();
+    }
   const int64_t full = max_seqs * ops::kv_blocks_per_slot(max_len);
   // Values per token per layer: K and V of every kv head, or (MLA) one latent row for all heads.
   const size_t token_values = is_mla ? static_cast<size_t>(mla_dims.latent_row()) : 2 * static_cast<size_t>(nkv) * hd;
-  const size_t block_bytes = static_cast<size_t>(kKvBlockTokens) * token_values * sizeof(uint16_t) * s.num_layers;
+  int64_t kv_layers = 0;  // a hybrid's Gated DeltaNet layers keep a fixed per-slot state instead
+  for (const DevLayer& L : layers) kv_layers += L.is_gdn ? 0 : 1;
+  const size_t block_bytes =
+      static_cast<size_t>(kKvBlockTokens) * token_values * sizeof(uint16_t) * std::max<int64_t>(kv_layers, 1);
   int64_t blocks = kv_tokens_opt > 0 ? kv_blocks_for(kv_tokens_opt) : full;
   if (kv_tokens_opt == kKvTokensFitMemory) {
     size_t free_b = 0, total_b = 0;
@@ -295,6 +338,8 @@ void Engine::Impl::alloc_kv() {
     if (is_mla) {
       L.mla.alloc_kv(static_cast<size_t>(blocks) * kKvBlockTokens * mla_dims.latent_row());
       kv_bytes += L.mla.kv_bytes();
+    } else if (L.is_gdn) {
+      continue;  // its state was allocated first
     } else {
       L.attn.alloc_kv(static_cast<size_t>(blocks) * kKvBlockTokens * nkv * hd);
       kv_bytes += L.attn.kv_bytes();
@@ -349,6 +394,48 @@ MlaCall Engine::Impl::make_mla_call(int64_t T) {
   c.o_proj.x = attn.p, c.o_proj.x_lo = attn_lo.p, c.o_proj.y_f32 = h.p, c.o_proj.split_ws = gemm_split.p;
   c.o_proj.accumulate = true, c.o_proj.M = T, c.o_proj.N = H, c.o_proj.K = nv, c.o_proj.ldy = H;
   return c;
+}
+
+GdnCall Engine::Impl::make_gdn_call(int64_t T) {
+  const GdnBlockDims& d = gdn_dims;
+  const int64_t P = d.proj_cols(), C = d.conv_dim(), Vd = d.value_dim();
+  const ops::GdnRuns runs{gdn_run_start.p, gdn_run_slot.p, gdn_runs, max_seqs};
+  GdnCall c;
+  c.norm.x = h.p, c.norm.y = xb.p, c.norm.y_lo = xb_lo.p, c.norm.n = T, c.norm.D = H, c.norm.eps = s.rms_norm_eps;
+  c.proj.x = xb.p, c.proj.x_lo = xb_lo.p, c.proj.y_f32 = gdn_proj.p, c.proj.split_ws = gemm_split.p;
+  c.proj.M = T, c.proj.N = P, c.proj.K = H, c.proj.ldy = P;
+  c.conv.x = gdn_proj.p, c.conv.ldx = P, c.conv.out = gdn_qkv.p, c.conv.runs = runs;
+  c.conv.C = static_cast<int>(C), c.conv.Kc = static_cast<int>(d.Kc);
+  ops::GdnRecurrenceArgs& r = c.rec;
+  r.qkv = gdn_qkv.p, r.z = gdn_proj.p + C, r.b = gdn_proj.p + C + Vd, r.a = gdn_proj.p + C + Vd + d.nv, r.ldz = P;
+  r.out_hi = gdn_o.p, r.out_lo = gdn_o_lo.p, r.runs = runs;
+  r.nk = static_cast<int>(d.nk), r.dk = static_cast<int>(d.dk), r.nv = static_cast<int>(d.nv);
+  r.dv = static_cast<int>(d.dv), r.eps = d.eps;
+  c.out_proj.x = gdn_o.p, c.out_proj.x_lo = gdn_o_lo.p, c.out_proj.y_f32 = h.p, c.out_proj.split_ws = gemm_split.p;
+  c.out_proj.accumulate = true, c.out_proj.M = T, c.out_proj.N = H, c.out_proj.K = Vd, c.out_proj.ldy = H;
+  return c;
+}
+
+void Engine::Impl::set_gdn_runs(const std::vector<int32_t>& slot) {
+  if (!is_hybrid) return;
+  std::vector<int32_t> start = {0}, run_slot;
+  std::vector<char> seen(max_seqs, 0);
+  for (size_t t = 0; t < slot.size(); ++t) {
+    if (t > 0 && slot[t] == slot[t - 1]) continue;
+    MOESQ_CHECK(!seen[slot[t]], "engine: slot ", slot[t], " has two runs of tokens in one forward (the Gated "
+                "DeltaNet layers continue a slot once per call): give its tokens as one chunk");
+    seen[slot[t]] = 1;
+    if (t > 0) start.push_back(static_cast<int32_t>(t));
+    run_slot.push_back(slot[t]);
+  }
+  start.push_back(static_cast<int32_t>(slot.size()));
+  if (slot.empty()) start = {0};
+  MOESQ_CUDA_CHECK(cudaMemcpyAsync(gdn_run_start.p, start.data(), start.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   stream));
+  if (!run_slot.empty())
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(gdn_run_slot.p, run_slot.data(), run_slot.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+  gdn_runs = static_cast<int>(run_slot.size());
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
@@ -452,6 +539,7 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   qr.hd = static_cast<int>(hd), qr.max_len = max_len, qr.eps = s.rms_norm_eps;
   qr.whole_qk_norm = s.qk_norm == io::QkNorm::Whole;
   qr.block_table = block_table.p, qr.kv_blocks = kv->num_blocks();
+  qr.rot = rot == hd ? 0 : rot, qr.q_gate = is_hybrid;
   ops::AttentionArgs& at = call.attn;
   at.q = q.p, at.tok_slot = tok_slot.p, at.tok_pos = tok_pos.p;
   at.out = attn.p, at.out_lo = attn_lo.p, at.T = T;
@@ -462,17 +550,22 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     at.tiles = attn_tiles.p, at.n_tiles = n_tiles;
   else
     at.partial = attn_partial.p;
+  if (is_hybrid) at.gate = qkv.p + hd, at.gate_ld = qkv_w, at.gate_head_ld = static_cast<int>(2 * hd);
   ops::GemmBf16Args& go = call.o_proj;
   go.x = attn.p, go.x_lo = attn_lo.p, go.y_f32 = h.p, go.split_ws = gemm_split.p, go.accumulate = true;
   go.M = T, go.N = H, go.K = nh * hd, go.ldy = H;
   MlaCall mla_call;
   if (is_mla) mla_call = make_mla_call(T);
+  GdnCall gdn_call;
+  if (is_hybrid) gdn_call = make_gdn_call(T);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
     AttentionMarks marks;
     if (timing) marks.after_qkv = events[4 * l], marks.after_attention = events[4 * l + 1];
     if (is_mla)
       mla_block(L.mla, mla_call, lin, stream, marks);
+    else if (L.is_gdn)
+      gdn_block(L.gdn, gdn_call, lin, stream, gdn_update, marks);
     else
       attention_block(L.attn, call, lin, stream, marks);
     if (check_finite) check_rows(FiniteStage::kAttention, l, h.p, T, H);
@@ -571,11 +664,15 @@ bool Engine::check_finite() const { return impl_->check_finite; }
 void Engine::reset() {
   std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
   impl_->kv->release_all();
+  for (DevLayer& L : impl_->layers)
+    if (L.is_gdn) L.gdn.reset(-1, impl_->stream);
 }
 void Engine::reset(int slot) {
   MOESQ_CHECK(slot >= 0 && slot < impl_->max_seqs, "engine: slot ", slot, " outside [0, ", impl_->max_seqs, ")");
   impl_->lengths[slot] = 0;
   impl_->kv->release(slot);
+  for (DevLayer& L : impl_->layers)  // stream-ordered before the slot's next forward
+    if (L.is_gdn) L.gdn.reset(slot, impl_->stream);
 }
 int64_t Engine::length(int slot) const { return impl_->lengths.at(slot); }
 
@@ -602,6 +699,7 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
   if (T == 0) return {};
   std::vector<std::pair<int, int64_t>> want;
   for (const SeqChunk& c : chunks) want.emplace_back(c.slot, len[c.slot]);
+  m.set_gdn_runs(slot);  // refuses a slot in two runs before anything changes
   m.grow_kv(want);  // KvCacheFull: nothing ran, nothing changed
   auto h2d = [&](DevBuf<int32_t>& d, const std::vector<int32_t>& v) {
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
@@ -685,13 +783,22 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   };
   h2d(m.tok_ids, tokens), h2d(m.tok_slot, slots), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
+  m.set_gdn_runs(slots);  // distinct slots: B runs of one token, device arrays the graph reads
   auto it = m.graphs.find(B);
   if (it == m.graphs.end()) {
     // Eager once first (first-use work: attributes, cached device properties), then capture. The
     // eager step's KV writes are redone identically by the replay below (same positions).
     const bool timing = m.timing;
     m.timing = false;
-    m.run(B, B, 0);
+    struct StateFrozen {  // the Gated DeltaNet states are not moved on twice for one step
+      bool& update;
+      explicit StateFrozen(bool& u) : update(u) { update = false; }
+      ~StateFrozen() { update = true; }
+    };
+    {
+      const StateFrozen frozen(m.gdn_update);
+      m.run(B, B, 0);
+    }
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     cudaGraph_t graph;
     MOESQ_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));

@@ -52,8 +52,8 @@ struct QkRopeArgs {
   // row is [(2·nh + 2·nkv)·hd]; the gates stay in qkv for the attention (AttentionArgs::gate). Not
   // with qkv_bias or whole_qk_norm.
   bool q_gate = false;
-  int rotary_dims() const { return rot > 0 ? rot : hd; }
-  int64_t row_width() const { return static_cast<int64_t>((q_gate ? 2 * nh : nh) + 2 * nkv) * hd; }
+  MOESQ_KV_HD int rotary_dims() const { return rot > 0 ? rot : hd; }
+  MOESQ_KV_HD int64_t row_width() const { return static_cast<int64_t>((q_gate ? 2 * nh : nh) + 2 * nkv) * hd; }
 };
 
 void qk_rope(const QkRopeArgs& args, cudaStream_t stream);
