@@ -164,8 +164,11 @@ TEST(Engine, CompressedW4A16AndBf16EvalMatchCpu) {
 // layer — the 100–160-token windows cross it — YaRN RoPE, q/k/v/o biases, the biased top-k-softmax
 // router, biased clamped-SwiGLU experts): the engine's per-window nats against the CPU forward (bf16
 // experts: the W16A16 floor of kBf16NatsTol; the MLA latent cache is bf16 like the GQA K/V), and a
-// sequence's bits alone = in batches of 8 and 64.
-const char* const kGpuFamilies[] = {"tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-gpt-oss"};
+// sequence's bits alone = in batches of 8 and 64. Qwen3-Next and Qwen3.5 (hybrids): three Gated DeltaNet
+// layers (per-slot conv window and recurrent state) and one gated attention layer (q heads [query |
+// gate], zero-centred q/k norms, RoPE over 8 of 32 dims), a gated shared expert.
+const char* const kGpuFamilies[] = {"tiny-mixtral",  "tiny-olmoe",      "tiny-qwen2-moe",  "tiny-deepseek-v3",
+                                    "tiny-gpt-oss", "tiny-qwen3-next", "tiny-qwen3.5-moe"};
 std::string family_dir(const char* name) { return std::string(MOESQ_FIXTURES) + "/families/" + name; }
 
 TEST(Engine, FamiliesEvalMatchCpu) {
@@ -214,7 +217,7 @@ TEST(Engine, MoeSlicesDoNotChangeBits) {
 // its split-KV path: the two must give the same bits (ops/mla/mla.h), so there the check is bitwise.
 std::string family_dir(const char* name);
 TEST(Engine, DecodeGraphEqualsPrefill) {
-  for (const std::string& dir : {tiny(), compressed(), family_dir("tiny-deepseek-v3")}) {
+  for (const std::string& dir : {tiny(), compressed(), family_dir("tiny-deepseek-v3"), family_dir("tiny-qwen3-next")}) {
     if (dir.empty()) continue;
     const io::Checkpoint ckpt(dir);
     runtime::EngineOptions opt;
@@ -307,6 +310,48 @@ TEST(Engine, DecodeOverAnySlotsEqualsAloneInSlotZero) {
   EXPECT_THROW(eng.decode({4}, {0}), Error);
   EXPECT_THROW(eng.decode({0, 1}, {0}), Error);
   EXPECT_THROW(eng.reset(4), Error);
+}
+
+// A hybrid's per-slot Gated DeltaNet states (Qwen3-Next fixture): two sequences prefilled in ONE forward
+// into slots {3, 1} and decoded together give the bits of each alone in slot 0; reset(3) then starts a
+// third sequence in slot 3 from a zero state while slot 1's goes on untouched; a slot given in two
+// chunks of one forward is refused before anything runs.
+TEST(Engine, HybridSlotStatesFollowTheirSequences) {
+  const io::Checkpoint ckpt(family_dir("tiny-qwen3-next"));
+  runtime::EngineOptions opt;
+  opt.max_seqs = 4, opt.max_len = 96;
+  runtime::Engine eng(ckpt, opt);
+  const int64_t V = eng.spec().vocab_size;
+  const std::vector<int32_t> a = text_tokens(20, 5), b = text_tokens(47, 6), c = text_tokens(13, 9);
+  const std::vector<int32_t> na = text_tokens(12, 7), nb = text_tokens(24, 8), nc = text_tokens(12, 10);
+  const std::vector<float> za = alone_in_slot0(eng, a, na), zb = alone_in_slot0(eng, b, nb);
+  const std::vector<float> zc = alone_in_slot0(eng, c, nc);
+  eng.reset();
+  const std::vector<float> p = eng.forward({{3, a}, {1, b}}, false);
+  expect_bits(p.data(), za.data(), V, "prefill a in slot 3");
+  expect_bits(p.data() + V, zb.data(), V, "prefill b in slot 1");
+  for (size_t i = 0; i < na.size(); ++i) {
+    const std::vector<float> z = eng.decode({1, 3}, {nb[i], na[i]});
+    expect_bits(z.data(), zb.data() + (i + 1) * V, V, "decode step " + std::to_string(i) + " b");
+    expect_bits(z.data() + V, za.data() + (i + 1) * V, V, "decode step " + std::to_string(i) + " a");
+  }
+  eng.reset(3);  // a's state goes; c starts from zero in its slot while b continues
+  const std::vector<float> pc = eng.forward({{3, c}}, false);
+  expect_bits(pc.data(), zc.data(), V, "prefill c in the reset slot 3");
+  for (size_t i = 0; i < nc.size(); ++i) {
+    const size_t j = na.size() + i;
+    const std::vector<float> z = eng.decode({3, 1}, {nc[i], nb[j]});
+    expect_bits(z.data(), zc.data() + (i + 1) * V, V, "decode step " + std::to_string(i) + " c");
+    expect_bits(z.data() + V, zb.data() + (j + 1) * V, V, "decode step " + std::to_string(j) + " b");
+  }
+  const int64_t len_b = eng.length(1);
+  try {
+    eng.forward({{1, {1, 2}}, {2, {3}}, {1, {4}}}, false);
+    ADD_FAILURE() << "a slot in two chunks of one forward was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("slot 1 has two runs"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(eng.length(1), len_b);
 }
 
 // runtime::Generator over the engine (EngineDecodeBackend): two greedy/sampled sequences sharing

@@ -340,12 +340,20 @@ TEST(EngineOps, RmsNormBitwise) {
   }
 }
 
+// Also the hybrids' gated attention layout (q heads [query | gate], QkRopeArgs::q_gate) with partial
+// RoPE over `rot` of the head's dims (Qwen3-Next: 8 of 32 → here a quarter and a half of hd).
 TEST(EngineOps, QkRopeBitwise) {
-  for (int hd : {64, 128}) {
+  struct Variant {
+    int hd, rot;
+    bool gate;
+  };
+  for (const Variant var : {Variant{64, 0, false}, Variant{128, 0, false}, Variant{64, 16, true}, Variant{128, 64, true}}) {
+    const int hd = var.hd;
     const int nh = 4, nkv = 2, slots = 3, T = 7;
-    const int64_t max_len = 16, W = (nh + 2 * nkv) * hd;
+    const int64_t max_len = 16, W = ((var.gate ? 2 * nh : nh) + 2 * nkv) * hd;
+    const int half = (var.rot > 0 ? var.rot : hd) / 2;
     const std::vector<float> qkv = rand_f32(T * W, hd, 1.5f), qn = rand_f32(hd, 2, 0.1f, 1.0f), kn = rand_f32(hd, 3, 0.1f, 1.0f);
-    std::vector<float> cs(max_len * hd / 2), sn(max_len * hd / 2);
+    std::vector<float> cs(max_len * half), sn(max_len * half);
     for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.37f * i), sn[i] = std::sin(0.37f * i);
     const std::vector<int32_t> slot = {0, 2, 2, 1, 0, 2, 1}, pos = {0, 3, 4, 15, 1, 5, 0};
     const size_t cache_n = slots * max_len * nkv * hd;
@@ -355,7 +363,7 @@ TEST(EngineOps, QkRopeBitwise) {
     moesq::ops::QkRopeArgs a;
     a.qkv = dqkv.p, a.q_norm = dqn.p, a.k_norm = dkn.p, a.cos = dcs.p, a.sin = dsn.p, a.tok_slot = dslot.p;
     a.tok_pos = dpos.p, a.q_out = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.T = T, a.nh = nh, a.nkv = nkv;
-    a.hd = hd, a.max_len = max_len;
+    a.hd = hd, a.max_len = max_len, a.rot = var.rot, a.q_gate = var.gate;
     moesq::ops::qk_rope(a, nullptr);
     std::vector<float> rq(T * nh * hd);
     std::vector<uint16_t> rk(cache_n, 0), rv(cache_n, 0);
@@ -374,7 +382,7 @@ TEST(EngineOps, QkRopeBitwise) {
 // Runs the prefill path (tiles) and the split-KV path on the same tokens: both against the twin
 // (tolerance on hi + lo), and against each other BITWISE (the decode = prefill contract).
 void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint64_t seed, int64_t window = 0,
-                     bool with_sinks = false) {
+                     bool with_sinks = false, bool with_gate = false) {
   const int slots = static_cast<int>(lens.size());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end()) + 3;
   std::vector<int32_t> slot, pos;  // every slot's full causal prefill, slots interleaved in blocks
@@ -394,10 +402,14 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   DevBuf<int32_t> dslot(slot), dpos(pos), dtiles(tiles);
   const std::vector<float> sinks = rand_f32(nh, seed + 3, 2.0f);
   DevBuf<float> dsinks(sinks);
+  // The hybrids' output gate, laid out as the q|k|v buffer holds it: each head's [query | gate].
+  const std::vector<float> gates = rand_f32(T * nh * 2 * hd, seed + 4, 2.0f);
+  DevBuf<float> dgates(gates);
   moesq::ops::AttentionArgs a;
   a.q = dq.p, a.k_cache = dk.p, a.v_cache = dv.p, a.tok_slot = dslot.p, a.tok_pos = dpos.p, a.out = dout.p, a.out_lo = dlo.p;
   a.T = T, a.nh = nh, a.nkv = nkv, a.hd = hd, a.max_len = max_len, a.scale = 1.0f / std::sqrt(float(hd));
   a.window = window, a.sinks = with_sinks ? dsinks.p : nullptr;
+  if (with_gate) a.gate = dgates.p + hd, a.gate_ld = int64_t{nh} * 2 * hd, a.gate_head_ld = 2 * hd;
   a.tiles = dtiles.p, a.n_tiles = static_cast<int64_t>(tiles.size() / 2);
   moesq::ops::attention(a, nullptr);
   a.tiles = nullptr, a.n_tiles = 0, a.partial = dpart.p, a.out = dout2.p, a.out_lo = dlo2.p;
@@ -412,6 +424,7 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   moesq::ops::AttentionArgs r = a;
   r.q = q.data(), r.k_cache = kc.data(), r.v_cache = vc.data(), r.tok_slot = slot.data(), r.tok_pos = pos.data();
   r.out = ro.data(), r.out_lo = rlo.data(), r.partial = nullptr, r.sinks = with_sinks ? sinks.data() : nullptr;
+  r.gate = with_gate ? gates.data() + hd : nullptr;
   moesq::ops::attention_ref(r);
   const auto go = dout.download(), gl = dlo.download(), so = dout2.download(), sl = dlo2.download();
   const auto oo = dout3.download(), ol = dlo3.download();
@@ -431,7 +444,7 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   }
   EXPECT_LE(worst, 1.0) << "hd=" << hd << " nh=" << nh << " nkv=" << nkv << " (error / tolerance)";
   // Position 0 attends to exactly one key: the output is that key's v row, exactly (without a sink).
-  for (int h = 0; h < nh && !with_sinks; ++h)
+  for (int h = 0; h < nh && !with_sinks && !with_gate; ++h)
     for (int c = 0; c < hd; ++c)
       EXPECT_EQ(go[h * hd + c], vc[(h / (nh / nkv)) * hd + c]) << "single-key case, head " << h << " elem " << c;
 }
@@ -452,6 +465,14 @@ TEST(EngineOps, AttentionSlidingWindowAndSinks) {
   check_attention(64, 4, 2, {200, 7}, 23, 0, true);                 // sinks on a full-attention layer
   check_attention(64, 64, 8, {700, 129}, 24, 128, true);            // gpt-oss-120b: 64 heads, 8 kv, window 128
   check_attention(32, 4, 4, {90}, 25, 1, false);                    // a window of one key
+}
+
+// The hybrids' output gate σ(gate) (AttentionArgs::gate): both paths against the twin and each other
+// bitwise, at the tiny fixtures' shape (hd 32, 4 heads, 2 kv) and with Qwen3-Next-80B's 16 heads of 2
+// kv (G = 8) at hd 128 (its own head_dim, 256, is not built: the engine refuses it by name).
+TEST(EngineOps, AttentionOutputGate) {
+  check_attention(32, 4, 2, {1, 64, 65, 130}, 31, 0, false, true);
+  check_attention(128, 16, 2, {200, 3}, 32, 0, false, true);
 }
 
 // Decode rows whose sequences live in slots {3, 1, 0} of a 4-slot cache (the engine's decode over

@@ -71,7 +71,7 @@ struct Layer {
   };
   // One call on both sides: x [T, ld] projections; returns the GPU's and the twin's outputs.
   std::pair<Out, Out> call(const std::vector<float>& x, const std::vector<int32_t>& start,
-                           const std::vector<int32_t>& slot) {
+                           const std::vector<int32_t>& slot, bool update_state = true) {
     const int64_t T = start.back();
     const int runs_n = static_cast<int>(slot.size());
     Out host, dev;
@@ -80,13 +80,13 @@ struct Layer {
     std::vector<uint16_t> hi(static_cast<size_t>(T * Vd())), lo(hi.size());
     const ops::GdnRuns hr{start.data(), slot.data(), runs_n, slots};
     ops::GdnConvArgs c{.x = x.data(), .ldx = ld(), .w = w.data(), .window = window.data(), .out = host.qkv.data(),
-                       .runs = hr, .C = C(), .Kc = s.Kc};
+                       .runs = hr, .C = C(), .Kc = s.Kc, .update_state = update_state};
     ops::gdn_conv_ref(c);
     ops::GdnRecurrenceArgs r;
     r.qkv = host.qkv.data(), r.z = x.data() + C(), r.b = x.data() + C() + Vd(), r.a = x.data() + C() + Vd() + s.nv;
     r.ldz = ld(), r.A_log = A_log.data(), r.dt_bias = dt_bias.data(), r.norm = norm.data(), r.S = S.data();
     r.out = host.o.data(), r.out_hi = hi.data(), r.out_lo = lo.data(), r.runs = hr;
-    r.nk = s.nk, r.dk = s.dk, r.nv = s.nv, r.dv = s.dv;
+    r.nk = s.nk, r.dk = s.dk, r.nv = s.nv, r.dv = s.dv, r.update_state = update_state;
     ops::gdn_recurrence_ref(r);
     for (size_t i = 0; i < hi.size(); ++i)
       host.o_hi_lo.push_back(moesq::bf16_to_f32(hi[i]) + moesq::bf16_to_f32(lo[i]));
@@ -149,6 +149,23 @@ TEST(GdnOpsGpu, ARunGivesTheBitsOfItsTokensOneByOne) {
   const std::vector<float> sw = whole.d_S.download(), ss = steps.d_S.download();
   const size_t per_slot = sw.size() / 2;
   EXPECT_EQ(0, std::memcmp(sw.data() + per_slot, ss.data() + per_slot, sizeof(float) * per_slot));
+}
+
+// update_state = false (the engine's eager decode step before a graph capture): the outputs are the
+// bits of the updating call, and the device states stay as they were, bit for bit.
+TEST(GdnOpsGpu, WithoutStateUpdateTheOutputsAreTheSameAndTheStatesStay) {
+  const Shape sh = kShapes[1];
+  Layer kept(sh, 3, 21), moved(sh, 3, 21);
+  const std::vector<float> window0 = kept.d_window.download(), S0 = kept.d_S.download();
+  const std::vector<float> x = rand_f32(3 * static_cast<size_t>(kept.ld()), 22);
+  const auto [k, kh] = kept.call(x, {0, 1, 2, 3}, {2, 0, 1}, /*update_state=*/false);
+  const auto [m, mh] = moved.call(x, {0, 1, 2, 3}, {2, 0, 1});
+  ASSERT_EQ(0, std::memcmp(k.o.data(), m.o.data(), sizeof(float) * k.o.size()));
+  const std::vector<float> window1 = kept.d_window.download(), S1 = kept.d_S.download();
+  EXPECT_EQ(0, std::memcmp(window1.data(), window0.data(), sizeof(float) * window0.size()));
+  EXPECT_EQ(0, std::memcmp(S1.data(), S0.data(), sizeof(float) * S0.size()));
+  EXPECT_NE(0, std::memcmp(moved.d_S.download().data(), S0.data(), sizeof(float) * S0.size()));
+  EXPECT_EQ(kh.o, mh.o);  // the twins agree with each other as well
 }
 
 }  // namespace
