@@ -347,7 +347,7 @@ TEST(EngineOps, QkRopeBitwise) {
     int hd, rot;
     bool gate;
   };
-  for (const Variant var : {Variant{64, 0, false}, Variant{128, 0, false}, Variant{64, 16, true}, Variant{128, 64, true}}) {
+  for (const Variant var : {Variant{64, 0, false}, Variant{128, 0, false}, Variant{64, 16, true}, Variant{256, 64, true}}) {
     const int hd = var.hd;
     const int nh = 4, nkv = 2, slots = 3, T = 7;
     const int64_t max_len = 16, W = ((var.gate ? 2 * nh : nh) + 2 * nkv) * hd;
@@ -468,11 +468,12 @@ TEST(EngineOps, AttentionSlidingWindowAndSinks) {
 }
 
 // The hybrids' output gate σ(gate) (AttentionArgs::gate): both paths against the twin and each other
-// bitwise, at the tiny fixtures' shape (hd 32, 4 heads, 2 kv) and with Qwen3-Next-80B's 16 heads of 2
-// kv (G = 8) at hd 128 (its own head_dim, 256, is not built: the engine refuses it by name).
+// bitwise, at the tiny fixtures' shape (hd 32, 4 heads, 2 kv) and at Qwen3-Next-80B's / Qwen3.5-397B's
+// (hd 256 — the prefill kernel spills at that width, 460 B — 16 heads of 2 kv, G = 8), and hd 256 without a gate.
 TEST(EngineOps, AttentionOutputGate) {
   check_attention(32, 4, 2, {1, 64, 65, 130}, 31, 0, false, true);
-  check_attention(128, 16, 2, {200, 3}, 32, 0, false, true);
+  check_attention(256, 16, 2, {200, 3, 64}, 32, 0, false, true);
+  check_attention(256, 32, 2, {70}, 33);
 }
 
 // Decode rows whose sequences live in slots {3, 1, 0} of a 4-slot cache (the engine's decode over

@@ -403,7 +403,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.T == 0 || (a.tiles && a.n_tiles == 0)) return;
   if (a.hd == 32) return launch_hd<32>(a, stream);
   if (a.hd == 64) return launch_hd<64>(a, stream);
-  return launch_hd<128>(a, stream);
+  if (a.hd == 128) return launch_hd<128>(a, stream);
+  return launch_hd<256>(a, stream);
 }
 
 }  // namespace moesq::ops

@@ -45,7 +45,7 @@ struct AttentionArgs {
   uint16_t* out = nullptr;           // [T, nh·hd] bf16 (o_proj input)
   uint16_t* out_lo = nullptr;        // [T, nh·hd] bf16 rounding residue of out, or nullptr
   int64_t T = 0;
-  int nh = 0, nkv = 0, hd = 0;       // hd ∈ {32, 64, 128}; nh / nkv ∈ {1, 2, 4, 8, 16}
+  int nh = 0, nkv = 0, hd = 0;       // hd ∈ {32, 64, 128, 256}; nh / nkv ∈ {1, 2, 4, 8, 16}
   int64_t max_len = 0;
   float scale = 1.0f;                // 1/sqrt(hd)
   // Prefill path: tiles [n_tiles, 2] = (first token, token count) from attention_tiles (device copy).

@@ -23,7 +23,8 @@ void attention_check(const AttentionArgs& a) {
   const int g = group_of(a);
   MOESQ_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16, "attention: ", g,
               " query heads per kv head not built (built: 1, 2, 4, 8, 16)");
-  MOESQ_CHECK(a.hd == 32 || a.hd == 64 || a.hd == 128, "attention: head_dim ", a.hd, " not built (built: 32, 64, 128)");
+  MOESQ_CHECK(a.hd == 32 || a.hd == 64 || a.hd == 128 || a.hd == 256, "attention: head_dim ", a.hd,
+              " not built (built: 32, 64, 128, 256)");
   MOESQ_CHECK(a.max_len > 0, "attention: max_len must be > 0");
   MOESQ_CHECK(a.window >= 0, "attention: sliding window ", a.window, " must be >= 0 (0 = none)");
   MOESQ_CHECK(!a.gate || (a.gate_head_ld >= a.hd && a.gate_ld >= int64_t{a.nh} * a.gate_head_ld),

@@ -22,7 +22,8 @@ std::string attention_block_refusal(const io::ModelSpec& s) {
     if (bad) why += (why.empty() ? "" : ", ") + std::string(what);
   };
   no(!f->make_mixer && s.attention_bias, "its o_proj has a bias (attention_bias)");
-  no(s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128, "its head_dim is not 32, 64 or 128");
+  no(s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256,
+     "its head_dim is not 32, 64, 128 or 256");
   const int64_t G = s.num_kv_heads > 0 ? s.num_heads / s.num_kv_heads : 0;
   no(G != 1 && G != 2 && G != 4 && G != 8 && G != 16, "its query heads per kv head are not 1, 2, 4, 8 or 16");
   no(s.rms_norm_unit_offset && !hybrid, "its RMSNorm weights are zero-centred");

@@ -19,7 +19,7 @@ namespace moesq::runtime {
 // none; q/k/v biases or none, no o_proj bias; plain (not zero-centred) RMSNorm weights; full or
 // sliding-window attention per layer — or gpt-oss's sink attention (model/mixers/sink_attention.h:
 // q/k/v/o biases, one sink logit per head, sliding and full layers, YaRN RoPE over the whole head);
-// head_dim 32, 64 or 128 with 1, 2, 4, 8 or 16 query heads per kv head — or, in Qwen3-Next / Qwen3.5
+// head_dim 32, 64, 128 or 256 with 1, 2, 4, 8 or 16 query heads per kv head — or, in Qwen3-Next / Qwen3.5
 // (is_hybrid_family), the gated attention of their full_attention layers (model/mixers/gated_attention.h:
 // the [query | gate] q heads, zero-centred per-head q/k norms, partial RoPE), whose linear_attention
 // layers are the Gated DeltaNet block's (layers/gdn_block.h).
