@@ -20,7 +20,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
-#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -118,6 +118,15 @@ if has e2e; then
       --gen "${E2E_GEN:-64}" --deterministic on,off --json > "$O/e2e_$ex.json" 2> "$O/e2e_$ex.err"
     log "bench e2e $ex B=1,64 1024/${E2E_GEN:-64} rc=$?"; grep -E '\[bench e2e\]' "$O/e2e_$ex.err" | tee -a "$S"
   done
+fi
+
+# Session 25: the hybrid Qwen3-Next-80B-A3B (Gated DeltaNet + gated attention) at real shapes, NEXT_LAYERS
+# layers (8: six GDN, two attention), bf16 vs sparse-w4a4 experts in the same run.
+if has next; then
+  timeout 300 "$B/moesq" bench e2e --synthetic qwen3-next-80b-a3b --layers "${NEXT_LAYERS:-8}" --experts bf16,sparse-w4a4 \
+    --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
+    > "$O/e2e_next.json" 2> "$O/e2e_next.err"
+  log "bench e2e qwen3-next-80b-a3b layers ${NEXT_LAYERS:-8} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_next.err" | tee -a "$S"
 fi
 
 if has kimi; then

@@ -132,6 +132,9 @@ void run_bench_compress(const BenchCompressArgs& a) {
   MOESQ_CHECK(!a.synthetic.empty(), "bench compress: give --synthetic MODEL");
   MOESQ_CHECK(a.layers >= 1, "--layers: ", a.layers, " must be >= 1");
   io::ModelSpec spec = runtime::synthetic_spec(a.synthetic, 0);
+  MOESQ_CHECK(!runtime::synthetic_is_hybrid(a.synthetic), "bench compress --synthetic ", a.synthetic,
+              ": its Gated DeltaNet layers have no synthetic CPU model yet (bench e2e and serve run it on the GPU); "
+              "use qwen3-30b-a3b, qwen3-235b-a22b or kimi-k2.5");
   const int64_t model_layers = spec.num_layers;
   int64_t model_moe_layers = 0;  // the whole model's MoE layers (kimi-k2.5: 60 of 61; the first is dense)
   for (int64_t l = 0; l < model_layers; ++l) model_moe_layers += spec.is_moe_layer(l) ? 1 : 0;

@@ -127,7 +127,7 @@ void run_e2e(const E2eArgs& a) {
     eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
     eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
     eo.check_finite = a.check_finite;
-    runtime::Engine eng(spec, backend, a.seed, eo);
+    runtime::Engine eng(runtime::synthetic_model(a.synthetic, a.layers), backend, a.seed, eo);
     std::mt19937_64 rng(a.seed);
     // Warm-up: one prefill (first-use costs: attributes, caches).
     eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
@@ -230,7 +230,7 @@ void run_e2e(const E2eArgs& a) {
 void register_bench_e2e(CLI::App* bench) {
   auto args = std::make_shared<E2eArgs>();
   auto* cmd = bench->add_subcommand("e2e", "End-to-end GPU engine benchmark (TTFT, TPOT, tokens/s, memory) per expert backend");
-  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5: synthetic weights on the GPU (kimi-k2.5: add --layers, 61 layers do not fit one GPU)");
+  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b: synthetic weights on the GPU (kimi-k2.5: add --layers, 61 layers do not fit one GPU; qwen3-next-80b-a3b: Gated DeltaNet and gated attention layers)");
   cmd->add_option("--layers", args->layers, "decoder layers (0 = all)")->capture_default_str();
   cmd->add_option("--experts", args->experts, "comma-separated backends")->capture_default_str();
   cmd->add_option("--batch", args->batches, "comma-separated batch sizes")->capture_default_str();

@@ -212,7 +212,7 @@ void open_synthetic(const ServeArgs& a, ServedModel& m) {
   eo.max_seqs = a.max_num_seqs, eo.max_len = m.max_len, eo.max_tokens = engine_max_tokens(a, m.max_len);
   eo.kv_tokens = engine_kv_tokens(a, m.max_len);
   progress("serve", "building " + std::string(runtime::expert_backend_name(backend)) + " " + m.name);
-  runtime::Engine& eng = m.eng.emplace(spec, backend, a.seed, eo);
+  runtime::Engine& eng = m.eng.emplace(runtime::synthetic_model(a.synthetic, a.layers), backend, a.seed, eo);
   m.backend_name = runtime::expert_backend_name(eng.backend());
   m.kv_bytes = static_cast<double>(eng.kv_bytes());
   m.detail += ", weights " + std::to_string(static_cast<int64_t>(eng.weight_bytes() >> 20)) + " MiB";
@@ -292,7 +292,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("DIR", args->dir, "checkpoint directory (with tokenizer.json, or a byte-level model)")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--synthetic", args->synthetic,
-                  "instead of DIR: qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 with synthetic weights drawn on the GPU (needs "
+                  "instead of DIR: qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b with synthetic weights drawn on the GPU (needs "
                   "--device cuda and --experts; no tokenizer: token-id prompts only)");
   auto* layers = cmd->add_option("--layers", args->layers, "--synthetic: decoder layers (0 = all)")->capture_default_str();
   auto* seed = cmd->add_option("--seed", args->seed, "--synthetic: weight seed")->capture_default_str();

@@ -289,10 +289,13 @@ void Engine::Impl::synthesize(uint64_t seed) {
   layers.resize(s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     DevLayer& L = layers[l];
+    L.is_gdn = host.layers.size() > static_cast<size_t>(l) && host.layers[l].is_gdn;
     if (is_mla)
       L.mla.synthesize(mla_dims, next_seed, kScale, stream);
+    else if (L.is_gdn)
+      L.gdn.synthesize(gdn_dims, next_seed, kScale, stream);
     else
-      L.attn.synthesize(s, next_seed, kScale, stream);
+      L.attn.synthesize(s, next_seed, kScale, stream, is_hybrid);
     L.post_norm.upload(std::vector<float>(H, 1.0f));
     if (s.is_moe_layer(l)) {
       L.moe.synthesize(moe_dims, host.backend, next_seed, kScale, stream);
@@ -301,8 +304,10 @@ void Engine::Impl::synthesize(uint64_t seed) {
     } else {
       L.moe.synthesize_mlp(H, s.intermediate_size, false, next_seed, kScale, stream);  // a dense layer
     }
-    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.post_norm.bytes() + L.moe.bytes();
+    weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.gdn.weight_bytes() + L.post_norm.bytes() +
+                    L.moe.bytes();
   }
+  host.layers.clear();
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   activations();
   alloc_kv();
@@ -610,13 +615,27 @@ Engine::Engine(HostModel host, const EngineOptions& opt) : impl_(std::make_uniqu
 }
 
 Engine::Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt)
+    : Engine(
+          [&] {
+            HostModel shapes;
+            shapes.spec = spec;
+            return shapes;
+          }(),
+          backend, seed, opt) {}
+
+Engine::Engine(const HostModel& shapes, ExpertBackend backend, uint64_t seed, const EngineOptions& opt)
     : impl_(std::make_unique<Impl>()) {
   require_cuda_device(kEngineWhat);
   MOESQ_CHECK(backend != ExpertBackend::kAuto && expert_backend_built(backend), "synthetic engine: expert backend ",
               expert_backend_name(backend), " is not built; built: ", built_expert_backends());
   Impl& m = *impl_;
+  const io::ModelSpec& spec = shapes.spec;
   m.s = spec;
   m.host.spec = spec;
+  m.host.rope = shapes.rope;  // the hybrid's partial RoPE, its Gated DeltaNet dims and layer kinds
+  m.host.gdn = shapes.gdn;
+  m.host.layers.resize(shapes.layers.size());
+  for (size_t l = 0; l < shapes.layers.size(); ++l) m.host.layers[l].is_gdn = shapes.layers[l].is_gdn;
   m.host.backend = backend;
   m.host.expert_storage = expert_backend_host(backend).native_storage();
   m.host.act_quant = expert_backend_host(backend).act_quant();

@@ -74,6 +74,9 @@ class Engine {
   // (ops/synth_pack: uniform bf16 noise, paired 4:8 experts drawn in the packed domain): for
   // `moesq bench e2e --synthetic`. backend: bf16, sparse-w4a4 or sparse-w4a16.
   Engine(const io::ModelSpec& spec, ExpertBackend backend, uint64_t seed, const EngineOptions& opt);
+  // The same from runtime::synthetic_model's shapes (a hybrid's layer kinds, Gated DeltaNet dims and
+  // partial RoPE as well; weights ignored).
+  Engine(const HostModel& shapes, ExpertBackend backend, uint64_t seed, const EngineOptions& opt);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -3,13 +3,17 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/half.h"
+#include "io/config.h"
 #include "io/config_check.h"
 #include "io/config_hybrid.h"
 #include "io/import_checkpoint.h"
 #include "io/tensor_names.h"
 #include "io/tensor_names_families.h"
+#include "model/rope.h"
 #include "runtime/experts/registry.h"
 
 namespace moesq::runtime {
@@ -52,7 +56,61 @@ std::string gpu_refusal(const io::ModelSpec& spec) {
 
 bool supports(const io::ModelSpec& spec) { return gpu_refusal(spec).empty(); }
 
+namespace {
+
+constexpr const char* kQwen3Next = "qwen3-next-80b-a3b";
+
+// Qwen/Qwen3-Next-80B-A3B's config.json, the keys the family parser reads: 48 layers of which every
+// fourth is gated attention (16 heads of 256, 2 kv heads, RoPE over a quarter of the head), the others
+// Gated DeltaNet (16 key heads and 32 value heads of 128, conv 4); 512 experts of 512 top-10 and a gated
+// shared expert of 512.
+nlohmann::json qwen3_next_80b_config() {
+  nlohmann::json j;
+  j["model_type"] = "qwen3_next";
+  j["vocab_size"] = 151936, j["hidden_size"] = 2048, j["num_hidden_layers"] = 48;
+  j["num_attention_heads"] = 16, j["num_key_value_heads"] = 2, j["head_dim"] = 256;
+  j["num_experts"] = 512, j["num_experts_per_tok"] = 10, j["moe_intermediate_size"] = 512;
+  j["shared_expert_intermediate_size"] = 512, j["intermediate_size"] = 5120, j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1, j["mlp_only_layers"] = nlohmann::json::array();
+  j["rms_norm_eps"] = 1e-6, j["max_position_embeddings"] = 262144, j["tie_word_embeddings"] = false;
+  j["attention_bias"] = false, j["hidden_act"] = "silu";
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}};
+  j["linear_conv_kernel_dim"] = 4, j["linear_key_head_dim"] = 128, j["linear_num_key_heads"] = 16;
+  j["linear_value_head_dim"] = 128, j["linear_num_value_heads"] = 32;
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < 48; ++l) types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  j["layer_types"] = types;
+  return j;
+}
+
+}  // namespace
+
+bool synthetic_is_hybrid(const std::string& name) { return name == kQwen3Next; }
+
+HostModel synthetic_model(const std::string& name, int64_t layers) {
+  HostModel m;
+  m.spec = synthetic_spec(name, layers);
+  m.layers.resize(m.spec.num_layers);
+  if (!synthetic_is_hybrid(name)) return m;
+  const io::FamilySpec f = io::parse_family_config(qwen3_next_80b_config(), std::string("--synthetic ") + name);
+  m.rope = model::rope_frequencies(f.rope);
+  m.gdn = gdn_block_dims(f);
+  for (int64_t l = 0; l < m.spec.num_layers; ++l) {
+    HostLayer& L = m.layers[l];
+    L.is_gdn = f.layer_mixer.at(l) == io::MixerKind::GatedDeltaNet;
+    L.attn.output_gate = !L.is_gdn && f.attn_output_gate;
+    L.attn.rotary_dim = L.is_gdn ? 0 : static_cast<int>(f.rope.rotary_dim);
+  }
+  return m;
+}
+
 io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
+  if (name == kQwen3Next) {
+    io::ModelSpec s = io::parse_config(qwen3_next_80b_config(), std::string("--synthetic ") + name);
+    MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
+    if (layers > 0) s.num_layers = layers;
+    return s;
+  }
   io::ModelSpec s;
   s.model_type = "qwen3_moe";
   s.vocab_size = 151936, s.head_dim = 128, s.top_k = 8, s.num_experts = 128, s.norm_topk_prob = true;
@@ -84,7 +142,7 @@ io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
     const double mscale = io::yarn_get_mscale(m.rope.factor, m.rope.mscale_all_dim);
     m.softmax_scale = mscale * mscale / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
   } else {
-    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b, kimi-k2.5");
+    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b, kimi-k2.5, ", kQwen3Next);
   }
   MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
   if (layers > 0) s.num_layers = layers;

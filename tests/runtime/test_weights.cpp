@@ -131,6 +131,29 @@ TEST(RuntimeWeights, SyntheticSpecs) {
   EXPECT_EQ(s.vocab_size, 151936);
   EXPECT_EQ(runtime::synthetic_spec("qwen3-30b-a3b", 4).num_layers, 4);
   EXPECT_THROW(runtime::synthetic_spec("llama", 0), Error);
+  // Qwen3-Next-80B-A3B (its config.json through the family parser): 48 layers, every fourth gated
+  // attention of 16 × 256 with RoPE over 64 dims, the rest Gated DeltaNet (16 / 32 heads of 128).
+  const runtime::HostModel next = runtime::synthetic_model("qwen3-next-80b-a3b", 8);
+  EXPECT_EQ(runtime::synthetic_spec("qwen3-next-80b-a3b", 0).num_layers, 48);
+  EXPECT_TRUE(runtime::synthetic_is_hybrid("qwen3-next-80b-a3b"));
+  EXPECT_FALSE(runtime::synthetic_is_hybrid("qwen3-30b-a3b"));
+  EXPECT_EQ(next.spec.num_layers, 8);
+  EXPECT_EQ(next.spec.num_experts, 512);
+  EXPECT_EQ(next.spec.top_k, 10);
+  EXPECT_EQ(next.spec.head_dim, 256);
+  EXPECT_TRUE(next.spec.shared_expert_gate);
+  EXPECT_TRUE(runtime::supports(next.spec)) << runtime::gpu_refusal(next.spec);
+  EXPECT_EQ(next.gdn.nv, 32);
+  EXPECT_EQ(next.gdn.dk, 128);
+  EXPECT_EQ(next.gdn.proj_cols(), 2 * 16 * 128 + 2 * 32 * 128 + 2 * 32);
+  EXPECT_EQ(next.rope.inv_freq.size(), 32u);  // a quarter of 256 dims rotate
+  ASSERT_EQ(next.layers.size(), 8u);
+  for (int64_t l = 0; l < 8; ++l) {
+    EXPECT_EQ(next.layers[l].is_gdn, (l + 1) % 4 != 0) << "layer " << l;
+    EXPECT_EQ(next.layers[l].attn.output_gate, (l + 1) % 4 == 0) << "layer " << l;
+  }
+  EXPECT_EQ(runtime::synthetic_model("qwen3-30b-a3b", 2).layers.size(), 2u);
+  EXPECT_THROW(runtime::synthetic_model("qwen3-next-80b-a3b", 49), Error);
   EXPECT_THROW(runtime::synthetic_spec("qwen3-30b-a3b", 49), Error);
 }
 

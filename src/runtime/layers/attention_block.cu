@@ -18,7 +18,7 @@ void DeviceAttentionLayer::upload(const HostAttention& h) {
 }
 
 void DeviceAttentionLayer::synthesize(const io::ModelSpec& s, const SeedFn& next_seed, float scale,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, bool output_gate) {
   const int64_t H = s.hidden_size, hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
   input_norm.upload(std::vector<float>(H, 1.0f));
   q_norm.upload(std::vector<float>(hd, 1.0f));
@@ -29,7 +29,7 @@ void DeviceAttentionLayer::synthesize(const io::ModelSpec& s, const SeedFn& next
     a.out = d.p, a.n = static_cast<int64_t>(n), a.seed = next_seed(), a.scale = scale;
     ops::synth_bf16(a, stream);
   };
-  draw(qkv, (nh + 2 * nkv) * hd * H);
+  draw(qkv, ((output_gate ? 2 * nh : nh) + 2 * nkv) * hd * H);
   draw(o, H * nh * hd);
 }
 

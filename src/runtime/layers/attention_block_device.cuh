@@ -33,8 +33,10 @@ struct DeviceAttentionLayer {
   DevBuf<uint16_t> k_cache, v_cache;  // [kv_blocks, 64, nkv, hd] bf16 (paged: ops/attention/kv_layout.h)
 
   void upload(const HostAttention& host);  // synchronous, to the current device
-  // Norm weights 1, q|k|v and o_proj bf16 noise of std ≈ scale (seeds: q|k|v, then o_proj).
-  void synthesize(const io::ModelSpec& spec, const SeedFn& next_seed, float scale, cudaStream_t stream);
+  // Norm weights 1, q|k|v and o_proj bf16 noise of std ≈ scale (seeds: q|k|v, then o_proj); output_gate:
+  // the q heads are [query | gate] (QkRopeArgs::q_gate), twice the q rows.
+  void synthesize(const io::ModelSpec& spec, const SeedFn& next_seed, float scale, cudaStream_t stream,
+                  bool output_gate = false);
   void alloc_kv(size_t elements);  // k_cache and v_cache of `elements` each
   size_t weight_bytes() const;
   size_t kv_bytes() const { return k_cache.bytes() + v_cache.bytes(); }

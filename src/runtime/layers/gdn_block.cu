@@ -1,5 +1,9 @@
 // The Gated DeltaNet block on the GPU (gdn_block_device.cuh).
+#include <random>
+#include <vector>
+
 #include "core/cuda/check.cuh"
+#include "ops/synth_pack/synth_pack.h"
 #include "runtime/layers/gdn_block_device.cuh"
 
 namespace moesq::runtime {
@@ -12,6 +16,27 @@ void DeviceGdnLayer::upload(const HostGdn& h) {
   dt_bias.upload(h.dt_bias);
   A_log.upload(h.A_log);
   norm.upload(h.norm);
+}
+
+void DeviceGdnLayer::synthesize(const GdnBlockDims& d, const SeedFn& next_seed, float scale, cudaStream_t stream) {
+  input_norm.upload(std::vector<float>(d.H, 1.0f));
+  auto draw = [&](DevBuf<uint16_t>& buf, size_t n) {
+    buf.alloc(n);
+    ops::SynthBf16Args a;
+    a.out = buf.p, a.n = static_cast<int64_t>(n), a.seed = next_seed(), a.scale = scale;
+    ops::synth_bf16(a, stream);
+  };
+  draw(in_proj, static_cast<size_t>(d.proj_cols() * d.H));
+  draw(out_proj, static_cast<size_t>(d.H * d.value_dim()));
+  std::mt19937_64 g(next_seed());
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f), decay(0.0f, 2.7725887f);  // A_log in [0, ln 16]
+  std::vector<float> conv(static_cast<size_t>(d.conv_dim() * d.Kc)), a_log(d.nv);
+  for (float& x : conv) x = u(g);
+  for (float& x : a_log) x = decay(g);
+  conv1d.upload(conv);
+  A_log.upload(a_log);
+  dt_bias.upload(std::vector<float>(d.nv, 0.0f));
+  norm.upload(std::vector<float>(d.dv, 1.0f));
 }
 
 void DeviceGdnLayer::alloc_state(const GdnBlockDims& d, int slots) {

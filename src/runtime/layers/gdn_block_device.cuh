@@ -27,6 +27,9 @@ struct DeviceGdnLayer {
   int64_t window_per_slot = 0, S_per_slot = 0;
 
   void upload(const HostGdn& host);  // synchronous, to the current device
+  // Synthetic weights (`bench e2e --synthetic`): norms 1, the projections bf16 noise of std ≈ scale, a
+  // small conv, decays A = exp(A_log) in [1, 16] and dt_bias 0 (seeds: in_proj, out_proj, then the rest).
+  void synthesize(const GdnBlockDims& d, const SeedFn& next_seed, float scale, cudaStream_t stream);
   // The states of `slots` sequences, zeroed (synchronous).
   void alloc_state(const GdnBlockDims& d, int slots);
   // Zeroes slot `slot`'s state (every slot when slot < 0) on `stream`: a new sequence starts from 0.
