@@ -418,6 +418,7 @@ void check_attention(int hd, int nh, int nkv, const std::vector<int>& lens, uint
   moesq::ops::AttentionArgs one = a;
   DevBuf<uint16_t> dout3(nh * hd), dlo3(nh * hd);
   one.q = dq.p + (T - 1) * nh * hd, one.tok_slot = dslot.p + T - 1, one.tok_pos = dpos.p + T - 1, one.T = 1;
+  if (one.gate) one.gate += (T - 1) * one.gate_ld;  // the token's own gate row
   one.out = dout3.p, one.out_lo = dlo3.p;
   moesq::ops::attention(one, nullptr);
   std::vector<uint16_t> ro(T * nh * hd), rlo(T * nh * hd);
