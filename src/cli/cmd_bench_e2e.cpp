@@ -24,6 +24,8 @@
 #include "runtime/backend.h"
 #include "runtime/weights.h"
 #ifdef MOESQ_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "runtime/engine.h"
 #endif
 
@@ -56,7 +58,8 @@ double now_s() {
 // projections, routers, shared experts, dense layers' MLPs), the lm_head, the experts the B·k routes
 // touch (expected distinct experts under uniform routing), and the bf16 KV cache of `ctx` cached tokens
 // per sequence (K and V of every kv head, or MLA's latent row).
-double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, double ctx) {
+double step_bytes(const runtime::HostModel& m, runtime::ExpertBackend b, int B, double ctx) {
+  const io::ModelSpec& s = m.spec;
   const double H = s.hidden_size, hd = s.head_dim, E = s.num_experts, I = s.moe_intermediate_size;
   double attn = 0, kv_values = 0;
   if (s.mla.kv_lora_rank > 0) {
@@ -65,9 +68,14 @@ double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, doubl
            double(d.nh) * d.v * d.r_kv + H * d.nh * d.v;
     kv_values = static_cast<double>(d.latent_row());
   } else {
-    attn = (s.num_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd;
+    const double q_heads = m.gdn.H > 0 ? 2.0 * s.num_heads : s.num_heads;  // a hybrid's q heads are [query | gate]
+    attn = (q_heads + 2 * s.num_kv_heads) * hd * H + H * s.num_heads * hd;
     kv_values = 2.0 * s.num_kv_heads * hd;
   }
+  // A Gated DeltaNet layer: its two projections, and each sequence's state read and written once (fp32).
+  const runtime::GdnBlockDims& g = m.gdn;
+  const double gdn_w = static_cast<double>(g.proj_cols()) * H + H * static_cast<double>(g.value_dim());
+  const double gdn_state = 2.0 * 4.0 * static_cast<double>(g.state_floats() + g.window_floats());
   const double expert_w = 3 * I * H;
   const double expert_bytes = b == runtime::ExpertBackend::kBf16 ? expert_w * 2 : expert_w * 2.75 / 8;
   const double touched = E * (1 - std::pow(1 - static_cast<double>(s.top_k) / E, B));
@@ -75,9 +83,23 @@ double step_bytes(const io::ModelSpec& s, runtime::ExpertBackend b, int B, doubl
   double total = s.vocab_size * H * 2;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const double ffn = s.is_moe_layer(l) ? E * H * 2 + touched * expert_bytes + shared : 3.0 * s.intermediate_size * H * 2;
-    total += attn * 2 + ffn + B * ctx * kv_values * 2;
+    const bool gdn = static_cast<size_t>(l) < m.layers.size() && m.layers[l].is_gdn;
+    total += ffn + (gdn ? gdn_w * 2 + B * gdn_state : attn * 2 + B * ctx * kv_values * 2);
   }
   return total;
+}
+
+// The bandwidth a step's bytes are divided by: 4.25 TB/s on an H200 (its measured copy rate, the figure
+// issue 24's floors use), scaled on another card by its nominal bandwidth over the H200's 4.8 TB/s (the
+// same achieved fraction; an H100 80GB: ≈ 2.97 TB/s).
+double floor_bandwidth() {
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return 4.25e12;
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev);
+  const double nominal = 2.0 * clock_khz * 1e3 * (p.memoryBusWidth / 8.0);
+  return nominal > 0 ? 4.25e12 * nominal / 4.8e12 : 4.25e12;
 }
 #endif
 
@@ -85,6 +107,7 @@ void run_e2e(const E2eArgs& a) {
   MOESQ_CHECK(!a.synthetic.empty(), "bench e2e: give --synthetic MODEL (checkpoint directories: not yet)");
   MOESQ_CHECK(a.prompt_len >= 1 && a.gen >= 4, "bench e2e: --prompt-len >= 1 and --gen >= 4");
   const io::ModelSpec spec = runtime::synthetic_spec(a.synthetic, a.layers);
+  const runtime::HostModel shapes = runtime::synthetic_model(a.synthetic, a.layers);
   const int64_t model_layers = runtime::synthetic_spec(a.synthetic, 0).num_layers;
   std::vector<runtime::ExpertBackend> backends;
   for (const auto& e : split(a.experts)) {
@@ -116,7 +139,7 @@ void run_e2e(const E2eArgs& a) {
   MOESQ_CHECK(!modes.empty(), "bench e2e: --deterministic is empty");
   const int max_b = *std::max_element(batches.begin(), batches.end());
 #ifndef MOESQ_HAVE_CUDA
-  (void)max_b, (void)model_layers;
+  (void)max_b, (void)model_layers, (void)shapes;
   MOESQ_FAIL("bench e2e: this moesq was built without CUDA");
 #else
   const int64_t chunk_seqs = std::max<int64_t>(1, std::min<int64_t>(max_b, a.prefill_tokens / a.prompt_len));
@@ -127,7 +150,8 @@ void run_e2e(const E2eArgs& a) {
     eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
     eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
     eo.check_finite = a.check_finite;
-    runtime::Engine eng(runtime::synthetic_model(a.synthetic, a.layers), backend, a.seed, eo);
+    runtime::Engine eng(shapes, backend, a.seed, eo);
+    const double bandwidth = floor_bandwidth();
     std::mt19937_64 rng(a.seed);
     // Warm-up: one prefill (first-use costs: attributes, caches).
     eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
@@ -170,7 +194,7 @@ void run_e2e(const E2eArgs& a) {
       eng.forward(one, false);
       const double eager_ms = (now_s() - e0) * 1e3;
       eng.set_timing(false);
-      const double floor_ms = step_bytes(spec, backend, B, a.prompt_len + a.gen / 2.0) / 4.25e12 * 1e3;
+      const double floor_ms = step_bytes(shapes, backend, B, a.prompt_len + a.gen / 2.0) / bandwidth * 1e3;
       nlohmann::json r;
       r["experts"] = runtime::expert_backend_name(backend);
       r["batch"] = B;
@@ -187,6 +211,7 @@ void run_e2e(const E2eArgs& a) {
       r["prefill_attention_share"] = pre_attn / (ttft * 1e3);
       r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
       r["decode_floor_ms"] = floor_ms;
+      r["floor_bandwidth_tb_s"] = bandwidth / 1e12;
       r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
       // Per layer (the eager step's event times ÷ layers), and with fewer layers than the model has, the
       // whole model extrapolated linearly in layers — an upper bound (the embedding and lm_head do not
