@@ -191,6 +191,9 @@ LayerRecord WorkDir::load(int64_t layer) const {
 void WorkDir::commit(LayerRecord r) {
   MOESQ_CHECK(r.layer == committed_, "work dir: committing layer ", r.layer, " after ", committed_, " committed layers");
   r.run_sha256 = run_sha256_;
+  // The record's rename and the switch from "remove the dir" to "keep it, say --resume" are one step
+  // for an interrupt: without the hold, a SIGINT right after the rename removed the committed layer.
+  const auto hold = hold_interrupts();
   write_file_atomic(record_path(r.layer), encode_layer_record(r));
   ++committed_;
   update_interrupt_rule();

@@ -3,11 +3,16 @@
 // holds the lock, a fresh run discards an earlier run's layers, damaged records are errors.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "compress/work_dir.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "io/checkpoint.h"
 #include "support/temp_dir.h"
 
@@ -71,6 +76,31 @@ TEST(WorkDir, CommitsAndResumes) {
   EXPECT_EQ(r.experts[0].report.tokens, 18);
   w.remove();
   EXPECT_FALSE(fs::exists(f.out + ".work"));
+}
+
+// An interrupt that sees layer 0's record must keep it and say --resume: the record's rename and the
+// switch of the interrupt rule are one step (CI once caught the cleanup between the two, removing the
+// committed layer). The watcher's part runs on a thread that fires as soon as the record appears.
+TEST(WorkDir, AnInterruptRacingACommitNeverRemovesTheCommittedLayer) {
+  Fixture f;
+  for (int round = 0; round < 40; ++round) {
+    WorkDir w(f.out, f.manifest(), false);
+    const fs::path rec = fs::path(w.path()) / "layer_0000.rec";
+    std::atomic<bool> go{false};
+    std::string text;
+    std::thread watcher([&] {
+      while (!go.load()) std::this_thread::yield();
+      while (!fs::exists(rec)) std::this_thread::yield();
+      text = run_interrupt_cleanup(SIGINT);
+    });
+    go = true;
+    w.commit(record(0));
+    watcher.join();
+    ASSERT_TRUE(fs::exists(rec)) << "round " << round << ": " << text;
+    ASSERT_NE(text.find("compress: kept " + w.path() + " (1 layer committed)"), std::string::npos)
+        << "round " << round << ": " << text;
+    w.remove();
+  }
 }
 
 TEST(WorkDir, FreshRunDiscardsAnEarlierRunsLayers) {
