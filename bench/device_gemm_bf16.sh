@@ -20,7 +20,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
-#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -127,6 +127,14 @@ if has next; then
     --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
     > "$O/e2e_next.json" 2> "$O/e2e_next.err"
   log "bench e2e qwen3-next-80b-a3b layers ${NEXT_LAYERS:-8} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_next.err" | tee -a "$S"
+fi
+
+# Session 26: Qwen3.5-397B-A17B (hidden 4,096, 64 GDN value heads, 32 × 256 gated attention), Q35_LAYERS layers.
+if has q35; then
+  timeout 300 "$B/moesq" bench e2e --synthetic qwen3.5-397b-a17b --layers "${Q35_LAYERS:-4}" --experts bf16,sparse-w4a4 \
+    --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
+    > "$O/e2e_q35.json" 2> "$O/e2e_q35.err"
+  log "bench e2e qwen3.5-397b-a17b layers ${Q35_LAYERS:-4} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_q35.err" | tee -a "$S"
 fi
 
 if has kimi; then

@@ -255,7 +255,7 @@ void run_e2e(const E2eArgs& a) {
 void register_bench_e2e(CLI::App* bench) {
   auto args = std::make_shared<E2eArgs>();
   auto* cmd = bench->add_subcommand("e2e", "End-to-end GPU engine benchmark (TTFT, TPOT, tokens/s, memory) per expert backend");
-  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b: synthetic weights on the GPU (kimi-k2.5: add --layers, 61 layers do not fit one GPU; qwen3-next-80b-a3b: Gated DeltaNet and gated attention layers)");
+  cmd->add_option("--synthetic", args->synthetic, "qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b | qwen3.5-397b-a17b: synthetic weights on the GPU (kimi-k2.5: add --layers, 61 layers do not fit one GPU; qwen3-next-80b-a3b, qwen3.5-397b-a17b: Gated DeltaNet and gated attention layers)");
   cmd->add_option("--layers", args->layers, "decoder layers (0 = all)")->capture_default_str();
   cmd->add_option("--experts", args->experts, "comma-separated backends")->capture_default_str();
   cmd->add_option("--batch", args->batches, "comma-separated batch sizes")->capture_default_str();

@@ -292,7 +292,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("DIR", args->dir, "checkpoint directory (with tokenizer.json, or a byte-level model)")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--synthetic", args->synthetic,
-                  "instead of DIR: qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b with synthetic weights drawn on the GPU (needs "
+                  "instead of DIR: qwen3-30b-a3b | qwen3-235b-a22b | kimi-k2.5 | qwen3-next-80b-a3b | qwen3.5-397b-a17b with synthetic weights drawn on the GPU (needs "
                   "--device cuda and --experts; no tokenizer: token-id prompts only)");
   auto* layers = cmd->add_option("--layers", args->layers, "--synthetic: decoder layers (0 = all)")->capture_default_str();
   auto* seed = cmd->add_option("--seed", args->seed, "--synthetic: weight seed")->capture_default_str();

@@ -59,6 +59,15 @@ bool supports(const io::ModelSpec& spec) { return gpu_refusal(spec).empty(); }
 namespace {
 
 constexpr const char* kQwen3Next = "qwen3-next-80b-a3b";
+constexpr const char* kQwen35 = "qwen3.5-397b-a17b";
+
+// The layer kinds of a Qwen3-Next / Qwen3.5 hybrid: every fourth layer gated attention, the rest Gated
+// DeltaNet.
+nlohmann::json every_fourth_full_attention(int layers) {
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < layers; ++l) types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  return types;
+}
 
 // Qwen/Qwen3-Next-80B-A3B's config.json, the keys the family parser reads: 48 layers of which every
 // fourth is gated attention (16 heads of 256, 2 kv heads, RoPE over a quarter of the head), the others
@@ -77,22 +86,49 @@ nlohmann::json qwen3_next_80b_config() {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}};
   j["linear_conv_kernel_dim"] = 4, j["linear_key_head_dim"] = 128, j["linear_num_key_heads"] = 16;
   j["linear_value_head_dim"] = 128, j["linear_num_value_heads"] = 32;
-  nlohmann::json types = nlohmann::json::array();
-  for (int l = 0; l < 48; ++l) types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
-  j["layer_types"] = types;
+  j["layer_types"] = every_fourth_full_attention(48);
   return j;
+}
+
+// Qwen/Qwen3.5-397B-A17B's text_config (model_type qwen3_5_moe_text), the keys the family parser reads:
+// 60 layers, every fourth gated attention (32 heads of 256, 2 kv heads, RoPE θ 1e7 over a quarter of the
+// head), the others Gated DeltaNet (16 key heads and 64 value heads of 128, conv 4); hidden 4,096; 512
+// experts of 1,024 top-10 and a gated shared expert of 1,024; vocabulary 248,320. No copy of the
+// config.json was at hand: the numbers are those of Megatron-LM's Qwen3.5-397B-A17B decoder config ("all
+// values match the HuggingFace text_config") and agree with other public restatements of it.
+nlohmann::json qwen3_5_397b_config() {
+  nlohmann::json j;
+  j["model_type"] = "qwen3_5_moe_text";
+  j["vocab_size"] = 248320, j["hidden_size"] = 4096, j["num_hidden_layers"] = 60;
+  j["num_attention_heads"] = 32, j["num_key_value_heads"] = 2, j["head_dim"] = 256;
+  j["num_experts"] = 512, j["num_experts_per_tok"] = 10, j["moe_intermediate_size"] = 1024;
+  j["shared_expert_intermediate_size"] = 1024;
+  j["rms_norm_eps"] = 1e-6, j["max_position_embeddings"] = 262144, j["tie_word_embeddings"] = false;
+  j["attention_bias"] = false, j["hidden_act"] = "silu", j["partial_rotary_factor"] = 0.25;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}};
+  j["linear_conv_kernel_dim"] = 4, j["linear_key_head_dim"] = 128, j["linear_num_key_heads"] = 16;
+  j["linear_value_head_dim"] = 128, j["linear_num_value_heads"] = 64;
+  j["layer_types"] = every_fourth_full_attention(60);
+  return j;
+}
+
+// The config.json of a named hybrid, null for the others.
+nlohmann::json hybrid_config(const std::string& name) {
+  if (name == kQwen3Next) return qwen3_next_80b_config();
+  if (name == kQwen35) return qwen3_5_397b_config();
+  return nullptr;
 }
 
 }  // namespace
 
-bool synthetic_is_hybrid(const std::string& name) { return name == kQwen3Next; }
+bool synthetic_is_hybrid(const std::string& name) { return !hybrid_config(name).is_null(); }
 
 HostModel synthetic_model(const std::string& name, int64_t layers) {
   HostModel m;
   m.spec = synthetic_spec(name, layers);
   m.layers.resize(m.spec.num_layers);
   if (!synthetic_is_hybrid(name)) return m;
-  const io::FamilySpec f = io::parse_family_config(qwen3_next_80b_config(), std::string("--synthetic ") + name);
+  const io::FamilySpec f = io::parse_family_config(hybrid_config(name), std::string("--synthetic ") + name);
   m.rope = model::rope_frequencies(f.rope);
   m.gdn = gdn_block_dims(f);
   for (int64_t l = 0; l < m.spec.num_layers; ++l) {
@@ -105,8 +141,8 @@ HostModel synthetic_model(const std::string& name, int64_t layers) {
 }
 
 io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
-  if (name == kQwen3Next) {
-    io::ModelSpec s = io::parse_config(qwen3_next_80b_config(), std::string("--synthetic ") + name);
+  if (synthetic_is_hybrid(name)) {
+    io::ModelSpec s = io::parse_config(hybrid_config(name), std::string("--synthetic ") + name);
     MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
     if (layers > 0) s.num_layers = layers;
     return s;
@@ -142,7 +178,8 @@ io::ModelSpec synthetic_spec(const std::string& name, int64_t layers) {
     const double mscale = io::yarn_get_mscale(m.rope.factor, m.rope.mscale_all_dim);
     m.softmax_scale = mscale * mscale / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
   } else {
-    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b, kimi-k2.5, ", kQwen3Next);
+    MOESQ_FAIL("--synthetic: \"", name, "\" is not one of qwen3-30b-a3b, qwen3-235b-a22b, kimi-k2.5, ", kQwen3Next, ", ",
+               kQwen35);
   }
   MOESQ_CHECK(layers >= 0 && layers <= s.num_layers, "--layers: ", layers, " not in [0, ", s.num_layers, "]");
   if (layers > 0) s.num_layers = layers;

@@ -88,12 +88,13 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
 // and the layer).
 HostMoeLayer load_host_moe_layer(const io::Checkpoint& ckpt, int64_t layer, ExpertBackend requested);
 
-// The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b", "kimi-k2.5", "qwen3-next-80b-a3b") with
+// The shapes of a named model ("qwen3-30b-a3b", "qwen3-235b-a22b", "kimi-k2.5", "qwen3-next-80b-a3b",
+// "qwen3.5-397b-a17b") with
 // `layers` decoder layers (0: all). Error names --synthetic and the known names.
 io::ModelSpec synthetic_spec(const std::string& name, int64_t layers);
 
 // The same model's shapes as the engine's synthetic constructor takes them: synthetic_spec, and for a
-// hybrid (qwen3-next-80b-a3b: its public config.json parsed by io::parse_family_config) the RoPE over
+// hybrid (qwen3-next-80b-a3b, qwen3.5-397b-a17b: the public config parsed by io::parse_family_config) the RoPE over
 // the rotated dims, the Gated DeltaNet dims, each layer's kind and its attention's gate and rotary dims.
 // No weights (every weight vector is empty).
 HostModel synthetic_model(const std::string& name, int64_t layers);

@@ -63,6 +63,7 @@ TEST(CliBenchCompress, BadFlagsNameTheFlag) {
       {"--synthetic qwen3-30b-a3b --methods sgptq,nope", "nope"},
       {"--synthetic qwen3-30b-a3b --methods jsq --device cuda", "--device cuda"},
       {"--synthetic qwen3-next-80b-a3b", "its Gated DeltaNet layers have no synthetic CPU model yet"},
+      {"--synthetic qwen3.5-397b-a17b", "its Gated DeltaNet layers have no synthetic CPU model yet"},
   };
   for (const Case& c : cases) {
     const std::string device = c.args.find("--device") == std::string::npos ? " --device cpu" : "";

@@ -152,8 +152,35 @@ TEST(RuntimeWeights, SyntheticSpecs) {
     EXPECT_EQ(next.layers[l].is_gdn, (l + 1) % 4 != 0) << "layer " << l;
     EXPECT_EQ(next.layers[l].attn.output_gate, (l + 1) % 4 == 0) << "layer " << l;
   }
+  // Qwen3.5-397B-A17B (its text_config, model_type qwen3_5_moe_text): 60 layers, hidden 4,096, every
+  // fourth gated attention of 32 × 256, Gated DeltaNet with 16 key / 64 value heads of 128, 512 experts
+  // of 1,024 top-10, a gated shared expert of 1,024, vocabulary 248,320.
+  const runtime::HostModel q35 = runtime::synthetic_model("qwen3.5-397b-a17b", 4);
+  EXPECT_TRUE(runtime::synthetic_is_hybrid("qwen3.5-397b-a17b"));
+  EXPECT_EQ(runtime::synthetic_spec("qwen3.5-397b-a17b", 0).num_layers, 60);
+  EXPECT_EQ(q35.spec.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(q35.spec.hidden_size, 4096);
+  EXPECT_EQ(q35.spec.vocab_size, 248320);
+  EXPECT_EQ(q35.spec.num_heads, 32);
+  EXPECT_EQ(q35.spec.num_kv_heads, 2);
+  EXPECT_EQ(q35.spec.head_dim, 256);
+  EXPECT_EQ(q35.spec.num_experts, 512);
+  EXPECT_EQ(q35.spec.top_k, 10);
+  EXPECT_EQ(q35.spec.moe_intermediate_size, 1024);
+  EXPECT_EQ(q35.spec.shared_expert_intermediate_size, 1024);
+  EXPECT_TRUE(q35.spec.shared_expert_gate);
+  EXPECT_TRUE(runtime::supports(q35.spec)) << runtime::gpu_refusal(q35.spec);
+  EXPECT_EQ(q35.gdn.nk, 16);
+  EXPECT_EQ(q35.gdn.nv, 64);
+  EXPECT_EQ(q35.gdn.proj_cols(), 2 * 16 * 128 + 2 * 64 * 128 + 2 * 64);
+  EXPECT_EQ(q35.rope.inv_freq.size(), 32u);
+  for (int64_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(q35.layers[l].is_gdn, l != 3) << "layer " << l;
+    EXPECT_EQ(q35.layers[l].attn.rotary_dim, l == 3 ? 64 : 0) << "layer " << l;
+  }
   EXPECT_EQ(runtime::synthetic_model("qwen3-30b-a3b", 2).layers.size(), 2u);
   EXPECT_THROW(runtime::synthetic_model("qwen3-next-80b-a3b", 49), Error);
+  EXPECT_THROW(runtime::synthetic_model("qwen3.5-397b-a17b", 61), Error);
   EXPECT_THROW(runtime::synthetic_spec("qwen3-30b-a3b", 49), Error);
 }
 
