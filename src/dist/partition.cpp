@@ -18,4 +18,11 @@ std::vector<int64_t> experts_of_rank(int64_t num_experts, int rank, int num_rank
   return mine;
 }
 
+ExpertRange engine_expert_range(int64_t num_experts, int rank, int num_ranks) {
+  MOESQ_CHECK(num_ranks >= 1 && rank >= 0 && rank < num_ranks, "expert shard: rank ", rank, " outside [0, ",
+              num_ranks, ")");
+  MOESQ_CHECK(num_experts >= 0, "expert shard: num_experts=", num_experts, " must be >= 0");
+  return {num_experts * rank / num_ranks, num_experts * (rank + 1) / num_ranks};
+}
+
 }  // namespace moesq::dist

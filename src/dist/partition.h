@@ -17,4 +17,16 @@ int expert_owner(int64_t expert, int num_ranks);
 // [0, num_ranks).
 std::vector<int64_t> experts_of_rank(int64_t num_experts, int rank, int num_ranks);
 
+// The ENGINE's expert shard (expert parallelism at inference, docs/PARALLEL.md "The expert-parallel
+// engine"): rank r holds the CONTIGUOUS experts [E·r/N, E·(r+1)/N) of every MoE layer. Contiguous,
+// not round-robin as compression's: a rank's experts are then one slice of the layer's weights and one
+// expert range of the grouped GEMMs. Shares are within one expert of each other; N > E leaves empty
+// ranges. Errors as experts_of_rank.
+struct ExpertRange {
+  int64_t begin = 0, end = 0;  // [begin, end)
+  int64_t size() const { return end - begin; }
+  bool contains(int64_t e) const { return e >= begin && e < end; }
+};
+ExpertRange engine_expert_range(int64_t num_experts, int rank, int num_ranks);
+
 }  // namespace moesq::dist

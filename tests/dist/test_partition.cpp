@@ -36,6 +36,22 @@ TEST(Partition, EveryExpertOnExactlyOneRankRoundRobin) {
     }
 }
 
+TEST(EngineExpertRange, ContiguousSharesWithinOneExpertCoveringEveryExpertOnce) {
+  for (int64_t E : {1, 7, 128, 384, 512})
+    for (int N : {1, 2, 3, 8, 600}) {
+      int64_t next = 0, lo = E, hi = 0;
+      for (int r = 0; r < N; ++r) {
+        const ExpertRange m = engine_expert_range(E, r, N);
+        EXPECT_EQ(m.begin, next) << "E=" << E << " N=" << N << " rank " << r;
+        next = m.end;
+        lo = std::min(lo, m.size()), hi = std::max(hi, m.size());
+      }
+      EXPECT_EQ(next, E);
+      EXPECT_LE(hi - lo, 1) << "E=" << E << " N=" << N;
+    }
+  EXPECT_THROW(engine_expert_range(8, 2, 2), Error);
+}
+
 TEST(Partition, MoreRanksThanExpertsLeavesEmptyRanks) {
   EXPECT_TRUE(experts_of_rank(4, 5, 8).empty());
   EXPECT_EQ(experts_of_rank(4, 3, 8), std::vector<int64_t>{3});

@@ -21,11 +21,13 @@
 #include "ops/moe_combine/moe_combine.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "ops/route_rows/route_rows.h"
 #include "ops/router_topk/router_topk.h"
 #include "ops/row_bias/row_bias.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "core/cuda/dev_buf.cuh"
 #include "support/gpu_test_main.h"
+#include "support/random_routing.h"
 
 using moesq::DevBuf;
 
@@ -760,6 +762,43 @@ TEST(EngineOps, MoeCombineBitwiseAnySlotOrder) {
     for (size_t i = 0; i < rh2.size(); ++i)
       ASSERT_EQ(bits(gh2[i]), bits(rh2[i])) << "down bias H=" << H << " token " << i / H << " col " << i % H;
     EXPECT_NE(gh2, gh);
+  }
+}
+
+// The expert-parallel exchange's pack and unpack (ops/route_rows): kernel = twin bitwise, for a rank
+// holding some experts (pack) and for all routes (unpack), dropped routes included; the unpack leaves
+// every other y word as it was.
+TEST(EngineOps, RouteRowsBitwise) {
+  const int E = 12, k = 3, cap = 30;
+  for (const auto& [H, ldy] : {std::pair<int64_t, int64_t>{96, 100}, {2048, 2048}, {2, 2}}) {
+    const int64_t T = 29, R = T * k;
+    std::mt19937_64 g(40 + H);
+    const moesq::test::RandomRouting rr = moesq::test::random_routing(T, E, k, cap, g, 5, 3);  // expert 5 keeps 3
+    const std::vector<int32_t>& ids = rr.ids;
+    const std::vector<int32_t>& sor = rr.sor;
+    ASSERT_GT(std::count(sor.begin(), sor.end(), -1), 0);
+    const std::vector<uint16_t> y = rand_bf16(E * cap * ldy, 41), routes0 = rand_bf16(R * H, 42);
+    DevBuf<uint16_t> dy(y), droutes(std::vector<uint16_t>(R * H, 0x7fc1));
+    DevBuf<int32_t> di(ids), dsor(sor);
+    moesq::ops::RouteRowsArgs a;
+    a.y = dy.p, a.ldy = ldy, a.topk_ids = di.p, a.slot_of_route = dsor.p, a.routes = droutes.p;
+    a.T = T, a.H = H, a.topk = k, a.num_experts = E, a.capacity = cap, a.expert_begin = 4, a.expert_end = 9;
+    moesq::ops::route_rows(a, nullptr);
+    std::vector<uint16_t> ry = y, rroutes(R * H, 0x7fc1);
+    moesq::ops::RouteRowsArgs h = a;
+    h.y = ry.data(), h.topk_ids = ids.data(), h.slot_of_route = sor.data(), h.routes = rroutes.data();
+    moesq::ops::route_rows_ref(h);
+    EXPECT_EQ(droutes.download(), rroutes) << "pack, H=" << H;
+    // Unpack other rows (as if summed over the ranks) into y.
+    DevBuf<uint16_t> dsum(routes0);
+    a.routes = dsum.p, a.pack = false;
+    moesq::ops::route_rows(a, nullptr);
+    std::vector<uint16_t> sum = routes0;
+    h.routes = sum.data(), h.pack = false;
+    moesq::ops::route_rows_ref(h);
+    const std::vector<uint16_t> gy = dy.download();
+    EXPECT_EQ(gy, ry) << "unpack, H=" << H;
+    EXPECT_NE(gy, y);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/moe_combine/moe_combine.h"
+#include "support/random_routing.h"
 
 namespace {
 
@@ -36,25 +37,8 @@ Routing make_routing(int64_t T, int64_t H, uint64_t seed, int drop_expert, int k
   Routing r;
   r.T = T, r.H = H, r.ldy = H + 4, r.cap = static_cast<int>(T);
   std::mt19937_64 g(seed);
-  r.ids.resize(T * r.k);
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<int32_t> perm(r.E);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), g);
-    std::copy(perm.begin(), perm.begin() + r.k, r.ids.begin() + t * r.k);
-  }
-  std::vector<std::vector<int32_t>> per(r.E);
-  for (int64_t q = 0; q < T * r.k; ++q) per[r.ids[q]].push_back(static_cast<int32_t>(q));
-  r.counts.assign(r.E, 0);
-  r.ros.assign(static_cast<size_t>(r.E) * r.cap, -1);
-  for (int e = 0; e < r.E; ++e) {
-    std::shuffle(per[e].begin(), per[e].end(), g);
-    if (e == drop_expert && static_cast<int>(per[e].size()) > keep) per[e].resize(keep);
-    r.counts[e] = static_cast<int32_t>(per[e].size());
-    std::copy(per[e].begin(), per[e].end(), r.ros.begin() + static_cast<int64_t>(e) * r.cap);
-  }
-  r.sor.resize(T * r.k);
-  moesq::ops::invert_route_of_slot(r.ros.data(), r.counts.data(), r.E, r.cap, T * r.k, r.sor.data());
+  moesq::test::RandomRouting rr = moesq::test::random_routing(T, r.E, r.k, r.cap, g, drop_expert, keep < 0 ? 0 : keep);
+  r.ids = std::move(rr.ids), r.counts = std::move(rr.counts), r.ros = std::move(rr.ros), r.sor = std::move(rr.sor);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> ud(0.05f, 0.5f);
   r.w.resize(T * r.k);
