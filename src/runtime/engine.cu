@@ -57,7 +57,8 @@ struct Engine::Impl {
   int max_seqs = 1;
   int64_t max_len = 0, max_tokens = 0;
   int64_t H = 0, hd = 0, nh = 0, nkv = 0, E = 0, V = 0, qkv_w = 0;
-  MoeBlockDims moe_dims;
+  MoeBlockDims moe_dims;    // the routed experts this rank runs: moe_dims.expert_begin / expert_end
+  ExpertExchange exchange;  // EngineOptions::exchange (a sharded moe_dims only)
   bool is_mla = false;  // spec.mla.kv_lora_rank > 0: every layer's attention is the MLA block
   MlaBlockDims mla_dims;
   // Qwen3-Next / Qwen3.5: Gated DeltaNet layers beside gated attention ones (q heads [query | gate],
@@ -148,6 +149,16 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   gdn_dims = host.gdn;
   V = s.vocab_size, qkv_w = ((is_hybrid ? 2 * nh : nh) + 2 * nkv) * hd;  // hybrid: q heads are [query | gate]
   moe_dims = moe_block_dims(s);
+  if (opt.expert_begin != 0 || opt.expert_end != 0) {
+    MOESQ_CHECK(opt.expert_begin >= 0 && opt.expert_begin <= opt.expert_end && opt.expert_end <= E,
+                "engine: expert shard [", opt.expert_begin, ", ", opt.expert_end, ") outside the model's ", E,
+                " routed experts");
+    moe_dims.expert_begin = opt.expert_begin, moe_dims.expert_end = opt.expert_end;
+    MOESQ_CHECK(!moe_dims.sharded() || (opt.exchange.all_reduce_sum && H % 2 == 0), "engine: experts [",
+                opt.expert_begin, ", ", opt.expert_end, ") of ", E, " sharded without an exchange",
+                H % 2 ? " (or with an odd hidden size)" : "");
+    exchange = opt.exchange;
+  }
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
   max_seqs = opt.max_seqs;
   max_len = opt.max_len > 0 ? opt.max_len : (s.max_position_embeddings > 0 ? s.max_position_embeddings : 4096);
@@ -201,7 +212,7 @@ void Engine::Impl::upload(HostModel&& m, const EngineOptions& opt) {
     else
       L.attn.upload(hl.attn);
     L.post_norm.upload(hl.post_norm);
-    L.moe.upload(hl.moe, m.backend);
+    L.moe.upload(hl.moe, m.backend, moe_dims);
     weight_bytes += L.attn.weight_bytes() + L.mla.weight_bytes() + L.gdn.weight_bytes() + L.post_norm.bytes() +
                     L.moe.bytes();
     hl = HostLayer{};  // free host memory as we go
@@ -580,7 +591,8 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
     for (int64_t t0 = 0; t0 < T; t0 += moe_T) {  // slices of moe_T rows: the same bits as one call
       const int64_t n = std::min(moe_T, T - t0);
-      moe_block(moe_dims, L.moe, moe_bufs, xb.p + t0 * H, xb_lo.p + t0 * H, h.p + t0 * H, n, stream, lin);
+      moe_block(moe_dims, L.moe, moe_bufs, xb.p + t0 * H, xb_lo.p + t0 * H, h.p + t0 * H, n, stream, lin,
+                kMoeAllStages, &exchange);
       if (check_finite) check_moe_layer(l, t0, n);
     }
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
@@ -803,8 +815,13 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
   };
   h2d(m.tok_ids, tokens), h2d(m.tok_slot, slots), h2d(m.tok_pos, pos), h2d(m.out_rows, rows);
   m.set_gdn_runs(slots);  // distinct slots: B runs of one token, device arrays the graph reads
+  // Experts sharded over ranks with an exchange through the host: the step runs eagerly (the same
+  // launches as the graph's, so the same bits).
+  const bool eager = m.moe_dims.sharded() && !m.exchange.capturable;
   auto it = m.graphs.find(B);
-  if (it == m.graphs.end()) {
+  if (eager) {
+    m.run(B, B, 0);
+  } else if (it == m.graphs.end()) {
     // Eager once first (first-use work: attributes, cached device properties), then capture. The
     // eager step's KV writes are redone identically by the replay below (same positions).
     const bool timing = m.timing;
@@ -829,7 +846,7 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     it = m.graphs.emplace(B, exec).first;
     m.timing = timing;
   }
-  MOESQ_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
+  if (!eager) MOESQ_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
   if (logits) {
     logits->resize(static_cast<size_t>(B) * m.V);
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(logits->data(), m.logits.p, logits->size() * sizeof(float), cudaMemcpyDeviceToHost,

@@ -28,6 +28,7 @@
 
 #include "io/checkpoint.h"
 #include "runtime/backend.h"
+#include "runtime/layers/moe_block.h"
 #include "runtime/weights.h"
 
 namespace moesq::runtime {
@@ -58,6 +59,14 @@ struct EngineOptions {
   // logits, a small kernel records the first NaN / ±inf; forward and decode then throw NonFiniteError
   // naming the layer, stage, expert and token. false (default): no extra launch, copy or sync at all.
   bool check_finite = false;
+  // Expert parallelism (docs/PARALLEL.md "The expert-parallel engine"): this rank holds and runs the
+  // routed experts [expert_begin, expert_end) of every MoE layer (dist::engine_expert_range of its rank;
+  // both 0: all of them, one GPU), everything else whole, and `exchange` (layers/moe_block.h) sums the
+  // ranks' route-major expert outputs. Every rank must build the same model with the same options
+  // (but its range) and make the same calls in the same order; a sequence's logits are then the bits
+  // of one GPU. A non-capturable exchange makes decode steps run without CUDA graphs.
+  int64_t expert_begin = 0, expert_end = 0;
+  ExpertExchange exchange;
 };
 
 // A run of new tokens for one slot, appended at the slot's current length.

@@ -821,7 +821,7 @@ TEST(EngineOps, RowBiasBitwise) {
 
 TEST(EngineOps, SynthPackBitwise) {
   moesq::ops::SynthBf16Args a;
-  a.n = 100003, a.seed = 42, a.scale = 0.02f, a.mean = 0.5f;
+  a.n = 100003, a.seed = 42, a.scale = 0.02f, a.mean = 0.5f, a.first = 17;  // a slice: the counter offset too
   DevBuf<uint16_t> d(a.n);
   std::vector<uint16_t> r(a.n);
   a.out = d.p;
@@ -834,7 +834,7 @@ TEST(EngineOps, SynthPackBitwise) {
   for (auto v : r) mean += moesq::bf16_to_f32(v);
   EXPECT_NEAR(mean / a.n, 0.5, 1e-3);
   moesq::ops::SynthSparseArgs s;
-  s.num_chunks = 77, s.seed = 9;
+  s.num_chunks = 77, s.seed = 9, s.first = 5;
   DevBuf<uint8_t> ds(s.num_chunks * 1408);
   std::vector<uint8_t> rs(s.num_chunks * 1408);
   s.out = ds.p;

@@ -124,3 +124,26 @@ TEST(SynthSparse48Ref, SeedDecidesTheBytesAndChunksAreIndependentOfTheCount) {
 }
 
 }  // namespace
+
+// A slice drawn alone (`first`) has the bits of that slice of the whole tensor: what lets each rank of
+// an expert-parallel engine draw only its own experts of a synthetic model (docs/PARALLEL.md).
+TEST(SynthPackRef, ASliceDrawnAloneIsThatSliceOfTheWhole) {
+  const int64_t n = 5000, first = 1234, len = 777;
+  std::vector<uint16_t> whole(n), part(len);
+  SynthBf16Args a;
+  a.out = whole.data(), a.n = n, a.seed = 91, a.scale = 0.02f, a.mean = 0.1f;
+  moesq::ops::synth_bf16_ref(a);
+  a.out = part.data(), a.n = len, a.first = first;
+  moesq::ops::synth_bf16_ref(a);
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + first));
+  const int64_t chunks = 40, c0 = 13, cn = 9;
+  std::vector<uint8_t> all(chunks * 1408), some(cn * 1408);
+  SynthSparseArgs s;
+  s.out = all.data(), s.num_chunks = chunks, s.seed = 5;
+  moesq::ops::synth_sparse48_kl_ref(s);
+  s.out = some.data(), s.num_chunks = cn, s.first = c0;
+  moesq::ops::synth_sparse48_kl_ref(s);
+  EXPECT_TRUE(std::equal(some.begin(), some.end(), all.begin() + c0 * 1408));
+  a.first = -1;
+  EXPECT_THROW(moesq::ops::synth_bf16_ref(a), moesq::Error);
+}

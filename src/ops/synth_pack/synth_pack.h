@@ -31,15 +31,19 @@ MOESQ_HD inline uint64_t synth_hash(uint64_t seed, uint64_t i) {  // splitmix64(
 }
 
 struct SynthBf16Args {
-  uint16_t* out = nullptr;  // [n] bf16
+  uint16_t* out = nullptr;  // [n] bf16: elements first … first + n − 1 of the seed's tensor
   int64_t n = 0;
+  // The counter of out[0]: a slice of a larger tensor drawn alone has the bits of that slice of the
+  // whole (an expert-parallel rank draws its own experts: docs/PARALLEL.md).
+  int64_t first = 0;
   uint64_t seed = 0;
   float scale = 1.0f, mean = 0.0f;
 };
 
 struct SynthSparseArgs {
-  uint8_t* out = nullptr;   // [num_chunks, 1408] kernel-layout chunks
+  uint8_t* out = nullptr;   // [num_chunks, 1408] kernel-layout chunks first … first + num_chunks − 1
   int64_t num_chunks = 0;
+  int64_t first = 0;        // the chunk counter of out's first chunk (SynthBf16Args::first)
   uint64_t seed = 0;
 };
 

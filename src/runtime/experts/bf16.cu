@@ -15,52 +15,62 @@ namespace {
 
 class Bf16DeviceExperts final : public DeviceExperts {
  public:
-  DevBuf<uint16_t> gu;    // [E, 2I, H_pad] bf16, kKMajor
-  DevBuf<uint16_t> down;  // [E, H, I_pad] bf16, kKMajor
+  DevBuf<uint16_t> gu;    // [shard, 2I, H_pad] bf16, kKMajor (the experts MoeBlockDims::expert_begin on)
+  DevBuf<uint16_t> down;  // [shard, H, I_pad] bf16, kKMajor
 
   size_t bytes() const override { return gu.bytes() + down.bytes(); }
 
   void run(const ExpertStage& s, cudaStream_t stream) const override {
     const MoeBlockDims& dm = *s.dims;
     const MoeBlockBuffers& b = *s.buffers;
-    const int E = static_cast<int>(dm.E), cap = static_cast<int>(s.T);
+    const int cap = static_cast<int>(s.T);
+    // The shard's experts (MoeBlockDims::expert_begin on): every per-expert buffer from there.
+    const int64_t e0 = dm.expert_begin, slots0 = e0 * cap;
+    const int En = static_cast<int>(dm.shard_size());
     ops::DispatchArgs d = stage_dispatch_args(s);
     d.quantize = false, d.layout = format::ActLayout::kKMajor;
     if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::GemmBf16Args g;
-    g.x = b.xd, g.w = gu.p, g.y_f32 = b.hbuf, g.counts = b.counts, g.groups = E;
-    g.M = cap, g.N = 2 * dm.I, g.K = dm.H_pad, g.ldy = 2 * dm.I;
-    if (s.stages & kMoeGateUp) ops::gemm_bf16(g, stream);
+    g.x = b.xd + slots0 * dm.H_pad, g.w = gu.p, g.y_f32 = b.hbuf + slots0 * 2 * dm.I, g.counts = b.counts + e0;
+    g.groups = En, g.M = cap, g.N = 2 * dm.I, g.K = dm.H_pad, g.ldy = 2 * dm.I;
+    if ((s.stages & kMoeGateUp) && En > 0) ops::gemm_bf16(g, stream);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
     sw.quantize = false, sw.layout = format::ActLayout::kKMajor;
     if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
-    g.x = b.ad, g.w = down.p, g.y_f32 = nullptr, g.y_bf16 = b.ybuf, g.N = dm.H, g.K = dm.I_pad, g.ldy = dm.H;
-    if (s.stages & kMoeDown) ops::gemm_bf16(g, stream);
+    g.x = b.ad + slots0 * dm.I_pad, g.w = down.p, g.y_f32 = nullptr, g.y_bf16 = b.ybuf + slots0 * dm.H;
+    g.N = dm.H, g.K = dm.I_pad, g.ldy = dm.H;
+    if ((s.stages & kMoeDown) && En > 0) ops::gemm_bf16(g, stream);
   }
 };
 
 class Bf16Device final : public ExpertBackendDevice {
  public:
-  std::unique_ptr<DeviceExperts> upload(const HostExperts& host) const override {
+  std::unique_ptr<DeviceExperts> upload(const HostExperts& host, const MoeBlockDims& d) const override {
     const auto* h = dynamic_cast<const Bf16HostExperts*>(&host);
     MOESQ_CHECK(h, "expert backend bf16: the host experts were loaded by another backend");
+    MOESQ_CHECK(d.expert_begin >= 0 && d.expert_begin <= d.expert_end && d.expert_end <= d.E &&
+                    h->gu.size() % static_cast<size_t>(d.E) == 0 && h->down.size() % static_cast<size_t>(d.E) == 0,
+                "expert backend bf16: shard [", d.expert_begin, ", ", d.expert_end, ") of ", d.E, " experts does not "
+                "match the host experts");
     auto out = std::make_unique<Bf16DeviceExperts>();
-    out->gu.upload(h->gu);
-    out->down.upload(h->down);
+    const size_t gu_per = h->gu.size() / d.E, down_per = h->down.size() / d.E, n = d.shard_size();
+    out->gu.upload(h->gu.data() + d.expert_begin * gu_per, n * gu_per);
+    out->down.upload(h->down.data() + d.expert_begin * down_per, n * down_per);
     return out;
   }
 
   std::unique_ptr<DeviceExperts> synthesize(const MoeBlockDims& d, const SeedFn& next_seed, float scale,
                                             cudaStream_t stream) const override {
     auto out = std::make_unique<Bf16DeviceExperts>();
-    auto draw = [&](DevBuf<uint16_t>& buf, size_t n) {
-      buf.alloc(n);
+    auto draw = [&](DevBuf<uint16_t>& buf, int64_t per_expert) {  // the shard's slice of the layer's tensor
+      buf.alloc(static_cast<size_t>(d.shard_size() * per_expert));
       ops::SynthBf16Args a;
-      a.out = buf.p, a.n = static_cast<int64_t>(n), a.seed = next_seed(), a.scale = scale;
+      a.out = buf.p, a.n = d.shard_size() * per_expert, a.first = d.expert_begin * per_expert;
+      a.seed = next_seed(), a.scale = scale;
       ops::synth_bf16(a, stream);
     };
-    draw(out->gu, d.E * 2 * d.I * d.H_pad);
-    draw(out->down, d.E * d.H * d.I_pad);
+    draw(out->gu, 2 * d.I * d.H_pad);
+    draw(out->down, d.H * d.I_pad);
     return out;
   }
 };

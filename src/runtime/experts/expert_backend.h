@@ -41,7 +41,10 @@ struct ExpertStage {
   const float* gate_up_bias = nullptr;
 };
 
-// One layer's routed experts on the device (freed on destruction), run by the backend that made them.
+// One layer's routed experts on the device (freed on destruction), run by the backend that made them:
+// the experts [dims.expert_begin, dims.expert_end), whose outputs run() writes into ybuf's slots of
+// those experts (the dispatch still fills every expert's slots; other experts' rows are left as they
+// were).
 class DeviceExperts {
  public:
   virtual ~DeviceExperts() = default;
@@ -74,10 +77,12 @@ class ExpertBackendDevice {
  public:
   virtual ~ExpertBackendDevice() = default;
   // Uploads `host` (made by the same backend's host half; Error otherwise) synchronously to the
-  // current device.
-  virtual std::unique_ptr<DeviceExperts> upload(const HostExperts& host) const = 0;
+  // current device: the experts [d.expert_begin, d.expert_end) of the layer (MoeBlockDims: the whole
+  // layer, or an expert-parallel rank's shard; run() then computes those experts' outputs only).
+  virtual std::unique_ptr<DeviceExperts> upload(const HostExperts& host, const MoeBlockDims& d) const = 0;
   // Experts of d's shapes drawn on the current device on `stream` (ops/synth_pack, weight std ≈ scale),
-  // taking one seed per tensor from next_seed in a fixed order.
+  // taking one seed per tensor from next_seed in a fixed order; a shard draws its experts' slice of
+  // each tensor (the bits of the same experts of the whole layer).
   virtual std::unique_ptr<DeviceExperts> synthesize(const MoeBlockDims& d, const SeedFn& next_seed, float scale,
                                                     cudaStream_t stream) const = 0;
 };

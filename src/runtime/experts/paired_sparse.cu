@@ -25,12 +25,15 @@ struct DeviceProjection {
   size_t bytes() const { return w.bytes() + inv_gamma.bytes() + inv_gamma_hi.bytes(); }
   const float* hi() const { return m_split > 0 ? inv_gamma_hi.p : nullptr; }
 
-  // The one place γ_w is inverted: the GEMM epilogue multiplies by 1/γ_w.
-  void upload(const format::KernelWeights& k) {
-    w.upload(k.data);
-    auto inverse = [](const std::vector<float>& g) {
-      std::vector<float> inv(g.size());
-      for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / g[e];
+  // The one place γ_w is inverted: the GEMM epilogue multiplies by 1/γ_w. Experts [e0, e1) of k.
+  void upload(const format::KernelWeights& k, int64_t e0, int64_t e1) {
+    MOESQ_CHECK(e0 >= 0 && e0 <= e1 && e1 <= k.num_experts, "paired 4:8 experts: shard [", e0, ", ", e1,
+                ") outside the layer's ", k.num_experts, " experts");
+    const size_t per = k.expert_bytes();
+    w.upload(k.data.data() + e0 * per, static_cast<size_t>(e1 - e0) * per);
+    auto inverse = [&](const std::vector<float>& g) {
+      std::vector<float> inv(static_cast<size_t>(e1 - e0));
+      for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / g[e0 + e];
       return inv;
     };
     inv_gamma.upload(inverse(k.gamma));
@@ -47,7 +50,9 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
   explicit PairedSparseDeviceExperts(bool act_quant) : quant_(act_quant) {}
   DeviceProjection gu;    // M = 2I, K_pad = H_pad
   DeviceProjection down;  // M = H, K_pad = I_pad
-  DevBuf<float> act_gamma_gu, act_gamma_down;  // [E] static γ_a of each GEMM's input, or empty (per row)
+  // [E] static γ_a of each GEMM's input (every expert: the dispatch and SwiGLU index them by expert id),
+  // or empty (per row).
+  DevBuf<float> act_gamma_gu, act_gamma_down;
 
   size_t bytes() const override { return gu.bytes() + down.bytes() + act_gamma_gu.bytes() + act_gamma_down.bytes(); }
 
@@ -56,6 +61,10 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     const MoeBlockBuffers& b = *s.buffers;
     const int E = static_cast<int>(dm.E), cap = static_cast<int>(s.T), max_tok = static_cast<int>(s.T);
     const int64_t H = dm.H, I = dm.I, H_pad = dm.H_pad, I_pad = dm.I_pad;
+    // The GEMMs run the shard's experts: every per-expert buffer from expert e0 on, its counts. The
+    // tile configs are the whole layer's (E), so a shard's rows have the one-GPU bits.
+    const int64_t e0 = dm.expert_begin, slots0 = e0 * cap;
+    const int En = static_cast<int>(dm.shard_size());
     const ops::GemmConfig c1 = ops::sparse_gemm_heuristic(E, 2 * I, H_pad, max_tok);
     ops::DispatchArgs d = stage_dispatch_args(s);
     d.quantize = quant_, d.layout = ops::sparse_gemm_act_layout(c1);
@@ -64,20 +73,22 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     if (s.stages & kMoeDispatch) ops::act_dispatch(d, stream);
     ops::SparseGemmArgs g;
     g.w = gu.w.p, g.w_inv_gamma = gu.inv_gamma.p, g.w_inv_gamma_hi = gu.hi(), g.m_split = gu.m_split;
-    g.x = b.xd, g.x_layout = d.layout;
-    g.x_inv_scale = quant_ ? b.xs : nullptr, g.counts = b.counts, g.y = nullptr, g.y_f32 = b.hbuf, g.num_experts = E;
+    g.x = b.xd + slots0 * H_pad, g.x_layout = d.layout;
+    g.x_inv_scale = quant_ ? b.xs + slots0 : nullptr, g.counts = b.counts + e0, g.y = nullptr;
+    g.y_f32 = b.hbuf + slots0 * 2 * I, g.num_experts = En;
     g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
-    if (s.stages & kMoeGateUp) ops::sparse_gemm(g, max_tok, stream, &c1);
+    if ((s.stages & kMoeGateUp) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c1);
     const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
     sw.quantize = quant_, sw.layout = ops::sparse_gemm_act_layout(c2);
     sw.act_gamma = act_gamma_down.n ? act_gamma_down.p : nullptr;
     if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.w_inv_gamma_hi = nullptr, g.m_split = 0;
-    g.x = b.ad, g.x_layout = sw.layout;
-    g.x_inv_scale = quant_ ? b.as : nullptr, g.y = b.ybuf, g.y_f32 = nullptr, g.M = H, g.M_pad = down.M_pad;
+    g.x = b.ad + slots0 * I_pad, g.x_layout = sw.layout;
+    g.x_inv_scale = quant_ ? b.as + slots0 : nullptr, g.y = b.ybuf + slots0 * H, g.y_f32 = nullptr, g.M = H;
+    g.M_pad = down.M_pad;
     g.K_pad = I_pad, g.ldy = H;
-    if (s.stages & kMoeDown) ops::sparse_gemm(g, max_tok, stream, &c2);
+    if ((s.stages & kMoeDown) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c2);
   }
 
  private:
@@ -88,12 +99,12 @@ class PairedSparseDevice final : public ExpertBackendDevice {
  public:
   explicit PairedSparseDevice(bool act_quant) : quant_(act_quant) {}
 
-  std::unique_ptr<DeviceExperts> upload(const HostExperts& host) const override {
+  std::unique_ptr<DeviceExperts> upload(const HostExperts& host, const MoeBlockDims& d) const override {
     const auto* h = dynamic_cast<const PairedSparseHostExperts*>(&host);
     MOESQ_CHECK(h, "paired 4:8 expert backend: the host experts were loaded by another backend");
     auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
-    out->gu.upload(h->gu);
-    out->down.upload(h->down);
+    out->gu.upload(h->gu, d.expert_begin, d.expert_end);
+    out->down.upload(h->down, d.expert_begin, d.expert_end);
     if (!h->act_gamma_gu.empty()) {
       out->act_gamma_gu.upload(h->act_gamma_gu);
       out->act_gamma_down.upload(h->act_gamma_down);
@@ -106,13 +117,13 @@ class PairedSparseDevice final : public ExpertBackendDevice {
     auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
     auto draw = [&](DeviceProjection& p, int64_t M, int64_t K_pad) {
       p.M_pad = (M + format::kMmaM - 1) / format::kMmaM * format::kMmaM;
-      const int64_t chunks = d.E * (p.M_pad / format::kMmaM) * (K_pad / format::kChunkK);
+      const int64_t per = (p.M_pad / format::kMmaM) * (K_pad / format::kChunkK), chunks = d.shard_size() * per;
       p.w.alloc(static_cast<size_t>(chunks) * format::kChunkBytes);
       ops::SynthSparseArgs a;
-      a.out = p.w.p, a.num_chunks = chunks, a.seed = next_seed();
+      a.out = p.w.p, a.num_chunks = chunks, a.first = d.expert_begin * per, a.seed = next_seed();
       ops::synth_sparse48_kl(a, stream);
       // E2M1 codes have rms ≈ 2.9 and the block scales average ≈ 0.72: 1/γ maps that to ≈ scale.
-      p.inv_gamma.upload(std::vector<float>(d.E, scale / (2.9f * 0.72f)));
+      p.inv_gamma.upload(std::vector<float>(d.shard_size(), scale / (2.9f * 0.72f)));
     };
     draw(out->gu, 2 * d.I, d.H_pad);
     draw(out->down, d.H, d.I_pad);

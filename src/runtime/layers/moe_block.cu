@@ -3,11 +3,14 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "core/cuda/check.cuh"
 #include "core/cuda/device_scope.h"
 #include "core/error.h"
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/moe_combine/moe_combine.h"
+#include "ops/route_rows/route_rows.h"
 #include "ops/router_topk/router_topk.h"
 #include "ops/synth_pack/synth_pack.h"
 #include "runtime/experts/registry.h"
@@ -16,7 +19,7 @@
 
 namespace moesq::runtime {
 
-void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
+void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend, const MoeBlockDims& d) {
   MOESQ_CHECK(host.experts || !host.mlp.gate_up.empty(), "moe layer: neither experts nor an MLP to upload");
   if (host.experts) {
     router.upload(host.router);
@@ -24,7 +27,7 @@ void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend) {
     if (!host.router_logit_bias.empty()) router_logit_bias.upload(host.router_logit_bias);
     if (!host.expert_gate_up_bias.empty()) expert_gate_up_bias.upload(host.expert_gate_up_bias);
     if (!host.expert_down_bias.empty()) expert_down_bias.upload(host.expert_down_bias);
-    experts = expert_backend_device(backend).upload(*host.experts);
+    experts = expert_backend_device(backend).upload(*host.experts, d);
   }
   if (!host.mlp.gate_up.empty()) {
     mlp_gate_up.upload(host.mlp.gate_up);
@@ -91,10 +94,26 @@ void DeviceMoeLayer::synthesize_mlp(int64_t H, int64_t I, bool gated, const Seed
 
 namespace {
 
-// Router → top-k → the backend's expert stage → combine into h.
+// Expert parallelism: this rank's routes packed route-major, summed over the ranks, unpacked into
+// ybuf (ExpertExchange).
+void exchange_routes(const MoeBlockDims& dm, const MoeBlockBuffers& b, int64_t T, cudaStream_t stream,
+                     const ExpertExchange* exchange) {
+  MOESQ_CHECK(exchange && exchange->all_reduce_sum && b.routes, "moe block: experts [", dm.expert_begin, ", ",
+              dm.expert_end, ") of ", dm.E, " sharded over ranks, but no exchange (or no workspace for it)");
+  ops::RouteRowsArgs rr;
+  rr.y = b.ybuf, rr.ldy = dm.H, rr.topk_ids = b.topk_ids, rr.slot_of_route = b.slot_of_route, rr.routes = b.routes;
+  rr.T = T, rr.H = dm.H, rr.topk = static_cast<int>(dm.top_k), rr.num_experts = static_cast<int>(dm.E);
+  rr.capacity = static_cast<int>(T), rr.expert_begin = dm.expert_begin, rr.expert_end = dm.expert_end;
+  ops::route_rows(rr, stream);
+  exchange->all_reduce_sum(reinterpret_cast<uint32_t*>(b.routes), T * dm.top_k * dm.H / 2, stream);
+  rr.pack = false;
+  ops::route_rows(rr, stream);
+}
+
+// Router → top-k → the backend's expert stage (→ the exchange of a shard) → combine into h.
 void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                   const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
-                  unsigned stages) {
+                  unsigned stages, const ExpertExchange* exchange) {
   ops::GemmBf16Args g;
   g.x = x, g.x_lo = x_lo, g.w = w.router.p, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
   g.K = dm.H, g.ldy = dm.E;
@@ -120,6 +139,7 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
   mc.down_bias = dm.expert_bias ? w.expert_down_bias.p : nullptr;
+  if ((stages & kMoeCombine) && dm.sharded()) exchange_routes(dm, b, T, stream, exchange);
   if (stages & kMoeCombine) ops::moe_combine(mc, stream);
 }
 
@@ -127,10 +147,25 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
 
 void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
-               unsigned stages) {
+               unsigned stages, const ExpertExchange* exchange) {
   if (T == 0) return;
-  if (w.experts) routed_block(dm, w, b, x, x_lo, h, T, stream, router_linear, stages);
+  if (w.experts) routed_block(dm, w, b, x, x_lo, h, T, stream, router_linear, stages, exchange);
   if (w.mlp_I > 0 && (stages & kMoeDenseMlp)) dense_mlp(dm, w, b, x, x_lo, h, T, stream, router_linear);
+}
+
+ExpertExchange host_staged_exchange(std::function<void(uint32_t* words, int64_t count)> host_sum) {
+  MOESQ_CHECK(host_sum, "host_staged_exchange: no host sum");
+  ExpertExchange x;
+  x.capturable = false;
+  x.all_reduce_sum = [sum = std::move(host_sum)](uint32_t* words, int64_t count, cudaStream_t stream) {
+    std::vector<uint32_t> host(static_cast<size_t>(count));
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(host.data(), words, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    sum(host.data(), count);
+    MOESQ_CUDA_CHECK(cudaMemcpyAsync(words, host.data(), host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream));
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` dies here
+  };
+  return x;
 }
 
 // ---- one layer alone ------------------------------------------------------------------------
@@ -146,7 +181,7 @@ MoeLayerGpu::MoeLayerGpu(const HostMoeLayer& host, int device) : impl_(std::make
   m.device = device;
   m.dims = moe_block_dims(host.spec);
   const DeviceScope scope(device);
-  m.w.upload(host.weights, host.backend);
+  m.w.upload(host.weights, host.backend, m.dims);
 }
 
 MoeLayerGpu::~MoeLayerGpu() {

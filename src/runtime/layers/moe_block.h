@@ -78,6 +78,25 @@ using LinearFn = std::function<void(const ops::GemmBf16Args&)>;
 
 struct DeviceMoeLayer;  // moe_block_device.cuh
 
+// Expert parallelism (docs/PARALLEL.md "The expert-parallel engine"): with d.sharded(), this rank's
+// block runs the GEMMs of its experts [d.expert_begin, d.expert_end) only, packs their routes' outputs
+// route-major (ops::route_rows), and all_reduce_sum(words, count, stream) must leave in `words` (count
+// uint32 words, device memory) their integer sum over the ranks, which every rank calls in the same
+// order on the same shapes; the block then unpacks the rows and combines as on one GPU, so h gets the
+// one-GPU bits. capturable: whether the call may be captured in a CUDA graph (an NCCL all-reduce: yes;
+// an exchange staged through host memory, host_staged_exchange: no, and the engine then decodes
+// without graphs).
+struct ExpertExchange {
+  std::function<void(uint32_t* words, int64_t count, cudaStream_t stream)> all_reduce_sum;
+  bool capturable = false;
+};
+
+// An exchange through host memory: copies the words to the host (synchronizing `stream`), calls
+// host_sum(words, count) (which must sum them over the ranks in place, e.g. an MPI allgather summed in
+// rank order), copies them back. Not capturable. For 2 ranks on one GPU (NCCL refuses two ranks on
+// one device) and hosts without NCCL.
+ExpertExchange host_staged_exchange(std::function<void(uint32_t* words, int64_t count)> host_sum);
+
 // h [T, H] fp32 += Σ_j topk_w[t, j] · expert_{topk_ids[t, j]}(x[t]) (routes: ops::router_topk of d's router),
 // then += the layer's dense MLP (a shared expert, × σ(x · gate) when gated: gate|up GEMM, ops::dense_swiglu,
 // down GEMM accumulated into h); a dense layer has the MLP term alone. for x = x + x_lo ([T, H] bf16 each;
@@ -87,7 +106,7 @@ struct DeviceMoeLayer;  // moe_block_device.cuh
 // timing; the result is the full block's only when every stage runs). Errors: the launchers' checks.
 void moe_block(const MoeBlockDims& d, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear = {},
-               unsigned stages = kMoeAllStages);
+               unsigned stages = kMoeAllStages, const ExpertExchange* exchange = nullptr);
 
 struct HostMoeLayer;  // runtime/weights.h
 

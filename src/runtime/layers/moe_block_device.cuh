@@ -21,8 +21,9 @@ struct DeviceMoeLayer {
   bool mlp_gated = false;
   std::unique_ptr<DeviceExperts> experts;  // of the backend that uploaded them
 
-  // Uploads `host` (loaded for `backend`) synchronously to the current device.
-  void upload(const HostMoe& host, ExpertBackend backend);
+  // Uploads `host` (loaded for `backend`) synchronously to the current device: its routed experts
+  // [d.expert_begin, d.expert_end) (the whole layer, or an expert-parallel shard), everything else whole.
+  void upload(const HostMoe& host, ExpertBackend backend, const MoeBlockDims& d);
   // The router (bf16 noise of std ≈ scale) and `backend`'s experts of d's shapes drawn on the current
   // device on `stream`, one seed per tensor from next_seed (router first).
   void synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,

@@ -23,6 +23,7 @@ MoeBlockDims moe_block_dims(const io::ModelSpec& s) {
   if (s.num_shared_experts > 0) d.mlp_I = s.shared_expert_intermediate_size, d.shared_gated = s.shared_expert_gate;
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l)) d.mlp_I = std::max(d.mlp_I, s.intermediate_size);
+  d.expert_begin = 0, d.expert_end = d.E;
   return d;
 }
 
@@ -65,6 +66,7 @@ void carve(Carver& c, const MoeBlockDims& d, int64_t T, MoeBlockBuffers& b) {
     c.take(b.mlp_a, Tn * Im);
     c.take(b.mlp_a_lo, Tn * Im);
   }
+  if (d.sharded()) c.take(b.routes, Tn * k * d.H);
 }
 
 }  // namespace

@@ -30,6 +30,12 @@ struct MoeBlockDims {
   // (intermediate_size, layers outside ModelSpec::is_moe_layer).
   int64_t mlp_I = 0;
   bool shared_gated = false;
+  // Expert parallelism (docs/PARALLEL.md "The expert-parallel engine"): the routed experts this rank
+  // holds and runs, [expert_begin, expert_end) of E (dist::engine_expert_range); moe_block_dims sets the
+  // whole layer. Every other expert's outputs arrive through the exchange (moe_block's ExpertExchange).
+  int64_t expert_begin = 0, expert_end = 0;
+  int64_t shard_size() const { return expert_end - expert_begin; }
+  bool sharded() const { return expert_begin != 0 || expert_end != E; }
 };
 MoeBlockDims moe_block_dims(const io::ModelSpec& spec);
 
@@ -51,6 +57,7 @@ struct MoeBlockBuffers {
   float* mlp_gu = nullptr;           // [T, 2·mlp_I + 1] fp32 gate|up(|gate logit) of the dense MLP (mlp_I > 0)
   uint16_t* mlp_a = nullptr;         // [T, mlp_I] bf16 SwiGLU output (down GEMM input)
   uint16_t* mlp_a_lo = nullptr;      // [T, mlp_I] bf16 its rounding residue
+  uint16_t* routes = nullptr;        // [T·k, H] bf16 route-major rows of the exchange (sharded dims only)
 };
 
 // Bytes of the scratch for up to T tokens: every buffer above, each 256-byte aligned.
