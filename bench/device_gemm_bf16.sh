@@ -20,7 +20,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
-#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35, ep)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -127,6 +127,29 @@ if has next; then
     --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
     > "$O/e2e_next.json" 2> "$O/e2e_next.err"
   log "bench e2e qwen3-next-80b-a3b layers ${NEXT_LAYERS:-8} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_next.err" | tee -a "$S"
+fi
+
+# Session 26: the expert-parallel engine (docs/PARALLEL.md), its protocol on this one GPU: the threads
+# test (2 and 3 ranks = one GPU bitwise), then `mpirun -np 2 moesq eval --device cuda` against the plain
+# process (nats must be equal to the last digit), then 2 ranks of bench e2e at Qwen3-30B-A3B shapes.
+if has ep; then
+  cmake --build "$B" -j16 --target test_engine_expert_parallel > "$W/build_ep.log" 2>&1 || log "FAIL: build test_engine_expert_parallel"
+  timeout 400 "$B/test_engine_expert_parallel" > "$W/test_engine_expert_parallel.log" 2>&1
+  log "test_engine_expert_parallel rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/test_engine_expert_parallel.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Z]|Failure|\[ep\]' "$W/test_engine_expert_parallel.log" | head -20 | sed 's/^/  /' >> "$S"
+  MPI="mpirun --allow-run-as-root --oversubscribe -np 2"
+  data=$(ls corpus/*.txt 2>/dev/null | head -2 | tr '\n' ' '); [ -n "$data" ] || { head -c 20000 README.md > "$W/ep.txt"; data="$W/ep.txt"; }
+  for np in 1 2; do
+    pre=""; [ $np = 2 ] && pre="$MPI"
+    timeout 300 $pre "$B/moesq" eval models/tiny-qwen3-moe --data $data --seq-len 128 --device cuda --json \
+      > "$O/eval_ep$np.json" 2> "$W/eval_ep$np.err"
+    log "eval --device cuda, $np rank(s): rc=$? $(grep -o '"nats_per_token": [0-9.e-]*' "$O/eval_ep$np.json" | tail -1)"
+  done
+  cmp -s <(grep -vE 'expert_parallel_ranks|"seconds"' "$O/eval_ep1.json") <(grep -vE 'expert_parallel_ranks|"seconds"' "$O/eval_ep2.json") \
+    && log "eval: 2 ranks = 1 rank, byte for byte (but the ranks and seconds keys)" || log "eval: 2 ranks DIFFER from 1 rank"
+  timeout 300 $MPI "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --layers 4 --experts sparse-w4a4 --batch 1,64 \
+    --prompt-len 512 --gen 16 --json > "$O/e2e_ep2.json" 2> "$W/e2e_ep2.err"
+  log "bench e2e 2 ranks rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_ep2.err" | tee -a "$S"
 fi
 
 # Session 26: Qwen3.5-397B-A17B (hidden 4,096, 64 GDN value heads, 32 × 256 gated attention), Q35_LAYERS layers.

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/expert_parallel.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "runtime/backend.h"
@@ -144,101 +145,112 @@ void run_e2e(const E2eArgs& a) {
 #else
   const int64_t chunk_seqs = std::max<int64_t>(1, std::min<int64_t>(max_b, a.prefill_tokens / a.prompt_len));
   nlohmann::json rows = nlohmann::json::array();
-  for (runtime::ExpertBackend backend : backends) {
-    progress("bench e2e", std::string("building ") + runtime::expert_backend_name(backend) + " synthetic " + a.synthetic);
-    runtime::EngineOptions eo;
-    eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
-    eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
-    eo.check_finite = a.check_finite;
-    runtime::Engine eng(shapes, backend, a.seed, eo);
-    const double bandwidth = floor_bandwidth();
-    std::mt19937_64 rng(a.seed);
-    // Warm-up: one prefill (first-use costs: attributes, caches).
-    eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
-    for (bool det : modes)
-    for (int B : batches) {
-      eng.set_deterministic(det);
-      eng.reset();
-      std::vector<runtime::SeqChunk> all;
-      for (int b = 0; b < B; ++b) {
-        std::vector<int32_t> p(a.prompt_len);
-        for (auto& t : p) t = static_cast<int32_t>(rng() % spec.vocab_size);
-        all.push_back({b, std::move(p)});
+  // Under `mpirun -np N` (N > 1): the expert-parallel engine (cli/expert_parallel.h); every rank runs
+  // the same calls (nothing below depends on a time), rank 0 prints; weights are rank 0's.
+  const ExpertParallel ep("bench e2e");
+  if (ep.ranks() > 1)
+    progress("bench e2e", std::to_string(ep.ranks()) + " expert-parallel ranks, rank 0 holds " + ep.shard(spec.num_experts) +
+                              "; the exchange goes through host memory (MPI), decode runs without CUDA graphs");
+  ep.run([&] {
+    for (runtime::ExpertBackend backend : backends) {
+      progress("bench e2e", std::string("building ") + runtime::expert_backend_name(backend) + " synthetic " + a.synthetic);
+      runtime::EngineOptions eo;
+      eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
+      eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
+      eo.check_finite = a.check_finite;
+      ep.apply(spec.num_experts, eo);
+      runtime::Engine eng(shapes, backend, a.seed, eo);
+      const double bandwidth = floor_bandwidth();
+      std::mt19937_64 rng(a.seed);
+      // Warm-up: one prefill (first-use costs: attributes, caches).
+      eng.forward({{0, std::vector<int32_t>(std::min<int64_t>(a.prompt_len, 64), 1)}}, false);
+      for (bool det : modes)
+      for (int B : batches) {
+        eng.set_deterministic(det);
+        eng.reset();
+        std::vector<runtime::SeqChunk> all;
+        for (int b = 0; b < B; ++b) {
+          std::vector<int32_t> p(a.prompt_len);
+          for (auto& t : p) t = static_cast<int32_t>(rng() % spec.vocab_size);
+          all.push_back({b, std::move(p)});
+        }
+        // Event timing on during prefill (events only, no extra syncs): attention and MoE shares.
+        eng.set_timing(true);
+        double pre_attn = 0, pre_moe = 0;
+        const double t0 = now_s();
+        for (size_t i = 0; i < all.size(); i += chunk_seqs) {
+          std::vector<runtime::SeqChunk> part(all.begin() + i, all.begin() + std::min(all.size(), i + chunk_seqs));
+          eng.forward(part, false);
+          pre_attn += eng.last_attention_ms(), pre_moe += eng.last_moe_ms();
+        }
+        const double ttft = now_s() - t0;
+        eng.set_timing(false);
+        std::vector<int32_t> tok(B, 1);
+        tok = eng.decode_greedy(tok);  // captures the graph for B (not timed)
+        std::vector<double> steps;
+        for (int64_t s = 0; s + 2 < a.gen; ++s) {
+          const double s0 = now_s();
+          tok = eng.decode_greedy(tok);
+          steps.push_back(now_s() - s0);
+        }
+        std::sort(steps.begin(), steps.end());
+        const double tpot = steps[steps.size() / 2];
+        // One eager, event-timed decode step: MoE and attention shares.
+        eng.set_timing(true);
+        std::vector<runtime::SeqChunk> one;
+        for (int b = 0; b < B; ++b) one.push_back({b, {tok[b]}});
+        const double e0 = now_s();
+        eng.forward(one, false);
+        const double eager_ms = (now_s() - e0) * 1e3;
+        eng.set_timing(false);
+        const double floor_ms = step_bytes(shapes, backend, B, a.prompt_len + a.gen / 2.0) / bandwidth * 1e3;
+        nlohmann::json r;
+        r["experts"] = runtime::expert_backend_name(backend);
+        r["batch"] = B;
+        r["deterministic"] = det;
+        r["check_finite"] = a.check_finite;
+        r["ttft_ms"] = ttft * 1e3;
+        r["tpot_ms"] = tpot * 1e3;
+        r["output_tokens_per_s"] = B / tpot;
+        r["weight_gb"] = eng.weight_bytes() / 1e9;
+        r["kv_cache_gb"] = eng.kv_bytes() / 1e9;
+        r["moe_share_of_step"] = eng.last_moe_ms() / eager_ms;
+        r["attention_share_of_step"] = eng.last_attention_ms() / eager_ms;
+        r["eager_step_ms"] = eager_ms;
+        r["prefill_attention_share"] = pre_attn / (ttft * 1e3);
+        r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
+        r["decode_floor_ms"] = floor_ms;
+        r["floor_bandwidth_tb_s"] = bandwidth / 1e12;
+        r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
+        // Per layer (the eager step's event times ÷ layers), and with fewer layers than the model has, the
+        // whole model extrapolated linearly in layers — an upper bound (the embedding and lm_head do not
+        // scale), stated as an extrapolation, never measured.
+        r["decode_attention_ms_per_layer"] = eng.last_attention_ms() / spec.num_layers;
+        r["decode_moe_ms_per_layer"] = eng.last_moe_ms() / spec.num_layers;
+        if (spec.num_layers < model_layers) {
+          const double f = static_cast<double>(model_layers) / spec.num_layers;
+          r["extrapolated_to_model_layers"] = {{"layers", model_layers},
+                                               {"tpot_ms", tpot * 1e3 * f},
+                                               {"ttft_ms", ttft * 1e3 * f},
+                                               {"weight_gb", eng.weight_bytes() / 1e9 * f},
+                                               {"kv_cache_gb", eng.kv_bytes() / 1e9 * f}};
+          if (ep.root()) std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d extrapolated to %lld layers (linear in layers, an upper "
+                       "bound, not measured): TPOT %.3f ms, TTFT %.1f ms, weights %.1f GB\n",
+                       runtime::expert_backend_name(backend), det ? "on" : "off", B, static_cast<long long>(model_layers),
+                       tpot * 1e3 * f, ttft * 1e3 * f, eng.weight_bytes() / 1e9 * f);
+        }
+        rows.push_back(r);
+        if (ep.root()) std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
+                     runtime::expert_backend_name(backend), det ? "on" : "off", B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
+                     eng.kv_bytes() / 1e9, 100 * eng.last_moe_ms() / eager_ms, 100 * eng.last_attention_ms() / eager_ms,
+                     100 * pre_moe / (ttft * 1e3), 100 * pre_attn / (ttft * 1e3), floor_ms);
       }
-      // Event timing on during prefill (events only, no extra syncs): attention and MoE shares.
-      eng.set_timing(true);
-      double pre_attn = 0, pre_moe = 0;
-      const double t0 = now_s();
-      for (size_t i = 0; i < all.size(); i += chunk_seqs) {
-        std::vector<runtime::SeqChunk> part(all.begin() + i, all.begin() + std::min(all.size(), i + chunk_seqs));
-        eng.forward(part, false);
-        pre_attn += eng.last_attention_ms(), pre_moe += eng.last_moe_ms();
-      }
-      const double ttft = now_s() - t0;
-      eng.set_timing(false);
-      std::vector<int32_t> tok(B, 1);
-      tok = eng.decode_greedy(tok);  // captures the graph for B (not timed)
-      std::vector<double> steps;
-      for (int64_t s = 0; s + 2 < a.gen; ++s) {
-        const double s0 = now_s();
-        tok = eng.decode_greedy(tok);
-        steps.push_back(now_s() - s0);
-      }
-      std::sort(steps.begin(), steps.end());
-      const double tpot = steps[steps.size() / 2];
-      // One eager, event-timed decode step: MoE and attention shares.
-      eng.set_timing(true);
-      std::vector<runtime::SeqChunk> one;
-      for (int b = 0; b < B; ++b) one.push_back({b, {tok[b]}});
-      const double e0 = now_s();
-      eng.forward(one, false);
-      const double eager_ms = (now_s() - e0) * 1e3;
-      eng.set_timing(false);
-      const double floor_ms = step_bytes(shapes, backend, B, a.prompt_len + a.gen / 2.0) / bandwidth * 1e3;
-      nlohmann::json r;
-      r["experts"] = runtime::expert_backend_name(backend);
-      r["batch"] = B;
-      r["deterministic"] = det;
-      r["check_finite"] = a.check_finite;
-      r["ttft_ms"] = ttft * 1e3;
-      r["tpot_ms"] = tpot * 1e3;
-      r["output_tokens_per_s"] = B / tpot;
-      r["weight_gb"] = eng.weight_bytes() / 1e9;
-      r["kv_cache_gb"] = eng.kv_bytes() / 1e9;
-      r["moe_share_of_step"] = eng.last_moe_ms() / eager_ms;
-      r["attention_share_of_step"] = eng.last_attention_ms() / eager_ms;
-      r["eager_step_ms"] = eager_ms;
-      r["prefill_attention_share"] = pre_attn / (ttft * 1e3);
-      r["prefill_moe_share"] = pre_moe / (ttft * 1e3);
-      r["decode_floor_ms"] = floor_ms;
-      r["floor_bandwidth_tb_s"] = bandwidth / 1e12;
-      r["tpot_over_floor"] = tpot * 1e3 / floor_ms;
-      // Per layer (the eager step's event times ÷ layers), and with fewer layers than the model has, the
-      // whole model extrapolated linearly in layers — an upper bound (the embedding and lm_head do not
-      // scale), stated as an extrapolation, never measured.
-      r["decode_attention_ms_per_layer"] = eng.last_attention_ms() / spec.num_layers;
-      r["decode_moe_ms_per_layer"] = eng.last_moe_ms() / spec.num_layers;
-      if (spec.num_layers < model_layers) {
-        const double f = static_cast<double>(model_layers) / spec.num_layers;
-        r["extrapolated_to_model_layers"] = {{"layers", model_layers},
-                                             {"tpot_ms", tpot * 1e3 * f},
-                                             {"ttft_ms", ttft * 1e3 * f},
-                                             {"weight_gb", eng.weight_bytes() / 1e9 * f},
-                                             {"kv_cache_gb", eng.kv_bytes() / 1e9 * f}};
-        std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d extrapolated to %lld layers (linear in layers, an upper "
-                     "bound, not measured): TPOT %.3f ms, TTFT %.1f ms, weights %.1f GB\n",
-                     runtime::expert_backend_name(backend), det ? "on" : "off", B, static_cast<long long>(model_layers),
-                     tpot * 1e3 * f, ttft * 1e3 * f, eng.weight_bytes() / 1e9 * f);
-      }
-      rows.push_back(r);
-      std::fprintf(stderr, "[bench e2e] %-12s det=%-3s B=%-3d TTFT %9.1f ms  TPOT %7.3f ms  %8.1f tok/s  weights %.2f GB  KV %.2f GB  MoE %4.1f%%  attn %4.1f%% (prefill: MoE %4.1f%% attn %4.1f%%)  floor %.3f ms\n",
-                   runtime::expert_backend_name(backend), det ? "on" : "off", B, ttft * 1e3, tpot * 1e3, B / tpot, eng.weight_bytes() / 1e9,
-                   eng.kv_bytes() / 1e9, 100 * eng.last_moe_ms() / eager_ms, 100 * eng.last_attention_ms() / eager_ms,
-                   100 * pre_moe / (ttft * 1e3), 100 * pre_attn / (ttft * 1e3), floor_ms);
     }
-  }
+  });
+  if (!ep.root()) return;
   nlohmann::json j;
   j["model"] = "synthetic:" + a.synthetic;
+  if (ep.ranks() > 1) j["expert_parallel_ranks"] = ep.ranks();
   j["layers"] = spec.num_layers;
   j["model_layers"] = model_layers;
   j["prompt_len"] = a.prompt_len;

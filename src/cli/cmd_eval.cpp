@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/expert_parallel.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/eval.h"
@@ -49,6 +50,7 @@ void run_eval(const EvalArgs& a) {
   opt.allow_mixed = a.allow_mixed;
   std::string backend;
   model::EvalResult r;
+  int ranks = 1;  // expert-parallel ranks of the GPU engine
   if (a.device == "cuda") {
 #ifdef MOESQ_HAVE_CUDA
     runtime::CudaEvalOptions co;
@@ -56,7 +58,12 @@ void run_eval(const EvalArgs& a) {
     co.experts = runtime::parse_expert_backend(a.experts);
     co.deterministic = a.deterministic == "on";
     co.check_finite = a.check_finite;
-    r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend);
+    // Under `mpirun -np N` (N > 1): the expert-parallel engine, rank 0 prints (cli/expert_parallel.h).
+    const ExpertParallel ep("eval");
+    co.engine_options = [&ep](const io::ModelSpec& s, runtime::EngineOptions& eo) { ep.apply(s.num_experts, eo); };
+    ep.run([&] { r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend); });
+    if (!ep.root()) return;
+    ranks = ep.ranks();
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
 #endif
@@ -79,6 +86,7 @@ void run_eval(const EvalArgs& a) {
     j["predicted_tokens"] = r.predicted;
     j["seconds"] = r.seconds;
     if (!backend.empty()) j["device"] = "cuda", j["experts"] = backend, j["deterministic"] = a.deterministic == "on";
+    if (ranks > 1) j["expert_parallel_ranks"] = ranks;
     j["files"] = nlohmann::json::array();
     for (const auto& f : r.files)
       j["files"].push_back({{"path", f.path},

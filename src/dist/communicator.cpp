@@ -2,6 +2,8 @@
 // in communicator_mpi.cpp.
 #include "dist/communicator.h"
 
+#include <cstring>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -57,6 +59,25 @@ std::unique_ptr<Communicator> communicator_from_environment(const CommOptions& o
     return local_communicator();
   }
   return mpi_communicator(opt);
+}
+
+void allreduce_sum_u32(Communicator& comm, uint32_t* words, int64_t count) {
+  MOESQ_CHECK(count >= 0, "allreduce_sum_u32: count ", count);
+  if (comm.size() == 1) return;
+  const size_t bytes = static_cast<size_t>(count) * sizeof(uint32_t);
+  const std::vector<std::string> all = comm.allgather(std::string(reinterpret_cast<const char*>(words), bytes));
+  for (size_t r = 0; r < all.size(); ++r)
+    MOESQ_CHECK(all[r].size() == bytes, "allreduce_sum_u32: rank ", r, " passed ", all[r].size() / 4, " words, rank ",
+                comm.rank(), " ", count);
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t sum = 0;
+    for (const std::string& part : all) {
+      uint32_t v;
+      std::memcpy(&v, part.data() + 4 * i, 4);
+      sum += v;
+    }
+    words[i] = sum;
+  }
 }
 
 void run_or_abort_all(Communicator& comm, const std::function<void()>& fn) {

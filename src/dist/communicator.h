@@ -9,6 +9,7 @@
 // this interface stays the process/bootstrap layer.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,6 +55,13 @@ std::unique_ptr<Communicator> local_communicator();
 // more than one rank and this build has no MPI (N copies would each compress the whole model and
 // race to write the same output).
 std::unique_ptr<Communicator> communicator_from_environment(const CommOptions& opt = {});
+
+// Collective: words[0, count) on every rank become their sum over the ranks as uint32 (wrapping), in
+// rank order: an integer sum, exact, the same bits on every rank. What the expert-parallel engine's
+// host-staged exchange calls (runtime::host_staged_exchange, docs/PARALLEL.md): each rank's routes are
+// zero words on every other rank, so the sum delivers the owner's bits. Every rank passes the same
+// count (Error otherwise, naming both).
+void allreduce_sum_u32(Communicator& comm, uint32_t* words, int64_t count);
 
 // Runs `fn`. With one rank exceptions propagate unchanged (the CLI prints them). With several, an
 // exception on ANY rank prints "moesq: error (rank r of N): <what>" on stderr and aborts every rank

@@ -504,9 +504,14 @@ void Engine::Impl::check_rows(FiniteStage stage, int64_t l, const float* x, int6
 // The routed rows of every expert ([E, capacity T, cols], counts rows each), named by token.
 void Engine::Impl::check_experts(FiniteStage stage, int64_t l, const float* x_f32, const uint16_t* x_bf16, int64_t T,
                                  int64_t cols, int64_t row0) {
+  // This rank's experts only (the whole layer on one GPU): an expert-parallel shard's buffers hold
+  // other experts' gate|up rows it never computed.
+  const int64_t e0 = moe_dims.expert_begin, slots0 = e0 * T;
   ops::FiniteCheckArgs a;
-  a.x_f32 = x_f32, a.x_bf16 = x_bf16, a.cols = cols, a.ld = cols;
-  a.groups = E, a.capacity = T, a.counts = moe_bufs.counts, a.row_ids = moe_bufs.route_of_slot;
+  a.x_f32 = x_f32 ? x_f32 + slots0 * cols : nullptr, a.x_bf16 = x_bf16 ? x_bf16 + slots0 * cols : nullptr;
+  a.cols = cols, a.ld = cols;
+  a.groups = moe_dims.shard_size(), a.capacity = T, a.counts = moe_bufs.counts + e0;
+  a.row_ids = moe_bufs.route_of_slot + slots0, a.group0 = e0;
   a.row_div = static_cast<int>(moe_dims.top_k), a.row0 = row0;
   a.site = finite_site(l, stage), a.record = finite_record.p;
   ops::finite_check(a, stream);

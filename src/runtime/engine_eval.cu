@@ -37,6 +37,7 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
   eo.max_seqs = opt.batch, eo.max_len = opt.eval.seq_len, eo.max_tokens = opt.batch * opt.eval.seq_len;
   eo.deterministic = opt.deterministic;
   eo.check_finite = opt.check_finite;
+  if (opt.engine_options) opt.engine_options(ckpt.spec(), eo);
   Engine eng(std::move(host), eo);
   if (backend_used) *backend_used = expert_backend_name(eng.backend());
 

@@ -2,11 +2,13 @@
 // from the GPU engine; windows run as batched prefills of up to `batch` sequences. Same EvalResult,
 // so the CLI prints the same JSON. Implemented in engine_eval.cu (needs the CUDA build).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "model/eval.h"
 #include "runtime/backend.h"
+#include "runtime/engine.h"
 
 namespace moesq::runtime {
 
@@ -16,6 +18,9 @@ struct CudaEvalOptions {
   int batch = 8;                                  // windows per prefill
   bool deterministic = true;                      // EngineOptions::deterministic (batch-invariant logits)
   bool check_finite = false;                      // EngineOptions::check_finite (stop at the first NaN / inf)
+  // Called with the checkpoint's spec just before the engine is built: `mpirun` ranks set their GPU,
+  // expert shard and exchange there (cli/expert_parallel.h). Empty: one GPU, every expert.
+  std::function<void(const io::ModelSpec&, EngineOptions&)> engine_options;
 };
 
 model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::vector<std::string>& files,

@@ -33,11 +33,15 @@ class CliParallel : public ::testing::Test {
   }
   // `moesq compress` of the tiny fixture with `args`, under mpirun with `ranks` (0: the plain binary).
   CmdRun compress(int ranks, const fs::path& out, const std::string& args) {
+    return moesq(ranks, std::string("compress ") + MOESQ_DEFAULT_MODEL + " --device cpu --out " + out.string() + " " +
+                            args);
+  }
+  // `moesq ARGS` under mpirun with `ranks` (0: the plain binary).
+  CmdRun moesq(int ranks, const std::string& args) {
     const std::string o = tmp_.file("stdout"), e = tmp_.file("stderr");
     const std::string cmd = "MOESQ_QUIET=1 timeout " + std::to_string(kHangLimitSeconds) + " env " +
-                            (ranks > 0 ? moesq::test::mpirun(ranks) : std::string()) + MOESQ_BINARY + " compress " +
-                            MOESQ_DEFAULT_MODEL + " --device cpu --out " + out.string() + " " + args + " >" + o +
-                            " 2>" + e;
+                            (ranks > 0 ? moesq::test::mpirun(ranks) : std::string()) + MOESQ_BINARY + " " + args +
+                            " >" + o + " 2>" + e;
     const int st = std::system(cmd.c_str());
     CmdRun r;
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -100,6 +104,20 @@ TEST_F(CliParallel, ErrorOnOneRankEndsEveryRankWithItsMessage) {
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(out)) << "nothing written";
+}
+
+// `mpirun -np 2 moesq eval … --device cuda` is the expert-parallel GPU engine (cli/expert_parallel.h):
+// on a machine without a GPU (or a build without CUDA) every rank ends with the reason, none hangs.
+// (Its results on a GPU: tests/gpu/test_engine_expert_parallel.cu and the device script's `ep` step.)
+TEST_F(CliParallel, ExpertParallelEvalWithoutAGpuEndsEveryRankWithTheReason) {
+  tmp_.write("text.txt", "The quick brown fox jumps over the lazy dog. It was the best of times.\n");
+  const CmdRun r = moesq(2, std::string("eval ") + MOESQ_DEFAULT_MODEL + " --data " + tmp_.file("text.txt") +
+                                " --seq-len 16 --device cuda");
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung\n" << r.err;
+  const bool named = r.err.find("CUDA") != std::string::npos || r.err.find("cuda") != std::string::npos;
+  EXPECT_TRUE(named) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -73,6 +74,28 @@ TEST(MpiCommunicator, AllgatherInRoundsAndBroadcastAcrossRanks) {
   comm->broadcast(b, 2);
   EXPECT_EQ(b, std::string(3001, 'q') + "end");
   comm->barrier();
+}
+
+// The expert-parallel exchange's sum: each rank owns every third word (the others zero), and every rank
+// gets the owners' bits, the all-ones and −0 (0x8000'0000) patterns included; a wrap is an integer sum.
+TEST(MpiCommunicator, AllreduceSumU32DeliversEachOwnersBits) {
+  if (!launched_by_mpi()) {
+    if (!moesq::test::have_mpirun()) GTEST_SKIP() << "mpirun not on PATH (Debian: apt install openmpi-bin)";
+    const Launch r = launch_self();
+    ASSERT_EQ(r.code, 0) << r.output;
+    return;
+  }
+  const auto comm = communicator_from_environment();
+  ASSERT_EQ(comm->size(), kRanks);
+  const int64_t n = 301;
+  auto word = [](int64_t i) { return i == 0 ? 0xffffffffu : i == 1 ? 0x80000000u : static_cast<uint32_t>(i * 2654435761u); };
+  std::vector<uint32_t> w(n);
+  for (int64_t i = 0; i < n; ++i) w[i] = i % kRanks == comm->rank() ? word(i) : 0u;
+  allreduce_sum_u32(*comm, w.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], word(i)) << "word " << i;
+  std::vector<uint32_t> wrap = {0x80000000u};
+  allreduce_sum_u32(*comm, wrap.data(), 1);
+  EXPECT_EQ(wrap[0], 0x80000000u * kRanks);
 }
 
 TEST(MpiCommunicator, ErrorOnOneRankAbortsEveryRank) {

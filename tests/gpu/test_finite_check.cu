@@ -108,7 +108,7 @@ TEST(GpuFiniteCheck, GroupedMatchesTwinBitwise) {
         else
           a.x_f32 = x.data();
         a.cols = cols, a.ld = ld, a.groups = groups, a.capacity = capacity, a.counts = counts.data();
-        a.row_ids = ids.data(), a.row_div = topk, a.site = 77;
+        a.row_ids = ids.data(), a.row_div = topk, a.site = 77, a.group0 = groups == 3 ? 100 : 0;  // a shard too
         uint64_t want = kFiniteRecordNone;
         a.record = &want;
         moesq::ops::finite_check_ref(a);

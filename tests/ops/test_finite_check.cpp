@@ -186,6 +186,11 @@ TEST(FiniteCheck, Row0NamesTheRowInTheWholeBatch) {
   const moesq::ops::FiniteFinding f = moesq::ops::decode_finite_key(record);
   EXPECT_EQ(f.group, 1);
   EXPECT_EQ(f.row, 66);
+  // The groups as a slice of the experts (an expert-parallel shard from expert 40): the whole layer's id.
+  record = kFiniteRecordNone;
+  g.group0 = 40;
+  moesq::ops::finite_check_ref(g);
+  EXPECT_EQ(moesq::ops::decode_finite_key(record).group, 41);
   g.row0 = -1;
   EXPECT_THROW(moesq::ops::finite_check_ref(g), moesq::Error);
 }

@@ -50,7 +50,7 @@ __global__ void finite_check_kernel(FiniteCheckArgs a) {
   if (best < 3) atomicMin(&s_best, best);
   __syncthreads();
   if (threadIdx.x == 0 && s_best < 3) {
-    const uint64_t key = finite_key(a.site, static_cast<uint32_t>(group), static_cast<uint32_t>(id + a.row0),
+    const uint64_t key = finite_key(a.site, static_cast<uint32_t>(group + a.group0), static_cast<uint32_t>(id + a.row0),
                                     static_cast<FiniteKind>(s_best));
     atomicMin(reinterpret_cast<ull*>(a.record), static_cast<ull>(key));
   }

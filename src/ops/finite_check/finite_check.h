@@ -71,6 +71,7 @@ struct FiniteCheckArgs {
   const int32_t* row_ids = nullptr;  // [groups, capacity] the id reported for a slot (a route id), or nullptr: the slot
   int row_div = 1;                   // reported row = row_ids[·] / row_div (route → token: top-k)
   int64_t row0 = 0;                  // added to every reported row (the tensor is a slice of a larger batch)
+  int64_t group0 = 0;                // added to every reported group (the groups are a slice of the experts: a shard)
   uint32_t site = 0;                 // ≤ kFiniteMaxSite: this check's place in the forward (smaller = earlier)
   uint64_t* record = nullptr;        // [1] the shared record (device; host for the twin)
 };

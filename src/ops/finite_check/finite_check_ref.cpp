@@ -60,7 +60,7 @@ void check_row(const FiniteCheckArgs& a, int64_t r, int64_t g, int64_t id) {
     const int k = value_class(a, r * a.ld + c);
     if (k < 0) continue;
     const uint64_t key =
-        finite_key(a.site, static_cast<uint32_t>(g), static_cast<uint32_t>(id + a.row0), static_cast<FiniteKind>(k));
+        finite_key(a.site, static_cast<uint32_t>(g + a.group0), static_cast<uint32_t>(id + a.row0), static_cast<FiniteKind>(k));
     *a.record = std::min(*a.record, key);
   }
 }
