@@ -157,6 +157,8 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
     MOESQ_CHECK(!moe_dims.sharded() || (opt.exchange.all_reduce_sum && H % 2 == 0), "engine: experts [",
                 opt.expert_begin, ", ", opt.expert_end, ") of ", E, " sharded without an exchange",
                 H % 2 ? " (or with an odd hidden size)" : "");
+    MOESQ_CHECK(!moe_dims.sharded() || moe_dims.shard_size() > 0, "engine: an empty expert shard [",
+                opt.expert_begin, ", ", opt.expert_end, ")");
     exchange = opt.exchange;
   }
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
@@ -624,7 +626,8 @@ constexpr const char* kEngineWhat = "the GPU engine (--device cuda)";
 }  // namespace
 
 Engine::Engine(const io::Checkpoint& ckpt, const EngineOptions& opt)
-    : Engine((require_cuda_device(kEngineWhat), load_host_model(ckpt, opt.experts)), opt) {}
+    : Engine((require_cuda_device(kEngineWhat), load_host_model(ckpt, opt.experts, opt.expert_begin, opt.expert_end)),
+             opt) {}
 
 Engine::Engine(HostModel host, const EngineOptions& opt) : impl_(std::make_unique<Impl>()) {
   require_cuda_device(kEngineWhat);

@@ -24,20 +24,20 @@ model::EvalResult evaluate_checkpoint_cuda(const std::string& dir, const std::ve
   progress("eval", "loading " + dir + " onto the GPU");
   const io::Checkpoint ckpt(dir);
   ckpt.spec().check_seq_len(opt.eval.seq_len, "--seq-len");
-  HostModel host = load_host_model(ckpt, opt.experts);
+  EngineOptions eo;
+  if (opt.engine_options) opt.engine_options(ckpt.spec(), eo);  // an expert-parallel rank's GPU and shard first
+  HostModel host = load_host_model(ckpt, opt.experts, eo.expert_begin, eo.expert_end);
   // --act-quant: auto keeps the backend's own; none / nvfp4 pick the paired 4:8 variant.
   if (opt.eval.act_quant == model::ActQuant::None && host.backend == ExpertBackend::kSparseW4A4 &&
       opt.experts == ExpertBackend::kAuto)
-    host = load_host_model(ckpt, ExpertBackend::kSparseW4A16);
+    host = load_host_model(ckpt, ExpertBackend::kSparseW4A16, eo.expert_begin, eo.expert_end);
   MOESQ_CHECK(opt.eval.act_quant != model::ActQuant::None || !host.act_quant,
               "--act-quant none contradicts --experts sparse-w4a4 (use sparse-w4a16)");
   MOESQ_CHECK(opt.eval.act_quant != model::ActQuant::Nvfp4 || host.act_quant,
               "--act-quant nvfp4 on the GPU needs the sparse-w4a4 backend (a paired-4:8 checkpoint)");
-  EngineOptions eo;
   eo.max_seqs = opt.batch, eo.max_len = opt.eval.seq_len, eo.max_tokens = opt.batch * opt.eval.seq_len;
   eo.deterministic = opt.deterministic;
   eo.check_finite = opt.check_finite;
-  if (opt.engine_options) opt.engine_options(ckpt.spec(), eo);
   Engine eng(std::move(host), eo);
   if (backend_used) *backend_used = expert_backend_name(eng.backend());
 

@@ -18,8 +18,9 @@ struct CudaEvalOptions {
   int batch = 8;                                  // windows per prefill
   bool deterministic = true;                      // EngineOptions::deterministic (batch-invariant logits)
   bool check_finite = false;                      // EngineOptions::check_finite (stop at the first NaN / inf)
-  // Called with the checkpoint's spec just before the engine is built: `mpirun` ranks set their GPU,
-  // expert shard and exchange there (cli/expert_parallel.h). Empty: one GPU, every expert.
+  // Called with the checkpoint's spec before anything is loaded: `mpirun` ranks set their GPU, expert
+  // shard (the host then reads only those experts) and exchange there (cli/expert_parallel.h). Empty:
+  // one GPU, every expert.
   std::function<void(const io::ModelSpec&, EngineOptions&)> engine_options;
 };
 

@@ -223,7 +223,8 @@ ExpertBackend resolve_backend(ExpertBackend requested, io::ExpertStorage storage
   return b;
 }
 
-HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
+HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested, int64_t expert_begin,
+                          int64_t expert_end) {
   require_supported(ckpt);
   HostModel m;
   m.spec = ckpt.spec();
@@ -270,7 +271,8 @@ HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested) {
     else
       L.attn = load_host_attention(ckpt, l);
     L.post_norm = norm(io::layer_tensor(l, io::kPostNorm));
-    L.moe = s.is_moe_layer(l) ? load_host_moe(ckpt, q, m.backend, l) : load_host_dense_layer(ckpt, l);
+    L.moe = s.is_moe_layer(l) ? load_host_moe(ckpt, q, m.backend, l, expert_begin, expert_end)
+                              : load_host_dense_layer(ckpt, l);
   }
   return m;
 }

@@ -78,9 +78,12 @@ ExpertBackend resolve_backend(ExpertBackend requested, io::ExpertStorage storage
 // checkpoint is refused as the CPU loader refuses it (io::check_expert_storage).
 io::ExpertStorage checkpoint_expert_storage(const io::Checkpoint& ckpt, const io::QuantizationConfig& q);
 
-// Reads and converts everything (a dense MLP layer: its MLP alone, load_host_dense_layer). Errors name
-// the tensor and the directory (a family that is not supported, naming what is missing).
-HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested);
+// Reads and converts everything (a dense MLP layer: its MLP alone, load_host_dense_layer); of the routed
+// experts only [expert_begin, expert_end) of each MoE layer ((0, 0): all; an expert-parallel rank reads
+// its shard, EngineOptions::expert_begin). Errors name the tensor and the directory (a family that is
+// not supported, naming what is missing), a shard outside the experts.
+HostModel load_host_model(const io::Checkpoint& ckpt, ExpertBackend requested, int64_t expert_begin = 0,
+                          int64_t expert_end = 0);
 
 // Reads layer `layer`'s router, experts and shared expert as load_host_model does; only the MoE block
 // must run the family (its attention may be one the engine does not run: DeepSeek-V3's MLA).

@@ -5,9 +5,11 @@
 // on its exact bf16 products; a dense NVFP4 export is refused by the paired backends naming the tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -88,6 +90,48 @@ TEST_F(RuntimeWeightsLayouts, PairedExportsUploadTheMoesqCheckpointsBytes) {
   EXPECT_EQ(a.lm_head, b.lm_head);
   EXPECT_EQ(a.layers[2].attn.qkv, b.layers[2].attn.qkv);
   expect_same_kernel_weights(sparse(a.layers[2].moe).down, sparse(b.layers[2].moe).down, "whole model, layer 2 down");
+  // An expert-parallel rank's shard (docs/PARALLEL.md): experts [2, 5) of every MoE layer are the same
+  // bytes and global scales as those experts of the whole load; router and attention whole.
+  const runtime::HostModel c = runtime::load_host_model(ref_ck, runtime::ExpertBackend::kSparseW4A4, 2, 5);
+  for (int64_t l = 0; l < ref_ck.spec().num_layers; ++l) {
+    if (!ref_ck.spec().is_moe_layer(l)) continue;
+    const runtime::PairedSparseHostExperts &whole = sparse(a.layers[l].moe), &shard = sparse(c.layers[l].moe);
+    EXPECT_EQ(shard.begin, 2);
+    EXPECT_EQ(shard.end, 5);
+    for (const auto& [w, h, name] : {std::tuple{&whole.gu, &shard.gu, "gate|up"}, {&whole.down, &shard.down, "down"}}) {
+      ASSERT_EQ(h->num_experts, 3) << name;
+      const size_t per = w->expert_bytes();
+      EXPECT_TRUE(std::equal(h->data.begin(), h->data.end(), w->data.begin() + 2 * per)) << "layer " << l << " " << name;
+      EXPECT_EQ(h->data.size(), 3 * per);
+      EXPECT_TRUE(std::equal(h->gamma.begin(), h->gamma.end(), w->gamma.begin() + 2)) << "layer " << l << " " << name;
+    }
+    EXPECT_EQ(c.layers[l].moe.router, a.layers[l].moe.router);
+    EXPECT_EQ(c.layers[l].attn.qkv, a.layers[l].attn.qkv);
+  }
+  EXPECT_THROW(runtime::load_host_model(ref_ck, runtime::ExpertBackend::kSparseW4A4, 3, 3), Error);  // empty
+  EXPECT_THROW(runtime::load_host_model(ref_ck, runtime::ExpertBackend::kSparseW4A4, 0, 10000), Error);
+}
+
+// The bf16 backend's shard: expert rows [begin, end) of the whole load, bit for bit.
+TEST_F(RuntimeWeightsLayouts, Bf16ShardHoldsItsExpertsRows) {
+  const int64_t E = src_.spec().num_experts, b = 1, e = E - 1;
+  const runtime::HostModel whole = runtime::load_host_model(src_, runtime::ExpertBackend::kBf16);
+  const runtime::HostModel shard = runtime::load_host_model(src_, runtime::ExpertBackend::kBf16, b, e);
+  for (int64_t l = 0; l < src_.spec().num_layers; ++l) {
+    const runtime::Bf16HostExperts &w = dense(whole.layers[l].moe), &h = dense(shard.layers[l].moe);
+    EXPECT_EQ(h.begin, b);
+    EXPECT_EQ(h.end, e);
+    const size_t gu = w.gu.size() / E, dn = w.down.size() / E;
+    ASSERT_EQ(h.gu.size(), (e - b) * gu);
+    EXPECT_TRUE(std::equal(h.gu.begin(), h.gu.end(), w.gu.begin() + b * gu)) << "layer " << l;
+    EXPECT_TRUE(std::equal(h.down.begin(), h.down.end(), w.down.begin() + b * dn)) << "layer " << l;
+  }
+  try {
+    runtime::load_host_model(src_, runtime::ExpertBackend::kBf16, 0, E + 1);
+    FAIL() << "a shard past the experts was read";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("outside the"), std::string::npos) << x.what();
+  }
 }
 
 TEST_F(RuntimeWeightsLayouts, Int4PackQuantizedRunsTheBf16BackendOnItsProducts) {

@@ -48,14 +48,17 @@ class Bf16Device final : public ExpertBackendDevice {
   std::unique_ptr<DeviceExperts> upload(const HostExperts& host, const MoeBlockDims& d) const override {
     const auto* h = dynamic_cast<const Bf16HostExperts*>(&host);
     MOESQ_CHECK(h, "expert backend bf16: the host experts were loaded by another backend");
-    MOESQ_CHECK(d.expert_begin >= 0 && d.expert_begin <= d.expert_end && d.expert_end <= d.E &&
-                    h->gu.size() % static_cast<size_t>(d.E) == 0 && h->down.size() % static_cast<size_t>(d.E) == 0,
-                "expert backend bf16: shard [", d.expert_begin, ", ", d.expert_end, ") of ", d.E, " experts does not "
-                "match the host experts");
+    MOESQ_CHECK(h->begin <= d.expert_begin && d.expert_begin <= d.expert_end && d.expert_end <= h->end,
+                "expert backend bf16: the host holds experts [", h->begin, ", ", h->end, "), the engine runs [",
+                d.expert_begin, ", ", d.expert_end, ")");
     auto out = std::make_unique<Bf16DeviceExperts>();
-    const size_t gu_per = h->gu.size() / d.E, down_per = h->down.size() / d.E, n = d.shard_size();
-    out->gu.upload(h->gu.data() + d.expert_begin * gu_per, n * gu_per);
-    out->down.upload(h->down.data() + d.expert_begin * down_per, n * down_per);
+    const size_t gu_per = static_cast<size_t>(2 * d.I * d.H_pad), down_per = static_cast<size_t>(d.H * d.I_pad);
+    const size_t first = static_cast<size_t>(d.expert_begin - h->begin), n = static_cast<size_t>(d.shard_size());
+    MOESQ_CHECK(h->gu.size() == static_cast<size_t>(h->end - h->begin) * gu_per &&
+                    h->down.size() == static_cast<size_t>(h->end - h->begin) * down_per,
+                "expert backend bf16: host experts of another shape");
+    out->gu.upload(h->gu.data() + first * gu_per, n * gu_per);
+    out->down.upload(h->down.data() + first * down_per, n * down_per);
     return out;
   }
 

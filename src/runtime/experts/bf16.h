@@ -11,8 +11,9 @@
 namespace moesq::runtime {
 
 struct Bf16HostExperts : HostExperts {
-  std::vector<uint16_t> gu;    // [E, 2I, H_pad] bf16 (gate rows then up rows), K in kKMajor order, 0 past H
-  std::vector<uint16_t> down;  // [E, H, I_pad] bf16, K in kKMajor order, 0 past I
+  // [end − begin] experts (HostExperts): expert begin first.
+  std::vector<uint16_t> gu;    // [n, 2I, H_pad] bf16 (gate rows then up rows), K in kKMajor order, 0 past H
+  std::vector<uint16_t> down;  // [n, H, I_pad] bf16, K in kKMajor order, 0 past I
 };
 
 // Dense [N, K] fp32 rows → [N, K_pad] bf16 with column k stored at act_storage_index(k, kKMajor).

@@ -21,9 +21,11 @@
 
 namespace moesq::runtime {
 
-// One layer's routed experts in host memory, in the layout of one backend's kernels (experts/<name>.h).
+// One layer's routed experts in host memory, in the layout of one backend's kernels (experts/<name>.h):
+// the experts [begin, end) of the layer (all of them, or an expert-parallel rank's shard).
 struct HostExperts {
   virtual ~HostExperts() = default;
+  int64_t begin = 0, end = 0;
 };
 
 // The expert stage of one MoE block call: x [T, H] bf16 (+ x_lo residues or nullptr) routed by
@@ -64,10 +66,11 @@ class ExpertBackendHost {
   // NVFP4 expert activations (W4A4) and their quantization block; false / 0 otherwise.
   virtual bool act_quant() const { return false; }
   virtual int act_block() const { return 0; }
-  // MoE layer `layer`'s routed experts, read through io (any layout io reads). Errors name the tensor
-  // and the directory.
+  // MoE layer `layer`'s routed experts [begin, end) (HostExperts::begin / end), read through io (any
+  // layout io reads; only those experts' tensors where the layout stores experts apart). Errors name the
+  // tensor and the directory; a range outside [0, E).
   virtual std::unique_ptr<HostExperts> load(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
-                                            int64_t layer) const = 0;
+                                            int64_t layer, int64_t begin, int64_t end) const = 0;
 };
 
 // A source of 64-bit seeds, one per synthetic tensor (runtime::Engine's synthetic model, bench_moe_layer).
@@ -78,7 +81,8 @@ class ExpertBackendDevice {
   virtual ~ExpertBackendDevice() = default;
   // Uploads `host` (made by the same backend's host half; Error otherwise) synchronously to the
   // current device: the experts [d.expert_begin, d.expert_end) of the layer (MoeBlockDims: the whole
-  // layer, or an expert-parallel rank's shard; run() then computes those experts' outputs only).
+  // layer, or an expert-parallel rank's shard; run() then computes those experts' outputs only), which
+  // host must hold (Error otherwise).
   virtual std::unique_ptr<DeviceExperts> upload(const HostExperts& host, const MoeBlockDims& d) const = 0;
   // Experts of d's shapes drawn on the current device on `stream` (ops/synth_pack, weight std ≈ scale),
   // taking one seed per tensor from next_seed in a fixed order; a shard draws its experts' slice of

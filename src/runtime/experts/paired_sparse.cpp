@@ -50,26 +50,32 @@ class PairedSparseHost final : public ExpertBackendHost {
   bool act_quant() const override { return act_quant_; }
   int act_block() const override { return act_quant_ ? format::kSparseScaleBlock : 0; }
 
-  std::unique_ptr<HostExperts> load(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
-                                    int64_t l) const override {
+  std::unique_ptr<HostExperts> load(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, int64_t l,
+                                    int64_t begin, int64_t end) const override {
     const io::ModelSpec& s = ckpt.spec();
     const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
-    std::vector<format::Sparse48Tensor> gu(E), down(E);
-    std::vector<const format::Sparse48Tensor*> pgu(E), pdown(E);
-    std::vector<float> gamma_up(E);
+    MOESQ_CHECK(begin >= 0 && begin <= end && end <= E, ckpt.dir(), " layer ", l, ": experts [", begin, ", ", end,
+                ") outside the ", E, " routed experts");
+    const int64_t n = end - begin;
+    MOESQ_CHECK(n > 0, ckpt.dir(), " layer ", l, ": an empty expert shard [", begin, ", ", end, ")");
+    std::vector<format::Sparse48Tensor> gu(n), down(n);
+    std::vector<const format::Sparse48Tensor*> pgu(n), pdown(n);
+    std::vector<float> gamma_up(n);
     bool separate = false;
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = begin + i;
       const std::string gate = io::expert_tensor_prefix(s, l, e, io::ExpertProj::Gate);
       const std::string up = io::expert_tensor_prefix(s, l, e, io::ExpertProj::Up);
       const format::Sparse48Tensor ug = read_sparse48(ckpt, q, up, I, H);
-      gu[e] = fuse_rows(read_sparse48(ckpt, q, gate, I, H), ug);
-      gamma_up[e] = ug.global_scale;
-      separate = separate || ug.global_scale != gu[e].global_scale;
-      down[e] = read_sparse48(ckpt, q, io::expert_tensor_prefix(s, l, e, io::ExpertProj::Down), H, I);
-      pgu[e] = &gu[e];
-      pdown[e] = &down[e];
+      gu[i] = fuse_rows(read_sparse48(ckpt, q, gate, I, H), ug);
+      gamma_up[i] = ug.global_scale;
+      separate = separate || ug.global_scale != gu[i].global_scale;
+      down[i] = read_sparse48(ckpt, q, io::expert_tensor_prefix(s, l, e, io::ExpertProj::Down), H, I);
+      pgu[i] = &gu[i];
+      pdown[i] = &down[i];
     }
     auto out = std::make_unique<PairedSparseHostExperts>();
+    out->begin = begin, out->end = end;
     const std::string where = ckpt.dir() + " layer " + std::to_string(l);
     out->gu = format::kernel_layout_from_sparse48(pgu, where + " gate|up experts");
     if (separate) {  // the reference's layout: gate and up each with its own γ

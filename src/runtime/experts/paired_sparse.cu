@@ -103,8 +103,10 @@ class PairedSparseDevice final : public ExpertBackendDevice {
     const auto* h = dynamic_cast<const PairedSparseHostExperts*>(&host);
     MOESQ_CHECK(h, "paired 4:8 expert backend: the host experts were loaded by another backend");
     auto out = std::make_unique<PairedSparseDeviceExperts>(quant_);
-    out->gu.upload(h->gu, d.expert_begin, d.expert_end);
-    out->down.upload(h->down, d.expert_begin, d.expert_end);
+    MOESQ_CHECK(h->begin <= d.expert_begin && d.expert_end <= h->end, "paired 4:8 expert backend: the host holds "
+                "experts [", h->begin, ", ", h->end, "), the engine runs [", d.expert_begin, ", ", d.expert_end, ")");
+    out->gu.upload(h->gu, d.expert_begin - h->begin, d.expert_end - h->begin);
+    out->down.upload(h->down, d.expert_begin - h->begin, d.expert_end - h->begin);
     if (!h->act_gamma_gu.empty()) {
       out->act_gamma_gu.upload(h->act_gamma_gu);
       out->act_gamma_down.upload(h->act_gamma_down);

@@ -15,10 +15,12 @@
 namespace moesq::runtime {
 
 struct PairedSparseHostExperts : HostExperts {
-  format::KernelWeights gu;    // gate|up [E, 2I, H] (M = 2I), γ_w per expert
-  format::KernelWeights down;  // down [E, H, I] (M = H)
+  // The experts [begin, end) (HostExperts), expert begin first.
+  format::KernelWeights gu;    // gate|up [n, 2I, H] (M = 2I), γ_w per expert
+  format::KernelWeights down;  // down [n, H, I] (M = H)
   // Static activation γ_a per expert (W4A4 with input_activations.dynamic false: io::read_static_act_scales)
-  // of the gate|up input and of the down input, [E] each; empty: γ_a per token row (Eq. 5).
+  // of the gate|up input and of the down input, [E] each for EVERY expert of the layer (the dispatch and
+  // SwiGLU index them by expert id); empty: γ_a per token row (Eq. 5).
   std::vector<float> act_gamma_gu, act_gamma_down;
 };
 

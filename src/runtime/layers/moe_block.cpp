@@ -60,7 +60,7 @@ HostDenseMlp load_dense_mlp(const io::Checkpoint& ckpt, int64_t layer, const std
 }  // namespace
 
 HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, ExpertBackend backend,
-                      int64_t layer) {
+                      int64_t layer, int64_t expert_begin, int64_t expert_end) {
   const io::ModelSpec& s = ckpt.spec();
   HostMoe m;
   const std::vector<float> router = ckpt.get_f32(io::router_tensor(s, layer), {s.num_experts, s.hidden_size});
@@ -77,7 +77,8 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
                                        {s.num_experts});
   }
   if (s.expert_bias) load_expert_biases(ckpt, layer, m);
-  m.experts = expert_backend_host(backend).load(ckpt, q, layer);
+  if (expert_end == 0) expert_end = s.num_experts;  // (0, 0): every expert
+  m.experts = expert_backend_host(backend).load(ckpt, q, layer, expert_begin, expert_end);
   if (s.num_shared_experts > 0) {
     const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);
     MOESQ_CHECK(names.shared_expert, s.model_type, ": shared experts without a tensor name");

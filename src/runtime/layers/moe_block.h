@@ -56,9 +56,11 @@ struct HostMoe {
   std::unique_ptr<HostExperts> experts;  // experts/<backend>.h
   HostDenseMlp mlp;                      // the shared expert (MoE layer) or the dense MLP (dense layer)
 };
-// Reads MoE layer `layer` through io's tensor names (io/tensor_names.h) for a resolved backend.
+// Reads MoE layer `layer` through io's tensor names (io/tensor_names.h) for a resolved backend: its
+// routed experts [expert_begin, expert_end) (an expert-parallel rank's shard; (0, 0): all), everything
+// else whole.
 HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& q, ExpertBackend backend,
-                      int64_t layer);
+                      int64_t layer, int64_t expert_begin = 0, int64_t expert_end = 0);
 // Reads dense layer `layer`'s MLP ("mlp.{gate,up,down}_proj", intermediate_size). Errors name the tensor.
 HostMoe load_host_dense_layer(const io::Checkpoint& ckpt, int64_t layer);
 
