@@ -159,6 +159,12 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
                 H % 2 ? " (or with an odd hidden size)" : "");
     MOESQ_CHECK(!moe_dims.sharded() || moe_dims.shard_size() > 0, "engine: an empty expert shard [",
                 opt.expert_begin, ", ", opt.expert_end, ")");
+    // Every rank must compute the same bits outside its experts (the same routes, the same h), and hold
+    // the same KV blocks (a KvCacheFull on one rank alone would leave the others in the exchange).
+    MOESQ_CHECK(!moe_dims.sharded() || opt.deterministic, "engine: expert-parallel ranks need deterministic mode "
+                "(cuBLAS may round a row differently on another rank, and the ranks would route apart)");
+    MOESQ_CHECK(!moe_dims.sharded() || opt.kv_tokens != kKvTokensFitMemory, "engine: expert-parallel ranks need a "
+                "fixed KV size (kv_tokens >= 0), not one fitted to each GPU's free memory");
     exchange = opt.exchange;
   }
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");
@@ -685,6 +691,8 @@ double Engine::last_moe_ms() const { return impl_->moe_ms; }
 void Engine::set_deterministic(bool on) {
   Impl& m = *impl_;
   if (m.deterministic == on) return;
+  MOESQ_CHECK(on || !m.moe_dims.sharded(), "engine: expert-parallel ranks need deterministic mode (cuBLAS may "
+              "round a row differently on another rank, and the ranks would route apart)");
   MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   for (auto& [b, g] : m.graphs) cudaGraphExecDestroy(g);
   m.graphs.clear();

@@ -64,7 +64,10 @@ struct EngineOptions {
   // both 0: all of them, one GPU), everything else whole, and `exchange` (layers/moe_block.h) sums the
   // ranks' route-major expert outputs. Every rank must build the same model with the same options
   // (but its range) and make the same calls in the same order; a sequence's logits are then the bits
-  // of one GPU. A non-capturable exchange makes decode steps run without CUDA graphs.
+  // of one GPU. A non-capturable exchange makes decode steps run without CUDA graphs. A shard needs
+  // deterministic mode and a fixed kv_tokens (Error otherwise). With check_finite, a non-finite expert
+  // output that does not reach h (gpt-oss's clamp can hide one) is reported by its own rank alone: the
+  // caller must then end every rank (the CLI does: dist::run_or_abort_all).
   int64_t expert_begin = 0, expert_end = 0;
   ExpertExchange exchange;
 };

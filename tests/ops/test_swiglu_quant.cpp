@@ -102,6 +102,19 @@ TEST(SwigluQuantRef, RouteGridAndFp32InputOnTheDescriptor) {
     swiglu_quant_ref(a);
     EXPECT_EQ(routes, grid) << "quantize=" << quantize << " static=" << stat;
     EXPECT_EQ(inv_routes, inv_grid) << "quantize=" << quantize;
+    // An expert-parallel shard [1, 2): expert 1's slots as the whole grid's, the others untouched.
+    std::vector<uint16_t> shard(grid.size(), kUntouched);
+    std::vector<float> inv_shard(inv_grid.size(), -1.0f);
+    a.out = shard.data(), a.inv_scale = inv_shard.data(), a.expert_begin = 1, a.expert_end = 2;
+    swiglu_quant_ref(a);
+    a.expert_begin = 0, a.expert_end = -1;
+    for (int e = 0; e < E; ++e)
+      for (int slot = 0; slot < cap; ++slot) {
+        const size_t s = static_cast<size_t>(e) * cap + slot;
+        const bool want_written = e == 1 && slot < std::min(counts[e], cap);
+        EXPECT_EQ(shard[s * I_pad], want_written ? grid[s * I_pad] : kUntouched) << "shard, expert " << e << " slot " << slot;
+        EXPECT_EQ(inv_shard[s], want_written ? inv_grid[s] : -1.0f) << "shard, expert " << e << " slot " << slot;
+      }
     std::vector<float> row(I);
     std::vector<uint16_t> row16(I), want(padded_k(I));
     for (int e = 0; e < E; ++e)

@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs 
   int e, slot;
   if (a.slot_of_route) {  // grid: routes
     e = a.topk_ids[blockIdx.x], slot = a.slot_of_route[blockIdx.x];
-    if (e < 0 || e >= a.num_experts || slot < 0 || slot >= min(a.counts[e], a.capacity)) return;
+    if (e < 0 || e >= a.num_experts || e < a.expert_begin || (a.expert_end >= 0 && e >= a.expert_end)) return;
+    if (slot < 0 || slot >= min(a.counts[e], a.capacity)) return;
   } else {  // grid: (capacity, E)
     e = blockIdx.y, slot = blockIdx.x;
     if (slot >= min(a.counts[e], a.capacity)) return;

@@ -33,6 +33,9 @@ struct SwigluQuantArgs {
   const int32_t* topk_ids = nullptr;       // [routes]
   const int32_t* slot_of_route = nullptr;  // [routes]
   int64_t routes = 0;
+  // Route grid: only the routes of experts [expert_begin, expert_end) (an expert-parallel rank's shard,
+  // whose other experts' gate|up rows it never computed); expert_end < 0: every expert.
+  int64_t expert_begin = 0, expert_end = -1;
   // gpt-oss's experts (model/decoder.cpp expert_activation): per-expert biases added to gate and up
   // first, and the clamped SwiGLU h = (clamp(u, ±limit) + 1) · (min(g, limit) · σ(alpha · min(g, limit)))
   // (core/swiglu.h clamped_swiglu) instead of silu(g)·u.

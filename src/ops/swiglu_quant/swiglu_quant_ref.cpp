@@ -62,7 +62,8 @@ void swiglu_quant_ref(const SwigluQuantArgs& a) {
   if (a.slot_of_route) {  // the route grid: the slots the valid routes name
     for (int64_t r = 0; r < a.routes; ++r) {
       const int e = a.topk_ids[r], slot = a.slot_of_route[r];
-      if (e < 0 || e >= a.num_experts || !filled(e, slot)) continue;
+      if (e < 0 || e >= a.num_experts || e < a.expert_begin || (a.expert_end >= 0 && e >= a.expert_end)) continue;
+      if (!filled(e, slot)) continue;
       swiglu_slot(a, static_cast<int64_t>(e) * a.capacity + slot, row, row_f32);
     }
     return;

@@ -25,6 +25,7 @@ inline ops::SwigluQuantArgs stage_swiglu_args(const ExpertStage& s) {
   sw.h_f32 = b.hbuf, sw.counts = b.counts, sw.num_experts = static_cast<int>(dm.E), sw.capacity = static_cast<int>(s.T);
   sw.I = dm.I, sw.I_pad = dm.I_pad, sw.out = b.ad, sw.inv_scale = b.as;
   sw.topk_ids = b.topk_ids, sw.slot_of_route = b.slot_of_route, sw.routes = s.T * dm.top_k;
+  sw.expert_begin = dm.expert_begin, sw.expert_end = dm.expert_end;  // the shard's routes only
   sw.gate_up_bias = s.gate_up_bias;
   sw.clamped = dm.clamped_swiglu, sw.alpha = dm.swiglu_alpha, sw.limit = dm.swiglu_limit;
   return sw;
