@@ -269,6 +269,41 @@ TEST(SwigluQuant, ExpertBiasesAndClampedSwigluMatchRef) {
   }
 }
 
+// An expert-parallel shard (SwigluQuantArgs::expert_begin / end): the route grid writes the slots of
+// experts [1, 3) only, those exactly as the whole grid does, and leaves every other expert's untouched.
+TEST(SwigluQuant, ShardWritesOnlyItsExpertsSlots) {
+  const int E = 4, cap = 8;
+  const int64_t I = 64, I_pad = padded_k(I);
+  const std::vector<int32_t> counts = {5, 8, 3, 6};
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> h(static_cast<size_t>(E) * cap * 2 * I);
+  for (auto& v : h) v = nd(rng);
+  const Routes routes = shuffled_routes(counts, cap, 13);
+  auto run = [&](int64_t b, int64_t e) {
+    DevBuf<float> d_h(h), d_inv(std::vector<float>(static_cast<size_t>(E) * cap, -1.0f));
+    DevBuf<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(E) * cap * I_pad, kPoisonBf16));
+    DevBuf<int32_t> d_counts(counts), d_ids(routes.ids), d_slots(routes.slots);
+    ops::SwigluQuantArgs a;
+    a.h_f32 = d_h.p, a.counts = d_counts.p, a.num_experts = E, a.capacity = cap, a.I = I, a.I_pad = I_pad;
+    a.quantize = true, a.out = d_out.p, a.inv_scale = d_inv.p;
+    a.topk_ids = d_ids.p, a.slot_of_route = d_slots.p, a.routes = static_cast<int64_t>(routes.ids.size());
+    a.expert_begin = b, a.expert_end = e;
+    ops::swiglu_quant(a, nullptr);
+    MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+    return d_out.download();
+  };
+  const std::vector<uint16_t> whole = run(0, -1), shard = run(1, 3);
+  const size_t row = static_cast<size_t>(I_pad);
+  for (int ex = 0; ex < E; ++ex)
+    for (int slot = 0; slot < cap; ++slot) {
+      const size_t o = (static_cast<size_t>(ex) * cap + slot) * row;
+      const bool mine = ex >= 1 && ex < 3;
+      for (size_t k = 0; k < row; ++k)
+        ASSERT_EQ(shard[o + k], mine ? whole[o + k] : kPoisonBf16) << "expert " << ex << " slot " << slot << " k " << k;
+    }
+}
+
 TEST(SwigluQuant, RejectsUnknownLayout) {
   ops::SwigluQuantArgs s;
   s.I = 64;
