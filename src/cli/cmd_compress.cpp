@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/compress_flags.h"
+#include "cli/expert_parallel.h"
 #include "compress/report.h"
 #include "compress/work_dir.h"
 #include "core/atomic_file.h"
@@ -128,9 +129,7 @@ namespace {
 // says which, and whether ranks share GPUs.
 void bind_gpu(const dist::Communicator& comm) {
 #ifdef MOESQ_HAVE_CUDA
-  int n = 0;
-  MOESQ_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "--device cuda: no visible GPU");
-  const int gpu = dist::gpu_for_local_rank(comm.local_rank(), comm.local_size(), n);
+  const auto [gpu, n] = gpu_of_rank(comm, "--device cuda");
   compress::use_gpu(gpu);
   if (comm.size() == 1 && n == 1) return;
   cudaDeviceProp p{};

@@ -11,6 +11,18 @@
 
 namespace moesq::cli {
 
+RankGpu gpu_of_rank(const dist::Communicator& comm, const std::string& what) {
+#ifdef MOESQ_HAVE_CUDA
+  RankGpu r;
+  MOESQ_CHECK(cudaGetDeviceCount(&r.visible) == cudaSuccess && r.visible > 0, what, ": no visible GPU");
+  r.gpu = dist::gpu_for_local_rank(comm.local_rank(), comm.local_size(), r.visible);
+  return r;
+#else
+  (void)comm;
+  MOESQ_FAIL(what, ": this moesq was built without CUDA");
+#endif
+}
+
 ExpertParallel::ExpertParallel(const std::string& what) : what_(what) {
   if (dist::launched_by_mpi()) comm_ = dist::communicator_from_environment();
   if (!root()) set_progress_enabled(false);  // rank 0 speaks for the run
@@ -21,9 +33,7 @@ void ExpertParallel::apply(int64_t num_experts, runtime::EngineOptions& eo) cons
   MOESQ_CHECK(num_experts >= ranks(), what_, ": ", ranks(), " ranks for a model of ", num_experts,
               " routed experts (expert parallelism gives each rank at least one expert)");
 #ifdef MOESQ_HAVE_CUDA
-  int n = 0;
-  MOESQ_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, what_, " --device cuda: no visible GPU");
-  const int gpu = dist::gpu_for_local_rank(comm_->local_rank(), comm_->local_size(), n);
+  const int gpu = gpu_of_rank(*comm_, what_ + " --device cuda").gpu;
   MOESQ_CHECK(cudaSetDevice(gpu) == cudaSuccess, what_, ": cannot select GPU ", gpu);
   const dist::ExpertRange mine = dist::engine_expert_range(num_experts, comm_->rank(), ranks());
   eo.expert_begin = mine.begin, eo.expert_end = mine.end;

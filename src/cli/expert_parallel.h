@@ -16,6 +16,14 @@
 
 namespace moesq::cli {
 
+// The GPU a rank of `comm` takes (dist::gpu_for_local_rank of its host-local rank) and how many are
+// visible; what `compress` and the expert-parallel engine bind. Error (naming `what`) when no GPU is
+// visible or the build has no CUDA.
+struct RankGpu {
+  int gpu = 0, visible = 0;
+};
+RankGpu gpu_of_rank(const dist::Communicator& comm, const std::string& what);
+
 class ExpertParallel {
  public:
   // The ranks of this run (MPI when launched by mpirun, else one process). `what` names the command.

@@ -2,10 +2,9 @@
 // in communicator_mpi.cpp.
 #include "dist/communicator.h"
 
-#include <cstring>
-
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"

@@ -154,17 +154,17 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
                 "engine: expert shard [", opt.expert_begin, ", ", opt.expert_end, ") outside the model's ", E,
                 " routed experts");
     moe_dims.expert_begin = opt.expert_begin, moe_dims.expert_end = opt.expert_end;
-    MOESQ_CHECK(!moe_dims.sharded() || (opt.exchange.all_reduce_sum && H % 2 == 0), "engine: experts [",
-                opt.expert_begin, ", ", opt.expert_end, ") of ", E, " sharded without an exchange",
-                H % 2 ? " (or with an odd hidden size)" : "");
-    MOESQ_CHECK(!moe_dims.sharded() || moe_dims.shard_size() > 0, "engine: an empty expert shard [",
-                opt.expert_begin, ", ", opt.expert_end, ")");
+  }
+  if (moe_dims.sharded()) {
+    MOESQ_CHECK(opt.exchange.all_reduce_sum && H % 2 == 0, "engine: experts [", opt.expert_begin, ", ",
+                opt.expert_end, ") of ", E, " sharded without an exchange", H % 2 ? " (or with an odd hidden size)" : "");
+    MOESQ_CHECK(moe_dims.shard_size() > 0, "engine: an empty expert shard [", opt.expert_begin, ", ", opt.expert_end, ")");
     // Every rank must compute the same bits outside its experts (the same routes, the same h), and hold
     // the same KV blocks (a KvCacheFull on one rank alone would leave the others in the exchange).
-    MOESQ_CHECK(!moe_dims.sharded() || opt.deterministic, "engine: expert-parallel ranks need deterministic mode "
-                "(cuBLAS may round a row differently on another rank, and the ranks would route apart)");
-    MOESQ_CHECK(!moe_dims.sharded() || opt.kv_tokens != kKvTokensFitMemory, "engine: expert-parallel ranks need a "
-                "fixed KV size (kv_tokens >= 0), not one fitted to each GPU's free memory");
+    MOESQ_CHECK(opt.deterministic, "engine: expert-parallel ranks need deterministic mode (cuBLAS may round a row "
+                "differently on another rank, and the ranks would route apart)");
+    MOESQ_CHECK(opt.kv_tokens != kKvTokensFitMemory, "engine: expert-parallel ranks need a fixed KV size "
+                "(kv_tokens >= 0), not one fitted to each GPU's free memory");
     exchange = opt.exchange;
   }
   MOESQ_CHECK(opt.max_seqs >= 1, "engine: max_seqs must be >= 1");

@@ -68,7 +68,7 @@ class ExpertBackendHost {
   virtual int act_block() const { return 0; }
   // MoE layer `layer`'s routed experts [begin, end) (HostExperts::begin / end), read through io (any
   // layout io reads; only those experts' tensors where the layout stores experts apart). Errors name the
-  // tensor and the directory; a range outside [0, E).
+  // tensor and the directory. The caller (load_host_moe) checks the range.
   virtual std::unique_ptr<HostExperts> load(const io::Checkpoint& ckpt, const io::QuantizationConfig& q,
                                             int64_t layer, int64_t begin, int64_t end) const = 0;
 };

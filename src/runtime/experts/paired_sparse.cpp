@@ -54,8 +54,6 @@ class PairedSparseHost final : public ExpertBackendHost {
                                     int64_t begin, int64_t end) const override {
     const io::ModelSpec& s = ckpt.spec();
     const int64_t H = s.hidden_size, E = s.num_experts, I = s.moe_intermediate_size;
-    MOESQ_CHECK(begin >= 0 && begin <= end && end <= E, ckpt.dir(), " layer ", l, ": experts [", begin, ", ", end,
-                ") outside the ", E, " routed experts");
     const int64_t n = end - begin;
     MOESQ_CHECK(n > 0, ckpt.dir(), " layer ", l, ": an empty expert shard [", begin, ", ", end, ")");
     std::vector<format::Sparse48Tensor> gu(n), down(n);

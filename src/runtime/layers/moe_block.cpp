@@ -78,6 +78,8 @@ HostMoe load_host_moe(const io::Checkpoint& ckpt, const io::QuantizationConfig& 
   }
   if (s.expert_bias) load_expert_biases(ckpt, layer, m);
   if (expert_end == 0) expert_end = s.num_experts;  // (0, 0): every expert
+  MOESQ_CHECK(expert_begin >= 0 && expert_begin <= expert_end && expert_end <= s.num_experts, ckpt.dir(), " layer ",
+              layer, ": experts [", expert_begin, ", ", expert_end, ") outside the ", s.num_experts, " routed experts");
   m.experts = expert_backend_host(backend).load(ckpt, q, layer, expert_begin, expert_end);
   if (s.num_shared_experts > 0) {
     const io::LayerTensorNames& names = io::layer_tensor_names(s.model_type);

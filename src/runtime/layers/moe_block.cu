@@ -3,6 +3,7 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <vector>
 
 #include "core/cuda/check.cuh"
@@ -157,13 +158,16 @@ ExpertExchange host_staged_exchange(std::function<void(uint32_t* words, int64_t 
   MOESQ_CHECK(host_sum, "host_staged_exchange: no host sum");
   ExpertExchange x;
   x.capturable = false;
-  x.all_reduce_sum = [sum = std::move(host_sum)](uint32_t* words, int64_t count, cudaStream_t stream) {
-    std::vector<uint32_t> host(static_cast<size_t>(count));
+  // One host buffer for every call (a decode step exchanges once per MoE layer).
+  x.all_reduce_sum = [sum = std::move(host_sum), buf = std::make_shared<std::vector<uint32_t>>()](
+                         uint32_t* words, int64_t count, cudaStream_t stream) {
+    std::vector<uint32_t>& host = *buf;
+    host.resize(static_cast<size_t>(count));
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(host.data(), words, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));
     sum(host.data(), count);
     MOESQ_CUDA_CHECK(cudaMemcpyAsync(words, host.data(), host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream));
-    MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` dies here
+    MOESQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the buffer is reused by the next call
   };
   return x;
 }
