@@ -20,7 +20,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
-#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35, ep)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35, ep, ncu_decode)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -63,7 +63,8 @@ if has tests; then
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
     [[ " $MEMCHECK " == *" $t "* ]] || continue
-    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*:*SlidingWindow*"
+    filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*:*SlidingWindow*:*RouteRows*:*SynthPack*"
+    [ "$t" = test_engine_expert_parallel ] && filter="--gtest_filter=*Synthetic*:*Refused*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done
@@ -158,6 +159,17 @@ if has q35; then
     --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
     > "$O/e2e_q35.json" 2> "$O/e2e_q35.err"
   log "bench e2e qwen3.5-397b-a17b layers ${Q35_LAYERS:-4} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_q35.err" | tee -a "$S"
+fi
+
+# Session 27: where a decode step's time goes, per kernel (ncu serializes the launches: durations, not gaps).
+# bench e2e at Qwen3-30B-A3B shapes, NCU_LAYERS layers, B = 1, a 1,024-token prompt, 8 steps; the
+# by-kernel sums cover the prefill too (its kernels are the large-M GEMMs and the prefill attention).
+if has ncu_decode; then
+  timeout 400 ncu --clock-control none --graph-profiling node --launch-count ${NCU_COUNT:-1500} --metrics gpu__time_duration.sum,dram__bytes.sum \
+    --csv "$B/moesq" bench e2e --synthetic ${NCU_MODEL:-qwen3-30b-a3b} --layers ${NCU_LAYERS:-2} --experts ${NCU_EXPERTS:-sparse-w4a4} --batch ${NCU_BATCH:-1} \
+    --prompt-len 1024 --gen 8 --deterministic on > "$W/ncu_decode.csv" 2> "$W/ncu_decode.log"
+  log "ncu decode rc=$?"; cp "$W/ncu_decode.csv" "$O/ncu_decode.csv"
+  python3 bench/ncu_summary.py "$W/ncu_decode.csv" --by-kernel | head -40 | tee -a "$S"
 fi
 
 if has kimi; then
