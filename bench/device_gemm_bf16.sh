@@ -134,7 +134,10 @@ fi
 # test (2 and 3 ranks = one GPU bitwise), then `mpirun -np 2 moesq eval --device cuda` against the plain
 # process (nats must be equal to the last digit), then 2 ranks of bench e2e at Qwen3-30B-A3B shapes.
 if has ep; then
-  cmake --build "$B" -j16 --target test_engine_expert_parallel > "$W/build_ep.log" 2>&1 || log "FAIL: build test_engine_expert_parallel"
+  cmake --build "$B" -j16 --target test_engine_expert_parallel test_device_collectives > "$W/build_ep.log" 2>&1 || log "FAIL: build test_engine_expert_parallel"
+  timeout 120 "$B/test_device_collectives" > "$W/test_device_collectives.log" 2>&1
+  log "test_device_collectives (NCCL, one rank) rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]|SKIPPED' "$W/test_device_collectives.log" | tr '\n' ' ')"
+  grep -E 'NCCL' "$W/cfg.log" | head -2 | sed 's/^/  /' >> "$S"
   timeout 400 "$B/test_engine_expert_parallel" > "$W/test_engine_expert_parallel.log" 2>&1
   log "test_engine_expert_parallel rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/test_engine_expert_parallel.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \] [A-Z]|Failure|\[ep\]' "$W/test_engine_expert_parallel.log" | head -20 | sed 's/^/  /' >> "$S"
@@ -146,8 +149,12 @@ if has ep; then
       > "$O/eval_ep$np.json" 2> "$W/eval_ep$np.err"
     log "eval --device cuda, $np rank(s): rc=$? $(grep -o '"nats_per_token": [0-9.e-]*' "$O/eval_ep$np.json" | tail -1)"
   done
-  cmp -s <(grep -vE 'expert_parallel_ranks|"seconds"' "$O/eval_ep1.json") <(grep -vE 'expert_parallel_ranks|"seconds"' "$O/eval_ep2.json") \
+  cmp -s <(grep -vE 'expert_parallel_ranks|expert_exchange|"seconds"' "$O/eval_ep1.json") <(grep -vE 'expert_parallel_ranks|expert_exchange|"seconds"' "$O/eval_ep2.json") \
     && log "eval: 2 ranks = 1 rank, byte for byte (but the ranks and seconds keys)" || log "eval: 2 ranks DIFFER from 1 rank"
+  # Two ranks on one GPU with the NCCL exchange forced: NCCL refuses; every rank must end with the reason.
+  timeout 120 $MPI "$B/moesq" eval models/tiny-qwen3-moe --data $data --seq-len 128 --device cuda --expert-exchange nccl \
+    > /dev/null 2> "$W/eval_ep_nccl.err"
+  log "eval 2 ranks --expert-exchange nccl on one GPU: rc=$? (expect non-zero, not 124) $(grep -m1 -i 'error' "$W/eval_ep_nccl.err" | head -c 300)"
   timeout 300 $MPI "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --layers 4 --experts sparse-w4a4 --batch 1,64 \
     --prompt-len 512 --gen 16 --json > "$O/e2e_ep2.json" 2> "$W/e2e_ep2.err"
   log "bench e2e 2 ranks rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_ep2.err" | tee -a "$S"

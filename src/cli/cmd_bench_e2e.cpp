@@ -36,6 +36,7 @@ namespace {
 
 struct E2eArgs {
   std::string synthetic, experts = "bf16,sparse-w4a4", batches = "1,8,64", deterministic = "on";
+  std::string expert_exchange = "auto";  // the expert-parallel ranks' exchange (cli/expert_parallel.h)
   int64_t layers = 0, prompt_len = 2048, gen = 128, prefill_tokens = 16384;
   uint64_t seed = 1;
   bool json = false;
@@ -147,10 +148,12 @@ void run_e2e(const E2eArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   // Under `mpirun -np N` (N > 1): the expert-parallel engine (cli/expert_parallel.h); every rank runs
   // the same calls (nothing below depends on a time), rank 0 prints; weights are rank 0's.
-  const ExpertParallel ep("bench e2e");
+  const ExpertParallel ep("bench e2e", a.expert_exchange);
   if (ep.ranks() > 1)
     progress("bench e2e", std::to_string(ep.ranks()) + " expert-parallel ranks, rank 0 holds " + ep.shard(spec.num_experts) +
-                              "; the exchange goes through host memory (MPI), decode runs without CUDA graphs");
+                              (ep.exchange() == "nccl" ? "; the exchange is an NCCL all-reduce, in the decode graphs"
+                                                       : "; the exchange goes through host memory (MPI), decode runs "
+                                                         "without CUDA graphs"));
   ep.run([&] {
     for (runtime::ExpertBackend backend : backends) {
       progress("bench e2e", std::string("building ") + runtime::expert_backend_name(backend) + " synthetic " + a.synthetic);
@@ -250,7 +253,7 @@ void run_e2e(const E2eArgs& a) {
   if (!ep.root()) return;
   nlohmann::json j;
   j["model"] = "synthetic:" + a.synthetic;
-  if (ep.ranks() > 1) j["expert_parallel_ranks"] = ep.ranks();
+  if (ep.ranks() > 1) j["expert_parallel_ranks"] = ep.ranks(), j["expert_exchange"] = ep.exchange();
   j["layers"] = spec.num_layers;
   j["model_layers"] = model_layers;
   j["prompt_len"] = a.prompt_len;
@@ -280,6 +283,7 @@ void register_bench_e2e(CLI::App* bench) {
                   "for q|k|v, o_proj, router, lm_head; on,off: both, per backend")
       ->capture_default_str();
   add_check_finite_flag(cmd, args->check_finite);
+  add_expert_exchange_flag(cmd, args->expert_exchange);
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_e2e(*args); });
 }

@@ -35,6 +35,7 @@ struct EvalArgs {
   std::string deterministic = "on";  // GPU engine: batch-invariant logits (on) or the faster cuBLAS path (off)
   bool allow_mixed = false;
   bool check_finite = false;      // GPU engine: runtime::EngineOptions::check_finite
+  std::string expert_exchange = "auto";  // under mpirun: the expert-parallel exchange (cli/expert_parallel.h)
 };
 
 void run_eval(const EvalArgs& a) {
@@ -51,6 +52,7 @@ void run_eval(const EvalArgs& a) {
   std::string backend;
   model::EvalResult r;
   int ranks = 1;  // expert-parallel ranks of the GPU engine
+  std::string exchange;
   if (a.device == "cuda") {
 #ifdef MOESQ_HAVE_CUDA
     runtime::CudaEvalOptions co;
@@ -59,11 +61,11 @@ void run_eval(const EvalArgs& a) {
     co.deterministic = a.deterministic == "on";
     co.check_finite = a.check_finite;
     // Under `mpirun -np N` (N > 1): the expert-parallel engine, rank 0 prints (cli/expert_parallel.h).
-    const ExpertParallel ep("eval");
+    const ExpertParallel ep("eval", a.expert_exchange);
     co.engine_options = [&ep](const io::ModelSpec& s, runtime::EngineOptions& eo) { ep.apply(s.num_experts, eo); };
     ep.run([&] { r = runtime::evaluate_checkpoint_cuda(a.dir, a.data, co, &backend); });
     if (!ep.root()) return;
-    ranks = ep.ranks();
+    ranks = ep.ranks(), exchange = ep.exchange();
 #else
     MOESQ_FAIL("--device cuda: this moesq was built without CUDA");
 #endif
@@ -86,7 +88,7 @@ void run_eval(const EvalArgs& a) {
     j["predicted_tokens"] = r.predicted;
     j["seconds"] = r.seconds;
     if (!backend.empty()) j["device"] = "cuda", j["experts"] = backend, j["deterministic"] = a.deterministic == "on";
-    if (ranks > 1) j["expert_parallel_ranks"] = ranks;
+    if (ranks > 1) j["expert_parallel_ranks"] = ranks, j["expert_exchange"] = exchange;
     j["files"] = nlohmann::json::array();
     for (const auto& f : r.files)
       j["files"].push_back({{"path", f.path},
@@ -147,6 +149,7 @@ void register_eval(CLI::App& app) {
   cmd->add_flag("--allow-mixed", args->allow_mixed,
                 "load a half-compressed checkpoint (some routed-expert projections dense, the rest packed)");
   add_check_finite_flag(cmd, args->check_finite);
+  add_expert_exchange_flag(cmd, args->expert_exchange);
   cmd->callback([args] { run_eval(*args); });
 }
 

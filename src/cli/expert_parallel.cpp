@@ -1,7 +1,10 @@
 #include "cli/expert_parallel.h"
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 #include "core/progress.h"
+#include "dist/device_collectives.h"
 #include "dist/gpu_binding.h"
 #include "dist/partition.h"
 
@@ -23,10 +26,42 @@ RankGpu gpu_of_rank(const dist::Communicator& comm, const std::string& what) {
 #endif
 }
 
-ExpertParallel::ExpertParallel(const std::string& what) : what_(what) {
+void add_expert_exchange_flag(CLI::App* cmd, std::string& exchange) {
+  cmd->add_option("--expert-exchange", exchange,
+                  "under mpirun -np N (N > 1), how the expert-parallel ranks sum their experts' outputs: nccl (GPU to "
+                  "GPU, decode stays in CUDA graphs; one GPU per rank), host (through host memory and MPI; ranks may "
+                  "share a GPU; decode runs without graphs), auto (nccl when built with NCCL and every rank has a GPU "
+                  "of its own, else host)")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}))
+      ->capture_default_str();
+}
+
+ExpertParallel::ExpertParallel(const std::string& what, const std::string& exchange) : what_(what) {
+  MOESQ_CHECK(exchange == "auto" || exchange == "nccl" || exchange == "host", what, ": --expert-exchange '", exchange,
+              "' is not one of auto, nccl, host");
   if (dist::launched_by_mpi()) comm_ = dist::communicator_from_environment();
   if (!root()) set_progress_enabled(false);  // rank 0 speaks for the run
+  if (ranks() == 1) return;
+#ifdef MOESQ_HAVE_CUDA
+  if (exchange == "host") return;
+  if (exchange == "nccl") {
+    MOESQ_CHECK(dist::nccl_built(), what, ": --expert-exchange nccl: this moesq was built without NCCL");
+    exchange_ = "nccl";
+    return;
+  }
+  // auto: NCCL where every rank of every host has a GPU of its own (NCCL refuses two ranks on one GPU).
+  int visible = 0;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+  const std::string own = comm_->local_size() <= visible ? "1" : "0";
+  bool everywhere = true;
+  for (const std::string& o : comm_->allgather(own)) everywhere = everywhere && o == "1";
+  if (everywhere && dist::nccl_built()) exchange_ = "nccl";
+#else
+  (void)exchange;
+#endif
 }
+
+ExpertParallel::~ExpertParallel() = default;
 
 void ExpertParallel::apply(int64_t num_experts, runtime::EngineOptions& eo) const {
   if (ranks() == 1) return;
@@ -37,6 +72,15 @@ void ExpertParallel::apply(int64_t num_experts, runtime::EngineOptions& eo) cons
   MOESQ_CHECK(cudaSetDevice(gpu) == cudaSuccess, what_, ": cannot select GPU ", gpu);
   const dist::ExpertRange mine = dist::engine_expert_range(num_experts, comm_->rank(), ranks());
   eo.expert_begin = mine.begin, eo.expert_end = mine.end;
+  if (exchange_ == "nccl") {
+    if (!nccl_) nccl_ = dist::DeviceCollectives::create(*comm_, gpu);
+    dist::DeviceCollectives* nccl = nccl_.get();
+    eo.exchange.capturable = true;
+    eo.exchange.all_reduce_sum = [nccl](uint32_t* words, int64_t count, cudaStream_t stream) {
+      nccl->allreduce_sum_u32(words, count, stream);
+    };
+    return;
+  }
   dist::Communicator* comm = comm_.get();
   eo.exchange = runtime::host_staged_exchange(
       [comm](uint32_t* words, int64_t count) { dist::allreduce_sum_u32(*comm, words, count); });

@@ -120,4 +120,22 @@ TEST_F(CliParallel, ExpertParallelEvalWithoutAGpuEndsEveryRankWithTheReason) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
+TEST_F(CliParallel, ExpertExchangeNcclWithoutAGpuEndsEveryRankWithTheReason) {
+  tmp_.write("text.txt", "The quick brown fox jumps over the lazy dog. It was the best of times.\n");
+  const CmdRun r = moesq(2, std::string("eval ") + MOESQ_DEFAULT_MODEL + " --data " + tmp_.file("text.txt") +
+                                " --seq-len 16 --device cuda --expert-exchange nccl");
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung\n" << r.err;
+  const bool named = r.err.find("CUDA") != std::string::npos || r.err.find("GPU") != std::string::npos ||
+                     r.err.find("NCCL") != std::string::npos;
+  EXPECT_TRUE(named) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
+TEST_F(CliParallel, AnUnknownExpertExchangeIsRefusedByName) {
+  const CmdRun r = moesq(0, std::string("bench e2e --synthetic qwen3-30b-a3b --expert-exchange rdma"));
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--expert-exchange"), std::string::npos) << r.err;
+}
+
 }  // namespace
