@@ -19,12 +19,27 @@
 // L2 norms sum squares per lane (i ≡ lane mod 32, ascending) then butterfly 1, 2, 4, 8, 16; Sᵀk and Sᵀq
 // sum each 32-row group of S by fma in ascending rows, then the groups in ascending order; the gated
 // RMSNorm sums squares in fp64 the L2 norm's way.
+//
+// Two forms of each, the SAME bits (every value goes through the same operations in the same order;
+// tests/ops/test_gdn_forms.cpp on the twins, tests/gpu/test_gdn_ops.cu on the kernels):
+//  - walk (decode, one token per run): one kernel each, a run's tokens walked in order as above;
+//  - parallel (prefill, runs of many tokens): gdn_conv computes every token's conv at once (a token's
+//    Kc−1 earlier inputs come from its run or, before the run, from the slot's window), then moves the
+//    windows on; gdn_recurrence runs three kernels — the per-token L2 norms and gates of every token at
+//    once (q̂, k̂, α, β written over q, k, a, b: the caller's scratch, consume_inputs), the state walk split
+//    over 32-column blocks of S (the columns of S never meet: one CTA per block, value head and run, with
+//    a fifth of the walk's barriers and the next token's inputs prefetched; its raw o written over v), then
+//    the gated RMSNorm of every token at once.
 #pragma once
 #include <cstdint>
 
 #include "core/cuda/stream.h"
 
 namespace moesq::ops {
+
+// automatic: parallel when the host knows the call has a run of more than one token (tokens > runs)
+// and, for the recurrence, consume_inputs; else walk.
+enum class GdnForm { automatic, walk, parallel };
 
 constexpr int kGdnMaxConvKernel = 8;   // Kc built (Qwen3-Next / Qwen3.5: 4)
 constexpr double kGdnTolerance = 2e-5; // GPU vs twin, max |Δ| / max |twin| per output (expf's rounding)
@@ -49,6 +64,8 @@ struct GdnConvArgs {
   // false: the windows are read, not moved on (the outputs are the same). The engine's eager decode
   // step before a graph capture runs so, since the captured replay then takes the same step again.
   bool update_state = true;
+  GdnForm form = GdnForm::automatic;
+  int64_t tokens = 0;  // the call's T (= run_start[runs]) as the host knows it, for automatic and parallel
 };
 
 struct GdnRecurrenceArgs {
@@ -70,7 +87,17 @@ struct GdnRecurrenceArgs {
   int nk = 0, dk = 0, nv = 0, dv = 0;
   double eps = 1e-6;                   // gated RMSNorm
   bool update_state = true;            // false: S is read, not written (GdnConvArgs::update_state)
+  GdnForm form = GdnForm::automatic;
+  int64_t tokens = 0;                  // the call's T, as GdnConvArgs::tokens
+  // true: the parallel form may overwrite qkv's q, k, v columns and a, b (read by nothing after this
+  // call: the engine's scratch); the parallel form is refused without it.
+  bool consume_inputs = false;
 };
+
+// The form a call takes (GdnForm). Error: parallel asked without tokens > 0, or for the recurrence
+// without consume_inputs.
+bool gdn_conv_parallel(const GdnConvArgs& args);
+bool gdn_recurrence_parallel(const GdnRecurrenceArgs& args);
 
 // Errors (both sides): sizes outside the built ranges (naming them), null pointers, runs that are not
 // ascending or cover other than [0, T) is checked on the host twin only (the launcher reads nothing back).

@@ -51,7 +51,70 @@ int64_t check_runs_host(const GdnRuns& r, const char* op) {
   return r.run_start[r.runs];
 }
 
+// The run of each of the call's T tokens.
+std::vector<int> run_of_tokens(const GdnRuns& r, int64_t T) {
+  std::vector<int> run(static_cast<size_t>(T), 0);
+  for (int i = 0; i < r.runs; ++i)
+    for (int64_t t = r.run_start[i]; t < r.run_start[i + 1]; ++t) run[static_cast<size_t>(t)] = i;
+  return run;
+}
+
+// The input u positions before token t (u = t − (Kc−1) + j) of a run starting at t0: the run's own input, or
+// before the run the slot's window (oldest first, Kc−1 values).
+float conv_input(const GdnConvArgs& a, const float* window, int64_t u, int64_t t0, int c) {
+  return u >= t0 ? a.x[u * a.ldx + c] : window[a.Kc - 1 + (u - t0)];
+}
+
+// gdn_conv's parallel form: every token's conv alone, then the windows moved on.
+void conv_parallel_ref(const GdnConvArgs& a, int64_t T) {
+  const int C = a.C, Kc = a.Kc;
+  const std::vector<int> run = run_of_tokens(a.runs, T);
+  auto window_of = [&](int r, int c) {
+    return Kc > 1 ? a.window + (static_cast<int64_t>(a.runs.run_slot[r]) * C + c) * (Kc - 1) : nullptr;
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const int r = run[static_cast<size_t>(t)];
+    const int64_t t0 = a.runs.run_start[r];
+    for (int c = 0; c < C; ++c) {
+      const float* w = a.w + static_cast<int64_t>(c) * Kc;
+      float acc = 0.0f;
+      for (int j = 0; j < Kc; ++j) acc = std::fma(w[j], conv_input(a, window_of(r, c), t - (Kc - 1) + j, t0, c), acc);
+      a.out[t * C + c] = silu(acc);
+    }
+  }
+  if (!a.update_state || Kc == 1) return;
+  for (int r = 0; r < a.runs.runs; ++r) {
+    const int64_t t0 = a.runs.run_start[r], t1 = a.runs.run_start[r + 1];
+    for (int c = 0; c < C; ++c) {
+      float* st = window_of(r, c);
+      std::array<float, kGdnMaxConvKernel> next{};
+      for (int j = 0; j < Kc - 1; ++j) next[j] = conv_input(a, st, t1 - (Kc - 1) + j, t0, c);
+      for (int j = 0; j < Kc - 1; ++j) st[j] = next[j];
+    }
+  }
+}
+
 }  // namespace
+
+bool gdn_conv_parallel(const GdnConvArgs& a) {
+  if (a.form == GdnForm::walk) return false;
+  if (a.form == GdnForm::parallel) {
+    MOESQ_CHECK(a.tokens > 0 || a.runs.runs == 0, "gdn_conv: the parallel form needs the call's token count (tokens)");
+    return true;
+  }
+  return a.tokens > a.runs.runs;
+}
+
+bool gdn_recurrence_parallel(const GdnRecurrenceArgs& a) {
+  if (a.form == GdnForm::walk) return false;
+  if (a.form == GdnForm::parallel) {
+    MOESQ_CHECK(a.tokens > 0 || a.runs.runs == 0,
+                "gdn_recurrence: the parallel form needs the call's token count (tokens)");
+    MOESQ_CHECK(a.consume_inputs, "gdn_recurrence: the parallel form overwrites q, k, v, a and b: set consume_inputs");
+    return true;
+  }
+  return a.consume_inputs && a.tokens > a.runs.runs;
+}
 
 void gdn_conv_check(const GdnConvArgs& a) {
   check_runs(a.runs, "gdn_conv");
@@ -79,7 +142,11 @@ void gdn_recurrence_check(const GdnRecurrenceArgs& a) {
 
 void gdn_conv_ref(const GdnConvArgs& a) {
   gdn_conv_check(a);
-  check_runs_host(a.runs, "gdn_conv");
+  const int64_t T = check_runs_host(a.runs, "gdn_conv");
+  if (gdn_conv_parallel(a)) {
+    MOESQ_CHECK(a.tokens == T, "gdn_conv: tokens ", a.tokens, " but the runs cover ", T);
+    return conv_parallel_ref(a, T);
+  }
   const int C = a.C, Kc = a.Kc;
   for (int r = 0; r < a.runs.runs; ++r) {
     const int64_t t0 = a.runs.run_start[r], t1 = a.runs.run_start[r + 1];
@@ -101,9 +168,110 @@ void gdn_conv_ref(const GdnConvArgs& a) {
   }
 }
 
+namespace {
+
+// The two per-token steps the walk does before and after S's update, as the parallel form runs them for
+// every token at once: q̂, k̂ (L2-normalised, q̂ · dk^-½) written over q, k of each key head, α, β over a, b.
+void recurrence_prep_ref(const GdnRecurrenceArgs& a, int64_t T) {
+  const int dk = a.dk, nv = a.nv;
+  const int64_t Kd = static_cast<int64_t>(a.nk) * dk, ld = 2 * Kd + static_cast<int64_t>(nv) * a.dv;
+  const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+  float* qkv = const_cast<float*>(a.qkv);  // consume_inputs
+  float* av = const_cast<float*>(a.a);
+  float* bv = const_cast<float*>(a.b);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int kh = 0; kh < a.nk; ++kh) {
+      float* q = qkv + t * ld + kh * dk;
+      float* k = q + Kd;
+      const float iq = 1.0f / std::sqrt(lane_butterfly_sum_sq<float>(q, dk) + 1e-6f);
+      const float ik = 1.0f / std::sqrt(lane_butterfly_sum_sq<float>(k, dk) + 1e-6f);
+      for (int i = 0; i < dk; ++i) q[i] = (q[i] * iq) * qscale, k[i] = k[i] * ik;
+    }
+    for (int h = 0; h < nv; ++h) {
+      const float A = std::exp(a.A_log[h]);
+      float& alpha = av[t * a.ldz + h];
+      float& beta = bv[t * a.ldz + h];
+      alpha = std::exp(-A * softplus(alpha + a.dt_bias[h]));
+      beta = 1.0f / (1.0f + std::exp(-beta));
+    }
+  }
+}
+
+// The gated RMSNorm of o (over v's columns) for every token.
+void recurrence_norm_ref(const GdnRecurrenceArgs& a, int64_t T) {
+  const int dv = a.dv, nv = a.nv;
+  const int64_t Kd = static_cast<int64_t>(a.nk) * a.dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv, Vd = int64_t{nv} * dv;
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nv; ++h) {
+      const float* o = a.qkv + t * ld + 2 * Kd + static_cast<int64_t>(h) * dv;
+      const double ss = lane_butterfly_sum_sq<double>(o, dv);
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv) + a.eps));
+      for (int j = 0; j < dv; ++j) {
+        const float y = a.norm[j] * (o[j] * inv) * silu(a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j]);
+        const int64_t at = t * Vd + static_cast<int64_t>(h) * dv + j;
+        if (a.out) a.out[at] = y;
+        if (a.out_hi) {
+          const uint16_t hi = f32_to_bf16(y);
+          a.out_hi[at] = hi;
+          if (a.out_lo) a.out_lo[at] = f32_to_bf16(y - bf16_to_f32(hi));
+        }
+      }
+    }
+}
+
+// gdn_recurrence's parallel form: prep, then each column of each (run, value head)'s S walked alone
+// (its raw o written over v), then the norm.
+void recurrence_parallel_ref(const GdnRecurrenceArgs& a, int64_t T) {
+  recurrence_prep_ref(a, T);
+  const int dk = a.dk, dv = a.dv, nv = a.nv, G = dk / 32, r_heads = nv / a.nk;
+  const int64_t Kd = static_cast<int64_t>(a.nk) * dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv;
+  float* qkv = const_cast<float*>(a.qkv);
+  std::vector<float> s(dk), part(G);
+  for (int r = 0; r < a.runs.runs; ++r)
+    for (int h = 0; h < nv; ++h) {
+      float* S = a.S + (static_cast<int64_t>(a.runs.run_slot[r]) * nv + h) * dk * dv;
+      const int kh = h / r_heads;
+      for (int j = 0; j < dv; ++j) {
+        for (int i = 0; i < dk; ++i) s[i] = S[i * dv + j];
+        for (int64_t t = a.runs.run_start[r]; t < a.runs.run_start[r + 1]; ++t) {
+          float* row = qkv + t * ld;
+          const float* q = row + kh * dk;
+          const float* k = q + Kd;
+          const float alpha = a.a[t * a.ldz + h], beta = a.b[t * a.ldz + h];
+          for (int g = 0; g < G; ++g) {
+            float p = 0.0f;
+            for (int i = 32 * g; i < 32 * g + 32; ++i) s[i] *= alpha, p = std::fma(s[i], k[i], p);
+            part[g] = p;
+          }
+          float mem = part[0];
+          for (int g = 1; g < G; ++g) mem += part[g];
+          float& v = row[2 * Kd + static_cast<int64_t>(h) * dv + j];
+          const float delta = (v - mem) * beta;
+          for (int g = 0; g < G; ++g) {
+            float p = 0.0f;
+            for (int i = 32 * g; i < 32 * g + 32; ++i) s[i] = std::fma(k[i], delta, s[i]), p = std::fma(s[i], q[i], p);
+            part[g] = p;
+          }
+          float o = part[0];
+          for (int g = 1; g < G; ++g) o += part[g];
+          v = o;  // the raw o of (t, h, j) over its v, which nothing reads again
+        }
+        if (a.update_state)
+          for (int i = 0; i < dk; ++i) S[i * dv + j] = s[i];
+      }
+    }
+  recurrence_norm_ref(a, T);
+}
+
+}  // namespace
+
 void gdn_recurrence_ref(const GdnRecurrenceArgs& a) {
   gdn_recurrence_check(a);
-  check_runs_host(a.runs, "gdn_recurrence");
+  const int64_t T = check_runs_host(a.runs, "gdn_recurrence");
+  if (gdn_recurrence_parallel(a)) {
+    MOESQ_CHECK(a.tokens == T, "gdn_recurrence: tokens ", a.tokens, " but the runs cover ", T);
+    return recurrence_parallel_ref(a, T);
+  }
   const int dk = a.dk, dv = a.dv, nv = a.nv, G = dk / 32, r_heads = nv / a.nk;
   const int64_t Kd = static_cast<int64_t>(a.nk) * dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv, Vd = int64_t{nv} * dv;
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
