@@ -429,8 +429,11 @@ GdnCall Engine::Impl::make_gdn_call(int64_t T) {
   c.proj.x = xb.p, c.proj.x_lo = xb_lo.p, c.proj.y_f32 = gdn_proj.p, c.proj.split_ws = gemm_split.p;
   c.proj.M = T, c.proj.N = P, c.proj.K = H, c.proj.ldy = P;
   c.conv.x = gdn_proj.p, c.conv.ldx = P, c.conv.out = gdn_qkv.p, c.conv.runs = runs;
-  c.conv.C = static_cast<int>(C), c.conv.Kc = static_cast<int>(d.Kc);
+  c.conv.C = static_cast<int>(C), c.conv.Kc = static_cast<int>(d.Kc), c.conv.tokens = T;
   ops::GdnRecurrenceArgs& r = c.rec;
+  // A prefill (runs of many tokens) takes the ops' parallel form, bitwise the decode walk's: it may
+  // write over gdn_qkv and the b | a columns of gdn_proj, which nothing reads after the recurrence.
+  r.tokens = T, r.consume_inputs = true;
   r.qkv = gdn_qkv.p, r.z = gdn_proj.p + C, r.b = gdn_proj.p + C + Vd, r.a = gdn_proj.p + C + Vd + d.nv, r.ldz = P;
   r.out_hi = gdn_o.p, r.out_lo = gdn_o_lo.p, r.runs = runs;
   r.nk = static_cast<int>(d.nk), r.dk = static_cast<int>(d.dk), r.nv = static_cast<int>(d.nv);

@@ -70,8 +70,11 @@ struct Layer {
     std::vector<float> qkv, o, o_hi_lo;
   };
   // One call on both sides: x [T, ld] projections; returns the GPU's and the twin's outputs.
+  // form: both sides take it (the parallel form consumes qkv, a and b: the outputs kept are the conv's
+  // before the recurrence runs).
   std::pair<Out, Out> call(const std::vector<float>& x, const std::vector<int32_t>& start,
-                           const std::vector<int32_t>& slot, bool update_state = true) {
+                           const std::vector<int32_t>& slot, bool update_state = true,
+                           ops::GdnForm form = ops::GdnForm::walk) {
     const int64_t T = start.back();
     const int runs_n = static_cast<int>(slot.size());
     Out host, dev;
@@ -79,11 +82,14 @@ struct Layer {
     host.o.assign(static_cast<size_t>(T * Vd()), 0.0f);
     std::vector<uint16_t> hi(static_cast<size_t>(T * Vd())), lo(hi.size());
     const ops::GdnRuns hr{start.data(), slot.data(), runs_n, slots};
-    ops::GdnConvArgs c{.x = x.data(), .ldx = ld(), .w = w.data(), .window = window.data(), .out = host.qkv.data(),
-                       .runs = hr, .C = C(), .Kc = s.Kc, .update_state = update_state};
+    std::vector<float> xh = x;  // the parallel form writes α, β over a, b
+    ops::GdnConvArgs c{.x = xh.data(), .ldx = ld(), .w = w.data(), .window = window.data(), .out = host.qkv.data(),
+                       .runs = hr, .C = C(), .Kc = s.Kc, .update_state = update_state, .form = form, .tokens = T};
     ops::gdn_conv_ref(c);
+    std::vector<float> qkv_h = host.qkv;
     ops::GdnRecurrenceArgs r;
-    r.qkv = host.qkv.data(), r.z = x.data() + C(), r.b = x.data() + C() + Vd(), r.a = x.data() + C() + Vd() + s.nv;
+    r.form = form, r.tokens = T, r.consume_inputs = form != ops::GdnForm::walk;
+    r.qkv = qkv_h.data(), r.z = xh.data() + C(), r.b = xh.data() + C() + Vd(), r.a = xh.data() + C() + Vd() + s.nv;
     r.ldz = ld(), r.A_log = A_log.data(), r.dt_bias = dt_bias.data(), r.norm = norm.data(), r.S = S.data();
     r.out = host.o.data(), r.out_hi = hi.data(), r.out_lo = lo.data(), r.runs = hr;
     r.nk = s.nk, r.dk = s.dk, r.nv = s.nv, r.dv = s.dv, r.update_state = update_state;
@@ -98,13 +104,16 @@ struct Layer {
     const ops::GdnRuns dr{d_start.p, d_slot.p, runs_n, slots};
     c.x = d_x.p, c.w = d_w.p, c.window = d_window.p, c.out = d_qkv.p, c.runs = dr;
     ops::gdn_conv(c, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dev.qkv = d_qkv.download();
+    dev.qkv.resize(host.qkv.size());
     r.qkv = d_qkv.p, r.z = d_x.p + C(), r.b = d_x.p + C() + Vd(), r.a = d_x.p + C() + Vd() + s.nv;
     r.A_log = d_A_log.p, r.dt_bias = d_dt_bias.p, r.norm = d_norm.p, r.S = d_S.p;
     r.out = d_o.p, r.out_hi = d_hi.p, r.out_lo = d_lo.p, r.runs = dr;
     ops::gdn_recurrence(r, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.qkv = d_qkv.download(), dev.o = d_o.download();
-    dev.qkv.resize(host.qkv.size()), dev.o.resize(host.o.size());
+    dev.o = d_o.download();
+    dev.o.resize(host.o.size());
     const std::vector<uint16_t> gh = d_hi.download(), gl = d_lo.download();
     for (size_t i = 0; i < hi.size(); ++i) dev.o_hi_lo.push_back(moesq::bf16_to_f32(gh[i]) + moesq::bf16_to_f32(gl[i]));
     return {dev, host};
@@ -129,6 +138,33 @@ TEST(GdnOpsGpu, KernelsMatchTheTwinsOverCallsOfSeveralRuns) {
         EXPECT_LE(rel_diff(L.d_window.download(), L.window), ops::kGdnTolerance) << "window, call " << k;
     }
   }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The parallel form (prefill) against the walk (decode) on the same inputs: every output and state
+// BITWISE, and the parallel form against its twin within the tolerance.
+TEST(GdnOpsGpu, TheParallelFormGivesTheWalksBits) {
+  for (const Shape& sh : kShapes)
+    for (bool update : {true, false}) {
+      Layer walk(sh, 6, 300 + sh.dk), par(sh, 6, 300 + sh.dk);
+      // Runs of 37, 1, 0, 2 and 100 tokens in slots 3, 0, 1, 5, 2 (2 < Kc − 1 = 3 for Kc 4).
+      const std::vector<int32_t> start = {0, 37, 38, 38, 40, 140}, slot = {3, 0, 1, 5, 2};
+      const std::vector<float> x = rand_f32(static_cast<size_t>(start.back()) * walk.ld(), 21);
+      const auto [dw, hw] = walk.call(x, start, slot, update, ops::GdnForm::walk);
+      const auto [dp, hp] = par.call(x, start, slot, update, ops::GdnForm::parallel);
+      const std::string at = "dk " + std::to_string(sh.dk) + (update ? " update" : " no update");
+      EXPECT_TRUE(same_bits(dw.qkv, dp.qkv)) << "conv, " << at;
+      EXPECT_TRUE(same_bits(dw.o, dp.o)) << "o, " << at;
+      EXPECT_TRUE(same_bits(dw.o_hi_lo, dp.o_hi_lo)) << "hi + lo, " << at;
+      EXPECT_TRUE(same_bits(walk.d_S.download(), par.d_S.download())) << "S, " << at;
+      if (!walk.window.empty())
+        EXPECT_TRUE(same_bits(walk.d_window.download(), par.d_window.download())) << "window, " << at;
+      EXPECT_LE(rel_diff(dp.o, hp.o), ops::kGdnTolerance) << "parallel vs its twin, " << at;
+      EXPECT_LE(rel_diff(par.d_S.download(), par.S), ops::kGdnTolerance) << "S vs twin, " << at;
+    }
 }
 
 TEST(GdnOpsGpu, ARunGivesTheBitsOfItsTokensOneByOne) {
