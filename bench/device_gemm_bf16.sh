@@ -123,11 +123,15 @@ fi
 
 # Session 25: the hybrid Qwen3-Next-80B-A3B (Gated DeltaNet + gated attention) at real shapes, NEXT_LAYERS
 # layers (8: six GDN, two attention), bf16 vs sparse-w4a4 experts in the same run.
+# Session 27: NEXT_GDN="walk parallel" runs it once per Gated DeltaNet prefill form (the same bits), the
+# walk first: the parallel form's peer in the same call.
 if has next; then
-  timeout 300 "$B/moesq" bench e2e --synthetic qwen3-next-80b-a3b --layers "${NEXT_LAYERS:-8}" --experts bf16,sparse-w4a4 \
-    --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
-    > "$O/e2e_next.json" 2> "$O/e2e_next.err"
-  log "bench e2e qwen3-next-80b-a3b layers ${NEXT_LAYERS:-8} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_next.err" | tee -a "$S"
+  for form in ${NEXT_GDN:-parallel}; do
+    timeout 300 "$B/moesq" bench e2e --synthetic qwen3-next-80b-a3b --layers "${NEXT_LAYERS:-8}" --experts "${NEXT_EXPERTS:-bf16,sparse-w4a4}" \
+      --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on \
+      --gdn-prefill $form --json > "$O/e2e_next_$form.json" 2> "$W/e2e_next_$form.err"
+    log "bench e2e qwen3-next-80b-a3b layers ${NEXT_LAYERS:-8} --gdn-prefill $form rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_next_$form.err" | tee -a "$S"
+  done
 fi
 
 # Session 26: the expert-parallel engine (docs/PARALLEL.md), its protocol on this one GPU: the threads
@@ -164,8 +168,8 @@ fi
 if has q35; then
   timeout 300 "$B/moesq" bench e2e --synthetic qwen3.5-397b-a17b --layers "${Q35_LAYERS:-4}" --experts bf16,sparse-w4a4 \
     --batch "${NEXT_BATCH:-1,64}" --prompt-len 1024 --prefill-tokens 4096 --gen "${E2E_GEN:-64}" --deterministic on --json \
-    > "$O/e2e_q35.json" 2> "$O/e2e_q35.err"
-  log "bench e2e qwen3.5-397b-a17b layers ${Q35_LAYERS:-4} rc=$?"; grep -E '\[bench e2e\]|rror' "$O/e2e_q35.err" | tee -a "$S"
+    > "$O/e2e_q35.json" 2> "$W/e2e_q35.err"
+  log "bench e2e qwen3.5-397b-a17b layers ${Q35_LAYERS:-4} rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_q35.err" | tee -a "$S"
 fi
 
 # Session 27: where a decode step's time goes, per kernel (ncu serializes the launches: durations, not gaps).

@@ -41,6 +41,7 @@ struct E2eArgs {
   uint64_t seed = 1;
   bool json = false;
   bool check_finite = false;  // runtime::EngineOptions::check_finite: the timings then include the check
+  std::string gdn_prefill = "parallel";  // runtime::EngineOptions::gdn_walk_prefill when "walk"
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -161,6 +162,7 @@ void run_e2e(const E2eArgs& a) {
       eo.max_seqs = max_b, eo.max_len = a.prompt_len + a.gen + 4, eo.max_tokens = chunk_seqs * a.prompt_len;
       eo.max_tokens = std::max<int64_t>(eo.max_tokens, max_b);
       eo.check_finite = a.check_finite;
+      eo.gdn_walk_prefill = a.gdn_prefill == "walk";
       ep.apply(spec.num_experts, eo);
       runtime::Engine eng(shapes, backend, a.seed, eo);
       const double bandwidth = floor_bandwidth();
@@ -212,6 +214,7 @@ void run_e2e(const E2eArgs& a) {
         r["batch"] = B;
         r["deterministic"] = det;
         r["check_finite"] = a.check_finite;
+        if (runtime::synthetic_is_hybrid(a.synthetic)) r["gdn_prefill"] = a.gdn_prefill;
         r["ttft_ms"] = ttft * 1e3;
         r["tpot_ms"] = tpot * 1e3;
         r["output_tokens_per_s"] = B / tpot;
@@ -284,6 +287,12 @@ void register_bench_e2e(CLI::App* bench) {
       ->capture_default_str();
   add_check_finite_flag(cmd, args->check_finite);
   add_expert_exchange_flag(cmd, args->expert_exchange);
+  cmd->add_option("--gdn-prefill", args->gdn_prefill,
+                  "Gated DeltaNet layers (qwen3-next-80b-a3b, qwen3.5-397b-a17b): parallel (default: every token's "
+                  "conv, norms and gates at once, the state walked in 32-column blocks) or walk (the decode kernels "
+                  "token by token); the same bits, for timing one against the other")
+      ->check(CLI::IsMember({"parallel", "walk"}))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_e2e(*args); });
 }

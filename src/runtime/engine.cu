@@ -107,6 +107,7 @@ struct Engine::Impl {
   std::vector<cudaEvent_t> events;
   std::map<int, cudaGraphExec_t> graphs;  // decode graph per batch size
   bool check_finite = false;              // EngineOptions::check_finite
+  bool gdn_walk_prefill = false;          // EngineOptions::gdn_walk_prefill
   DevBuf<uint64_t> finite_record;         // [1] ops::finite_check record (allocated when first switched on)
 
   void upload(HostModel&& m, const EngineOptions& opt);
@@ -180,6 +181,7 @@ void Engine::Impl::sizes(const EngineOptions& opt) {
   MOESQ_CHECK(kv_tokens_opt >= 0 || kv_tokens_opt == kKvTokensFitMemory, "engine: kv_tokens ", kv_tokens_opt,
               " must be >= 0 (or kKvTokensFitMemory)");
   set_check_finite(opt.check_finite);
+  gdn_walk_prefill = opt.gdn_walk_prefill;
   std::vector<float> c, sn;
   is_mla = s.mla.kv_lora_rank > 0;
   if (is_mla) {
@@ -434,6 +436,7 @@ GdnCall Engine::Impl::make_gdn_call(int64_t T) {
   // A prefill (runs of many tokens) takes the ops' parallel form, bitwise the decode walk's: it may
   // write over gdn_qkv and the b | a columns of gdn_proj, which nothing reads after the recurrence.
   r.tokens = T, r.consume_inputs = true;
+  if (gdn_walk_prefill) c.conv.form = r.form = ops::GdnForm::walk;
   r.qkv = gdn_qkv.p, r.z = gdn_proj.p + C, r.b = gdn_proj.p + C + Vd, r.a = gdn_proj.p + C + Vd + d.nv, r.ldz = P;
   r.out_hi = gdn_o.p, r.out_lo = gdn_o_lo.p, r.runs = runs;
   r.nk = static_cast<int>(d.nk), r.dk = static_cast<int>(d.dk), r.nv = static_cast<int>(d.nv);

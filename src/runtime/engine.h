@@ -70,6 +70,10 @@ struct EngineOptions {
   // caller must then end every rank (the CLI does: dist::run_or_abort_all).
   int64_t expert_begin = 0, expert_end = 0;
   ExpertExchange exchange;
+  // Gated DeltaNet layers (Qwen3-Next, Qwen3.5): false (default): a prefill takes the ops' parallel
+  // form (ops/gated_deltanet: every token's conv, norms and gates at once, S walked in 32-column
+  // blocks); true: the decode walk. The SAME bits either way; for measuring one against the other.
+  bool gdn_walk_prefill = false;
 };
 
 // A run of new tokens for one slot, appended at the slot's current length.
