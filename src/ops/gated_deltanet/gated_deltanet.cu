@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "core/cuda/check.cuh"
 #include "ops/gated_deltanet/gated_deltanet.h"
 
@@ -30,6 +32,16 @@ __device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ uint16_t to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 __device__ __forceinline__ float from_bf16(uint16_t h) { return __bfloat162float(__ushort_as_bfloat16(h)); }
+
+// The recurrence's outputs at `at`: y in fp32 and / or as bf16 hi + lo.
+__device__ __forceinline__ void store_out(const GdnRecurrenceArgs& a, int64_t at, float y) {
+  if (a.out) a.out[at] = y;
+  if (a.out_hi) {
+    const uint16_t hi = to_bf16(y);
+    a.out_hi[at] = hi;
+    if (a.out_lo) a.out_lo[at] = to_bf16(__fsub_rn(y, from_bf16(hi)));
+  }
+}
 
 template <int KC>
 __global__ void __launch_bounds__(kConvThreads) gdn_conv_kernel(GdnConvArgs a) {
@@ -137,13 +149,7 @@ __global__ void __launch_bounds__(512) gdn_recurrence_kernel(GdnRecurrenceArgs a
     if (g == 0) {
       const float zj = a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j];
       const float y = __fmul_rn(__fmul_rn(a.norm[j], __fmul_rn(o[j], scal[2])), silu(zj));
-      const int64_t at = t * Vd + static_cast<int64_t>(h) * dv + j;
-      if (a.out) a.out[at] = y;
-      if (a.out_hi) {
-        const uint16_t hi = to_bf16(y);
-        a.out_hi[at] = hi;
-        if (a.out_lo) a.out_lo[at] = to_bf16(__fsub_rn(y, from_bf16(hi)));
-      }
+      store_out(a, t * Vd + static_cast<int64_t>(h) * dv + j, y);
     }
     __syncthreads();  // q, k, o and the scalars are rewritten by the next token
   }
@@ -333,13 +339,7 @@ __global__ void __launch_bounds__(kNormThreads) gdn_norm_kernel(GdnRecurrenceArg
   for (int j = lane; j < dv; j += 32) {
     const float zj = a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j];
     const float y = __fmul_rn(__fmul_rn(a.norm[j], __fmul_rn(o[j], inv)), silu(zj));
-    const int64_t at = t * Vd + static_cast<int64_t>(h) * dv + j;
-    if (a.out) a.out[at] = y;
-    if (a.out_hi) {
-      const uint16_t hi = to_bf16(y);
-      a.out_hi[at] = hi;
-      if (a.out_lo) a.out_lo[at] = to_bf16(__fsub_rn(y, from_bf16(hi)));
-    }
+    store_out(a, t * Vd + static_cast<int64_t>(h) * dv + j, y);
   }
 }
 
@@ -373,34 +373,32 @@ void launch_recurrence(const GdnRecurrenceArgs& a, cudaStream_t stream) {
   MOESQ_CUDA_LAUNCH_CHECK("gdn_recurrence_kernel");
 }
 
+// fn(std::integral_constant<int, Kc>) for the built conv kernels 1..kGdnMaxConvKernel.
+template <typename Fn>
+void with_conv_kernel(int Kc, Fn&& fn) {
+  switch (Kc) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
+
 }  // namespace
 
 void gdn_conv(const GdnConvArgs& a, cudaStream_t stream) {
   gdn_conv_check(a);
   if (a.runs.runs == 0) return;
-  if (gdn_conv_parallel(a)) {
-    if (a.tokens == 0) return;
-    switch (a.Kc) {
-      case 1: return launch_conv_parallel<1>(a, stream);
-      case 2: return launch_conv_parallel<2>(a, stream);
-      case 3: return launch_conv_parallel<3>(a, stream);
-      case 4: return launch_conv_parallel<4>(a, stream);
-      case 5: return launch_conv_parallel<5>(a, stream);
-      case 6: return launch_conv_parallel<6>(a, stream);
-      case 7: return launch_conv_parallel<7>(a, stream);
-      default: return launch_conv_parallel<8>(a, stream);
-    }
-  }
-  switch (a.Kc) {
-    case 1: return launch_conv<1>(a, stream);
-    case 2: return launch_conv<2>(a, stream);
-    case 3: return launch_conv<3>(a, stream);
-    case 4: return launch_conv<4>(a, stream);
-    case 5: return launch_conv<5>(a, stream);
-    case 6: return launch_conv<6>(a, stream);
-    case 7: return launch_conv<7>(a, stream);
-    default: return launch_conv<8>(a, stream);
-  }
+  const bool parallel = gdn_conv_parallel(a);
+  if (parallel && a.tokens == 0) return;
+  with_conv_kernel(a.Kc, [&](auto kc) {
+    if (parallel) launch_conv_parallel<decltype(kc)::value>(a, stream);
+    else launch_conv<decltype(kc)::value>(a, stream);
+  });
 }
 
 void gdn_recurrence(const GdnRecurrenceArgs& a, cudaStream_t stream) {

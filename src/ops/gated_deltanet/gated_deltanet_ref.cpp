@@ -197,26 +197,28 @@ void recurrence_prep_ref(const GdnRecurrenceArgs& a, int64_t T) {
   }
 }
 
-// The gated RMSNorm of o (over v's columns) for every token.
-void recurrence_norm_ref(const GdnRecurrenceArgs& a, int64_t T) {
-  const int dv = a.dv, nv = a.nv;
-  const int64_t Kd = static_cast<int64_t>(a.nk) * a.dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv, Vd = int64_t{nv} * dv;
-  for (int64_t t = 0; t < T; ++t)
-    for (int h = 0; h < nv; ++h) {
-      const float* o = a.qkv + t * ld + 2 * Kd + static_cast<int64_t>(h) * dv;
-      const double ss = lane_butterfly_sum_sq<double>(o, dv);
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv) + a.eps));
-      for (int j = 0; j < dv; ++j) {
-        const float y = a.norm[j] * (o[j] * inv) * silu(a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j]);
-        const int64_t at = t * Vd + static_cast<int64_t>(h) * dv + j;
-        if (a.out) a.out[at] = y;
-        if (a.out_hi) {
-          const uint16_t hi = f32_to_bf16(y);
-          a.out_hi[at] = hi;
-          if (a.out_lo) a.out_lo[at] = f32_to_bf16(y - bf16_to_f32(hi));
-        }
-      }
+// The gated RMSNorm of o [dv] (token t, value head h) into the outputs: y = norm ⊙ o / rms(o) ⊙ SiLU(z).
+void gated_norm_ref(const GdnRecurrenceArgs& a, const float* o, int64_t t, int h) {
+  const int dv = a.dv;
+  const double ss = lane_butterfly_sum_sq<double>(o, dv);
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv) + a.eps));
+  for (int j = 0; j < dv; ++j) {
+    const float y = a.norm[j] * (o[j] * inv) * silu(a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j]);
+    const int64_t at = (t * a.nv + h) * dv + j;
+    if (a.out) a.out[at] = y;
+    if (a.out_hi) {
+      const uint16_t hi = f32_to_bf16(y);
+      a.out_hi[at] = hi;
+      if (a.out_lo) a.out_lo[at] = f32_to_bf16(y - bf16_to_f32(hi));
     }
+  }
+}
+
+// The gated RMSNorm of every token's raw o (written over v).
+void recurrence_norm_ref(const GdnRecurrenceArgs& a, int64_t T) {
+  const int64_t Kd = static_cast<int64_t>(a.nk) * a.dk, ld = 2 * Kd + static_cast<int64_t>(a.nv) * a.dv;
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < a.nv; ++h) gated_norm_ref(a, a.qkv + t * ld + 2 * Kd + static_cast<int64_t>(h) * a.dv, t, h);
 }
 
 // gdn_recurrence's parallel form: prep, then each column of each (run, value head)'s S walked alone
@@ -273,7 +275,7 @@ void gdn_recurrence_ref(const GdnRecurrenceArgs& a) {
     return recurrence_parallel_ref(a, T);
   }
   const int dk = a.dk, dv = a.dv, nv = a.nv, G = dk / 32, r_heads = nv / a.nk;
-  const int64_t Kd = static_cast<int64_t>(a.nk) * dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv, Vd = int64_t{nv} * dv;
+  const int64_t Kd = static_cast<int64_t>(a.nk) * dk, ld = 2 * Kd + static_cast<int64_t>(nv) * dv;
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
   std::vector<float> q(dk), k(dk), part(static_cast<size_t>(G) * dv), o(dv);
   for (int r = 0; r < a.runs.runs; ++r) {
@@ -317,18 +319,7 @@ void gdn_recurrence_ref(const GdnRecurrenceArgs& a) {
           o[j] = part[j];
           for (int g = 1; g < G; ++g) o[j] += part[g * dv + j];
         }
-        const double ss = lane_butterfly_sum_sq<double>(o.data(), dv);
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv) + a.eps));
-        for (int j = 0; j < dv; ++j) {
-          const float y = a.norm[j] * (o[j] * inv) * silu(a.z[t * a.ldz + static_cast<int64_t>(h) * dv + j]);
-          const int64_t at = t * Vd + static_cast<int64_t>(h) * dv + j;
-          if (a.out) a.out[at] = y;
-          if (a.out_hi) {
-            const uint16_t hi = f32_to_bf16(y);
-            a.out_hi[at] = hi;
-            if (a.out_lo) a.out_lo[at] = f32_to_bf16(y - bf16_to_f32(hi));
-          }
-        }
+        gated_norm_ref(a, o.data(), t, h);
       }
       if (a.update_state) std::copy(S_run.begin(), S_run.end(), S_slot);
     }
