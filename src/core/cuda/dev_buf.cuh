@@ -44,6 +44,11 @@ struct DevBuf {
   void upload(const T* host, size_t count) {
     if (count) MOESQ_CUDA_CHECK(cudaMemcpy(p, host, sizeof(T) * count, cudaMemcpyHostToDevice));
   }
+  // Copies count host elements, (re)allocating first when count differs from n (or nothing is held).
+  void assign(const T* host, size_t count) {
+    if (!p || count != n) alloc(count);
+    upload(host, count);
+  }
   // Copies h, reallocating first when its size differs from n.
   void upload(const std::vector<T>& h) {
     if (!p || h.size() != n) alloc(h.size());

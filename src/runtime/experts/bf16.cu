@@ -57,8 +57,8 @@ class Bf16Device final : public ExpertBackendDevice {
     MOESQ_CHECK(h->gu.size() == static_cast<size_t>(h->end - h->begin) * gu_per &&
                     h->down.size() == static_cast<size_t>(h->end - h->begin) * down_per,
                 "expert backend bf16: host experts of another shape");
-    out->gu.upload(h->gu.data() + first * gu_per, n * gu_per);
-    out->down.upload(h->down.data() + first * down_per, n * down_per);
+    out->gu.assign(h->gu.data() + first * gu_per, n * gu_per);
+    out->down.assign(h->down.data() + first * down_per, n * down_per);
     return out;
   }
 

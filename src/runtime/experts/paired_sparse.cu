@@ -30,7 +30,7 @@ struct DeviceProjection {
     MOESQ_CHECK(e0 >= 0 && e0 <= e1 && e1 <= k.num_experts, "paired 4:8 experts: shard [", e0, ", ", e1,
                 ") outside the layer's ", k.num_experts, " experts");
     const size_t per = k.expert_bytes();
-    w.upload(k.data.data() + e0 * per, static_cast<size_t>(e1 - e0) * per);
+    w.assign(k.data.data() + e0 * per, static_cast<size_t>(e1 - e0) * per);
     auto inverse = [&](const std::vector<float>& g) {
       std::vector<float> inv(static_cast<size_t>(e1 - e0));
       for (size_t e = 0; e < inv.size(); ++e) inv[e] = 1.0f / g[e0 + e];
