@@ -60,7 +60,9 @@ class ExpertParallel {
  private:
   std::unique_ptr<dist::Communicator> comm_;
   std::string what_, exchange_ = "host";
-  mutable std::unique_ptr<dist::DeviceCollectives> nccl_;
+  // shared_ptr: its deleter is made where create() is called (CUDA builds only), so a build without
+  // CUDA (no dist/device_collectives.cu) never needs the destructor.
+  mutable std::shared_ptr<dist::DeviceCollectives> nccl_;
 };
 
 }  // namespace moesq::cli
