@@ -14,20 +14,15 @@
 #include "core/cuda/dev_buf.cuh"
 #include "core/half.h"
 #include "ops/gated_deltanet/gated_deltanet.h"
+#include "support/float_vectors.h"
 #include "support/gpu_test_main.h"
 
 using moesq::DevBuf;
+using moesq::test::rand_f32;
+using moesq::test::same_bits;
 namespace ops = moesq::ops;
 
 namespace {
-
-std::vector<float> rand_f32(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 // max |a − b| / max |b| (b: the twin).
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -138,10 +133,6 @@ TEST(GdnOpsGpu, KernelsMatchTheTwinsOverCallsOfSeveralRuns) {
         EXPECT_LE(rel_diff(L.d_window.download(), L.window), ops::kGdnTolerance) << "window, call " << k;
     }
   }
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // The parallel form (prefill) against the walk (decode) on the same inputs: every output and state

@@ -13,22 +13,13 @@
 #include "core/error.h"
 #include "ops/gated_deltanet/gated_deltanet.h"
 #include "support/expect_error.h"
+#include "support/float_vectors.h"
 
 namespace ops = moesq::ops;
+using moesq::test::rand_f32;
+using moesq::test::same_bits;
 
 namespace {
-
-std::vector<float> rand_f32(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 struct Shape {
   int nk, dk, nv, dv, Kc;
