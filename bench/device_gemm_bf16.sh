@@ -62,6 +62,10 @@ if has tests; then
     timeout 400 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
+    if [ $rc != 0 ]; then  # session 28: the same binary with every kernel launched plainly (core/cuda/pdl.cuh)
+      MOESQ_PDL=0 timeout 400 "$B/$t" > "$W/$t.nopdl.log" 2>&1
+      log "  $t with MOESQ_PDL=0: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.nopdl.log" | tr '\n' ' ')"
+    fi
     [[ " $MEMCHECK " == *" $t "* ]] || continue
     filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*:*SlidingWindow*:*RouteRows*:*SynthPack*"
     [ "$t" = test_engine_expert_parallel ] && filter="--gtest_filter=*Synthetic*:*Refused*"
@@ -142,9 +146,10 @@ if has ep; then
   timeout 120 "$B/test_device_collectives" > "$W/test_device_collectives.log" 2>&1
   log "test_device_collectives (NCCL, one rank) rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]|SKIPPED' "$W/test_device_collectives.log" | tr '\n' ' ')"
   grep -E 'NCCL' "$W/cfg.log" | head -2 | sed 's/^/  /' >> "$S"
-  timeout 400 "$B/test_engine_expert_parallel" > "$W/test_engine_expert_parallel.log" 2>&1
+  [[ " $GPU_TESTS " == *" test_engine_expert_parallel "* ]] ||  # already run (and memchecked) above
+  { timeout 400 "$B/test_engine_expert_parallel" > "$W/test_engine_expert_parallel.log" 2>&1
   log "test_engine_expert_parallel rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/test_engine_expert_parallel.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Z]|Failure|\[ep\]' "$W/test_engine_expert_parallel.log" | head -20 | sed 's/^/  /' >> "$S"
+  grep -E '^\[  FAILED  \] [A-Z]|Failure|\[ep\]' "$W/test_engine_expert_parallel.log" | head -20 | sed 's/^/  /' >> "$S"; }
   MPI="mpirun --allow-run-as-root --oversubscribe -np 2"
   data=$(ls corpus/*.txt 2>/dev/null | head -2 | tr '\n' ' '); [ -n "$data" ] || { head -c 20000 README.md > "$W/ep.txt"; data="$W/ep.txt"; }
   for np in 1 2; do
@@ -183,6 +188,27 @@ if has ncu_decode; then
     --prompt-len 1024 --gen 8 --deterministic on > "$W/ncu_decode.csv" 2> "$W/ncu_decode.log"
   log "ncu decode rc=$?"; cp "$W/ncu_decode.csv" "$O/ncu_decode.csv"
   python3 bench/ncu_summary.py "$W/ncu_decode.csv" --by-kernel | head -40 | tee -a "$S"
+fi
+
+# Session 28: one whole MoE layer per stage (bench_moe_layer, issue 25) with the torch peer in the same call.
+if has layer; then
+  cmake --build "$B" -j16 --target bench_moe_layer > "$W/build_layer.log" 2>&1 || log "FAIL: build bench_moe_layer"
+  timeout 200 python3 bench/peer_moe_layer.py --out "$O/peer_moe_layer.json" --batch ${LAYER_BATCH:-1,64,512} --layers 4 --reps 100 \
+    > "$W/peer_moe_layer.log" 2>&1; log "torch peer rc=$?"
+  for pdl in 0 1; do  # programmatic dependent launch off, then on (core/cuda/pdl.cuh): the same binary
+    MOESQ_PDL=$pdl timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} --batch ${LAYER_BATCH:-1,64,512} \
+      --layers 4 --reps 100 --peer-json "$O/peer_moe_layer.json" --out "$O/moe_layer_pdl$pdl.json" > "$O/moe_layer_pdl$pdl.txt" 2> "$W/moe_layer$pdl.err"
+    log "bench_moe_layer MOESQ_PDL=$pdl rc=$?"; cat "$O/moe_layer_pdl$pdl.txt" | tee -a "$S"; tail -3 "$W/moe_layer$pdl.err" >> "$S"
+  done
+fi
+
+# Session 28: the whole decode step with PDL off and on, Qwen3-30B-A3B shapes, all 48 layers.
+if has pdl; then
+  for pdl in 0 1; do
+    MOESQ_PDL=$pdl timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
+      --prompt-len 1024 --gen 32 --deterministic on --json > "$O/e2e_pdl$pdl.json" 2> "$W/e2e_pdl$pdl.err"
+    log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_pdl$pdl.err" | tee -a "$S"
+  done
 fi
 
 if has kimi; then

@@ -631,10 +631,12 @@ TEST(EngineOps, RouterTopkMatchesRef) {
       const int64_t T = 37;
       const std::vector<float> z = rand_f32(T * E, E * 10 + k, 2.0f);
       DevBuf<float> dz(z), dw(T * k);
-      DevBuf<int32_t> di(T * k);
+      DevBuf<int32_t> di(T * k), dc(std::vector<int32_t>(E, 7));  // counts: set to 0 by the routing
       moesq::ops::RouterTopkArgs a;
-      a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = T, a.num_experts = E, a.topk = k;
+      a.logits = dz.p, a.topk_ids = di.p, a.topk_w = dw.p, a.T = T, a.num_experts = E, a.topk = k, a.counts = dc.p;
       moesq::ops::router_topk(a, nullptr);
+      ASSERT_EQ(dc.download(), std::vector<int32_t>(E, 0)) << "E=" << E << " k=" << k << ": counts not zeroed";
+      a.counts = nullptr;
       std::vector<int32_t> ri(T * k);
       std::vector<float> rw(T * k);
       a.logits = z.data(), a.topk_ids = ri.data(), a.topk_w = rw.data();

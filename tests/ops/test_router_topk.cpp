@@ -116,6 +116,21 @@ TEST(RouterTopkRef, RowsAreBatchInvariantAndNoRowsIsFine) {
   run_ref(z, 0, E, k, true);
 }
 
+TEST(RouterTopkRef, ZeroesTheDispatchCountsWhenGiven) {
+  const int E = 40, k = 3;
+  const auto z = distinct_logits(2, E, 11);
+  std::vector<int32_t> ids(2 * k), counts(E, 5);
+  std::vector<float> w(2 * k);
+  RouterTopkArgs a;
+  a.logits = z.data(), a.topk_ids = ids.data(), a.topk_w = w.data(), a.T = 2, a.num_experts = E, a.topk = k;
+  a.counts = counts.data();
+  moesq::ops::router_topk_ref(a);
+  EXPECT_EQ(counts, std::vector<int32_t>(E, 0));
+  const Result plain = run_ref(z, 2, E, k, true);  // the routes do not depend on it
+  EXPECT_EQ(ids, plain.ids);
+  EXPECT_EQ(w, plain.w);
+}
+
 TEST(RouterTopkRef, RefusesBadSizes) {
   const std::vector<float> z(600, 0.0f);
   EXPECT_THROW(run_ref(z, 1, 513, 4, true), moesq::Error);  // E > 512

@@ -7,6 +7,7 @@
 // expert weights the GEMM then streams, so the simpler mapping costs nothing measurable.
 #include "ops/act_dispatch/act_dispatch.h"
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/common/nvfp4_row.cuh"
 
 namespace moesq::ops {
@@ -16,6 +17,7 @@ namespace {
 constexpr int kThreads = 256;  // 8 columns per thread: K = 2048 in one pass
 
 __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   extern __shared__ __align__(16) unsigned char s_raw[];  // [K] bf16 token row, or [K] fp32 (x_lo given)
   uint16_t* s_row = reinterpret_cast<uint16_t*>(s_raw);
   float* s_rowf = reinterpret_cast<float*>(s_raw);
@@ -68,13 +70,14 @@ __global__ void __launch_bounds__(kThreads) act_dispatch_kernel(DispatchArgs a) 
 
 void act_dispatch(const DispatchArgs& a, cudaStream_t stream) {
   act_dispatch_check(a);
-  MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
+  if (!a.counts_zeroed) MOESQ_CUDA_CHECK(cudaMemsetAsync(a.counts, 0, sizeof(int32_t) * a.num_experts, stream));
   if (a.T == 0) return;
   const size_t smem = (a.x_lo && a.quantize ? sizeof(float) : sizeof(uint16_t)) * a.K;
   if (smem > 48 * 1024)
     MOESQ_CUDA_CHECK(cudaFuncSetAttribute(act_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-  act_dispatch_kernel<<<static_cast<unsigned>(a.T * a.topk), kThreads, smem, stream>>>(a);
+  launch_pdl("act_dispatch_kernel", act_dispatch_kernel, dim3(static_cast<unsigned>(a.T * a.topk)), dim3(kThreads),
+             smem, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("act_dispatch_kernel");
 }
 

@@ -31,6 +31,7 @@ struct DispatchArgs {
   uint16_t* out = nullptr;             // [E, capacity, K_pad] bf16, format::act_storage_index(·, layout) order
   float* inv_scale = nullptr;          // [E, capacity] 1/γ_a per slot
   int32_t* counts = nullptr;           // [E] routes per expert (zeroed by the launcher; may exceed capacity)
+  bool counts_zeroed = false;          // counts are already 0 on the stream (router_topk's counts): no memset
   int32_t* route_of_slot = nullptr;    // [E, capacity] route id r = token·topk + j of each filled slot
   // [T, topk] slot of each route inside its expert (route_of_slot inverted), −1 when dropped; or
   // nullptr. What moe_combine and the route-indexed swiglu_quant read.

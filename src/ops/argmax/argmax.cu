@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/argmax/argmax.h"
 
 namespace moesq::ops {
@@ -14,6 +15,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   __shared__ float s_v[kThreads];
   __shared__ int32_t s_i[kThreads];
   const float* z = logits + static_cast<int64_t>(blockIdx.x) * V;
@@ -38,7 +40,8 @@ __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
 }  // namespace
 
 void argmax(const ArgmaxArgs& a, cudaStream_t stream) {
-  argmax_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a.logits, a.V, a.out);
+  launch_pdl("argmax_kernel", argmax_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a.logits,
+             a.V, a.out);
   MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
 

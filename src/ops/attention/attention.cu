@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/attention/attention.h"
 
 namespace moesq::ops {
@@ -208,6 +209,7 @@ __device__ __forceinline__ void write_row_pair(const AttentionArgs& a, int64_t o
 // o [hd] then (m, l).
 template <int HD, int G>
 __global__ void __launch_bounds__(32) attn_split_kernel(AttentionArgs a, int chunks) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   extern __shared__ __align__(16) uint16_t smem[];
   constexpr int LD = HD + kPad;
   uint16_t* sQh = smem;
@@ -246,6 +248,7 @@ __global__ void __launch_bounds__(32) attn_split_kernel(AttentionArgs a, int chu
 // Combine: one CTA of HD threads per (token, head); chunks 0 .. pos/64 merged in ascending order.
 template <int HD>
 __global__ void __launch_bounds__(HD) attn_combine_kernel(AttentionArgs a, int chunks) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t row = blockIdx.x, t = row / a.nh;
   const int pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.max_len) return;
@@ -271,6 +274,7 @@ __global__ void __launch_bounds__(HD) attn_combine_kernel(AttentionArgs a, int c
 // (R / G) of the tile, head kv·G + R % G. K/V chunks double-buffered through cp.async.
 template <int HD, int G>
 __global__ void __launch_bounds__(128, 2) attn_prefill_kernel(AttentionArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   extern __shared__ __align__(16) uint16_t smem[];
   constexpr int LD = HD + kPad, ROWS = kAttnTileRows;
   uint16_t* sQh = smem;
@@ -363,7 +367,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
       attr = true;
     }
     MOESQ_CHECK(a.n_tiles <= 0x7fffffff, "attention: ", a.n_tiles, " tiles too many for the grid");
-    attn_prefill_kernel<HD, G><<<dim3(static_cast<unsigned>(a.n_tiles), a.nkv), 128, smem, stream>>>(a);
+    launch_pdl("attn_prefill_kernel", attn_prefill_kernel<HD, G>, dim3(static_cast<unsigned>(a.n_tiles), a.nkv),
+               dim3(128), smem, stream, a);
     MOESQ_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
     return;
   }
@@ -376,9 +381,11 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
                                           static_cast<int>(smem)));
     attr = true;
   }
-  attn_split_kernel<HD, G><<<dim3(chunks, a.nkv, static_cast<unsigned>(a.T)), 32, smem, stream>>>(a, chunks);
+  launch_pdl("attn_split_kernel", attn_split_kernel<HD, G>, dim3(chunks, a.nkv, static_cast<unsigned>(a.T)), dim3(32),
+             smem, stream, a, chunks);
   MOESQ_CUDA_LAUNCH_CHECK("attn_split_kernel");
-  attn_combine_kernel<HD><<<static_cast<unsigned>(a.T * a.nh), HD, 0, stream>>>(a, chunks);
+  launch_pdl("attn_combine_kernel", attn_combine_kernel<HD>, dim3(static_cast<unsigned>(a.T * a.nh)), dim3(HD), 0,
+             stream, a, chunks);
   MOESQ_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }
 

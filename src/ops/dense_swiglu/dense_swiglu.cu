@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/dense_swiglu/dense_swiglu.h"
 
 namespace moesq::ops {
@@ -11,6 +12,7 @@ namespace moesq::ops {
 namespace {
 
 __global__ void dense_swiglu_kernel(DenseSwigluArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t n = a.T * a.I;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -32,7 +34,7 @@ void dense_swiglu(const DenseSwigluArgs& a, cudaStream_t stream) {
   if (a.T == 0) return;
   const int64_t n = a.T * a.I;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
-  dense_swiglu_kernel<<<blocks, 256, 0, stream>>>(a);
+  launch_pdl("dense_swiglu_kernel", dense_swiglu_kernel, dim3(blocks), dim3(256), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("dense_swiglu_kernel");
 }
 

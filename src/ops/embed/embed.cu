@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/embed/embed.h"
 
 namespace moesq::ops {
@@ -13,6 +14,7 @@ constexpr int kThreads = 256;
 
 // h[t] = fp32(embed[ids[t]]).
 __global__ void embed_kernel(const int32_t* ids, const uint16_t* embed, float* h, int64_t H) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t t = blockIdx.x;
   const uint16_t* row = embed + static_cast<int64_t>(ids[t]) * H;
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) h[t * H + c] = __bfloat162float(__ushort_as_bfloat16(row[c]));
@@ -20,6 +22,7 @@ __global__ void embed_kernel(const int32_t* ids, const uint16_t* embed, float* h
 
 // out[i] = in[rows[i]] (bf16 rows of width H).
 __global__ void gather_rows_kernel(const uint16_t* in, const int32_t* rows, uint16_t* out, int64_t H) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t i = blockIdx.x;
   const uint16_t* src = in + static_cast<int64_t>(rows[i]) * H;
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) out[i * H + c] = src[c];
@@ -28,12 +31,14 @@ __global__ void gather_rows_kernel(const uint16_t* in, const int32_t* rows, uint
 }  // namespace
 
 void embed(const EmbedArgs& a, cudaStream_t stream) {
-  embed_kernel<<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a.ids, a.table, a.out, a.H);
+  launch_pdl("embed_kernel", embed_kernel, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a.ids,
+             a.table, a.out, a.H);
   MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
 void gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
-  gather_rows_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a.in, a.rows, a.out, a.H);
+  launch_pdl("gather_rows_kernel", gather_rows_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream,
+             a.in, a.rows, a.out, a.H);
   MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
 }
 

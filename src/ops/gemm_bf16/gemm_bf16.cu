@@ -9,6 +9,7 @@
 #include <mma.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 
@@ -26,6 +27,7 @@ static_assert(kGemmBlockM == kGemmBlockN && kVecPerThread * kThreads * 8 == kGem
 // K range [k_begin, k_end) (the whole K without split). part != nullptr: raw fp32 tile sums to
 // part [M, N] (split slice), no epilogue.
 __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a, int64_t k_begin, int64_t k_end, float* part) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   using namespace nvcuda;
   __shared__ __align__(128) uint16_t s_x[kGemmBlockM * kLds];  // [BLOCK_M, BLOCK_K + pad]
   __shared__ __align__(128) uint16_t s_w[kGemmBlockN * kLds];  // [BLOCK_N, BLOCK_K + pad]
@@ -109,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_kernel(GemmBf16Args a, int
 
 // y[m, n] = (accumulate ? y : 0) + Σ_s part[s, m, n], s ascending (fixed order).
 __global__ void gemm_bf16_split_reduce(GemmBf16Args a, const float* part, int slices) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.M * a.N) return;
   const int64_t m = i / a.N, n = i % a.N;
@@ -141,14 +144,15 @@ void gemm_bf16_tile(const GemmBf16Args& a, cudaStream_t stream) {
     const int slices = static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK);
     MOESQ_CHECK(slices <= 65535, "gemm_bf16: K=", a.K, " too many split slices");
     const dim3 sgrid(grid.x, grid.y, static_cast<unsigned>(slices));  // blockIdx.z = slice
-    gemm_bf16_kernel<<<sgrid, kThreads, 0, stream>>>(a, 0, 0, a.split_ws);
+    launch_pdl("gemm_bf16_kernel", gemm_bf16_kernel, dim3(sgrid), dim3(kThreads), 0, stream, a, 0, 0, a.split_ws);
     MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel (split)");
     const int64_t n = a.M * a.N;
-    gemm_bf16_split_reduce<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(a, a.split_ws, slices);
+    launch_pdl("gemm_bf16_split_reduce", gemm_bf16_split_reduce, dim3(static_cast<unsigned>((n + 255) / 256)),
+               dim3(256), 0, stream, a, a.split_ws, slices);
     MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_split_reduce");
     return;
   }
-  gemm_bf16_kernel<<<grid, kThreads, 0, stream>>>(a, 0, a.K, nullptr);
+  launch_pdl("gemm_bf16_kernel", gemm_bf16_kernel, dim3(grid), dim3(kThreads), 0, stream, a, 0, a.K, nullptr);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel");
 }
 

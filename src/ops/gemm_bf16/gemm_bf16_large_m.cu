@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/cp_async.cuh"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 
@@ -64,6 +65,7 @@ __device__ __forceinline__ void load_a(uint32_t (&af)[kMI][4], const uint16_t* s
 // split_ws itself is not touched.
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) gemm_bf16_large_m_kernel(GemmBf16Args a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   extern __shared__ __align__(128) unsigned char s_raw[];
   uint16_t* smem = reinterpret_cast<uint16_t*>(s_raw);
   const int operands = a.x_lo ? 3 : 2;
@@ -199,9 +201,11 @@ void gemm_bf16_large_m(const GemmBf16Args& a, cudaStream_t stream) {
                   static_cast<unsigned>(a.groups));
   MOESQ_CHECK(grid.y <= 65535 && grid.z <= 65535, "gemm_bf16: M=", a.M, " or G=", a.groups, " too large for the grid");
   if (a.split_ws)
-    gemm_bf16_large_m_kernel<true><<<grid, kThreads, smem_bytes(a.x_lo != nullptr), stream>>>(a);
+    launch_pdl("gemm_bf16_large_m_kernel", gemm_bf16_large_m_kernel<true>, dim3(grid), dim3(kThreads),
+               smem_bytes(a.x_lo != nullptr), stream, a);
   else
-    gemm_bf16_large_m_kernel<false><<<grid, kThreads, smem_bytes(a.x_lo != nullptr), stream>>>(a);
+    launch_pdl("gemm_bf16_large_m_kernel", gemm_bf16_large_m_kernel<false>, dim3(grid), dim3(kThreads),
+               smem_bytes(a.x_lo != nullptr), stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_large_m_kernel");
 }
 

@@ -16,6 +16,7 @@
 #include <mma.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/cp_async.cuh"
 
 namespace moesq::ops::detail {
@@ -47,10 +48,22 @@ size_t smem_bytes(const GemmBf16Args& a) {
 // else a CTA = 4 column groups, one chain per warp over the whole K.
 __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a) {
   using namespace nvcuda;
+  const bool split = a.split_ws != nullptr;
+  // Before the wait (core/cuda/pdl.cuh): W is no kernel's output, so the CTA's W rows — contiguous,
+  // [n_first, n_last) × K — start streaming into L2 while the previous kernel finishes (a decode
+  // step's projections read W once, at M ≤ 64). Grouped calls with counts skip it: most groups of a
+  // decode step have no rows. The first row tile only: the others read the same rows.
+  if (!a.counts && blockIdx.y == 0 && a.K % 8 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0) {
+    const int64_t n_first = static_cast<int64_t>(blockIdx.x) * (split ? 16 : 16 * kWarps);
+    const int64_t n_last = min(a.N, n_first + (split ? 16 : 16 * kWarps));
+    if (n_first < n_last)
+      prefetch_l2(a.w + (static_cast<int64_t>(blockIdx.z) * a.N + n_first) * a.K,
+                  static_cast<size_t>(n_last - n_first) * a.K * sizeof(uint16_t));
+  }
+  pdl_enter();
   extern __shared__ __align__(128) unsigned char s_raw[];
   const int operands = a.x_lo ? 3 : 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool split = a.split_ws != nullptr;
   const int slices = chain_slices(a);
   uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw) + warp * kStages * operands * kTileElems;
   float* s_part = reinterpret_cast<float*>(s_raw + static_cast<size_t>(kWarps) * kStages * operands * kTileElems *
@@ -142,8 +155,8 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
   const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
-  gemm_bf16_small_m_kernel<<<dim3(static_cast<unsigned>(ctas), row_tiles, static_cast<unsigned>(a.groups)), kThreads,
-                             smem, stream>>>(a);
+  launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel, dim3(dim3(static_cast<unsigned>(ctas), row_tiles,
+             static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_small_m_kernel");
 }
 

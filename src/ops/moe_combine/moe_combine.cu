@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/moe_combine/moe_combine.h"
 
 namespace moesq::ops {
@@ -18,6 +19,7 @@ constexpr int kBatch = 8;  // routes whose loads are in flight together
 // V columns per thread: 8 (16-byte loads; H and ldy multiples of 8) or 1.
 template <int V>
 __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   __shared__ int s_id[kMaxTopk];
   __shared__ const uint16_t* s_row[kMaxTopk];  // y row of the q-th route in expert order, nullptr: dropped
   __shared__ float s_w[kMaxTopk];
@@ -82,9 +84,9 @@ void moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(a.T <= 0x7fffffff, "moe_combine: T=", a.T, " too large for the grid");
   const bool vec = a.H % 8 == 0 && a.ldy % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
   if (vec)
-    combine_kernel<8><<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a);
+    launch_pdl("combine_kernel", combine_kernel<8>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
   else
-    combine_kernel<1><<<static_cast<unsigned>(a.T), kThreads, 0, stream>>>(a);
+    launch_pdl("combine_kernel", combine_kernel<1>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("moe_combine");
 }
 

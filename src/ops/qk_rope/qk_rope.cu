@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/qk_rope/qk_rope.h"
 
 namespace moesq::ops {
@@ -14,6 +15,7 @@ constexpr int kMaxHd = 256;
 __device__ __forceinline__ uint16_t to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
 __global__ void __launch_bounds__(kWarps * 32) qk_rope_kernel(QkRopeArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   __shared__ float s_v[kWarps][kMaxHd];  // normalized head vector of each warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = a.nh + 2 * a.nkv, rot = a.rotary_dims(), half = rot / 2;
@@ -90,7 +92,8 @@ void qk_rope(const QkRopeArgs& a, cudaStream_t stream) {
   qk_rope_check(a);
   const int64_t items = a.T * (a.nh + 2 * a.nkv);
   if (items == 0) return;
-  qk_rope_kernel<<<static_cast<unsigned>((items + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(a);
+  launch_pdl("qk_rope_kernel", qk_rope_kernel, dim3(static_cast<unsigned>((items + kWarps - 1) / kWarps)),
+             dim3(kWarps * 32), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("qk_rope_kernel");
 }
 

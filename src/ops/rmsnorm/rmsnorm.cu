@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/rmsnorm/rmsnorm.h"
 
 namespace moesq::ops {
@@ -11,6 +12,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   __shared__ double s_part[kThreads];
   const float* xr = a.x + static_cast<int64_t>(blockIdx.x) * a.D;
   double s = 0.0;
@@ -40,7 +42,7 @@ void rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(a.D > 0 && a.n >= 0, "rmsnorm: bad sizes n=", a.n, " D=", a.D);
   MOESQ_CHECK(a.y || a.y_f32, "rmsnorm: no output (y and y_f32 are null)");
   if (a.n == 0) return;
-  rmsnorm_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
+  launch_pdl("rmsnorm_kernel", rmsnorm_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/route_rows/route_rows.h"
 
 namespace moesq::ops {
@@ -12,6 +13,7 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) route_rows_kernel(RouteRowsArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t q = blockIdx.x;
   const int32_t e = a.topk_ids[q], s = a.slot_of_route[q];
   const bool kept = s >= 0 && s < a.capacity && e >= 0 && e < a.num_experts;
@@ -33,7 +35,7 @@ void route_rows(const RouteRowsArgs& a, cudaStream_t stream) {
   const int64_t rows = a.T * a.topk;
   if (rows == 0) return;
   MOESQ_CHECK(rows <= 0x7fffffff, "route_rows: ", rows, " routes exceed the grid");
-  route_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(a);
+  launch_pdl("route_rows_kernel", route_rows_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("route_rows");
 }
 

@@ -1,5 +1,6 @@
 // Router softmax / sigmoid + grouped top-k kernel (router_topk.h): one warp per token, scores in shared memory.
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/router_topk/router_topk.h"
 
 namespace moesq::ops {
@@ -50,6 +51,9 @@ __device__ void sigmoid_choice(const RouterTopkArgs& a, const float* z, float* p
 }
 
 __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
+  if (a.counts && blockIdx.x == 0)
+    for (int e = threadIdx.x; e < a.num_experts; e += blockDim.x) a.counts[e] = 0;
   __shared__ float s_p[kWarps][kMaxExperts];
   __shared__ float s_c[kWarps][kMaxExperts];  // sigmoid: the choice scores
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -116,7 +120,8 @@ __global__ void __launch_bounds__(kWarps * 32) router_topk_kernel(RouterTopkArgs
 void router_topk(const RouterTopkArgs& a, cudaStream_t stream) {
   router_topk_check(a);
   if (a.T == 0) return;
-  router_topk_kernel<<<static_cast<unsigned>((a.T + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(a);
+  launch_pdl("router_topk_kernel", router_topk_kernel, dim3(static_cast<unsigned>((a.T + kWarps - 1) / kWarps)),
+             dim3(kWarps * 32), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("router_topk_kernel");
 }
 

@@ -35,6 +35,9 @@ struct RouterTopkArgs {
   const float* correction_bias = nullptr; // [E] fp32 (sigmoid only), or nullptr
   int n_group = 1, topk_group = 1;        // sigmoid only: n_group ≤ 32 divides E, 1 ≤ topk_group ≤ n_group
   float routed_scaling_factor = 1.0f;
+  // [E] int32 per-expert route counts, set to 0 by the routing (the act_dispatch that follows fills
+  // them with counts_zeroed: one memset node fewer between two kernels of a decode graph), or nullptr.
+  int32_t* counts = nullptr;
 };
 
 void router_topk(const RouterTopkArgs& args, cudaStream_t stream);

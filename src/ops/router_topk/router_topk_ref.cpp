@@ -62,6 +62,7 @@ void sigmoid_choice(const RouterTopkArgs& a, const float* z, float* p, float* c)
 
 void router_topk_ref(const RouterTopkArgs& a) {
   router_topk_check(a);
+  if (a.counts) std::fill(a.counts, a.counts + a.num_experts, 0);
   const int E = a.num_experts;
   std::vector<float> p(E), c(E), zb(E);
   std::vector<char> taken(E);

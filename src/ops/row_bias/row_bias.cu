@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/row_bias/row_bias.h"
 
 namespace moesq::ops {
@@ -13,6 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) row_bias_kernel(RowBiasArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t n = a.rows * a.cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
@@ -26,7 +28,7 @@ void row_bias(const RowBiasArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.cols;
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
-  row_bias_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  launch_pdl("row_bias_kernel", row_bias_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("row_bias_kernel");
 }
 

@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/sparse_gemm/weight_unpack.cuh"
 #include "ops/sparse_gemm/sparse_gemm_wgmma.cuh"
 #include "ops/sparse_gemm/tile_schedule.cuh"
@@ -58,6 +59,7 @@ constexpr int kMinCtasPerSm = kMT * kNT <= 2 ? 4 : (kNT == 2 ? 3 : 1);
 
 template <int kMT, int kNT>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kMT, kNT>) grouped_sparse_gemm_kernel(SparseGemmArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   static_assert(kMT >= 1 && kMT <= 4 && kNT >= 1 && kNT <= 4, "bounded tile instances");
   static_assert(kMT * kL2Ahead <= 32, "one L2 prefetch per lane at tile start");
   constexpr bool kPrefetch = kMT <= 2;  // register double-buffer of the next chunk's weights
@@ -212,7 +214,8 @@ void launch(const SparseGemmArgs& a, const GemmConfig& c, int max_tokens, cudaSt
   const int64_t max_tiles = a.num_experts * m_blocks * ((max_tokens + 8 * kNT - 1) / (8 * kNT));
   int64_t grid = c.grid > 0 ? c.grid : static_cast<int64_t>(ctas_per_sm) * device_info().num_sms;
   grid = std::max<int64_t>(1, std::min(grid, max_tiles));
-  grouped_sparse_gemm_kernel<kMT, kNT><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(a);
+  launch_pdl("grouped_sparse_gemm_kernel", grouped_sparse_gemm_kernel<kMT, kNT>, dim3(static_cast<unsigned>(grid)),
+             dim3(kWarps * 32), 0, stream, a);
   MOESQ_CUDA_LAUNCH_CHECK("grouped_sparse_gemm_kernel");
 }
 

@@ -33,6 +33,7 @@
 #include <algorithm>
 
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/sparse_gemm/weight_unpack.cuh"
 #include "ops/sparse_gemm/tile_schedule.cuh"
 #include "ops/sparse_gemm/wgmma.cuh"
@@ -121,6 +122,7 @@ template <int kMW, int kBN, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_sparse_gemm_wgmma_kernel(SparseGemmArgs a, const __grid_constant__ CUtensorMap x_map,
                                      const __grid_constant__ CUtensorMap y_map, int tma_store) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   // A chunk's weights ride on the chunk's last K block; the producer reuses the weight slot of the
   // chunk two back once the K block 4 earlier is released, which (4 stages) is after every read of
   // that slot (see the consumer's unpack-ahead).
@@ -401,7 +403,8 @@ void launch(const SparseGemmArgs& a, int max_tokens, int num_sms, int grid_overr
   const int64_t max_tiles = a.num_experts * m_blocks * ((max_tokens + kBN - 1) / kBN);
   int64_t grid = grid_override > 0 ? grid_override : num_sms;
   grid = std::max<int64_t>(1, std::min(grid, max_tiles));
-  grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, x_map, y_map,
+  launch_pdl("grouped_sparse_gemm_wgmma_kernel", grouped_sparse_gemm_wgmma_kernel<kMW, kBN, kStages>,
+             dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream, a, x_map, y_map,
                                                                                                      tma_store ? 1 : 0);
   MOESQ_CUDA_LAUNCH_CHECK("grouped_sparse_gemm_wgmma_kernel");
 }

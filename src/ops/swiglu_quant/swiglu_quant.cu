@@ -6,6 +6,7 @@
 // reference and like an unfused bf16 pipeline would, so fusing changes no value; only expf's last
 // ulp may differ from the host libm (the test allows that, and only that).
 #include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "ops/common/nvfp4_row.cuh"
 #include "ops/swiglu_quant/swiglu_quant.h"
 
@@ -16,6 +17,7 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) swiglu_quant_kernel(SwigluQuantArgs a) {
+  pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   extern __shared__ __align__(16) unsigned char s_raw[];  // [I] bf16 silu(gate)·up, or fp32 (h_f32, quantize)
   uint16_t* s_row = reinterpret_cast<uint16_t*>(s_raw);
   float* s_rowf = reinterpret_cast<float*>(s_raw);
@@ -87,9 +89,11 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
                                           static_cast<int>(smem)));
   if (a.slot_of_route) {
     if (a.routes == 0) return;
-    swiglu_quant_kernel<<<static_cast<unsigned>(a.routes), kThreads, smem, stream>>>(a);
+    launch_pdl("swiglu_quant_kernel", swiglu_quant_kernel, dim3(static_cast<unsigned>(a.routes)), dim3(kThreads),
+               smem, stream, a);
   } else {
-    swiglu_quant_kernel<<<dim3(a.capacity, a.num_experts), kThreads, smem, stream>>>(a);
+    launch_pdl("swiglu_quant_kernel", swiglu_quant_kernel, dim3(dim3(a.capacity, a.num_experts)), dim3(kThreads),
+               smem, stream, a);
   }
   MOESQ_CUDA_LAUNCH_CHECK("swiglu_quant_kernel");
 }

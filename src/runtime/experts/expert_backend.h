@@ -38,6 +38,7 @@ struct ExpertStage {
   const uint16_t* x_lo = nullptr;  // [T, H] bf16 residues, or nullptr
   int64_t T = 0;
   unsigned stages = ~0u;
+  bool counts_zeroed = false;  // b.counts are already 0 on the stream (the routing zeroed them): no memset
   // gpt-oss: [E, 2I] fp32 gate|up biases of the layer's experts (HostMoe::expert_gate_up_bias), added
   // before the (clamped, MoeBlockDims::clamped_swiglu) SwiGLU; nullptr: none.
   const float* gate_up_bias = nullptr;

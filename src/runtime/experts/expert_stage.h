@@ -15,6 +15,7 @@ inline ops::DispatchArgs stage_dispatch_args(const ExpertStage& s) {
   d.x = s.x, d.topk_ids = b.topk_ids, d.T = s.T, d.topk = static_cast<int>(dm.top_k), d.K = dm.H, d.K_pad = dm.H_pad;
   d.num_experts = static_cast<int>(dm.E), d.capacity = static_cast<int>(s.T), d.out = b.xd, d.inv_scale = b.xs;
   d.counts = b.counts, d.route_of_slot = b.route_of_slot, d.slot_of_route = b.slot_of_route;
+  d.counts_zeroed = s.counts_zeroed;
   return d;
 }
 

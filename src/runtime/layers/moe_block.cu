@@ -130,9 +130,11 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   rt.sigmoid = dm.sigmoid_router, rt.correction_bias = dm.correction_bias ? w.correction_bias.p : nullptr;
   rt.n_group = dm.n_group, rt.topk_group = dm.topk_group, rt.routed_scaling_factor = dm.routed_scaling_factor;
   rt.topk_softmax = dm.topk_softmax, rt.logit_bias = dm.router_logit_bias ? w.router_logit_bias.p : nullptr;
-  if (stages & kMoeTopk) ops::router_topk(rt, stream);
+  const bool routing = (stages & kMoeTopk) != 0;
+  rt.counts = b.counts;  // zeroed by the routing, filled by the dispatch
+  if (routing) ops::router_topk(rt, stream);
   ExpertStage s;
-  s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages;
+  s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages, s.counts_zeroed = routing;
   s.gate_up_bias = dm.expert_bias ? w.expert_gate_up_bias.p : nullptr;
   w.experts->run(s, stream);
   ops::MoeCombineArgs mc;

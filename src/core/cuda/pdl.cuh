@@ -1,0 +1,94 @@
+// Programmatic dependent launch (PDL, Hopper sm_90+): a kernel launched with `launch_pdl` may start
+// while the kernel before it on the stream is still running, so its launch latency and any prologue
+// that reads only constant data (weights) overlap that kernel instead of following it. The CUDA
+// programming guide, "Programmatic Dependent Launch and Synchronization"; PTX `griddepcontrol`.
+//
+// The contract, for every kernel launched with launch_pdl:
+//   - it calls pdl_wait() before it reads or writes any memory that an earlier kernel of the stream
+//     writes or reads (activations, counts, outputs, scratch) — only data no kernel writes (weights,
+//     kernel parameters) may be touched before it. pdl_wait() returns once the previous grid has
+//     completed and its memory is visible, so the order of the stream is kept;
+//   - it calls pdl_launch_dependents() after pdl_wait() (here: right after it): the next kernel's CTAs
+//     may then be scheduled (they sit in their own pdl_wait()), so at most two grids overlap and the
+//     chain stays transitive (a kernel that has passed pdl_wait() knows every earlier grid completed).
+// A kernel launched plainly may call both (they are no-ops then). Captured into a CUDA graph, a
+// launch_pdl launch becomes a programmatic edge (CUDA 12.3+). Bits never change: PDL moves when a
+// kernel starts, not what it computes. MOESQ_PDL=0 in the environment launches every kernel plainly
+// (the same-run peer of bench_moe_layer and bench e2e).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "core/cuda/check.cuh"
+
+namespace moesq {
+
+// Blocks until the previous grid of the stream has completed and its writes are visible; returns at
+// once for a kernel launched without the PDL attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Lets the next PDL-launched grid of the stream be scheduled (once every CTA of this grid has called it
+// or exited).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Both, in the contract's order: the first statement of a kernel with no constant-data prologue.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
+// Asks L2 to fetch [p, p + bytes) (cp.async.bulk.prefetch.L2, sm_90+; a hint: no data moves to the
+// CTA, nothing waits for it), split over the CTA's threads in 16 KB pieces. For the prologue before
+// pdl_wait(): data no kernel writes (weights) starts streaming while the previous kernel finishes.
+// p must be 16-byte aligned; bytes is rounded down to a multiple of 16.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr size_t kPiece = 16 * 1024;
+  const char* base = static_cast<const char*>(p);
+  const size_t stride = static_cast<size_t>(blockDim.x) * kPiece;
+  for (size_t off = static_cast<size_t>(threadIdx.x) * kPiece; off < bytes; off += stride) {
+    const size_t n = (bytes - off < kPiece ? bytes - off : kPiece) & ~static_cast<size_t>(15);
+    if (n > 0)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"(static_cast<unsigned>(n))
+                   : "memory");
+  }
+#endif
+}
+
+// Whether launch_pdl sets the attribute: on, unless MOESQ_PDL=0 (read once per process).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESQ_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-stream-serialization attribute
+// (when pdl_enabled()). The kernel must keep the contract above. Errors: the launch's, as
+// MOESQ_CUDA_CHECK (what names the kernel).
+template <typename... Params, typename... Args>
+void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace moesq
