@@ -69,6 +69,7 @@ if has tests; then
     [[ " $MEMCHECK " == *" $t "* ]] || continue
     filter=""; [ "$t" = test_engine_ops ] && filter="--gtest_filter=*Gemm*:*Paged*:*Router*:*DenseSwiglu*:*SlidingWindow*:*RouteRows*:*SynthPack*"
     [ "$t" = test_engine_expert_parallel ] && filter="--gtest_filter=*Synthetic*:*Refused*"
+    [ "$t" = test_sparse_gemm ] && filter="--gtest_filter=*Routes*:*IntegerValued*"
     timeout 300 compute-sanitizer --tool memcheck "$B/$t" $filter > "$W/memcheck.$t.log" 2>&1
     log "memcheck $t: $(grep -E 'ERROR SUMMARY' "$W/memcheck.$t.log" | tail -1)"
   done
@@ -195,19 +196,25 @@ if has layer; then
   cmake --build "$B" -j16 --target bench_moe_layer > "$W/build_layer.log" 2>&1 || log "FAIL: build bench_moe_layer"
   timeout 200 python3 bench/peer_moe_layer.py --out "$O/peer_moe_layer.json" --batch ${LAYER_BATCH:-1,64,512} --layers 4 --reps 100 \
     > "$W/peer_moe_layer.log" 2>&1; log "torch peer rc=$?"
-  for pdl in 0 1; do  # programmatic dependent launch off, then on (core/cuda/pdl.cuh): the same binary
-    MOESQ_PDL=$pdl timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} --batch ${LAYER_BATCH:-1,64,512} \
-      --layers 4 --reps 100 --peer-json "$O/peer_moe_layer.json" --out "$O/moe_layer_pdl$pdl.json" > "$O/moe_layer_pdl$pdl.txt" 2> "$W/moe_layer$pdl.err"
-    log "bench_moe_layer MOESQ_PDL=$pdl rc=$?"; cat "$O/moe_layer_pdl$pdl.txt" | tee -a "$S"; tail -3 "$W/moe_layer$pdl.err" >> "$S"
+  # pdl:routes — programmatic dependent launch (core/cuda/pdl.cuh) and the sparse GEMM's routes kernel
+  # (ops/sparse_gemm/sparse_gemm_routes.cu) off / on: the same binary, the old schedule first.
+  for run in ${LAYER_RUNS:-0:0 1:0 1:1}; do
+    pdl=${run%%:*}; routes=${run##*:}
+    MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} \
+      --batch ${LAYER_BATCH:-1,64,512} --layers 4 --reps 100 --peer-json "$O/peer_moe_layer.json" --out "$O/moe_layer_$pdl$routes.json" \
+      > "$O/moe_layer_$pdl$routes.txt" 2> "$W/moe_layer$pdl$routes.err"
+    log "bench_moe_layer MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes rc=$?"; cat "$O/moe_layer_$pdl$routes.txt" | tee -a "$S"
+    tail -3 "$W/moe_layer$pdl$routes.err" >> "$S"
   done
 fi
 
 # Session 28: the whole decode step with PDL off and on, Qwen3-30B-A3B shapes, all 48 layers.
 if has pdl; then
-  for pdl in 0 1; do
-    MOESQ_PDL=$pdl timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
-      --prompt-len 1024 --gen 32 --deterministic on --json > "$O/e2e_pdl$pdl.json" 2> "$W/e2e_pdl$pdl.err"
-    log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_pdl$pdl.err" | tee -a "$S"
+  for run in ${E2E_RUNS:-0:0 1:1}; do
+    pdl=${run%%:*}; routes=${run##*:}
+    MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
+      --prompt-len 1024 --gen 32 --deterministic on --json > "$O/e2e_$pdl$routes.json" 2> "$W/e2e_$pdl$routes.err"
+    log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_$pdl$routes.err" | tee -a "$S"
   done
 fi
 

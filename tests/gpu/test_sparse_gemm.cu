@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -391,6 +393,91 @@ TEST(SparseGemm, WgmmaPipelineReuseUnderTinyGridIsBitwiseEqual) {
     EXPECT_EQ(b.f32_not_bitwise, 0) << c.str() << " bf16 only";
     EXPECT_EQ(b.unwritten + b.overwritten, 0) << c.str() << " bf16 only";
   }
+}
+
+// Runs ops::sparse_gemm once on (kw, act) with config c, poisoned outputs; routes (the layer's expert ids,
+// this call's experts from expert_begin) or nullptr. Returns {fp32 output, bf16 output}.
+std::pair<std::vector<float>, std::vector<uint16_t>> run_sparse_gemm(const KernelWeights& kw, const ActBatch& act,
+                                                                     const ops::GemmConfig& c,
+                                                                     const std::vector<int32_t>* routes,
+                                                                     int expert_begin) {
+  std::vector<float> inv_gamma(kw.num_experts);
+  for (int e = 0; e < kw.num_experts; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
+  const size_t n = static_cast<size_t>(act.num_experts) * act.capacity * kw.M;
+  DevBuf<uint8_t> d_w(kw.data);
+  DevBuf<float> d_ig(inv_gamma), d_is(act.inv_scale), d_yf(std::vector<float>(n, std::nanf("")));
+  DevBuf<uint16_t> d_x(act.x), d_y(std::vector<uint16_t>(n, kPoisonBf16));
+  DevBuf<int32_t> d_counts(act.counts), d_routes(routes ? *routes : std::vector<int32_t>{0});
+  ops::SparseGemmArgs a;
+  a.w = d_w.p, a.w_inv_gamma = d_ig.p, a.x = d_x.p, a.x_layout = act.layout, a.x_inv_scale = d_is.p;
+  a.counts = d_counts.p, a.y = d_y.p, a.y_f32 = d_yf.p, a.num_experts = act.num_experts, a.capacity = act.capacity;
+  a.M = kw.M, a.M_pad = kw.M_pad, a.K_pad = kw.K_pad, a.ldy = kw.M;
+  if (routes) a.route_experts = d_routes.p, a.num_routes = static_cast<int64_t>(routes->size()), a.expert_begin = expert_begin;
+  ops::sparse_gemm(a, act.capacity, nullptr, &c);
+  MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return {d_yf.download(), d_y.download()};
+}
+
+// The routes kernel (sparse_gemm_routes.cu: decode-sized calls that carry their routes) against the
+// mma.sp kernel at one n8 tile: every output bit equal, nothing written past the counts; T = 1, 3, 8
+// tokens × top-4 routes over 20 experts of which this call holds 12 from expert_begin (routes outside
+// are ignored), M with a partial last m-block (40 = 3 m16 tiles), K with an odd number of weight
+// pieces (2304 = 9 chunks), with and without NVFP4 activations; and within kGemmRelFrobTol of the ref.
+TEST(SparseGemm, RoutesKernelBitsEqualTheMmaKernel) {
+  std::mt19937 rng(808);
+  const int E = 12, layer_experts = 20, k = 4;
+  for (int64_t M : {40, 200})
+    for (int64_t K : {512, 2304})
+      for (int T : {1, 3, 8})
+        for (int e0 : {0, 5}) {
+          std::vector<int32_t> routes;
+          std::vector<int> counts(E, 0);
+          for (int tok = 0; tok < T; ++tok) {
+            std::vector<int32_t> ids(layer_experts);
+            for (int i = 0; i < layer_experts; ++i) ids[i] = i;
+            std::shuffle(ids.begin(), ids.end(), rng);
+            for (int j = 0; j < k; ++j) {
+              routes.push_back(ids[j]);
+              if (ids[j] >= e0 && ids[j] < e0 + E) ++counts[ids[j] - e0];
+            }
+          }
+          std::vector<format::Sparse48Tensor> ts;
+          for (int e = 0; e < E; ++e) ts.push_back(random_packed(M, K, rng, ScaleMode::kRandom));
+          std::vector<const format::Sparse48Tensor*> ptrs;
+          for (auto& t : ts) ptrs.push_back(&t);
+          const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test");
+          const bool quantize = (T + e0) % 2 == 1;
+          const ActBatch act = relayout(random_batch(E, T, K, counts, rng, quantize), ActLayout::kMmaFragment);
+          ops::GemmConfig c;
+          c.m16_tiles_per_warp = 2, c.n_tiles = 1;
+          const auto mma = run_sparse_gemm(kw, act, c, nullptr, 0);
+          const auto rts = run_sparse_gemm(kw, act, c, &routes, e0);
+          const std::string at = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " T=" + std::to_string(T) +
+                                 " expert_begin=" + std::to_string(e0);
+          int64_t diff = 0, first = -1;
+          for (size_t i = 0; i < mma.first.size(); ++i) {
+            const bool same = std::memcmp(&mma.first[i], &rts.first[i], sizeof(float)) == 0 &&
+                              mma.second[i] == rts.second[i];
+            if (!same && first < 0) first = static_cast<int64_t>(i);
+            diff += !same;
+          }
+          EXPECT_EQ(diff, 0) << at << ": first differing index " << first;
+          const std::vector<float> ref = test::sparse_gemm_ref_y(kw, act, 0.0f);
+          double err = 0.0, nrm = 0.0;
+          int64_t written = 0;
+          for (int e = 0; e < E; ++e)
+            for (int s = 0; s < counts[e]; ++s)
+              for (int64_t m = 0; m < M; ++m) {
+                const size_t i = (static_cast<size_t>(e) * T + s) * M + m;
+                err += (static_cast<double>(rts.first[i]) - ref[i]) * (static_cast<double>(rts.first[i]) - ref[i]);
+                nrm += static_cast<double>(ref[i]) * ref[i];
+                written += !std::isnan(rts.first[i]);
+              }
+          int64_t expected = 0;
+          for (int c2 : counts) expected += static_cast<int64_t>(c2) * M;
+          EXPECT_EQ(written, expected) << at;
+          if (nrm > 0.0) EXPECT_LE(std::sqrt(err / nrm), kGemmRelFrobTol) << at;
+        }
 }
 
 TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {

@@ -52,7 +52,7 @@ __device__ __forceinline__ void pdl_enter() {
 // CTA, nothing waits for it), split over the CTA's threads in 16 KB pieces. For the prologue before
 // pdl_wait(): data no kernel writes (weights) starts streaming while the previous kernel finishes.
 // p must be 16-byte aligned; bytes is rounded down to a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+__device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr size_t kPiece = 16 * 1024;
   const char* base = static_cast<const char*>(p);

@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
     const int64_t n_first = static_cast<int64_t>(blockIdx.x) * (split ? 16 : 16 * kWarps);
     const int64_t n_last = min(a.N, n_first + (split ? 16 : 16 * kWarps));
     if (n_first < n_last)
-      prefetch_l2(a.w + (static_cast<int64_t>(blockIdx.z) * a.N + n_first) * a.K,
-                  static_cast<size_t>(n_last - n_first) * a.K * sizeof(uint16_t));
+      prefetch_l2_range(a.w + (static_cast<int64_t>(blockIdx.z) * a.N + n_first) * a.K,
+                        static_cast<size_t>(n_last - n_first) * a.K * sizeof(uint16_t));
   }
   pdl_enter();
   extern __shared__ __align__(128) unsigned char s_raw[];

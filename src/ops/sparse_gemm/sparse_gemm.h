@@ -36,7 +36,19 @@ struct SparseGemmArgs {
   int64_t M = 0;                         // logical output rows (weight rows)
   int64_t M_pad = 0, K_pad = 0;          // as in KernelWeights
   int64_t ldy = 0;                       // output row stride in elements (≥ M)
+  // The routes behind counts, or nullptr: [num_routes] expert ids of the whole layer (a route to expert
+  // id i is this call's expert i − expert_begin when that is in [0, num_experts); others are ignored).
+  // With them, decode-sized calls (max_tokens ≤ kRoutesMaxTokens) run the routes kernel
+  // (sparse_gemm_routes.cu): it finds the hit experts and starts streaming their weights before it
+  // waits for the previous kernel (core/cuda/pdl.cuh), so route_experts must be written at least TWO
+  // kernels before this launch on the stream (the dispatch sits between the routing and the GEMM) and
+  // must agree with counts. Same bits as the mma.sp kernel.
+  const int32_t* route_experts = nullptr;
+  int64_t num_routes = 0;
+  int expert_begin = 0;
 };
+
+constexpr int kRoutesMaxTokens = 8;  // the routes kernel's one n8 tile of tokens per expert
 
 enum class GemmVariant {
   kMmaSp,    // warp-level mma.sp m16n8k32; activations in format::ActLayout::kMmaFragment

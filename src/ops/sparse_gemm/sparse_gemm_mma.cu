@@ -28,6 +28,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "ops/sparse_gemm/weight_unpack.cuh"
+#include "ops/sparse_gemm/sparse_gemm_routes.cuh"
 #include "ops/sparse_gemm/sparse_gemm_wgmma.cuh"
 #include "ops/sparse_gemm/tile_schedule.cuh"
 
@@ -40,14 +41,6 @@ constexpr int kWarps = 4;          // warps per CTA (all share the CTA's token t
 // From this many tokens per expert on, the heuristic picks the wgmma.sp kernel (measured: bench/NOTES.md).
 constexpr int kWgmmaMinTokens = 128;
 using namespace detail;
-
-// D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32.
-__device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const uint4& b, uint32_t meta) {
-  asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(meta));
-}
 
 constexpr int kL2Ahead = 4;  // chunks per m-tile requested ahead into L2
 
@@ -301,6 +294,8 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
     return detail::launch_sparse_gemm_wgmma(a, c, max_tokens, device_info().num_sms, stream);
   }
   MOESQ_CHECK(c.warps == kWarps, "sparse_gemm: config warps=", c.warps, " (only ", kWarps, " is built)");
+  // One n8 tile of tokens and the routes given: the routes kernel, the same bits (sparse_gemm_routes.cu).
+  if (c.n_tiles == 1 && detail::sparse_gemm_routes_fits(a)) return detail::launch_sparse_gemm_routes(a, stream);
   if (c.m16_tiles_per_warp == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
   if (c.m16_tiles_per_warp == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
   if (c.m16_tiles_per_warp == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);

@@ -92,6 +92,15 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, i
   r.meta = ld_stream(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);  // lanes t = 2, 3: ignored copy
 }
 
+// D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32 (the mma.sp
+// kernels: sparse_gemm_mma.cu, sparse_gemm_routes.cu).
+__device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const uint4& b, uint32_t meta) {
+  asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(meta));
+}
+
 // Pulls one chunk into L2 ahead of its register load (no register cost): the register double
 // buffer alone leaves only one chunk per m-tile in flight, too few bytes to cover HBM latency.
 __device__ __forceinline__ void prefetch_l2(const uint8_t* p) {

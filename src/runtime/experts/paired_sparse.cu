@@ -77,6 +77,9 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     g.x_inv_scale = quant_ ? b.xs + slots0 : nullptr, g.counts = b.counts + e0, g.y = nullptr;
     g.y_f32 = b.hbuf + slots0 * 2 * I, g.num_experts = En;
     g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
+    // The routes (router_topk's, two launches back): decode-sized calls start streaming the hit
+    // experts' weights before the dispatch ends (ops/sparse_gemm/sparse_gemm_routes.cu).
+    g.route_experts = b.topk_ids, g.num_routes = s.T * dm.top_k, g.expert_begin = static_cast<int>(e0);
     if ((s.stages & kMoeGateUp) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c1);
     const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
