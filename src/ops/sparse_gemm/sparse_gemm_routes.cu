@@ -41,11 +41,15 @@ size_t smem_bytes(const SparseGemmArgs& a) {
   return static_cast<size_t>(a.capacity) * static_cast<size_t>(a.K_pad + kRowPad) * sizeof(uint16_t);
 }
 
-// Loads chunks [kc0, kc0 + kPiece) ∩ [0, KC) of the warp's m16 tile into buf.
+// Loads chunks [kc0, kc0 + kPiece) ∩ [0, KC) of the warp's m16 tile into buf (kEarly: before the PDL wait).
+template <bool kEarly = false>
 __device__ __forceinline__ void load_piece(ChunkRegs (&buf)[kPiece], const uint8_t* wp, int kc0, int KC, int lane) {
 #pragma unroll
   for (int i = 0; i < kPiece; ++i)
-    if (kc0 + i < KC) load_chunk(buf[i], wp + static_cast<size_t>(kc0 + i) * kChunkBytes, lane);
+    if (kc0 + i < KC) {
+      if constexpr (kEarly) load_chunk_early(buf[i], wp + static_cast<size_t>(kc0 + i) * kChunkBytes, lane);
+      else load_chunk(buf[i], wp + static_cast<size_t>(kc0 + i) * kChunkBytes, lane);
+    }
 }
 
 // acc += the chunks [kc0, kc0 + kPiece) ∩ [0, KC): the mma.sp kernel's k-steps in its order. xs: the
@@ -108,8 +112,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) grouped_sparse_gemm_routes_ker
   const uint8_t* wp = a.w + (static_cast<size_t>(e) * MT + min(mt, MT - 1)) * KC * kChunkBytes;
   ChunkRegs buf0[kPiece], buf1[kPiece];
   if (has_rows) {
-    load_piece(buf0, wp, 0, KC, lane);
-    load_piece(buf1, wp, kPiece, KC, lane);
+    load_piece<true>(buf0, wp, 0, KC, lane);
+    load_piece<true>(buf1, wp, kPiece, KC, lane);
   }
   const float inv_w = a.w_inv_gamma[e];
   const float inv_w_hi = a.w_inv_gamma_hi ? a.w_inv_gamma_hi[e] : inv_w;

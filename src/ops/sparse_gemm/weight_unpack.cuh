@@ -34,6 +34,16 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   return r;
 }
 
+// ld_stream as a volatile asm: the compiler keeps it before a later volatile asm (the routes kernel's
+// weight loads issued before griddepcontrol.wait, core/cuda/pdl.cuh), where a plain asm could sink to its use.
+__device__ __forceinline__ uint4 ld_stream_early(const uint8_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t u4get(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
 }
@@ -90,6 +100,15 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint8_t* chunk, i
   r.codes[1] = ld_stream(chunk + 512 + lane * 16);
   r.scales = ld_stream(chunk + kScaleOff + g * 16);
   r.meta = ld_stream(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);  // lanes t = 2, 3: ignored copy
+}
+
+// load_chunk issued where written (ld_stream_early), for loads that must precede a PDL wait.
+__device__ __forceinline__ void load_chunk_early(ChunkRegs& r, const uint8_t* chunk, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  r.codes[0] = ld_stream_early(chunk + lane * 16);
+  r.codes[1] = ld_stream_early(chunk + 512 + lane * 16);
+  r.scales = ld_stream_early(chunk + kScaleOff + g * 16);
+  r.meta = ld_stream_early(chunk + kMetaOff + (g * 2 + (t & 1)) * 16);
 }
 
 // D += A·B, A 16×32 2:4-sparse bf16 (4 regs + metadata, selector 0), B 32×8 bf16, D fp32 (the mma.sp
