@@ -480,6 +480,81 @@ TEST(SparseGemm, RoutesKernelBitsEqualTheMmaKernel) {
         }
 }
 
+// The down GEMM's routes kernel making its own rows (SparseGemmArgs::fused_swiglu) against swiglu_quant
+// then the same kernel reading them: every output bit equal. NVFP4 activations with per-row and static
+// γ_a, bf16 activations (W4A16), gpt-oss's biases and clamped SwiGLU; a shard of 6 of 10 experts from 3.
+TEST(SparseGemm, RoutesKernelFusedSwigluBitsEqualTheSwigluKernel) {
+  std::mt19937 rng(909);
+  const int layer_E = 10, k = 3;
+  for (int variant = 0; variant < 4; ++variant)
+    for (int T : {1, 5}) {
+      const bool quantize = variant != 2, static_gamma = variant == 1, gpt_oss = variant == 3;
+      const int e0 = variant == 0 ? 0 : 3, E = variant == 0 ? layer_E : 6;
+      const int64_t I = 256 + 32 * variant, I_pad = padded_k(I), M = 72;
+      std::vector<int32_t> routes;
+      std::vector<int32_t> counts(layer_E, 0);
+      for (int tok = 0; tok < T; ++tok) {
+        std::vector<int32_t> ids(layer_E);
+        for (int i = 0; i < layer_E; ++i) ids[i] = i;
+        std::shuffle(ids.begin(), ids.end(), rng);
+        for (int j = 0; j < k; ++j) routes.push_back(ids[j]), ++counts[ids[j]];
+      }
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      std::vector<float> h(static_cast<size_t>(layer_E) * T * 2 * I), bias(static_cast<size_t>(layer_E) * 2 * I),
+          gamma(layer_E);
+      for (auto& v : h) v = nd(rng);
+      for (auto& v : bias) v = 0.3f * nd(rng);
+      for (auto& v : gamma) v = 50.0f + 10.0f * std::fabs(nd(rng));
+      std::vector<format::Sparse48Tensor> ts;
+      for (int e = 0; e < E; ++e) ts.push_back(random_packed(M, I, rng, ScaleMode::kRandom));
+      std::vector<const format::Sparse48Tensor*> ptrs;
+      for (auto& t : ts) ptrs.push_back(&t);
+      const KernelWeights kw = kernel_layout_from_sparse48(ptrs, "test");
+      std::vector<float> inv_gamma(E);
+      for (int e = 0; e < E; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
+      const size_t n_y = static_cast<size_t>(E) * T * M;
+      DevBuf<uint8_t> d_w(kw.data);
+      DevBuf<float> d_h(h), d_bias(bias), d_gamma(gamma), d_ig(inv_gamma);
+      DevBuf<float> d_as(std::vector<float>(static_cast<size_t>(layer_E) * T, 1.0f));
+      DevBuf<uint16_t> d_ad(std::vector<uint16_t>(static_cast<size_t>(layer_E) * T * I_pad, 0));
+      DevBuf<int32_t> d_counts(counts), d_routes(routes);
+      ops::SwigluQuantArgs sw;
+      sw.h_f32 = d_h.p, sw.counts = d_counts.p, sw.num_experts = layer_E, sw.capacity = T, sw.I = I, sw.I_pad = I_pad;
+      sw.quantize = quantize, sw.act_gamma = static_gamma ? d_gamma.p : nullptr, sw.layout = ActLayout::kMmaFragment;
+      sw.out = d_ad.p, sw.inv_scale = d_as.p;
+      if (gpt_oss) sw.gate_up_bias = d_bias.p, sw.clamped = true;
+      ops::GemmConfig c;
+      c.m16_tiles_per_warp = 2, c.n_tiles = 1;
+      auto run = [&](bool fuse) {
+        DevBuf<uint16_t> d_y(std::vector<uint16_t>(n_y, kPoisonBf16));
+        DevBuf<float> d_yf(std::vector<float>(n_y, std::nanf("")));
+        ops::SparseGemmArgs a;
+        a.w = d_w.p, a.w_inv_gamma = d_ig.p, a.x = d_ad.p + static_cast<size_t>(e0) * T * I_pad;
+        a.x_layout = ActLayout::kMmaFragment, a.x_inv_scale = quantize ? d_as.p + e0 * T : nullptr;
+        a.counts = d_counts.p + e0, a.y = d_y.p, a.y_f32 = d_yf.p, a.num_experts = E, a.capacity = T;
+        a.M = M, a.M_pad = kw.M_pad, a.K_pad = kw.K_pad, a.ldy = M;
+        a.route_experts = d_routes.p, a.num_routes = static_cast<int64_t>(routes.size()), a.expert_begin = e0;
+        EXPECT_TRUE(ops::sparse_gemm_runs_routes(a, T, &c));
+        if (fuse) a.fused_swiglu = &sw;
+        else ops::swiglu_quant(sw, nullptr);
+        ops::sparse_gemm(a, T, nullptr, &c);
+        MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+        return std::make_pair(d_yf.download(), d_y.download());
+      };
+      const auto fused = run(true), plain = run(false);
+      const std::string at = "variant " + std::to_string(variant) + " T=" + std::to_string(T);
+      int64_t diff = 0, written = 0;
+      for (size_t i = 0; i < n_y; ++i) {
+        diff += std::memcmp(&fused.first[i], &plain.first[i], sizeof(float)) != 0 || fused.second[i] != plain.second[i];
+        written += !std::isnan(plain.first[i]);
+      }
+      EXPECT_EQ(diff, 0) << at;
+      int64_t expected = 0;
+      for (int e = 0; e < E; ++e) expected += static_cast<int64_t>(counts[e0 + e]) * M;
+      EXPECT_EQ(written, expected) << at;
+    }
+}
+
 TEST(SparseGemm, RefusesActivationsInTheWrongLayout) {
   ops::SparseGemmArgs a;
   DevBuf<uint8_t> w(1408);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "format/kernel_layout.h"
+#include "ops/swiglu_quant/swiglu_quant.h"
 
 namespace moesq::ops {
 
@@ -46,6 +47,12 @@ struct SparseGemmArgs {
   const int32_t* route_experts = nullptr;
   int64_t num_routes = 0;
   int expert_begin = 0;
+  // Host pointer, or nullptr: the down GEMM's input made in the kernel — each routed row's SwiGLU
+  // (+ requant) from fused_swiglu's gate|up rows, ops::swiglu_quant's arithmetic (its bits) — instead of
+  // read from x / x_inv_scale, which swiglu_quant then need not write. Only where the routes kernel runs
+  // (sparse_gemm_runs_routes); its I_pad = K_pad, capacity = capacity, layout kMmaFragment, its expert
+  // ids the layer's (this call's expert e is its e + expert_begin).
+  const SwigluQuantArgs* fused_swiglu = nullptr;
 };
 
 constexpr int kRoutesMaxTokens = 8;  // the routes kernel's one n8 tile of tokens per expert
@@ -84,9 +91,13 @@ format::ActLayout sparse_gemm_act_layout(const GemmConfig& config);
 // Prints it to stderr when MOESQ_PRINT_CONFIG=1.
 GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int max_tokens);
 
+// Whether sparse_gemm(args, max_tokens, ·, config) runs the routes kernel (sparse_gemm_routes.cu),
+// which alone takes fused_swiglu.
+bool sparse_gemm_runs_routes(const SparseGemmArgs& args, int max_tokens, const GemmConfig* config = nullptr);
+
 // Runs the GEMM. `config` nullptr → sparse_gemm_heuristic(…, max_tokens). Error for shapes it
-// cannot run (never a wrong answer): E > 1024, unaligned K_pad/M_pad, no output, and activations
-// whose x_layout is not the one the chosen kernel reads.
+// cannot run (never a wrong answer): E > 1024, unaligned K_pad/M_pad, no output, activations
+// whose x_layout is not the one the chosen kernel reads, fused_swiglu where the routes kernel does not run.
 void sparse_gemm(const SparseGemmArgs& args, int max_tokens, cudaStream_t stream, const GemmConfig* config = nullptr);
 
 // The CPU twin on the same descriptor with HOST pointers: y_f32 (and/or y, the fp32 value rounded to

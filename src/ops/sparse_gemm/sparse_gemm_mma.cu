@@ -272,6 +272,13 @@ GemmConfig sparse_gemm_heuristic(int num_experts, int64_t M, int64_t K_pad, int 
   return c;
 }
 
+bool sparse_gemm_runs_routes(const SparseGemmArgs& a, int max_tokens, const GemmConfig* config) {
+  if (a.capacity == 0 || max_tokens == 0) return false;
+  const GemmConfig c =
+      config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, std::min(max_tokens, a.capacity));
+  return c.variant == GemmVariant::kMmaSp && c.warps == kWarps && c.n_tiles == 1 && detail::sparse_gemm_routes_fits(a);
+}
+
 void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, const GemmConfig* config) {
   MOESQ_CHECK(a.num_experts > 0 && a.num_experts <= kMaxExperts, "sparse_gemm: num_experts=", a.num_experts,
               " not in [1, ", kMaxExperts, "]");
@@ -282,6 +289,8 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
   MOESQ_CHECK(a.capacity >= 0 && max_tokens >= 0, "sparse_gemm: capacity=", a.capacity, " max_tokens=", max_tokens);
   MOESQ_CHECK(!a.w_inv_gamma_hi || (a.m_split > 0 && a.m_split < a.M && a.m_split % 16 == 0), "sparse_gemm: m_split=",
               a.m_split, " must be a multiple of 16 in (0, M=", a.M, ") when w_inv_gamma_hi is given");
+  MOESQ_CHECK(!a.fused_swiglu || sparse_gemm_runs_routes(a, max_tokens, config), "sparse_gemm: fused_swiglu "
+              "given where the routes kernel does not run (capacity ", a.capacity, ", max_tokens ", max_tokens, ")");
   if (a.capacity == 0 || max_tokens == 0) return;
   max_tokens = std::min(max_tokens, a.capacity);
   const GemmConfig c = config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, max_tokens);

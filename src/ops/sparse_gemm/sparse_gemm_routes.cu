@@ -8,7 +8,10 @@
 //    its first 2·kPiece weight chunks BEFORE it waits for the kernel just before it (core/cuda/pdl.cuh):
 //    the weight stream overlaps the dispatch (or SwiGLU) kernel and the launch gap;
 //  - after the wait the expert's ≤ 8 activation rows go to shared memory once per CTA (the mma.sp
-//    kernel reads them from L2 per warp and k-step); weight pieces stay double-buffered in registers.
+//    kernel reads them from L2 per warp and k-step); weight pieces stay double-buffered in registers;
+//  - in front of the down GEMM it can make those rows itself (SparseGemmArgs::fused_swiglu): each CTA
+//    runs swiglu_quant's row function (swiglu_row.cuh) on the expert's gate|up rows into shared
+//    memory, so the SwiGLU kernel and its round trip through global memory leave the decode step.
 //
 // Non-obvious decision: every CTA rebuilds the hit-expert list from the routes (≤ 8·k ids: a bitmap
 // in shared memory and a popcount scan) instead of reading a list the dispatch writes, so the weights
@@ -24,6 +27,7 @@
 #include "core/cuda/pdl.cuh"
 #include "ops/sparse_gemm/sparse_gemm_routes.cuh"
 #include "ops/sparse_gemm/weight_unpack.cuh"
+#include "ops/swiglu_quant/swiglu_row.cuh"
 
 namespace moesq::ops::detail {
 
@@ -37,8 +41,12 @@ constexpr int kRowPad = 8;       // bf16 padding per staged row: the 8 token row
 constexpr int kMaxSmem = 227 * 1024;
 static_assert(kWords <= 32, "one warp scans the hit bitmap's words");
 
+// [capacity, K_pad + kRowPad] bf16 rows, then (fused SwiGLU) the row function's [I] fp32 scratch.
+size_t rows_bytes(const SparseGemmArgs& a) {
+  return (static_cast<size_t>(a.capacity) * static_cast<size_t>(a.K_pad + kRowPad) * sizeof(uint16_t) + 15) / 16 * 16;
+}
 size_t smem_bytes(const SparseGemmArgs& a) {
-  return static_cast<size_t>(a.capacity) * static_cast<size_t>(a.K_pad + kRowPad) * sizeof(uint16_t);
+  return rows_bytes(a) + (a.fused_swiglu ? static_cast<size_t>(a.fused_swiglu->I) * sizeof(float) : 0);
 }
 
 // Loads chunks [kc0, kc0 + kPiece) ∩ [0, KC) of the warp's m16 tile into buf (kEarly: before the PDL wait).
@@ -71,10 +79,16 @@ __device__ __forceinline__ void mma_piece(float acc[4], const ChunkRegs (&buf)[k
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32, 3) grouped_sparse_gemm_routes_kernel(SparseGemmArgs a, int m_blocks) {
-  extern __shared__ __align__(16) uint16_t s_x[];  // [count, K_pad + kRowPad] bf16: the expert's token rows
-  __shared__ uint32_t s_hit[kWords];               // bit e: a route hits this call's expert e
-  __shared__ int s_rank[kWords + 1];               // hit experts in the words before
+// fuse: make the rows with sw's SwiGLU (+ requant) instead of reading a.x / a.x_inv_scale.
+__global__ void __launch_bounds__(kWarps * 32, 3)
+    grouped_sparse_gemm_routes_kernel(SparseGemmArgs a, int m_blocks, SwigluQuantArgs sw, bool fuse, size_t rows_off) {
+  extern __shared__ __align__(16) unsigned char s_dyn[];
+  uint16_t* s_x = reinterpret_cast<uint16_t*>(s_dyn);  // [count, K_pad + kRowPad] bf16: the expert's token rows
+  unsigned char* s_scratch = s_dyn + rows_off;         // fuse: [I] fp32, the SwiGLU row function's
+  __shared__ uint32_t s_hit[kWords];                   // bit e: a route hits this call's expert e
+  __shared__ int s_rank[kWords + 1];                   // hit experts in the words before
+  __shared__ float s_inv[kRoutesMaxTokens];            // fuse: each row's 1/γ_a
+  __shared__ float s_red[32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int E = a.num_experts, words = (E + 31) / 32;
   const int MT = static_cast<int>(a.M_pad / 16), KC = static_cast<int>(a.K_pad / kChunkK);
@@ -119,21 +133,31 @@ __global__ void __launch_bounds__(kWarps * 32, 3) grouped_sparse_gemm_routes_ker
   const float inv_w_hi = a.w_inv_gamma_hi ? a.w_inv_gamma_hi[e] : inv_w;
   pdl_enter();
 
-  // 3. The expert's rows into shared memory, its 1/γ_a.
+  // 3. The expert's rows into shared memory (copied, or made by the SwiGLU row function), its 1/γ_a.
   const int count = min(max(a.counts[e], 0), a.capacity);
   const int64_t ld = a.K_pad + kRowPad, vecs = a.K_pad / 8;
-  const uint16_t* x_e = a.x + static_cast<size_t>(e) * a.capacity * a.K_pad;
-  for (int64_t i = threadIdx.x; i < count * vecs; i += blockDim.x) {
-    const int64_t r = i / vecs, c = (i % vecs) * 8;
-    *reinterpret_cast<uint4*>(s_x + r * ld + c) = *reinterpret_cast<const uint4*>(x_e + r * a.K_pad + c);
+  if (fuse) {
+    const int eg = e + a.expert_begin;  // sw indexes the layer's experts
+    for (int r = 0; r < count; ++r) {
+      swiglu_quant_row(sw, eg, static_cast<int64_t>(eg) * sw.capacity + r, s_scratch, s_red, s_x + r * ld, &s_inv[r]);
+      __syncthreads();  // the scratch is the next row's
+    }
+  } else {
+    const uint16_t* x_e = a.x + static_cast<size_t>(e) * a.capacity * a.K_pad;
+    for (int64_t i = threadIdx.x; i < count * vecs; i += blockDim.x) {
+      const int64_t r = i / vecs, c = (i % vecs) * 8;
+      *reinterpret_cast<uint4*>(s_x + r * ld + c) = *reinterpret_cast<const uint4*>(x_e + r * a.K_pad + c);
+    }
   }
+  __syncthreads();
   float inv_a[2];
 #pragma unroll
   for (int jj = 0; jj < 2; ++jj) {
     const int tok = 2 * t + jj;
-    inv_a[jj] = (a.x_inv_scale && tok < count) ? a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok] : 1.0f;
+    inv_a[jj] = 1.0f;
+    if (a.x_inv_scale && tok < count)
+      inv_a[jj] = fuse ? s_inv[tok] : a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok];
   }
-  __syncthreads();
   if (!has_rows) return;
 
   // 4. The K loop: compute one piece while the other loads.
@@ -178,7 +202,7 @@ bool sparse_gemm_routes_fits(const SparseGemmArgs& a) {
     return !(v && std::strcmp(v, "0") == 0);
   }();
   return enabled && a.route_experts && a.num_routes > 0 && a.capacity > 0 && a.capacity <= kRoutesMaxTokens &&
-         a.num_experts <= kMaxExperts && smem_bytes(a) <= kMaxSmem;
+         a.num_experts <= kMaxExperts && a.x_layout == format::ActLayout::kMmaFragment && smem_bytes(a) <= kMaxSmem;
 }
 
 void launch_sparse_gemm_routes(const SparseGemmArgs& a, cudaStream_t stream) {
@@ -193,8 +217,18 @@ void launch_sparse_gemm_routes(const SparseGemmArgs& a, cudaStream_t stream) {
   const int64_t hit_bound = std::min<int64_t>(a.num_routes, a.num_experts);  // experts the routes can hit
   const int64_t grid = hit_bound * m_blocks;
   MOESQ_CHECK(grid <= 0x7fffffff, "sparse_gemm: routes grid of ", grid, " CTAs");
+  SwigluQuantArgs sw;
+  if (a.fused_swiglu) {
+    sw = *a.fused_swiglu;
+    swiglu_quant_check(sw);
+    MOESQ_CHECK(sw.I_pad == a.K_pad && sw.capacity == a.capacity && sw.layout == format::ActLayout::kMmaFragment &&
+                    a.expert_begin + a.num_experts <= sw.num_experts,
+                "sparse_gemm: fused SwiGLU of I_pad ", sw.I_pad, ", capacity ", sw.capacity, " over ", sw.num_experts,
+                " experts for a GEMM of K_pad ", a.K_pad, ", capacity ", a.capacity, ", experts [", a.expert_begin,
+                ", ", a.expert_begin + a.num_experts, ") (the kMmaFragment layout required)");
+  }
   launch_pdl("grouped_sparse_gemm_routes_kernel", grouped_sparse_gemm_routes_kernel, dim3(static_cast<unsigned>(grid)),
-             dim3(kWarps * 32), smem_bytes(a), stream, a, m_blocks);
+             dim3(kWarps * 32), smem_bytes(a), stream, a, m_blocks, sw, a.fused_swiglu != nullptr, rows_bytes(a));
 }
 
 }  // namespace moesq::ops::detail

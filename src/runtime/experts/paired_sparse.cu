@@ -85,12 +85,16 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
     sw.quantize = quant_, sw.layout = ops::sparse_gemm_act_layout(c2);
     sw.act_gamma = act_gamma_down.n ? act_gamma_down.p : nullptr;
-    if (s.stages & kMoeSwiglu) ops::swiglu_quant(sw, stream);
     g.w = down.w.p, g.w_inv_gamma = down.inv_gamma.p, g.w_inv_gamma_hi = nullptr, g.m_split = 0;
     g.x = b.ad + slots0 * I_pad, g.x_layout = sw.layout;
     g.x_inv_scale = quant_ ? b.as + slots0 : nullptr, g.y = b.ybuf + slots0 * H, g.y_f32 = nullptr, g.M = H;
     g.M_pad = down.M_pad;
     g.K_pad = I_pad, g.ldy = H;
+    // Decode sizes: the down GEMM's routes kernel makes its rows with the SwiGLU itself (the same bits);
+    // the SwiGLU stage then launches nothing (bench_moe_layer times it inside the down GEMM).
+    const bool fuse = En > 0 && ops::sparse_gemm_runs_routes(g, max_tok, &c2);
+    g.fused_swiglu = fuse ? &sw : nullptr;
+    if ((s.stages & kMoeSwiglu) && !fuse) ops::swiglu_quant(sw, stream);
     if ((s.stages & kMoeDown) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c2);
   }
 
