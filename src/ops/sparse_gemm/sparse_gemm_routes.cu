@@ -20,8 +20,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
@@ -197,11 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3)
 }  // namespace
 
 bool sparse_gemm_routes_fits(const SparseGemmArgs& a) {
-  static const bool enabled = [] {  // MOESQ_SPARSE_ROUTES=0: the mma.sp kernel instead (the same bits)
-    const char* v = std::getenv("MOESQ_SPARSE_ROUTES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return enabled && a.route_experts && a.num_routes > 0 && a.capacity > 0 && a.capacity <= kRoutesMaxTokens &&
+  return a.route_experts && a.num_routes > 0 && a.capacity > 0 && a.capacity <= kRoutesMaxTokens &&
          a.num_experts <= kMaxExperts && a.x_layout == format::ActLayout::kMmaFragment && smem_bytes(a) <= kMaxSmem;
 }
 

@@ -1,6 +1,8 @@
 // Device half of the paired 4:8 expert backends (paired_sparse.h): dispatch (+ NVFP4 act quant for
 // W4A4) → gate|up sparse GEMM (fp32 out) → SwiGLU (+ requant) → down sparse GEMM (bf16 out), each GEMM's
 // tile config from ops::sparse_gemm_heuristic for capacity T, the activation layout it reads from it.
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/cuda/dev_buf.cuh"
@@ -15,6 +17,17 @@
 namespace moesq::runtime {
 
 namespace {
+
+// MOESQ_SPARSE_ROUTES=1: decode-sized expert GEMMs run the routes kernel with the SwiGLU fused into the
+// down GEMM (the same bits as without); off by default until it has run on a GPU (bench/NOTES.md,
+// session 28). Read once per process.
+bool routes_kernel_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESQ_SPARSE_ROUTES");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 // The paired 4:8 experts of one projection on the device.
 struct DeviceProjection {
@@ -79,7 +92,8 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     g.capacity = cap, g.M = 2 * I, g.M_pad = gu.M_pad, g.K_pad = H_pad, g.ldy = 2 * I;
     // The routes (router_topk's, two launches back): decode-sized calls start streaming the hit
     // experts' weights before the dispatch ends (ops/sparse_gemm/sparse_gemm_routes.cu).
-    g.route_experts = b.topk_ids, g.num_routes = s.T * dm.top_k, g.expert_begin = static_cast<int>(e0);
+    if (routes_kernel_enabled())
+      g.route_experts = b.topk_ids, g.num_routes = s.T * dm.top_k, g.expert_begin = static_cast<int>(e0);
     if ((s.stages & kMoeGateUp) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c1);
     const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
