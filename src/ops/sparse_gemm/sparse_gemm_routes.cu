@@ -36,7 +36,9 @@ constexpr int kPiece = 4;        // chunks per register buffer; two buffers: 8 c
 constexpr int kMaxExperts = 1024;
 constexpr int kWords = kMaxExperts / 32;
 constexpr int kRowPad = 8;       // bf16 padding per staged row: the 8 token rows start 16 B apart in the banks
-constexpr int kMaxSmem = 227 * 1024;
+// Dynamic shared memory: the SM's 227 KB less 1 KB for the kernel's static arrays (432 B): the attribute
+// refuses a maximum that leaves no room for them.
+constexpr int kMaxSmem = 226 * 1024;
 static_assert(kWords <= 32, "one warp scans the hit bitmap's words");
 
 // [capacity, K_pad + kRowPad] bf16 rows, then (fused SwiGLU) the row function's [I] fp32 scratch.
