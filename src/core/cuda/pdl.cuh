@@ -13,8 +13,8 @@
 //     chain stays transitive (a kernel that has passed pdl_wait() knows every earlier grid completed).
 // A kernel launched plainly may call both (they are no-ops then). Captured into a CUDA graph, a
 // launch_pdl launch becomes a programmatic edge (CUDA 12.3+). Bits never change: PDL moves when a
-// kernel starts, not what it computes. MOESQ_PDL=1 in the environment turns the attribute on; without
-// it every kernel launches plainly (the default until PDL has run on a GPU: bench/NOTES.md, session 28).
+// kernel starts, not what it computes. MOESQ_PDL=0 in the environment launches every kernel plainly
+// (the same-run peer; bench/NOTES.md, session 28: B = 1 decode −12 % TPOT, +1 % at batch 64).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -66,11 +66,11 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes) {
 #endif
 }
 
-// Whether launch_pdl sets the attribute: MOESQ_PDL=1 (read once per process).
+// Whether launch_pdl sets the attribute: on, unless MOESQ_PDL=0 (read once per process).
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESQ_PDL");
-    return v && std::strcmp(v, "1") == 0;
+    return !(v && std::strcmp(v, "0") == 0);
   }();
   return on;
 }

@@ -18,13 +18,13 @@ namespace moesq::runtime {
 
 namespace {
 
-// MOESQ_SPARSE_ROUTES=1: decode-sized expert GEMMs run the routes kernel with the SwiGLU fused into the
-// down GEMM (the same bits as without); off by default until it has run on a GPU (bench/NOTES.md,
-// session 28). Read once per process.
+// Decode-sized expert GEMMs run the routes kernel with the SwiGLU fused into the down GEMM (the same
+// bits as without), unless MOESQ_SPARSE_ROUTES=0 (the same-run peer; bench/NOTES.md, session 28).
+// Read once per process.
 bool routes_kernel_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESQ_SPARSE_ROUTES");
-    return v && std::strcmp(v, "1") == 0;
+    return !(v && std::strcmp(v, "0") == 0);
   }();
   return on;
 }
