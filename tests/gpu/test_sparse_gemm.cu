@@ -395,6 +395,18 @@ TEST(SparseGemm, WgmmaPipelineReuseUnderTinyGridIsBitwiseEqual) {
   }
 }
 
+// T tokens' top-k routes: k distinct expert ids of [0, layer_experts) per token, token-major.
+std::vector<int32_t> draw_routes(int T, int k, int layer_experts, std::mt19937& rng) {
+  std::vector<int32_t> routes;
+  for (int tok = 0; tok < T; ++tok) {
+    std::vector<int32_t> ids(layer_experts);
+    for (int i = 0; i < layer_experts; ++i) ids[i] = i;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    routes.insert(routes.end(), ids.begin(), ids.begin() + k);
+  }
+  return routes;
+}
+
 // Runs ops::sparse_gemm once on (kw, act) with config c, poisoned outputs; routes (the layer's expert ids,
 // this call's experts from expert_begin) or nullptr. Returns {fp32 output, bf16 output}.
 std::pair<std::vector<float>, std::vector<uint16_t>> run_sparse_gemm(const KernelWeights& kw, const ActBatch& act,
@@ -430,17 +442,10 @@ TEST(SparseGemm, RoutesKernelBitsEqualTheMmaKernel) {
     for (int64_t K : {512, 2304})
       for (int T : {1, 3, 8})
         for (int e0 : {0, 5}) {
-          std::vector<int32_t> routes;
+          const std::vector<int32_t> routes = draw_routes(T, k, layer_experts, rng);
           std::vector<int> counts(E, 0);
-          for (int tok = 0; tok < T; ++tok) {
-            std::vector<int32_t> ids(layer_experts);
-            for (int i = 0; i < layer_experts; ++i) ids[i] = i;
-            std::shuffle(ids.begin(), ids.end(), rng);
-            for (int j = 0; j < k; ++j) {
-              routes.push_back(ids[j]);
-              if (ids[j] >= e0 && ids[j] < e0 + E) ++counts[ids[j] - e0];
-            }
-          }
+          for (int32_t id : routes)
+            if (id >= e0 && id < e0 + E) ++counts[id - e0];
           std::vector<format::Sparse48Tensor> ts;
           for (int e = 0; e < E; ++e) ts.push_back(random_packed(M, K, rng, ScaleMode::kRandom));
           std::vector<const format::Sparse48Tensor*> ptrs;
@@ -491,14 +496,9 @@ TEST(SparseGemm, RoutesKernelFusedSwigluBitsEqualTheSwigluKernel) {
       const bool quantize = variant != 2, static_gamma = variant == 1, gpt_oss = variant == 3;
       const int e0 = variant == 0 ? 0 : 3, E = variant == 0 ? layer_E : 6;
       const int64_t I = 256 + 32 * variant, I_pad = padded_k(I), M = 72;
-      std::vector<int32_t> routes;
+      const std::vector<int32_t> routes = draw_routes(T, k, layer_E, rng);
       std::vector<int32_t> counts(layer_E, 0);
-      for (int tok = 0; tok < T; ++tok) {
-        std::vector<int32_t> ids(layer_E);
-        for (int i = 0; i < layer_E; ++i) ids[i] = i;
-        std::shuffle(ids.begin(), ids.end(), rng);
-        for (int j = 0; j < k; ++j) routes.push_back(ids[j]), ++counts[ids[j]];
-      }
+      for (int32_t id : routes) ++counts[id];
       std::normal_distribution<float> nd(0.0f, 2.0f);
       std::vector<float> h(static_cast<size_t>(layer_E) * T * 2 * I), bias(static_cast<size_t>(layer_E) * 2 * I),
           gamma(layer_E);
