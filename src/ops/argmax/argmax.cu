@@ -42,7 +42,6 @@ __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
 void argmax(const ArgmaxArgs& a, cudaStream_t stream) {
   launch_pdl("argmax_kernel", argmax_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a.logits,
              a.V, a.out);
-  MOESQ_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
 
 }  // namespace moesq::ops

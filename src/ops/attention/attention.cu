@@ -369,7 +369,6 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     MOESQ_CHECK(a.n_tiles <= 0x7fffffff, "attention: ", a.n_tiles, " tiles too many for the grid");
     launch_pdl("attn_prefill_kernel", attn_prefill_kernel<HD, G>, dim3(static_cast<unsigned>(a.n_tiles), a.nkv),
                dim3(128), smem, stream, a);
-    MOESQ_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
     return;
   }
   const int chunks = static_cast<int>((a.max_len + kAttnChunk - 1) / kAttnChunk);
@@ -383,10 +382,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   }
   launch_pdl("attn_split_kernel", attn_split_kernel<HD, G>, dim3(chunks, a.nkv, static_cast<unsigned>(a.T)), dim3(32),
              smem, stream, a, chunks);
-  MOESQ_CUDA_LAUNCH_CHECK("attn_split_kernel");
   launch_pdl("attn_combine_kernel", attn_combine_kernel<HD>, dim3(static_cast<unsigned>(a.T * a.nh)), dim3(HD), 0,
              stream, a, chunks);
-  MOESQ_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }
 
 template <int HD>

@@ -35,7 +35,6 @@ void dense_swiglu(const DenseSwigluArgs& a, cudaStream_t stream) {
   const int64_t n = a.T * a.I;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
   launch_pdl("dense_swiglu_kernel", dense_swiglu_kernel, dim3(blocks), dim3(256), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("dense_swiglu_kernel");
 }
 
 }  // namespace moesq::ops

@@ -33,13 +33,11 @@ __global__ void gather_rows_kernel(const uint16_t* in, const int32_t* rows, uint
 void embed(const EmbedArgs& a, cudaStream_t stream) {
   launch_pdl("embed_kernel", embed_kernel, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a.ids,
              a.table, a.out, a.H);
-  MOESQ_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
 void gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
   launch_pdl("gather_rows_kernel", gather_rows_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream,
              a.in, a.rows, a.out, a.H);
-  MOESQ_CUDA_LAUNCH_CHECK("gather_rows_kernel");
 }
 
 }  // namespace moesq::ops

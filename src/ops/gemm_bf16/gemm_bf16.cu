@@ -145,15 +145,12 @@ void gemm_bf16_tile(const GemmBf16Args& a, cudaStream_t stream) {
     MOESQ_CHECK(slices <= 65535, "gemm_bf16: K=", a.K, " too many split slices");
     const dim3 sgrid(grid.x, grid.y, static_cast<unsigned>(slices));  // blockIdx.z = slice
     launch_pdl("gemm_bf16_kernel", gemm_bf16_kernel, dim3(sgrid), dim3(kThreads), 0, stream, a, 0, 0, a.split_ws);
-    MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel (split)");
     const int64_t n = a.M * a.N;
     launch_pdl("gemm_bf16_split_reduce", gemm_bf16_split_reduce, dim3(static_cast<unsigned>((n + 255) / 256)),
                dim3(256), 0, stream, a, a.split_ws, slices);
-    MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_split_reduce");
     return;
   }
   launch_pdl("gemm_bf16_kernel", gemm_bf16_kernel, dim3(grid), dim3(kThreads), 0, stream, a, 0, a.K, nullptr);
-  MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_kernel");
 }
 
 }  // namespace detail

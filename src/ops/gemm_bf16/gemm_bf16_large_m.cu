@@ -206,7 +206,6 @@ void gemm_bf16_large_m(const GemmBf16Args& a, cudaStream_t stream) {
   else
     launch_pdl("gemm_bf16_large_m_kernel", gemm_bf16_large_m_kernel<false>, dim3(grid), dim3(kThreads),
                smem_bytes(a.x_lo != nullptr), stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_large_m_kernel");
 }
 
 }  // namespace moesq::ops::detail

@@ -157,7 +157,6 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
   launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel, dim3(dim3(static_cast<unsigned>(ctas), row_tiles,
              static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("gemm_bf16_small_m_kernel");
 }
 
 }  // namespace moesq::ops::detail

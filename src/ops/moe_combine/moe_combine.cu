@@ -87,7 +87,6 @@ void moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
     launch_pdl("combine_kernel", combine_kernel<8>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
   else
     launch_pdl("combine_kernel", combine_kernel<1>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("moe_combine");
 }
 
 }  // namespace moesq::ops

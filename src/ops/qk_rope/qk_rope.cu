@@ -94,7 +94,6 @@ void qk_rope(const QkRopeArgs& a, cudaStream_t stream) {
   if (items == 0) return;
   launch_pdl("qk_rope_kernel", qk_rope_kernel, dim3(static_cast<unsigned>((items + kWarps - 1) / kWarps)),
              dim3(kWarps * 32), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("qk_rope_kernel");
 }
 
 }  // namespace moesq::ops

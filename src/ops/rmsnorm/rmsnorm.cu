@@ -43,7 +43,6 @@ void rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   MOESQ_CHECK(a.y || a.y_f32, "rmsnorm: no output (y and y_f32 are null)");
   if (a.n == 0) return;
   launch_pdl("rmsnorm_kernel", rmsnorm_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
 }
 
 }  // namespace moesq::ops

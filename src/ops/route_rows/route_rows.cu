@@ -36,7 +36,6 @@ void route_rows(const RouteRowsArgs& a, cudaStream_t stream) {
   if (rows == 0) return;
   MOESQ_CHECK(rows <= 0x7fffffff, "route_rows: ", rows, " routes exceed the grid");
   launch_pdl("route_rows_kernel", route_rows_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("route_rows");
 }
 
 }  // namespace moesq::ops

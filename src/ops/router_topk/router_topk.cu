@@ -122,7 +122,6 @@ void router_topk(const RouterTopkArgs& a, cudaStream_t stream) {
   if (a.T == 0) return;
   launch_pdl("router_topk_kernel", router_topk_kernel, dim3(static_cast<unsigned>((a.T + kWarps - 1) / kWarps)),
              dim3(kWarps * 32), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("router_topk_kernel");
 }
 
 }  // namespace moesq::ops

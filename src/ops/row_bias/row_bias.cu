@@ -29,7 +29,6 @@ void row_bias(const RowBiasArgs& a, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
   launch_pdl("row_bias_kernel", row_bias_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, a);
-  MOESQ_CUDA_LAUNCH_CHECK("row_bias_kernel");
 }
 
 }  // namespace moesq::ops

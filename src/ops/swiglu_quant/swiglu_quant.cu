@@ -45,7 +45,6 @@ void swiglu_quant(const SwigluQuantArgs& a, cudaStream_t stream) {
     launch_pdl("swiglu_quant_kernel", swiglu_quant_kernel, dim3(dim3(a.capacity, a.num_experts)), dim3(kThreads),
                smem, stream, a);
   }
-  MOESQ_CUDA_LAUNCH_CHECK("swiglu_quant_kernel");
 }
 
 }  // namespace moesq::ops
