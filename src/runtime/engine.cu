@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
+#include "core/cuda/pdl.cuh"
 #include "core/cuda/require_device.h"
 #include "model/mixers/mla.h"
 #include "model/rope.h"
@@ -556,6 +557,7 @@ void Engine::Impl::throw_non_finite(uint64_t key, const FiniteRows& rows) {
 }
 
 void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
+  const PdlTokensScope pdl(T);  // PDL for decode-sized steps only (core/cuda/pdl.cuh)
   ops::EmbedArgs em;
   em.ids = tok_ids.p, em.table = embed.p, em.out = h.p, em.T = T, em.H = H;
   ops::embed(em, stream);

@@ -18,6 +18,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -75,9 +76,42 @@ inline bool pdl_enabled() {
   return on;
 }
 
+// The largest forward (tokens) launched with PDL: MOESQ_PDL_MAX_TOKENS, default 16 (read once per
+// process). PDL shortens a chain of small, latency-bound kernels; at prefill sizes it measured a cost
+// (+4.7 % on a T = 512 MoE layer, +0.6 % TPOT at batch 64; bench/NOTES.md session 28), so a forward of
+// more tokens launches plainly.
+inline int64_t pdl_max_tokens() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("MOESQ_PDL_MAX_TOKENS");
+    if (!v || !*v) return int64_t{16};
+    char* end = nullptr;
+    const long long x = std::strtoll(v, &end, 10);
+    return (end && *end == 0 && x >= 0) ? static_cast<int64_t>(x) : int64_t{16};
+  }();
+  return n;
+}
+
+namespace detail {
+inline thread_local bool t_pdl_off = false;  // set by PdlTokensScope on this host thread
+}
+
+// For the scope's life, launch_pdl on this host thread sets the attribute only when the forward's
+// token count T ≤ pdl_max_tokens(). A forward (engine step, MoE layer) opens one around its launches
+// (and around a graph capture of them); scopes nest, the inner one decides.
+class PdlTokensScope {
+ public:
+  explicit PdlTokensScope(int64_t T) : prev_(detail::t_pdl_off) { detail::t_pdl_off = T > pdl_max_tokens(); }
+  ~PdlTokensScope() { detail::t_pdl_off = prev_; }
+  PdlTokensScope(const PdlTokensScope&) = delete;
+  PdlTokensScope& operator=(const PdlTokensScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-stream-serialization attribute
-// (when pdl_enabled()). The kernel must keep the contract above. Errors: the launch's, as
-// MOESQ_CUDA_CHECK (what names the kernel).
+// (when pdl_enabled() and no PdlTokensScope of this thread turned it off). The kernel must keep the
+// contract above. Errors: the launch's, as MOESQ_CUDA_CHECK (what names the kernel).
 template <typename... Params, typename... Args>
 void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 Args&&... args) {
@@ -86,7 +120,7 @@ void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 blo
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() && !detail::t_pdl_off ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
 }

@@ -8,6 +8,7 @@
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/device_scope.h"
+#include "core/cuda/pdl.cuh"
 #include "core/error.h"
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/moe_combine/moe_combine.h"
@@ -211,6 +212,7 @@ void MoeLayerGpu::forward(const uint16_t* x, const uint16_t* x_lo, int64_t T, fl
   if (T == 0) return;
   MOESQ_CHECK(x && h, "MoeLayerGpu: x and h are required");
   const DeviceScope scope(m.device);
+  const PdlTokensScope pdl(T);  // PDL for decode-sized layers only (core/cuda/pdl.cuh)
   if (!accumulate) MOESQ_CUDA_CHECK(cudaMemsetAsync(h, 0, sizeof(float) * T * d.H, stream));
   const StreamScratch s(moe_workspace_bytes(d, T), stream);
   MoeBlockBuffers b = carve_moe_workspace(s.get(), d, T);
