@@ -470,7 +470,7 @@ void Engine::Impl::set_gdn_runs(const std::vector<int32_t>& slot) {
 }
 
 void Engine::Impl::linear(const ops::GemmBf16Args& g) {
-  if (deterministic || g.groups != 1 || !g.y_f32 || g.counts) {
+  if (deterministic || g.groups != 1 || !g.y_f32 || g.counts || g.fused_topk) {  // fused_topk: our kernel runs it
     ops::gemm_bf16(g, stream);
     return;
   }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -707,6 +708,72 @@ TEST(EngineOps, RouterTopkMatchesRef) {
   moesq::ops::router_topk(a, nullptr);
   EXPECT_EQ(di.download(), (std::vector<int32_t>{0, 1, 2, 3}));
   for (float w : dw.download()) EXPECT_EQ(w, 0.25f);
+}
+
+// The router GEMM running the top-k in its last CTA (GemmBf16Args::fused_topk) against gemm_bf16 then
+// router_topk: every logit, id and weight bit equal and the counts zeroed, for the three scorings
+// (softmax; sigmoid with a correction bias, groups and a scale; gpt-oss's bias + top-k-softmax), hi + lo
+// inputs with split-K, T from 1 to the small-M path's 64 — three calls in a row on one ticket, which
+// each leaves at 0.
+TEST(EngineOps, RouterGemmFusedTopkBitsEqualTheTwoKernels) {
+  struct Case {
+    int E, k, G, tg;
+    bool sigmoid, topk_softmax;
+    float scale;
+  };
+  const int64_t K = 2048;
+  for (const Case& c : {Case{128, 8, 1, 1, false, false, 1.0f}, Case{256, 8, 8, 4, true, false, 2.5f},
+                        Case{32, 4, 1, 1, false, true, 1.0f}})
+    for (int64_t T : {1, 5, 16, 64}) {
+      const std::string at = "E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " T=" + std::to_string(T);
+      const std::vector<uint16_t> x = rand_bf16(T * K, 70 + T), xl = rand_bf16(T * K, 71 + T, 1.0f / 256),
+                                  w = rand_bf16(c.E * K, 72 + c.E, 0.05f);
+      const std::vector<float> bias = rand_f32(c.E, 73 + c.E, 0.2f);
+      DevBuf<uint16_t> dx(x), dxl(xl), dw(w);
+      DevBuf<float> db(bias), ws(moesq::ops::gemm_bf16_split_floats(T, c.E, K));
+      DevBuf<int32_t> ticket(std::vector<int32_t>{0});
+      auto run = [&](bool fuse) {
+        DevBuf<float> logits(std::vector<float>(T * c.E, std::nanf(""))), tw(std::vector<float>(T * c.k, -1.0f));
+        DevBuf<int32_t> ids(std::vector<int32_t>(T * c.k, -1)), counts(std::vector<int32_t>(c.E, 7));
+        moesq::ops::RouterTopkArgs r;
+        r.logits = logits.p, r.topk_ids = ids.p, r.topk_w = tw.p, r.T = T, r.num_experts = c.E, r.topk = c.k;
+        r.counts = counts.p, r.sigmoid = c.sigmoid, r.topk_softmax = c.topk_softmax;
+        if (c.sigmoid) r.correction_bias = db.p, r.n_group = c.G, r.topk_group = c.tg, r.routed_scaling_factor = c.scale;
+        if (c.topk_softmax) r.logit_bias = db.p;
+        moesq::ops::GemmBf16Args g;
+        g.x = dx.p, g.x_lo = dxl.p, g.w = dw.p, g.y_f32 = logits.p, g.split_ws = ws.p, g.M = T, g.N = c.E, g.K = K;
+        g.ldy = c.E;
+        if (fuse) {
+          g.fused_topk = &r, g.topk_ticket = ticket.p;
+          EXPECT_TRUE(moesq::ops::gemm_bf16_fuses_topk(g)) << at;
+        }
+        moesq::ops::gemm_bf16(g, nullptr);
+        if (!fuse) moesq::ops::router_topk(r, nullptr);
+        MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(counts.download(), std::vector<int32_t>(c.E, 0)) << at << (fuse ? " fused" : "") << ": counts";
+        std::vector<uint32_t> b;
+        for (float v : logits.download()) b.push_back(bits(v));
+        for (float v : tw.download()) b.push_back(bits(v));
+        for (int32_t v : ids.download()) b.push_back(static_cast<uint32_t>(v));
+        return b;
+      };
+      const std::vector<uint32_t> plain = run(false);
+      for (int rep = 0; rep < 3; ++rep) {
+        EXPECT_EQ(run(true), plain) << at << " fused call " << rep;
+        EXPECT_EQ(ticket.download(), std::vector<int32_t>{0}) << at << " fused call " << rep << ": ticket";
+      }
+    }
+  // Refused where the small-M path does not run (M > 64), and without a ticket.
+  DevBuf<uint16_t> dx(rand_bf16(65 * 64, 5)), dw(rand_bf16(32 * 64, 6));
+  DevBuf<float> logits(65 * 32), tw(65 * 2);
+  DevBuf<int32_t> ids(65 * 2), ticket(std::vector<int32_t>{0});
+  moesq::ops::RouterTopkArgs r;
+  r.logits = logits.p, r.topk_ids = ids.p, r.topk_w = tw.p, r.T = 65, r.num_experts = 32, r.topk = 2;
+  moesq::ops::GemmBf16Args g;
+  g.x = dx.p, g.w = dw.p, g.y_f32 = logits.p, g.M = 65, g.N = 32, g.K = 64, g.ldy = 32;
+  g.fused_topk = &r, g.topk_ticket = ticket.p;
+  EXPECT_FALSE(moesq::ops::gemm_bf16_fuses_topk(g));
+  EXPECT_THROW(moesq::ops::gemm_bf16(g, nullptr), moesq::Error);
 }
 
 // Slots in a shuffled (atomic-like) order inside every expert and some routes dropped: the combine

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/router_topk/router_topk.h"
 
 namespace {
 
@@ -160,6 +161,39 @@ TEST(GemmBf16Ref, RefusesBadArguments) {
   EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
   a = args_of(p, false, nullptr, yb.data(), nullptr);
   a.accumulate = true;  // needs the fp32 output
+  EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
+}
+
+// With fused_topk the twin is gemm_bf16_ref then router_topk_ref on its logits (the GPU kernel's last
+// CTA runs the same routing; bitwise against the two kernels in tests/gpu/test_engine_ops.cu). And the
+// fused form's layout rules: its logits are this GEMM's output, dense (ldy = N = E), with a ticket.
+TEST(GemmBf16Ref, FusedTopkIsTheGemmThenTheRouting) {
+  Problem p = make_problem(1, 3, 16, 64, 9);
+  p.ldy = p.N;
+  std::vector<float> y(p.M * p.N), y2(p.M * p.N), w(p.M * 2), w2(p.M * 2);
+  std::vector<int32_t> ids(p.M * 2), ids2(p.M * 2), counts(p.N, 5), ticket(1, 0);
+  moesq::ops::RouterTopkArgs r;
+  r.logits = y.data(), r.topk_ids = ids.data(), r.topk_w = w.data(), r.T = p.M, r.num_experts = 16, r.topk = 2;
+  r.counts = counts.data();
+  GemmBf16Args a = args_of(p, true, y.data(), nullptr, nullptr);
+  a.fused_topk = &r, a.topk_ticket = ticket.data();
+  moesq::ops::gemm_bf16_ref(a);
+  GemmBf16Args b = args_of(p, true, y2.data(), nullptr, nullptr);
+  moesq::ops::gemm_bf16_ref(b);
+  moesq::ops::RouterTopkArgs r2 = r;
+  r2.logits = y2.data(), r2.topk_ids = ids2.data(), r2.topk_w = w2.data(), r2.counts = nullptr;
+  moesq::ops::router_topk_ref(r2);
+  EXPECT_EQ(y, y2);
+  EXPECT_EQ(ids, ids2);
+  EXPECT_EQ(w, w2);
+  EXPECT_EQ(counts, std::vector<int32_t>(p.N, 0));
+  a.topk_ticket = nullptr;  // no ticket
+  EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
+  a.topk_ticket = ticket.data(), a.ldy = p.N + 1;  // padded logits
+  EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
+  a.ldy = p.N, r.logits = y2.data();  // another buffer's logits
+  EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
+  r.logits = y.data(), a.accumulate = true;
   EXPECT_THROW(moesq::ops::gemm_bf16_ref(a), moesq::Error);
 }
 

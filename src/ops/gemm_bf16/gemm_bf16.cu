@@ -123,8 +123,16 @@ __global__ void gemm_bf16_split_reduce(GemmBf16Args a, const float* part, int sl
 
 }  // namespace
 
+bool gemm_bf16_fuses_topk(const GemmBf16Args& a) {
+  return a.fused_topk && a.groups == 1 && !a.counts && a.y_f32 && !a.accumulate && a.fused_topk->logits == a.y_f32 &&
+         a.fused_topk->T == a.M && a.fused_topk->num_experts == a.N && a.ldy == a.N && a.M > 0 &&
+         detail::gemm_bf16_small_m_fits(a);
+}
+
 void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   gemm_bf16_check(a);
+  MOESQ_CHECK(!a.fused_topk || gemm_bf16_fuses_topk(a) || a.M == 0, "gemm_bf16: fused_topk at M=", a.M,
+              " (the small-M path, M <= ", detail::kGemmSmallM, ", runs it)");
   if (a.M == 0) return;
   if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
   // 128×128 tiles where they are faster (gemm_bf16_large_m_fits; same bits per row), else 64×64 tiles.

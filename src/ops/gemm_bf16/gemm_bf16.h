@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/router_topk/router_topk.h"
+
 #ifdef __CUDACC__
 #include <cuda_runtime_api.h>
 #else
@@ -40,15 +42,31 @@ struct GemmBf16Args {
   // split stays batch-invariant; it multiplies the CTAs of a small-M, small-N GEMM by the slice count.
   // Callers must use it for EVERY call of a given GEMM (prefill and decode) to keep one reduction order.
   float* split_ws = nullptr;      // ≥ gemm_bf16_split_floats(M, N, K) floats, or nullptr (no split)
+  // Host pointer, or nullptr: the routing of these logits run by the GEMM kernel itself — its last
+  // CTA to finish (a ticket in global memory) runs ops::router_topk's per-token code on y_f32, so the
+  // decode step's router needs no kernel of its own (bench/NOTES.md, session 29). Same ids, weights
+  // and counts zeroing bits as gemm_bf16 then router_topk. Only where gemm_bf16_fuses_topk(args):
+  // the small-M path, groups 1, no counts, y_f32 = fused_topk->logits with ldy = N = num_experts,
+  // M = T, no accumulate.
+  const RouterTopkArgs* fused_topk = nullptr;
+  // [1] int32 in device memory, 0 before the call; the kernel leaves it 0. One call at a time per
+  // ticket (a layer's). Required with fused_topk.
+  int32_t* topk_ticket = nullptr;
 };
 
 constexpr int kGemmBlockM = 64, kGemmBlockN = 64, kGemmBlockK = 64;
 constexpr int64_t kGemmSplitK = 512;  // K per split slice (a multiple of kGemmBlockK)
 size_t gemm_bf16_split_floats(int64_t M, int64_t N, int64_t K);
 
-// Errors: K not a multiple of 8, ldy < N, not exactly one output, bad sizes.
+// Whether gemm_bf16 can run args.fused_topk (the small-M path with the layout above); false when
+// fused_topk is nullptr.
+bool gemm_bf16_fuses_topk(const GemmBf16Args& args);
+
+// Errors: K not a multiple of 8, ldy < N, not exactly one output, bad sizes, fused_topk where
+// gemm_bf16_fuses_topk is false or without a ticket.
 void gemm_bf16(const GemmBf16Args& args, cudaStream_t stream);
-// Plain loops over host pointers; fp32 products of the bf16 inputs summed in fp64, rounded once.
+// Plain loops over host pointers; fp32 products of the bf16 inputs summed in fp64, rounded once;
+// then router_topk_ref(*fused_topk) when given.
 void gemm_bf16_ref(const GemmBf16Args& args);
 void gemm_bf16_check(const GemmBf16Args& args);  // the launcher's argument checks (shared by the ref)
 

@@ -17,6 +17,15 @@ void gemm_bf16_check(const GemmBf16Args& a) {
   MOESQ_CHECK(!a.accumulate || a.y_f32, "gemm_bf16: accumulate needs the fp32 output");
   MOESQ_CHECK(a.x && a.w, "gemm_bf16: null input");
   MOESQ_CHECK(!a.split_ws || (a.groups == 1 && a.y_f32 && !a.counts), "gemm_bf16: split_ws needs groups == 1, y_f32 and no counts");
+  if (a.fused_topk) {
+    const RouterTopkArgs& r = *a.fused_topk;
+    MOESQ_CHECK(a.groups == 1 && !a.counts && a.y_f32 && !a.accumulate && r.logits == a.y_f32 && r.T == a.M &&
+                    r.num_experts == a.N && a.ldy == a.N,
+                "gemm_bf16: fused_topk needs groups 1, no counts, no accumulate and the routing's logits [T=", r.T,
+                ", E=", r.num_experts, "] to be this GEMM's fp32 output [M=", a.M, ", N=", a.N, ", ldy=", a.ldy, "]");
+    MOESQ_CHECK(a.topk_ticket, "gemm_bf16: fused_topk without a topk_ticket");
+    router_topk_check(r);
+  }
 }
 
 size_t gemm_bf16_split_floats(int64_t M, int64_t N, int64_t K) {
@@ -44,6 +53,7 @@ void gemm_bf16_ref(const GemmBf16Args& a) {
           a.y_bf16[o] = f32_to_bf16(static_cast<float>(acc));
       }
   }
+  if (a.fused_topk) router_topk_ref(*a.fused_topk);
 }
 
 }  // namespace moesq::ops

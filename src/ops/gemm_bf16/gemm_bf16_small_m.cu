@@ -18,6 +18,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/cp_async.cuh"
+#include "ops/router_topk/router_topk_token.cuh"
 
 namespace moesq::ops::detail {
 
@@ -46,7 +47,8 @@ size_t smem_bytes(const GemmBf16Args& a) {
 
 // grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
 // else a CTA = 4 column groups, one chain per warp over the whole K.
-__global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a) {
+// fuse_topk: then the routing of rt (GemmBf16Args::fused_topk) by the last CTA to finish.
+__global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a, RouterTopkArgs rt, bool fuse_topk) {
   using namespace nvcuda;
   const bool split = a.split_ws != nullptr;
   // Before the wait (core/cuda/pdl.cuh): W is no kernel's output, so the CTA's W rows — contiguous,
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
   const int g = blockIdx.z;
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
-  if (m0 >= rows) return;
+  if (m0 >= rows) return;  // never with fuse_topk (no counts: rows = M), whose ticket needs every CTA
   const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const uint16_t* x = a.x + (static_cast<int64_t>(g) * a.M + m0) * a.K;
   const uint16_t* xl = a.x_lo ? a.x_lo + (static_cast<int64_t>(g) * a.M + m0) * a.K : nullptr;
@@ -137,6 +139,27 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Arg
     else
       a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
   }
+  if (!fuse_topk) return;
+  // The routing: the last CTA to take a ticket sees every CTA's logits (each thread's writes fenced
+  // before the CTA's ticket; the last CTA fences after it and reads past L1), zeroes the dispatch
+  // counts and routes the T tokens a warp each with router_topk's code, then leaves the ticket 0.
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int total = static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
+    s_last = atomicAdd(a.topk_ticket, 1) == total - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *a.topk_ticket = 0;
+  if (rt.counts)
+    for (int e = threadIdx.x; e < rt.num_experts; e += kThreads) rt.counts[e] = 0;
+  float* s_p = reinterpret_cast<float*>(s_raw);  // the K-tile rings are free now
+  float* s_c = s_p + kWarps * kRouterTopkMaxExperts;
+  for (int64_t t = warp; t < rt.T; t += kWarps)
+    router_topk_token(rt, t, s_p + warp * kRouterTopkMaxExperts, s_c + warp * kRouterTopkMaxExperts, lane);
 }
 
 }  // namespace
@@ -155,8 +178,12 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
   const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
+  const bool fuse = a.fused_topk != nullptr;  // gemm_bf16 checked gemm_bf16_fuses_topk
+  static_assert(2 * kWarps * kRouterTopkMaxExperts * sizeof(float) <= kWarps * kStages * 2 * kTileElems * sizeof(uint16_t),
+                "the fused routing's scratch reuses the K-tile rings");
   launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel, dim3(dim3(static_cast<unsigned>(ctas), row_tiles,
-             static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a);
+             static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a, fuse ? *a.fused_topk : RouterTopkArgs{},
+             fuse);
 }
 
 }  // namespace moesq::ops::detail

@@ -3,6 +3,8 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -30,6 +32,7 @@ void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend, const Mo
     if (!host.expert_gate_up_bias.empty()) expert_gate_up_bias.upload(host.expert_gate_up_bias);
     if (!host.expert_down_bias.empty()) expert_down_bias.upload(host.expert_down_bias);
     experts = expert_backend_device(backend).upload(*host.experts, d);
+    topk_ticket.upload(std::vector<int32_t>{0});
   }
   if (!host.mlp.gate_up.empty()) {
     mlp_gate_up.upload(host.mlp.gate_up);
@@ -39,6 +42,16 @@ void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend, const Mo
 }
 
 namespace {
+
+// The router GEMM runs the top-k at decode sizes (GemmBf16Args::fused_topk) unless MOESQ_FUSED_TOPK=0
+// (the same-run peer; bench/NOTES.md, session 29). Read once per process.
+bool fused_topk_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESQ_FUSED_TOPK");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
 
 // The layer's dense MLP (moe_block.h): h += down(dense_swiglu(x · gate_up)).
 void dense_mlp(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
@@ -69,6 +82,7 @@ void dense_mlp(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBu
 void DeviceMoeLayer::synthesize(const MoeBlockDims& d, ExpertBackend backend, const SeedFn& next_seed, float scale,
                                 cudaStream_t stream) {
   router.alloc(d.E * d.H);
+  topk_ticket.upload(std::vector<int32_t>{0});
   ops::SynthBf16Args a;
   a.out = router.p, a.n = d.E * d.H, a.seed = next_seed(), a.scale = scale;
   ops::synth_bf16(a, stream);
@@ -119,12 +133,6 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   ops::GemmBf16Args g;
   g.x = x, g.x_lo = x_lo, g.w = w.router.p, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
   g.K = dm.H, g.ldy = dm.E;
-  if (stages & kMoeRouterGemm) {
-    if (router_linear)
-      router_linear(g);
-    else
-      ops::gemm_bf16(g, stream);
-  }
   ops::RouterTopkArgs rt;
   rt.logits = b.router_logits, rt.topk_ids = b.topk_ids, rt.topk_w = b.topk_w, rt.T = T;
   rt.num_experts = static_cast<int>(dm.E), rt.topk = static_cast<int>(dm.top_k), rt.norm_topk_prob = dm.norm_topk_prob;
@@ -133,7 +141,18 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   rt.topk_softmax = dm.topk_softmax, rt.logit_bias = dm.router_logit_bias ? w.router_logit_bias.p : nullptr;
   const bool routing = (stages & kMoeTopk) != 0;
   rt.counts = b.counts;  // zeroed by the routing, filled by the dispatch
-  if (routing) ops::router_topk(rt, stream);
+  // Decode sizes: the router GEMM's last CTA runs the top-k (the same bits, one kernel fewer).
+  if (routing && (stages & kMoeRouterGemm) && fused_topk_enabled() && w.topk_ticket.p) {
+    g.fused_topk = &rt, g.topk_ticket = w.topk_ticket.p;
+    if (!ops::gemm_bf16_fuses_topk(g)) g.fused_topk = nullptr, g.topk_ticket = nullptr;
+  }
+  if (stages & kMoeRouterGemm) {
+    if (router_linear)
+      router_linear(g);
+    else
+      ops::gemm_bf16(g, stream);
+  }
+  if (routing && !g.fused_topk) ops::router_topk(rt, stream);
   ExpertStage s;
   s.dims = &dm, s.buffers = &b, s.x = x, s.x_lo = x_lo, s.T = T, s.stages = stages, s.counts_zeroed = routing;
   s.gate_up_bias = dm.expert_bias ? w.expert_gate_up_bias.p : nullptr;

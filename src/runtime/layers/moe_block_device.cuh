@@ -20,6 +20,9 @@ struct DeviceMoeLayer {
   int64_t mlp_I = 0;
   bool mlp_gated = false;
   std::unique_ptr<DeviceExperts> experts;  // of the backend that uploaded them
+  // [1] int32, 0 between forwards: the router GEMM's ticket when it runs the top-k itself
+  // (GemmBf16Args::fused_topk); one forward of the layer at a time.
+  DevBuf<int32_t> topk_ticket;
 
   // Uploads `host` (loaded for `backend`) synchronously to the current device: its routed experts
   // [d.expert_begin, d.expert_end) (the whole layer, or an expert-parallel shard), everything else whole.
@@ -33,7 +36,7 @@ struct DeviceMoeLayer {
   void synthesize_mlp(int64_t H, int64_t I, bool gated, const SeedFn& next_seed, float scale, cudaStream_t stream);
   size_t bytes() const {
     return router.bytes() + correction_bias.bytes() + router_logit_bias.bytes() + expert_gate_up_bias.bytes() +
-           expert_down_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() +
+           expert_down_bias.bytes() + mlp_gate_up.bytes() + mlp_down.bytes() + topk_ticket.bytes() +
            (experts ? experts->bytes() : 0);
   }
 };
