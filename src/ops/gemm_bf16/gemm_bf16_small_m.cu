@@ -15,6 +15,10 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/cp_async.cuh"
@@ -30,6 +34,24 @@ constexpr int kLds = kGemmBlockK + 8;            // bf16 row stride of a staged 
 constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of one stage
 constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
 constexpr int kMaxSmem = 227 * 1024;
+constexpr int kPrefetchCtas = 128;             // CTAs that issue the L2 prefetch (about one resident wave)
+constexpr int64_t kPrefetchPiece = 16 * 1024;  // bytes per cp.async.bulk.prefetch.L2
+
+// The W bytes the kernel prefetches into L2 before its PDL wait: MOESQ_L2_PREFETCH_MB (default 24,
+// half of an H100/H200's 50 MB L2; 0: none; -1: each CTA its own rows), never past W. Grouped calls
+// with counts, K % 8 ≠ 0 or an unaligned W: none.
+int64_t prefetch_bytes(const GemmBf16Args& a) {
+  static const int64_t budget_mb = [] {
+    const char* v = std::getenv("MOESQ_L2_PREFETCH_MB");
+    if (!v || !*v) return int64_t{24};
+    char* end = nullptr;
+    const long long x = std::strtoll(v, &end, 10);
+    return (end && *end == 0 && x >= -1) ? static_cast<int64_t>(x) : int64_t{24};
+  }();
+  if (a.counts || a.K % 8 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || budget_mb == 0) return 0;
+  if (budget_mb < 0) return -1;
+  return std::min<int64_t>(budget_mb << 20, a.groups * a.N * a.K * static_cast<int64_t>(sizeof(uint16_t)));
+}
 
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
 
@@ -48,14 +70,29 @@ size_t smem_bytes(const GemmBf16Args& a) {
 // grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
 // else a CTA = 4 column groups, one chain per warp over the whole K.
 // fuse_topk: then the routing of rt (GemmBf16Args::fused_topk) by the last CTA to finish.
-__global__ void __launch_bounds__(kThreads) gemm_bf16_small_m_kernel(GemmBf16Args a, RouterTopkArgs rt, bool fuse_topk) {
+// prefetch: bytes of W from its start that the first kPrefetchCtas CTAs ask L2 for before the wait
+// (0: none; -1: each CTA its own rows, session 28's rule).
+__global__ void __launch_bounds__(kThreads)
+    gemm_bf16_small_m_kernel(GemmBf16Args a, RouterTopkArgs rt, bool fuse_topk, int64_t prefetch) {
   using namespace nvcuda;
   const bool split = a.split_ws != nullptr;
-  // Before the wait (core/cuda/pdl.cuh): W is no kernel's output, so the CTA's W rows — contiguous,
-  // [n_first, n_last) × K — start streaming into L2 while the previous kernel finishes (a decode
-  // step's projections read W once, at M ≤ 64). Grouped calls with counts skip it: most groups of a
-  // decode step have no rows. The first row tile only: the others read the same rows.
-  if (!a.counts && blockIdx.y == 0 && a.K % 8 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0) {
+  // Before the wait (core/cuda/pdl.cuh): W is no kernel's output, so it starts streaming into L2 while
+  // the previous kernel finishes (a decode step's projections read W once, at M ≤ 64). The first CTAs
+  // — the resident wave — share the grid's first `prefetch` bytes in 16 KB pieces, so the CTAs of later
+  // waves also find their rows in L2; a budget below L2's size, because past it the prefetched lines
+  // are evicted before their reads (session 28's per-CTA rule read the 622 MB lm_head 1.47 times,
+  // bench/NOTES.md session 29). Grouped calls with counts skip it (most groups of a decode step have
+  // no rows), as do the other row tiles (the same rows).
+  if (prefetch > 0 && blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < kPrefetchCtas) {
+    const int64_t pieces = (prefetch + kPrefetchPiece - 1) / kPrefetchPiece;
+    const int64_t ctas = min(static_cast<int64_t>(gridDim.x), static_cast<int64_t>(kPrefetchCtas));
+    const char* base = reinterpret_cast<const char*>(a.w);
+    for (int64_t p = blockIdx.x + ctas * threadIdx.x; p < pieces; p += ctas * kThreads) {
+      const int64_t off = p * kPrefetchPiece;
+      const unsigned n = static_cast<unsigned>(min(kPrefetchPiece, prefetch - off)) & ~15u;
+      if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"(n) : "memory");
+    }
+  } else if (prefetch < 0 && blockIdx.y == 0) {
     const int64_t n_first = static_cast<int64_t>(blockIdx.x) * (split ? 16 : 16 * kWarps);
     const int64_t n_last = min(a.N, n_first + (split ? 16 : 16 * kWarps));
     if (n_first < n_last)
@@ -183,7 +220,7 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
                 "the fused routing's scratch reuses the K-tile rings");
   launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel, dim3(dim3(static_cast<unsigned>(ctas), row_tiles,
              static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a, fuse ? *a.fused_topk : RouterTopkArgs{},
-             fuse);
+             fuse, prefetch_bytes(a));
 }
 
 }  // namespace moesq::ops::detail
