@@ -206,11 +206,12 @@ if has layer; then
   # pdl:routes[:max_tokens[:fused_topk[:prefetch_mb]]] — MOESQ_PDL_MAX_TOKENS (default 16), MOESQ_FUSED_TOPK (1)
   # and MOESQ_L2_PREFETCH_MB (24; -1 = session 28's per-CTA rule), session 29.
   for run in ${LAYER_RUNS:-0:0 1:0 1:1}; do
-    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"
-    MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} \
+    extra=""; [[ "$run" == *+* ]] && extra=${run#*+} && run=${run%%+*}  # +VAR=v,VAR=v: more environment
+    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
+    env MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb ${extra//,/ } timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} \
       --batch ${LAYER_BATCH:-1,64,512} --layers 4 --reps 100 --peer-json "$O/peer_moe_layer.json" --out "$O/moe_layer_$tag.json" \
       > "$O/moe_layer_$tag.txt" 2> "$W/moe_layer$tag.err"
-    log "bench_moe_layer MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb rc=$?"; cat "$O/moe_layer_$tag.txt" | tee -a "$S"
+    log "bench_moe_layer MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb $extra rc=$?"; cat "$O/moe_layer_$tag.txt" | tee -a "$S"
     tail -3 "$W/moe_layer$tag.err" >> "$S"
   done
 fi
@@ -218,10 +219,11 @@ fi
 # Session 28: the whole decode step with PDL off and on, Qwen3-30B-A3B shapes, all 48 layers.
 if has pdl; then
   for run in ${E2E_RUNS:-0:0 1:1}; do
-    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"
-    MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
+    extra=""; [[ "$run" == *+* ]] && extra=${run#*+} && run=${run%%+*}  # +VAR=v,VAR=v: more environment
+    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
+    env MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb ${extra//,/ } timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
       --prompt-len 1024 --gen 32 --deterministic on --json > "$O/e2e_$tag.json" 2> "$W/e2e_$tag.err"
-    log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_$tag.err" | tee -a "$S"
+    log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb $extra rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_$tag.err" | tee -a "$S"
   done
 fi
 

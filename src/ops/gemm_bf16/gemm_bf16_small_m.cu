@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
@@ -29,7 +30,9 @@ namespace moesq::ops::detail {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kStages = 4;                       // K tiles in flight per warp
+// K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) so that two CTAs fit an SM
+// (2 × 110.6 KB of rings did not), or MOESQ_SMALL_M_STAGES (3 | 4). Never changes a bit: only how
+// far ahead the loads run (stages_of).
 constexpr int kLds = kGemmBlockK + 8;            // bf16 row stride of a staged tile (16 B pad)
 constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of one stage
 constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
@@ -53,6 +56,7 @@ int64_t prefetch_bytes(const GemmBf16Args& a) {
   return std::min<int64_t>(budget_mb << 20, a.groups * a.N * a.K * static_cast<int64_t>(sizeof(uint16_t)));
 }
 
+template <int kStages>
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
 
 // Slices of a chain set: split → ⌈K / kGemmSplitK⌉, else 1 (the whole K).
@@ -60,9 +64,17 @@ __host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
   return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
 }
 
+int stages_of(const GemmBf16Args& a) {
+  static const int forced = [] {
+    const char* v = std::getenv("MOESQ_SMALL_M_STAGES");
+    return v && (std::strcmp(v, "3") == 0 || std::strcmp(v, "4") == 0) ? std::atoi(v) : 0;
+  }();
+  return forced ? forced : a.x_lo ? 3 : 4;
+}
+
 size_t smem_bytes(const GemmBf16Args& a) {
   const int operands = a.x_lo ? 3 : 2;
-  const size_t ring = static_cast<size_t>(kWarps) * kStages * operands * kTileElems * sizeof(uint16_t);
+  const size_t ring = static_cast<size_t>(kWarps) * stages_of(a) * operands * kTileElems * sizeof(uint16_t);
   const size_t parts = static_cast<size_t>(a.split_ws ? chain_slices(a) : kWarps) * kFrag * sizeof(float);
   return ring + parts;
 }
@@ -72,6 +84,7 @@ size_t smem_bytes(const GemmBf16Args& a) {
 // fuse_topk: then the routing of rt (GemmBf16Args::fused_topk) by the last CTA to finish.
 // prefetch: bytes of W from its start that the first kPrefetchCtas CTAs ask L2 for before the wait
 // (0: none; -1: each CTA its own rows, session 28's rule).
+template <int kStages>
 __global__ void __launch_bounds__(kThreads)
     gemm_bf16_small_m_kernel(GemmBf16Args a, RouterTopkArgs rt, bool fuse_topk, int64_t prefetch) {
   using namespace nvcuda;
@@ -141,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < kStages - 1; ++t) issue(t);
     for (int t = 0; t < tiles; ++t) {
       issue(t + kStages - 1);
-      cp_async_wait_stages();
+      cp_async_wait_stages<kStages>();
       __syncwarp();
       const uint16_t* st = ring + (t % kStages) * operands * kTileElems;
 #pragma unroll
@@ -206,7 +219,9 @@ bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= kGemmSmallM &
 void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const size_t smem = smem_bytes(a);
   static const bool configured = [] {  // once: not a stream operation, so capture-safe
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kMaxSmem));
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kMaxSmem));
     return true;
   }();
@@ -214,13 +229,17 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const int64_t col_groups = (a.N + 15) / 16;
   const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
-  const unsigned row_tiles = static_cast<unsigned>((a.M + 15) / 16);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>((a.M + 15) / 16), static_cast<unsigned>(a.groups));
   const bool fuse = a.fused_topk != nullptr;  // gemm_bf16 checked gemm_bf16_fuses_topk
-  static_assert(2 * kWarps * kRouterTopkMaxExperts * sizeof(float) <= kWarps * kStages * 2 * kTileElems * sizeof(uint16_t),
+  static_assert(2 * kWarps * kRouterTopkMaxExperts * sizeof(float) <= kWarps * 3 * 2 * kTileElems * sizeof(uint16_t),
                 "the fused routing's scratch reuses the K-tile rings");
-  launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel, dim3(dim3(static_cast<unsigned>(ctas), row_tiles,
-             static_cast<unsigned>(a.groups))), dim3(kThreads), smem, stream, a, fuse ? *a.fused_topk : RouterTopkArgs{},
-             fuse, prefetch_bytes(a));
+  const RouterTopkArgs rt = fuse ? *a.fused_topk : RouterTopkArgs{};
+  if (stages_of(a) == 3)
+    launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<3>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
+               prefetch_bytes(a));
+  else
+    launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<4>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
+               prefetch_bytes(a));
 }
 
 }  // namespace moesq::ops::detail
