@@ -412,7 +412,7 @@ std::vector<int32_t> draw_routes(int T, int k, int layer_experts, std::mt19937& 
 std::pair<std::vector<float>, std::vector<uint16_t>> run_sparse_gemm(const KernelWeights& kw, const ActBatch& act,
                                                                      const ops::GemmConfig& c,
                                                                      const std::vector<int32_t>* routes,
-                                                                     int expert_begin) {
+                                                                     int expert_begin, int routes_max_tokens = 8) {
   std::vector<float> inv_gamma(kw.num_experts);
   for (int e = 0; e < kw.num_experts; ++e) inv_gamma[e] = 1.0f / kw.gamma[e];
   const size_t n = static_cast<size_t>(act.num_experts) * act.capacity * kw.M;
@@ -425,6 +425,8 @@ std::pair<std::vector<float>, std::vector<uint16_t>> run_sparse_gemm(const Kerne
   a.counts = d_counts.p, a.y = d_y.p, a.y_f32 = d_yf.p, a.num_experts = act.num_experts, a.capacity = act.capacity;
   a.M = kw.M, a.M_pad = kw.M_pad, a.K_pad = kw.K_pad, a.ldy = kw.M;
   if (routes) a.route_experts = d_routes.p, a.num_routes = static_cast<int64_t>(routes->size()), a.expert_begin = expert_begin;
+  a.routes_max_tokens = routes_max_tokens;
+  if (routes) EXPECT_TRUE(ops::sparse_gemm_runs_routes(a, act.capacity, &c)) << "capacity " << act.capacity;
   ops::sparse_gemm(a, act.capacity, nullptr, &c);
   MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
   return {d_yf.download(), d_y.download()};
@@ -435,12 +437,13 @@ std::pair<std::vector<float>, std::vector<uint16_t>> run_sparse_gemm(const Kerne
 // tokens × top-4 routes over 20 experts of which this call holds 12 from expert_begin (routes outside
 // are ignored), M with a partial last m-block (40 = 3 m16 tiles), K with an odd number of weight
 // pieces (2304 = 9 chunks), with and without NVFP4 activations; and within kGemmRelFrobTol of the ref.
+// T = 13 and 40 with routes_max_tokens 64: experts of more than 8 rows in chunks (the kChunked kernel).
 TEST(SparseGemm, RoutesKernelBitsEqualTheMmaKernel) {
   std::mt19937 rng(808);
   const int E = 12, layer_experts = 20, k = 4;
   for (int64_t M : {40, 200})
     for (int64_t K : {512, 2304})
-      for (int T : {1, 3, 8})
+      for (int T : {1, 3, 8, 13, 40})
         for (int e0 : {0, 5}) {
           const std::vector<int32_t> routes = draw_routes(T, k, layer_experts, rng);
           std::vector<int> counts(E, 0);
@@ -456,7 +459,7 @@ TEST(SparseGemm, RoutesKernelBitsEqualTheMmaKernel) {
           ops::GemmConfig c;
           c.m16_tiles_per_warp = 2, c.n_tiles = 1;
           const auto mma = run_sparse_gemm(kw, act, c, nullptr, 0);
-          const auto rts = run_sparse_gemm(kw, act, c, &routes, e0);
+          const auto rts = run_sparse_gemm(kw, act, c, &routes, e0, T > 8 ? 64 : 8);
           const std::string at = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " T=" + std::to_string(T) +
                                  " expert_begin=" + std::to_string(e0);
           int64_t diff = 0, first = -1;
@@ -492,7 +495,7 @@ TEST(SparseGemm, RoutesKernelFusedSwigluBitsEqualTheSwigluKernel) {
   std::mt19937 rng(909);
   const int layer_E = 10, k = 3;
   for (int variant = 0; variant < 4; ++variant)
-    for (int T : {1, 5}) {
+    for (int T : {1, 5, 40}) {
       const bool quantize = variant != 2, static_gamma = variant == 1, gpt_oss = variant == 3;
       const int e0 = variant == 0 ? 0 : 3, E = variant == 0 ? layer_E : 6;
       const int64_t I = 256 + 32 * variant, I_pad = padded_k(I), M = 72;
@@ -534,6 +537,7 @@ TEST(SparseGemm, RoutesKernelFusedSwigluBitsEqualTheSwigluKernel) {
         a.counts = d_counts.p + e0, a.y = d_y.p, a.y_f32 = d_yf.p, a.num_experts = E, a.capacity = T;
         a.M = M, a.M_pad = kw.M_pad, a.K_pad = kw.K_pad, a.ldy = M;
         a.route_experts = d_routes.p, a.num_routes = static_cast<int64_t>(routes.size()), a.expert_begin = e0;
+        a.routes_max_tokens = T > 8 ? 64 : 8;  // T = 40 (12 rows an expert): the chunked kernel
         EXPECT_TRUE(ops::sparse_gemm_runs_routes(a, T, &c));
         if (fuse) a.fused_swiglu = &sw;
         else ops::swiglu_quant(sw, nullptr);

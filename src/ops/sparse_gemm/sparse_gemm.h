@@ -39,7 +39,7 @@ struct SparseGemmArgs {
   int64_t ldy = 0;                       // output row stride in elements (≥ M)
   // The routes behind counts, or nullptr: [num_routes] expert ids of the whole layer (a route to expert
   // id i is this call's expert i − expert_begin when that is in [0, num_experts); others are ignored).
-  // With them, decode-sized calls (max_tokens ≤ kRoutesMaxTokens) run the routes kernel
+  // With them, decode-sized calls (capacity ≤ routes_max_tokens) run the routes kernel
   // (sparse_gemm_routes.cu): it finds the hit experts and starts streaming their weights before it
   // waits for the previous kernel (core/cuda/pdl.cuh), so route_experts must be written at least TWO
   // kernels before this launch on the stream (the dispatch sits between the routing and the GEMM) and
@@ -53,9 +53,13 @@ struct SparseGemmArgs {
   // (sparse_gemm_runs_routes); its I_pad = K_pad, capacity = capacity, layout kMmaFragment, its expert
   // ids the layer's (this call's expert e is its e + expert_begin).
   const SwigluQuantArgs* fused_swiglu = nullptr;
+  // The largest capacity the routes kernel takes (≤ kRoutesMaxChunkedTokens): past kRoutesMaxTokens an
+  // expert's rows go in chunks of 8, its weights streamed once per chunk. Same bits either way.
+  int routes_max_tokens = 8;
 };
 
-constexpr int kRoutesMaxTokens = 8;  // the routes kernel's one n8 tile of tokens per expert
+constexpr int kRoutesMaxTokens = 8;  // the routes kernel's n8 tile of tokens per expert (one chunk)
+constexpr int kRoutesMaxChunkedTokens = 64;  // the largest SparseGemmArgs::routes_max_tokens taken
 
 enum class GemmVariant {
   kMmaSp,    // warp-level mma.sp m16n8k32; activations in format::ActLayout::kMmaFragment

@@ -275,7 +275,7 @@ bool sparse_gemm_runs_routes(const SparseGemmArgs& a, int max_tokens, const Gemm
   if (a.capacity == 0 || max_tokens == 0) return false;
   const GemmConfig c =
       config ? *config : sparse_gemm_heuristic(a.num_experts, a.M, a.K_pad, std::min(max_tokens, a.capacity));
-  return c.variant == GemmVariant::kMmaSp && c.warps == kWarps && c.n_tiles == 1 && detail::sparse_gemm_routes_fits(a);
+  return c.variant == GemmVariant::kMmaSp && c.warps == kWarps && detail::sparse_gemm_routes_fits(a);
 }
 
 void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, const GemmConfig* config) {
@@ -302,8 +302,9 @@ void sparse_gemm(const SparseGemmArgs& a, int max_tokens, cudaStream_t stream, c
     return detail::launch_sparse_gemm_wgmma(a, c, max_tokens, device_info().num_sms, stream);
   }
   MOESQ_CHECK(c.warps == kWarps, "sparse_gemm: config warps=", c.warps, " (only ", kWarps, " is built)");
-  // One n8 tile of tokens and the routes given: the routes kernel, the same bits (sparse_gemm_routes.cu).
-  if (c.n_tiles == 1 && detail::sparse_gemm_routes_fits(a)) return detail::launch_sparse_gemm_routes(a, stream);
+  // The routes given and capacity ≤ routes_max_tokens: the routes kernel, the same bits
+  // (sparse_gemm_routes.cu).
+  if (detail::sparse_gemm_routes_fits(a)) return detail::launch_sparse_gemm_routes(a, stream);
   if (c.m16_tiles_per_warp == 1 && c.n_tiles == 1) return launch<1, 1>(a, c, max_tokens, stream);
   if (c.m16_tiles_per_warp == 2 && c.n_tiles == 1) return launch<2, 1>(a, c, max_tokens, stream);
   if (c.m16_tiles_per_warp == 1 && c.n_tiles == 2) return launch<1, 2>(a, c, max_tokens, stream);

@@ -1,5 +1,5 @@
 // Grouped sparse GEMM for decode-sized batches, the routes kernel (sparse_gemm.h,
-// SparseGemmArgs::route_experts; at most kRoutesMaxTokens tokens per expert). The arithmetic of the
+// SparseGemmArgs::route_experts; capacity ≤ routes_max_tokens). The arithmetic of the
 // mma.sp kernel (sparse_gemm_mma.cu) at one n8 tile — per m16 tile the same mma.sp sequence over the
 // same chunks and k-steps, the same epilogue — so the same bits; the schedule differs:
 //  - a CTA is 4 warps = 4 consecutive m16 tiles of ONE hit expert: blockIdx.x = (j, m-block), j-th
@@ -9,6 +9,8 @@
 //    the weight stream overlaps the dispatch (or SwiGLU) kernel and the launch gap;
 //  - after the wait the expert's ≤ 8 activation rows go to shared memory once per CTA (the mma.sp
 //    kernel reads them from L2 per warp and k-step); weight pieces stay double-buffered in registers;
+//    an expert of more rows (capacity > 8, routes_max_tokens) runs them in chunks of 8, the weights
+//    streamed again per chunk (kChunked: 2 CTAs per SM, 212 registers);
 //  - in front of the down GEMM it can make those rows itself (SparseGemmArgs::fused_swiglu): each CTA
 //    runs swiglu_quant's row function (swiglu_row.cuh) on the expert's gate|up rows into shared
 //    memory, so the SwiGLU kernel and its round trip through global memory leave the decode step.
@@ -41,9 +43,11 @@ constexpr int kRowPad = 8;       // bf16 padding per staged row: the 8 token row
 constexpr int kMaxSmem = 226 * 1024;
 static_assert(kWords <= 32, "one warp scans the hit bitmap's words");
 
-// [capacity, K_pad + kRowPad] bf16 rows, then (fused SwiGLU) the row function's [I] fp32 scratch.
+// [min(capacity, kRoutesMaxTokens), K_pad + kRowPad] bf16 rows (one chunk), then (fused SwiGLU) the row
+// function's [I] fp32 scratch.
 size_t rows_bytes(const SparseGemmArgs& a) {
-  return (static_cast<size_t>(a.capacity) * static_cast<size_t>(a.K_pad + kRowPad) * sizeof(uint16_t) + 15) / 16 * 16;
+  const size_t rows = static_cast<size_t>(std::min(a.capacity, kRoutesMaxTokens));
+  return (rows * static_cast<size_t>(a.K_pad + kRowPad) * sizeof(uint16_t) + 15) / 16 * 16;
 }
 size_t smem_bytes(const SparseGemmArgs& a) {
   return rows_bytes(a) + (a.fused_swiglu ? static_cast<size_t>(a.fused_swiglu->I) * sizeof(float) : 0);
@@ -80,7 +84,10 @@ __device__ __forceinline__ void mma_piece(float acc[4], const ChunkRegs (&buf)[k
 }
 
 // fuse: make the rows with sw's SwiGLU (+ requant) instead of reading a.x / a.x_inv_scale.
-__global__ void __launch_bounds__(kWarps * 32, 3)
+// kChunked: capacity may exceed kRoutesMaxTokens (the chunk loop); else it runs once (capacity ≤ 8),
+// so the decode instance keeps its 3 CTAs per SM without spills.
+template <bool kChunked>
+__global__ void __launch_bounds__(kWarps * 32, kChunked ? 2 : 3)
     grouped_sparse_gemm_routes_kernel(SparseGemmArgs a, int m_blocks, SwigluQuantArgs sw, bool fuse, size_t rows_off) {
   extern __shared__ __align__(16) unsigned char s_dyn[];
   uint16_t* s_x = reinterpret_cast<uint16_t*>(s_dyn);  // [count, K_pad + kRowPad] bf16: the expert's token rows
@@ -133,63 +140,75 @@ __global__ void __launch_bounds__(kWarps * 32, 3)
   const float inv_w_hi = a.w_inv_gamma_hi ? a.w_inv_gamma_hi[e] : inv_w;
   pdl_enter();
 
-  // 3. The expert's rows into shared memory (copied, or made by the SwiGLU row function), its 1/γ_a.
+  // 3–5 per chunk of ≤ 8 of the expert's rows (one chunk up to kRoutesMaxTokens rows; more, with
+  // SparseGemmArgs::routes_max_tokens, re-stream the weights per chunk): the rows into shared memory (copied,
+  // or made by the SwiGLU row function) with their 1/γ_a, the K loop, the epilogue.
   const int count = min(max(a.counts[e], 0), a.capacity);
   const int64_t ld = a.K_pad + kRowPad, vecs = a.K_pad / 8;
-  if (fuse) {
-    const int eg = e + a.expert_begin;  // sw indexes the layer's experts
-    for (int r = 0; r < count; ++r) {
-      swiglu_quant_row(sw, eg, static_cast<int64_t>(eg) * sw.capacity + r, s_scratch, s_red, s_x + r * ld, &s_inv[r]);
-      __syncthreads();  // the scratch is the next row's
-    }
-  } else {
-    const uint16_t* x_e = a.x + static_cast<size_t>(e) * a.capacity * a.K_pad;
-    for (int64_t i = threadIdx.x; i < count * vecs; i += blockDim.x) {
-      const int64_t r = i / vecs, c = (i % vecs) * 8;
-      *reinterpret_cast<uint4*>(s_x + r * ld + c) = *reinterpret_cast<const uint4*>(x_e + r * a.K_pad + c);
-    }
-  }
-  __syncthreads();
-  float inv_a[2];
-#pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int tok = 2 * t + jj;
-    inv_a[jj] = 1.0f;
-    if (a.x_inv_scale && tok < count)
-      inv_a[jj] = fuse ? s_inv[tok] : a.x_inv_scale[static_cast<size_t>(e) * a.capacity + tok];
-  }
-  if (!has_rows) return;
-
-  // 4. The K loop: compute one piece while the other loads.
-  const bool xv = g < count;
-  const uint16_t* xs = s_x + (xv ? g : 0) * ld + 8 * t;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int eg = e + a.expert_begin;  // sw indexes the layer's experts
 #pragma unroll 1
-  for (int kc0 = 0; kc0 < KC; kc0 += 2 * kPiece) {
-    mma_piece(acc, buf0, xs, xv, kc0, KC);
-    if (kc0 + 2 * kPiece < KC) load_piece(buf0, wp, kc0 + 2 * kPiece, KC, lane);
-    if (kc0 + kPiece < KC) {
-      mma_piece(acc, buf1, xs, xv, kc0 + kPiece, KC);
-      if (kc0 + 3 * kPiece < KC) load_piece(buf1, wp, kc0 + 3 * kPiece, KC, lane);
+  for (int c0 = 0; c0 < (kChunked ? count : min(count, 1)); c0 += kRoutesMaxTokens) {
+    const int n = min(kRoutesMaxTokens, count - c0);
+    if (c0 > 0) __syncthreads();  // every warp is done with the last chunk's rows
+    if (fuse) {
+      for (int r = 0; r < n; ++r) {
+        swiglu_quant_row(sw, eg, static_cast<int64_t>(eg) * sw.capacity + c0 + r, s_scratch, s_red, s_x + r * ld,
+                         &s_inv[r]);
+        __syncthreads();  // the scratch is the next row's
+      }
+    } else {
+      const uint16_t* x_e = a.x + (static_cast<size_t>(e) * a.capacity + c0) * a.K_pad;
+      for (int64_t i = threadIdx.x; i < n * vecs; i += blockDim.x) {
+        const int64_t r = i / vecs, c = (i % vecs) * 8;
+        *reinterpret_cast<uint4*>(s_x + r * ld + c) = *reinterpret_cast<const uint4*>(x_e + r * a.K_pad + c);
+      }
     }
-  }
+    __syncthreads();
+    if (!has_rows) continue;  // this warp only helps stage the rows
+    float inv_a[2];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int tok = 2 * t + jj;
+      inv_a[jj] = 1.0f;
+      if (a.x_inv_scale && tok < n)
+        inv_a[jj] = fuse ? s_inv[tok] : a.x_inv_scale[static_cast<size_t>(e) * a.capacity + c0 + tok];
+    }
 
-  // 5. Epilogue: α = (1/γ_w)·(1/γ_a) in that order (sparse_gemm_ref), bf16 and/or fp32.
-  const float gamma_w = (static_cast<int64_t>(mt) * 16 >= a.m_split && a.w_inv_gamma_hi) ? inv_w_hi : inv_w;
+    // 4. The K loop: compute one piece while the other loads.
+    const bool xv = g < n;
+    const uint16_t* xs = s_x + (xv ? g : 0) * ld + 8 * t;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int kc0 = 0; kc0 < KC; kc0 += 2 * kPiece) {
+      mma_piece(acc, buf0, xs, xv, kc0, KC);
+      if (kc0 + 2 * kPiece < KC) load_piece(buf0, wp, kc0 + 2 * kPiece, KC, lane);
+      if (kc0 + kPiece < KC) {
+        mma_piece(acc, buf1, xs, xv, kc0 + kPiece, KC);
+        if (kc0 + 3 * kPiece < KC) load_piece(buf1, wp, kc0 + 3 * kPiece, KC, lane);
+      }
+    }
+    if (c0 + kRoutesMaxTokens < count) {  // the next chunk's first two pieces, in flight while it stages
+      load_piece(buf0, wp, 0, KC, lane);
+      load_piece(buf1, wp, kPiece, KC, lane);
+    }
+
+    // 5. Epilogue: α = (1/γ_w)·(1/γ_a) in that order (sparse_gemm_ref), bf16 and/or fp32.
+    const float gamma_w = (static_cast<int64_t>(mt) * 16 >= a.m_split && a.w_inv_gamma_hi) ? inv_w_hi : inv_w;
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int tok = 2 * t + jj;
-    if (tok >= count) continue;
-    const size_t slot = static_cast<size_t>(e) * a.capacity + tok;
-    const float alpha = gamma_w * inv_a[jj];
+    for (int jj = 0; jj < 2; ++jj) {
+      const int tok = 2 * t + jj;
+      if (tok >= n) continue;
+      const size_t slot = static_cast<size_t>(e) * a.capacity + c0 + tok;
+      const float alpha = gamma_w * inv_a[jj];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = static_cast<int64_t>(mt) * 16 + g + 8 * h;
-      if (m >= a.M) continue;
-      const float v = (acc[2 * h + jj] * kAccUnscale) * alpha;
-      const size_t idx = slot * a.ldy + m;
-      if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-      if (a.y_f32) a.y_f32[idx] = v;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = static_cast<int64_t>(mt) * 16 + g + 8 * h;
+        if (m >= a.M) continue;
+        const float v = (acc[2 * h + jj] * kAccUnscale) * alpha;
+        const size_t idx = slot * a.ldy + m;
+        if (a.y) a.y[idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+        if (a.y_f32) a.y_f32[idx] = v;
+      }
     }
   }
 }
@@ -197,13 +216,16 @@ __global__ void __launch_bounds__(kWarps * 32, 3)
 }  // namespace
 
 bool sparse_gemm_routes_fits(const SparseGemmArgs& a) {
-  return a.route_experts && a.num_routes > 0 && a.capacity > 0 && a.capacity <= kRoutesMaxTokens &&
+  return a.route_experts && a.num_routes > 0 && a.capacity > 0 &&
+         a.capacity <= std::min(a.routes_max_tokens, kRoutesMaxChunkedTokens) &&
          a.num_experts <= kMaxExperts && a.x_layout == format::ActLayout::kMmaFragment && smem_bytes(a) <= kMaxSmem;
 }
 
 void launch_sparse_gemm_routes(const SparseGemmArgs& a, cudaStream_t stream) {
   static const bool configured = [] {  // once: not a stream operation, so capture-safe
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(grouped_sparse_gemm_routes_kernel,
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(grouped_sparse_gemm_routes_kernel<false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(grouped_sparse_gemm_routes_kernel<true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
   }();
@@ -223,8 +245,10 @@ void launch_sparse_gemm_routes(const SparseGemmArgs& a, cudaStream_t stream) {
                 " experts for a GEMM of K_pad ", a.K_pad, ", capacity ", a.capacity, ", experts [", a.expert_begin,
                 ", ", a.expert_begin + a.num_experts, ") (the kMmaFragment layout required)");
   }
-  launch_pdl("grouped_sparse_gemm_routes_kernel", grouped_sparse_gemm_routes_kernel, dim3(static_cast<unsigned>(grid)),
-             dim3(kWarps * 32), smem_bytes(a), stream, a, m_blocks, sw, a.fused_swiglu != nullptr, rows_bytes(a));
+  auto* kernel = a.capacity > kRoutesMaxTokens ? grouped_sparse_gemm_routes_kernel<true>
+                                               : grouped_sparse_gemm_routes_kernel<false>;
+  launch_pdl("grouped_sparse_gemm_routes_kernel", kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+             smem_bytes(a), stream, a, m_blocks, sw, a.fused_swiglu != nullptr, rows_bytes(a));
 }
 
 }  // namespace moesq::ops::detail

@@ -8,8 +8,8 @@
 
 namespace moesq::ops::detail {
 
-// Whether the routes kernel runs this call: route_experts given, 0 < capacity ≤ kRoutesMaxTokens,
-// E ≤ 1024, activations in kMmaFragment, the staged rows fit in shared memory.
+// Whether the routes kernel runs this call: route_experts given, 0 < capacity ≤ routes_max_tokens
+// (≤ kRoutesMaxChunkedTokens), E ≤ 1024, activations in kMmaFragment, the staged rows fit in shared memory.
 bool sparse_gemm_routes_fits(const SparseGemmArgs& args);
 
 // Launches it (arguments validated by the caller, sparse_gemm).

@@ -29,6 +29,17 @@ bool routes_kernel_enabled() {
   return on;
 }
 
+// The largest capacity the routes kernel takes: MOESQ_ROUTES_MAX_TOKENS in [1, 64], else 8 (one chunk:
+// the decode sizes it was measured at; bench/NOTES.md, session 29). Read once per process.
+int routes_max_tokens() {
+  static const int n = [] {
+    const char* v = std::getenv("MOESQ_ROUTES_MAX_TOKENS");
+    const int x = v ? std::atoi(v) : 0;
+    return x >= 1 && x <= ops::kRoutesMaxChunkedTokens ? x : ops::kRoutesMaxTokens;
+  }();
+  return n;
+}
+
 // The paired 4:8 experts of one projection on the device.
 struct DeviceProjection {
   DevBuf<uint8_t> w;          // [E, M_pad/16, K_pad/256, 1408] kernel layout
@@ -94,6 +105,7 @@ class PairedSparseDeviceExperts final : public DeviceExperts {
     // experts' weights before the dispatch ends (ops/sparse_gemm/sparse_gemm_routes.cu).
     if (routes_kernel_enabled())
       g.route_experts = b.topk_ids, g.num_routes = s.T * dm.top_k, g.expert_begin = static_cast<int>(e0);
+    g.routes_max_tokens = routes_max_tokens();
     if ((s.stages & kMoeGateUp) && En > 0) ops::sparse_gemm(g, max_tok, stream, &c1);
     const ops::GemmConfig c2 = ops::sparse_gemm_heuristic(E, H, I_pad, max_tok);
     ops::SwigluQuantArgs sw = stage_swiglu_args(s);
