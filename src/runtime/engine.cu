@@ -121,7 +121,8 @@ struct Engine::Impl {
   void grow_kv(const std::vector<std::pair<int, int64_t>>& want);
   // All kernels of one forward on tok_* (device), logits of out_rows. n_tiles > 0: prefill attention
   // over attn_tiles; 0: split-KV attention (decode). Both give a row the same bits (attention.h).
-  void run(int64_t T, int64_t n_out, int64_t n_tiles);
+  // identity_rows: out_rows is 0..T−1 (n_out = T), so the lm_head reads the final norm's rows directly.
+  void run(int64_t T, int64_t n_out, int64_t n_tiles, bool identity_rows);
   MlaCall make_mla_call(int64_t T);         // the MLA block's descriptors for T tokens on tok_*
   GdnCall make_gdn_call(int64_t T);         // the Gated DeltaNet block's, on gdn_run_* (gdn_runs runs)
   // The runs of T tokens whose slots are `slot` (consecutive tokens of a slot form one run): uploads
@@ -556,7 +557,7 @@ void Engine::Impl::throw_non_finite(uint64_t key, const FiniteRows& rows) {
   throw NonFiniteError(ops::decode_finite_key(key), s.num_layers, rows);
 }
 
-void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
+void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles, bool identity_rows) {
   const PdlTokensScope pdl(T);  // PDL for decode-sized steps only (core/cuda/pdl.cuh)
   ops::EmbedArgs em;
   em.ids = tok_ids.p, em.table = embed.p, em.out = h.p, em.T = T, em.H = H;
@@ -621,13 +622,20 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles) {
   ops::RmsNormArgs fn = rn;
   fn.w = final_norm.p;
   ops::rmsnorm(fn, stream);
-  ops::GatherRowsArgs gr;
-  gr.in = xb.p, gr.rows = out_rows.p, gr.out = xsel.p, gr.n = n_out, gr.H = H;
-  ops::gather_rows(gr, stream);
-  gr.in = xb_lo.p, gr.out = xsel_lo.p;
-  ops::gather_rows(gr, stream);
+  // The rows whose logits are wanted: gathered, unless they are all T rows in order (every decode
+  // step): then the lm_head reads xb itself, two copy kernels fewer, the same values.
+  const uint16_t* sel = xb.p;
+  const uint16_t* sel_lo = xb_lo.p;
+  if (!identity_rows) {
+    ops::GatherRowsArgs gr;
+    gr.in = xb.p, gr.rows = out_rows.p, gr.out = xsel.p, gr.n = n_out, gr.H = H;
+    ops::gather_rows(gr, stream);
+    gr.in = xb_lo.p, gr.out = xsel_lo.p;
+    ops::gather_rows(gr, stream);
+    sel = xsel.p, sel_lo = xsel_lo.p;
+  }
   ops::GemmBf16Args g;
-  g.x = xsel.p, g.x_lo = xsel_lo.p, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
+  g.x = sel, g.x_lo = sel_lo, g.w = lm_head.p, g.y_f32 = logits.p, g.M = n_out, g.N = V, g.K = H, g.ldy = V;
   linear(g);
   if (check_finite) check_rows(FiniteStage::kLogits, s.num_layers, logits.p, n_out, V);
   ops::ArgmaxArgs am;
@@ -764,7 +772,9 @@ std::vector<float> Engine::forward(const std::vector<SeqChunk>& chunks, bool all
       m.is_mla ? std::vector<int32_t>{0, 1}
                : ops::attention_tiles(slot.data(), pos.data(), T, static_cast<int>(m.nh), static_cast<int>(m.nkv));
   h2d(m.attn_tiles, tiles);
-  m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2));
+  bool identity = static_cast<int64_t>(rows.size()) == T;
+  for (size_t i = 0; identity && i < rows.size(); ++i) identity = rows[i] == static_cast<int32_t>(i);
+  m.run(T, static_cast<int64_t>(rows.size()), static_cast<int64_t>(tiles.size() / 2), identity);
   std::vector<float> out(rows.size() * m.V);
   MOESQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
   uint64_t finite_rec = ops::kFiniteRecordNone;  // stays none when the check is off
@@ -844,7 +854,7 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
   const bool eager = m.moe_dims.sharded() && !m.exchange.capturable;
   auto it = m.graphs.find(B);
   if (eager) {
-    m.run(B, B, 0);
+    m.run(B, B, 0, true);
   } else if (it == m.graphs.end()) {
     // Eager once first (first-use work: attributes, cached device properties), then capture. The
     // eager step's KV writes are redone identically by the replay below (same positions).
@@ -857,12 +867,12 @@ void Engine::decode_step(const std::vector<int32_t>& slots, const std::vector<in
     };
     {
       const StateFrozen frozen(m.gdn_update);
-      m.run(B, B, 0);
+      m.run(B, B, 0, true);
     }
     MOESQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     cudaGraph_t graph;
     MOESQ_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-    m.run(B, B, 0);
+    m.run(B, B, 0, true);
     MOESQ_CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
     cudaGraphExec_t exec;
     MOESQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
