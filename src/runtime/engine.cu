@@ -596,32 +596,46 @@ void Engine::Impl::run(int64_t T, int64_t n_out, int64_t n_tiles, bool identity_
   if (is_mla) mla_call = make_mla_call(T);
   GdnCall gdn_call;
   if (is_hybrid) gdn_call = make_gdn_call(T);
+  bool normed = false;  // xb, xb_lo already hold layer l's normalized input (the last combine ran the norm)
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const DevLayer& L = layers[l];
     AttentionMarks marks;
     if (timing) marks.after_qkv = events[4 * l], marks.after_attention = events[4 * l + 1];
-    if (is_mla)
+    if (is_mla) {
       mla_block(L.mla, mla_call, lin, stream, marks);
-    else if (L.is_gdn)
+    } else if (L.is_gdn) {
       gdn_block(L.gdn, gdn_call, lin, stream, gdn_update, marks);
-    else
+    } else {
+      call.norm_done = normed;
       attention_block(L.attn, call, lin, stream, marks);
+    }
     if (check_finite) check_rows(FiniteStage::kAttention, l, h.p, T, H);
     ops::RmsNormArgs pn = rn;
     pn.w = L.post_norm.p;
     ops::rmsnorm(pn, stream);
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 2], stream));
+    // The norm after the MoE block — the next attention layer's input norm, or the final norm — runs in
+    // the combine kernel where it can (moe_block's next_norm; the MLA and Gated DeltaNet blocks run their own).
+    const bool last = l + 1 == s.num_layers;
+    const bool next_attn = !last && !is_mla && !layers[l + 1].is_gdn;
+    normed = last || next_attn;
     for (int64_t t0 = 0; t0 < T; t0 += moe_T) {  // slices of moe_T rows: the same bits as one call
       const int64_t n = std::min(moe_T, T - t0);
-      moe_block(moe_dims, L.moe, moe_bufs, xb.p + t0 * H, xb_lo.p + t0 * H, h.p + t0 * H, n, stream, lin,
-                kMoeAllStages, &exchange);
+      ops::RmsNormArgs nn = rn;
+      nn.w = last ? final_norm.p : layers[l + 1].attn.input_norm.p;
+      nn.x = h.p + t0 * H, nn.y = xb.p + t0 * H, nn.y_lo = xb_lo.p + t0 * H, nn.n = n;
+      const bool ran = moe_block(moe_dims, L.moe, moe_bufs, xb.p + t0 * H, xb_lo.p + t0 * H, h.p + t0 * H, n,
+                                 stream, lin, kMoeAllStages, &exchange, normed ? &nn : nullptr);
+      normed = normed && ran;  // every slice's combine ran it (they agree: the same layer)
       if (check_finite) check_moe_layer(l, t0, n);
     }
     if (timing) MOESQ_CUDA_CHECK(cudaEventRecord(events[4 * l + 3], stream));
   }
-  ops::RmsNormArgs fn = rn;
-  fn.w = final_norm.p;
-  ops::rmsnorm(fn, stream);
+  if (!normed) {
+    ops::RmsNormArgs fn = rn;
+    fn.w = final_norm.p;
+    ops::rmsnorm(fn, stream);
+  }
   // The rows whose logits are wanted: gathered, unless they are all T rows in order (every decode
   // step): then the lm_head reads xb itself, two copy kernels fewer, the same values.
   const uint16_t* sel = xb.p;

@@ -778,6 +778,49 @@ TEST(EngineOps, RouterGemmFusedTopkBitsEqualTheTwoKernels) {
 
 // Slots in a shuffled (atomic-like) order inside every expert and some routes dropped: the combine
 // equals its twin bitwise, on the 8-column vector path (H, ldy multiples of 8) and the scalar one.
+// The combine running the next norm on each row it updates (MoeCombineArgs::fused_norm) against
+// moe_combine then rmsnorm: every bit of h, y and y_lo equal, at H = 96 (the scalar path), 2048 and
+// 2056; the norm's weights random.
+TEST(EngineOps, MoeCombineFusedNormBitsEqualTheTwoKernels) {
+  const int E = 16, k = 4, cap = 24;
+  for (int64_t H : {96, 2048, 2056}) {
+    const int64_t T = 24, ldy = H;
+    std::mt19937_64 g(11 + H);
+    std::vector<int32_t> ids(T * k), sor(T * k);
+    std::vector<int32_t> fill(E, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> perm(E);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      for (int j = 0; j < k; ++j) ids[t * k + j] = perm[j], sor[t * k + j] = fill[perm[j]]++;
+    }
+    const std::vector<float> w = rand_f32(T * k, 12, 0.3f, 0.25f), h0 = rand_f32(T * H, 13),
+                             nw = rand_f32(H, 14, 0.2f, 1.0f);
+    const std::vector<uint16_t> y = rand_bf16(E * cap * ldy, 15);
+    DevBuf<uint16_t> dy(y);
+    DevBuf<int32_t> di(ids), dsor(sor);
+    DevBuf<float> dw(w), dnw(nw);
+    auto run = [&](bool fuse) {
+      DevBuf<float> dh(h0);
+      DevBuf<uint16_t> xb(std::vector<uint16_t>(T * H, 0xffff)), xlo(std::vector<uint16_t>(T * H, 0xffff));
+      moesq::ops::RmsNormArgs n;
+      n.x = dh.p, n.w = dnw.p, n.y = xb.p, n.y_lo = xlo.p, n.n = T, n.D = H, n.eps = 1e-6;
+      moesq::ops::MoeCombineArgs a;
+      a.y = dy.p, a.topk_ids = di.p, a.topk_w = dw.p, a.slot_of_route = dsor.p;
+      a.h = dh.p, a.T = T, a.H = H, a.ldy = ldy, a.topk = k, a.num_experts = E, a.capacity = cap;
+      if (fuse) a.fused_norm = &n;
+      moesq::ops::moe_combine(a, nullptr);
+      if (!fuse) moesq::ops::rmsnorm(n, nullptr);
+      std::vector<uint32_t> b;
+      for (float v : dh.download()) b.push_back(bits(v));
+      for (uint16_t v : xb.download()) b.push_back(v);
+      for (uint16_t v : xlo.download()) b.push_back(v);
+      return b;
+    };
+    EXPECT_EQ(run(true), run(false)) << "H=" << H;
+  }
+}
+
 TEST(EngineOps, MoeCombineBitwiseAnySlotOrder) {
   const int E = 16, k = 4, cap = 40;
   for (const auto& [H, ldy] : {std::pair<int64_t, int64_t>{96, 100}, {2048, 2056}, {104, 104}}) {

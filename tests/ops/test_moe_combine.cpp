@@ -65,6 +65,36 @@ uint32_t bits(float f) {
   return u;
 }
 
+// With fused_norm the twin is the combine, then rmsnorm_ref of h's rows (the GPU kernel runs rmsnorm's
+// row code in the same CTA; bitwise against the two kernels in tests/gpu/test_engine_ops.cu); a norm
+// over another buffer, or other rows, is refused.
+TEST(MoeCombineRef, FusedNormIsTheCombineThenTheNorm) {
+  const Routing r = make_routing(21, 24, 4, 2, 2);
+  const std::vector<float> h0(r.T * r.H, 0.5f);
+  std::vector<float> nw(r.H);
+  for (int64_t c = 0; c < r.H; ++c) nw[c] = 0.5f + 0.01f * static_cast<float>(c);
+  std::vector<float> h = h0;
+  std::vector<uint16_t> y(r.T * r.H), y_lo(r.T * r.H);
+  moesq::ops::RmsNormArgs n;
+  n.x = h.data(), n.w = nw.data(), n.y = y.data(), n.y_lo = y_lo.data(), n.n = r.T, n.D = r.H, n.eps = 1e-6;
+  MoeCombineArgs a;
+  a.y = r.y.data(), a.topk_ids = r.ids.data(), a.topk_w = r.w.data(), a.slot_of_route = r.sor.data(), a.h = h.data();
+  a.T = r.T, a.H = r.H, a.ldy = r.ldy, a.topk = r.k, a.num_experts = r.E, a.capacity = r.cap, a.fused_norm = &n;
+  moesq::ops::moe_combine_ref(a);
+  std::vector<float> h2 = combine(r, r.y, r.sor, h0);
+  EXPECT_EQ(h, h2);
+  std::vector<uint16_t> y2(r.T * r.H), y2_lo(r.T * r.H);
+  moesq::ops::RmsNormArgs n2 = n;
+  n2.x = h2.data(), n2.y = y2.data(), n2.y_lo = y2_lo.data();
+  moesq::ops::rmsnorm_ref(n2);
+  EXPECT_EQ(y, y2);
+  EXPECT_EQ(y_lo, y2_lo);
+  n.x = h2.data();  // another buffer's rows
+  EXPECT_THROW(moesq::ops::moe_combine_ref(a), moesq::Error);
+  n.x = h.data(), n.n = r.T - 1;  // not all T rows
+  EXPECT_THROW(moesq::ops::moe_combine_ref(a), moesq::Error);
+}
+
 }  // namespace
 
 TEST(MoeCombineRef, InvertRouteOfSlotIsTheInverse) {

@@ -7,18 +7,21 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "ops/moe_combine/moe_combine.h"
+#include "ops/rmsnorm/rmsnorm_row.cuh"
 
 namespace moesq::ops {
 
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads == detail::kRmsNormThreads, "the fused norm's tree is one thread per lane of the CTA");
 constexpr int kMaxTopk = 32;
 constexpr int kBatch = 8;  // routes whose loads are in flight together
 
 // V columns per thread: 8 (16-byte loads; H and ldy multiples of 8) or 1.
+// fuse_norm: then rmsnorm's row code on h[t] (MoeCombineArgs::fused_norm).
 template <int V>
-__global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
+__global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a, RmsNormArgs norm, bool fuse_norm) {
   pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   __shared__ int s_id[kMaxTopk];
   __shared__ const uint16_t* s_row[kMaxTopk];  // y row of the q-th route in expert order, nullptr: dropped
@@ -74,6 +77,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
 #pragma unroll
     for (int i = 0; i < V; ++i) h[c0 + i] = __fadd_rn(h[c0 + i], acc[i]);
   }
+  if (!fuse_norm) return;
+  __shared__ double s_part[detail::kRmsNormThreads];
+  __syncthreads();  // the row's h is complete and visible to the CTA
+  detail::rmsnorm_row(norm, t, s_part);
 }
 
 }  // namespace
@@ -83,10 +90,14 @@ void moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
   if (a.T == 0) return;
   MOESQ_CHECK(a.T <= 0x7fffffff, "moe_combine: T=", a.T, " too large for the grid");
   const bool vec = a.H % 8 == 0 && a.ldy % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  const RmsNormArgs norm = a.fused_norm ? *a.fused_norm : RmsNormArgs{};
+  const bool fuse = a.fused_norm != nullptr;
   if (vec)
-    launch_pdl("combine_kernel", combine_kernel<8>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
+    launch_pdl("combine_kernel", combine_kernel<8>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a,
+               norm, fuse);
   else
-    launch_pdl("combine_kernel", combine_kernel<1>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a);
+    launch_pdl("combine_kernel", combine_kernel<1>, dim3(static_cast<unsigned>(a.T)), dim3(kThreads), 0, stream, a,
+               norm, fuse);
 }
 
 }  // namespace moesq::ops

@@ -8,6 +8,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/rmsnorm/rmsnorm.h"
+
 #ifdef __CUDACC__
 #include <cuda_runtime_api.h>
 #else
@@ -27,11 +29,15 @@ struct MoeCombineArgs {
   // gpt-oss's down_proj biases: [E, H] fp32, each route's term becomes w · (y + bias[e_j]) (the CPU
   // forward adds the bias to the expert's output before weighting it); nullptr: none.
   const float* down_bias = nullptr;
+  // Host pointer, or nullptr: then each CTA normalizes the row it has just updated — rmsnorm's row code
+  // (rmsnorm_row.cuh, its bits) on h[t] into fused_norm's outputs — so the next layer's input norm
+  // needs no kernel of its own (bench/NOTES.md, session 29). fused_norm->x must be h, n = T, D = H.
+  const RmsNormArgs* fused_norm = nullptr;
 };
 
-// Errors: bad sizes (k outside [1, 32], ldy < H, …).
+// Errors: bad sizes (k outside [1, 32], ldy < H, …), a fused_norm not over h's [T, H] rows.
 void moe_combine(const MoeCombineArgs& args, cudaStream_t stream);
-void moe_combine_ref(const MoeCombineArgs& args);  // host pointers
+void moe_combine_ref(const MoeCombineArgs& args);  // host pointers; then rmsnorm_ref(*fused_norm) when given
 void moe_combine_check(const MoeCombineArgs& args);
 
 // slot_of_route [T·k] from a dispatch's route_of_slot [E, capacity] and counts [E] (host): −1 for routes

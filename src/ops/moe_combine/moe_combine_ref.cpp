@@ -14,6 +14,12 @@ void moe_combine_check(const MoeCombineArgs& a) {
                   a.ldy >= a.H,
               "moe_combine: bad sizes T=", a.T, " H=", a.H, " ldy=", a.ldy, " k=", a.topk, " E=", a.num_experts,
               " capacity=", a.capacity);
+  if (a.fused_norm)
+    MOESQ_CHECK(a.fused_norm->x == a.h && a.fused_norm->n == a.T && a.fused_norm->D == a.H && a.fused_norm->w &&
+                    (a.fused_norm->y || a.fused_norm->y_f32),
+                "moe_combine: fused_norm must normalize h's [T=", a.T, ", H=", a.H, "] rows (got x ",
+                a.fused_norm->x == a.h ? "h" : "another buffer", ", n=", a.fused_norm->n, ", D=", a.fused_norm->D,
+                ") with a weight and an output");
 }
 
 void invert_route_of_slot(const int32_t* route_of_slot, const int32_t* counts, int num_experts, int capacity,
@@ -51,6 +57,7 @@ void moe_combine_ref(const MoeCombineArgs& a) {
       a.h[t * a.H + c] += acc;
     }
   }
+  if (a.fused_norm) rmsnorm_ref(*a.fused_norm);
 }
 
 }  // namespace moesq::ops

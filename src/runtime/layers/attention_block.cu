@@ -45,9 +45,11 @@ size_t DeviceAttentionLayer::weight_bytes() const {
 
 void attention_block(const DeviceAttentionLayer& L, const AttentionCall& call, const LinearFn& linear,
                      cudaStream_t stream, const AttentionMarks& marks) {
-  ops::RmsNormArgs rn = call.norm;
-  rn.w = L.input_norm.p;
-  ops::rmsnorm(rn, stream);
+  if (!call.norm_done) {
+    ops::RmsNormArgs rn = call.norm;
+    rn.w = L.input_norm.p;
+    ops::rmsnorm(rn, stream);
+  }
   ops::GemmBf16Args g = call.qkv;
   g.w = L.qkv.p;
   linear(g);

@@ -52,6 +52,9 @@ struct AttentionCall {
   ops::QkRopeArgs rope;      // qkv → q_out, KV append
   ops::AttentionArgs attn;   // q → out, out_lo [T, nh·hd] bf16
   ops::GemmBf16Args o_proj;  // attn.out, out_lo → h (accumulate)
+  // norm's outputs already hold h's rows normalized with this layer's input_norm (the previous MoE
+  // block's combine ran it: moe_block's next_norm): the block starts at the q|k|v GEMM.
+  bool norm_done = false;
 };
 
 // Events recorded inside the block (engine timing), or nullptr.

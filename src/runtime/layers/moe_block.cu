@@ -53,6 +53,16 @@ bool fused_topk_enabled() {
   return on;
 }
 
+// The combine runs the next layer's input norm (MoeCombineArgs::fused_norm) unless MOESQ_FUSED_NORM=0
+// (the same-run peer; bench/NOTES.md, session 29). Read once per process.
+bool fused_norm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESQ_FUSED_NORM");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 // The layer's dense MLP (moe_block.h): h += down(dense_swiglu(x · gate_up)).
 void dense_mlp(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& linear) {
@@ -129,7 +139,7 @@ void exchange_routes(const MoeBlockDims& dm, const MoeBlockBuffers& b, int64_t T
 // Router → top-k → the backend's expert stage (→ the exchange of a shard) → combine into h.
 void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                   const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
-                  unsigned stages, const ExpertExchange* exchange) {
+                  unsigned stages, const ExpertExchange* exchange, const ops::RmsNormArgs* next_norm) {
   ops::GemmBf16Args g;
   g.x = x, g.x_lo = x_lo, g.w = w.router.p, g.y_f32 = b.router_logits, g.split_ws = b.gemm_split, g.M = T, g.N = dm.E;
   g.K = dm.H, g.ldy = dm.E;
@@ -162,18 +172,23 @@ void routed_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBloc
   mc.h = h, mc.T = T, mc.H = dm.H, mc.ldy = dm.H;
   mc.topk = static_cast<int>(dm.top_k), mc.num_experts = static_cast<int>(dm.E), mc.capacity = static_cast<int>(T);
   mc.down_bias = dm.expert_bias ? w.expert_down_bias.p : nullptr;
+  mc.fused_norm = next_norm;
   if ((stages & kMoeCombine) && dm.sharded()) exchange_routes(dm, b, T, stream, exchange);
   if (stages & kMoeCombine) ops::moe_combine(mc, stream);
 }
 
 }  // namespace
 
-void moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+bool moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
-               unsigned stages, const ExpertExchange* exchange) {
-  if (T == 0) return;
-  if (w.experts) routed_block(dm, w, b, x, x_lo, h, T, stream, router_linear, stages, exchange);
+               unsigned stages, const ExpertExchange* exchange, const ops::RmsNormArgs* next_norm) {
+  if (T == 0) return next_norm != nullptr;  // no rows: nothing to normalize either
+  // The combine writes h last when there is no dense MLP after it.
+  const bool fuse = next_norm && fused_norm_enabled() && w.experts && w.mlp_I == 0 && (stages & kMoeCombine);
+  if (w.experts)
+    routed_block(dm, w, b, x, x_lo, h, T, stream, router_linear, stages, exchange, fuse ? next_norm : nullptr);
   if (w.mlp_I > 0 && (stages & kMoeDenseMlp)) dense_mlp(dm, w, b, x, x_lo, h, T, stream, router_linear);
+  return fuse;
 }
 
 ExpertExchange host_staged_exchange(std::function<void(uint32_t* words, int64_t count)> host_sum) {

@@ -20,6 +20,7 @@
 #include "io/checkpoint.h"
 #include "io/compressed_checkpoint.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/rmsnorm/rmsnorm.h"
 #include "runtime/backend.h"
 #include "runtime/experts/expert_backend.h"
 #include "runtime/layers/moe_workspace.h"
@@ -105,10 +106,15 @@ ExpertExchange host_staged_exchange(std::function<void(uint32_t* words, int64_t 
 // x_lo may be nullptr). x_lo feeds the router GEMM (hi + lo) and, with W4A4, the activation quantizer
 // (the fp32 row), as the engine's rmsnorm output does. T == 0: nothing. `stages` (MoeStage bits): only
 // those launches — a stage alone re-runs on what the buffers hold from an earlier full block (for
-// timing; the result is the full block's only when every stage runs). Errors: the launchers' checks.
-void moe_block(const MoeBlockDims& d, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
+// timing; the result is the full block's only when every stage runs). next_norm (host pointer, its x
+// = h, n = T, D = H), or nullptr: the norm of h's rows that follows the block (the next layer's input
+// norm), run by the combine kernel where the combine is the block's last write of h (experts, no
+// dense MLP: MoeCombineArgs::fused_norm); returns whether it ran (else the caller runs it). Errors:
+// the launchers' checks.
+bool moe_block(const MoeBlockDims& d, const DeviceMoeLayer& w, const MoeBlockBuffers& b, const uint16_t* x,
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear = {},
-               unsigned stages = kMoeAllStages, const ExpertExchange* exchange = nullptr);
+               unsigned stages = kMoeAllStages, const ExpertExchange* exchange = nullptr,
+               const ops::RmsNormArgs* next_norm = nullptr);
 
 struct HostMoeLayer;  // runtime/weights.h
 
