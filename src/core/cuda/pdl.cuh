@@ -19,11 +19,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "core/cuda/check.cuh"
+#include "core/env_switch.h"
 
 namespace moesq {
 
@@ -69,10 +68,7 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes) {
 
 // Whether launch_pdl sets the attribute: on, unless MOESQ_PDL=0 (read once per process).
 inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESQ_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("MOESQ_PDL");
   return on;
 }
 
@@ -81,13 +77,7 @@ inline bool pdl_enabled() {
 // (+4.7 % on a T = 512 MoE layer, +0.6 % TPOT at batch 64; bench/NOTES.md session 28), so a forward of
 // more tokens launches plainly.
 inline int64_t pdl_max_tokens() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("MOESQ_PDL_MAX_TOKENS");
-    if (!v || !*v) return int64_t{16};
-    char* end = nullptr;
-    const long long x = std::strtoll(v, &end, 10);
-    return (end && *end == 0 && x >= 0) ? static_cast<int64_t>(x) : int64_t{16};
-  }();
+  static const int64_t n = env_int("MOESQ_PDL_MAX_TOKENS", 16, 0, INT64_MAX);
   return n;
 }
 

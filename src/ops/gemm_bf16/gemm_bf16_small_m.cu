@@ -17,11 +17,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
+#include "core/env_switch.h"
 #include "ops/gemm_bf16/cp_async.cuh"
 #include "ops/router_topk/router_topk_token.cuh"
 
@@ -44,13 +43,7 @@ constexpr int64_t kPrefetchPiece = 16 * 1024;  // bytes per cp.async.bulk.prefet
 // half of an H100/H200's 50 MB L2; 0: none; -1: each CTA its own rows), never past W. Grouped calls
 // with counts, K % 8 ≠ 0 or an unaligned W: none.
 int64_t prefetch_bytes(const GemmBf16Args& a) {
-  static const int64_t budget_mb = [] {
-    const char* v = std::getenv("MOESQ_L2_PREFETCH_MB");
-    if (!v || !*v) return int64_t{24};
-    char* end = nullptr;
-    const long long x = std::strtoll(v, &end, 10);
-    return (end && *end == 0 && x >= -1) ? static_cast<int64_t>(x) : int64_t{24};
-  }();
+  static const int64_t budget_mb = env_int("MOESQ_L2_PREFETCH_MB", 24, -1, 1 << 20);
   if (a.counts || a.K % 8 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || budget_mb == 0) return 0;
   if (budget_mb < 0) return -1;
   return std::min<int64_t>(budget_mb << 20, a.groups * a.N * a.K * static_cast<int64_t>(sizeof(uint16_t)));
@@ -65,10 +58,7 @@ __host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
 }
 
 int stages_of(const GemmBf16Args& a) {
-  static const int forced = [] {
-    const char* v = std::getenv("MOESQ_SMALL_M_STAGES");
-    return v && (std::strcmp(v, "3") == 0 || std::strcmp(v, "4") == 0) ? std::atoi(v) : 0;
-  }();
+  static const int forced = static_cast<int>(env_int("MOESQ_SMALL_M_STAGES", 0, 3, 4));
   return forced ? forced : a.x_lo ? 3 : 4;
 }
 

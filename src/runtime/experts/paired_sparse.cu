@@ -1,11 +1,10 @@
 // Device half of the paired 4:8 expert backends (paired_sparse.h): dispatch (+ NVFP4 act quant for
 // W4A4) → gate|up sparse GEMM (fp32 out) → SwiGLU (+ requant) → down sparse GEMM (bf16 out), each GEMM's
 // tile config from ops::sparse_gemm_heuristic for capacity T, the activation layout it reads from it.
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "core/cuda/dev_buf.cuh"
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "ops/sparse_gemm/sparse_gemm.h"
 #include "ops/synth_pack/synth_pack.h"
@@ -22,21 +21,15 @@ namespace {
 // bits as without), unless MOESQ_SPARSE_ROUTES=0 (the same-run peer; bench/NOTES.md, session 28).
 // Read once per process.
 bool routes_kernel_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESQ_SPARSE_ROUTES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("MOESQ_SPARSE_ROUTES");
   return on;
 }
 
 // The largest capacity the routes kernel takes: MOESQ_ROUTES_MAX_TOKENS in [1, 64], else 8 (one chunk:
 // the decode sizes it was measured at; bench/NOTES.md, session 29). Read once per process.
 int routes_max_tokens() {
-  static const int n = [] {
-    const char* v = std::getenv("MOESQ_ROUTES_MAX_TOKENS");
-    const int x = v ? std::atoi(v) : 0;
-    return x >= 1 && x <= ops::kRoutesMaxChunkedTokens ? x : ops::kRoutesMaxTokens;
-  }();
+  static const int n = static_cast<int>(
+      env_int("MOESQ_ROUTES_MAX_TOKENS", ops::kRoutesMaxTokens, 1, ops::kRoutesMaxChunkedTokens));
   return n;
 }
 

@@ -3,14 +3,13 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/device_scope.h"
 #include "core/cuda/pdl.cuh"
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/moe_combine/moe_combine.h"
@@ -46,20 +45,14 @@ namespace {
 // The router GEMM runs the top-k at decode sizes (GemmBf16Args::fused_topk) unless MOESQ_FUSED_TOPK=0
 // (the same-run peer; bench/NOTES.md, session 29). Read once per process.
 bool fused_topk_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESQ_FUSED_TOPK");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("MOESQ_FUSED_TOPK");
   return on;
 }
 
 // The combine runs the next layer's input norm (MoeCombineArgs::fused_norm) unless MOESQ_FUSED_NORM=0
 // (the same-run peer; bench/NOTES.md, session 29). Read once per process.
 bool fused_norm_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESQ_FUSED_NORM");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("MOESQ_FUSED_NORM");
   return on;
 }
 
