@@ -44,7 +44,8 @@ struct GemmBf16Args {
   float* split_ws = nullptr;      // ≥ gemm_bf16_split_floats(M, N, K) floats, or nullptr (no split)
   // Host pointer, or nullptr: the routing of these logits run by the GEMM kernel itself — its last
   // CTA to finish (a ticket in global memory) runs ops::router_topk's per-token code on y_f32, so the
-  // decode step's router needs no kernel of its own (bench/NOTES.md, session 29). Same ids, weights
+  // decode step's router needs no kernel of its own (measured slower than the two kernels under PDL, so
+  // the engine leaves it off unless MOESQ_FUSED_TOPK=1; bench/NOTES.md, session 29). Same ids, weights
   // and counts zeroing bits as gemm_bf16 then router_topk. Only where gemm_bf16_fuses_topk(args):
   // the small-M path, groups 1, no counts, y_f32 = fused_topk->logits with ldy = N = num_experts,
   // M = T, no accumulate.

@@ -29,13 +29,14 @@ namespace moesq::ops::detail {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-// K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) so that two CTAs fit an SM
-// (2 × 110.6 KB of rings did not), or MOESQ_SMALL_M_STAGES (3 | 4). Never changes a bit: only how
-// far ahead the loads run (stages_of).
+// K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) and M > 16, so that two CTAs
+// fit an SM (2 × 110.6 KB of rings did not): TPOT −2 % at batch 64, but +4 % at batch 1, where one CTA
+// per SM with deeper rings wins (bench/NOTES.md, session 29); or MOESQ_SMALL_M_STAGES (3 | 4). Never
+// changes a bit: only how far ahead the loads run (stages_of).
 constexpr int kLds = kGemmBlockK + 8;            // bf16 row stride of a staged tile (16 B pad)
 constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of one stage
 constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
-constexpr int kMaxSmem = 227 * 1024;
+constexpr int kMaxSmem = 226 * 1024;  // the SM's 227 KB less 1 KB: the kernel's static s_last would not fit the attribute
 constexpr int kPrefetchCtas = 128;             // CTAs that issue the L2 prefetch (about one resident wave)
 constexpr int64_t kPrefetchPiece = 16 * 1024;  // bytes per cp.async.bulk.prefetch.L2
 
@@ -59,7 +60,7 @@ __host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
 
 int stages_of(const GemmBf16Args& a) {
   static const int forced = static_cast<int>(env_int("MOESQ_SMALL_M_STAGES", 0, 3, 4));
-  return forced ? forced : a.x_lo ? 3 : 4;
+  return forced ? forced : a.x_lo && a.M > 16 ? 3 : 4;
 }
 
 size_t smem_bytes(const GemmBf16Args& a) {

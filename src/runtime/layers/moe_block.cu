@@ -3,6 +3,7 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -42,10 +43,11 @@ void DeviceMoeLayer::upload(const HostMoe& host, ExpertBackend backend, const Mo
 
 namespace {
 
-// The router GEMM runs the top-k at decode sizes (GemmBf16Args::fused_topk) unless MOESQ_FUSED_TOPK=0
-// (the same-run peer; bench/NOTES.md, session 29). Read once per process.
+// The router GEMM runs the top-k at decode sizes (GemmBf16Args::fused_topk) only with MOESQ_FUSED_TOPK=1:
+// measured slower than the separate kernel under PDL (TPOT +2 % at batch 1, +14 % at 64: one CTA routes
+// every token; bench/NOTES.md, session 29). Read once per process.
 bool fused_topk_enabled() {
-  static const bool on = env_switch_on("MOESQ_FUSED_TOPK");
+  static const bool on = std::getenv("MOESQ_FUSED_TOPK") && env_switch_on("MOESQ_FUSED_TOPK");
   return on;
 }
 
@@ -176,6 +178,7 @@ bool moe_block(const MoeBlockDims& dm, const DeviceMoeLayer& w, const MoeBlockBu
                const uint16_t* x_lo, float* h, int64_t T, cudaStream_t stream, const LinearFn& router_linear,
                unsigned stages, const ExpertExchange* exchange, const ops::RmsNormArgs* next_norm) {
   if (T == 0) return next_norm != nullptr;  // no rows: nothing to normalize either
+  const PdlTokensScope pdl(T);  // PDL for decode-sized blocks only (core/cuda/pdl.cuh)
   // The combine writes h last when there is no dense MLP after it.
   const bool fuse = next_norm && fused_norm_enabled() && w.experts && w.mlp_I == 0 && (stages & kMoeCombine);
   if (w.experts)
