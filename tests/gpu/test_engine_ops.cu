@@ -19,6 +19,7 @@
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
+#include "ops/gemm_bf16/gemm_bf16_wa.h"
 #include "ops/moe_combine/moe_combine.h"
 #include "ops/qk_rope/qk_rope.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -255,6 +256,54 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
 // 128-row tile, of a warp's 64-row half, past the first tile — with hi + lo input, accumulate, bf16
 // output, grouped counts, N and K off the tile sizes; the whole output is the 64×64 tile kernel's at
 // the same M, bit for bit (so the ref's tolerance tests of the tile kernel hold for it too).
+// The W-as-A decode path (gemm_bf16_wa.h, opt-in) against the 64×64 tile kernel: every output bit
+// equal, M = 1…8, with and without hi + lo, split slices (K = 2048, 4096 and a partial last slice),
+// K not a multiple of 64 or 16 (zero past the range), N not a multiple of 16, fp32 (accumulate) and bf16
+// outputs. It holds only if an mma.m16n8k16 element keeps its bits with the operands swapped
+// (bench/probe_mma_order.cu); failing here keeps the path off.
+TEST(EngineOps, GemmBf16WaBitsEqualTileKernel) {
+  struct Case {
+    int64_t N, K;
+    bool lo, split, bf16, accumulate;
+  };
+  const Case cases[] = {{128, 2048, true, true, false, false}, {136, 2056, true, true, false, true},
+                        {100, 200, false, false, false, false}, {72, 4096, true, true, false, false},
+                        {40, 1096, false, true, false, true},    {520, 264, true, false, true, false}};
+  for (const Case& c : cases)
+    for (int64_t M : {1, 3, 8}) {
+      const int64_t ldy = c.N + 3;
+      const std::vector<uint16_t> w = rand_bf16(c.N * c.K, 41 + c.K), x = rand_bf16(M * c.K, 42 + M),
+                                  l = rand_bf16(M * c.K, 43 + M, 1.0f / 512);
+      const std::vector<float> y0 = rand_f32(M * ldy, 44);
+      auto run = [&](bool wa) {
+        DevBuf<uint16_t> dx(x), dl(l), dw(w), dyb(std::vector<uint16_t>(M * ldy, 0x7fc1));
+        DevBuf<float> dy(y0), dws(c.split ? moesq::ops::gemm_bf16_split_floats(M, c.N, c.K) : 1);
+        moesq::ops::GemmBf16Args a;
+        a.x = dx.p, a.x_lo = c.lo ? dl.p : nullptr, a.w = dw.p, a.M = M, a.N = c.N, a.K = c.K, a.ldy = ldy;
+        a.accumulate = c.accumulate, a.split_ws = c.split ? dws.p : nullptr;
+        if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
+        moesq::ops::gemm_bf16_check(a);
+        if (wa) {
+          EXPECT_TRUE(moesq::ops::detail::gemm_bf16_wa_fits(a));
+          moesq::ops::detail::gemm_bf16_wa(a, nullptr);
+        } else {
+          moesq::ops::detail::gemm_bf16_tile(a, nullptr);
+        }
+        MOESQ_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint32_t> out;
+        if (c.bf16) for (uint16_t v : dyb.download()) out.push_back(v);
+        else for (float v : dy.download()) out.push_back(bits(v));
+        return out;
+      };
+      const std::vector<uint32_t> tile = run(false), wa = run(true);
+      int64_t diff = 0, first = -1;
+      for (size_t i = 0; i < tile.size(); ++i)
+        if (tile[i] != wa[i]) diff += 1, first = first < 0 ? static_cast<int64_t>(i) : first;
+      EXPECT_EQ(diff, 0) << "N=" << c.N << " K=" << c.K << " lo=" << c.lo << " split=" << c.split << " bf16=" << c.bf16
+                         << " M=" << M << ": first differing index " << first;
+    }
+}
+
 TEST(EngineOps, GemmBf16LargeMBitsEqualRowAlone) {
   struct Case {
     int G;

@@ -12,6 +12,7 @@
 #include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
+#include "ops/gemm_bf16/gemm_bf16_wa.h"
 
 namespace moesq::ops {
 
@@ -134,6 +135,8 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   MOESQ_CHECK(!a.fused_topk || gemm_bf16_fuses_topk(a) || a.M == 0, "gemm_bf16: fused_topk at M=", a.M,
               " (the small-M path, M <= ", detail::kGemmSmallM, ", runs it)");
   if (a.M == 0) return;
+  // M ≤ 8 with MOESQ_SMALL_M_WA=1: W as the MMA's A operand (opt-in until measured; gemm_bf16_wa.h).
+  if (!a.fused_topk && detail::gemm_bf16_wa_enabled(a)) return detail::gemm_bf16_wa(a, stream);
   if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
   // 128×128 tiles where they are faster (gemm_bf16_large_m_fits; same bits per row), else 64×64 tiles.
   if (detail::gemm_bf16_large_m_fits(a)) return detail::gemm_bf16_large_m(a, stream);

@@ -1,0 +1,233 @@
+// The W-as-A decode path of gemm_bf16 (gemm_bf16_wa.h). A warp owns one chain — 16 weight rows × the
+// ≤ 8 tokens over one K range (the whole K, or one kGemmSplitK slice) — and keeps kDepth 64-wide K tiles
+// of its W rows in registers (16 words each, the m16n8k16 A fragments of the tile's four k16 steps),
+// loading tile i + kDepth − 1 while it multiplies tile i. W never passes through shared memory; the
+// tokens' rows (hi, lo) are copied there once per CTA, row stride K + 8 so the eight tokens' B words
+// fall in distinct banks. Grid and reduction as the small-M kernel: without split a CTA is 4 row
+// tiles (one chain per warp over the whole K); with split a CTA is one row tile whose slices the 4 warps
+// take in turn, added in ascending slice order in shared memory.
+//
+// Non-obvious decision: the first kDepth − 1 tiles of each warp's first chain are loaded BEFORE the PDL
+// wait (W is no kernel's output), with volatile loads the compiler cannot sink below it, so the weight
+// stream of a decode projection starts while the previous kernel finishes.
+#include "ops/gemm_bf16/gemm_bf16_wa.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
+#include "core/env_switch.h"
+
+namespace moesq::ops::detail {
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kDepth = 3;                  // 64-wide K tiles of W in registers per warp
+constexpr int kTileWords = 16;             // A words per lane per tile: 4 k16 steps × 4
+constexpr int kRowPad = 8;                 // bf16 padding of a staged token row
+constexpr int kMaxSmem = 200 * 1024;
+static_assert(kGemmBlockK == 64, "a tile is four k16 steps");
+
+int slices_of(const GemmBf16Args& a) {
+  return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+}
+
+size_t smem_bytes(const GemmBf16Args& a) {
+  const size_t rows = static_cast<size_t>(a.M) * static_cast<size_t>(a.K + kRowPad) * sizeof(uint16_t);
+  const size_t parts = a.split_ws ? static_cast<size_t>(slices_of(a)) * 16 * 8 * sizeof(float) : 0;
+  return (a.x_lo ? 2 : 1) * rows + parts;
+}
+
+__device__ __forceinline__ uint32_t ld_w(const uint16_t* p, bool valid) {
+  uint32_t r = 0;
+  if (valid) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One warp's chain: rows r0 = n0 + g and r1 = n0 + g + 8 of W over [kb, ke).
+struct Chain {
+  const uint16_t* w0;
+  const uint16_t* w1;
+  bool v0, v1;
+  int64_t kb, ke;
+  int tiles;
+};
+
+// The A words of tile i: step s, words {row g, k 2t}, {row g+8, k 2t}, {row g, k 8+2t}, {row g+8, k 8+2t}
+// (mma.m16n8k16 .bf16 A layout), zero past ke (whole 8-element vectors: ke % 8 == 0) or past N.
+__device__ __forceinline__ void load_tile(uint32_t (&w)[kTileWords], const Chain& c, int i, int t) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int64_t k = c.kb + static_cast<int64_t>(i) * kGemmBlockK + 16 * s + 2 * t;
+    const bool in0 = k < c.ke, in1 = k + 8 < c.ke;
+    w[4 * s + 0] = ld_w(c.w0 + k, c.v0 && in0);
+    w[4 * s + 1] = ld_w(c.w1 + k, c.v1 && in0);
+    w[4 * s + 2] = ld_w(c.w0 + k + 8, c.v0 && in1);
+    w[4 * s + 3] = ld_w(c.w1 + k + 8, c.v1 && in1);
+  }
+}
+
+// d += tile i's four k16 steps, hi then lo per step. sx / sl: token g's staged row (nullptr: token ≥ M).
+__device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTileWords], const Chain& c, int i,
+                                         const uint16_t* sx, const uint16_t* sl, int t) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int64_t k = c.kb + static_cast<int64_t>(i) * kGemmBlockK + 16 * s + 2 * t;
+    const bool in0 = sx && k < c.ke, in1 = sx && k + 8 < c.ke;
+    const uint32_t b0 = in0 ? *reinterpret_cast<const uint32_t*>(sx + k) : 0u;
+    const uint32_t b1 = in1 ? *reinterpret_cast<const uint32_t*>(sx + k + 8) : 0u;
+    mma16816(d, &w[4 * s], b0, b1);
+    if (sl) {
+      const uint32_t l0 = in0 ? *reinterpret_cast<const uint32_t*>(sl + k) : 0u;
+      const uint32_t l1 = in1 ? *reinterpret_cast<const uint32_t*>(sl + k + 8) : 0u;
+      mma16816(d, &w[4 * s], l0, l1);
+    }
+  }
+}
+
+// prefetch: as gemm_bf16_small_m's (the grid's first bytes of W into L2 before the wait).
+__global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, int64_t prefetch) {
+  const bool split = a.split_ws != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int slices = split ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+  const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
+  auto chain_of = [&](int sl) {
+    Chain c;
+    c.v0 = n0 + g < a.N, c.v1 = n0 + g + 8 < a.N;
+    c.w0 = a.w + (c.v0 ? n0 + g : 0) * a.K, c.w1 = a.w + (c.v1 ? n0 + g + 8 : 0) * a.K;
+    c.kb = split ? static_cast<int64_t>(sl) * kGemmSplitK : 0;
+    c.ke = split ? min(a.K, c.kb + kGemmSplitK) : a.K;
+    c.tiles = static_cast<int>((c.ke - c.kb + kGemmBlockK - 1) / kGemmBlockK);
+    return c;
+  };
+  const int first = split ? warp : 0;
+  const bool has_chain = first < slices && n0 < a.N;
+
+  // Before the wait: the L2 prefetch and this warp's first kDepth − 1 tiles (W only).
+  if (prefetch > 0 && blockIdx.x < 128) {
+    const int64_t pieces = (prefetch + 16383) / 16384;
+    const int64_t ctas = min(static_cast<int64_t>(gridDim.x), int64_t{128});
+    const char* base = reinterpret_cast<const char*>(a.w);
+    for (int64_t p = blockIdx.x + ctas * threadIdx.x; p < pieces; p += ctas * kThreads) {
+      const unsigned n = static_cast<unsigned>(min(int64_t{16384}, prefetch - p * 16384)) & ~15u;
+      if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + p * 16384), "r"(n) : "memory");
+    }
+  }
+  uint32_t w[kDepth][kTileWords];
+  Chain c = chain_of(first);
+  if (has_chain) {
+#pragma unroll
+    for (int j = 0; j < kDepth - 1; ++j)
+      if (j < c.tiles) load_tile(w[j], c, j, t);
+  }
+  pdl_enter();
+
+  // The tokens' rows (hi, then lo) into shared memory, row stride K + kRowPad.
+  extern __shared__ __align__(16) unsigned char s_raw[];
+  const int64_t ld = a.K + kRowPad;
+  uint16_t* s_x = reinterpret_cast<uint16_t*>(s_raw);
+  uint16_t* s_l = a.x_lo ? s_x + a.M * ld : nullptr;
+  float* s_part = reinterpret_cast<float*>(s_raw + (a.x_lo ? 2 : 1) * a.M * ld * sizeof(uint16_t));
+  const int64_t vecs = a.K / 8;
+  for (int64_t v = threadIdx.x; v < a.M * vecs; v += kThreads) {
+    const int64_t m = v / vecs, k = (v % vecs) * 8;
+    *reinterpret_cast<uint4*>(s_x + m * ld + k) = *reinterpret_cast<const uint4*>(a.x + m * a.K + k);
+    if (s_l) *reinterpret_cast<uint4*>(s_l + m * ld + k) = *reinterpret_cast<const uint4*>(a.x_lo + m * a.K + k);
+  }
+  __syncthreads();
+  const uint16_t* sx = g < a.M ? s_x + g * ld : nullptr;
+  const uint16_t* sl = g < a.M && s_l ? s_l + g * ld : nullptr;
+
+  for (int sl_i = first; has_chain && sl_i < slices; sl_i += split ? kWarps : slices) {
+    if (sl_i != first) {
+      c = chain_of(sl_i);
+#pragma unroll
+      for (int j = 0; j < kDepth - 1; ++j)
+        if (j < c.tiles) load_tile(w[j], c, j, t);
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i0 = 0; i0 < c.tiles; i0 += kDepth) {
+#pragma unroll
+      for (int j = 0; j < kDepth; ++j) {
+        const int i = i0 + j;
+        if (i >= c.tiles) break;
+        if (i + kDepth - 1 < c.tiles) load_tile(w[(j + kDepth - 1) % kDepth], c, i + kDepth - 1, t);
+        mma_tile(d, w[j], c, i, sx, sl, t);
+      }
+    }
+    // d: (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int r = g + 8 * (q >> 1), tok = 2 * t + (q & 1);
+      if (split) {
+        s_part[(sl_i * 8 + tok) * 16 + r] = d[q];
+        continue;
+      }
+      const int64_t n = n0 + r;
+      if (tok >= a.M || n >= a.N) continue;
+      const int64_t o = tok * a.ldy + n;
+      if (a.y_f32)
+        a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], d[q]) : d[q];
+      else
+        a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(d[q]));
+    }
+  }
+  if (!split) return;
+  __syncthreads();
+  for (int v = threadIdx.x; v < 8 * 16; v += kThreads) {
+    const int tok = v / 16, r = v % 16;
+    const int64_t n = n0 + r;
+    if (tok >= a.M || n >= a.N) continue;
+    float val = s_part[tok * 16 + r];
+    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[(s * 8 + tok) * 16 + r]);  // slice order
+    const int64_t o = tok * a.ldy + n;
+    if (a.y_f32)
+      a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
+    else
+      a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+  }
+}
+
+}  // namespace
+
+bool gemm_bf16_wa_fits(const GemmBf16Args& a) {
+  return a.M >= 1 && a.M <= kGemmWaMaxM && a.groups == 1 && !a.counts && !a.fused_topk && a.K % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (!a.x_lo || reinterpret_cast<uintptr_t>(a.x_lo) % 16 == 0) &&
+         reinterpret_cast<uintptr_t>(a.w) % 4 == 0 && smem_bytes(a) <= kMaxSmem;
+}
+
+bool gemm_bf16_wa_enabled(const GemmBf16Args& a) {
+  static const bool on = std::getenv("MOESQ_SMALL_M_WA") && env_switch_on("MOESQ_SMALL_M_WA");
+  return on && gemm_bf16_wa_fits(a);
+}
+
+void gemm_bf16_wa(const GemmBf16Args& a, cudaStream_t stream) {
+  static const bool configured = [] {  // once: not a stream operation, so capture-safe
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_wa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    return true;
+  }();
+  (void)configured;
+  const int64_t row_tiles = (a.N + 15) / 16;
+  const int64_t ctas = a.split_ws ? row_tiles : (row_tiles + kWarps - 1) / kWarps;
+  MOESQ_CHECK(ctas <= 0x7fffffff, "gemm_bf16: N=", a.N, " too large");
+  const int64_t prefetch =
+      reinterpret_cast<uintptr_t>(a.w) % 16 == 0 ? std::min<int64_t>(int64_t{24} << 20, a.N * a.K * 2) : 0;
+  launch_pdl("gemm_bf16_wa_kernel", gemm_bf16_wa_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
+             smem_bytes(a), stream, a, prefetch);
+}
+
+}  // namespace moesq::ops::detail
