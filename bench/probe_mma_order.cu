@@ -26,10 +26,12 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
 #include "core/half.h"
+#include "ops/gemm_bf16/mma_bf16.cuh"
 
 namespace {
 
 using moesq::DevBuf;
+using moesq::ops::detail::mma_bf16;
 
 // The reference chain: wmma m16n16k16 as gemm_bf16's kernels issue it. x, xl: [16, K]; w: [16, K]; out [16, 16].
 __global__ void ref_kernel(const uint16_t* x, const uint16_t* xl, const uint16_t* w, int K, float* out) {
@@ -49,14 +51,6 @@ __global__ void ref_kernel(const uint16_t* x, const uint16_t* xl, const uint16_t
 }
 
 __device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // A fragment of rows [16] of a row-major [16, K] matrix at k0 (PTX ISA, mma.m16n8k16 .bf16 A layout).
 __device__ __forceinline__ void load_a(const uint16_t* m, int K, int k0, int lane, uint32_t (&a)[4]) {
@@ -84,8 +78,8 @@ __global__ void x_as_a_kernel(const uint16_t* x, const uint16_t* xl, const uint1
     for (int h = 0; h < 2; ++h) {
       uint32_t b0, b1;
       load_b(w, K, 8 * h, k0, lane, b0, b1);
-      mma16816(d[h], a, b0, b1);
-      mma16816(d[h], al, b0, b1);
+      mma_bf16(d[h], a, b0, b1);
+      mma_bf16(d[h], al, b0, b1);
     }
   }
   for (int h = 0; h < 2; ++h) {
@@ -103,8 +97,8 @@ __global__ void w_as_a_kernel(const uint16_t* x, const uint16_t* xl, const uint1
     load_a(w, K, k0, lane, a);
     load_b(x, K, 0, k0, lane, b0, b1);
     load_b(xl, K, 0, k0, lane, l0, l1);
-    mma16816(d, a, b0, b1);
-    mma16816(d, a, l0, l1);
+    mma_bf16(d, a, b0, b1);
+    mma_bf16(d, a, l0, l1);
   }
   // d[0], d[1]: weight row g, tokens 2t, 2t+1; d[2], d[3]: weight row g + 8.
   out[(2 * t) * 16 + g] = d[0], out[(2 * t + 1) * 16 + g] = d[1];

@@ -19,6 +19,7 @@
 #include "core/cuda/pdl.cuh"
 #include "ops/gemm_bf16/cp_async.cuh"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
+#include "ops/gemm_bf16/mma_bf16.cuh"
 
 namespace moesq::ops::detail {
 
@@ -43,15 +44,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p)
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
-}
-
-// d += a · b for one m16n8k16 tile (bf16 in, fp32 accumulate).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // A fragments of the warp's kMI m16 tiles at k offset kk of a staged [kBM, kLds] tile.
@@ -171,10 +163,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_large_m_kernel(GemmBf16Arg
           float val;
           if constexpr (kSplit) val = sum[i][j][2 * h + q];
           else val = acc[i][j][2 * h + q];
-          if (a.y_f32)
-            a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
-          else
-            a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+          store_y(a, o, val);
         }
     }
 }

@@ -22,6 +22,7 @@
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "core/env_switch.h"
+#include "ops/gemm_bf16/mma_bf16.cuh"
 
 namespace moesq::ops::detail {
 
@@ -48,14 +49,6 @@ __device__ __forceinline__ uint32_t ld_w(const uint16_t* p, bool valid) {
   uint32_t r = 0;
   if (valid) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(r) : "l"(p));
   return r;
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // One warp's chain: rows r0 = n0 + g and r1 = n0 + g + 8 of W over [kb, ke).
@@ -88,13 +81,14 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTil
   for (int s = 0; s < 4; ++s) {
     const int64_t k = c.kb + static_cast<int64_t>(i) * kGemmBlockK + 16 * s + 2 * t;
     const bool in0 = sx && k < c.ke, in1 = sx && k + 8 < c.ke;
+    const uint32_t af[4] = {w[4 * s], w[4 * s + 1], w[4 * s + 2], w[4 * s + 3]};
     const uint32_t b0 = in0 ? *reinterpret_cast<const uint32_t*>(sx + k) : 0u;
     const uint32_t b1 = in1 ? *reinterpret_cast<const uint32_t*>(sx + k + 8) : 0u;
-    mma16816(d, &w[4 * s], b0, b1);
+    mma_bf16(d, af, b0, b1);
     if (sl) {
       const uint32_t l0 = in0 ? *reinterpret_cast<const uint32_t*>(sl + k) : 0u;
       const uint32_t l1 = in1 ? *reinterpret_cast<const uint32_t*>(sl + k + 8) : 0u;
-      mma16816(d, &w[4 * s], l0, l1);
+      mma_bf16(d, af, l0, l1);
     }
   }
 }
@@ -179,11 +173,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
       }
       const int64_t n = n0 + r;
       if (tok >= a.M || n >= a.N) continue;
-      const int64_t o = tok * a.ldy + n;
-      if (a.y_f32)
-        a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], d[q]) : d[q];
-      else
-        a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(d[q]));
+      store_y(a, tok * a.ldy + n, d[q]);
     }
   }
   if (!split) return;
@@ -194,11 +184,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
     if (tok >= a.M || n >= a.N) continue;
     float val = s_part[tok * 16 + r];
     for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[(s * 8 + tok) * 16 + r]);  // slice order
-    const int64_t o = tok * a.ldy + n;
-    if (a.y_f32)
-      a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
-    else
-      a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+    store_y(a, tok * a.ldy + n, val);
   }
 }
 
