@@ -8,11 +8,14 @@
 
 namespace moesq {
 
-// false when the variable `name` is set to "0", true otherwise (unset, empty or anything else).
-inline bool env_switch_on(const char* name) {
+// The switch `name`: `fallback` when unset, false when set to "0", true when set to anything else.
+inline bool env_switch(const char* name, bool fallback) {
   const char* v = std::getenv(name);
-  return !(v && std::strcmp(v, "0") == 0);
+  if (!v) return fallback;
+  return std::strcmp(v, "0") != 0;
 }
+// A switch that is on unless set to "0".
+inline bool env_switch_on(const char* name) { return env_switch(name, true); }
 
 // The variable `name` as an integer in [lo, hi], or `fallback` when it is unset, not a whole number or
 // outside the range.

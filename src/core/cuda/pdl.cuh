@@ -66,6 +66,24 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes) {
 #endif
 }
 
+// Asks L2 for the first `bytes` bytes from p, shared in 16 KB pieces by the grid's first `ctas` CTAs
+// along x (blockIdx.y = z = 0; about one resident wave, so CTAs of later waves find their data in L2).
+// A hint, as prefetch_l2_range; p 16-byte aligned; each piece rounded down to a multiple of 16.
+__device__ __forceinline__ void prefetch_l2_grid(const void* p, int64_t bytes, int ctas) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int64_t kPiece = 16 * 1024;
+  if (bytes <= 0 || blockIdx.y != 0 || blockIdx.z != 0 || blockIdx.x >= static_cast<unsigned>(ctas)) return;
+  const int64_t n_ctas = gridDim.x < static_cast<unsigned>(ctas) ? gridDim.x : ctas;
+  const int64_t pieces = (bytes + kPiece - 1) / kPiece;
+  const char* base = static_cast<const char*>(p);
+  for (int64_t q = blockIdx.x + n_ctas * threadIdx.x; q < pieces; q += n_ctas * blockDim.x) {
+    const int64_t left = bytes - q * kPiece;
+    const unsigned n = static_cast<unsigned>(left < kPiece ? left : kPiece) & ~15u;
+    if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + q * kPiece), "r"(n) : "memory");
+  }
+#endif
+}
+
 // Whether launch_pdl sets the attribute: on, unless MOESQ_PDL=0 (read once per process).
 inline bool pdl_enabled() {
   static const bool on = env_switch_on("MOESQ_PDL");

@@ -22,6 +22,7 @@
 #include "core/cuda/pdl.cuh"
 #include "core/env_switch.h"
 #include "ops/gemm_bf16/cp_async.cuh"
+#include "ops/gemm_bf16/mma_bf16.cuh"
 #include "ops/router_topk/router_topk_token.cuh"
 
 namespace moesq::ops::detail {
@@ -29,26 +30,21 @@ namespace moesq::ops::detail {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-// K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) and M > 16, so that two CTAs
-// fit an SM (2 × 110.6 KB of rings did not): TPOT −2 % at batch 64, but +4 % at batch 1, where one CTA
-// per SM with deeper rings wins (bench/NOTES.md, session 29); or MOESQ_SMALL_M_STAGES (3 | 4). Never
-// changes a bit: only how far ahead the loads run (stages_of).
 constexpr int kLds = kGemmBlockK + 8;            // bf16 row stride of a staged tile (16 B pad)
 constexpr int kTileElems = 16 * kLds;            // one 16-row operand tile of one stage
 constexpr int kFrag = 16 * 16;                   // fp32 elements of one accumulator tile
 constexpr int kMaxSmem = 226 * 1024;  // the SM's 227 KB less 1 KB: the kernel's static s_last would not fit the attribute
-constexpr int kPrefetchCtas = 128;             // CTAs that issue the L2 prefetch (about one resident wave)
-constexpr int64_t kPrefetchPiece = 16 * 1024;  // bytes per cp.async.bulk.prefetch.L2
 
-// The W bytes the kernel prefetches into L2 before its PDL wait: MOESQ_L2_PREFETCH_MB (default 24,
-// half of an H100/H200's 50 MB L2; 0: none; -1: each CTA its own rows), never past W. Grouped calls
-// with counts, K % 8 ≠ 0 or an unaligned W: none.
-int64_t prefetch_bytes(const GemmBf16Args& a) {
+}  // namespace
+
+int64_t gemm_bf16_prefetch_bytes(const GemmBf16Args& a) {
   static const int64_t budget_mb = env_int("MOESQ_L2_PREFETCH_MB", 24, -1, 1 << 20);
   if (a.counts || a.K % 8 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || budget_mb == 0) return 0;
   if (budget_mb < 0) return -1;
   return std::min<int64_t>(budget_mb << 20, a.groups * a.N * a.K * static_cast<int64_t>(sizeof(uint16_t)));
 }
+
+namespace {
 
 template <int kStages>
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
@@ -58,6 +54,10 @@ __host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
   return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
 }
 
+// K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) and M > 16, so that two CTAs
+// fit an SM (2 × 110.6 KB of rings did not): TPOT −2 % at batch 64, but +4 % at batch 1, where one CTA
+// per SM with deeper rings wins (bench/NOTES.md, session 29); or MOESQ_SMALL_M_STAGES (3 | 4). Never
+// changes a bit: only how far ahead the loads run (stages_of).
 int stages_of(const GemmBf16Args& a) {
   static const int forced = static_cast<int>(env_int("MOESQ_SMALL_M_STAGES", 0, 3, 4));
   return forced ? forced : a.x_lo && a.M > 16 ? 3 : 4;
@@ -73,7 +73,7 @@ size_t smem_bytes(const GemmBf16Args& a) {
 // grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
 // else a CTA = 4 column groups, one chain per warp over the whole K.
 // fuse_topk: then the routing of rt (GemmBf16Args::fused_topk) by the last CTA to finish.
-// prefetch: bytes of W from its start that the first kPrefetchCtas CTAs ask L2 for before the wait
+// prefetch: bytes of W from its start that the first kGemmPrefetchCtas CTAs ask L2 for before the wait
 // (0: none; -1: each CTA its own rows, session 28's rule).
 template <int kStages>
 __global__ void __launch_bounds__(kThreads)
@@ -87,15 +87,8 @@ __global__ void __launch_bounds__(kThreads)
   // are evicted before their reads (session 28's per-CTA rule read the 622 MB lm_head 1.47 times,
   // bench/NOTES.md session 29). Grouped calls with counts skip it (most groups of a decode step have
   // no rows), as do the other row tiles (the same rows).
-  if (prefetch > 0 && blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < kPrefetchCtas) {
-    const int64_t pieces = (prefetch + kPrefetchPiece - 1) / kPrefetchPiece;
-    const int64_t ctas = min(static_cast<int64_t>(gridDim.x), static_cast<int64_t>(kPrefetchCtas));
-    const char* base = reinterpret_cast<const char*>(a.w);
-    for (int64_t p = blockIdx.x + ctas * threadIdx.x; p < pieces; p += ctas * kThreads) {
-      const int64_t off = p * kPrefetchPiece;
-      const unsigned n = static_cast<unsigned>(min(kPrefetchPiece, prefetch - off)) & ~15u;
-      if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"(n) : "memory");
-    }
+  if (prefetch > 0) {
+    prefetch_l2_grid(a.w, prefetch, kGemmPrefetchCtas);
   } else if (prefetch < 0 && blockIdx.y == 0) {
     const int64_t n_first = static_cast<int64_t>(blockIdx.x) * (split ? 16 : 16 * kWarps);
     const int64_t n_last = min(a.N, n_first + (split ? 16 : 16 * kWarps));
@@ -175,10 +168,7 @@ __global__ void __launch_bounds__(kThreads)
     float val = s_part[(split ? 0 : cg) * kFrag + e];
     if (split)
       for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[s * kFrag + e]);  // slice order, as split_reduce
-    if (a.y_f32)
-      a.y_f32[o] = a.accumulate ? __fadd_rn(a.y_f32[o], val) : val;
-    else
-      a.y_bf16[o] = __bfloat16_as_ushort(__float2bfloat16_rn(val));
+    store_y(a, o, val);
   }
   if (!fuse_topk) return;
   // The routing: the last CTA to take a ticket sees every CTA's logits (each thread's writes fenced
@@ -227,10 +217,10 @@ void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
   const RouterTopkArgs rt = fuse ? *a.fused_topk : RouterTopkArgs{};
   if (stages_of(a) == 3)
     launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<3>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
-               prefetch_bytes(a));
+               gemm_bf16_prefetch_bytes(a));
   else
     launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<4>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
-               prefetch_bytes(a));
+               gemm_bf16_prefetch_bytes(a));
 }
 
 }  // namespace moesq::ops::detail

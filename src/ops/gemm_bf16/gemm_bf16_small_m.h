@@ -13,4 +13,12 @@ constexpr int64_t kGemmSmallM = 64;
 bool gemm_bf16_small_m_fits(const GemmBf16Args& args);
 void gemm_bf16_small_m(const GemmBf16Args& args, cudaStream_t stream);  // args already checked
 
+// The decode GEMM kernels' L2 prefetch before the PDL wait (small-M and W-as-A paths): the first
+// gemm_bf16_prefetch_bytes(args) bytes of W, shared by the first kGemmPrefetchCtas CTAs
+// (prefetch_l2_grid). MOESQ_L2_PREFETCH_MB (default 24, half of an H100/H200's 50 MB L2; 0: none; −1:
+// the small-M kernel's per-CTA rows, session 28's rule, returned as −1), never past W. Grouped calls
+// with counts, K % 8 ≠ 0 or an unaligned W: 0.
+constexpr int kGemmPrefetchCtas = 128;
+int64_t gemm_bf16_prefetch_bytes(const GemmBf16Args& args);
+
 }  // namespace moesq::ops::detail

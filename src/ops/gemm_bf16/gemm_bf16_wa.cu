@@ -17,11 +17,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
 #include "core/env_switch.h"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/mma_bf16.cuh"
 
 namespace moesq::ops::detail {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTil
   }
 }
 
-// prefetch: as gemm_bf16_small_m's (the grid's first bytes of W into L2 before the wait).
+// prefetch: gemm_bf16_prefetch_bytes (the grid's first bytes of W into L2 before the wait).
 __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, int64_t prefetch) {
   const bool split = a.split_ws != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -112,15 +112,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
   const bool has_chain = first < slices && n0 < a.N;
 
   // Before the wait: the L2 prefetch and this warp's first kDepth − 1 tiles (W only).
-  if (prefetch > 0 && blockIdx.x < 128) {
-    const int64_t pieces = (prefetch + 16383) / 16384;
-    const int64_t ctas = min(static_cast<int64_t>(gridDim.x), int64_t{128});
-    const char* base = reinterpret_cast<const char*>(a.w);
-    for (int64_t p = blockIdx.x + ctas * threadIdx.x; p < pieces; p += ctas * kThreads) {
-      const unsigned n = static_cast<unsigned>(min(int64_t{16384}, prefetch - p * 16384)) & ~15u;
-      if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + p * 16384), "r"(n) : "memory");
-    }
-  }
+  prefetch_l2_grid(a.w, prefetch, kGemmPrefetchCtas);
   uint32_t w[kDepth][kTileWords];
   Chain c = chain_of(first);
   if (has_chain) {
@@ -197,7 +189,7 @@ bool gemm_bf16_wa_fits(const GemmBf16Args& a) {
 }
 
 bool gemm_bf16_wa_enabled(const GemmBf16Args& a) {
-  static const bool on = std::getenv("MOESQ_SMALL_M_WA") && env_switch_on("MOESQ_SMALL_M_WA");
+  static const bool on = env_switch("MOESQ_SMALL_M_WA", false);
   return on && gemm_bf16_wa_fits(a);
 }
 
@@ -210,8 +202,7 @@ void gemm_bf16_wa(const GemmBf16Args& a, cudaStream_t stream) {
   const int64_t row_tiles = (a.N + 15) / 16;
   const int64_t ctas = a.split_ws ? row_tiles : (row_tiles + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff, "gemm_bf16: N=", a.N, " too large");
-  const int64_t prefetch =
-      reinterpret_cast<uintptr_t>(a.w) % 16 == 0 ? std::min<int64_t>(int64_t{24} << 20, a.N * a.K * 2) : 0;
+  const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
   launch_pdl("gemm_bf16_wa_kernel", gemm_bf16_wa_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
              smem_bytes(a), stream, a, prefetch);
 }

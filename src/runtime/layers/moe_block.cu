@@ -3,7 +3,6 @@
 // (MoeLayerGpu).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -47,7 +46,7 @@ namespace {
 // measured slower than the separate kernel under PDL (TPOT +2 % at batch 1, +14 % at 64: one CTA routes
 // every token; bench/NOTES.md, session 29). Read once per process.
 bool fused_topk_enabled() {
-  static const bool on = std::getenv("MOESQ_FUSED_TOPK") && env_switch_on("MOESQ_FUSED_TOPK");
+  static const bool on = env_switch("MOESQ_FUSED_TOPK", false);
   return on;
 }
 
@@ -242,7 +241,6 @@ void MoeLayerGpu::forward(const uint16_t* x, const uint16_t* x_lo, int64_t T, fl
   if (T == 0) return;
   MOESQ_CHECK(x && h, "MoeLayerGpu: x and h are required");
   const DeviceScope scope(m.device);
-  const PdlTokensScope pdl(T);  // PDL for decode-sized layers only (core/cuda/pdl.cuh)
   if (!accumulate) MOESQ_CUDA_CHECK(cudaMemsetAsync(h, 0, sizeof(float) * T * d.H, stream));
   const StreamScratch s(moe_workspace_bytes(d, T), stream);
   MoeBlockBuffers b = carve_moe_workspace(s.get(), d, T);
