@@ -20,6 +20,7 @@
 #   KIMI_LAYERS=8 (the sparse-only kimi run; 6 fits an 80 GB H100 with room)
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
+#   TEST_TIMEOUT=400 (session 30): seconds per GPU test binary; one that times out (rc 124) is not rerun
 #   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35, ep, ncu_decode)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
@@ -63,11 +64,11 @@ if has tests; then
   export MOESQ_PDL=${TEST_PDL:-1} MOESQ_SPARSE_ROUTES=${TEST_ROUTES:-1}
   log "tests with MOESQ_PDL=$MOESQ_PDL MOESQ_SPARSE_ROUTES=$MOESQ_SPARSE_ROUTES"
   for t in $GPU_TESTS; do
-    timeout 400 "$B/$t" > "$W/$t.log" 2>&1; rc=$?
+    timeout ${TEST_TIMEOUT:-400} "$B/$t" > "$W/$t.log" 2>&1; rc=$?
     log "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Z]|Failure|error|\[static act\]' "$W/$t.log" | head -20 | sed 's/^/  /' >> "$S"
-    if [ $rc != 0 ]; then  # session 28: the same binary with every kernel launched plainly (core/cuda/pdl.cuh)
-      MOESQ_PDL=0 MOESQ_SPARSE_ROUTES=0 timeout 400 "$B/$t" > "$W/$t.nopdl.log" 2>&1
+    if [ $rc != 0 ] && [ $rc != 124 ]; then  # (a hang is not rerun: session 30) session 28: the same binary with every kernel launched plainly (core/cuda/pdl.cuh)
+      MOESQ_PDL=0 MOESQ_SPARSE_ROUTES=0 timeout ${TEST_TIMEOUT:-400} "$B/$t" > "$W/$t.nopdl.log" 2>&1
       log "  $t with MOESQ_PDL=0 MOESQ_SPARSE_ROUTES=0: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$W/$t.nopdl.log" | tr '\n' ' ')"
     fi
     [[ " $MEMCHECK " == *" $t "* ]] || continue
@@ -203,11 +204,12 @@ if has layer; then
     > "$W/peer_moe_layer.log" 2>&1; log "torch peer rc=$?"
   # pdl:routes — programmatic dependent launch (core/cuda/pdl.cuh) and the sparse GEMM's routes kernel
   # (ops/sparse_gemm/sparse_gemm_routes.cu) off / on: the same binary, the old schedule first.
-  # pdl:routes[:max_tokens[:fused_topk[:prefetch_mb]]] — MOESQ_PDL_MAX_TOKENS (default 16), MOESQ_FUSED_TOPK (1)
+  # pdl:routes[:max_tokens[:fused_topk[:prefetch_mb]]] — MOESQ_PDL_MAX_TOKENS (default 16), MOESQ_FUSED_TOPK (0, the
+  # engine's default since session 29; session 30 found this script still defaulting to 1)
   # and MOESQ_L2_PREFETCH_MB (24; -1 = session 28's per-CTA rule), session 29.
   for run in ${LAYER_RUNS:-0:0 1:0 1:1}; do
     extra=""; [[ "$run" == *+* ]] && extra=${run#*+} && run=${run%%+*}  # +VAR=v,VAR=v: more environment
-    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
+    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-0}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 0 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
     env MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb ${extra//,/ } timeout 300 "$B/bench_moe_layer" --experts ${LAYER_EXPERTS:-sparse-w4a4,sparse-w4a16,bf16} \
       --batch ${LAYER_BATCH:-1,64,512} --layers 4 --reps 100 --peer-json "$O/peer_moe_layer.json" --out "$O/moe_layer_$tag.json" \
       > "$O/moe_layer_$tag.txt" 2> "$W/moe_layer$tag.err"
@@ -220,7 +222,7 @@ fi
 if has pdl; then
   for run in ${E2E_RUNS:-0:0 1:1}; do
     extra=""; [[ "$run" == *+* ]] && extra=${run#*+} && run=${run%%+*}  # +VAR=v,VAR=v: more environment
-    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-1}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 1 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
+    IFS=: read -r pdl routes maxtok ftk pmb <<< "$run"; maxtok=${maxtok:-16}; ftk=${ftk:-0}; pmb=${pmb:-24}; tag=$pdl$routes; [ "$maxtok" = 16 ] || tag+="_t$maxtok"; [ "$ftk" = 0 ] || tag+="_f$ftk"; [ "$pmb" = 24 ] || tag+="_p$pmb"; [ -z "$extra" ] || tag+="_${extra//[^A-Za-z0-9]/}"
     env MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb ${extra//,/ } timeout 300 "$B/moesq" bench e2e --synthetic qwen3-30b-a3b --experts ${PDL_EXPERTS:-sparse-w4a4} --batch ${PDL_BATCH:-1,64} \
       --prompt-len 1024 --gen 32 --deterministic on --json > "$O/e2e_$tag.json" 2> "$W/e2e_$tag.err"
     log "bench e2e qwen3-30b-a3b MOESQ_PDL=$pdl MOESQ_SPARSE_ROUTES=$routes MOESQ_PDL_MAX_TOKENS=$maxtok MOESQ_FUSED_TOPK=$ftk MOESQ_L2_PREFETCH_MB=$pmb $extra rc=$?"; grep -E '\[bench e2e\]|rror' "$W/e2e_$tag.err" | tee -a "$S"

@@ -75,8 +75,10 @@ __device__ __forceinline__ void load_tile(uint32_t (&w)[kTileWords], const Chain
 }
 
 // d += tile i's four k16 steps, hi then lo per step. sx / sl: token g's staged row (nullptr: token ≥ M).
+// lo: whether the inputs have a lo part — warp-uniform, so every lane issues the same mma.sync (a lane
+// whose token is past M multiplies zeros; branching on sl would leave the warp diverged at mma.sync).
 __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTileWords], const Chain& c, int i,
-                                         const uint16_t* sx, const uint16_t* sl, int t) {
+                                         const uint16_t* sx, const uint16_t* sl, bool lo, int t) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     const int64_t k = c.kb + static_cast<int64_t>(i) * kGemmBlockK + 16 * s + 2 * t;
@@ -85,9 +87,9 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTil
     const uint32_t b0 = in0 ? *reinterpret_cast<const uint32_t*>(sx + k) : 0u;
     const uint32_t b1 = in1 ? *reinterpret_cast<const uint32_t*>(sx + k + 8) : 0u;
     mma_bf16(d, af, b0, b1);
-    if (sl) {
-      const uint32_t l0 = in0 ? *reinterpret_cast<const uint32_t*>(sl + k) : 0u;
-      const uint32_t l1 = in1 ? *reinterpret_cast<const uint32_t*>(sl + k + 8) : 0u;
+    if (lo) {
+      const uint32_t l0 = in0 && sl ? *reinterpret_cast<const uint32_t*>(sl + k) : 0u;
+      const uint32_t l1 = in1 && sl ? *reinterpret_cast<const uint32_t*>(sl + k + 8) : 0u;
       mma_bf16(d, af, l0, l1);
     }
   }
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
         const int i = i0 + j;
         if (i >= c.tiles) break;
         if (i + kDepth - 1 < c.tiles) load_tile(w[(j + kDepth - 1) % kDepth], c, i + kDepth - 1, t);
-        mma_tile(d, w[j], c, i, sx, sl, t);
+        mma_tile(d, w[j], c, i, sx, sl, s_l != nullptr, t);
       }
     }
     // d: (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
