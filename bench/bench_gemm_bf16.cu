@@ -9,7 +9,13 @@
 // tile kernel's bit for bit and within 1e-3 (relative to Σ|x·w|) of cuBLAS, then times with CUDA events
 // (bench_cuda_util.cuh: 5 warm-up runs, median of --reps). Weights stay in L2 when they fit (as in the engine's layer loop they do not).
 //
-// Usage: bench_gemm_bf16 [--out results.json] [--reps 20] [--quick]
+// --small-m (session 30): the decode regime instead — M ∈ {1, 8, 64} on the same shapes plus the router
+// (N = 128), W streamed from HBM (16 distinct weight copies per timed graph, ≥ 8× the L2), gemm_bf16 as the
+// engine calls it (the small-M kernel), the W-as-A path at register depths 3 / 4 / 6 (M ≤ 8), cuBLAS; each
+// as TB/s of W read and as a fraction of the measured device-to-device copy rate (read + write bytes), the
+// floor a weight stream can reach. Bits: W-as-A equals gemm_bf16 for every row (checked first).
+//
+// Usage: bench_gemm_bf16 [--out results.json] [--reps 20] [--quick] [--small-m]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -31,6 +37,7 @@
 #include "core/half.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
+#include "ops/gemm_bf16/gemm_bf16_wa.h"
 
 namespace {
 
@@ -53,19 +60,122 @@ std::vector<uint16_t> rand_bf16(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
+// Median µs of one call of `fn(copy)` over `copies` weight copies, captured as one CUDA graph (as the
+// engine replays its decode step: kernels back to back, PDL edges where the launcher sets them).
+template <typename F>
+double graph_us(F&& fn, int copies, int reps, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  MOESQ_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int c = 0; c < copies; ++c) fn(c);
+  MOESQ_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  MOESQ_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double us = median_us([&](int) { MOESQ_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, reps, s);
+  MOESQ_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  MOESQ_CUDA_CHECK(cudaGraphDestroy(g));
+  return us / copies;
+}
+
+int small_m(const std::string& out, int reps) {
+  cudaStream_t s;
+  MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
+  cublasHandle_t cb;
+  CUBLAS_CHECK(cublasCreate(&cb));
+  CUBLAS_CHECK(cublasSetStream(cb, s));
+  const float one = 1.0f, zero = 0.0f;
+  // The copy rate: 1 GiB device to device, read + write bytes.
+  double copy_tbs = 0;
+  {
+    const size_t n = size_t(1) << 30;
+    DevBuf<uint8_t> a(n), b(n);
+    const double us = median_us([&](int) { MOESQ_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, s)); }, 5, s);
+    copy_tbs = 2.0 * double(n) / us / 1e6;
+  }
+  std::printf("measured device-to-device copy rate (1 GiB, read + write): %.2f TB/s\n\n", copy_tbs);
+  const Shape shapes[] = {{"qkv", 5120, 2048, true, true},
+                          {"o_proj", 2048, 4096, true, true},
+                          {"router", 128, 2048, true, false},
+                          {"lm_head", 151936, 2048, true, false}};
+  const int depths[] = {3, 4, 6};
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("| GEMM | M | N | K | W MB | gemm_bf16 µs (TB/s) | W-as-A d3 | d4 | d6 | cuBLAS µs (TB/s) | best ÷ copy rate |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes)
+    for (int64_t M : {1, 8, 64}) {
+      const int64_t N = sh.N, K = sh.K;
+      const double wbytes = 2.0 * double(N) * double(K);
+      const int copies = std::max(2, std::min(16, int(std::ceil(400e6 / wbytes))));
+      DevBuf<uint16_t> x(rand_bf16(size_t(M) * K, 20 + M)), xl(rand_bf16(size_t(M) * K, 21 + M, 1.0f / 512));
+      std::vector<DevBuf<uint16_t>> w;
+      for (int c = 0; c < copies; ++c) w.emplace_back(rand_bf16(size_t(N) * K, 30 + c));
+      DevBuf<float> y(size_t(M) * N), yw(size_t(M) * N), yc(size_t(M) * N);
+      DevBuf<float> ws(sh.split ? ops::gemm_bf16_split_floats(M, N, K) : 1);
+      ops::GemmBf16Args g;
+      g.x = x.p, g.x_lo = sh.lo ? xl.p : nullptr, g.M = M, g.N = N, g.K = K, g.ldy = N;
+      g.split_ws = sh.split ? ws.p : nullptr;
+      auto run_eng = [&](int c) { g.w = w[c].p, g.y_f32 = y.p; ops::gemm_bf16(g, s); };
+      auto run_wa = [&](int c, int depth) { g.w = w[c].p, g.y_f32 = yw.p; ops::detail::gemm_bf16_wa(g, s, depth); };
+      auto run_cublas = [&](int c) {
+        const int n = int(N), m = int(M), k = int(K);
+        CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w[c].p, CUDA_R_16BF, k, x.p, CUDA_R_16BF,
+                                  k, &zero, yc.p, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (sh.lo)
+          CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w[c].p, CUDA_R_16BF, k, xl.p, CUDA_R_16BF,
+                                    k, &one, yc.p, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      };
+      g.w = w[0].p;
+      const bool wa = ops::detail::gemm_bf16_wa_fits(g);
+      run_eng(0);
+      const std::vector<float> ref = y.download();
+      double t_wa[3] = {0, 0, 0};
+      for (int d = 0; d < 3 && wa; ++d) {
+        run_wa(0, depths[d]);
+        MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+        MOESQ_CHECK(std::memcmp(ref.data(), yw.download().data(), ref.size() * 4) == 0, sh.name, " M=", M,
+                    ": W-as-A depth ", depths[d], " differs from gemm_bf16");
+        t_wa[d] = graph_us([&](int c) { run_wa(c, depths[d]); }, copies, reps, s);
+      }
+      const double t_eng = graph_us(run_eng, copies, reps, s);
+      const double t_cub = graph_us(run_cublas, copies, reps, s);
+      double best = t_eng;
+      for (double t : t_wa) if (t > 0) best = std::min(best, t);
+      auto tbs = [&](double us) { return wbytes / us / 1e6; };
+      auto cell = [&](double us) {
+        char b[48];
+        if (us > 0) std::snprintf(b, sizeof b, "%.1f (%.2f)", us, tbs(us)); else std::snprintf(b, sizeof b, "–");
+        return std::string(b);
+      };
+      std::printf("| %s | %lld | %lld | %lld | %.1f | %s | %s | %s | %s | %s | %.0f %% |\n", sh.name, (long long)M,
+                  (long long)N, (long long)K, wbytes / 1e6, cell(t_eng).c_str(), cell(t_wa[0]).c_str(),
+                  cell(t_wa[1]).c_str(), cell(t_wa[2]).c_str(), cell(t_cub).c_str(), 100.0 * tbs(best) / copy_tbs);
+      std::fflush(stdout);
+      rows.push_back({{"gemm", sh.name}, {"M", M}, {"N", N}, {"K", K}, {"w_bytes", wbytes}, {"copies", copies},
+                      {"gemm_bf16_us", t_eng}, {"wa_d3_us", t_wa[0]}, {"wa_d4_us", t_wa[1]}, {"wa_d6_us", t_wa[2]},
+                      {"cublas_us", t_cub}, {"copy_tbs", copy_tbs}});
+    }
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << nlohmann::json{{"copy_tbs", copy_tbs}, {"rows", rows}}.dump(2) << "\n";
+  }
+  CUBLAS_CHECK(cublasDestroy(cb));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::string out;
   int reps = 20;
-  bool quick = false;
+  bool quick = false, small = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else MOESQ_FAIL("bench_gemm_bf16: unknown argument \"", a, "\" (usage: [--out F] [--reps N] [--quick])");
+    else if (a == "--small-m") small = true;
+    else MOESQ_FAIL("bench_gemm_bf16: unknown argument \"", a, "\" (usage: [--out F] [--reps N] [--quick] [--small-m])");
   }
+  if (small) return small_m(out, reps);
   cudaStream_t s;
   MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
   cublasHandle_t cb;

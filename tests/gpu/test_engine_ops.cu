@@ -268,7 +268,11 @@ TEST(EngineOps, GemmBf16WaBitsEqualTileKernel) {
   };
   const Case cases[] = {{128, 2048, true, true, false, false}, {136, 2056, true, true, false, true},
                         {100, 200, false, false, false, false}, {72, 4096, true, true, false, false},
-                        {40, 1096, false, true, false, true},    {520, 264, true, false, true, false}};
+                        {40, 1096, false, true, false, true},    {520, 264, true, false, true, false},
+                        {72, 8192, false, true, false, true}};
+  // K slices of 512: 4, 5, 1 (no split), 8, 3, 1, 16 — CTAs of 2 tiles × 4 warps, 1 × 5, 8 × 1, 1 × 8,
+  // 2 × 3, 8 × 1 and 1 × 8 warps taking 2 slices each (CtaShape in gemm_bf16_wa.cu); every register depth.
+  for (int depth : {3, 4, 6})
   for (const Case& c : cases)
     for (int64_t M : {1, 3, 8}) {
       const int64_t ldy = c.N + 3;
@@ -285,7 +289,7 @@ TEST(EngineOps, GemmBf16WaBitsEqualTileKernel) {
         moesq::ops::gemm_bf16_check(a);
         if (wa) {
           EXPECT_TRUE(moesq::ops::detail::gemm_bf16_wa_fits(a));
-          moesq::ops::detail::gemm_bf16_wa(a, nullptr);
+          moesq::ops::detail::gemm_bf16_wa(a, nullptr, depth);
         } else {
           moesq::ops::detail::gemm_bf16_tile(a, nullptr);
         }
@@ -300,7 +304,7 @@ TEST(EngineOps, GemmBf16WaBitsEqualTileKernel) {
       for (size_t i = 0; i < tile.size(); ++i)
         if (tile[i] != wa[i]) diff += 1, first = first < 0 ? static_cast<int64_t>(i) : first;
       EXPECT_EQ(diff, 0) << "N=" << c.N << " K=" << c.K << " lo=" << c.lo << " split=" << c.split << " bf16=" << c.bf16
-                         << " M=" << M << ": first differing index " << first;
+                         << " M=" << M << " depth=" << depth << ": first differing index " << first;
     }
 }
 

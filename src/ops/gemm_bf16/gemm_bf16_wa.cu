@@ -3,9 +3,11 @@
 // of its W rows in registers (16 words each, the m16n8k16 A fragments of the tile's four k16 steps),
 // loading tile i + kDepth − 1 while it multiplies tile i. W never passes through shared memory; the
 // tokens' rows (hi, lo) are copied there once per CTA, row stride K + 8 so the eight tokens' B words
-// fall in distinct banks. Grid and reduction as the small-M kernel: without split a CTA is 4 row
-// tiles (one chain per warp over the whole K); with split a CTA is one row tile whose slices the 4 warps
-// take in turn, added in ascending slice order in shared memory.
+// fall in distinct banks. A CTA has up to 8 warps (CtaShape): without split, 8 row tiles, one chain per
+// warp over the whole K; with S slices, 8 / S row tiles of S warps (one slice each; S > 8: 8 warps
+// taking the slices in turn), added in ascending slice order in shared memory. (Session 29's first
+// version had 4 warps per CTA taking a row tile's slices in turn: the q|k|v and o_proj GEMMs had one
+// chain per warp at most and o_proj two in sequence; it measured slower than the small-M kernel.)
 //
 // Non-obvious decision: the first kDepth − 1 tiles of each warp's first chain are loaded BEFORE the PDL
 // wait (W is no kernel's output), with volatile loads the compiler cannot sink below it, so the weight
@@ -28,8 +30,7 @@ namespace moesq::ops::detail {
 
 namespace {
 
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kDepth = 3;                  // 64-wide K tiles of W in registers per warp
+constexpr int kMaxWarps = 8, kMaxThreads = 32 * kMaxWarps;
 constexpr int kTileWords = 16;             // A words per lane per tile: 4 k16 steps × 4
 constexpr int kRowPad = 8;                 // bf16 padding of a staged token row
 constexpr int kMaxSmem = 200 * 1024;
@@ -39,9 +40,20 @@ int slices_of(const GemmBf16Args& a) {
   return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
 }
 
+// A CTA: `tiles` row tiles of 16 × `per_tile` warps; warp w takes tile w / per_tile and the slices
+// w % per_tile, + per_tile, … — so every (row tile, K slice) chain has a warp of its own up to 8 slices.
+struct CtaShape {
+  int tiles, per_tile;
+};
+__host__ __device__ inline CtaShape cta_shape(int slices) {
+  const int per_tile = slices < kMaxWarps ? slices : kMaxWarps;
+  return {kMaxWarps / per_tile, per_tile};
+}
+
 size_t smem_bytes(const GemmBf16Args& a) {
   const size_t rows = static_cast<size_t>(a.M) * static_cast<size_t>(a.K + kRowPad) * sizeof(uint16_t);
-  const size_t parts = a.split_ws ? static_cast<size_t>(slices_of(a)) * 16 * 8 * sizeof(float) : 0;
+  const int slices = slices_of(a);
+  const size_t parts = slices > 1 ? static_cast<size_t>(cta_shape(slices).tiles) * slices * 16 * 8 * sizeof(float) : 0;
   return (a.x_lo ? 2 : 1) * rows + parts;
 }
 
@@ -96,21 +108,23 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTil
 }
 
 // prefetch: gemm_bf16_prefetch_bytes (the grid's first bytes of W into L2 before the wait).
-__global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, int64_t prefetch) {
-  const bool split = a.split_ws != nullptr;
+// kDepth: 64-wide K tiles of W in registers per warp (MOESQ_WA_DEPTH).
+template <int kDepth>
+__global__ void __launch_bounds__(kMaxThreads) gemm_bf16_wa_kernel(GemmBf16Args a, int64_t prefetch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const int slices = split ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
-  const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
+  const int slices = a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+  const CtaShape shape = cta_shape(slices);
+  const int tile = warp / shape.per_tile, first = warp % shape.per_tile;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * shape.tiles + tile) * 16;
   auto chain_of = [&](int sl) {
     Chain c;
     c.v0 = n0 + g < a.N, c.v1 = n0 + g + 8 < a.N;
     c.w0 = a.w + (c.v0 ? n0 + g : 0) * a.K, c.w1 = a.w + (c.v1 ? n0 + g + 8 : 0) * a.K;
-    c.kb = split ? static_cast<int64_t>(sl) * kGemmSplitK : 0;
-    c.ke = split ? min(a.K, c.kb + kGemmSplitK) : a.K;
+    c.kb = static_cast<int64_t>(sl) * kGemmSplitK;
+    c.ke = slices > 1 ? min(a.K, c.kb + kGemmSplitK) : a.K;
     c.tiles = static_cast<int>((c.ke - c.kb + kGemmBlockK - 1) / kGemmBlockK);
     return c;
   };
-  const int first = split ? warp : 0;
   const bool has_chain = first < slices && n0 < a.N;
 
   // Before the wait: the L2 prefetch and this warp's first kDepth − 1 tiles (W only).
@@ -131,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
   uint16_t* s_l = a.x_lo ? s_x + a.M * ld : nullptr;
   float* s_part = reinterpret_cast<float*>(s_raw + (a.x_lo ? 2 : 1) * a.M * ld * sizeof(uint16_t));
   const int64_t vecs = a.K / 8;
-  for (int64_t v = threadIdx.x; v < a.M * vecs; v += kThreads) {
+  for (int64_t v = threadIdx.x; v < a.M * vecs; v += blockDim.x) {
     const int64_t m = v / vecs, k = (v % vecs) * 8;
     *reinterpret_cast<uint4*>(s_x + m * ld + k) = *reinterpret_cast<const uint4*>(a.x + m * a.K + k);
     if (s_l) *reinterpret_cast<uint4*>(s_l + m * ld + k) = *reinterpret_cast<const uint4*>(a.x_lo + m * a.K + k);
@@ -140,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
   const uint16_t* sx = g < a.M ? s_x + g * ld : nullptr;
   const uint16_t* sl = g < a.M && s_l ? s_l + g * ld : nullptr;
 
-  for (int sl_i = first; has_chain && sl_i < slices; sl_i += split ? kWarps : slices) {
+  for (int sl_i = first; has_chain && sl_i < slices; sl_i += shape.per_tile) {
     if (sl_i != first) {
       c = chain_of(sl_i);
 #pragma unroll
@@ -157,12 +171,13 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
         mma_tile(d, w[j], c, i, sx, sl, s_l != nullptr, t);
       }
     }
-    // d: (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+    // d: (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). One slice: straight out (a sum of
+    // one slice is that slice, the split path's bits).
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int r = g + 8 * (q >> 1), tok = 2 * t + (q & 1);
-      if (split) {
-        s_part[(sl_i * 8 + tok) * 16 + r] = d[q];
+      if (slices > 1) {
+        s_part[((tile * slices + sl_i) * 8 + tok) * 16 + r] = d[q];
         continue;
       }
       const int64_t n = n0 + r;
@@ -170,14 +185,15 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_wa_kernel(GemmBf16Args a, 
       store_y(a, tok * a.ldy + n, d[q]);
     }
   }
-  if (!split) return;
+  if (slices == 1) return;
   __syncthreads();
-  for (int v = threadIdx.x; v < 8 * 16; v += kThreads) {
-    const int tok = v / 16, r = v % 16;
-    const int64_t n = n0 + r;
+  for (int v = threadIdx.x; v < shape.tiles * 8 * 16; v += blockDim.x) {
+    const int tl = v / 128, tok = v / 16 % 8, r = v % 16;
+    const int64_t n = (static_cast<int64_t>(blockIdx.x) * shape.tiles + tl) * 16 + r;
     if (tok >= a.M || n >= a.N) continue;
-    float val = s_part[tok * 16 + r];
-    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[(s * 8 + tok) * 16 + r]);  // slice order
+    const float* p = s_part + static_cast<int64_t>(tl) * slices * 128;
+    float val = p[tok * 16 + r];
+    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, p[(s * 8 + tok) * 16 + r]);  // slice order
     store_y(a, tok * a.ldy + n, val);
   }
 }
@@ -195,18 +211,38 @@ bool gemm_bf16_wa_enabled(const GemmBf16Args& a) {
   return on && gemm_bf16_wa_fits(a);
 }
 
-void gemm_bf16_wa(const GemmBf16Args& a, cudaStream_t stream) {
-  static const bool configured = [] {  // once: not a stream operation, so capture-safe
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_wa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+int gemm_bf16_wa_depth() {
+  static const int depth = static_cast<int>(env_int("MOESQ_WA_DEPTH", 3, 3, 6));
+  return depth >= 6 ? 6 : depth >= 4 ? 4 : 3;
+}
+
+namespace {
+template <int kDepth>
+void launch_wa(const GemmBf16Args& a, cudaStream_t stream) {
+  static const bool configured = [] {  // once per instance: not a stream operation, so capture-safe
+    MOESQ_CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_bf16_wa_kernel<kDepth>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
   }();
   (void)configured;
+  const CtaShape shape = cta_shape(slices_of(a));
   const int64_t row_tiles = (a.N + 15) / 16;
-  const int64_t ctas = a.split_ws ? row_tiles : (row_tiles + kWarps - 1) / kWarps;
+  const int64_t ctas = (row_tiles + shape.tiles - 1) / shape.tiles;
   MOESQ_CHECK(ctas <= 0x7fffffff, "gemm_bf16: N=", a.N, " too large");
   const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
-  launch_pdl("gemm_bf16_wa_kernel", gemm_bf16_wa_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
-             smem_bytes(a), stream, a, prefetch);
+  launch_pdl("gemm_bf16_wa_kernel", gemm_bf16_wa_kernel<kDepth>, dim3(static_cast<unsigned>(ctas)),
+             dim3(static_cast<unsigned>(32 * shape.tiles * shape.per_tile)), smem_bytes(a), stream, a, prefetch);
+}
+}  // namespace
+
+void gemm_bf16_wa(const GemmBf16Args& a, cudaStream_t stream) { gemm_bf16_wa(a, stream, gemm_bf16_wa_depth()); }
+
+void gemm_bf16_wa(const GemmBf16Args& a, cudaStream_t stream, int depth) {
+  switch (depth) {
+    case 6: return launch_wa<6>(a, stream);
+    case 4: return launch_wa<4>(a, stream);
+    default: return launch_wa<3>(a, stream);
+  }
 }
 
 }  // namespace moesq::ops::detail
