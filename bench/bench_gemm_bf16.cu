@@ -76,12 +76,7 @@ double graph_us(F&& fn, int copies, int reps, cudaStream_t s) {
   return us / copies;
 }
 
-int small_m(const std::string& out, int reps) {
-  cudaStream_t s;
-  MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
-  cublasHandle_t cb;
-  CUBLAS_CHECK(cublasCreate(&cb));
-  CUBLAS_CHECK(cublasSetStream(cb, s));
+int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps) {
   const float one = 1.0f, zero = 0.0f;
   // The copy rate: 1 GiB device to device, read + write bytes.
   double copy_tbs = 0;
@@ -157,7 +152,6 @@ int small_m(const std::string& out, int reps) {
     std::ofstream f(out);
     f << nlohmann::json{{"copy_tbs", copy_tbs}, {"rows", rows}}.dump(2) << "\n";
   }
-  CUBLAS_CHECK(cublasDestroy(cb));
   return 0;
 }
 
@@ -175,12 +169,16 @@ int main(int argc, char** argv) try {
     else if (a == "--small-m") small = true;
     else MOESQ_FAIL("bench_gemm_bf16: unknown argument \"", a, "\" (usage: [--out F] [--reps N] [--quick] [--small-m])");
   }
-  if (small) return small_m(out, reps);
   cudaStream_t s;
   MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
   cublasHandle_t cb;
   CUBLAS_CHECK(cublasCreate(&cb));
   CUBLAS_CHECK(cublasSetStream(cb, s));
+  if (small) {
+    const int rc = small_m(s, cb, out, reps);
+    CUBLAS_CHECK(cublasDestroy(cb));
+    return rc;
+  }
   const float one = 1.0f, zero = 0.0f;
 
   // The measured dense bf16 rate: cuBLAS on 8192³ (fp32 output).
