@@ -19,6 +19,7 @@
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/gemm_bf16_wa.h"
 #include "ops/moe_combine/moe_combine.h"
 #include "ops/qk_rope/qk_rope.h"
@@ -209,6 +210,8 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
   const Case cases[] = {{1, 128, 2048, false, true, false, false, false}, {1, 136, 2048, true, true, false, true, false},
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
                         {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
+  // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h).
+  for (int token_tiles : {1, 2, 4})
   for (const Case& c : cases)
     for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
@@ -235,7 +238,13 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
         a.x = dx.p, a.x_lo = c.lo ? dl.p : nullptr, a.w = dw.p, a.groups = c.G, a.M = M, a.N = c.N, a.K = c.K, a.ldy = ldy;
         a.accumulate = c.accumulate, a.counts = c.counts ? dc.p : nullptr, a.split_ws = c.split ? dws.p : nullptr;
         if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
-        moesq::ops::gemm_bf16(a, nullptr);
+        if (M <= moesq::ops::detail::kGemmSmallM) {
+          moesq::ops::gemm_bf16_check(a);
+          EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
+          moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);
+        } else {
+          moesq::ops::gemm_bf16(a, nullptr);
+        }
         std::vector<uint32_t> out;
         if (c.bf16) for (uint16_t v : dyb.download()) out.push_back(v);
         else for (float v : dy.download()) out.push_back(bits(v));
@@ -247,7 +256,7 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
           for (int64_t n = 0; n < ldy; ++n)
             ASSERT_EQ(small[(g * m + r) * ldy + n], big[(g * Mbig + r) * ldy + n])
                 << "N=" << c.N << " K=" << c.K << " lo=" << c.lo << " split=" << c.split << " bf16=" << c.bf16
-                << " M=" << m << " g=" << g << " row " << r << " col " << n;
+                << " M=" << m << " token_tiles=" << token_tiles << " g=" << g << " row " << r << " col " << n;
     }
 }
 

@@ -63,19 +63,24 @@ int stages_of(const GemmBf16Args& a) {
   return forced ? forced : a.x_lo && a.M > 16 ? 3 : 4;
 }
 
-size_t smem_bytes(const GemmBf16Args& a) {
-  const int operands = a.x_lo ? 3 : 2;
-  const size_t ring = static_cast<size_t>(kWarps) * stages_of(a) * operands * kTileElems * sizeof(uint16_t);
-  const size_t parts = static_cast<size_t>(a.split_ws ? chain_slices(a) : kWarps) * kFrag * sizeof(float);
+// 16-row operand tiles of one ring stage: W, then kTT token tiles of x, then kTT of x_lo.
+inline int stage_tiles(const GemmBf16Args& a, int tt) { return 1 + tt * (a.x_lo ? 2 : 1); }
+
+size_t smem_bytes(const GemmBf16Args& a, int tt, int stages) {
+  const size_t ring = static_cast<size_t>(kWarps) * stages * stage_tiles(a, tt) * kTileElems * sizeof(uint16_t);
+  const size_t parts = static_cast<size_t>(a.split_ws ? chain_slices(a) : kWarps) * tt * kFrag * sizeof(float);
   return ring + parts;
 }
+size_t smem_bytes(const GemmBf16Args& a) { return smem_bytes(a, 1, stages_of(a)); }
 
-// grid (column groups, row tiles, groups). split: a CTA = one 16-column group, warp w takes slices w, w + 4, …;
-// else a CTA = 4 column groups, one chain per warp over the whole K.
+// grid (column groups, row blocks of 16·kTT tokens, groups). split: a CTA = one 16-column group, warp w takes
+// slices w, w + 4, …; else a CTA = 4 column groups, one chain per warp over the whole K. kTT: the 16-token
+// tiles a warp multiplies against each staged W tile (1: one token tile per CTA row; 2, 4: W read once for
+// 32 or 64 tokens — MOESQ_SMALL_M_TOKEN_TILES, session 30); every accumulator's chain is the same.
 // fuse_topk: then the routing of rt (GemmBf16Args::fused_topk) by the last CTA to finish.
 // prefetch: bytes of W from its start that the first kGemmPrefetchCtas CTAs ask L2 for before the wait
 // (0: none; -1: each CTA its own rows, session 28's rule).
-template <int kStages>
+template <int kStages, int kTT>
 __global__ void __launch_bounds__(kThreads)
     gemm_bf16_small_m_kernel(GemmBf16Args a, RouterTopkArgs rt, bool fuse_topk, int64_t prefetch) {
   using namespace nvcuda;
@@ -98,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   pdl_enter();
   extern __shared__ __align__(128) unsigned char s_raw[];
-  const int operands = a.x_lo ? 3 : 2;
+  const int operands = 1 + kTT * (a.x_lo ? 2 : 1);  // tiles per stage (stage_tiles)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slices = chain_slices(a);
   uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw) + warp * kStages * operands * kTileElems;
@@ -106,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
                                                       sizeof(uint16_t));
   const int g = blockIdx.z;
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16 * kTT;
   if (m0 >= rows) return;  // never with fuse_topk (no counts: rows = M), whose ticket needs every CTA
   const int64_t n0 = split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const uint16_t* x = a.x + (static_cast<int64_t>(g) * a.M + m0) * a.K;
@@ -125,16 +130,22 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < 4; ++i) {
           const int v = lane + 32 * i, r = v / 8, c = (v % 8) * 8;
           const bool kin = k0 + c < k_end;
-          const bool wv = kin && n0 + r < a.N, xv = kin && m0 + r < rows;
+          const bool wv = kin && n0 + r < a.N;
           cp_async16(st + r * kLds + c, wv ? w + (n0 + r) * a.K + k0 + c : w, wv);
-          cp_async16(st + kTileElems + r * kLds + c, xv ? x + r * a.K + k0 + c : x, xv);
-          if (xl) cp_async16(st + 2 * kTileElems + r * kLds + c, xv ? xl + r * a.K + k0 + c : xl, xv);
+#pragma unroll
+          for (int tt = 0; tt < kTT; ++tt) {
+            const int64_t xr = 16 * tt + r;  // row within the CTA's token block
+            const bool xv = kin && m0 + xr < rows;
+            cp_async16(st + (1 + tt) * kTileElems + r * kLds + c, xv ? x + xr * a.K + k0 + c : x, xv);
+            if (xl) cp_async16(st + (1 + kTT + tt) * kTileElems + r * kLds + c, xv ? xl + xr * a.K + k0 + c : xl, xv);
+          }
         }
       }
       cp_async_commit();  // an empty group past the end keeps the wait count uniform
     };
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTT];
+#pragma unroll
+    for (int tt = 0; tt < kTT; ++tt) wmma::fill_fragment(acc[tt], 0.0f);
     for (int t = 0; t < kStages - 1; ++t) issue(t);
     for (int t = 0; t < tiles; ++t) {
       issue(t + kStages - 1);
@@ -146,28 +157,33 @@ __global__ void __launch_bounds__(kThreads)
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
         wmma::load_matrix_sync(fb, reinterpret_cast<const __nv_bfloat16*>(st + kk), kLds);
-        wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + kTileElems + kk), kLds);
-        wmma::mma_sync(acc, fa, fb, acc);
-        if (xl) {
-          wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + 2 * kTileElems + kk), kLds);
-          wmma::mma_sync(acc, fa, fb, acc);
+#pragma unroll
+        for (int tt = 0; tt < kTT; ++tt) {  // each token tile's chain: hi then lo per k16 step, as ever
+          wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + (1 + tt) * kTileElems + kk), kLds);
+          wmma::mma_sync(acc[tt], fa, fb, acc[tt]);
+          if (xl) {
+            wmma::load_matrix_sync(fa, reinterpret_cast<const __nv_bfloat16*>(st + (1 + kTT + tt) * kTileElems + kk), kLds);
+            wmma::mma_sync(acc[tt], fa, fb, acc[tt]);
+          }
         }
       }
       __syncwarp();  // the slot is refilled by the next iteration's issue
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    wmma::store_matrix_sync(s_part + (split ? sl : warp) * kFrag, acc, 16, wmma::mem_row_major);
+#pragma unroll
+    for (int tt = 0; tt < kTT; ++tt)
+      wmma::store_matrix_sync(s_part + ((split ? sl : warp) * kTT + tt) * kFrag, acc[tt], 16, wmma::mem_row_major);
   }
   __syncthreads();
   const int groups_in_cta = split ? 1 : kWarps;
-  for (int v = threadIdx.x; v < groups_in_cta * kFrag; v += kThreads) {
-    const int cg = v / kFrag, e = v % kFrag, r = e / 16, c = e % 16;
+  for (int v = threadIdx.x; v < groups_in_cta * kTT * kFrag; v += kThreads) {
+    const int cg = v / (kTT * kFrag), tt = v / kFrag % kTT, e = v % kFrag, r = 16 * tt + e / 16, c = e % 16;
     const int64_t n = (split ? static_cast<int64_t>(blockIdx.x) * 16 : (static_cast<int64_t>(blockIdx.x) * kWarps + cg) * 16) + c;
     if (m0 + r >= rows || n >= a.N) continue;
     const int64_t o = (static_cast<int64_t>(g) * a.M + m0 + r) * a.ldy + n;
-    float val = s_part[(split ? 0 : cg) * kFrag + e];
+    float val = s_part[((split ? 0 : cg) * kTT + tt) * kFrag + e];
     if (split)
-      for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[s * kFrag + e]);  // slice order, as split_reduce
+      for (int s = 1; s < slices; ++s) val = __fadd_rn(val, s_part[(s * kTT + tt) * kFrag + e]);  // slice order, as split_reduce
     store_y(a, o, val);
   }
   if (!fuse_topk) return;
@@ -197,30 +213,67 @@ __global__ void __launch_bounds__(kThreads)
 
 bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= kGemmSmallM && smem_bytes(a) <= kMaxSmem; }
 
-void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
-  const size_t smem = smem_bytes(a);
-  static const bool configured = [] {  // once: not a stream operation, so capture-safe
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kMaxSmem));
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kMaxSmem));
+int gemm_bf16_small_m_token_tiles() {
+  static const int tt = static_cast<int>(env_int("MOESQ_SMALL_M_TOKEN_TILES", 1, 1, 4));
+  return tt == 3 ? 2 : tt;
+}
+
+namespace {
+
+template <int kStages, int kTT>
+void launch_small_m(const GemmBf16Args& a, cudaStream_t stream, size_t smem) {
+  static const bool configured = [] {  // once per instance: not a stream operation, so capture-safe
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_small_m_kernel<kStages, kTT>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
   }();
   (void)configured;
   const int64_t col_groups = (a.N + 15) / 16;
   const int64_t ctas = a.split_ws ? col_groups : (col_groups + kWarps - 1) / kWarps;
   MOESQ_CHECK(ctas <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
-  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>((a.M + 15) / 16), static_cast<unsigned>(a.groups));
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>((a.M + 16 * kTT - 1) / (16 * kTT)),
+                  static_cast<unsigned>(a.groups));
   const bool fuse = a.fused_topk != nullptr;  // gemm_bf16 checked gemm_bf16_fuses_topk
   static_assert(2 * kWarps * kRouterTopkMaxExperts * sizeof(float) <= kWarps * 3 * 2 * kTileElems * sizeof(uint16_t),
                 "the fused routing's scratch reuses the K-tile rings");
   const RouterTopkArgs rt = fuse ? *a.fused_topk : RouterTopkArgs{};
-  if (stages_of(a) == 3)
-    launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<3>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
-               gemm_bf16_prefetch_bytes(a));
-  else
-    launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<4>, grid, dim3(kThreads), smem, stream, a, rt, fuse,
-               gemm_bf16_prefetch_bytes(a));
+  launch_pdl("gemm_bf16_small_m_kernel", gemm_bf16_small_m_kernel<kStages, kTT>, grid, dim3(kThreads), smem, stream, a,
+             rt, fuse, gemm_bf16_prefetch_bytes(a));
+}
+
+// kTT > 1: the deepest ring (4, 3, then 2 stages) whose shared memory fits; 0 when none does.
+int stages_for(const GemmBf16Args& a, int tt) {
+  for (int st = 4; st >= 2; --st)
+    if (smem_bytes(a, tt, st) <= kMaxSmem) return st;
+  return 0;
+}
+
+}  // namespace
+
+void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream) {
+  gemm_bf16_small_m(a, stream, gemm_bf16_small_m_token_tiles());
+}
+
+void gemm_bf16_small_m(const GemmBf16Args& a, cudaStream_t stream, int token_tiles) {
+  // More than one token tile only where there are more tokens than one tile (and never for the fused
+  // routing, whose scratch layout assumes one), within the shared memory.
+  int tt = token_tiles >= 4 ? 4 : token_tiles >= 2 ? 2 : 1;
+  while (tt > 1 && 16 * (tt / 2) >= a.M) tt /= 2;  // 2 tiles for M ≤ 32, 1 for M ≤ 16
+  const int st = tt > 1 && !a.fused_topk ? stages_for(a, tt) : 0;
+  if (st == 0) {
+    const size_t smem = smem_bytes(a);
+    if (stages_of(a) == 3) return launch_small_m<3, 1>(a, stream, smem);
+    return launch_small_m<4, 1>(a, stream, smem);
+  }
+  const size_t smem = smem_bytes(a, tt, st);
+  if (tt == 2) {
+    if (st == 4) return launch_small_m<4, 2>(a, stream, smem);
+    if (st == 3) return launch_small_m<3, 2>(a, stream, smem);
+    return launch_small_m<2, 2>(a, stream, smem);
+  }
+  if (st == 4) return launch_small_m<4, 4>(a, stream, smem);
+  if (st == 3) return launch_small_m<3, 4>(a, stream, smem);
+  return launch_small_m<2, 4>(a, stream, smem);
 }
 
 }  // namespace moesq::ops::detail

@@ -11,7 +11,14 @@ constexpr int64_t kGemmSmallM = 64;
 // True when the small-M path takes `args`: M ≤ kGemmSmallM and its shared memory (4 K tiles per warp, one
 // 16×16 fp32 tile per chain) fits the SM.
 bool gemm_bf16_small_m_fits(const GemmBf16Args& args);
-void gemm_bf16_small_m(const GemmBf16Args& args, cudaStream_t stream);  // args already checked
+// args already checked. token_tiles: the 16-token tiles each warp multiplies against one staged W tile —
+// 1 (a CTA row per 16 tokens, each re-reading W from L2), 2 or 4 (W read once per 32 or 64 tokens; taken
+// where M needs them, the shared memory fits a ring of ≥ 2 stages and there is no fused routing; else 1).
+// The two-argument form takes MOESQ_SMALL_M_TOKEN_TILES (default 1, read once per process). The bits do
+// not depend on it.
+void gemm_bf16_small_m(const GemmBf16Args& args, cudaStream_t stream);
+void gemm_bf16_small_m(const GemmBf16Args& args, cudaStream_t stream, int token_tiles);
+int gemm_bf16_small_m_token_tiles();
 
 // The decode GEMM kernels' L2 prefetch before the PDL wait (small-M and W-as-A paths): the first
 // gemm_bf16_prefetch_bytes(args) bytes of W, shared by the first kGemmPrefetchCtas CTAs
