@@ -49,11 +49,6 @@ namespace {
 template <int kStages>
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1)); }
 
-// Slices of a chain set: split → ⌈K / kGemmSplitK⌉, else 1 (the whole K).
-__host__ __device__ inline int chain_slices(const GemmBf16Args& a) {
-  return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
-}
-
 // K tiles in flight per warp: 4, or 3 with hi + lo activations (3 operands) and M > 16, so that two CTAs
 // fit an SM (2 × 110.6 KB of rings did not): TPOT −2 % at batch 64, but +4 % at batch 1, where one CTA
 // per SM with deeper rings wins (bench/NOTES.md, session 29); or MOESQ_SMALL_M_STAGES (3 | 4). Never
@@ -68,7 +63,7 @@ inline int stage_tiles(const GemmBf16Args& a, int tt) { return 1 + tt * (a.x_lo 
 
 size_t smem_bytes(const GemmBf16Args& a, int tt, int stages) {
   const size_t ring = static_cast<size_t>(kWarps) * stages * stage_tiles(a, tt) * kTileElems * sizeof(uint16_t);
-  const size_t parts = static_cast<size_t>(a.split_ws ? chain_slices(a) : kWarps) * tt * kFrag * sizeof(float);
+  const size_t parts = static_cast<size_t>(a.split_ws ? gemm_bf16_chain_slices(a) : kWarps) * tt * kFrag * sizeof(float);
   return ring + parts;
 }
 size_t smem_bytes(const GemmBf16Args& a) { return smem_bytes(a, 1, stages_of(a)); }
@@ -105,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char s_raw[];
   const int operands = 1 + kTT * (a.x_lo ? 2 : 1);  // tiles per stage (stage_tiles)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slices = chain_slices(a);
+  const int slices = gemm_bf16_chain_slices(a);
   uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw) + warp * kStages * operands * kTileElems;
   float* s_part = reinterpret_cast<float*>(s_raw + static_cast<size_t>(kWarps) * kStages * operands * kTileElems *
                                                       sizeof(uint16_t));
@@ -213,9 +208,9 @@ __global__ void __launch_bounds__(kThreads)
 
 bool gemm_bf16_small_m_fits(const GemmBf16Args& a) { return a.M <= kGemmSmallM && smem_bytes(a) <= kMaxSmem; }
 
-int gemm_bf16_small_m_token_tiles() {
+int gemm_bf16_small_m_token_tiles() {  // 1–4; the launcher takes 3 as 2
   static const int tt = static_cast<int>(env_int("MOESQ_SMALL_M_TOKEN_TILES", 1, 1, 4));
-  return tt == 3 ? 2 : tt;
+  return tt;
 }
 
 namespace {

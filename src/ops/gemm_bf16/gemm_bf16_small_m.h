@@ -6,6 +6,12 @@
 
 namespace moesq::ops::detail {
 
+// K chains per output element of the decode kernels (small-M, W-as-A): ⌈K / kGemmSplitK⌉ slices with
+// split_ws, else 1 (the whole K).
+__host__ __device__ inline int gemm_bf16_chain_slices(const GemmBf16Args& a) {
+  return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+}
+
 // Largest M the small-M path takes: up to 4 row tiles of 16, each re-reading W (from L2).
 constexpr int64_t kGemmSmallM = 64;
 // True when the small-M path takes `args`: M ≤ kGemmSmallM and its shared memory (4 K tiles per warp, one

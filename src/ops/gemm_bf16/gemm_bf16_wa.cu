@@ -36,10 +36,6 @@ constexpr int kRowPad = 8;                 // bf16 padding of a staged token row
 constexpr int kMaxSmem = 200 * 1024;
 static_assert(kGemmBlockK == 64, "a tile is four k16 steps");
 
-int slices_of(const GemmBf16Args& a) {
-  return a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
-}
-
 // A CTA: `tiles` row tiles of 16 × `per_tile` warps; warp w takes tile w / per_tile and the slices
 // w % per_tile, + per_tile, … — so every (row tile, K slice) chain has a warp of its own up to 8 slices.
 struct CtaShape {
@@ -52,7 +48,7 @@ __host__ __device__ inline CtaShape cta_shape(int slices) {
 
 size_t smem_bytes(const GemmBf16Args& a) {
   const size_t rows = static_cast<size_t>(a.M) * static_cast<size_t>(a.K + kRowPad) * sizeof(uint16_t);
-  const int slices = slices_of(a);
+  const int slices = gemm_bf16_chain_slices(a);
   const size_t parts = slices > 1 ? static_cast<size_t>(cta_shape(slices).tiles) * slices * 16 * 8 * sizeof(float) : 0;
   return (a.x_lo ? 2 : 1) * rows + parts;
 }
@@ -112,7 +108,7 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&w)[kTil
 template <int kDepth>
 __global__ void __launch_bounds__(kMaxThreads) gemm_bf16_wa_kernel(GemmBf16Args a, int64_t prefetch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const int slices = a.split_ws ? static_cast<int>((a.K + kGemmSplitK - 1) / kGemmSplitK) : 1;
+  const int slices = gemm_bf16_chain_slices(a);
   const CtaShape shape = cta_shape(slices);
   const int tile = warp / shape.per_tile, first = warp % shape.per_tile;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * shape.tiles + tile) * 16;
@@ -225,7 +221,7 @@ void launch_wa(const GemmBf16Args& a, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const CtaShape shape = cta_shape(slices_of(a));
+  const CtaShape shape = cta_shape(gemm_bf16_chain_slices(a));
   const int64_t row_tiles = (a.N + 15) / 16;
   const int64_t ctas = (row_tiles + shape.tiles - 1) / shape.tiles;
   MOESQ_CHECK(ctas <= 0x7fffffff, "gemm_bf16: N=", a.N, " too large");
