@@ -21,7 +21,7 @@
 #   KIMI_RUNS="bf16,sparse-w4a4:2 sparse-w4a4:8" (experts:layers)  KIMI_BATCH=1,64
 #   BASE_TAR=.dev/base.tar (carry it): the kimi runs also with a build of the tree with those files put back
 #   TEST_TIMEOUT=400 (session 30): seconds per GPU test binary; one that times out (rc 124) is not rerun
-#   STEPS="tests bench e2e kimi" (default all four; also compress, compress_q3, next, q35, ep, ncu_decode)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
+#   STEPS="tests bench e2e kimi" (default all four; also small_m, compress, compress_q3, next, q35, ep, ncu_decode, layer, pdl)  GPU_TESTS="test_engine_ops ..."  E2E_GEN=64
 set -uo pipefail
 O=${OUT:-/tmp/moesq_gemm}; mkdir -p "$O"
 W=$(mktemp -d); S="$O/summary.txt"; : > "$S"
@@ -121,6 +121,12 @@ fi
 if has bench; then
   timeout 300 "$B/bench_gemm_bf16" --out "$O/bench_gemm_bf16.json" > "$O/bench_gemm_bf16.txt" 2>&1
   log "bench_gemm_bf16 rc=$?"; cat "$O/bench_gemm_bf16.txt" >> "$S"
+fi
+
+# Session 31: the decode regime of gemm_bf16 (M = 1, 8, 64; every path against cuBLAS, bitwise checks first).
+if has small_m; then
+  timeout ${SMALL_M_TIMEOUT:-240} "$B/bench_gemm_bf16" --small-m --reps ${SMALL_M_REPS:-10} --out "$O/small_m.json" > "$O/small_m.txt" 2>&1
+  log "bench_gemm_bf16 --small-m rc=$?"; cat "$O/small_m.txt" >> "$S"
 fi
 
 if has e2e; then

@@ -19,6 +19,7 @@
 #include "ops/dense_swiglu/dense_swiglu.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
+#include "ops/gemm_bf16/gemm_bf16_decode.h"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/gemm_bf16_wa.h"
 #include "ops/moe_combine/moe_combine.h"
@@ -198,9 +199,10 @@ TEST(EngineOps, GemmBf16SplitKMatchesRefAndIsBatchInvariant) {
   }
 }
 
-// The small-M path (M ≤ 64: one chain per warp, cp.async ring, slices added in the kernel) gives every
+// The small-M path (M ≤ 64: one chain per warp, cp.async ring, slices added in the kernel) and the
+// decode path (a CTA of 128 columns and every token, split slices folded across a cluster) give every
 // row the bits of the 64×64 tile kernel (M = 80): grouped with counts, bf16 output, hi + lo input,
-// accumulate, split-K, N and K off the tile sizes.
+// accumulate, split-K (2 to 8 slices, a partial last one), N and K off the tile sizes.
 TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
   struct Case {
     int G;
@@ -210,11 +212,16 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
   const Case cases[] = {{1, 128, 2048, false, true, false, false, false}, {1, 136, 2048, true, true, false, true, false},
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
                         {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
-  // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h).
-  for (int token_tiles : {1, 2, 4})
+  // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
+  // 0: the decode path (gemm_bf16_decode.h), which takes at most kGemmDecodeMaxSlices slices (K = 7168
+  // has 14: the small-M kernel's).
+  for (int token_tiles : {1, 2, 4, 0})
   for (const Case& c : cases)
     for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
+      if (token_tiles == 0 && c.split && (c.K + moesq::ops::kGemmSplitK - 1) / moesq::ops::kGemmSplitK >
+                                             moesq::ops::detail::kGemmDecodeMaxSlices)
+        continue;
       const int64_t Mbig = 80, ldy = c.N + 3;
       const std::vector<uint16_t> w = rand_bf16(c.G * c.N * c.K, 31 + c.K);
       const std::vector<uint16_t> xb = rand_bf16(c.G * Mbig * c.K, 32 + c.K), lb = rand_bf16(c.G * Mbig * c.K, 33, 1.0f / 512);
@@ -240,8 +247,13 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
         if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
         if (M <= moesq::ops::detail::kGemmSmallM) {
           moesq::ops::gemm_bf16_check(a);
-          EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
-          moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);
+          if (token_tiles == 0) {
+            EXPECT_TRUE(moesq::ops::detail::gemm_bf16_decode_fits(a));
+            moesq::ops::detail::gemm_bf16_decode(a, nullptr);
+          } else {
+            EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
+            moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);
+          }
         } else {
           moesq::ops::gemm_bf16(a, nullptr);
         }

@@ -133,4 +133,21 @@ void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 blo
   MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
 }
 
+// launch_pdl for a kernel of thread-block clusters of `cluster` CTAs (sm_90+; each grid dimension a
+// multiple of the cluster's): the cluster-dimension attribute always, the PDL attribute as launch_pdl.
+template <typename... Params, typename... Args>
+void launch_pdl_cluster(const char* what, void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x, attr[0].val.clusterDim.y = cluster.y, attr[0].val.clusterDim.z = cluster.z;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() && !detail::t_pdl_off ? 2 : 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace moesq

@@ -10,6 +10,7 @@
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
+#include "ops/gemm_bf16/gemm_bf16_decode.h"
 #include "ops/gemm_bf16/gemm_bf16_large_m.h"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/gemm_bf16_wa.h"
@@ -137,7 +138,10 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   if (a.M == 0) return;
   // M ≤ 8 with MOESQ_SMALL_M_WA=1: W as the MMA's A operand (opt-in until measured; gemm_bf16_wa.h).
   if (!a.fused_topk && detail::gemm_bf16_wa_enabled(a)) return detail::gemm_bf16_wa(a, stream);
-  if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);  // M ≤ 64: same bits
+  // M ≤ 64: the decode path (W read once for all tokens; gemm_bf16_decode.h) from M = gemm_bf16_decode_min_m(),
+  // else the small-M kernel; same bits.
+  if (!a.fused_topk && detail::gemm_bf16_decode_enabled(a)) return detail::gemm_bf16_decode(a, stream);
+  if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);
   // 128×128 tiles where they are faster (gemm_bf16_large_m_fits; same bits per row), else 64×64 tiles.
   if (detail::gemm_bf16_large_m_fits(a)) return detail::gemm_bf16_large_m(a, stream);
   detail::gemm_bf16_tile(a, stream);

@@ -39,13 +39,6 @@ static_assert(kBK % 16 == 0 && kNI % 2 == 0, "k16 steps; B fragments load two n8
 size_t smem_bytes(bool lo) { return static_cast<size_t>(kStages) * (lo ? 3 : 2) * kTile * sizeof(uint16_t); }
 
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
 // A fragments of the warp's kMI m16 tiles at k offset kk of a staged [kBM, kLds] tile.
 __device__ __forceinline__ void load_a(uint32_t (&af)[kMI][4], const uint16_t* s, int wm, int lane, int kk) {
 #pragma unroll

@@ -1,0 +1,237 @@
+// Decode path of gemm_bf16 (gemm_bf16_decode.h): M ≤ kGemmSmallM. A CTA of 8 warps owns 128 output
+// columns (16 per warp: two n8 MMA tiles) and every token (⌈M / 16⌉ m16 tiles, rows past M zero); K
+// advances in 64-wide tiles through a CTA-wide cp.async ring of 4 stages (3 where four do not leave room
+// for two CTAs per SM), each stage holding the CTA's 128 W rows and the tokens' hi (+ lo) rows. grid (N
+// tiles, split slices, groups); with split_ws the slices of an N tile are one cluster: each CTA runs
+// its slice's chains, parks them in its shared memory, and the cluster's CTAs then fold all slices
+// (read through distributed shared memory) in ascending slice order, each CTA a share of the elements.
+//
+// Non-obvious decision: the MMA sequence of every output element is the tile kernel's exactly — 64-wide
+// K tiles from the range start, zero-filled in 8-element vectors past the range, k16 steps in
+// ascending order, hi then lo per step, accumulators from zero, one m16n8k16 MMA per k16 (a wmma
+// m16n16k16's 8-column half), slices added in ascending order as gemm_bf16_split_reduce adds them — and
+// an element of such an MMA depends only on its own row of A and column of B. So a row gets the same
+// bits here as in the 64×64 tile kernel at any M; the staging (one activation tile for 128 columns)
+// changes the bytes moved, never the reduction order.
+#include "ops/gemm_bf16/gemm_bf16_decode.h"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda/check.cuh"
+#include "core/cuda/pdl.cuh"
+#include "core/env_switch.h"
+#include "ops/gemm_bf16/cp_async.cuh"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
+#include "ops/gemm_bf16/mma_bf16.cuh"
+
+namespace moesq::ops::detail {
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kBN = 16 * kWarps;                 // output columns (W rows) per CTA
+constexpr int kBK = kGemmBlockK;
+constexpr int kLds = kBK + 8;                    // bf16 row stride of a staged row (144 B: ldmatrix conflict-free)
+constexpr int kVecRow = kBK / 8;                 // 16-byte vectors per staged row
+constexpr int kWVec = kBN * kVecRow / kThreads;  // W vectors per thread per stage
+constexpr size_t kSmemTwoCtas = 113 * 1024;      // the shared memory that leaves room for a second CTA on the SM
+static_assert(kWVec * kThreads == kBN * kVecRow, "the W loader splits a stage evenly over the threads");
+static_assert(kGemmSplitK % kBK == 0, "split slices hold whole K tiles");
+
+// bf16 elements of one ring stage: kBN W rows, then mt·16 token rows of x, then of x_lo.
+__host__ __device__ constexpr int stage_elems(int mt, bool lo) { return (kBN + mt * 16 * (lo ? 2 : 1)) * kLds; }
+size_t ring_bytes(int mt, bool lo, int stages) { return static_cast<size_t>(stages) * stage_elems(mt, lo) * sizeof(uint16_t); }
+int token_tiles_of(int64_t M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
+int stages_of(int mt, bool lo) { return ring_bytes(mt, lo, 4) <= kSmemTwoCtas ? 4 : 3; }
+// The ring, or the fp32 partial tile [mt·16, kBN] of a split slice that reuses it, whichever is larger.
+size_t smem_bytes(int mt, bool lo, int stages) {
+  return std::max(ring_bytes(mt, lo, stages), static_cast<size_t>(mt) * 16 * kBN * sizeof(float));
+}
+
+// kMT: m16 token tiles staged (M ≤ 16·kMT). prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2
+// for before the PDL wait (gemm_bf16_prefetch_bytes; −1, the small-M kernel's per-CTA rule, is taken as 0).
+template <int kMT, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
+  if (prefetch > 0) prefetch_l2_grid(a.w, prefetch, kGemmPrefetchCtas);  // W: no kernel's output
+  pdl_enter();
+  extern __shared__ __align__(128) unsigned char s_raw[];
+  uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw);
+  constexpr int kXRows = 16 * kMT;
+  const bool lo = a.x_lo != nullptr;
+  const int selems = stage_elems(kMT, lo), x_ops = lo ? 2 : 1;
+  const int g = blockIdx.z;
+  const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
+  if (rows <= 0) return;  // the same for every CTA of a cluster (one group)
+  const bool split = a.split_ws != nullptr;
+  const int64_t k_begin = split ? static_cast<int64_t>(blockIdx.y) * kGemmSplitK : 0;
+  const int64_t k_end = split ? min(a.K, k_begin + kGemmSplitK) : a.K;
+  const int tiles = static_cast<int>((k_end - k_begin + kBK - 1) / kBK);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
+  const uint16_t* xl = lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
+  const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+  // Token rows past `rows` are zero in every stage, written once here (the loads never touch them).
+  for (int v = tid; v < kStages * x_ops * kXRows * kVecRow; v += kThreads) {
+    const int c = v % kVecRow, r = v / kVecRow % kXRows, o = v / (kVecRow * kXRows);  // o = stage · x_ops + operand
+    if (r >= rows)
+      *reinterpret_cast<uint4*>(ring + (o / x_ops) * selems + (kBN + (o % x_ops) * kXRows + r) * kLds + c * 8) =
+          make_uint4(0, 0, 0, 0);
+  }
+  // Stage K tile t into slot t % kStages: W rows (zero past N and the range), then the tokens' rows.
+  auto issue = [&](int t) {
+    if (t < tiles) {
+      uint16_t* st = ring + (t % kStages) * selems;
+      const int64_t k0 = k_begin + static_cast<int64_t>(t) * kBK;
+#pragma unroll
+      for (int i = 0; i < kWVec; ++i) {
+        const int v = tid + i * kThreads, r = v / kVecRow, c = (v % kVecRow) * 8;
+        const bool ok = k0 + c < k_end && n0 + r < a.N;
+        cp_async16(st + r * kLds + c, ok ? w + (n0 + r) * a.K + k0 + c : w, ok);
+      }
+      for (int v = tid; v < kXRows * kVecRow; v += kThreads) {
+        const int r = v / kVecRow, c = (v % kVecRow) * 8;
+        if (r >= rows) continue;
+        const bool ok = k0 + c < k_end;
+        cp_async16(st + (kBN + r) * kLds + c, ok ? x + r * a.K + k0 + c : x, ok);
+        if (lo) cp_async16(st + (kBN + kXRows + r) * kLds + c, ok ? xl + r * a.K + k0 + c : xl, ok);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  };
+
+  float acc[kMT][2][4];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  const int live_tiles = min(kMT, static_cast<int>((rows + 15) / 16));  // m16 tiles with a row < rows
+
+  for (int t = 0; t < kStages - 1; ++t) issue(t);
+  for (int t = 0; t < tiles; ++t) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();  // tile t visible to all; slot (t − 1) % kStages free for refilling
+    issue(t + kStages - 1);
+    const uint16_t* st = ring + (t % kStages) * selems;
+    const uint16_t* sw = st + warp * 16 * kLds;
+    const uint16_t* sx = st + kBN * kLds;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t b[4];  // n8 tile 0: b[0], b[1] (k halves 0 and 8); n8 tile 1: b[2], b[3]
+      ldmatrix_x4(b, sw + ((lane / 16) * 8 + lane % 8) * kLds + kk + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+        if (i >= live_tiles) break;  // CTA-uniform: no MMA for all-zero token tiles
+        uint32_t af[4];
+        ldmatrix_x4(af, sx + (i * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
+        mma_bf16(acc[i][0], af, b[0], b[1]);
+        mma_bf16(acc[i][1], af, b[2], b[3]);
+        if (lo) {  // the low parts after the high parts, per k16 step (the tile kernel's order)
+          ldmatrix_x4(af, sx + (kXRows + i * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
+          mma_bf16(acc[i][0], af, b[0], b[1]);
+          mma_bf16(acc[i][1], af, b[2], b[3]);
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // Accumulator q of tile (i, j): token row i·16 + lane/4 (+8 for q ≥ 2), column warp·16 + j·8 + 2·(lane%4) + q%2.
+  if (!split) {
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = i * 16 + lane / 4 + h * 8;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int64_t n = n0 + warp * 16 + j * 8 + 2 * (lane % 4) + q;
+            if (n < a.N) store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, acc[i][j][2 * h + q]);
+          }
+      }
+    return;
+  }
+  // Split: this slice's chains to shared memory [kXRows, kBN] (over the ring, once every warp is past it),
+  // then the cluster's CTAs fold slices 0, 1, … in order, CTA s taking elements s·kThreads + tid, ….
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(s_raw);
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          part[(i * 16 + lane / 4 + h * 8) * kBN + warp * 16 + j * 8 + 2 * (lane % 4) + q] = acc[i][j][2 * h + q];
+  cluster.sync();  // every slice's partial tile written and visible across the cluster
+  const int slices = static_cast<int>(cluster.num_blocks()), me = static_cast<int>(cluster.block_rank());
+  for (int64_t e = static_cast<int64_t>(me) * kThreads + tid; e < rows * kBN; e += static_cast<int64_t>(slices) * kThreads) {
+    const int64_t r = e / kBN, n = n0 + e % kBN;
+    if (n >= a.N) continue;
+    float val = cluster.map_shared_rank(part, 0)[e];
+    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, cluster.map_shared_rank(part, s)[e]);  // slice order
+    store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, val);
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+template <int kMT, int kStages>
+void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
+  const bool lo = a.x_lo != nullptr;
+  static const bool configured = [] {  // once per instance: not a stream operation, so capture-safe
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_decode_kernel<kMT, kStages>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_bytes(kMT, true, kStages))));
+    return true;
+  }();
+  (void)configured;
+  const int slices = gemm_bf16_chain_slices(a);
+  const int64_t ntiles = (a.N + kBN - 1) / kBN;
+  MOESQ_CHECK(ntiles <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
+  const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
+  const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
+  const size_t smem = smem_bytes(kMT, lo, kStages);
+  if (slices == 1)
+    launch_pdl("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages>, grid, dim3(kThreads), smem, stream, a,
+               prefetch);
+  else
+    launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages>, grid,
+                       dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem, stream, a, prefetch);
+}
+
+}  // namespace
+
+bool gemm_bf16_decode_fits(const GemmBf16Args& a) {
+  return a.M >= 1 && a.M <= kGemmSmallM && !a.fused_topk && gemm_bf16_chain_slices(a) <= kGemmDecodeMaxSlices &&
+         (!a.split_ws || a.groups == 1);
+}
+
+int64_t gemm_bf16_decode_min_m() {
+  static const int64_t m = env_int("MOESQ_DECODE_GEMM_MIN_M", kGemmDecodeMinM, 1, kGemmSmallM + 1);
+  return m;
+}
+
+bool gemm_bf16_decode_enabled(const GemmBf16Args& a) { return a.M >= gemm_bf16_decode_min_m() && gemm_bf16_decode_fits(a); }
+
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
+  const int mt = token_tiles_of(a.M);
+  const int st = stages_of(mt, a.x_lo != nullptr);
+  if (mt == 1) return st == 4 ? launch_decode<1, 4>(a, stream) : launch_decode<1, 3>(a, stream);
+  if (mt == 2) return st == 4 ? launch_decode<2, 4>(a, stream) : launch_decode<2, 3>(a, stream);
+  return st == 4 ? launch_decode<4, 4>(a, stream) : launch_decode<4, 3>(a, stream);
+}
+
+}  // namespace moesq::ops::detail

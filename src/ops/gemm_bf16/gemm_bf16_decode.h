@@ -1,0 +1,29 @@
+// Internal to ops/gemm_bf16: the decode path (gemm_bf16_decode.cu) for M ≤ kGemmSmallM tokens. A CTA
+// of 8 warps owns 128 output columns and ALL the (≤ 64) tokens: the tokens' K tile is staged once in
+// shared memory for the 8 warps, so W is read once per call and the activations once per 128 columns
+// (the small-M kernel reads them once per 16 columns: at M = 64 that is 8× W's bytes through L2,
+// bench/NOTES.md session 31). Split slices (split_ws) are CTAs of one thread-block cluster, folded in
+// slice order through distributed shared memory: no partials in global memory, no second kernel.
+// Same bits per row as the 64×64 tile kernel (gemm_bf16.h's batch invariance; tests/gpu/
+// test_engine_ops.cu compares them).
+#pragma once
+#include "ops/gemm_bf16/gemm_bf16.h"
+
+namespace moesq::ops::detail {
+
+// Most split slices a call may have (one cluster of that many CTAs; 8 is the portable cluster size).
+constexpr int kGemmDecodeMaxSlices = 8;
+
+// True when the decode path can run `args`: M ≤ kGemmSmallM, ≤ kGemmDecodeMaxSlices split slices, no
+// fused_topk (the small-M kernel runs that).
+bool gemm_bf16_decode_fits(const GemmBf16Args& args);
+// Whether gemm_bf16 takes it: gemm_bf16_decode_fits and M ≥ gemm_bf16_decode_min_m().
+bool gemm_bf16_decode_enabled(const GemmBf16Args& args);
+// The smallest M gemm_bf16 sends to the decode path: MOESQ_DECODE_GEMM_MIN_M (default
+// kGemmDecodeMinM; 65 turns it off), read once per process.
+int64_t gemm_bf16_decode_min_m();
+constexpr int64_t kGemmDecodeMinM = 2;
+// args already checked and gemm_bf16_decode_fits.
+void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
+
+}  // namespace moesq::ops::detail
