@@ -6,9 +6,10 @@
 // split_ws) for every shape, so an output row's value — one chain of k16 tensor-core MMAs in
 // ascending K (hi then lo) per slice, slices added in order — depends on K alone, never on M, N or
 // the other rows of the batch: a token's bits are independent of batch composition (deterministic
-// mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it. Two kernels run that
-// order: the 64×64 tile kernel, and for M ≤ 64 (decode) one with a chain per warp and 4 K tiles in
-// flight that adds the slices itself (gemm_bf16_small_m.cu); tests compare their bits.
+// mode, DESIGN.md §6). cuBLAS chooses kernels by shape and cannot promise it. Every kernel runs that
+// order: the 64×64 tile kernel, the 128×128 large-M kernel, and for M ≤ 64 (decode) the decode path (a
+// CTA of 128 columns and every token, gemm_bf16_decode.cu) or the small-M kernel (a chain per warp,
+// gemm_bf16_small_m.cu), both adding the slices themselves; tests compare their bits.
 // With x_lo the activations are split hi + lo (two bf16 MMAs per tile, hi first): fp32-grade inputs
 // on bf16 tensor cores, for the GEMMs whose input rounding would otherwise dominate the error.
 #pragma once
