@@ -213,13 +213,13 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
                         {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
   // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
-  // 0: the decode path (gemm_bf16_decode.h), which takes at most kGemmDecodeMaxSlices slices (K = 7168
-  // has 14: the small-M kernel's).
-  for (int token_tiles : {1, 2, 4, 0})
+  // 0 / −1: the decode path (gemm_bf16_decode.h) at 128 / 256 columns per CTA, which takes at most
+  // kGemmDecodeMaxSlices slices (K = 7168 has 14: the small-M kernel's).
+  for (int token_tiles : {1, 2, 4, 0, -1})
   for (const Case& c : cases)
     for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
-      if (token_tiles == 0 && c.split && (c.K + moesq::ops::kGemmSplitK - 1) / moesq::ops::kGemmSplitK >
+      if (token_tiles <= 0 && c.split && (c.K + moesq::ops::kGemmSplitK - 1) / moesq::ops::kGemmSplitK >
                                              moesq::ops::detail::kGemmDecodeMaxSlices)
         continue;
       const int64_t Mbig = 80, ldy = c.N + 3;
@@ -247,9 +247,9 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
         if (c.bf16) a.y_bf16 = dyb.p; else a.y_f32 = dy.p;
         if (M <= moesq::ops::detail::kGemmSmallM) {
           moesq::ops::gemm_bf16_check(a);
-          if (token_tiles == 0) {
+          if (token_tiles <= 0) {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_decode_fits(a));
-            moesq::ops::detail::gemm_bf16_decode(a, nullptr);
+            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 128 : 256);
           } else {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
             moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);
