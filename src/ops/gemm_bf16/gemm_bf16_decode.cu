@@ -251,7 +251,11 @@ int64_t gemm_bf16_decode_min_m() {
   return m;
 }
 
-bool gemm_bf16_decode_enabled(const GemmBf16Args& a) { return a.M >= gemm_bf16_decode_min_m() && gemm_bf16_decode_fits(a); }
+bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
+  if (a.M < gemm_bf16_decode_min_m() || !gemm_bf16_decode_fits(a)) return false;
+  const int64_t ctas = (a.N + 127) / 128 * gemm_bf16_chain_slices(a) * a.groups;
+  return ctas >= kGemmDecodeMinCtas;
+}
 
 int gemm_bf16_decode_cols(const GemmBf16Args& a) {
   static const int forced = static_cast<int>(env_int("MOESQ_DECODE_GEMM_COLS", 0, 0, 256));

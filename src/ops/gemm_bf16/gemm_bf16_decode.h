@@ -18,8 +18,11 @@ constexpr int kGemmDecodeMaxSlices = 8;
 // True when the decode path can run `args`: M ≤ kGemmSmallM, ≤ kGemmDecodeMaxSlices split slices, no
 // fused_topk (the small-M kernel runs that).
 bool gemm_bf16_decode_fits(const GemmBf16Args& args);
-// Whether gemm_bf16 takes it: gemm_bf16_decode_fits and M ≥ gemm_bf16_decode_min_m().
+// Whether gemm_bf16 takes it: gemm_bf16_decode_fits, M ≥ gemm_bf16_decode_min_m(), and at least
+// kGemmDecodeMinCtas CTAs of 128 columns (N tiles × slices × groups: the router's N = 128 makes 4 —
+// a few SMs streaming — where the small-M kernel's 16-column CTAs spread it wider).
 bool gemm_bf16_decode_enabled(const GemmBf16Args& args);
+constexpr int64_t kGemmDecodeMinCtas = 16;
 // The smallest M gemm_bf16 sends to the decode path: MOESQ_DECODE_GEMM_MIN_M (default
 // kGemmDecodeMinM; 65 turns it off), read once per process.
 int64_t gemm_bf16_decode_min_m();
