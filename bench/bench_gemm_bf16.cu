@@ -12,12 +12,12 @@
 // --small-m (session 30): the decode regime instead — M ∈ {1, 8, 64} on the same shapes plus the router
 // (N = 128), W streamed from HBM (16 distinct weight copies per timed graph, ≥ 8× the L2), gemm_bf16 as the
 // engine calls it, the small-M kernel with 1, 2 and 4 token tiles per staged W tile (2 and 4 for
-// M > 16), the decode path at 128 and 256 columns per CTA (session 31: a CTA of those columns and all tokens), the W-as-A path at register
+// M > 16), the decode path (session 31: a CTA of 128 columns and all tokens) with 8 warps × 16 and 4 × 32 columns, the W-as-A path at register
 // depths 3 / 4 / 6 (M ≤ 8), cuBLAS; each as TB/s of W read and as a fraction of the measured
 // device-to-device copy rate (read + write bytes), the floor a weight stream can reach. Bits: every
 // path equals gemm_bf16 for every row (checked first).
 //
-// Usage: bench_gemm_bf16 [--out results.json] [--reps 20] [--quick] [--small-m]
+// Usage: bench_gemm_bf16 [--out results.json] [--reps 20] [--quick] [--small-m [--only SHAPE] [--m M]]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -80,7 +80,7 @@ double graph_us(F&& fn, int copies, int reps, cudaStream_t s) {
   return us / copies;
 }
 
-int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps) {
+int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps, const std::string& only, int64_t only_m) {
   const float one = 1.0f, zero = 0.0f;
   // The copy rate: 1 GiB device to device, read + write bytes.
   double copy_tbs = 0;
@@ -97,15 +97,17 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps)
                           {"lm_head", 151936, 2048, true, false}};
   const int depths[] = {3, 4, 6};
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("| GEMM | M | N | K | W MB | gemm_bf16 µs (TB/s) | small-M tt1 | tt2 | tt4 | decode 128 | decode 256 | W-as-A d3 | d4 | d6 | "
+  std::printf("| GEMM | M | N | K | W MB | gemm_bf16 µs (TB/s) | small-M tt1 | tt2 | tt4 | decode 8×16 | decode 4×32 | W-as-A d3 | d4 | d6 | "
               "cuBLAS µs (TB/s) | best ÷ copy rate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
+    if (!only.empty() && only != sh.name) continue;
     const int64_t N = sh.N, K = sh.K;
     const double wbytes = 2.0 * double(N) * double(K);
     const int copies = std::max(2, std::min(16, int(std::ceil(400e6 / wbytes))));
     std::vector<DevBuf<uint16_t>> w;  // once per shape (the lm_head's 2 × 311 M host samples take seconds)
     for (int c = 0; c < copies; ++c) w.emplace_back(rand_bf16(size_t(N) * K, 30 + c));
     for (int64_t M : {1, 8, 64}) {
+      if (only_m > 0 && M != only_m) continue;
       DevBuf<uint16_t> x(rand_bf16(size_t(M) * K, 20 + M)), xl(rand_bf16(size_t(M) * K, 21 + M, 1.0f / 512));
       DevBuf<float> y(size_t(M) * N), yw(size_t(M) * N), yc(size_t(M) * N);
       DevBuf<float> ws(sh.split ? ops::gemm_bf16_split_floats(M, N, K) : 1);
@@ -146,12 +148,12 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps)
                     ": the small-M kernel at ", 1 << i, " token tiles differs from gemm_bf16");
         t_tt[i] = graph_us(run_tt, copies, reps, s);
       }
-      for (int i = 0; i < 2 && ops::detail::gemm_bf16_decode_fits(g); ++i) {  // 128, 256 columns per CTA
-        auto run_dec = [&](int c) { g.w = w[c].p, g.y_f32 = yw.p; ops::detail::gemm_bf16_decode(g, s, 128 << i); };
+      for (int i = 0; i < 2 && ops::detail::gemm_bf16_decode_fits(g); ++i) {  // 16, 32 columns per warp
+        auto run_dec = [&](int c) { g.w = w[c].p, g.y_f32 = yw.p; ops::detail::gemm_bf16_decode(g, s, 16 << i); };
         run_dec(0);
         MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
         MOESQ_CHECK(std::memcmp(ref.data(), yw.download().data(), ref.size() * 4) == 0, sh.name, " M=", M,
-                    ": the decode path at ", 128 << i, " columns differs from gemm_bf16");
+                    ": the decode path at ", 16 << i, " columns per warp differs from gemm_bf16");
         t_dec[i] = graph_us(run_dec, copies, reps, s);
       }
       const double t_cub = graph_us(run_cublas, copies, reps, s);
@@ -171,7 +173,7 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps)
                   cell(t_wa[1]).c_str(), cell(t_wa[2]).c_str(), cell(t_cub).c_str(), 100.0 * tbs(best) / copy_tbs);
       std::fflush(stdout);
       rows.push_back({{"gemm", sh.name}, {"M", M}, {"N", N}, {"K", K}, {"w_bytes", wbytes}, {"copies", copies},
-                      {"gemm_bf16_us", t_eng}, {"small_m_tt1_us", t_tt[0]}, {"small_m_tt2_us", t_tt[1]}, {"small_m_tt4_us", t_tt[2]}, {"decode128_us", t_dec[0]}, {"decode256_us", t_dec[1]}, {"wa_d3_us", t_wa[0]}, {"wa_d4_us", t_wa[1]}, {"wa_d6_us", t_wa[2]},
+                      {"gemm_bf16_us", t_eng}, {"small_m_tt1_us", t_tt[0]}, {"small_m_tt2_us", t_tt[1]}, {"small_m_tt4_us", t_tt[2]}, {"decode_w16_us", t_dec[0]}, {"decode_w32_us", t_dec[1]}, {"wa_d3_us", t_wa[0]}, {"wa_d4_us", t_wa[1]}, {"wa_d6_us", t_wa[2]},
                       {"cublas_us", t_cub}, {"copy_tbs", copy_tbs}});
     }
   }
@@ -188,13 +190,17 @@ int main(int argc, char** argv) try {
   std::string out;
   int reps = 20;
   bool quick = false, small = false;
+  std::string only;    // --only NAME: one shape of --small-m (for a profiler)
+  int64_t only_m = 0;  // --m M: one M of --small-m
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
     else if (a == "--small-m") small = true;
-    else MOESQ_FAIL("bench_gemm_bf16: unknown argument \"", a, "\" (usage: [--out F] [--reps N] [--quick] [--small-m])");
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--m" && i + 1 < argc) only_m = std::atoll(argv[++i]);
+    else MOESQ_FAIL("bench_gemm_bf16: unknown argument \"", a, "\" (usage: [--out F] [--reps N] [--quick] [--small-m [--only qkv|o_proj|router|lm_head] [--m 1|8|64]])");
   }
   cudaStream_t s;
   MOESQ_CUDA_CHECK(cudaStreamCreate(&s));
@@ -202,7 +208,7 @@ int main(int argc, char** argv) try {
   CUBLAS_CHECK(cublasCreate(&cb));
   CUBLAS_CHECK(cublasSetStream(cb, s));
   if (small) {
-    const int rc = small_m(s, cb, out, reps);
+    const int rc = small_m(s, cb, out, reps, only, only_m);
     CUBLAS_CHECK(cublasDestroy(cb));
     return rc;
   }

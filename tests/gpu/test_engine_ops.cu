@@ -213,7 +213,7 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
                         {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
   // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
-  // 0 / −1: the decode path (gemm_bf16_decode.h) at 128 / 256 columns per CTA, which takes at most
+  // 0 / −1: the decode path (gemm_bf16_decode.h) at 16 / 32 columns per warp, which takes at most
   // kGemmDecodeMaxSlices slices (K = 7168 has 14: the small-M kernel's).
   for (int token_tiles : {1, 2, 4, 0, -1})
   for (const Case& c : cases)
@@ -249,7 +249,7 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
           moesq::ops::gemm_bf16_check(a);
           if (token_tiles <= 0) {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_decode_fits(a));
-            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 128 : 256);
+            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 16 : 32);
           } else {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
             moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);

@@ -1,7 +1,7 @@
-// Decode path of gemm_bf16 (gemm_bf16_decode.h): M ≤ kGemmSmallM. A CTA of 8 warps owns 128 or 256
+// Decode path of gemm_bf16 (gemm_bf16_decode.h): M ≤ kGemmSmallM. A CTA of 8 or 4 warps owns 128
 // output columns (16 or 32 per warp: 2 or 4 n8 MMA tiles) and every token (⌈M / 16⌉ m16 tiles, rows past M zero); K
 // advances in 64-wide tiles through a CTA-wide cp.async ring of 4 stages (3 where four do not leave room
-// for two CTAs per SM at 128 columns, or do not fit at 256), each stage holding the CTA's 128 / 256 W rows and the tokens' hi (+ lo) rows. grid (N
+// for two CTAs per SM), each stage holding the CTA's 128 W rows and the tokens' hi (+ lo) rows. grid (N
 // tiles, split slices, groups); with split_ws the slices of an N tile are one cluster: each CTA runs
 // its slice's chains, parks them in its shared memory, and the cluster's CTAs then fold all slices
 // (read through distributed shared memory) in ascending slice order, each CTA a share of the elements.
@@ -32,38 +32,33 @@ namespace moesq::ops::detail {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kBN = 128;                         // output columns (W rows) per CTA
 constexpr int kBK = kGemmBlockK;
 constexpr int kLds = kBK + 8;                    // bf16 row stride of a staged row (144 B: ldmatrix conflict-free)
 constexpr int kVecRow = kBK / 8;                 // 16-byte vectors per staged row
 constexpr size_t kSmemTwoCtas = 113 * 1024;      // the shared memory that leaves room for a second CTA on the SM
-constexpr size_t kSmemOneCta = 220 * 1024;
 static_assert(kGemmSplitK % kBK == 0, "split slices hold whole K tiles");
 
-// bn: output columns (W rows) per CTA, 8 warps × 16 or × 32 (gemm_bf16_decode_cols).
-// bf16 elements of one ring stage: bn W rows, then mt·16 token rows of x, then of x_lo.
-__host__ __device__ constexpr int stage_elems(int bn, int mt, bool lo) { return (bn + mt * 16 * (lo ? 2 : 1)) * kLds; }
-size_t ring_bytes(int bn, int mt, bool lo, int stages) {
-  return static_cast<size_t>(stages) * stage_elems(bn, mt, lo) * sizeof(uint16_t);
+// bf16 elements of one ring stage: kBN W rows, then mt·16 token rows of x, then of x_lo.
+__host__ __device__ constexpr int stage_elems(int mt, bool lo) { return (kBN + mt * 16 * (lo ? 2 : 1)) * kLds; }
+size_t ring_bytes(int mt, bool lo, int stages) {
+  return static_cast<size_t>(stages) * stage_elems(mt, lo) * sizeof(uint16_t);
 }
 int token_tiles_of(int64_t M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
-// 128 columns: 4 stages, or 3 where four leave no room for a second CTA per SM. 256 columns (one CTA per
-// SM): 4, or 3 where four do not fit.
-int stages_of(int bn, int mt, bool lo) {
-  return ring_bytes(bn, mt, lo, 4) <= (bn == 128 ? kSmemTwoCtas : kSmemOneCta) ? 4 : 3;
-}
-// The ring, or the fp32 partial tile [mt·16, bn] of a split slice that reuses it, whichever is larger.
-size_t smem_bytes(int bn, int mt, bool lo, int stages) {
-  return std::max(ring_bytes(bn, mt, lo, stages), static_cast<size_t>(mt) * 16 * bn * sizeof(float));
+// 4 stages, or 3 where four leave no room for a second CTA per SM.
+int stages_of(int mt, bool lo) { return ring_bytes(mt, lo, 4) <= kSmemTwoCtas ? 4 : 3; }
+// The ring, or the fp32 partial tile [mt·16, kBN] of a split slice that reuses it, whichever is larger.
+size_t smem_bytes(int mt, bool lo, int stages) {
+  return std::max(ring_bytes(mt, lo, stages), static_cast<size_t>(mt) * 16 * kBN * sizeof(float));
 }
 
-// kMT: m16 token tiles staged (M ≤ 16·kMT); kWN: output columns per warp (16 or 32: 2 or 4 n8 MMA tiles).
-// prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2 for before the PDL wait
-// (gemm_bf16_prefetch_bytes; −1, the small-M kernel's per-CTA rule, is taken as 0).
+// kMT: m16 token tiles staged (M ≤ 16·kMT); kWN: output columns per warp (16 or 32: 2 or 4 n8 MMA
+// tiles; 8 or 4 warps). prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2 for before the
+// PDL wait (gemm_bf16_prefetch_bytes; −1, the small-M kernel's per-CTA rule, is taken as 0).
 template <int kMT, int kStages, int kWN>
-__global__ void __launch_bounds__(kThreads, kWN == 16 ? 2 : 1) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
-  constexpr int kBN = kWN * kWarps, kNT = kWN / 8;  // CTA columns; n8 tiles per warp
-  constexpr int kWVec = kBN * kVecRow / kThreads;   // W vectors per thread per stage
+__global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
+  constexpr int kThreads = 32 * kBN / kWN, kNT = kWN / 8;  // threads; n8 tiles per warp
+  constexpr int kWVec = kBN * kVecRow / kThreads;         // W vectors per thread per stage
   static_assert(kWVec * kThreads == kBN * kVecRow, "the W loader splits a stage evenly over the threads");
   if (prefetch > 0) prefetch_l2_grid(a.w, prefetch, kGemmPrefetchCtas);  // W: no kernel's output
   pdl_enter();
@@ -71,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, kWN == 16 ? 2 : 1) gemm_bf16_decode_
   uint16_t* ring = reinterpret_cast<uint16_t*>(s_raw);
   constexpr int kXRows = 16 * kMT;
   const bool lo = a.x_lo != nullptr;
-  const int selems = stage_elems(kBN, kMT, lo), x_ops = lo ? 2 : 1;
+  const int selems = stage_elems(kMT, lo), x_ops = lo ? 2 : 1;
   const int g = blockIdx.z;
   const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
   if (rows <= 0) return;  // the same for every CTA of a cluster (one group)
@@ -207,12 +202,12 @@ __global__ void __launch_bounds__(kThreads, kWN == 16 ? 2 : 1) gemm_bf16_decode_
 
 template <int kMT, int kStages, int kWN>
 void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
-  constexpr int kBN = kWN * kWarps;
+  constexpr int kThreads = 32 * kBN / kWN;
   const bool lo = a.x_lo != nullptr;
   static const bool configured = [] {  // once per instance: not a stream operation, so capture-safe
     MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_decode_kernel<kMT, kStages, kWN>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_bytes(kBN, kMT, true, kStages))));
+                                          static_cast<int>(smem_bytes(kMT, true, kStages))));
     return true;
   }();
   (void)configured;
@@ -221,7 +216,7 @@ void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
   MOESQ_CHECK(ntiles <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
   const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
   const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
-  const size_t smem = smem_bytes(kBN, kMT, lo, kStages);
+  const size_t smem = smem_bytes(kMT, lo, kStages);
   if (slices == 1)
     launch_pdl("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN>, grid, dim3(kThreads), smem,
                stream, a, prefetch);
@@ -233,7 +228,7 @@ void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
 template <int kWN>
 void launch_decode_cols(const GemmBf16Args& a, cudaStream_t stream) {
   const int mt = token_tiles_of(a.M);
-  const int st = stages_of(kWN * kWarps, mt, a.x_lo != nullptr);
+  const int st = stages_of(mt, a.x_lo != nullptr);
   if (mt == 1) return st == 4 ? launch_decode<1, 4, kWN>(a, stream) : launch_decode<1, 3, kWN>(a, stream);
   if (mt == 2) return st == 4 ? launch_decode<2, 4, kWN>(a, stream) : launch_decode<2, 3, kWN>(a, stream);
   return st == 4 ? launch_decode<4, 4, kWN>(a, stream) : launch_decode<4, 3, kWN>(a, stream);
@@ -257,16 +252,18 @@ bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
   return ctas >= kGemmDecodeMinCtas;
 }
 
-int gemm_bf16_decode_cols(const GemmBf16Args& a) {
-  static const int forced = static_cast<int>(env_int("MOESQ_DECODE_GEMM_COLS", 0, 0, 256));
-  if (forced == 128 || forced == 256) return forced;
-  return a.M > 16 && a.N >= kGemmDecodeWideMinN ? 256 : 128;
+int gemm_bf16_decode_warp_cols(const GemmBf16Args& a) {
+  static const int forced = static_cast<int>(env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 0, 32));
+  if (forced == 16 || forced == 32) return forced;
+  return a.M > kGemmDecodeWideWarpMinM ? 32 : 16;
 }
 
-void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) { gemm_bf16_decode(a, stream, gemm_bf16_decode_cols(a)); }
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
+  gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols(a));
+}
 
-void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int cols) {
-  if (cols == 256) return launch_decode_cols<32>(a, stream);
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols) {
+  if (warp_cols == 32) return launch_decode_cols<32>(a, stream);
   launch_decode_cols<16>(a, stream);
 }
 

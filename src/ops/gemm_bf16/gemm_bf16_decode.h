@@ -1,7 +1,7 @@
 // Internal to ops/gemm_bf16: the decode path (gemm_bf16_decode.cu) for M ≤ kGemmSmallM tokens. A CTA
-// of 8 warps owns 128 (or 256) output columns and ALL the (≤ 64) tokens: the tokens' K tile is staged
-// once in shared memory for the 8 warps, so W is read once per call and the activations once per 128
-// (256) columns
+// of 8 (or 4) warps owns 128 output columns and ALL the (≤ 64) tokens: the tokens' K tile is staged
+// once in shared memory for its warps, so W is read once per call and the activations once per 128
+// columns
 // (the small-M kernel reads them once per 16 columns: at M = 64 that is 8× W's bytes through L2,
 // bench/NOTES.md session 31). Split slices (split_ws) are CTAs of one thread-block cluster, folded in
 // slice order through distributed shared memory: no partials in global memory, no second kernel.
@@ -27,13 +27,14 @@ constexpr int64_t kGemmDecodeMinCtas = 16;
 // kGemmDecodeMinM; 65 turns it off), read once per process.
 int64_t gemm_bf16_decode_min_m();
 constexpr int64_t kGemmDecodeMinM = 2;
-// args already checked and gemm_bf16_decode_fits. cols: output columns per CTA, 128 (two CTAs per SM)
-// or 256 (one; the activations read half as often, for M > 16 on wide N — the lm_head); the
-// two-argument form takes gemm_bf16_decode_cols(args). The bits do not depend on it.
+// args already checked and gemm_bf16_decode_fits. warp_cols: output columns per warp, 16 (8 warps a
+// CTA) or 32 (4 warps: each staged activation fragment feeds 4 n8 MMAs instead of 2, half the
+// shared-memory reads per MMA where many tokens make them the cost); the two-argument form takes
+// gemm_bf16_decode_warp_cols(args). The bits do not depend on it.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
-void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int cols);
-// 256 where M > 16 and N ≥ kGemmDecodeWideMinN, else 128; MOESQ_DECODE_GEMM_COLS=128|256 forces one.
-int gemm_bf16_decode_cols(const GemmBf16Args& args);
-constexpr int64_t kGemmDecodeWideMinN = 16384;
+void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols);
+// 32 where M > kGemmDecodeWideWarpMinM, else 16; MOESQ_DECODE_GEMM_WARP_COLS=16|32 forces one.
+int gemm_bf16_decode_warp_cols(const GemmBf16Args& args);
+constexpr int64_t kGemmDecodeWideWarpMinM = 16;
 
 }  // namespace moesq::ops::detail
