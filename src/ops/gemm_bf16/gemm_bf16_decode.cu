@@ -255,7 +255,7 @@ bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
 int gemm_bf16_decode_warp_cols(const GemmBf16Args& a) {
   static const int forced = static_cast<int>(env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 0, 32));
   if (forced == 16 || forced == 32) return forced;
-  return a.M > kGemmDecodeWideWarpMinM ? 32 : 16;
+  return kGemmDecodeWideWarpMinM <= kGemmSmallM && a.M > kGemmDecodeWideWarpMinM ? 32 : 16;
 }
 
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {

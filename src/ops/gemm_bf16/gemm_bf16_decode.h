@@ -33,8 +33,9 @@ constexpr int64_t kGemmDecodeMinM = 2;
 // gemm_bf16_decode_warp_cols(args). The bits do not depend on it.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols);
-// 32 where M > kGemmDecodeWideWarpMinM, else 16; MOESQ_DECODE_GEMM_WARP_COLS=16|32 forces one.
+// 32 where M > kGemmDecodeWideWarpMinM, else 16; MOESQ_DECODE_GEMM_WARP_COLS=16|32 forces one. The
+// 4 × 32 layout is opt-in (kGemmDecodeWideWarpMinM past kGemmSmallM) until a device run has timed it.
 int gemm_bf16_decode_warp_cols(const GemmBf16Args& args);
-constexpr int64_t kGemmDecodeWideWarpMinM = 16;
+constexpr int64_t kGemmDecodeWideWarpMinM = kGemmSmallM + 1;
 
 }  // namespace moesq::ops::detail
