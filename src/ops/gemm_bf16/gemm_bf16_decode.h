@@ -9,6 +9,7 @@
 // test_engine_ops.cu compares them).
 #pragma once
 #include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"  // kGemmSmallM
 
 namespace moesq::ops::detail {
 
