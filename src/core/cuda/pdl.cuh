@@ -117,37 +117,36 @@ class PdlTokensScope {
   bool prev_;
 };
 
-// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-stream-serialization attribute
-// (when pdl_enabled() and no PdlTokensScope of this thread turned it off). The kernel must keep the
-// contract above. Errors: the launch's, as MOESQ_CUDA_CHECK (what names the kernel).
-template <typename... Params, typename... Args>
-void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() && !detail::t_pdl_off ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
-}
-
-// launch_pdl for a kernel of thread-block clusters of `cluster` CTAs (sm_90+; each grid dimension a
-// multiple of the cluster's): the cluster-dimension attribute always, the PDL attribute as launch_pdl.
+// kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster` CTAs (sm_90+;
+// each grid dimension a multiple of the cluster's; 1×1×1: no cluster attribute), with the
+// programmatic-stream-serialization attribute (when pdl_enabled() and no PdlTokensScope of this thread
+// turned it off). The kernel must keep the contract above. Errors: the launch's, as MOESQ_CUDA_CHECK
+// (what names the kernel).
 template <typename... Params, typename... Args>
 void launch_pdl_cluster(const char* what, void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
                         cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x, attr[0].val.clusterDim.y = cluster.y, attr[0].val.clusterDim.z = cluster.z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  if (pdl_enabled() && !detail::t_pdl_off) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x, attr[n].val.clusterDim.y = cluster.y, attr[n++].val.clusterDim.z = cluster.z;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() && !detail::t_pdl_off ? 2 : 1;
+  cfg.attrs = attr, cfg.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   MOESQ_CHECK(err == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(err));
+}
+
+// launch_pdl_cluster without clusters: the launcher of every PDL kernel.
+template <typename... Params, typename... Args>
+void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_cluster(what, kernel, grid, dim3(1, 1, 1), block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace moesq

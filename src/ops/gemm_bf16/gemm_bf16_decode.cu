@@ -217,12 +217,8 @@ void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
   const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
   const size_t smem = smem_bytes(kMT, lo, kStages);
-  if (slices == 1)
-    launch_pdl("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN>, grid, dim3(kThreads), smem,
-               stream, a, prefetch);
-  else
-    launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN>, grid,
-                       dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem, stream, a, prefetch);
+  launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN>, grid,
+                     dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem, stream, a, prefetch);
 }
 
 template <int kWN>
