@@ -211,7 +211,9 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
   };
   const Case cases[] = {{1, 128, 2048, false, true, false, false, false}, {1, 136, 2048, true, true, false, true, false},
                         {1, 100, 200, true, false, false, false, false},  {3, 96, 264, false, false, true, false, true},
-                        {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false}};
+                        {2, 72, 4096, true, true, false, false, false},   {1, 40, 7168, false, true, false, true, false},
+                        {1, 264, 2600, true, true, false, true, false},   // 6 slices, the last of 40
+                        {1, 72, 4096, true, true, false, false, false}};  // 8 slices: the decode path's largest cluster
   // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
   // 0 / −1: the decode path (gemm_bf16_decode.h) at 16 / 32 columns per warp, which takes at most
   // kGemmDecodeMaxSlices slices (K = 7168 has 14: the small-M kernel's).
