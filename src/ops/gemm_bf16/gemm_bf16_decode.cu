@@ -244,8 +244,9 @@ int64_t gemm_bf16_decode_min_m() {
 
 bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
   if (a.M < gemm_bf16_decode_min_m() || !gemm_bf16_decode_fits(a)) return false;
-  const int64_t ctas = (a.N + 127) / 128 * gemm_bf16_chain_slices(a) * a.groups;
-  return ctas >= kGemmDecodeMinCtas;
+  static const int64_t min_ctas = env_int("MOESQ_DECODE_GEMM_MIN_CTAS", kGemmDecodeMinCtas, 1, INT64_MAX);
+  const int64_t ctas = (a.N + kBN - 1) / kBN * gemm_bf16_chain_slices(a) * a.groups;
+  return ctas >= min_ctas;
 }
 
 int gemm_bf16_decode_warp_cols(const GemmBf16Args& a) {

@@ -21,7 +21,9 @@ constexpr int kGemmDecodeMaxSlices = 8;
 bool gemm_bf16_decode_fits(const GemmBf16Args& args);
 // Whether gemm_bf16 takes it: gemm_bf16_decode_fits, M ≥ gemm_bf16_decode_min_m(), and at least
 // kGemmDecodeMinCtas CTAs of 128 columns (N tiles × slices × groups: the router's N = 128 makes 4 —
-// a few SMs streaming — where the small-M kernel's 16-column CTAs spread it wider).
+// a few SMs streaming — where the small-M kernel's 16-column CTAs spread it wider);
+// MOESQ_DECODE_GEMM_MIN_CTAS overrides the count (1: every call that fits, as the tiny models' engine
+// tests need to reach the path). Read once per process.
 bool gemm_bf16_decode_enabled(const GemmBf16Args& args);
 constexpr int64_t kGemmDecodeMinCtas = 16;
 // The smallest M gemm_bf16 sends to the decode path: MOESQ_DECODE_GEMM_MIN_M (default
