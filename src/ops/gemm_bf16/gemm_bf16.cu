@@ -140,7 +140,7 @@ void gemm_bf16(const GemmBf16Args& a, cudaStream_t stream) {
   if (!a.fused_topk && detail::gemm_bf16_wa_enabled(a)) return detail::gemm_bf16_wa(a, stream);
   // M ≤ 64: the decode path (W read once for all tokens; gemm_bf16_decode.h) from M = gemm_bf16_decode_min_m(),
   // else the small-M kernel; same bits.
-  if (!a.fused_topk && detail::gemm_bf16_decode_enabled(a)) return detail::gemm_bf16_decode(a, stream);
+  if (detail::gemm_bf16_decode_enabled(a)) return detail::gemm_bf16_decode(a, stream);  // never with fused_topk
   if (detail::gemm_bf16_small_m_fits(a)) return detail::gemm_bf16_small_m(a, stream);
   // 128×128 tiles where they are faster (gemm_bf16_large_m_fits; same bits per row), else 64×64 tiles.
   if (detail::gemm_bf16_large_m_fits(a)) return detail::gemm_bf16_large_m(a, stream);

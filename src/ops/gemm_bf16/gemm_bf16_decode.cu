@@ -249,15 +249,12 @@ bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
   return ctas >= min_ctas;
 }
 
-int gemm_bf16_decode_warp_cols(const GemmBf16Args& a) {
-  static const int forced = static_cast<int>(env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 0, 32));
-  if (forced == 16 || forced == 32) return forced;
-  return kGemmDecodeWideWarpMinM <= kGemmSmallM && a.M > kGemmDecodeWideWarpMinM ? 32 : 16;
+int gemm_bf16_decode_warp_cols() {
+  static const int cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 16, 16, 32) == 32 ? 32 : 16;
+  return cols;
 }
 
-void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
-  gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols(a));
-}
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) { gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols()); }
 
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols) {
   if (warp_cols == 32) return launch_decode_cols<32>(a, stream);

@@ -1,9 +1,8 @@
 // Internal to ops/gemm_bf16: the decode path (gemm_bf16_decode.cu) for M ≤ kGemmSmallM tokens. A CTA
 // of 8 (or 4) warps owns 128 output columns and ALL the (≤ 64) tokens: the tokens' K tile is staged
 // once in shared memory for its warps, so W is read once per call and the activations once per 128
-// columns
-// (the small-M kernel reads them once per 16 columns: at M = 64 that is 8× W's bytes through L2,
-// bench/NOTES.md session 31). Split slices (split_ws) are CTAs of one thread-block cluster, folded in
+// columns (the small-M kernel reads them once per 16 columns: at M = 64 that is 8× W's bytes through
+// L2, bench/NOTES.md session 31). Split slices (split_ws) are CTAs of one thread-block cluster, folded in
 // slice order through distributed shared memory: no partials in global memory, no second kernel.
 // Same bits per row as the 64×64 tile kernel (gemm_bf16.h's batch invariance; tests/gpu/
 // test_engine_ops.cu compares them).
@@ -36,9 +35,8 @@ constexpr int64_t kGemmDecodeMinM = 2;
 // gemm_bf16_decode_warp_cols(args). The bits do not depend on it.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols);
-// 32 where M > kGemmDecodeWideWarpMinM, else 16; MOESQ_DECODE_GEMM_WARP_COLS=16|32 forces one. The
-// 4 × 32 layout is opt-in (kGemmDecodeWideWarpMinM past kGemmSmallM) until a device run has timed it.
-int gemm_bf16_decode_warp_cols(const GemmBf16Args& args);
-constexpr int64_t kGemmDecodeWideWarpMinM = kGemmSmallM + 1;
+// MOESQ_DECODE_GEMM_WARP_COLS: 16 (default) or 32 (opt-in until a device run has timed it), read once
+// per process.
+int gemm_bf16_decode_warp_cols();
 
 }  // namespace moesq::ops::detail
