@@ -133,13 +133,14 @@ fi
 if has small_m; then
   timeout ${SMALL_M_TIMEOUT:-240} "$B/bench_gemm_bf16" --small-m --reps ${SMALL_M_REPS:-10} --out "$O/small_m.json" > "$O/small_m.txt" 2>&1
   log "bench_gemm_bf16 --small-m rc=$?"; cat "$O/small_m.txt" >> "$S"
-  # NCU_SMALL_M="qkv:64:16 qkv:64:32" (shape:M:columns per warp): Nsight Compute on gemm_bf16's decode kernel there.
+  # NCU_SMALL_M="qkv:64:16 qkv:64:32:2" (shape:M:columns per warp[:warp rows]): Nsight Compute on gemm_bf16's
+  # decode kernel there, in that layout.
   for sm in ${NCU_SMALL_M:-}; do
-    IFS=: read -r shape m wc <<< "$sm"
-    MOESQ_DECODE_GEMM_WARP_COLS=$wc timeout 120 ncu --kernel-name regex:gemm_bf16_decode --launch-skip 3 --launch-count 1 \
+    IFS=: read -r shape m wc wr <<< "$sm"
+    MOESQ_DECODE_GEMM_WARP_COLS=$wc MOESQ_DECODE_GEMM_WARP_ROWS=${wr:-1} timeout 120 ncu --kernel-name regex:gemm_bf16_decode --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats \
-      "$B/bench_gemm_bf16" --small-m --reps 1 --only $shape --m $m > "$O/ncu_small_m_${shape}_${m}_$wc.txt" 2>&1
+      "$B/bench_gemm_bf16" --small-m --reps 1 --only $shape --m $m > "$O/ncu_small_m_${shape}_${m}_${wc}x${wr:-1}.txt" 2>&1
     log "ncu $sm rc=$?"
   done
 fi

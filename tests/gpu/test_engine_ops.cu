@@ -215,9 +215,10 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                         {1, 264, 2600, true, true, false, true, false},   // 6 slices, the last of 40
                         {1, 72, 4096, true, true, false, false, false}};  // 8 slices: the decode path's largest cluster
   // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
-  // 0 / −1: the decode path (gemm_bf16_decode.h) at 16 / 32 columns per warp, which takes at most
+  // 0 / −1 / −2: the decode path (gemm_bf16_decode.h) at 16 / 32 / 32 columns per warp (−2: two warp
+  // rows, each half the token tiles), which takes at most
   // kGemmDecodeMaxSlices slices (K = 7168 has 14: the small-M kernel's).
-  for (int token_tiles : {1, 2, 4, 0, -1})
+  for (int token_tiles : {1, 2, 4, 0, -1, -2})
   for (const Case& c : cases)
     for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
@@ -251,7 +252,7 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
           moesq::ops::gemm_bf16_check(a);
           if (token_tiles <= 0) {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_decode_fits(a));
-            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 16 : 32);
+            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 16 : 32, token_tiles == -2 ? 2 : 1);
           } else {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
             moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);

@@ -53,11 +53,15 @@ size_t smem_bytes(int mt, bool lo, int stages) {
 }
 
 // kMT: m16 token tiles staged (M ≤ 16·kMT); kWN: output columns per warp (16 or 32: 2 or 4 n8 MMA
-// tiles; 8 or 4 warps). prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2 for before the
+// tiles); kWR: warp rows (1 or 2): the CTA's kBN / kWN column warps are repeated kWR times, warp row r
+// taking token tiles [r·kMT/kWR, (r+1)·kMT/kWR) — fewer activation fragments per warp per W fragment,
+// the same shared-memory ring. Warps: kWR · kBN / kWN. prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2 for before the
 // PDL wait (gemm_bf16_prefetch_bytes; −1, the small-M kernel's per-CTA rule, is taken as 0).
-template <int kMT, int kStages, int kWN>
-__global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
-  constexpr int kThreads = 32 * kBN / kWN, kNT = kWN / 8;  // threads; n8 tiles per warp
+template <int kMT, int kStages, int kWN, int kWR>
+__global__ void __launch_bounds__(32 * kWR * kBN / kWN, 2) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
+  constexpr int kThreads = 32 * kWR * kBN / kWN, kNT = kWN / 8;  // threads; n8 tiles per warp
+  constexpr int kMTW = kMT / kWR;                                 // token tiles per warp
+  static_assert(kMTW * kWR == kMT, "warp rows split the token tiles evenly");
   constexpr int kWVec = kBN * kVecRow / kThreads;         // W vectors per thread per stage
   static_assert(kWVec * kThreads == kBN * kVecRow, "the W loader splits a stage evenly over the threads");
   if (prefetch > 0) prefetch_l2_grid(a.w, prefetch, kGemmPrefetchCtas);  // W: no kernel's output
@@ -78,7 +82,8 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
   const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
   const uint16_t* xl = lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
   const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int warp = tid / 32 % (kBN / kWN), mt0 = tid / 32 / (kBN / kWN) * kMTW;  // column warp; first token tile
 
   // Token rows past `rows` are zero in every stage, written once here (the loads never touch them).
   for (int v = tid; v < kStages * x_ops * kXRows * kVecRow; v += kThreads) {
@@ -109,14 +114,14 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
     cp_async_commit();  // an empty group past the end keeps the wait count uniform
   };
 
-  float acc[kMT][kNT][4];
+  float acc[kMTW][kNT][4];
 #pragma unroll
-  for (int i = 0; i < kMT; ++i)
+  for (int i = 0; i < kMTW; ++i)
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  const int live_tiles = min(kMT, static_cast<int>((rows + 15) / 16));  // m16 tiles with a row < rows
+  const int live_tiles = min(kMTW, static_cast<int>((rows + 15) / 16) - mt0);  // this warp's tiles with a row < rows
 
   for (int t = 0; t < kStages - 1; ++t) issue(t);
   for (int t = 0; t < tiles; ++t) {
@@ -133,17 +138,17 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
       for (int p = 0; p < kNT / 2; ++p)
         ldmatrix_x4(b[p], sw + (p * 16 + (lane / 16) * 8 + lane % 8) * kLds + kk + ((lane / 8) % 2) * 8);
 #pragma unroll
-      for (int i = 0; i < kMT; ++i) {
-        if (i >= live_tiles) break;  // CTA-uniform: no MMA for all-zero token tiles
+      for (int i = 0; i < kMTW; ++i) {
+        if (i >= live_tiles) break;  // warp-uniform: no MMA for all-zero token tiles
         uint32_t af[4];
-        ldmatrix_x4(af, sx + (i * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
+        ldmatrix_x4(af, sx + ((mt0 + i) * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
 #pragma unroll
         for (int p = 0; p < kNT / 2; ++p) {
           mma_bf16(acc[i][2 * p], af, b[p][0], b[p][1]);
           mma_bf16(acc[i][2 * p + 1], af, b[p][2], b[p][3]);
         }
         if (lo) {  // the low parts after the high parts, per k16 step (the tile kernel's order)
-          ldmatrix_x4(af, sx + (kXRows + i * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
+          ldmatrix_x4(af, sx + (kXRows + (mt0 + i) * 16 + lane % 16) * kLds + kk + (lane / 16) * 8);
 #pragma unroll
           for (int p = 0; p < kNT / 2; ++p) {
             mma_bf16(acc[i][2 * p], af, b[p][0], b[p][1]);
@@ -155,13 +160,14 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
 
-  // Accumulator q of tile (i, j): token row i·16 + lane/4 (+8 for q ≥ 2), column warp·kWN + j·8 + 2·(lane%4) + q%2.
+  // Accumulator q of tile (i, j): token row (mt0 + i)·16 + lane/4 (+8 for q ≥ 2), column warp·kWN + j·8 +
+  // 2·(lane%4) + q%2.
   if (!split) {
 #pragma unroll
-    for (int i = 0; i < kMT; ++i)
+    for (int i = 0; i < kMTW; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t r = i * 16 + lane / 4 + h * 8;
+        const int64_t r = (mt0 + i) * 16 + lane / 4 + h * 8;
         if (r >= rows) continue;
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
@@ -180,14 +186,14 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
   __syncthreads();
   float* part = reinterpret_cast<float*>(s_raw);
 #pragma unroll
-  for (int i = 0; i < kMT; ++i)
+  for (int i = 0; i < kMTW; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int q = 0; q < 2; ++q)
-          part[(i * 16 + lane / 4 + h * 8) * kBN + warp * kWN + j * 8 + 2 * (lane % 4) + q] = acc[i][j][2 * h + q];
+          part[((mt0 + i) * 16 + lane / 4 + h * 8) * kBN + warp * kWN + j * 8 + 2 * (lane % 4) + q] = acc[i][j][2 * h + q];
   cluster.sync();  // every slice's partial tile written and visible across the cluster
   const int slices = static_cast<int>(cluster.num_blocks()), me = static_cast<int>(cluster.block_rank());
   for (int64_t e = static_cast<int64_t>(me) * kThreads + tid; e < rows * kBN; e += static_cast<int64_t>(slices) * kThreads) {
@@ -200,12 +206,12 @@ __global__ void __launch_bounds__(32 * kBN / kWN, 2) gemm_bf16_decode_kernel(Gem
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
-template <int kMT, int kStages, int kWN>
+template <int kMT, int kStages, int kWN, int kWR>
 void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
-  constexpr int kThreads = 32 * kBN / kWN;
+  constexpr int kThreads = 32 * kWR * kBN / kWN;
   const bool lo = a.x_lo != nullptr;
   static const bool configured = [] {  // once per instance: not a stream operation, so capture-safe
-    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_decode_kernel<kMT, kStages, kWN>,
+    MOESQ_CUDA_CHECK(cudaFuncSetAttribute(gemm_bf16_decode_kernel<kMT, kStages, kWN, kWR>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_bytes(kMT, true, kStages))));
     return true;
@@ -217,17 +223,18 @@ void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
   const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
   const size_t smem = smem_bytes(kMT, lo, kStages);
-  launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN>, grid,
+  launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN, kWR>, grid,
                      dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem, stream, a, prefetch);
 }
 
-template <int kWN>
+// kWR = 2 only where there are two token tiles to split (M > 16); one warp row below.
+template <int kWN, int kWR>
 void launch_decode_cols(const GemmBf16Args& a, cudaStream_t stream) {
   const int mt = token_tiles_of(a.M);
   const int st = stages_of(mt, a.x_lo != nullptr);
-  if (mt == 1) return st == 4 ? launch_decode<1, 4, kWN>(a, stream) : launch_decode<1, 3, kWN>(a, stream);
-  if (mt == 2) return st == 4 ? launch_decode<2, 4, kWN>(a, stream) : launch_decode<2, 3, kWN>(a, stream);
-  return st == 4 ? launch_decode<4, 4, kWN>(a, stream) : launch_decode<4, 3, kWN>(a, stream);
+  if (mt == 1) return st == 4 ? launch_decode<1, 4, kWN, 1>(a, stream) : launch_decode<1, 3, kWN, 1>(a, stream);
+  if (mt == 2) return st == 4 ? launch_decode<2, 4, kWN, kWR>(a, stream) : launch_decode<2, 3, kWN, kWR>(a, stream);
+  return st == 4 ? launch_decode<4, 4, kWN, kWR>(a, stream) : launch_decode<4, 3, kWN, kWR>(a, stream);
 }
 
 }  // namespace
@@ -254,11 +261,20 @@ int gemm_bf16_decode_warp_cols() {
   return cols;
 }
 
-void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) { gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols()); }
+int gemm_bf16_decode_warp_rows() {
+  static const int rows = static_cast<int>(env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 1, 1, 2));
+  return rows;
+}
 
-void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols) {
-  if (warp_cols == 32) return launch_decode_cols<32>(a, stream);
-  launch_decode_cols<16>(a, stream);
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
+  gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols(), gemm_bf16_decode_warp_rows());
+}
+
+void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols, int warp_rows) {
+  MOESQ_CHECK((warp_cols == 16 || warp_cols == 32) && (warp_rows == 1 || warp_rows == 2),
+              "gemm_bf16_decode: warp_cols=", warp_cols, " (16 or 32), warp_rows=", warp_rows, " (1 or 2)");
+  if (warp_cols == 32) return warp_rows == 2 ? launch_decode_cols<32, 2>(a, stream) : launch_decode_cols<32, 1>(a, stream);
+  launch_decode_cols<16, 1>(a, stream);  // 8 column warps already; 16 warps would exceed __launch_bounds__' 2 CTAs/SM
 }
 
 }  // namespace moesq::ops::detail

@@ -29,14 +29,17 @@ constexpr int64_t kGemmDecodeMinCtas = 16;
 // kGemmDecodeMinM; 65 turns it off), read once per process.
 int64_t gemm_bf16_decode_min_m();
 constexpr int64_t kGemmDecodeMinM = 2;
-// args already checked and gemm_bf16_decode_fits. warp_cols: output columns per warp, 16 (8 warps a
-// CTA) or 32 (4 warps: each staged activation fragment feeds 4 n8 MMAs instead of 2, half the
-// shared-memory reads per MMA where many tokens make them the cost); the two-argument form takes
-// gemm_bf16_decode_warp_cols(args). The bits do not depend on it.
+// args already checked and gemm_bf16_decode_fits. warp_cols: output columns per warp, 16 (8 column
+// warps a CTA) or 32 (4: each staged activation fragment feeds 4 n8 MMAs instead of 2, half the
+// shared-memory reads per MMA where many tokens make them the cost); warp_rows: 1, or 2 (with 32
+// columns only; M > 16): the column warps repeated twice, each row of warps taking half the token tiles
+// (8 warps, each W fragment fed by half the activation fragments). The two-argument form takes
+// gemm_bf16_decode_warp_cols() and _rows(). The bits depend on neither. Throws on other values.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
-void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols);
-// MOESQ_DECODE_GEMM_WARP_COLS: 16 (default) or 32 (opt-in until a device run has timed it), read once
-// per process.
+void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols, int warp_rows = 1);
+// MOESQ_DECODE_GEMM_WARP_COLS: 16 (default) or 32; MOESQ_DECODE_GEMM_WARP_ROWS: 1 (default) or 2 (taken
+// with 32 columns only). Opt-in until a device run has timed them; read once per process.
 int gemm_bf16_decode_warp_cols();
+int gemm_bf16_decode_warp_rows();
 
 }  // namespace moesq::ops::detail
