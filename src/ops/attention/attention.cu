@@ -10,6 +10,7 @@
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/pdl.cuh"
+#include "core/env_switch.h"
 #include "ops/attention/attention.h"
 
 namespace moesq::ops {
@@ -245,22 +246,36 @@ __global__ void __launch_bounds__(32) attn_split_kernel(AttentionArgs a, int chu
   }
 }
 
-// Combine: one CTA of HD threads per (token, head); chunks 0 .. pos/64 merged in ascending order.
-template <int HD>
+// Combine: one CTA of HD threads per (token, head); chunks c0 .. pos/64 merged in ascending order.
+// The partials are loaded kCombineBatch chunks at a time (independent loads in flight; every chunk in
+// the range was written by the split kernel), then merged one by one in registers: the same merge
+// sequence as loading each just before its merge, without a dependent global load per chunk.
+// kCombineBatch 1 is session 31's kernel (MOESQ_ATTN_COMBINE_BATCH=0: the same-run peer).
+template <int HD, int kCombineBatch>
 __global__ void __launch_bounds__(HD) attn_combine_kernel(AttentionArgs a, int chunks) {
   pdl_enter();  // core/cuda/pdl.cuh: nothing of an earlier kernel is touched before it
   const int64_t row = blockIdx.x, t = row / a.nh;
   const int pos = a.tok_pos[t];
   if (pos < 0 || pos >= a.max_len) return;
   const int e = threadIdx.x, c0 = static_cast<int>(attention_first_key(pos, a.window) / kAttnChunk);
+  const int c_last = pos / kAttnChunk;
   const float* p = a.partial + (row * chunks + c0) * (HD + 2);
   float M = -INFINITY, L = 0.0f, O = 0.0f;
-  for (int c = c0; c <= pos / kAttnChunk; ++c, p += HD + 2) {
-    const float m = p[HD], l = p[HD + 1];
-    if (l == 0.0f) continue;
-    float wa, wb;
-    merge_weights(M, L, m, l, wa, wb);
-    O = merge_value(O, p[e], wa, wb);
+  for (int cb = c0; cb <= c_last; cb += kCombineBatch, p += kCombineBatch * (HD + 2)) {
+    float mb[kCombineBatch], lb[kCombineBatch], ob[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const bool in = cb + j <= c_last;
+      const float* q = p + j * (HD + 2);
+      mb[j] = in ? q[HD] : 0.0f, lb[j] = in ? q[HD + 1] : 0.0f, ob[j] = in ? q[e] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (lb[j] == 0.0f) continue;  // also the chunks past c_last
+      float wa, wb;
+      merge_weights(M, L, mb[j], lb[j], wa, wb);
+      O = merge_value(O, ob[j], wa, wb);
+    }
   }
   const float wa = a.sinks ? fold_sink(M, L, a.sinks[row % a.nh]) : 1.0f;
   float x = finish(O, L, a.sinks != nullptr, wa);
@@ -382,8 +397,9 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   }
   launch_pdl("attn_split_kernel", attn_split_kernel<HD, G>, dim3(chunks, a.nkv, static_cast<unsigned>(a.T)), dim3(32),
              smem, stream, a, chunks);
-  launch_pdl("attn_combine_kernel", attn_combine_kernel<HD>, dim3(static_cast<unsigned>(a.T * a.nh)), dim3(HD), 0,
-             stream, a, chunks);
+  static const bool batched = env_switch_on("MOESQ_ATTN_COMBINE_BATCH");
+  launch_pdl("attn_combine_kernel", batched ? attn_combine_kernel<HD, 8> : attn_combine_kernel<HD, 1>,
+             dim3(static_cast<unsigned>(a.T * a.nh)), dim3(HD), 0, stream, a, chunks);
 }
 
 template <int HD>
