@@ -256,18 +256,21 @@ bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
   return ctas >= min_ctas;
 }
 
-int gemm_bf16_decode_warp_cols() {
-  static const int cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 16, 16, 32) == 32 ? 32 : 16;
-  return cols;
+int gemm_bf16_decode_warp_cols(int64_t M) {
+  static const int64_t cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 16, 32);
+  if (cols == 16 || cols == 32) return static_cast<int>(cols);
+  return M > 16 ? 32 : 16;
 }
 
-int gemm_bf16_decode_warp_rows() {
-  static const int rows = static_cast<int>(env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 1, 1, 2));
-  return rows;
+int gemm_bf16_decode_warp_rows(int64_t M) {
+  static const int64_t rows = env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 0, 1, 2);
+  if (rows == 1 || rows == 2) return static_cast<int>(rows);
+  return M > 16 ? 2 : 1;
 }
 
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
-  gemm_bf16_decode(a, stream, gemm_bf16_decode_warp_cols(), gemm_bf16_decode_warp_rows());
+  const int cols = gemm_bf16_decode_warp_cols(a.M);
+  gemm_bf16_decode(a, stream, cols, cols == 32 ? gemm_bf16_decode_warp_rows(a.M) : 1);
 }
 
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols, int warp_rows) {
