@@ -16,22 +16,20 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
-#include "core/half.h"
 #include "ops/gemm_bf16/mma_bf16.cuh"
+#include "probe_common.cuh"
 
 namespace {
 
 using moesq::DevBuf;
 using moesq::ops::detail::mma_bf16;
+using moesq::probe::bits;
+using moesq::probe::pair;
 
 // The reference chain: wmma m16n16k16 as gemm_bf16's kernels issue it. x, xl: [16, K]; w: [16, K]; out [16, 16].
 __global__ void ref_kernel(const uint16_t* x, const uint16_t* xl, const uint16_t* w, int K, float* out) {
@@ -50,15 +48,9 @@ __global__ void ref_kernel(const uint16_t* x, const uint16_t* xl, const uint16_t
   wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
 }
 
-__device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 // A fragment of rows [16] of a row-major [16, K] matrix at k0 (PTX ISA, mma.m16n8k16 .bf16 A layout).
 __device__ __forceinline__ void load_a(const uint16_t* m, int K, int k0, int lane, uint32_t (&a)[4]) {
-  const int g = lane >> 2, t = lane & 3;
-  a[0] = pair(m + g * K + k0 + 2 * t);
-  a[1] = pair(m + (g + 8) * K + k0 + 2 * t);
-  a[2] = pair(m + g * K + k0 + 8 + 2 * t);
-  a[3] = pair(m + (g + 8) * K + k0 + 8 + 2 * t);
+  moesq::probe::load_a(m, K, 0, k0, lane, a);
 }
 // B fragment (k16 × n8, "col") whose column n is row n0 + n of a row-major [·, K] matrix.
 __device__ __forceinline__ void load_b(const uint16_t* m, int K, int n0, int k0, int lane, uint32_t& b0, uint32_t& b1) {
@@ -105,39 +97,20 @@ __global__ void w_as_a_kernel(const uint16_t* x, const uint16_t* xl, const uint1
   out[(2 * t) * 16 + g + 8] = d[2], out[(2 * t + 1) * 16 + g + 8] = d[3];
 }
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int trials = 200, K = 2048;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--trials") trials = std::atoi(argv[i + 1]);
-    else if (a == "--k") K = std::atoi(argv[i + 1]);
-    else return std::fprintf(stderr, "probe_mma_order: unknown flag %s (--trials N, --k K)\n", a.c_str()), 2;
-  }
-  if (trials < 1 || K < 16 || K % 16 != 0)
-    return std::fprintf(stderr, "probe_mma_order: --trials ≥ 1 and --k a multiple of 16 required\n"), 2;
-  std::mt19937_64 rng(2029);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-12, 12);
+  moesq::probe::ProbeArgs args;
+  args.trials = 200;
+  if (!moesq::probe::parse_probe_args(argc, argv, "probe_mma_order", args)) return 2;
+  const int trials = args.trials, K = args.K;
+  moesq::probe::ProbeRng rng(2029);
   int64_t diff_x = 0, diff_w = 0, n_x = 0, n_w = 0;
   for (int tr = 0; tr < trials; ++tr) {
     const int rows = 1 + tr % 16;  // decode-sized: the rows past `rows` are zero, as in the kernels
     std::vector<uint16_t> x(16 * K, 0), xl(16 * K, 0), w(16 * K);
-    for (int r = 0; r < rows; ++r)
-      for (int k = 0; k < K; ++k) {
-        const float v = std::ldexp(nd(rng), ex(rng));
-        const uint16_t hi = moesq::f32_to_bf16(v);
-        x[r * K + k] = hi;
-        xl[r * K + k] = moesq::f32_to_bf16(v - moesq::bf16_to_f32(hi));
-      }
-    for (auto& v : w) v = moesq::f32_to_bf16(std::ldexp(nd(rng), ex(rng) / 2));
+    rng.tokens(x, xl, rows, K);
+    rng.weights(w);
     DevBuf<uint16_t> dx(x), dxl(xl), dw(w);
     DevBuf<float> o_ref(256), o_x(256), o_w(std::vector<float>(256, 0.0f));
     ref_kernel<<<1, 32>>>(dx.p, dxl.p, dw.p, K, o_ref.p);

@@ -13,37 +13,25 @@
 //   build/probe_wgmma_order [--trials 50] [--k 2048]
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "core/cuda/check.cuh"
 #include "core/cuda/dev_buf.cuh"
-#include "core/half.h"
 #include "ops/gemm_bf16/mma_bf16.cuh"
 #include "ops/sparse_gemm/wgmma.cuh"
+#include "probe_common.cuh"
 
 namespace {
 
 using moesq::DevBuf;
 using moesq::ops::detail::mma_bf16;
+using moesq::probe::bits;
+using moesq::probe::load_a;
+using moesq::probe::pair;
 namespace d = moesq::ops::detail;
 
 constexpr int kTok = 64, kN = 128;
-
-__device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// A fragment (mma.m16n8k16 .bf16) of rows r0 .. r0 + 15 of a row-major [·, K] matrix at k0.
-__device__ __forceinline__ void load_a(const uint16_t* m, int K, int r0, int k0, int lane, uint32_t (&a)[4]) {
-  const int g = lane >> 2, t = lane & 3;
-  a[0] = pair(m + (r0 + g) * K + k0 + 2 * t);
-  a[1] = pair(m + (r0 + g + 8) * K + k0 + 2 * t);
-  a[2] = pair(m + (r0 + g) * K + k0 + 8 + 2 * t);
-  a[3] = pair(m + (r0 + g + 8) * K + k0 + 8 + 2 * t);
-}
 
 // The decode path's chain: warp w owns tokens 16w .. 16w + 15, all 16 n8 tiles. out [64, 128] row-major.
 __global__ void ref_kernel(const uint16_t* x, const uint16_t* xl, const uint16_t* w, int K, float* out) {
@@ -105,40 +93,21 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const uint16_t* x, const uin
   }
 }
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int trials = 50, K = 2048;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--trials") trials = std::atoi(argv[i + 1]);
-    else if (a == "--k") K = std::atoi(argv[i + 1]);
-    else return std::fprintf(stderr, "probe_wgmma_order: unknown flag %s (--trials N, --k K)\n", a.c_str()), 2;
-  }
-  if (trials < 1 || K < 16 || K % 16 != 0)
-    return std::fprintf(stderr, "probe_wgmma_order: --trials ≥ 1 and --k a multiple of 16 required\n"), 2;
-  std::mt19937_64 rng(2032);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-12, 12);
+  moesq::probe::ProbeArgs args;
+  args.trials = 50;
+  if (!moesq::probe::parse_probe_args(argc, argv, "probe_wgmma_order", args)) return 2;
+  const int trials = args.trials, K = args.K;
+  moesq::probe::ProbeRng rng(2032);
   int64_t diff = 0, n = 0, first_tr = -1;
   float first_ref = 0, first_wg = 0;
   for (int tr = 0; tr < trials; ++tr) {
     const int rows = 1 + (tr * 13) % kTok;  // decode-sized: the rows past `rows` are zero, as in the kernels
     std::vector<uint16_t> x(kTok * K, 0), xl(kTok * K, 0), w(kN * K);
-    for (int r = 0; r < rows; ++r)
-      for (int k = 0; k < K; ++k) {
-        const float v = std::ldexp(nd(rng), ex(rng));
-        const uint16_t hi = moesq::f32_to_bf16(v);
-        x[r * K + k] = hi;
-        xl[r * K + k] = moesq::f32_to_bf16(v - moesq::bf16_to_f32(hi));
-      }
-    for (auto& v : w) v = moesq::f32_to_bf16(std::ldexp(nd(rng), ex(rng) / 2));
+    rng.tokens(x, xl, rows, K);
+    rng.weights(w);
     DevBuf<uint16_t> dx(x), dxl(xl), dw(w);
     DevBuf<float> o_ref(kTok * kN), o_wg(kTok * kN);
     ref_kernel<<<1, 128>>>(dx.p, dxl.p, dw.p, K, o_ref.p);

@@ -55,8 +55,9 @@ size_t smem_bytes(int mt, bool lo, int stages) {
 // kMT: m16 token tiles staged (M ≤ 16·kMT); kWN: output columns per warp (16 or 32: 2 or 4 n8 MMA
 // tiles); kWR: warp rows (1 or 2): the CTA's kBN / kWN column warps are repeated kWR times, warp row r
 // taking token tiles [r·kMT/kWR, (r+1)·kMT/kWR) — fewer activation fragments per warp per W fragment,
-// the same shared-memory ring. Warps: kWR · kBN / kWN. prefetch: bytes of W the first kGemmPrefetchCtas CTAs ask L2 for before the
-// PDL wait (gemm_bf16_prefetch_bytes; −1, the small-M kernel's per-CTA rule, is taken as 0).
+// the same shared-memory ring. Warps: kWR · kBN / kWN. prefetch: bytes of W the first
+// kGemmPrefetchCtas CTAs ask L2 for before the PDL wait (gemm_bf16_prefetch_bytes; −1, the small-M
+// kernel's per-CTA rule, is taken as 0).
 template <int kMT, int kStages, int kWN, int kWR>
 __global__ void __launch_bounds__(32 * kWR * kBN / kWN, 2) gemm_bf16_decode_kernel(GemmBf16Args a, int64_t prefetch) {
   constexpr int kThreads = 32 * kWR * kBN / kWN, kNT = kWN / 8;  // threads; n8 tiles per warp
@@ -256,21 +257,13 @@ bool gemm_bf16_decode_enabled(const GemmBf16Args& a) {
   return ctas >= min_ctas;
 }
 
-int gemm_bf16_decode_warp_cols(int64_t M) {
-  static const int64_t cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 16, 32);
-  if (cols == 16 || cols == 32) return static_cast<int>(cols);
-  return M > 16 ? 32 : 16;
-}
-
-int gemm_bf16_decode_warp_rows(int64_t M) {
-  static const int64_t rows = env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 0, 1, 2);
-  if (rows == 1 || rows == 2) return static_cast<int>(rows);
-  return M > 16 ? 2 : 1;
-}
-
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
-  const int cols = gemm_bf16_decode_warp_cols(a.M);
-  gemm_bf16_decode(a, stream, cols, cols == 32 ? gemm_bf16_decode_warp_rows(a.M) : 1);
+  // The layout by M (gemm_bf16_decode.h), unless MOESQ_DECODE_GEMM_WARP_COLS / _ROWS fix it.
+  static const int64_t env_cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 16, 32);
+  static const int64_t env_rows = env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 0, 1, 2);
+  const int cols = env_cols == 16 || env_cols == 32 ? static_cast<int>(env_cols) : a.M > 16 ? 32 : 16;
+  const int rows = cols == 16 ? 1 : env_rows == 1 || env_rows == 2 ? static_cast<int>(env_rows) : a.M > 16 ? 2 : 1;
+  gemm_bf16_decode(a, stream, cols, rows);
 }
 
 void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream, int warp_cols, int warp_rows) {

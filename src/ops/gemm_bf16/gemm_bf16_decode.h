@@ -33,16 +33,13 @@ constexpr int64_t kGemmDecodeMinM = 1;
 // warps a CTA) or 32 (4: each staged activation fragment feeds 4 n8 MMAs instead of 2, half the
 // shared-memory reads per MMA where many tokens make them the cost); warp_rows: 1, or 2 (with 32
 // columns only; M > 16): the column warps repeated twice, each row of warps taking half the token tiles
-// (8 warps, each W fragment fed by half the activation fragments). The two-argument form takes
-// gemm_bf16_decode_warp_cols(M) and _rows(M). The bits depend on neither. Throws on other values.
+// (8 warps, each W fragment fed by half the activation fragments). The two-argument form takes the
+// layout for M tokens: 8 warps × 16 columns for M ≤ 16, 2 rows × 4 warps × 32 columns above
+// (bench/NOTES.md session 32, H200: q|k|v at M = 64 26.9 → 24.8 µs, the lm_head 367 → 327 µs; at M ≤ 8
+// the 4-warp layouts lose 10–13 %); MOESQ_DECODE_GEMM_WARP_COLS (16 or 32) and MOESQ_DECODE_GEMM_WARP_ROWS
+// (1 or 2, taken with 32 columns only) fix it for every M, read once per process. The bits depend on
+// neither. Throws on other values.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols, int warp_rows = 1);
-// The layout for M tokens: 8 warps × 16 columns for M ≤ 16, 2 rows × 4 warps × 32 columns above
-// (bench/NOTES.md session 32, H200: q|k|v at M = 64 26.9 → 24.8 µs, the lm_head 367 → 327 µs; at M ≤ 8
-// the 4-warp layouts lose 10–13 %). MOESQ_DECODE_GEMM_WARP_COLS (16 or 32) and
-// MOESQ_DECODE_GEMM_WARP_ROWS (1 or 2, taken with 32 columns only) fix it for every M; read once per
-// process.
-int gemm_bf16_decode_warp_cols(int64_t M);
-int gemm_bf16_decode_warp_rows(int64_t M);
 
 }  // namespace moesq::ops::detail
