@@ -97,8 +97,8 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps,
                           {"lm_head", 151936, 2048, true, false}};
   const int depths[] = {3, 4, 6};
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("| GEMM | M | N | K | W MB | gemm_bf16 µs (TB/s) | small-M tt1 | tt2 | tt4 | decode 8×16 | decode 4×32 | decode 2×4×32 | W-as-A d3 | d4 | d6 | "
-              "cuBLAS µs (TB/s) | best ÷ copy rate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| GEMM | M | N | K | W MB | gemm_bf16 µs (TB/s) | small-M tt1 | tt2 | tt4 | decode 8×16 | decode 4×32 | decode 2×4×32 | decode wgmma | W-as-A d3 | d4 | d6 | "
+              "cuBLAS µs (TB/s) | best ÷ copy rate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     if (!only.empty() && only != sh.name) continue;
     const int64_t N = sh.N, K = sh.K;
@@ -139,7 +139,7 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps,
       const double t_eng = graph_us(run_eng, copies, reps, s);
       // The small-M kernel at 1, 2 and 4 token tiles (gemm_bf16_small_m.h), then the decode path
       // (gemm_bf16_decode.h): each checked bitwise against gemm_bf16's output first.
-      double t_tt[3] = {0, 0, 0}, t_dec[3] = {0, 0, 0};
+      double t_tt[3] = {0, 0, 0}, t_dec[4] = {0, 0, 0, 0};
       for (int i = 0; i < 3 && (i == 0 || M > 16) && ops::detail::gemm_bf16_small_m_fits(g); ++i) {
         auto run_tt = [&](int c) { g.w = w[c].p, g.y_f32 = yw.p; ops::detail::gemm_bf16_small_m(g, s, 1 << i); };
         run_tt(0);
@@ -157,6 +157,14 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps,
                     ": the decode path at ", cols, " columns × ", wrows, " warp rows differs from gemm_bf16");
         t_dec[i] = graph_us(run_dec, copies, reps, s);
       }
+      if (ops::detail::gemm_bf16_decode_fits(g)) {  // the wgmma form (gemm_bf16_decode_wg): "≠" if its bits differ
+        auto run_wg = [&](int c) { g.w = w[c].p, g.y_f32 = yw.p; ops::detail::gemm_bf16_decode_wg(g, s); };
+        run_wg(0);
+        MOESQ_CUDA_CHECK(cudaStreamSynchronize(s));
+        const bool same = std::memcmp(ref.data(), yw.download().data(), ref.size() * 4) == 0;
+        if (!same) std::fprintf(stderr, "%s M=%lld: the wgmma decode kernel DIFFERS from gemm_bf16\n", sh.name, (long long)M);
+        t_dec[3] = same ? graph_us(run_wg, copies, reps, s) : -1;
+      }
       const double t_cub = graph_us(run_cublas, copies, reps, s);
       double best = t_eng;
       for (double t : t_wa) if (t > 0) best = std::min(best, t);
@@ -165,16 +173,17 @@ int small_m(cudaStream_t s, cublasHandle_t cb, const std::string& out, int reps,
       auto tbs = [&](double us) { return wbytes / us / 1e6; };
       auto cell = [&](double us) {
         char b[48];
-        if (us > 0) std::snprintf(b, sizeof b, "%.1f (%.2f)", us, tbs(us)); else std::snprintf(b, sizeof b, "–");
+        if (us > 0) std::snprintf(b, sizeof b, "%.1f (%.2f)", us, tbs(us));
+        else std::snprintf(b, sizeof b, us < 0 ? "≠" : "–");
         return std::string(b);
       };
-      std::printf("| %s | %lld | %lld | %lld | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f %% |\n", sh.name,
+      std::printf("| %s | %lld | %lld | %lld | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f %% |\n", sh.name,
                   (long long)M, (long long)N, (long long)K, wbytes / 1e6, cell(t_eng).c_str(), cell(t_tt[0]).c_str(),
-                  cell(t_tt[1]).c_str(), cell(t_tt[2]).c_str(), cell(t_dec[0]).c_str(), cell(t_dec[1]).c_str(), cell(t_dec[2]).c_str(), cell(t_wa[0]).c_str(),
+                  cell(t_tt[1]).c_str(), cell(t_tt[2]).c_str(), cell(t_dec[0]).c_str(), cell(t_dec[1]).c_str(), cell(t_dec[2]).c_str(), cell(t_dec[3]).c_str(), cell(t_wa[0]).c_str(),
                   cell(t_wa[1]).c_str(), cell(t_wa[2]).c_str(), cell(t_cub).c_str(), 100.0 * tbs(best) / copy_tbs);
       std::fflush(stdout);
       rows.push_back({{"gemm", sh.name}, {"M", M}, {"N", N}, {"K", K}, {"w_bytes", wbytes}, {"copies", copies},
-                      {"gemm_bf16_us", t_eng}, {"small_m_tt1_us", t_tt[0]}, {"small_m_tt2_us", t_tt[1]}, {"small_m_tt4_us", t_tt[2]}, {"decode_w16_us", t_dec[0]}, {"decode_w32_us", t_dec[1]}, {"decode_w32r2_us", t_dec[2]}, {"wa_d3_us", t_wa[0]}, {"wa_d4_us", t_wa[1]}, {"wa_d6_us", t_wa[2]},
+                      {"gemm_bf16_us", t_eng}, {"small_m_tt1_us", t_tt[0]}, {"small_m_tt2_us", t_tt[1]}, {"small_m_tt4_us", t_tt[2]}, {"decode_w16_us", t_dec[0]}, {"decode_w32_us", t_dec[1]}, {"decode_w32r2_us", t_dec[2]}, {"decode_wgmma_us", t_dec[3]}, {"wa_d3_us", t_wa[0]}, {"wa_d4_us", t_wa[1]}, {"wa_d6_us", t_wa[2]},
                       {"cublas_us", t_cub}, {"copy_tbs", copy_tbs}});
     }
   }

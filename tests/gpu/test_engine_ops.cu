@@ -216,9 +216,9 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
                         {1, 72, 4096, true, true, false, false, false}};  // 8 slices: the decode path's largest cluster
   // token_tiles: the small-M kernel's 16-token tiles per staged W tile (1, 2, 4; gemm_bf16_small_m.h);
   // 0 / −1 / −2: the decode path (gemm_bf16_decode.h) at 16 / 32 / 32 columns per warp (−2: two warp
-  // rows, each half the token tiles), which takes at most
+  // rows, each half the token tiles), −3 its wgmma form (gemm_bf16_decode_wg), which take at most
   // kGemmDecodeMaxSlices slices (K = 7168 has 14: the small-M kernel's).
-  for (int token_tiles : {1, 2, 4, 0, -1, -2})
+  for (int token_tiles : {1, 2, 4, 0, -1, -2, -3})
   for (const Case& c : cases)
     for (int64_t m : {1, 5, 16, 33, 64}) {
       if (c.split && c.G != 1) continue;
@@ -252,7 +252,10 @@ TEST(EngineOps, GemmBf16SmallMBitsEqualTileKernel) {
           moesq::ops::gemm_bf16_check(a);
           if (token_tiles <= 0) {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_decode_fits(a));
-            moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 16 : 32, token_tiles == -2 ? 2 : 1);
+            if (token_tiles == -3)
+              moesq::ops::detail::gemm_bf16_decode_wg(a, nullptr);
+            else
+              moesq::ops::detail::gemm_bf16_decode(a, nullptr, token_tiles == 0 ? 16 : 32, token_tiles == -2 ? 2 : 1);
           } else {
             EXPECT_TRUE(moesq::ops::detail::gemm_bf16_small_m_fits(a));
             moesq::ops::detail::gemm_bf16_small_m(a, nullptr, token_tiles);

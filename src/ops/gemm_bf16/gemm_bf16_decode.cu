@@ -15,7 +15,6 @@
 // changes the bytes moved, never the reduction order.
 #include "ops/gemm_bf16/gemm_bf16_decode.h"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "core/cuda/pdl.cuh"
 #include "core/env_switch.h"
 #include "ops/gemm_bf16/cp_async.cuh"
+#include "ops/gemm_bf16/gemm_bf16_decode_tile.cuh"
 #include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/mma_bf16.cuh"
 
@@ -32,12 +32,8 @@ namespace moesq::ops::detail {
 
 namespace {
 
-constexpr int kBN = 128;                         // output columns (W rows) per CTA
-constexpr int kBK = kGemmBlockK;
-constexpr int kLds = kBK + 8;                    // bf16 row stride of a staged row (144 B: ldmatrix conflict-free)
-constexpr int kVecRow = kBK / 8;                 // 16-byte vectors per staged row
-constexpr size_t kSmemTwoCtas = 113 * 1024;      // the shared memory that leaves room for a second CTA on the SM
-static_assert(kGemmSplitK % kBK == 0, "split slices hold whole K tiles");
+constexpr int kBN = kDecodeBN, kBK = kDecodeBK, kLds = kDecodeLds, kVecRow = kDecodeVecRow;
+constexpr size_t kSmemTwoCtas = kDecodeSmemTwoCtas;
 
 // bf16 elements of one ring stage: kBN W rows, then mt·16 token rows of x, then of x_lo.
 __host__ __device__ constexpr int stage_elems(int mt, bool lo) { return (kBN + mt * 16 * (lo ? 2 : 1)) * kLds; }
@@ -163,48 +159,8 @@ __global__ void __launch_bounds__(32 * kWR * kBN / kWN, 2) gemm_bf16_decode_kern
 
   // Accumulator q of tile (i, j): token row (mt0 + i)·16 + lane/4 (+8 for q ≥ 2), column warp·kWN + j·8 +
   // 2·(lane%4) + q%2.
-  if (!split) {
-#pragma unroll
-    for (int i = 0; i < kMTW; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = (mt0 + i) * 16 + lane / 4 + h * 8;
-        if (r >= rows) continue;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int64_t n = n0 + warp * kWN + j * 8 + 2 * (lane % 4) + q;
-            if (n < a.N) store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, acc[i][j][2 * h + q]);
-          }
-      }
-    return;
-  }
-  // Split: this slice's chains to shared memory [kXRows, kBN] (over the ring, once every warp is past it),
-  // then the cluster's CTAs fold slices 0, 1, … in order, CTA s taking elements s·kThreads + tid, ….
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  __syncthreads();
-  float* part = reinterpret_cast<float*>(s_raw);
-#pragma unroll
-  for (int i = 0; i < kMTW; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          part[((mt0 + i) * 16 + lane / 4 + h * 8) * kBN + warp * kWN + j * 8 + 2 * (lane % 4) + q] = acc[i][j][2 * h + q];
-  cluster.sync();  // every slice's partial tile written and visible across the cluster
-  const int slices = static_cast<int>(cluster.num_blocks()), me = static_cast<int>(cluster.block_rank());
-  for (int64_t e = static_cast<int64_t>(me) * kThreads + tid; e < rows * kBN; e += static_cast<int64_t>(slices) * kThreads) {
-    const int64_t r = e / kBN, n = n0 + e % kBN;
-    if (n >= a.N) continue;
-    float val = cluster.map_shared_rank(part, 0)[e];
-    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, cluster.map_shared_rank(part, s)[e]);  // slice order
-    store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, val);
-  }
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  decode_epilogue<kMTW, kNT, kThreads>(a, g, rows, n0, split, mt0, warp * kWN, 16 * kMT, s_raw,
+                                       [&](int i, int j, int q) { return acc[i][j][q]; });
 }
 
 template <int kMT, int kStages, int kWN, int kWR>
@@ -261,6 +217,8 @@ void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
   // The layout by M (gemm_bf16_decode.h), unless MOESQ_DECODE_GEMM_WARP_COLS / _ROWS fix it.
   static const int64_t env_cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 16, 32);
   static const int64_t env_rows = env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 0, 1, 2);
+  static const bool wgmma = env_int("MOESQ_DECODE_GEMM_WGMMA", 0, 0, 1) == 1;
+  if (wgmma && a.M > 16) return gemm_bf16_decode_wg(a, stream);
   const int cols = env_cols == 16 || env_cols == 32 ? static_cast<int>(env_cols) : a.M > 16 ? 32 : 16;
   const int rows = cols == 16 ? 1 : env_rows == 1 || env_rows == 2 ? static_cast<int>(env_rows) : a.M > 16 ? 2 : 1;
   gemm_bf16_decode(a, stream, cols, rows);

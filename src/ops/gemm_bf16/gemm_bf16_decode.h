@@ -39,7 +39,15 @@ constexpr int64_t kGemmDecodeMinM = 1;
 // the 4-warp layouts lose 10–13 %); MOESQ_DECODE_GEMM_WARP_COLS (16 or 32) and MOESQ_DECODE_GEMM_WARP_ROWS
 // (1 or 2, taken with 32 columns only) fix it for every M, read once per process. The bits depend on
 // neither. Throws on other values.
+// With MOESQ_DECODE_GEMM_WGMMA=1 (read once per process; default 0 until measured in the engine), M > 16
+// takes gemm_bf16_decode_wg instead.
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream);
 void gemm_bf16_decode(const GemmBf16Args& args, cudaStream_t stream, int warp_cols, int warp_rows = 1);
+// The wgmma form (gemm_bf16_decode_wg.cu; sm_90a): one warpgroup per CTA, 128 columns × all 64 token
+// rows per wgmma m64n128k16, W K-major in 128-byte-swizzled shared memory, the tokens' fragments from
+// registers — the same chain per element, so the same bits (bench/probe_wgmma_order, session 33). Any
+// M ≤ 64 (rows past M multiply zeros: at M ≤ 16 three quarters of its MMA work is padding). args already
+// checked and gemm_bf16_decode_fits.
+void gemm_bf16_decode_wg(const GemmBf16Args& args, cudaStream_t stream);
 
 }  // namespace moesq::ops::detail

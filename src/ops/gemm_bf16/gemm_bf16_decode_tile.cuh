@@ -1,0 +1,80 @@
+// Internal to ops/gemm_bf16: what the decode path's two kernels share (gemm_bf16_decode.cu's mma.sync
+// kernel, gemm_bf16_decode_wg.cu's wgmma kernel): the CTA's tile (128 output columns, 64-wide K tiles),
+// the padded token-row stride, and the epilogue — store the chains' values, or with split slices park
+// them in shared memory and fold the cluster's slices in ascending order through distributed shared
+// memory (gemm_bf16_decode.h).
+#pragma once
+#include <cooperative_groups.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/gemm_bf16/mma_bf16.cuh"
+
+namespace moesq::ops::detail {
+
+constexpr int kDecodeBN = 128;                 // output columns (W rows) per CTA
+constexpr int kDecodeBK = kGemmBlockK;         // K tile (64): the tile kernel's
+constexpr int kDecodeLds = kDecodeBK + 8;      // bf16 stride of a staged token row (144 B: ldmatrix conflict-free)
+constexpr int kDecodeVecRow = kDecodeBK / 8;   // 16-byte vectors per staged row
+constexpr size_t kDecodeSmemTwoCtas = 113 * 1024;  // the shared memory that leaves room for a second CTA per SM
+static_assert(kGemmSplitK % kDecodeBK == 0, "split slices hold whole K tiles");
+
+// The chains' values out. acc(i, j, q): accumulator q (the mma m16n8 C fragment's) of the thread's token
+// tile i (tiles mt0 + i, kMTW of them) and n8 tile j (kNT of them, columns col0 + 8·j …): token row
+// (mt0 + i)·16 + lane/4 (+8 for q ≥ 2), column n0 + col0 + 8·j + 2·(lane % 4) + q % 2. Without split the
+// values are stored (rows < rows, columns < N). With split: this slice's chains to shared memory
+// smem [x_rows, kDecodeBN] fp32 (over the ring: every thread must be past its last read of it), then the
+// cluster's CTAs fold slices 0, 1, … in order, CTA s taking elements s·kThreads + tid, … . Every thread of
+// the CTA calls it.
+template <int kMTW, int kNT, int kThreads, typename Acc>
+__device__ __forceinline__ void decode_epilogue(const GemmBf16Args& a, int g, int64_t rows, int64_t n0, bool split,
+                                                int mt0, int col0, int x_rows, unsigned char* smem, Acc acc) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  if (!split) {
+#pragma unroll
+    for (int i = 0; i < kMTW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = (mt0 + i) * 16 + lane / 4 + h * 8;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int64_t n = n0 + col0 + j * 8 + 2 * (lane % 4) + q;
+            if (n < a.N) store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, acc(i, j, 2 * h + q));
+          }
+      }
+    return;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < kMTW; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int r = (mt0 + i) * 16 + lane / 4 + h * 8;
+          if (r < x_rows) part[r * kDecodeBN + col0 + j * 8 + 2 * (lane % 4) + q] = acc(i, j, 2 * h + q);
+        }
+  cluster.sync();  // every slice's partial tile written and visible across the cluster
+  const int slices = static_cast<int>(cluster.num_blocks()), me = static_cast<int>(cluster.block_rank());
+  for (int64_t e = static_cast<int64_t>(me) * kThreads + tid; e < rows * kDecodeBN;
+       e += static_cast<int64_t>(slices) * kThreads) {
+    const int64_t r = e / kDecodeBN, n = n0 + e % kDecodeBN;
+    if (n >= a.N) continue;
+    float val = cluster.map_shared_rank(part, 0)[e];
+    for (int s = 1; s < slices; ++s) val = __fadd_rn(val, cluster.map_shared_rank(part, s)[e]);  // slice order
+    store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, val);
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+}  // namespace moesq::ops::detail
