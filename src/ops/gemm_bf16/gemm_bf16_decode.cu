@@ -68,17 +68,12 @@ __global__ void __launch_bounds__(32 * kWR * kBN / kWN, 2) gemm_bf16_decode_kern
   constexpr int kXRows = 16 * kMT;
   const bool lo = a.x_lo != nullptr;
   const int selems = stage_elems(kMT, lo), x_ops = lo ? 2 : 1;
-  const int g = blockIdx.z;
-  const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
-  if (rows <= 0) return;  // the same for every CTA of a cluster (one group)
-  const bool split = a.split_ws != nullptr;
-  const int64_t k_begin = split ? static_cast<int64_t>(blockIdx.y) * kGemmSplitK : 0;
-  const int64_t k_end = split ? min(a.K, k_begin + kGemmSplitK) : a.K;
-  const int tiles = static_cast<int>((k_end - k_begin + kBK - 1) / kBK);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
-  const uint16_t* xl = lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
-  const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  const DecodeCta cta = decode_cta(a);
+  if (cta.rows <= 0) return;  // the same for every CTA of a cluster (one group)
+  const int g = cta.g, tiles = cta.tiles;
+  const int64_t rows = cta.rows, k_begin = cta.k_begin, k_end = cta.k_end, n0 = cta.n0;
+  const bool split = cta.split;
+  const uint16_t *x = cta.x, *xl = cta.xl, *w = cta.w;
   const int tid = threadIdx.x, lane = tid % 32;
   const int warp = tid / 32 % (kBN / kWN), mt0 = tid / 32 / (kBN / kWN) * kMTW;  // column warp; first token tile
 

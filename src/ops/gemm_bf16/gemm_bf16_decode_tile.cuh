@@ -21,6 +21,33 @@ constexpr int kDecodeVecRow = kDecodeBK / 8;   // 16-byte vectors per staged row
 constexpr size_t kDecodeSmemTwoCtas = 113 * 1024;  // the shared memory that leaves room for a second CTA per SM
 static_assert(kGemmSplitK % kDecodeBK == 0, "split slices hold whole K tiles");
 
+// What a decode CTA works on: group g = blockIdx.z (its rows: counts[g] clamped to [0, M], or M), K
+// slice blockIdx.y ([k_begin, k_end), the whole K without split_ws) in `tiles` K tiles, output columns
+// n0 … n0 + 127 (blockIdx.x), and the group's x, x_lo (null without lo parts) and W.
+struct DecodeCta {
+  int g;
+  int64_t rows;
+  bool split;
+  int64_t k_begin, k_end;
+  int tiles;
+  int64_t n0;
+  const uint16_t *x, *xl, *w;
+};
+__device__ __forceinline__ DecodeCta decode_cta(const GemmBf16Args& a) {
+  DecodeCta c;
+  c.g = blockIdx.z;
+  c.rows = a.counts ? min(max(a.counts[c.g], 0), static_cast<int>(a.M)) : a.M;
+  c.split = a.split_ws != nullptr;
+  c.k_begin = c.split ? static_cast<int64_t>(blockIdx.y) * kGemmSplitK : 0;
+  c.k_end = c.split ? min(a.K, c.k_begin + kGemmSplitK) : a.K;
+  c.tiles = static_cast<int>((c.k_end - c.k_begin + kDecodeBK - 1) / kDecodeBK);
+  c.n0 = static_cast<int64_t>(blockIdx.x) * kDecodeBN;
+  c.x = a.x + static_cast<int64_t>(c.g) * a.M * a.K;
+  c.xl = a.x_lo ? a.x_lo + static_cast<int64_t>(c.g) * a.M * a.K : nullptr;
+  c.w = a.w + static_cast<int64_t>(c.g) * a.N * a.K;
+  return c;
+}
+
 // The chains' values out. acc(i, j, q): accumulator q (the mma m16n8 C fragment's) of the thread's token
 // tile i (tiles mt0 + i, kMTW of them) and n8 tile j (kNT of them, columns col0 + 8·j …): token row
 // (mt0 + i)·16 + lane/4 (+8 for q ≥ 2), column n0 + col0 + 8·j + 2·(lane % 4) + q % 2. Without split the

@@ -58,43 +58,34 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_bf16_decode_wg_kernel(GemmBf
   uint16_t* xs = ws + kStages * kWElems;                                          // [kStages][x_ops][64][kLds]
   constexpr bool lo = kLo;
   constexpr int x_ops = kLo ? 2 : 1;
-  const int g = blockIdx.z;
-  const int64_t rows = a.counts ? min(max(a.counts[g], 0), static_cast<int>(a.M)) : a.M;
-  if (rows <= 0) return;  // the same for every CTA of a cluster (one group)
-  const bool split = a.split_ws != nullptr;
-  const int64_t k_begin = split ? static_cast<int64_t>(blockIdx.y) * kGemmSplitK : 0;
-  const int64_t k_end = split ? min(a.K, k_begin + kGemmSplitK) : a.K;
-  const int tiles = static_cast<int>((k_end - k_begin + kDecodeBK - 1) / kDecodeBK);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kDecodeBN;
-  const uint16_t* x = a.x + static_cast<int64_t>(g) * a.M * a.K;
-  const uint16_t* xl = lo ? a.x_lo + static_cast<int64_t>(g) * a.M * a.K : nullptr;
-  const uint16_t* w = a.w + static_cast<int64_t>(g) * a.N * a.K;
+  const DecodeCta cta = decode_cta(a);
+  if (cta.rows <= 0) return;  // the same for every CTA of a cluster (one group)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
   // Token rows past `rows` are zero in every stage, written once here (the loads never touch them).
   for (int v = tid; v < kStages * x_ops * kTokRows * kDecodeVecRow; v += kThreads) {
     const int c = v % kDecodeVecRow, r = v / kDecodeVecRow % kTokRows, o = v / (kDecodeVecRow * kTokRows);
-    if (r >= rows) *reinterpret_cast<uint4*>(xs + o * kXElems + r * kDecodeLds + c * 8) = make_uint4(0, 0, 0, 0);
+    if (r >= cta.rows) *reinterpret_cast<uint4*>(xs + o * kXElems + r * kDecodeLds + c * 8) = make_uint4(0, 0, 0, 0);
   }
   // Stage K tile t into slot t % kStages: W row r's 16-byte chunk c at chunk c ^ (r % 8) of its 128-byte
   // row (zero past N and the range), then the tokens' rows.
   auto issue = [&](int t) {
-    if (t < tiles) {
+    if (t < cta.tiles) {
       uint16_t* wst = ws + (t % kStages) * kWElems;
       uint16_t* xst = xs + (t % kStages) * x_ops * kXElems;
-      const int64_t k0 = k_begin + static_cast<int64_t>(t) * kDecodeBK;
+      const int64_t k0 = cta.k_begin + static_cast<int64_t>(t) * kDecodeBK;
 #pragma unroll
       for (int i = 0; i < kWVec; ++i) {
         const int v = tid + i * kThreads, r = v / kDecodeVecRow, c = v % kDecodeVecRow;
-        const bool ok = k0 + c * 8 < k_end && n0 + r < a.N;
-        cp_async16(wst + r * kDecodeBK + ((c ^ (r & 7)) * 8), ok ? w + (n0 + r) * a.K + k0 + c * 8 : w, ok);
+        const bool ok = k0 + c * 8 < cta.k_end && cta.n0 + r < a.N;
+        cp_async16(wst + r * kDecodeBK + ((c ^ (r & 7)) * 8), ok ? cta.w + (cta.n0 + r) * a.K + k0 + c * 8 : cta.w, ok);
       }
       for (int v = tid; v < kTokRows * kDecodeVecRow; v += kThreads) {
         const int r = v / kDecodeVecRow, c = (v % kDecodeVecRow) * 8;
-        if (r >= rows) continue;
-        const bool ok = k0 + c < k_end;
-        cp_async16(xst + r * kDecodeLds + c, ok ? x + r * a.K + k0 + c : x, ok);
-        if (lo) cp_async16(xst + kXElems + r * kDecodeLds + c, ok ? xl + r * a.K + k0 + c : xl, ok);
+        if (r >= cta.rows) continue;
+        const bool ok = k0 + c < cta.k_end;
+        cp_async16(xst + r * kDecodeLds + c, ok ? cta.x + r * a.K + k0 + c : cta.x, ok);
+        if (lo) cp_async16(xst + kXElems + r * kDecodeLds + c, ok ? cta.xl + r * a.K + k0 + c : cta.xl, ok);
       }
     }
     cp_async_commit();  // an empty group past the end keeps the wait count uniform
@@ -105,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_bf16_decode_wg_kernel(GemmBf
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 
   for (int t = 0; t < kStages - 1; ++t) issue(t);
-  for (int t = 0; t < tiles; ++t) {
+  for (int t = 0; t < cta.tiles; ++t) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
     // This thread's cp.async writes (generic proxy) made visible to wgmma's reads (async proxy), then
     // every thread's: tile t complete; slot (t − 1) % kStages free (its wgmmas retired below).
@@ -132,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_bf16_decode_wg_kernel(GemmBf
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   // Accumulator 4j + q of warp w: the m16n8 C fragment of token tile w, n8 tile j (wgmma.h's layout).
-  decode_epilogue<1, kDecodeBN / 8, kThreads>(a, g, rows, n0, split, warp, 0, kTokRows, sm,
+  decode_epilogue<1, kDecodeBN / 8, kThreads>(a, cta.g, cta.rows, cta.n0, cta.split, warp, 0, kTokRows, sm,
                                               [&](int, int j, int q) { return acc[4 * j + q]; });
 }
 
