@@ -38,13 +38,16 @@ constexpr int kXElems = kTokRows * kDecodeLds;                  // a stage's x (
 static_assert(kDecodeBK * 2 == 128, "a W row of a K tile is one 128-byte swizzle row");
 static_assert(kWElems * 2 % 1024 == 0, "every stage's W starts on a 1024-byte swizzle atom");
 
-size_t stage_bytes(bool lo) { return (kWElems + (lo ? 2 : 1) * kXElems) * sizeof(uint16_t); }
+constexpr size_t stage_bytes(bool lo) { return (kWElems + (lo ? 2 : 1) * kXElems) * sizeof(uint16_t); }
 // The ring (or the fp32 partial tile [64, 128] of a split slice that reuses it) plus 1 KB to align it.
-size_t smem_bytes(bool lo, int stages) {
+constexpr size_t smem_bytes(bool lo, int stages) {
   return 1024 + std::max(static_cast<size_t>(stages) * stage_bytes(lo),
                          static_cast<size_t>(kTokRows) * kDecodeBN * sizeof(float));
 }
-int stages_of(bool lo) { return smem_bytes(lo, 4) <= kDecodeSmemTwoCtas ? 4 : 3; }
+// Stages: 3 with lo parts, 4 without — the most that leave room for a second CTA per SM.
+constexpr int kStagesLo = 3, kStagesHi = 4;
+static_assert(smem_bytes(true, kStagesLo) <= kDecodeSmemTwoCtas && smem_bytes(true, kStagesLo + 1) > kDecodeSmemTwoCtas);
+static_assert(smem_bytes(false, kStagesHi) <= kDecodeSmemTwoCtas && smem_bytes(false, kStagesHi + 1) > kDecodeSmemTwoCtas);
 
 // kLo: the inputs have lo parts (a template argument: a branch between two wgmmas makes ptxas serialize them).
 template <int kStages, bool kLo>
@@ -122,6 +125,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_bf16_decode_wg_kernel(GemmBf
     fence_acc(acc);
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
+  // The split epilogue writes its partial tile with generic stores over the ring the last wgmmas read
+  // through the async proxy (retired by wait<0> above): order the two proxies, as the loop does.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   // Accumulator 4j + q of warp w: the m16n8 C fragment of token tile w, n8 tile j (wgmma.h's layout).
   decode_epilogue<1, kDecodeBN / 8, kThreads>(a, cta.g, cta.rows, cta.n0, cta.split, warp, 0, kTokRows, sm,
                                               [&](int, int j, int q) { return acc[4 * j + q]; });
@@ -149,9 +155,9 @@ void launch_decode_wg(const GemmBf16Args& a, cudaStream_t stream) {
 }  // namespace
 
 void gemm_bf16_decode_wg(const GemmBf16Args& a, cudaStream_t stream) {
-  // stages_of: 3 with lo parts (two CTAs per SM), 4 without.
-  if (a.x_lo) return stages_of(true) == 4 ? launch_decode_wg<4, true>(a, stream) : launch_decode_wg<3, true>(a, stream);
-  stages_of(false) == 4 ? launch_decode_wg<4, false>(a, stream) : launch_decode_wg<3, false>(a, stream);
+  MOESQ_CHECK(a.M >= 1 && a.M <= kTokRows, "gemm_bf16_decode_wg: M=", a.M, " outside [1, ", kTokRows, "]");
+  if (a.x_lo) return launch_decode_wg<kStagesLo, true>(a, stream);
+  launch_decode_wg<kStagesHi, false>(a, stream);
 }
 
 }  // namespace moesq::ops::detail
