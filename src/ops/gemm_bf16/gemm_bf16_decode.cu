@@ -169,14 +169,8 @@ void launch_decode(const GemmBf16Args& a, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const int slices = gemm_bf16_chain_slices(a);
-  const int64_t ntiles = (a.N + kBN - 1) / kBN;
-  MOESQ_CHECK(ntiles <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
-  const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
-  const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
-  const size_t smem = smem_bytes(kMT, lo, kStages);
-  launch_pdl_cluster("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN, kWR>, grid,
-                     dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem, stream, a, prefetch);
+  launch_decode_grid("gemm_bf16_decode_kernel", gemm_bf16_decode_kernel<kMT, kStages, kWN, kWR>, a, kThreads,
+                     smem_bytes(kMT, lo, kStages), stream);
 }
 
 // kWR = 2 only where there are two token tiles to split (M > 16); one warp row below.
@@ -212,7 +206,7 @@ void gemm_bf16_decode(const GemmBf16Args& a, cudaStream_t stream) {
   // The layout by M (gemm_bf16_decode.h), unless MOESQ_DECODE_GEMM_WARP_COLS / _ROWS fix it.
   static const int64_t env_cols = env_int("MOESQ_DECODE_GEMM_WARP_COLS", 0, 16, 32);
   static const int64_t env_rows = env_int("MOESQ_DECODE_GEMM_WARP_ROWS", 0, 1, 2);
-  static const bool wgmma = env_int("MOESQ_DECODE_GEMM_WGMMA", 0, 0, 1) == 1;
+  static const bool wgmma = env_switch("MOESQ_DECODE_GEMM_WGMMA", false);
   if (wgmma && a.M > 16) return gemm_bf16_decode_wg(a, stream);
   const int cols = env_cols == 16 || env_cols == 32 ? static_cast<int>(env_cols) : a.M > 16 ? 32 : 16;
   const int rows = cols == 16 ? 1 : env_rows == 1 || env_rows == 2 ? static_cast<int>(env_rows) : a.M > 16 ? 2 : 1;

@@ -6,10 +6,14 @@
 #pragma once
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cuda/pdl.cuh"
+#include "core/error.h"
 #include "ops/gemm_bf16/gemm_bf16.h"
+#include "ops/gemm_bf16/gemm_bf16_small_m.h"
 #include "ops/gemm_bf16/mma_bf16.cuh"
 
 namespace moesq::ops::detail {
@@ -102,6 +106,21 @@ __device__ __forceinline__ void decode_epilogue(const GemmBf16Args& a, int g, in
     store_y(a, (static_cast<int64_t>(g) * a.M + r) * a.ldy + n, val);
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+// Launches a decode kernel (its dynamic shared memory already allowed): grid (128-column tiles, split
+// slices, groups), the slices of a column tile one cluster, `threads` per CTA, and the W prefetch before
+// the PDL wait (gemm_bf16_prefetch_bytes; its −1 taken as 0). Throws when N or the groups overflow the grid.
+template <typename... Params>
+void launch_decode_grid(const char* what, void (*kernel)(Params...), const GemmBf16Args& a, int threads, size_t smem,
+                        cudaStream_t stream) {
+  const int slices = gemm_bf16_chain_slices(a);
+  const int64_t ntiles = (a.N + kDecodeBN - 1) / kDecodeBN;
+  MOESQ_CHECK(ntiles <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
+  const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
+  const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
+  launch_pdl_cluster(what, kernel, grid, dim3(1, static_cast<unsigned>(slices), 1), dim3(threads), smem, stream, a,
+                     prefetch);
 }
 
 }  // namespace moesq::ops::detail

@@ -142,14 +142,8 @@ void launch_decode_wg(const GemmBf16Args& a, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const int slices = gemm_bf16_chain_slices(a);
-  const int64_t ntiles = (a.N + kDecodeBN - 1) / kDecodeBN;
-  MOESQ_CHECK(ntiles <= 0x7fffffff && a.groups <= 65535, "gemm_bf16: N=", a.N, " or G=", a.groups, " too large");
-  const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(slices), static_cast<unsigned>(a.groups));
-  const int64_t prefetch = std::max<int64_t>(gemm_bf16_prefetch_bytes(a), 0);
-  launch_pdl_cluster("gemm_bf16_decode_wg_kernel", gemm_bf16_decode_wg_kernel<kStages, kLo>, grid,
-                     dim3(1, static_cast<unsigned>(slices), 1), dim3(kThreads), smem_bytes(kLo, kStages),
-                     stream, a, prefetch);
+  launch_decode_grid("gemm_bf16_decode_wg_kernel", gemm_bf16_decode_wg_kernel<kStages, kLo>, a, kThreads,
+                     smem_bytes(kLo, kStages), stream);
 }
 
 }  // namespace
